@@ -1,0 +1,200 @@
+// Command fenced serves fenced, per-record writes to swarms' fencing state
+// in Redis over gRPC. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+	"github.com/alecthomas/kong"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fenced:", err)
+		os.Exit(1)
+	}
+}
+
+// cli is the command line: one struct per subcommand, every flag with its
+// environment variable and default.
+type cli struct {
+	Serve   serveCmd   `cmd:"" help:"Serve the gRPC API."`
+	Version versionCmd `cmd:"" help:"Print the version."`
+}
+
+// redisFlags are the flags of every subcommand that talks to Redis.
+type redisFlags struct {
+	// RedisURL is any URL rueidis.ParseURL takes; empty: embedded Redis.
+	RedisURL string `name:"redis-url" env:"FENCED_REDIS_URL,AGENTIHOOKS_SWARM_REDIS_URL" placeholder:"URL" help:"Redis to serve from: redis://, rediss://, unix://; several addresses (?addr=host:port) for Cluster; ?master_set=NAME for Sentinel. Empty: an embedded in-memory Redis, for trying fenced only (nothing is durable)."`
+	// KeyPrefix starts every key: <prefix>:swarm:{<slug>}:fence:...
+	KeyPrefix string `name:"key-prefix" env:"AGENTIHOOKS_SWARM_KEY_PREFIX" default:"agentihooks" help:"Key prefix shared with the other writers (no '{' or '}')."`
+}
+
+// serveCmd is the configuration of "fenced serve".
+type serveCmd struct {
+	redisFlags
+	// Listen is the gRPC address.
+	Listen string `env:"FENCED_LISTEN" default:":7420" help:"gRPC listen address (host:port; port 0 picks a free one)."`
+	// Sections are the configured section names besides meta.
+	Sections []string `env:"FENCED_SECTIONS" default:"executions,archive,intents,orphans,grants,registrations,claims,journals,fences,operations" help:"Section names besides meta, comma-separated."`
+	// MaxWrites bounds the writes of one batch.
+	MaxWrites int `env:"FENCED_MAX_WRITES" default:"1024" help:"Most writes in one batch."`
+	// MaxValueBytes bounds one put's value, in bytes.
+	MaxValueBytes int `env:"FENCED_MAX_VALUE_BYTES" default:"1048576" help:"Largest value of one put, in bytes."`
+	// MaxBatchValueBytes bounds the values of one batch, in bytes.
+	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch."`
+	// HealthInterval is how often Redis is pinged for health.
+	HealthInterval time.Duration `env:"FENCED_HEALTH_INTERVAL" default:"1s" help:"How often Redis is pinged for the health service."`
+	// ShutdownTimeout bounds the graceful stop after SIGTERM.
+	ShutdownTimeout time.Duration `env:"FENCED_SHUTDOWN_TIMEOUT" default:"10s" help:"How long in-flight calls may finish after SIGTERM."`
+	// LogFormat is text or json.
+	LogFormat string `env:"FENCED_LOG_FORMAT" enum:"text,json" default:"text" help:"Log format: text or json."`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"FENCED_LOG_LEVEL" enum:"debug,info,warn,error" default:"info" help:"Log level: debug (one line per call), info, warn, error."`
+
+	// ready, when set (tests), receives the bound address once serving.
+	ready func(addr net.Addr)
+}
+
+type versionCmd struct{}
+
+// env passes what every subcommand needs besides its flags.
+type env struct {
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// run parses args and runs the subcommand until it ends or ctx is done.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var c cli
+	exited := false
+	parser, err := kong.New(&c,
+		kong.Name("fenced"),
+		kong.Description("fenced: fenced, per-record writes to a swarm's fencing state in Redis, over gRPC."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(int) { exited = true }),
+		kong.UsageOnError(),
+	)
+	if err != nil {
+		return err
+	}
+	kctx, err := parser.Parse(args)
+	if exited {
+		return nil // --help
+	}
+	if err != nil {
+		return err
+	}
+	return kctx.Run(&env{ctx: ctx, stdout: stdout, stderr: stderr})
+}
+
+func (versionCmd) Run(e *env) error {
+	v := "(devel)"
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		v = info.Main.Version
+	}
+	_, err := fmt.Fprintln(e.stdout, "fenced", v)
+	return err
+}
+
+func (c *serveCmd) limits() (batch.Limits, error) {
+	l := batch.Limits{
+		Sections:           c.Sections,
+		MaxWrites:          c.MaxWrites,
+		MaxValueBytes:      c.MaxValueBytes,
+		MaxBatchValueBytes: c.MaxBatchValueBytes,
+	}
+	if err := l.Check(); err != nil {
+		return l, fmt.Errorf("configuration: %w", err)
+	}
+	return l, nil
+}
+
+func (c *serveCmd) logger(w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// open connects to the configured Redis, or starts the embedded one; the
+// returned func releases what was opened.
+func (r *redisFlags) open(log *slog.Logger) (*store.Store, func(), error) {
+	if r.RedisURL != "" {
+		st, err := store.Open(r.RedisURL, r.KeyPrefix)
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, st.Close, nil
+	}
+	emb, err := store.StartEmbedded()
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := emb.Open(r.KeyPrefix)
+	if err != nil {
+		emb.Close()
+		return nil, nil, err
+	}
+	log.Warn("NO REDIS URL GIVEN: serving from an embedded in-memory Redis. NOTHING IS DURABLE: every record is lost when fenced stops. For production set --redis-url or FENCED_REDIS_URL.",
+		"embedded_redis", emb.Addr())
+	return st, func() { st.Close(); emb.Close() }, nil
+}
+
+func (c *serveCmd) Run(e *env) error {
+	log := c.logger(e.stderr)
+	limits, err := c.limits()
+	if err != nil {
+		return err
+	}
+	st, closeStore, err := c.open(log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	lis, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := server.New(st, limits, server.Options{Logger: log, HealthInterval: c.HealthInterval})
+	log.Info("serving gRPC", "addr", lis.Addr().String(), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
+	if c.ready != nil {
+		c.ready(lis.Addr())
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(e.ctx, lis) }()
+	select {
+	case err := <-served:
+		return err
+	case <-e.ctx.Done():
+	}
+	log.Info("shutting down: health NOT_SERVING, draining calls", "timeout", c.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	defer cancel()
+	srv.Shutdown(sctx)
+	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,146 @@
+// Package batch is the domain model of a fenced batch: its writes, their
+// kinds, the lease fence, the limits a batch must keep, and the pure
+// validation of all of them. It talks to nothing; internal/store commits what
+// it accepts and internal/server maps its errors to gRPC.
+package batch
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Kind is what a Write does to its record.
+type Kind int32
+
+// The write kinds. The zero Kind is invalid, like WRITE_KIND_UNSPECIFIED.
+const (
+	// KindPut stores Write.Value under (section, key).
+	KindPut Kind = iota + 1
+	// KindDelete removes the record.
+	KindDelete
+	// KindCheck writes nothing and only compares the record's revision.
+	KindCheck
+)
+
+// String returns "put", "delete", "check", or "kind(N)" for an invalid Kind.
+func (k Kind) String() string {
+	switch k {
+	case KindPut:
+		return "put"
+	case KindDelete:
+		return "delete"
+	case KindCheck:
+		return "check"
+	}
+	return fmt.Sprintf("kind(%d)", int32(k))
+}
+
+// Blind is the Expected revision that disables a write's compare-and-set.
+// Absent (0) and Blind (-1) are the only Expected values below 1.
+const (
+	Absent int64 = 0
+	Blind  int64 = -1
+)
+
+// MetaSection is the section that holds the swarm's own records (the lease,
+// epochs, layout and any other swarm-wide record). It exists in every swarm
+// whatever the configured sections are.
+const MetaSection = "meta"
+
+// Write is one put, delete or check of the record at (Section, Key).
+type Write struct {
+	// Kind is what the write does.
+	Kind Kind
+	// Section is a configured section name or MetaSection.
+	Section string
+	// Key is the record's key: 1-1024 bytes of valid UTF-8.
+	Key string
+	// Expected is the revision the writer read the record at: Absent (0) for
+	// a record that must not exist, Blind (-1) for no check, else >= 1.
+	Expected int64
+	// Value is the JSON text to store, byte for byte; puts only.
+	Value string
+}
+
+// Fence is a batch's condition on the swarm's lease (DESIGN §3): the batch
+// commits only while meta/lease names this epoch (and owner, when set) and
+// expires after the later of NowMs and Redis's clock.
+type Fence struct {
+	// Owner is the expected lease owner; empty matches any owner.
+	Owner string
+	// Epoch is the fencing token the caller holds; >= 1.
+	Epoch int64
+	// NowMs is the caller's clock in ms since the Unix epoch; 0 if unknown.
+	NowMs int64
+}
+
+// Batch is the writes of one change to one swarm, committed all or none.
+type Batch struct {
+	// Slug names the swarm.
+	Slug string
+	// Writes are applied in order; each (Section, Key) at most once.
+	Writes []Write
+	// Fence is the lease condition; nil for an unfenced batch.
+	Fence *Fence
+}
+
+// Mutates reports whether the batch has at least one put or delete, that is
+// whether committing it raises the swarm revision.
+func (b *Batch) Mutates() bool {
+	for i := range b.Writes {
+		if b.Writes[i].Kind == KindPut || b.Writes[i].Kind == KindDelete {
+			return true
+		}
+	}
+	return false
+}
+
+// Violation is one reason a request is invalid: the field path
+// ("writes[3].value") and why, in words a caller can act on.
+type Violation struct {
+	Field       string
+	Description string
+}
+
+// ValidationError is returned for a request that breaks the names or limits
+// of DESIGN §2-§3. It lists every violation found (at most MaxViolations).
+// internal/server maps it to INVALID_ARGUMENT with a BadRequest detail.
+type ValidationError struct {
+	Violations []Violation
+}
+
+// MaxViolations bounds how many violations one ValidationError lists, so that
+// a hostile batch cannot make the error larger than the request.
+const MaxViolations = 64
+
+func (e *ValidationError) Error() string {
+	var b strings.Builder
+	b.WriteString("invalid request: ")
+	for i, v := range e.Violations {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(v.Field)
+		b.WriteString(": ")
+		b.WriteString(v.Description)
+	}
+	return b.String()
+}
+
+// violations accumulates Violations up to MaxViolations.
+type violations []Violation
+
+func (vs *violations) add(field, format string, args ...any) {
+	if len(*vs) < MaxViolations {
+		*vs = append(*vs, Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+}
+
+func (vs violations) full() bool { return len(vs) >= MaxViolations }
+
+func (vs violations) err() error {
+	if len(vs) == 0 {
+		return nil
+	}
+	return &ValidationError{Violations: vs}
+}

@@ -1,0 +1,319 @@
+package batch
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"unicode/utf8"
+)
+
+// Defaults for Limits (DESIGN §2, issue #2).
+const (
+	DefaultMaxWrites          = 1024
+	DefaultMaxValueBytes      = 1 << 20 // 1 MiB
+	DefaultMaxBatchValueBytes = 8 << 20 // 8 MiB
+	// MaxSlugLen is the longest slug in characters (= bytes: slugs are ASCII).
+	MaxSlugLen = 128
+	// MaxKeyBytes is the longest record key, in bytes.
+	MaxKeyBytes = 1024
+	// MaxOwnerBytes is the longest lease owner a fence may name, in bytes.
+	MaxOwnerBytes = 1024
+	// MaxSafeInteger (2^53 - 1) bounds revisions, epochs and times: Redis's
+	// Lua holds numbers as doubles, exact only up to it.
+	MaxSafeInteger = 1<<53 - 1
+)
+
+// DefaultSections are the sections of a swarm besides MetaSection (DESIGN §1).
+var DefaultSections = []string{
+	"executions", "archive", "intents", "orphans", "grants",
+	"registrations", "claims", "journals", "fences", "operations",
+}
+
+// LeaseOwnedKeys are the meta records that only the lease service writes; a
+// client batch may check them but never put or delete them.
+var LeaseOwnedKeys = []string{"lease", "epoch", "leader_changes", "layout"}
+
+// reservedNames cannot be configured as sections: they name the swarm's other
+// keys (DESIGN §2), so a section of that name would overwrite them.
+var reservedNames = []string{MetaSection, "by-name", "revision", "log"}
+
+// Limits are the names and bounds a request must keep. The zero value is not
+// usable; start from DefaultLimits.
+type Limits struct {
+	// Sections are the configured section names, MetaSection excluded.
+	Sections []string
+	// MaxWrites is the most writes one batch may carry.
+	MaxWrites int
+	// MaxValueBytes is the largest value one put may carry, in bytes.
+	MaxValueBytes int
+	// MaxBatchValueBytes is the most value bytes one batch may carry in all.
+	MaxBatchValueBytes int
+}
+
+// DefaultLimits returns the default sections and limits.
+func DefaultLimits() Limits {
+	return Limits{
+		Sections:           slices.Clone(DefaultSections),
+		MaxWrites:          DefaultMaxWrites,
+		MaxValueBytes:      DefaultMaxValueBytes,
+		MaxBatchValueBytes: DefaultMaxBatchValueBytes,
+	}
+}
+
+// Check reports whether the limits themselves are usable: positive bounds and
+// section names of [a-z0-9_-] that are unique and not reserved.
+func (l Limits) Check() error {
+	var vs violations
+	if l.MaxWrites < 1 {
+		vs.add("max_writes", "must be at least 1, got %d", l.MaxWrites)
+	}
+	if l.MaxValueBytes < 1 {
+		vs.add("max_value_bytes", "must be at least 1, got %d", l.MaxValueBytes)
+	}
+	if l.MaxBatchValueBytes < l.MaxValueBytes {
+		vs.add("max_batch_value_bytes", "must be at least max_value_bytes (%d), got %d", l.MaxValueBytes, l.MaxBatchValueBytes)
+	}
+	if len(l.Sections) == 0 {
+		vs.add("sections", "at least one section is required")
+	}
+	for i, s := range l.Sections {
+		field := fmt.Sprintf("sections[%d]", i)
+		switch {
+		case !isSectionName(s):
+			vs.add(field, "%q must be 1-64 characters of [a-z0-9_-]", s)
+		case slices.Contains(reservedNames, s):
+			vs.add(field, "%q is reserved for the swarm's own keys", s)
+		case slices.Index(l.Sections, s) != i:
+			vs.add(field, "%q is named twice", s)
+		}
+	}
+	return vs.err()
+}
+
+func isSectionName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidSlug reports why slug is not a valid swarm slug (1-128 characters of
+// [A-Za-z0-9._-], starting with a letter or digit), or "" when it is. A valid
+// slug holds no brace, so it can never break out of its hash tag.
+func ValidSlug(slug string) string {
+	if slug == "" {
+		return "required"
+	}
+	if len(slug) > MaxSlugLen {
+		return fmt.Sprintf("at most %d characters, got %d", MaxSlugLen, len(slug))
+	}
+	for i := 0; i < len(slug); i++ {
+		c := slug[i]
+		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if i == 0 && !alnum {
+			return "must start with a letter or digit"
+		}
+		if !alnum && c != '.' && c != '_' && c != '-' {
+			return fmt.Sprintf("character %q at byte %d is not one of [A-Za-z0-9._-]", c, i)
+		}
+	}
+	return ""
+}
+
+// validKey reports why key is not a valid record key, or "".
+func validKey(key string) string {
+	switch {
+	case key == "":
+		return "required"
+	case len(key) > MaxKeyBytes:
+		return fmt.Sprintf("at most %d bytes, got %d", MaxKeyBytes, len(key))
+	case !utf8.ValidString(key):
+		return "not valid UTF-8"
+	}
+	return ""
+}
+
+// HasSection reports whether name is a configured section or MetaSection.
+func (l Limits) HasSection(name string) bool {
+	return name == MetaSection || slices.Contains(l.Sections, name)
+}
+
+func (l Limits) validSection(name string) string {
+	switch {
+	case name == "":
+		return "required"
+	case name == "by-name":
+		return `"by-name" is derived from executions and cannot be named`
+	case !l.HasSection(name):
+		if !utf8.ValidString(name) {
+			return "not valid UTF-8"
+		}
+		return fmt.Sprintf("%q is not a section; sections are meta, %v", name, l.Sections)
+	}
+	return ""
+}
+
+// CheckSlug validates a slug alone (reads).
+func CheckSlug(slug string) error {
+	var vs violations
+	if why := ValidSlug(slug); why != "" {
+		vs.add("slug", "%s", why)
+	}
+	return vs.err()
+}
+
+// CheckRecordRef validates the (slug, section, key) of a one-record read.
+func (l Limits) CheckRecordRef(slug, section, key string) error {
+	var vs violations
+	if why := ValidSlug(slug); why != "" {
+		vs.add("slug", "%s", why)
+	}
+	if why := l.validSection(section); why != "" {
+		vs.add("section", "%s", why)
+	}
+	if why := validKey(key); why != "" {
+		vs.add("key", "%s", why)
+	}
+	return vs.err()
+}
+
+// CheckSections validates the slug and section names of a Sections read and
+// returns the names to read: the given ones, or every section but "archive"
+// (and MetaSection) when names is empty.
+func (l Limits) CheckSections(slug string, names []string) ([]string, error) {
+	var vs violations
+	if why := ValidSlug(slug); why != "" {
+		vs.add("slug", "%s", why)
+	}
+	for i, n := range names {
+		field := fmt.Sprintf("names[%d]", i)
+		if why := l.validSection(n); why != "" {
+			vs.add(field, "%s", why)
+		} else if slices.Index(names, n) != i {
+			vs.add(field, "%q is named twice", n)
+		}
+	}
+	if err := vs.err(); err != nil {
+		return nil, err
+	}
+	if len(names) > 0 {
+		return names, nil
+	}
+	all := make([]string, 0, len(l.Sections)+1)
+	for _, s := range l.Sections {
+		if s != "archive" {
+			all = append(all, s)
+		}
+	}
+	return append(all, MetaSection), nil
+}
+
+// CheckBatch validates a batch against the limits: cheap checks first
+// (slug, counts, sizes, fence), then each write's names and kind, then the
+// costly ones (JSON of each value, duplicate records). It returns a
+// *ValidationError listing every violation, or nil. A valid batch needs no
+// further checking before it reaches Redis.
+func (l Limits) CheckBatch(b *Batch) error {
+	var vs violations
+	if why := ValidSlug(b.Slug); why != "" {
+		vs.add("slug", "%s", why)
+	}
+	switch n := len(b.Writes); {
+	case n == 0:
+		vs.add("writes", "at least one write is required")
+	case n > l.MaxWrites:
+		vs.add("writes", "at most %d writes per batch, got %d", l.MaxWrites, n)
+		return vs.err() // do not walk an oversized batch
+	}
+	total := 0
+	for i := range b.Writes {
+		total += len(b.Writes[i].Value)
+	}
+	if total > l.MaxBatchValueBytes {
+		vs.add("writes", "at most %d value bytes per batch, got %d", l.MaxBatchValueBytes, total)
+		return vs.err()
+	}
+	if f := b.Fence; f != nil {
+		if f.Epoch < 1 || f.Epoch > MaxSafeInteger {
+			vs.add("fence.epoch", "must be 1 to 2^53-1 (the fencing token of a granted lease), got %d", f.Epoch)
+		}
+		if f.NowMs < 0 || f.NowMs > MaxSafeInteger {
+			vs.add("fence.now_ms", "must be 0 (unknown) or ms since the Unix epoch, got %d", f.NowMs)
+		}
+		if len(f.Owner) > MaxOwnerBytes {
+			vs.add("fence.owner", "at most %d bytes, got %d", MaxOwnerBytes, len(f.Owner))
+		} else if !utf8.ValidString(f.Owner) {
+			vs.add("fence.owner", "not valid UTF-8")
+		}
+	}
+	for i := range b.Writes {
+		if vs.full() {
+			break
+		}
+		l.checkWrite(&vs, i, &b.Writes[i])
+	}
+	if len(vs) == 0 {
+		checkDuplicates(&vs, b.Writes)
+	}
+	return vs.err()
+}
+
+func (l Limits) checkWrite(vs *violations, i int, w *Write) {
+	field := func(name string) string { return fmt.Sprintf("writes[%d].%s", i, name) }
+	switch w.Kind {
+	case KindPut, KindDelete, KindCheck:
+	default:
+		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE or WRITE_KIND_CHECK, got %s", w.Kind)
+	}
+	sectionOK := false
+	if why := l.validSection(w.Section); why != "" {
+		vs.add(field("section"), "%s", why)
+	} else {
+		sectionOK = true
+	}
+	if why := validKey(w.Key); why != "" {
+		vs.add(field("key"), "%s", why)
+	} else if sectionOK && w.Section == MetaSection && w.Kind != KindCheck && slices.Contains(LeaseOwnedKeys, w.Key) {
+		vs.add(field("key"), "meta record %q is owned by the lease service and can only be checked", w.Key)
+	}
+	switch {
+	case w.Expected < Blind || w.Expected > MaxSafeInteger:
+		vs.add(field("expected"), "must be a revision 1 to 2^53-1, 0 (must be absent) or -1 (BLIND), got %d", w.Expected)
+	case w.Expected == Blind && w.Kind == KindCheck:
+		vs.add(field("expected"), "a check cannot be BLIND (-1): name the revision read, or 0 for absent")
+	}
+	switch w.Kind {
+	case KindPut:
+		switch {
+		case len(w.Value) > l.MaxValueBytes:
+			vs.add(field("value"), "at most %d bytes, got %d", l.MaxValueBytes, len(w.Value))
+		case !utf8.ValidString(w.Value):
+			vs.add(field("value"), "not valid UTF-8")
+		case !json.Valid([]byte(w.Value)):
+			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
+		}
+	case KindDelete, KindCheck:
+		if w.Value != "" {
+			vs.add(field("value"), "must be empty for a %s", w.Kind)
+		}
+	}
+}
+
+func checkDuplicates(vs *violations, ws []Write) {
+	type ref struct{ section, key string }
+	seen := make(map[ref]int, len(ws))
+	for i := range ws {
+		r := ref{ws[i].Section, ws[i].Key}
+		if j, ok := seen[r]; ok {
+			vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by writes[%d]; a batch names each record once", r.section, r.key, j)
+			continue
+		}
+		seen[r] = i
+	}
+}

@@ -1,0 +1,138 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+)
+
+// Domain is the ErrorInfo domain of every error fenced answers.
+const Domain = "fenced"
+
+// ErrorInfo reasons. Clients switch on these, never on message text.
+const (
+	ReasonRevisionConflict = "REVISION_CONFLICT"
+	ReasonLeaseStale       = "LEASE_STALE"
+	ReasonLayoutDocument   = "LAYOUT_DOCUMENT"
+	ReasonRecordCorrupt    = "RECORD_CORRUPT"
+	ReasonRedisUnavailable = "REDIS_UNAVAILABLE"
+	ReasonInvalidArgument  = "INVALID_ARGUMENT"
+)
+
+// MaxConflictDetails bounds the PreconditionFailure violations of one
+// REVISION_CONFLICT answer: details travel in trailers, and common gRPC
+// clients refuse trailers over 8-16 KiB. The ErrorInfo metadata "conflicts"
+// always gives the full count.
+const MaxConflictDetails = 64
+
+// errorMapping is one row of the error table: errors matching match become
+// code, with details built by details (nil for none).
+type errorMapping struct {
+	match   func(error) bool
+	code    codes.Code
+	details func(error) []protoadapt.MessageV1
+}
+
+func is(target error) func(error) bool { return func(err error) bool { return errors.Is(err, target) } }
+
+func as[T error]() func(error) bool {
+	return func(err error) bool { var t T; return errors.As(err, &t) }
+}
+
+// errorTable maps core errors to gRPC status, first match wins. Context
+// errors come first so that a deadline never turns into anything else.
+var errorTable = []errorMapping{
+	{is(context.Canceled), codes.Canceled, nil},
+	{is(context.DeadlineExceeded), codes.DeadlineExceeded, nil},
+	{as[*batch.ValidationError](), codes.InvalidArgument, badRequest},
+	{as[*store.ConflictError](), codes.Aborted, conflictDetails},
+	{is(store.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
+	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
+	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
+	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
+}
+
+// toStatus maps an error of the core to a gRPC status error through
+// errorTable; anything unmatched is INTERNAL with the error's text.
+func toStatus(err error) error {
+	for _, m := range errorTable {
+		if !m.match(err) {
+			continue
+		}
+		st := status.New(m.code, err.Error())
+		if m.details != nil {
+			if withDetails, derr := st.WithDetails(m.details(err)...); derr == nil {
+				st = withDetails
+			}
+		}
+		return st.Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func info(reason string, metadata map[string]string) *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: metadata}
+}
+
+func reason(r string) func(error) []protoadapt.MessageV1 {
+	return func(error) []protoadapt.MessageV1 { return []protoadapt.MessageV1{info(r, nil)} }
+}
+
+func badRequest(err error) []protoadapt.MessageV1 {
+	var ve *batch.ValidationError
+	errors.As(err, &ve)
+	br := &errdetails.BadRequest{}
+	for _, v := range ve.Violations {
+		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: v.Field, Description: v.Description})
+	}
+	return []protoadapt.MessageV1{info(ReasonInvalidArgument, nil), br}
+}
+
+func conflictDetails(err error) []protoadapt.MessageV1 {
+	var ce *store.ConflictError
+	errors.As(err, &ce)
+	pf := &errdetails.PreconditionFailure{}
+	for i, c := range ce.Conflicts {
+		if i == MaxConflictDetails {
+			break
+		}
+		pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{
+			Type:        "REVISION",
+			Subject:     c.Section + "/" + c.Key,
+			Description: fmt.Sprintf("writes[%d]: expected revision %d, actual %d", c.Index, c.Expected, c.Actual),
+		})
+	}
+	md := map[string]string{"conflicts": strconv.Itoa(len(ce.Conflicts))}
+	return []protoadapt.MessageV1{info(ReasonRevisionConflict, md), pf}
+}
+
+func staleDetails(err error) []protoadapt.MessageV1 {
+	md := map[string]string{"lease": "absent"}
+	var se *store.StaleError
+	if errors.As(err, &se) && se.Present {
+		md = map[string]string{
+			"lease":         "present",
+			"owner":         se.Owner,
+			"epoch":         strconv.FormatInt(se.Epoch, 10),
+			"expires_at_ms": strconv.FormatInt(se.ExpiresAtMs, 10),
+		}
+	}
+	return []protoadapt.MessageV1{info(ReasonLeaseStale, md)}
+}
+
+func corruptDetails(err error) []protoadapt.MessageV1 {
+	md := map[string]string{}
+	var ce *store.CorruptError
+	if errors.As(err, &ce) {
+		md["section"], md["key"] = ce.Section, ce.Key
+	}
+	return []protoadapt.MessageV1{info(ReasonRecordCorrupt, md)}
+}

@@ -1,0 +1,189 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+)
+
+// Health service names. ReadyServices follow Redis: SERVING while it
+// answers, NOT_SERVING while it does not, and NOT_SERVING from the start of
+// a shutdown. LivenessService follows the process alone, so that a Redis
+// outage takes replicas out of rotation without restarting them.
+var (
+	ReadyServices   = []string{"", "fenced", fencedv1.RecordsService_ServiceDesc.ServiceName}
+	LivenessService = "liveness"
+)
+
+// Core is what the server needs of the store: the records and a health
+// probe that answers nil while Redis does.
+type Core interface {
+	Records
+	Ping(ctx context.Context) error
+}
+
+// Options configure a Server. Zero fields take the defaults given.
+type Options struct {
+	// Logger receives one line per failed call (and per call at debug
+	// level), Redis health transitions and recovered panics. Default:
+	// slog.Default().
+	Logger *slog.Logger
+	// MaxRecvMsgBytes is the largest request accepted, in bytes. Default:
+	// room for the largest batch the limits allow.
+	MaxRecvMsgBytes int
+	// HealthInterval is how often Redis is pinged for health. Default 1 s.
+	HealthInterval time.Duration
+}
+
+// Server is fenced's gRPC server: RecordsService, health and reflection.
+type Server struct {
+	grpc   *grpc.Server
+	health *health.Server
+	core   Core
+	log    *slog.Logger
+	every  time.Duration
+}
+
+// New builds a Server over core. limits must pass batch.Limits.Check.
+func New(core Core, limits batch.Limits, opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MaxRecvMsgBytes == 0 {
+		// Values, keys and per-write framing of the largest batch, plus slack.
+		opts.MaxRecvMsgBytes = limits.MaxBatchValueBytes + limits.MaxWrites*(batch.MaxKeyBytes+64) + 1<<20
+	}
+	if opts.HealthInterval == 0 {
+		opts.HealthInterval = time.Second
+	}
+	logger := opts.Logger
+	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+	})
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(func(c codes.Code) logging.Level {
+			if c == codes.OK {
+				return logging.LevelDebug
+			}
+			return logging.DefaultServerCodeToLevel(c)
+		}),
+	}
+	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		logger.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error")
+	})
+	s := &Server{
+		grpc: grpc.NewServer(
+			grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
+			grpc.ChainUnaryInterceptor(
+				selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+				recovery.UnaryServerInterceptor(onPanic),
+			),
+			grpc.ChainStreamInterceptor(
+				selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+				recovery.StreamServerInterceptor(onPanic),
+			),
+		),
+		health: health.NewServer(),
+		core:   core,
+		log:    logger,
+		every:  opts.HealthInterval,
+	}
+	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits))
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc) // v1 and v1alpha
+	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
+	s.setReady(healthpb.HealthCheckResponse_NOT_SERVING)
+	return s
+}
+
+// slogAdapter lets the logging interceptor write through slog.
+func slogAdapter(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+func (s *Server) setReady(st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, name := range ReadyServices {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Serve checks Redis once, starts following its health in the background,
+// and serves gRPC on lis until Shutdown. It returns nil after Shutdown.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.watchRedis(ctx)
+	err := s.grpc.Serve(lis)
+	if err == grpc.ErrServerStopped {
+		return nil
+	}
+	return err
+}
+
+// watchRedis pings Redis every interval and flips the ready services.
+func (s *Server) watchRedis(ctx context.Context) {
+	ticker := time.NewTicker(s.every)
+	defer ticker.Stop()
+	ready := false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, s.every)
+		err := s.core.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil && !ready:
+			s.log.Info("redis answers: serving")
+			s.setReady(healthpb.HealthCheckResponse_SERVING)
+		case err != nil && ready:
+			s.log.Warn("redis does not answer: not serving", "err", err)
+			s.setReady(healthpb.HealthCheckResponse_NOT_SERVING)
+		case err != nil && !ready:
+			s.log.Debug("redis still does not answer", "err", err)
+		}
+		ready = err == nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Shutdown turns every health service NOT_SERVING, then stops gracefully:
+// in-flight calls finish until ctx is done, after which the rest are
+// cancelled.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-done
+	}
+}

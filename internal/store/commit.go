@@ -1,0 +1,168 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/agentihooks/fenced/internal/batch"
+)
+
+// Commit runs a batch as one atomic script (DESIGN §3): the layout, the
+// lease fence and every revision are checked before the first write; then
+// the swarm revision is raised once, every put is stamped with it, by-name
+// follows executions, meta/layout is set, the standalone stamp is written
+// and one log entry is appended (the log keeps exactly the last 1000).
+//
+// It returns the committed revision, or for a batch of checks alone the
+// current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
+// every mismatch in request order, ErrLayoutDocument, *CorruptError,
+// ErrUnavailable (the commit may or may not have been applied), context
+// errors, *RedisError. The batch must have passed batch.Limits.CheckBatch.
+func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
+	k := s.keys(b.Slug)
+	keys, args := s.commitArgs(k, b)
+	rev, err := s.runCommit(ctx, k, b, keys, args)
+	if err == errLayoutUnknown {
+		// Cluster, and a swarm with no meta/layout yet: the document layout
+		// lives in a key of another slot, so look here and call again.
+		var exists bool
+		exists, err = s.documentExists(ctx, k)
+		if err == nil && exists {
+			err = ErrLayoutDocument
+		}
+		if err == nil {
+			args[2] = "1"
+			rev, err = s.runCommit(ctx, k, b, keys, args)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: fenced batch: %w", err)
+	}
+	return rev, nil
+}
+
+// errLayoutUnknown is the script's request to check the document layout.
+var errLayoutUnknown = fmt.Errorf("%w: layout unknown", ErrMalformedReply)
+
+// commitArgs lays out KEYS and ARGV as commit.lua expects them.
+func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
+	keys = append(make([]string, 0, 6+len(b.Writes)),
+		k.meta(), k.revision(), k.log(), k.byName(), k.section("executions"))
+	index := map[string]int{batch.MetaSection: 1, "executions": 5}
+	args = make([]string, 7, 7+5*len(b.Writes))
+	args[0] = b.Slug
+	args[1] = "0"
+	if s.stamp {
+		args[1] = "1"
+	}
+	args[2] = "0"
+	args[3], args[4], args[5], args[6] = "0", "", "0", "0"
+	if f := b.Fence; f != nil {
+		args[3] = "1"
+		args[4] = f.Owner
+		args[5] = strconv.FormatInt(f.Epoch, 10)
+		args[6] = strconv.FormatInt(f.NowMs, 10)
+	}
+	for i := range b.Writes {
+		w := &b.Writes[i]
+		ki, ok := index[w.Section]
+		if !ok {
+			keys = append(keys, k.section(w.Section))
+			ki = len(keys)
+			index[w.Section] = ki
+		}
+		args = append(args, kindArg[w.Kind], strconv.Itoa(ki), w.Key, strconv.FormatInt(w.Expected, 10), w.Value)
+	}
+	if s.stamp {
+		keys = append(keys, k.current)
+	}
+	return keys, args
+}
+
+var kindArg = map[batch.Kind]string{batch.KindPut: "p", batch.KindDelete: "d", batch.KindCheck: "c"}
+
+func (s *Store) runCommit(ctx context.Context, k swarmKeys, b *batch.Batch, keys, args []string) (int64, error) {
+	reply, err := replyStrings(commitScript.Exec(ctx, s.client, keys, args))
+	if err != nil {
+		return 0, classify(ctx, err)
+	}
+	if len(reply) == 0 {
+		return 0, fmt.Errorf("%w: empty reply", ErrMalformedReply)
+	}
+	switch reply[0] {
+	case "OK":
+		if len(reply) == 2 {
+			return parseInt(reply[1])
+		}
+	case "CONFLICT":
+		if len(reply)%2 == 1 && len(reply) > 1 {
+			return 0, conflictError(b, reply[1:])
+		}
+	case "STALE":
+		if len(reply) == 4 {
+			return 0, staleError(reply[1:])
+		}
+	case "LAYOUT_DOCUMENT":
+		return 0, ErrLayoutDocument
+	case "LAYOUT_UNKNOWN":
+		if !s.stamp && args[2] == "0" {
+			return 0, errLayoutUnknown
+		}
+	case "CORRUPT":
+		if len(reply) == 2 {
+			i, err := parseInt(reply[1])
+			if err != nil || i < 0 || int(i) >= len(b.Writes) {
+				break
+			}
+			w := &b.Writes[i]
+			return 0, &CorruptError{Section: w.Section, Key: w.Key}
+		}
+	}
+	return 0, fmt.Errorf("%w: %q", ErrMalformedReply, reply)
+}
+
+func conflictError(b *batch.Batch, pairs []string) error {
+	e := &ConflictError{Conflicts: make([]Conflict, 0, len(pairs)/2)}
+	for j := 0; j < len(pairs); j += 2 {
+		i, err := parseInt(pairs[j])
+		if err != nil {
+			return err
+		}
+		actual, err := parseInt(pairs[j+1])
+		if err != nil {
+			return err
+		}
+		if i < 0 || int(i) >= len(b.Writes) {
+			return fmt.Errorf("%w: conflict names write %d of %d", ErrMalformedReply, i, len(b.Writes))
+		}
+		w := &b.Writes[i]
+		e.Conflicts = append(e.Conflicts, Conflict{Index: int(i), Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual})
+	}
+	return e
+}
+
+func staleError(f []string) error {
+	if f[1] == "" {
+		return &StaleError{}
+	}
+	epoch, err := parseInt(f[1])
+	if err != nil {
+		return err
+	}
+	expires, err := parseInt(f[2])
+	if err != nil {
+		return err
+	}
+	return &StaleError{Present: true, Owner: f[0], Epoch: epoch, ExpiresAtMs: expires}
+}
+
+// documentExists reports whether P:state:fencing:current holds the swarm's
+// whole document (the document layout).
+func (s *Store) documentExists(ctx context.Context, k swarmKeys) (bool, error) {
+	n, err := s.client.Do(ctx, s.client.B().Hexists().Key(k.current).Field(k.slug).Build()).AsBool()
+	if err != nil {
+		return false, classify(ctx, err)
+	}
+	return n, nil
+}

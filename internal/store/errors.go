@@ -1,0 +1,167 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+var (
+	// ErrLeaseStale: the batch's fence does not match a live lease (no
+	// lease, another owner, another epoch, or expired by the later of the
+	// fence's now_ms and Redis's clock). Returned as *StaleError. The
+	// caller's lease is gone: it must stop writing, not retry.
+	ErrLeaseStale = errors.New("lease stale")
+	// ErrLayoutDocument: the swarm is still stored as one document by older
+	// writers and must be migrated before fenced writes it.
+	ErrLayoutDocument = errors.New("swarm is on the document layout")
+	// ErrCorruptRecord: a stored field is not a record ({"r":N,"v":...}).
+	// Returned as *CorruptError naming the field.
+	ErrCorruptRecord = errors.New("stored field is not a record")
+	// ErrUnavailable: Redis is unreachable, loading, busy, or failing over;
+	// the call may be retried later. A commit that fails this way may or may
+	// not have been applied.
+	ErrUnavailable = errors.New("redis unavailable")
+	// ErrMalformedReply: a script answered something fenced does not
+	// understand (a bug, or a foreign script under the same SHA).
+	ErrMalformedReply = errors.New("malformed script reply")
+)
+
+// StaleError is ErrLeaseStale with the lease found in meta/lease.
+type StaleError struct {
+	// Present is false when there is no readable lease record.
+	Present bool
+	// Owner, Epoch and ExpiresAtMs describe the current lease when Present.
+	Owner       string
+	Epoch       int64
+	ExpiresAtMs int64
+}
+
+func (e *StaleError) Error() string {
+	if !e.Present {
+		return "lease stale: the swarm has no lease"
+	}
+	return fmt.Sprintf("lease stale: the lease is held by %q at epoch %d until %d ms", e.Owner, e.Epoch, e.ExpiresAtMs)
+}
+
+// Is makes errors.Is(err, ErrLeaseStale) true.
+func (e *StaleError) Is(target error) bool { return target == ErrLeaseStale }
+
+// Conflict is one write whose expected revision did not match.
+type Conflict struct {
+	// Index is the write's position in the batch, from 0.
+	Index    int
+	Section  string
+	Key      string
+	Expected int64
+	// Actual is the stored revision; 0 when the record is absent.
+	Actual int64
+}
+
+// ConflictError lists every write of a batch whose expected revision did
+// not match, in request order. Nothing was written: read again and rerun.
+type ConflictError struct {
+	Conflicts []Conflict
+}
+
+func (e *ConflictError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "revision conflict on %d record(s):", len(e.Conflicts))
+	for i, c := range e.Conflicts {
+		if i == 8 {
+			fmt.Fprintf(&b, " and %d more", len(e.Conflicts)-i)
+			break
+		}
+		fmt.Fprintf(&b, " %s/%s (expected %d, actual %d)", c.Section, c.Key, c.Expected, c.Actual)
+	}
+	return b.String()
+}
+
+// CorruptError names a stored field that is not a record.
+type CorruptError struct {
+	Section string
+	Key     string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("stored field %s/%s is not a record: want a JSON object with \"r\" and \"v\"", e.Section, e.Key)
+}
+
+// Is makes errors.Is(err, ErrCorruptRecord) true.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorruptRecord }
+
+// RedisError is an error reply of Redis that is none of the above, with
+// Redis's message as valid UTF-8.
+type RedisError struct {
+	Message string
+}
+
+func (e *RedisError) Error() string { return "redis: " + e.Message }
+
+// unavailablePrefixes are Redis error replies that mean "try again later".
+var unavailablePrefixes = []string{
+	"BUSY ", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN",
+	"NOREPLICAS", "MOVED", "ASK",
+}
+
+// classify sorts an error from rueidis into the package's vocabulary:
+// context errors stay themselves; Redis error replies that mean "later" and
+// every transport error become ErrUnavailable; other error replies become
+// *RedisError. err is wrapped as "<what>: <kind>: <cause>".
+func classify(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctxErr)) {
+		return fmt.Errorf("%w", ctxErr)
+	}
+	if rerr, ok := rueidis.IsRedisErr(err); ok {
+		msg := strings.ToValidUTF8(rerr.Error(), "\uFFFD")
+		for _, p := range unavailablePrefixes {
+			if strings.HasPrefix(msg, p) {
+				return fmt.Errorf("%w: %s", ErrUnavailable, msg)
+			}
+		}
+		return &RedisError{Message: msg}
+	}
+	var already *RedisError
+	if errors.As(err, &already) || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	// rueidis returns net errors, io.EOF, ErrClosing and the like for a
+	// connection that failed: all of them mean "unreachable now".
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// replyStrings decodes a script's array reply of strings (nil elements
+// become "" with present false).
+func replyStrings(res rueidis.RedisResult) ([]string, error) {
+	arr, err := res.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(arr))
+	for i, m := range arr {
+		if m.IsNil() {
+			continue
+		}
+		s, err := m.ToString()
+		if err != nil {
+			return nil, fmt.Errorf("%w: element %d: %w", ErrMalformedReply, i, err)
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+func parseInt(s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q is not an integer", ErrMalformedReply, s)
+	}
+	return n, nil
+}

@@ -1,0 +1,26 @@
+package store
+
+// swarmKeys are the Redis keys of one swarm (DESIGN §2). Every one but
+// current carries the slug as its hash tag, so that one script can touch
+// all of them on Redis Cluster.
+type swarmKeys struct {
+	slug string
+	base string // "<prefix>:swarm:{<slug>}:fence:"
+	// current is P:state:fencing:current: the document layout and the
+	// standalone stamp. It has no hash tag.
+	current string
+}
+
+func (s *Store) keys(slug string) swarmKeys {
+	return swarmKeys{
+		slug:    slug,
+		base:    s.prefix + ":{" + slug + "}:fence:",
+		current: s.prefix + ":state:fencing:current",
+	}
+}
+
+func (k swarmKeys) section(name string) string { return k.base + name }
+func (k swarmKeys) meta() string               { return k.base + "meta" }
+func (k swarmKeys) revision() string           { return k.base + "revision" }
+func (k swarmKeys) log() string                { return k.base + "log" }
+func (k swarmKeys) byName() string             { return k.base + "by-name" }

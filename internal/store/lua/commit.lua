@@ -1,0 +1,272 @@
+-- commit.lua: the fenced batch (DESIGN §3). Checks the layout, the lease
+-- fence and every revision, then writes all of the batch or nothing. No
+-- write happens before every check has passed: Redis has no rollback.
+--
+-- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
+-- KEYS[4] by-name     KEYS[5] executions  KEYS[6..] the other sections the
+-- batch writes; when ARGV[2] == '1', the last key is P:state:fencing:current.
+--
+-- ARGV[1] slug              ARGV[2] '1': standalone, stamp the last key
+-- ARGV[3] '1': the caller checked the document layout (Cluster)
+-- ARGV[4] '1': fenced       ARGV[5] owner ('' = any)   ARGV[6] epoch
+-- ARGV[7] caller's now (ms, '0' = unknown)
+-- then 5 arguments per write: kind ('p', 'd' or 'c'), index into KEYS of
+-- its section, key, expected revision (-1 = BLIND), value ('' unless put).
+--
+-- Replies (all elements strings):
+--   {'OK', revision}
+--   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices
+--   {'STALE', owner, epoch, expires_at_ms}           '' when no lease
+--   {'LAYOUT_DOCUMENT'}
+--   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
+--   {'CORRUPT', index}   the write's stored field is not a record
+local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
+local HEADER, STRIDE = 7, 5
+local LOG_CAP = '1000'
+
+local slug = ARGV[1]
+local stamp = ARGV[2] == '1'
+
+-- record_revision reads the revision of a stored record field: an anchored
+-- pattern first (fenced's own form and the spaced form of older writers),
+-- a decode only when it misses. nil when the field is not a record.
+local function record_revision(raw)
+  local r = string.match(raw, '^%s*{%s*"r"%s*:%s*(%d+)%s*,')
+  if r then
+    return tonumber(r)
+  end
+  local ok, rec = pcall(cjson.decode, raw)
+  if ok and type(rec) == 'table' and type(rec.r) == 'number' and rec.v ~= nil then
+    return rec.r
+  end
+  return nil
+end
+
+-- record_value decodes the value of a stored record field, nil on failure.
+-- Decoding only: values are never re-encoded.
+local function record_value(raw)
+  local ok, rec = pcall(cjson.decode, raw)
+  if ok and type(rec) == 'table' then
+    return rec.v
+  end
+  return nil
+end
+
+-- json_string encodes s as a JSON string the way Go and Python do for
+-- ASCII: quote, backslash and control characters escaped, '/' left alone.
+local escapes = { ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+  ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
+local function json_string(s)
+  local out = string.gsub(s, '[%z\1-\31"\\]', function(c)
+    return escapes[c] or string.format('\\u%04x', string.byte(c))
+  end)
+  return '"' .. out .. '"'
+end
+
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- 1. Layout: a swarm still stored as one document must be migrated first.
+local layout = redis.call('HGET', KEYS[META], 'layout')
+if layout then
+  if record_value(layout) == 'document' then
+    return { 'LAYOUT_DOCUMENT' }
+  end
+elseif stamp then
+  if redis.call('HEXISTS', KEYS[#KEYS], slug) == 1 then
+    return { 'LAYOUT_DOCUMENT' }
+  end
+elseif ARGV[3] ~= '1' then
+  return { 'LAYOUT_UNKNOWN' }
+end
+
+-- 2. Fence: the lease must be live by the later of Redis's clock and the
+-- caller's, and name the fence's epoch (and owner, when given).
+local log_owner = ''
+if ARGV[4] == '1' then
+  local lease = nil
+  local raw = redis.call('HGET', KEYS[META], 'lease')
+  if raw then
+    lease = record_value(raw)
+  end
+  local valid = type(lease) == 'table' and type(lease.owner) == 'string'
+      and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number'
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local caller_now = tonumber(ARGV[7])
+  if caller_now > now then
+    now = caller_now
+  end
+  if not valid or lease.epoch ~= tonumber(ARGV[6]) or lease.expires_at <= now
+      or (ARGV[5] ~= '' and lease.owner ~= ARGV[5]) then
+    if valid then
+      return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
+    end
+    return { 'STALE', '', '', '' }
+  end
+  log_owner = lease.owner
+end
+
+-- 3. Revisions: collect every mismatch, in request order.
+local n = (#ARGV - HEADER) / STRIDE
+local counter = tonumber(redis.call('GET', KEYS[REV]) or '0') or 0
+local highest = counter
+local conflicts = { 'CONFLICT' }
+local mutates = false
+local old_exec = {} -- write index -> stored executions field (or false)
+for i = 0, n - 1 do
+  local b = HEADER + i * STRIDE
+  local ki = tonumber(ARGV[b + 2])
+  local raw = redis.call('HGET', KEYS[ki], ARGV[b + 3])
+  local expected = tonumber(ARGV[b + 4])
+  local actual = 0
+  if raw then
+    actual = record_revision(raw)
+    if actual == nil then
+      -- A field that is not a record can only be overwritten blind (repair).
+      if expected ~= -1 or ARGV[b + 1] == 'c' then
+        return { 'CORRUPT', int(i) }
+      end
+      actual = 0
+    end
+  end
+  if expected ~= -1 and expected ~= actual then
+    conflicts[#conflicts + 1] = int(i)
+    conflicts[#conflicts + 1] = int(actual)
+  end
+  if actual > highest then
+    highest = actual
+  end
+  if ARGV[b + 1] ~= 'c' then
+    mutates = true
+    if ki == EXEC then
+      old_exec[i] = raw or false
+    end
+  end
+end
+if #conflicts > 1 then
+  return conflicts
+end
+if not mutates then
+  return { 'OK', int(counter) }
+end
+
+-- 4. Commit. The new revision is above the counter and above every record
+-- the batch touches, so revisions never go backwards even after the counter
+-- was lost or restored from an older snapshot.
+local rev = int(highest + 1)
+local head = '{"r":' .. rev .. ',"v":'
+redis.call('SET', KEYS[REV], rev)
+
+local records = 0
+local names = {}   -- agent names whose by-name entry may change
+local touched = {} -- executions id -> { old = value|nil, new = value|nil }
+for i = 0, n - 1 do
+  local b = HEADER + i * STRIDE
+  local kind, ki, key = ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
+  if kind == 'p' then
+    redis.call('HSET', KEYS[ki], key, head .. ARGV[b + 5] .. '}')
+    records = records + 1
+  elseif kind == 'd' then
+    redis.call('HDEL', KEYS[ki], key)
+    records = records + 1
+  end
+  if kind ~= 'c' and ki == EXEC then
+    local t = {}
+    if old_exec[i] then
+      t.old = record_value(old_exec[i])
+    end
+    if kind == 'p' then
+      local ok, v = pcall(cjson.decode, ARGV[b + 5])
+      if ok then
+        t.new = v
+      end
+    end
+    touched[key] = t
+    for _, v in pairs({ t.old, t.new }) do
+      if type(v) == 'table' and type(v.name) == 'string' then
+        names[v.name] = true
+      end
+    end
+  end
+end
+
+-- by-name: agent name -> id of the executions record of that name with the
+-- highest generation (ties: the greater id). Kept incrementally; the section
+-- is scanned only when the current holder itself lost its place.
+local function generation(v)
+  if type(v.generation) == 'number' then
+    return v.generation
+  end
+  return 0
+end
+local function better(gen, id, best_gen, best_id)
+  return best_id == nil or gen > best_gen or (gen == best_gen and id > best_id)
+end
+for name in pairs(names) do
+  local holder = nil
+  local raw = redis.call('HGET', KEYS[BYNAME], name)
+  if raw then
+    holder = record_value(raw)
+    if type(holder) ~= 'string' then
+      holder = nil
+    end
+  end
+  local best_id, best_gen = nil, 0
+  for id, t in pairs(touched) do
+    local v = t.new
+    if type(v) == 'table' and v.name == name and better(generation(v), id, best_gen, best_id) then
+      best_id, best_gen = id, generation(v)
+    end
+  end
+  local scan = false
+  if holder ~= nil then
+    local t = touched[holder]
+    if t == nil then
+      local er = redis.call('HGET', KEYS[EXEC], holder)
+      local v = er and record_value(er)
+      if type(v) == 'table' and v.name == name then
+        if better(generation(v), holder, best_gen, best_id) then
+          best_id, best_gen = holder, generation(v)
+        end
+      else
+        scan = true
+      end
+    else
+      -- The holder was written: its old place bounds every untouched record.
+      local old = t.old
+      local old_gen = (type(old) == 'table') and generation(old) or 0
+      if best_id == nil or better(old_gen, holder, best_gen, best_id) then
+        scan = true
+      end
+    end
+  end
+  if scan then
+    best_id, best_gen = nil, 0
+    local all = redis.call('HGETALL', KEYS[EXEC])
+    for j = 1, #all, 2 do
+      local v = record_value(all[j + 1])
+      if type(v) == 'table' and v.name == name and better(generation(v), all[j], best_gen, best_id) then
+        best_id, best_gen = all[j], generation(v)
+      end
+    end
+  end
+  if best_id == nil then
+    if raw then
+      redis.call('HDEL', KEYS[BYNAME], name)
+    end
+  elseif best_id ~= holder then
+    redis.call('HSET', KEYS[BYNAME], name, head .. json_string(best_id) .. '}')
+  end
+end
+
+if not layout then
+  redis.call('HSET', KEYS[META], 'layout', head .. '"records"}')
+end
+if stamp then
+  redis.call('HSET', KEYS[#KEYS], slug .. ':records', rev)
+end
+redis.call('XADD', KEYS[LOG], 'MAXLEN', '=', LOG_CAP, '*',
+  'revision', rev, 'owner', log_owner, 'records', int(records))
+return { 'OK', rev }

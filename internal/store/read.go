@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/rueidis"
+)
+
+// Record reads the record at (section, key) of a swarm and the swarm
+// revision in one atomic script. rec is nil when the record is absent;
+// revision is 0 when no batch ever committed. Errors: *CorruptError when the
+// stored field is not a record, ErrUnavailable, context errors, *RedisError.
+func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Record, revision int64, err error) {
+	k := s.keys(slug)
+	arr, err := readRecordScript.Exec(ctx, s.client,
+		[]string{k.revision(), k.section(section)}, []string{key}).ToArray()
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: read record: %w", classify(ctx, err))
+	}
+	if len(arr) != 2 {
+		return nil, 0, fmt.Errorf("store: read record: %w: %d elements", ErrMalformedReply, len(arr))
+	}
+	revs, err := arr[0].ToString()
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: read record: %w: revision: %w", ErrMalformedReply, err)
+	}
+	if revision, err = parseInt(revs); err != nil {
+		return nil, 0, fmt.Errorf("store: read record: %w", err)
+	}
+	if arr[1].IsNil() {
+		return nil, revision, nil
+	}
+	raw, err := arr[1].ToString()
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: read record: %w: %w", ErrMalformedReply, err)
+	}
+	r, ok := parseRecord(raw)
+	if !ok {
+		return nil, 0, fmt.Errorf("store: read record: %w", &CorruptError{Section: section, Key: key})
+	}
+	return &r, revision, nil
+}
+
+// Snapshot is sections of one swarm read at one instant.
+type Snapshot struct {
+	// Revision is the swarm revision at the snapshot; 0 when none.
+	Revision int64
+	// Sections maps each requested section to its records by key.
+	Sections map[string]map[string]Record
+}
+
+// Sections reads the named sections (names must be valid; see
+// batch.Limits.CheckSections) and the swarm revision as one snapshot, in one
+// atomic script. A field that is not a record fails the read with a
+// *CorruptError naming it. Other errors: ErrUnavailable, context errors,
+// *RedisError.
+func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Snapshot, error) {
+	k := s.keys(slug)
+	keys := make([]string, 0, 1+len(names))
+	keys = append(keys, k.revision())
+	for _, n := range names {
+		keys = append(keys, k.section(n))
+	}
+	arr, err := readSectionsScript.Exec(ctx, s.client, keys, nil).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("store: read sections: %w", classify(ctx, err))
+	}
+	if len(arr) != 1+len(names) {
+		return nil, fmt.Errorf("store: read sections: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(names))
+	}
+	revs, err := arr[0].ToString()
+	if err != nil {
+		return nil, fmt.Errorf("store: read sections: %w: revision: %w", ErrMalformedReply, err)
+	}
+	snap := &Snapshot{Sections: make(map[string]map[string]Record, len(names))}
+	if snap.Revision, err = parseInt(revs); err != nil {
+		return nil, fmt.Errorf("store: read sections: %w", err)
+	}
+	for i, name := range names {
+		fields, err := arr[1+i].ToArray()
+		if err != nil || len(fields)%2 != 0 {
+			return nil, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, name)
+		}
+		records := make(map[string]Record, len(fields)/2)
+		for j := 0; j < len(fields); j += 2 {
+			key, err1 := fields[j].ToString()
+			raw, err2 := fields[j+1].ToString()
+			if err1 != nil || err2 != nil {
+				return nil, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, name)
+			}
+			rec, ok := parseRecord(raw)
+			if !ok {
+				return nil, fmt.Errorf("store: read sections: %w", &CorruptError{Section: name, Key: key})
+			}
+			records[key] = rec
+		}
+		snap.Sections[name] = records
+	}
+	return snap, nil
+}
+
+// Layout is how a swarm's fencing state is stored.
+type Layout int
+
+// The layouts of DESIGN §1.
+const (
+	// LayoutNone: the swarm has no fencing state.
+	LayoutNone Layout = iota
+	// LayoutRecords: one hash per section (what fenced writes).
+	LayoutRecords
+	// LayoutDocument: one JSON document in P:state:fencing:current.
+	LayoutDocument
+)
+
+// Layout tells how a swarm is stored: meta/layout when present; else the
+// document layout when P:state:fencing:current holds the swarm's document;
+// else records when the swarm has a revision; else LayoutNone. Errors:
+// ErrUnavailable, context errors, *RedisError.
+func (s *Store) Layout(ctx context.Context, slug string) (Layout, error) {
+	k := s.keys(slug)
+	c := s.client
+	res := c.DoMulti(ctx,
+		c.B().Hget().Key(k.meta()).Field("layout").Build(),
+		c.B().Exists().Key(k.revision()).Build(),
+		c.B().Hexists().Key(k.current).Field(slug).Build())
+	for _, r := range res {
+		if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
+			return LayoutNone, fmt.Errorf("store: read layout: %w", classify(ctx, err))
+		}
+	}
+	if raw, err := res[0].ToString(); err == nil {
+		if rec, ok := parseRecord(raw); ok && rec.Value == `"document"` {
+			return LayoutDocument, nil
+		}
+		return LayoutRecords, nil
+	}
+	if doc, _ := res[2].AsBool(); doc {
+		return LayoutDocument, nil
+	}
+	if n, _ := res[1].AsInt64(); n > 0 {
+		return LayoutRecords, nil
+	}
+	return LayoutNone, nil
+}

@@ -1,0 +1,85 @@
+// Package store is everything of fenced that talks to Redis: the key names of
+// a swarm (DESIGN §2), the embedded Lua scripts, the reads, the fenced batch
+// commit, and client construction (standalone, Cluster, Sentinel, embedded).
+// No other package issues Redis commands.
+//
+// Errors are transport-free: ErrLeaseStale (as *StaleError), *ConflictError,
+// ErrLayoutDocument, *CorruptError, ErrUnavailable, ErrMalformedReply and
+// context errors; anything else is a Redis error (*RedisError).
+package store
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+//go:embed lua/*.lua
+var scripts embed.FS
+
+func mustScript(name string) string {
+	b, err := scripts.ReadFile("lua/" + name)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// The scripts are loaded once per Redis node and called by SHA, with EVAL as
+// the fallback on NOSCRIPT (after a restart, failover or SCRIPT FLUSH). The
+// commit is not retryable: it is not idempotent.
+var (
+	commitScript       = rueidis.NewLuaScript(mustScript("commit.lua"))
+	readSectionsScript = rueidis.NewLuaScript(mustScript("read_sections.lua"))
+	readRecordScript   = rueidis.NewLuaScript(mustScript("read_record.lua"))
+)
+
+// DefaultPrefix is the key prefix when AGENTIHOOKS_SWARM_KEY_PREFIX is unset.
+const DefaultPrefix = "agentihooks"
+
+// Store reads and commits swarms' records in Redis. It holds no state of its
+// own besides the client: any number of Stores (and fenced replicas) may
+// serve the same swarms at once.
+type Store struct {
+	client rueidis.Client
+	prefix string // "<prefix>:swarm"
+	// stamp: standalone (or Sentinel) Redis, where commits stamp
+	// P:state:fencing:current; never on Cluster, where that key has no slot
+	// in common with the swarm's.
+	stamp bool
+}
+
+// New returns a Store over client with the given key prefix (DefaultPrefix
+// when empty). The prefix may not contain '{' or '}'.
+func New(client rueidis.Client, prefix string) (*Store, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("store: key prefix %q may not contain '{' or '}'", prefix)
+	}
+	return &Store{
+		client: client,
+		prefix: prefix + ":swarm",
+		stamp:  client.Mode() != rueidis.ClientModeCluster,
+	}, nil
+}
+
+// Cluster reports whether the Store talks to a Redis Cluster.
+func (s *Store) Cluster() bool { return !s.stamp }
+
+// Ping checks that Redis answers, on every node of a Cluster.
+func (s *Store) Ping(ctx context.Context) error {
+	for addr, node := range s.client.Nodes() {
+		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
+			return fmt.Errorf("store: ping %s: %w", addr, classify(ctx, err))
+		}
+	}
+	return nil
+}
+
+// Close closes the client.
+func (s *Store) Close() { s.client.Close() }
