@@ -121,4 +121,3 @@ func BatchFromProto(req *fencedv1.FencedBatchRequest) *batch.Batch {
 	}
 	return b
 }
-
