@@ -120,7 +120,10 @@ func ValidSlug(slug string) string {
 			return "must start with a letter or digit"
 		}
 		if !alnum && c != '.' && c != '_' && c != '-' {
-			return fmt.Sprintf("character %q at byte %d is not one of [A-Za-z0-9._-]", c, i)
+			// Quote the whole character, not its first byte: %q of a byte
+			// would show the lead byte of "é" as 'Ã'.
+			_, size := utf8.DecodeRuneInString(slug[i:])
+			return fmt.Sprintf("character %q at byte %d is not one of [A-Za-z0-9._-]", slug[i:i+size], i)
 		}
 	}
 	return ""

@@ -32,7 +32,7 @@ func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 			err = ErrLayoutDocument
 		}
 		if err == nil {
-			args[2] = "1"
+			args[0] = "l" + args[0][1:]
 			rev, err = s.runCommit(ctx, k, b, keys, args)
 		}
 	}
@@ -45,25 +45,22 @@ func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 // errLayoutUnknown is the script's request to check the document layout.
 var errLayoutUnknown = fmt.Errorf("%w: layout unknown", ErrMalformedReply)
 
-// commitArgs lays out KEYS and ARGV as commit.lua expects them.
+// commitArgs lays out KEYS and ARGV as commit.lua expects them. The layout
+// is kept small on purpose: a one-record change sends its value plus well
+// under 512 bytes to Redis.
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 	keys = append(make([]string, 0, 6+len(b.Writes)),
 		k.meta(), k.revision(), k.log(), k.byName(), k.section("executions"))
 	index := map[string]int{batch.MetaSection: 1, "executions": 5}
-	args = make([]string, 7, 7+5*len(b.Writes))
-	args[0] = b.Slug
-	args[1] = "0"
+	mode, epoch, now, owner := "-", "", "0", ""
 	if s.stamp {
-		args[1] = "1"
+		mode = "s"
 	}
-	args[2] = "0"
-	args[3], args[4], args[5], args[6] = "0", "", "0", "0"
 	if f := b.Fence; f != nil {
-		args[3] = "1"
-		args[4] = f.Owner
-		args[5] = strconv.FormatInt(f.Epoch, 10)
-		args[6] = strconv.FormatInt(f.NowMs, 10)
+		epoch, now, owner = strconv.FormatInt(f.Epoch, 10), strconv.FormatInt(f.NowMs, 10), f.Owner
 	}
+	args = make([]string, 1, 1+2*len(b.Writes))
+	args[0] = mode + ":" + epoch + ":" + now + ":" + owner
 	for i := range b.Writes {
 		w := &b.Writes[i]
 		ki, ok := index[w.Section]
@@ -72,7 +69,10 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 			ki = len(keys)
 			index[w.Section] = ki
 		}
-		args = append(args, kindArg[w.Kind], strconv.Itoa(ki), w.Key, strconv.FormatInt(w.Expected, 10), w.Value)
+		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 10)+":"+w.Key)
+		if w.Kind == batch.KindPut {
+			args = append(args, w.Value)
+		}
 	}
 	if s.stamp {
 		keys = append(keys, k.current)
@@ -106,7 +106,7 @@ func (s *Store) runCommit(ctx context.Context, k swarmKeys, b *batch.Batch, keys
 	case "LAYOUT_DOCUMENT":
 		return 0, ErrLayoutDocument
 	case "LAYOUT_UNKNOWN":
-		if !s.stamp && args[2] == "0" {
+		if !s.stamp && args[0][0] == '-' {
 			return 0, errLayoutUnknown
 		}
 	case "CORRUPT":

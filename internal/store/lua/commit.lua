@@ -4,14 +4,19 @@
 --
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
 -- KEYS[4] by-name     KEYS[5] executions  KEYS[6..] the other sections the
--- batch writes; when ARGV[2] == '1', the last key is P:state:fencing:current.
+-- batch writes; in mode 's', the last key is P:state:fencing:current.
 --
--- ARGV[1] slug              ARGV[2] '1': standalone, stamp the last key
--- ARGV[3] '1': the caller checked the document layout (Cluster)
--- ARGV[4] '1': fenced       ARGV[5] owner ('' = any)   ARGV[6] epoch
--- ARGV[7] caller's now (ms, '0' = unknown)
--- then 5 arguments per write: kind ('p', 'd' or 'c'), index into KEYS of
--- its section, key, expected revision (-1 = BLIND), value ('' unless put).
+-- ARGV[1] '<mode>:<epoch>:<now_ms>:<owner>'. mode: 's' when standalone
+--         (stamp the last key), 'l' when the caller checked the document
+--         layout (Cluster), '-' for neither. epoch: the fence's, '' for an
+--         unfenced batch. now_ms: the caller's clock, '0' when unknown.
+--         owner: the fence's ('' = any; last, so it may hold ':').
+-- then per write '<kind><key index>:<expected>:<key>' where kind is 'p', 'd'
+-- or 'c', key index points into KEYS at its section, expected is the
+-- revision it was read at (-1 = BLIND) and key (last) is the record's key;
+-- a put is followed by one more argument, its value.
+-- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
+-- packed because every byte is sent on every commit.
 --
 -- Replies (all elements strings):
 --   {'OK', revision}
@@ -21,11 +26,30 @@
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
 local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
-local HEADER, STRIDE = 7, 5
 local LOG_CAP = '1000'
 
-local slug = ARGV[1]
-local stamp = ARGV[2] == '1'
+local slug = string.match(KEYS[META], '{(.-)}')
+local mode, fence_epoch, caller_now, fence_owner = string.match(ARGV[1], '^([sl-]+):(%d*):(%d+):(.*)$')
+local stamp = string.find(mode, 's', 1, true) ~= nil
+local layout_checked = string.find(mode, 'l', 1, true) ~= nil
+
+-- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
+-- expects[i], values[i] (puts only), for i = 1..n.
+local kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
+local n = 0
+do
+  local a = 2
+  while a <= #ARGV do
+    local kind, ki, expected, key = string.match(ARGV[a], '^([pdc])(%d+):(-?%d+):(.*)$')
+    n = n + 1
+    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, tonumber(expected)
+    if kind == 'p' then
+      a = a + 1
+      values[n] = ARGV[a]
+    end
+    a = a + 1
+  end
+end
 
 -- record_revision reads the revision of a stored record field: an anchored
 -- pattern first (fenced's own form and the spaced form of older writers),
@@ -77,14 +101,14 @@ elseif stamp then
   if redis.call('HEXISTS', KEYS[#KEYS], slug) == 1 then
     return { 'LAYOUT_DOCUMENT' }
   end
-elseif ARGV[3] ~= '1' then
+elseif not layout_checked then
   return { 'LAYOUT_UNKNOWN' }
 end
 
 -- 2. Fence: the lease must be live by the later of Redis's clock and the
 -- caller's, and name the fence's epoch (and owner, when given).
 local log_owner = ''
-if ARGV[4] == '1' then
+if fence_epoch ~= '' then
   local lease = nil
   local raw = redis.call('HGET', KEYS[META], 'lease')
   if raw then
@@ -94,12 +118,11 @@ if ARGV[4] == '1' then
       and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number'
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local caller_now = tonumber(ARGV[7])
-  if caller_now > now then
-    now = caller_now
+  if tonumber(caller_now) > now then
+    now = tonumber(caller_now)
   end
-  if not valid or lease.epoch ~= tonumber(ARGV[6]) or lease.expires_at <= now
-      or (ARGV[5] ~= '' and lease.owner ~= ARGV[5]) then
+  if not valid or lease.epoch ~= tonumber(fence_epoch) or lease.expires_at <= now
+      or (fence_owner ~= '' and lease.owner ~= fence_owner) then
     if valid then
       return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
     end
@@ -109,36 +132,33 @@ if ARGV[4] == '1' then
 end
 
 -- 3. Revisions: collect every mismatch, in request order.
-local n = (#ARGV - HEADER) / STRIDE
 local counter = tonumber(redis.call('GET', KEYS[REV]) or '0') or 0
 local highest = counter
 local conflicts = { 'CONFLICT' }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
-for i = 0, n - 1 do
-  local b = HEADER + i * STRIDE
-  local ki = tonumber(ARGV[b + 2])
-  local raw = redis.call('HGET', KEYS[ki], ARGV[b + 3])
-  local expected = tonumber(ARGV[b + 4])
+for i = 1, n do
+  local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
+  local raw = redis.call('HGET', KEYS[ki], key)
   local actual = 0
   if raw then
     actual = record_revision(raw)
     if actual == nil then
       -- A field that is not a record can only be overwritten blind (repair).
-      if expected ~= -1 or ARGV[b + 1] == 'c' then
-        return { 'CORRUPT', int(i) }
+      if expected ~= -1 or kind == 'c' then
+        return { 'CORRUPT', int(i - 1) }
       end
       actual = 0
     end
   end
   if expected ~= -1 and expected ~= actual then
-    conflicts[#conflicts + 1] = int(i)
+    conflicts[#conflicts + 1] = int(i - 1)
     conflicts[#conflicts + 1] = int(actual)
   end
   if actual > highest then
     highest = actual
   end
-  if ARGV[b + 1] ~= 'c' then
+  if kind ~= 'c' then
     mutates = true
     if ki == EXEC then
       old_exec[i] = raw or false
@@ -162,11 +182,10 @@ redis.call('SET', KEYS[REV], rev)
 local records = 0
 local names = {}   -- agent names whose by-name entry may change
 local touched = {} -- executions id -> { old = value|nil, new = value|nil }
-for i = 0, n - 1 do
-  local b = HEADER + i * STRIDE
-  local kind, ki, key = ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
+for i = 1, n do
+  local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
   if kind == 'p' then
-    redis.call('HSET', KEYS[ki], key, head .. ARGV[b + 5] .. '}')
+    redis.call('HSET', KEYS[ki], key, head .. value .. '}')
     records = records + 1
   elseif kind == 'd' then
     redis.call('HDEL', KEYS[ki], key)
@@ -178,7 +197,7 @@ for i = 0, n - 1 do
       t.old = record_value(old_exec[i])
     end
     if kind == 'p' then
-      local ok, v = pcall(cjson.decode, ARGV[b + 5])
+      local ok, v = pcall(cjson.decode, value)
       if ok then
         t.new = v
       end

@@ -1,0 +1,174 @@
+package batch
+
+import (
+	"encoding/json"
+	"errors"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// slugPattern is the slug grammar of DESIGN §2, stated independently of
+// ValidSlug.
+var slugPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// fieldPattern is every Field a CheckBatch violation may name.
+var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)|writes\[(0|[1-9][0-9]*)\]\.(kind|section|key|expected|value))$`)
+
+// FuzzCheckBatch checks CheckBatch against the rules of DESIGN §2-§3 stated
+// independently: it never panics; nil means the batch keeps every rule (so a
+// slug can never break out of its hash tag and every put holds one JSON
+// text); a refusal is a *ValidationError of 1..MaxViolations violations, each
+// naming a known field; and it refuses exactly the batches that break a rule.
+//
+// The batch is one write built from the fuzzed fields, followed by a check
+// of (section2, key2) when second is set, so duplicates are reachable.
+func FuzzCheckBatch(f *testing.F) {
+	type seed struct {
+		slug, section, key string
+		expected           int64
+		value              string
+		kind               int32
+		second             bool
+		section2, key2     string
+		fenced             bool
+		owner              string
+		epoch, nowMs       int64
+	}
+	for _, s := range []seed{
+		{testSlug, "executions", "e1", 4, `{"name":"a","generation":2}`, 1, false, "", "", true, "tick-1", 3, 1_700_000_000_000},
+		{testSlug, "executions", "e1", Blind, `{"ids":[],"m":{},"l":[[]]}`, 1, true, "executions", "e1", false, "", 0, 0},
+		{"a", "meta", "lease", 5, "", 3, true, "meta", "epoch", true, "", 1, 0},
+		{"a", "meta", "lease", Blind, `{}`, 1, false, "", "", true, "o", 1, 0},
+		{"Az09._-", "archive", "日本", Absent, `{"é":"日本"}`, 1, true, "grants", "日本", true, "tick\xff", 0, -1},
+		{"a{b}", "by-name", "agent", -2, `"e1"`, 1, false, "", "", false, "", 0, 0},
+		{".x", "", "", 1 << 53, "1 2", 0, true, "nope", "\xff", true, "", -1, 1 << 53},
+		{"x", "claims", "c", 1, "{}", 2, false, "", "", false, "", 0, 0},
+		{"x", "fences", "f", Blind, "", 3, false, "", "", false, "", 0, 0},
+		{"x", "journals", "j", 1, "\"\xff\"", 1, false, "", "", false, "", 0, 0},
+		{"x", "journals", "j", 1, `{"n":12345678901234567890,"f":0.1}`, 7, false, "", "", false, "", 0, 0},
+		{strings.Repeat("s", 128), "operations", strings.Repeat("k", 1024), MaxSafeInteger, `null`, 1, false, "", "", true, "", MaxSafeInteger, MaxSafeInteger},
+		{strings.Repeat("s", 129), "operations", strings.Repeat("k", 1025), 0, "NaN", 1, false, "", "", false, "", 0, 0},
+	} {
+		f.Add(s.slug, s.section, s.key, s.expected, s.value, s.kind, s.second, s.section2, s.key2, s.fenced, s.owner, s.epoch, s.nowMs)
+	}
+
+	limits := DefaultLimits()
+	f.Fuzz(func(t *testing.T, slug, section, key string, expected int64, value string, kind int32,
+		second bool, section2, key2 string, isFenced bool, owner string, epoch, nowMs int64) {
+		b := &Batch{Slug: slug, Writes: []Write{{Kind: Kind(kind), Section: section, Key: key, Expected: expected, Value: value}}}
+		if second {
+			b.Writes = append(b.Writes, Write{Kind: KindCheck, Section: section2, Key: key2, Expected: 1})
+		}
+		if isFenced {
+			b.Fence = &Fence{Owner: owner, Epoch: epoch, NowMs: nowMs}
+		}
+
+		err := limits.CheckBatch(b)
+		broken := brokenRules(limits, b)
+
+		if err == nil {
+			if len(broken) > 0 {
+				t.Fatalf("CheckBatch(%+v) = nil, want an error: the batch breaks %q", b, broken)
+			}
+			// The properties that keep Redis safe, restated outright.
+			if !slugPattern.MatchString(b.Slug) || strings.ContainsAny(b.Slug, "{}") {
+				t.Fatalf("CheckBatch accepted slug %q, which does not match %s", b.Slug, slugPattern)
+			}
+			for i, w := range b.Writes {
+				if !utf8.ValidString(w.Key) || len(w.Key) < 1 || len(w.Key) > MaxKeyBytes {
+					t.Fatalf("CheckBatch accepted writes[%d].key %q, want 1-%d bytes of valid UTF-8", i, w.Key, MaxKeyBytes)
+				}
+				if !limits.HasSection(w.Section) || w.Section == "by-name" {
+					t.Fatalf("CheckBatch accepted writes[%d].section %q, want a configured section", i, w.Section)
+				}
+				if w.Kind == KindPut && !json.Valid([]byte(w.Value)) {
+					t.Fatalf("CheckBatch accepted writes[%d].value %q, want one JSON text", i, w.Value)
+				}
+			}
+			return
+		}
+
+		var ve *ValidationError
+		if !errors.As(err, &ve) {
+			t.Fatalf("CheckBatch(%+v) = %T (%v), want *ValidationError", b, err, err)
+		}
+		if n := len(ve.Violations); n < 1 || n > MaxViolations {
+			t.Fatalf("CheckBatch(%+v) = %d violations, want 1..%d", b, n, MaxViolations)
+		}
+		for _, v := range ve.Violations {
+			if v.Field == "" || v.Description == "" {
+				t.Fatalf("CheckBatch(%+v) violation %+v, want a non-empty Field and Description", b, v)
+			}
+			if !fieldPattern.MatchString(v.Field) {
+				t.Fatalf("CheckBatch(%+v) violation field %q, want one matching %s", b, v.Field, fieldPattern)
+			}
+		}
+		if len(broken) == 0 {
+			t.Fatalf("CheckBatch(%+v) = %v, want nil: the batch breaks no rule", b, err)
+		}
+		_ = err.Error()
+	})
+}
+
+// brokenRules is an independent oracle: the rules of DESIGN §2-§3 that b
+// breaks under l, by name. Empty means b is valid.
+func brokenRules(l Limits, b *Batch) []string {
+	var broken []string
+	if !slugPattern.MatchString(b.Slug) {
+		broken = append(broken, "slug")
+	}
+	if len(b.Writes) < 1 || len(b.Writes) > l.MaxWrites {
+		broken = append(broken, "write count")
+	}
+	total := 0
+	type ref struct{ section, key string }
+	var seen []ref
+	for _, w := range b.Writes {
+		total += len(w.Value)
+		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck {
+			broken = append(broken, "kind")
+		}
+		configured := w.Section == MetaSection || slices.Contains(l.Sections, w.Section)
+		if !configured {
+			broken = append(broken, "section")
+		}
+		if len(w.Key) < 1 || len(w.Key) > MaxKeyBytes || !utf8.ValidString(w.Key) {
+			broken = append(broken, "key")
+		}
+		if w.Section == MetaSection && w.Kind != KindCheck && slices.Contains([]string{"lease", "epoch", "leader_changes", "layout"}, w.Key) {
+			broken = append(broken, "lease-owned meta record")
+		}
+		if w.Expected < -1 || w.Expected > 1<<53-1 || (w.Kind == KindCheck && w.Expected == -1) {
+			broken = append(broken, "expected")
+		}
+		if w.Kind == KindPut && (len(w.Value) > l.MaxValueBytes || !utf8.ValidString(w.Value) || !json.Valid([]byte(w.Value))) {
+			broken = append(broken, "put value")
+		}
+		if (w.Kind == KindDelete || w.Kind == KindCheck) && w.Value != "" {
+			broken = append(broken, "value of a delete or check")
+		}
+		r := ref{w.Section, w.Key}
+		if slices.Contains(seen, r) {
+			broken = append(broken, "duplicate record")
+		}
+		seen = append(seen, r)
+	}
+	if total > l.MaxBatchValueBytes {
+		broken = append(broken, "batch value bytes")
+	}
+	if f := b.Fence; f != nil {
+		if f.Epoch < 1 || f.Epoch > 1<<53-1 {
+			broken = append(broken, "fence epoch")
+		}
+		if f.NowMs < 0 || f.NowMs > 1<<53-1 {
+			broken = append(broken, "fence now_ms")
+		}
+		if len(f.Owner) > MaxOwnerBytes || !utf8.ValidString(f.Owner) {
+			broken = append(broken, "fence owner")
+		}
+	}
+	return broken
+}

@@ -1,0 +1,566 @@
+package batch
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const testSlug = "rig-grade-swarm"
+
+// violationFields returns the Field of every violation err carries, nil for a
+// nil err, and fails the test when err is not a *ValidationError.
+func violationFields(t *testing.T, call string, err error) []string {
+	t.Helper()
+	if err == nil {
+		return nil
+	}
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("%s = %T (%v), want *ValidationError", call, err, err)
+	}
+	if len(ve.Violations) == 0 {
+		t.Fatalf("%s = ValidationError with no violations, want at least one", call)
+	}
+	fields := make([]string, len(ve.Violations))
+	for i, v := range ve.Violations {
+		if v.Field == "" || v.Description == "" {
+			t.Errorf("%s: violation %d = %+v, want a non-empty Field and Description", call, i, v)
+		}
+		fields[i] = v.Field
+	}
+	return fields
+}
+
+// violationsOf returns the violations of a *ValidationError, nil otherwise.
+func violationsOf(err error) []Violation {
+	var ve *ValidationError
+	if errors.As(err, &ve) {
+		return ve.Violations
+	}
+	return nil
+}
+
+func put(section, key string, expected int64, value string) Write {
+	return Write{Kind: KindPut, Section: section, Key: key, Expected: expected, Value: value}
+}
+
+func del(section, key string, expected int64) Write {
+	return Write{Kind: KindDelete, Section: section, Key: key, Expected: expected}
+}
+
+func chk(section, key string, expected int64) Write {
+	return Write{Kind: KindCheck, Section: section, Key: key, Expected: expected}
+}
+
+// fenced returns a fenced batch of ws on testSlug.
+func fenced(ws ...Write) *Batch {
+	return &Batch{Slug: testSlug, Writes: ws, Fence: &Fence{Owner: "tick-1", Epoch: 3, NowMs: 1_700_000_000_000}}
+}
+
+// withSlug returns a valid one-write batch on slug.
+func withSlug(slug string) *Batch {
+	b := fenced(put("executions", "e1", Absent, `{}`))
+	b.Slug = slug
+	return b
+}
+
+// withFence returns a valid one-write batch under fence f.
+func withFence(f *Fence) *Batch {
+	b := fenced(put("executions", "e1", Absent, `{}`))
+	b.Fence = f
+	return b
+}
+
+// manyWrites returns n distinct, valid checks.
+func manyWrites(n int) []Write {
+	ws := make([]Write, n)
+	for i := range ws {
+		ws[i] = chk("executions", fmt.Sprintf("e%d", i), Absent)
+	}
+	return ws
+}
+
+// jsonString returns a JSON string text of exactly n bytes (n >= 2).
+func jsonString(n int) string {
+	return `"` + strings.Repeat("a", n-2) + `"`
+}
+
+// bigPuts returns n puts of distinct keys, each value size bytes.
+func bigPuts(n, size int) []Write {
+	v := jsonString(size)
+	ws := make([]Write, n)
+	for i := range ws {
+		ws[i] = put("journals", fmt.Sprintf("j%d", i), Blind, v)
+	}
+	return ws
+}
+
+func TestCheckBatch(t *testing.T) {
+	small := DefaultLimits()
+	small.MaxValueBytes = 10
+	small.MaxBatchValueBytes = 25
+
+	tests := []struct {
+		name   string
+		limits *Limits // nil: DefaultLimits
+		batch  *Batch
+		want   []string // violation fields in order; nil: valid
+	}{
+		// Valid batches.
+		{name: "valid/fenced put", batch: fenced(put("executions", "e1", 4, `{"name":"a","generation":2}`))},
+		{name: "valid/unfenced", batch: &Batch{Slug: testSlug, Writes: []Write{put("intents", "i1", Absent, `[]`)}}},
+		{name: "valid/one of each kind", batch: fenced(put("grants", "g", Blind, `1`), del("claims", "c", 7), chk("fences", "f", Absent))},
+		{name: "valid/every default section", batch: fenced(
+			put("executions", "k", Blind, `1`), put("archive", "k", Blind, `1`), put("intents", "k", Blind, `1`),
+			put("orphans", "k", Blind, `1`), put("grants", "k", Blind, `1`), put("registrations", "k", Blind, `1`),
+			put("claims", "k", Blind, `1`), put("journals", "k", Blind, `1`), put("fences", "k", Blind, `1`),
+			put("operations", "k", Blind, `1`), put("meta", "k", Blind, `1`))},
+
+		// Slug.
+		{name: "slug/empty", batch: withSlug(""), want: []string{"slug"}},
+		{name: "slug/128 characters", batch: withSlug(strings.Repeat("s", 128))},
+		{name: "slug/129 characters", batch: withSlug(strings.Repeat("s", 129)), want: []string{"slug"}},
+		{name: "slug/one digit", batch: withSlug("0")},
+		{name: "slug/every allowed character", batch: withSlug("Az09._-")},
+		{name: "slug/starts with dot", batch: withSlug(".swarm"), want: []string{"slug"}},
+		{name: "slug/starts with dash", batch: withSlug("-swarm"), want: []string{"slug"}},
+		{name: "slug/starts with underscore", batch: withSlug("_swarm"), want: []string{"slug"}},
+		{name: "slug/open brace", batch: withSlug("a{b"), want: []string{"slug"}},
+		{name: "slug/close brace", batch: withSlug("a}b"), want: []string{"slug"}},
+		{name: "slug/hash tag", batch: withSlug("{a}"), want: []string{"slug"}},
+		{name: "slug/space", batch: withSlug("a b"), want: []string{"slug"}},
+		{name: "slug/colon", batch: withSlug("a:b"), want: []string{"slug"}},
+		{name: "slug/unicode", batch: withSlug("swarm-é"), want: []string{"slug"}},
+		{name: "slug/unicode first", batch: withSlug("日本"), want: []string{"slug"}},
+		{name: "slug/not UTF-8", batch: withSlug("a\xffb"), want: []string{"slug"}},
+
+		// Counts and sizes.
+		{name: "writes/none", batch: fenced(), want: []string{"writes"}},
+		{name: "writes/max writes", batch: fenced(manyWrites(DefaultMaxWrites)...)},
+		{name: "writes/max writes plus one", batch: fenced(manyWrites(DefaultMaxWrites + 1)...), want: []string{"writes"}},
+		{
+			name:  "writes/max writes plus one and a bad slug",
+			batch: &Batch{Slug: "", Writes: manyWrites(DefaultMaxWrites + 1)},
+			want:  []string{"slug", "writes"},
+		},
+		{name: "writes/batch values at the limit", batch: fenced(bigPuts(8, DefaultMaxValueBytes)...)},
+		{name: "writes/batch values over the limit", batch: fenced(bigPuts(9, DefaultMaxValueBytes)...), want: []string{"writes"}},
+		{name: "writes/small batch values at the limit", limits: &small, batch: fenced(append(bigPuts(2, 10), put("journals", "x", Blind, jsonString(5)))...)},
+		{name: "writes/small batch values over the limit", limits: &small, batch: fenced(append(bigPuts(2, 10), put("journals", "x", Blind, jsonString(6)))...), want: []string{"writes"}},
+		{name: "writes/values of deletes count toward the batch", limits: &small, batch: fenced(append(bigPuts(2, 10), Write{Kind: KindDelete, Section: "journals", Key: "x", Expected: Blind, Value: "123456"})...), want: []string{"writes"}},
+		{name: "value/at max value bytes", batch: fenced(put("journals", "j", Blind, jsonString(DefaultMaxValueBytes)))},
+		{name: "value/over max value bytes", batch: fenced(put("journals", "j", Blind, jsonString(DefaultMaxValueBytes+1))), want: []string{"writes[0].value"}},
+		{name: "value/small over max value bytes", limits: &small, batch: fenced(chk("journals", "a", 1), put("journals", "j", Blind, jsonString(11))), want: []string{"writes[1].value"}},
+
+		// Kind.
+		{name: "kind/unspecified", batch: fenced(Write{Kind: 0, Section: "executions", Key: "e1"}), want: []string{"writes[0].kind"}},
+		{name: "kind/unknown 7", batch: fenced(chk("executions", "e0", 1), Write{Kind: 7, Section: "executions", Key: "e1"}), want: []string{"writes[1].kind"}},
+		{name: "kind/negative", batch: fenced(Write{Kind: -1, Section: "executions", Key: "e1"}), want: []string{"writes[0].kind"}},
+
+		// Section.
+		{name: "section/empty", batch: fenced(put("", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+		{name: "section/unknown", batch: fenced(put("nope", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+		{name: "section/by-name", batch: fenced(put("by-name", "agent", Blind, `"e1"`)), want: []string{"writes[0].section"}},
+		{name: "section/by-name check", batch: fenced(chk("by-name", "agent", 1)), want: []string{"writes[0].section"}},
+		{name: "section/revision", batch: fenced(put("revision", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+		{name: "section/log", batch: fenced(put("log", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+		{name: "section/uppercase", batch: fenced(put("Executions", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+		{name: "section/not UTF-8", batch: fenced(put("exec\xff", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+		{name: "section/not configured", limits: &Limits{Sections: []string{"only"}, MaxWrites: 4, MaxValueBytes: 8, MaxBatchValueBytes: 8}, batch: fenced(put("executions", "k", Blind, `1`)), want: []string{"writes[0].section"}},
+
+		// Key.
+		{name: "key/empty", batch: fenced(put("executions", "", Blind, `1`)), want: []string{"writes[0].key"}},
+		{name: "key/1024 bytes", batch: fenced(put("executions", strings.Repeat("k", 1024), Blind, `1`))},
+		{name: "key/1025 bytes", batch: fenced(put("executions", strings.Repeat("k", 1025), Blind, `1`)), want: []string{"writes[0].key"}},
+		{name: "key/1024 bytes of 2-byte runes", batch: fenced(put("executions", strings.Repeat("é", 512), Blind, `1`))},
+		{name: "key/1026 bytes of 2-byte runes", batch: fenced(put("executions", strings.Repeat("é", 513), Blind, `1`)), want: []string{"writes[0].key"}},
+		{name: "key/invalid UTF-8", batch: fenced(put("executions", "\xff", Blind, `1`)), want: []string{"writes[0].key"}},
+		{name: "key/surrogate half", batch: fenced(put("executions", "\xed\xa0\x80", Blind, `1`)), want: []string{"writes[0].key"}},
+		{name: "key/braces and colons", batch: fenced(put("executions", "{x}:y", Blind, `1`))},
+		{name: "key/unicode", batch: fenced(put("executions", "日本", Blind, `1`))},
+
+		// Meta records owned by the lease service.
+		{name: "meta/put lease", batch: fenced(put("meta", "lease", Blind, `{}`)), want: []string{"writes[0].key"}},
+		{name: "meta/put epoch", batch: fenced(put("meta", "epoch", Blind, `4`)), want: []string{"writes[0].key"}},
+		{name: "meta/put leader_changes", batch: fenced(put("meta", "leader_changes", Blind, `4`)), want: []string{"writes[0].key"}},
+		{name: "meta/put layout", batch: fenced(put("meta", "layout", Blind, `"records"`)), want: []string{"writes[0].key"}},
+		{name: "meta/delete lease", batch: fenced(del("meta", "lease", Blind)), want: []string{"writes[0].key"}},
+		{name: "meta/delete epoch", batch: fenced(del("meta", "epoch", 2)), want: []string{"writes[0].key"}},
+		{name: "meta/delete leader_changes", batch: fenced(del("meta", "leader_changes", Blind)), want: []string{"writes[0].key"}},
+		{name: "meta/delete layout", batch: fenced(del("meta", "layout", Blind)), want: []string{"writes[0].key"}},
+		{name: "meta/check lease", batch: fenced(chk("meta", "lease", 5))},
+		{name: "meta/check epoch", batch: fenced(chk("meta", "epoch", 5))},
+		{name: "meta/check leader_changes", batch: fenced(chk("meta", "leader_changes", Absent))},
+		{name: "meta/check layout", batch: fenced(chk("meta", "layout", 1))},
+		{name: "meta/put legacy_owner", batch: fenced(put("meta", "legacy_owner", Blind, `"hive-2"`))},
+		{name: "meta/put grants_disabled", batch: fenced(put("meta", "grants_disabled", 3, `true`))},
+		{name: "meta/lease key in another section", batch: fenced(put("executions", "lease", Blind, `{}`))},
+		{name: "meta/lease-owned key is case-sensitive", batch: fenced(put("meta", "Lease", Blind, `{}`))},
+
+		// Expected.
+		{name: "expected/-2", batch: fenced(put("executions", "e1", -2, `1`)), want: []string{"writes[0].expected"}},
+		{name: "expected/min int64", batch: fenced(del("executions", "e1", -1<<63)), want: []string{"writes[0].expected"}},
+		{name: "expected/2^53", batch: fenced(put("executions", "e1", 1<<53, `1`)), want: []string{"writes[0].expected"}},
+		{name: "expected/2^53-1", batch: fenced(put("executions", "e1", 1<<53-1, `1`))},
+		{name: "expected/absent", batch: fenced(del("executions", "e1", Absent))},
+		{name: "expected/blind put", batch: fenced(put("executions", "e1", Blind, `1`))},
+		{name: "expected/blind delete", batch: fenced(del("executions", "e1", Blind))},
+		{name: "expected/blind check", batch: fenced(chk("executions", "e1", Blind)), want: []string{"writes[0].expected"}},
+
+		// Values of deletes and checks.
+		{name: "value/delete with a value", batch: fenced(Write{Kind: KindDelete, Section: "executions", Key: "e1", Expected: 1, Value: `{}`}), want: []string{"writes[0].value"}},
+		{name: "value/check with a value", batch: fenced(Write{Kind: KindCheck, Section: "executions", Key: "e1", Expected: 1, Value: `1`}), want: []string{"writes[0].value"}},
+		{name: "value/check with a space", batch: fenced(Write{Kind: KindCheck, Section: "executions", Key: "e1", Expected: 1, Value: ` `}), want: []string{"writes[0].value"}},
+
+		// Duplicates.
+		{name: "duplicate/same record twice", batch: fenced(put("grants", "g", 1, `1`), chk("claims", "g", 1), del("grants", "g", 1)), want: []string{"writes[2].key"}},
+		{name: "duplicate/three times", batch: fenced(chk("grants", "g", 1), chk("grants", "g", 1), chk("grants", "g", 1)), want: []string{"writes[1].key", "writes[2].key"}},
+		{name: "duplicate/same key other sections", batch: fenced(put("grants", "g", 1, `1`), put("claims", "g", 1, `1`), chk("meta", "g", 1))},
+		{name: "duplicate/keys differing in case", batch: fenced(put("grants", "g", 1, `1`), put("grants", "G", 1, `1`))},
+
+		// Fence.
+		{name: "fence/none", batch: withFence(nil)},
+		{name: "fence/any owner, unknown now", batch: withFence(&Fence{Epoch: 1})},
+		{name: "fence/max epoch and now", batch: withFence(&Fence{Owner: "o", Epoch: MaxSafeInteger, NowMs: MaxSafeInteger})},
+		{name: "fence/epoch 0", batch: withFence(&Fence{Owner: "o", Epoch: 0}), want: []string{"fence.epoch"}},
+		{name: "fence/epoch negative", batch: withFence(&Fence{Owner: "o", Epoch: -3}), want: []string{"fence.epoch"}},
+		{name: "fence/epoch 2^53", batch: withFence(&Fence{Owner: "o", Epoch: 1 << 53}), want: []string{"fence.epoch"}},
+		{name: "fence/now_ms negative", batch: withFence(&Fence{Owner: "o", Epoch: 1, NowMs: -1}), want: []string{"fence.now_ms"}},
+		{name: "fence/now_ms 2^53", batch: withFence(&Fence{Owner: "o", Epoch: 1, NowMs: 1 << 53}), want: []string{"fence.now_ms"}},
+		{name: "fence/owner not UTF-8", batch: withFence(&Fence{Owner: "tick\xff", Epoch: 1}), want: []string{"fence.owner"}},
+		{name: "fence/owner 1024 bytes", batch: withFence(&Fence{Owner: strings.Repeat("o", 1024), Epoch: 1})},
+		{name: "fence/owner 1025 bytes", batch: withFence(&Fence{Owner: strings.Repeat("o", 1025), Epoch: 1}), want: []string{"fence.owner"}},
+		{name: "fence/every field bad", batch: withFence(&Fence{Owner: "\xff", Epoch: 0, NowMs: -5}), want: []string{"fence.epoch", "fence.now_ms", "fence.owner"}},
+
+		// Several violations, reported in order.
+		{
+			name:  "order/every part of one write",
+			batch: fenced(Write{Kind: 0, Section: "", Key: "", Expected: -2, Value: "x"}),
+			want:  []string{"writes[0].kind", "writes[0].section", "writes[0].key", "writes[0].expected"},
+		},
+		{
+			name: "order/slug, fence, then writes",
+			batch: &Batch{Slug: "{x}", Fence: &Fence{Epoch: 0}, Writes: []Write{
+				put("executions", "e1", Blind, `{`), chk("executions", "e2", Blind),
+			}},
+			want: []string{"slug", "fence.epoch", "writes[0].value", "writes[1].expected"},
+		},
+		{
+			name:  "order/duplicates only once the rest is valid",
+			batch: fenced(chk("grants", "g", 1), chk("grants", "g", 1), chk("nope", "g", 1)),
+			want:  []string{"writes[2].section"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := DefaultLimits()
+			if tt.limits != nil {
+				l = *tt.limits
+			}
+			got := violationFields(t, "CheckBatch", l.CheckBatch(tt.batch))
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("CheckBatch(%s) violation fields = %q, want %q", tt.name, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCheckBatchDuplicateNamesEarlierWrite pins that the violation for a
+// duplicate names the later write as its field and the earlier one in words.
+func TestCheckBatchDuplicateNamesEarlierWrite(t *testing.T) {
+	b := fenced(put("grants", "g", 1, `1`), chk("claims", "g", 1), del("grants", "g", 1))
+	vs := violationsOf(DefaultLimits().CheckBatch(b))
+	if len(vs) != 1 || vs[0].Field != "writes[2].key" {
+		t.Fatalf("CheckBatch(grants/g twice) = %+v, want one violation of writes[2].key", vs)
+	}
+	if !strings.Contains(vs[0].Description, "writes[0]") || !strings.Contains(vs[0].Description, "grants/g") {
+		t.Errorf("CheckBatch(grants/g twice) description = %q, want it to name grants/g and writes[0]", vs[0].Description)
+	}
+}
+
+func TestCheckBatchInvalidJSON(t *testing.T) {
+	for _, tt := range []struct{ name, value string }{
+		{"empty", ""},
+		{"whitespace only", " \n"},
+		{"unclosed object", "{"},
+		{"single quotes", "{'a':1}"},
+		{"NaN", "NaN"},
+		{"Infinity", "Infinity"},
+		{"trailing comma", "[1,]"},
+		{"two JSON texts", "1 2"},
+		{"two objects", "{}{}"},
+		{"unquoted key", "{a:1}"},
+		{"leading zero", "01"},
+		{"bare word", "nil"},
+		{"byte order mark", "\ufeff{}"},
+		{"control character in string", "\"a\x01b\""},
+		{"bad escape", `"\x41"`},
+		{"invalid UTF-8 in a string", "\"\xff\""},
+		{"invalid UTF-8 in a nested string", "{\"a\":[\"ok\",\"b\xc3\"]}"},
+		{"invalid UTF-8 in an object name", "{\"\xfe\":1}"},
+		{"surrogate half encoded raw", "\"\xed\xa0\x80\""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := fenced(chk("executions", "e0", 1), put("executions", "e1", Blind, tt.value))
+			got := violationFields(t, "CheckBatch", DefaultLimits().CheckBatch(b))
+			if want := []string{"writes[1].value"}; !slices.Equal(got, want) {
+				t.Errorf("CheckBatch(put value %q) violation fields = %q, want %q", tt.value, got, want)
+			}
+		})
+	}
+}
+
+func TestCheckBatchValidJSON(t *testing.T) {
+	for _, tt := range []struct{ name, value string }{
+		{"empty containers", `{"ids":[],"m":{},"l":[[]]}`},
+		{"integer past 2^53 and a fraction", `{"n":12345678901234567890,"f":0.1}`},
+		{"unsorted keys, slash and HTML characters", `{"z":1,"a":{"y":"https://h/p","b":"<&>"}}`},
+		{"unicode", `{"é":"日本"}`},
+		{"inner whitespace", `{ "a" : [ 1 , 2 ] }`},
+		{"outer whitespace", " \t\r\n{}\n"},
+		{"bare string", `"x"`},
+		{"null", `null`},
+		{"booleans", `[true,false]`},
+		{"negative exponent", `-1.5e-300`},
+		{"escaped surrogate pair", `"\ud83d\ude00"`},
+		{"escaped lone surrogate", `"\ud800"`},
+		{"escaped NUL", `"\u0000"`},
+		{"duplicate object names", `{"a":1,"a":2}`},
+		{"DEL character", "\"\x7f\""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := fenced(put("executions", "e1", Blind, tt.value))
+			if err := DefaultLimits().CheckBatch(b); err != nil {
+				t.Errorf("CheckBatch(put value %q) = %v, want nil", tt.value, err)
+			}
+		})
+	}
+}
+
+func TestCheckBatchMaxViolations(t *testing.T) {
+	bad := Write{Kind: 0, Section: "", Key: "", Expected: -9, Value: "x"} // 4 violations each
+	for _, tt := range []struct {
+		name  string
+		batch *Batch
+	}{
+		{"many bad writes", &Batch{Slug: "{}", Fence: &Fence{Epoch: -1, NowMs: -1, Owner: "\xff"}, Writes: slices.Repeat([]Write{bad}, DefaultMaxWrites)}},
+		{"many duplicates", fenced(slices.Repeat([]Write{chk("grants", "g", 1)}, DefaultMaxWrites)...)},
+		{"bad writes just over the cap", fenced(slices.Repeat([]Write{bad}, MaxViolations/4+1)...)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := DefaultLimits().CheckBatch(tt.batch)
+			got := violationFields(t, "CheckBatch", err)
+			if len(got) != MaxViolations {
+				t.Errorf("CheckBatch(%s) reported %d violations, want %d (MaxViolations)", tt.name, len(got), MaxViolations)
+			}
+		})
+	}
+}
+
+// TestCheckBatchDoesNotModify pins that validation is pure.
+func TestCheckBatchDoesNotModify(t *testing.T) {
+	b := fenced(put("executions", "e1", 2, ` {"a" : 1} `), chk("executions", "e1", Blind))
+	before := *b
+	beforeWrites := slices.Clone(b.Writes)
+	beforeFence := *b.Fence
+	_ = DefaultLimits().CheckBatch(b)
+	if b.Slug != before.Slug || !slices.Equal(b.Writes, beforeWrites) || *b.Fence != beforeFence {
+		t.Errorf("CheckBatch modified its batch: got %+v, want %+v", *b, before)
+	}
+}
+
+func TestValidSlug(t *testing.T) {
+	for _, tt := range []struct {
+		slug  string
+		valid bool
+	}{
+		{"rig-grade-swarm", true},
+		{"a", true},
+		{"9", true},
+		{"Z.z_0-", true},
+		{strings.Repeat("a", MaxSlugLen), true},
+		{"", false},
+		{strings.Repeat("a", MaxSlugLen+1), false},
+		{".a", false},
+		{"-a", false},
+		{"_a", false},
+		{"a{", false},
+		{"a}", false},
+		{"a b", false},
+		{"a:b", false},
+		{"a/b", false},
+		{"a*", false},
+		{"a\x00", false},
+		{"é", false},
+		{"aé", false},
+		{"\xff", false},
+	} {
+		t.Run(fmt.Sprintf("%q", tt.slug), func(t *testing.T) {
+			why := ValidSlug(tt.slug)
+			if got := why == ""; got != tt.valid {
+				t.Errorf("ValidSlug(%q) = %q, want valid = %v", tt.slug, why, tt.valid)
+			}
+			got := violationFields(t, "CheckSlug", CheckSlug(tt.slug))
+			var want []string
+			if !tt.valid {
+				want = []string{"slug"}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("CheckSlug(%q) violation fields = %q, want %q", tt.slug, got, want)
+			}
+		})
+	}
+}
+
+// TestValidSlugNamesTheCharacter pins a fault: ValidSlug quoted the first byte
+// of a multi-byte character, so "swarm-é" was refused for a character 'Ã'
+// the caller never sent.
+func TestValidSlugNamesTheCharacter(t *testing.T) {
+	for _, tt := range []struct{ slug, want string }{
+		{"swarm-é", `"é"`},
+		{"swarm-日本", `"日"`},
+		{"a\xffb", `"\xff"`},
+		{"a{b", `"{"`},
+	} {
+		t.Run(tt.slug, func(t *testing.T) {
+			if got := ValidSlug(tt.slug); !strings.Contains(got, tt.want) {
+				t.Errorf("ValidSlug(%q) = %q, want it to quote the character as %s", tt.slug, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckRecordRef(t *testing.T) {
+	for _, tt := range []struct {
+		name, slug, section, key string
+		want                     []string
+	}{
+		{name: "valid", slug: testSlug, section: "executions", key: "e1"},
+		{name: "valid meta lease", slug: testSlug, section: "meta", key: "lease"},
+		{name: "valid archive", slug: testSlug, section: "archive", key: "日本"},
+		{name: "bad slug", slug: "a{b}", section: "executions", key: "e1", want: []string{"slug"}},
+		{name: "empty section", slug: testSlug, section: "", key: "e1", want: []string{"section"}},
+		{name: "unknown section", slug: testSlug, section: "nope", key: "e1", want: []string{"section"}},
+		{name: "by-name section", slug: testSlug, section: "by-name", key: "agent", want: []string{"section"}},
+		{name: "section not UTF-8", slug: testSlug, section: "\xff", key: "e1", want: []string{"section"}},
+		{name: "empty key", slug: testSlug, section: "executions", key: "", want: []string{"key"}},
+		{name: "1025-byte key", slug: testSlug, section: "executions", key: strings.Repeat("k", 1025), want: []string{"key"}},
+		{name: "key not UTF-8", slug: testSlug, section: "executions", key: "\xff", want: []string{"key"}},
+		{name: "everything bad", slug: "", section: "", key: "", want: []string{"slug", "section", "key"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := violationFields(t, "CheckRecordRef", DefaultLimits().CheckRecordRef(tt.slug, tt.section, tt.key))
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("CheckRecordRef(%q, %q, %q) violation fields = %q, want %q", tt.slug, tt.section, tt.key, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckSections(t *testing.T) {
+	allButArchive := []string{
+		"executions", "intents", "orphans", "grants", "registrations",
+		"claims", "journals", "fences", "operations", "meta",
+	}
+	custom := DefaultLimits()
+	custom.Sections = []string{"archive", "a", "b"}
+	for _, tt := range []struct {
+		name      string
+		limits    *Limits
+		slug      string
+		names     []string
+		want      []string // names to read, when valid
+		wantField []string // violation fields; nil: valid
+	}{
+		{name: "nil names", slug: testSlug, names: nil, want: allButArchive},
+		{name: "empty names", slug: testSlug, names: []string{}, want: allButArchive},
+		{name: "custom sections", limits: &custom, slug: testSlug, want: []string{"a", "b", "meta"}},
+		{name: "named", slug: testSlug, names: []string{"archive", "meta", "executions"}, want: []string{"archive", "meta", "executions"}},
+		{name: "duplicate", slug: testSlug, names: []string{"executions", "grants", "executions"}, wantField: []string{"names[2]"}},
+		{name: "meta twice", slug: testSlug, names: []string{"meta", "meta"}, wantField: []string{"names[1]"}},
+		{name: "unknown", slug: testSlug, names: []string{"executions", "nope"}, wantField: []string{"names[1]"}},
+		{name: "empty name", slug: testSlug, names: []string{""}, wantField: []string{"names[0]"}},
+		{name: "by-name", slug: testSlug, names: []string{"by-name"}, wantField: []string{"names[0]"}},
+		{name: "not UTF-8", slug: testSlug, names: []string{"\xff"}, wantField: []string{"names[0]"}},
+		{name: "bad slug", slug: "", names: nil, wantField: []string{"slug"}},
+		{name: "bad slug and duplicate", slug: ".x", names: []string{"claims", "claims"}, wantField: []string{"slug", "names[1]"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := DefaultLimits()
+			if tt.limits != nil {
+				l = *tt.limits
+			}
+			got, err := l.CheckSections(tt.slug, tt.names)
+			fields := violationFields(t, "CheckSections", err)
+			if !slices.Equal(fields, tt.wantField) {
+				t.Errorf("CheckSections(%q, %q) violation fields = %q, want %q", tt.slug, tt.names, fields, tt.wantField)
+			}
+			if err == nil && !slices.Equal(got, tt.want) {
+				t.Errorf("CheckSections(%q, %q) = %q, want %q", tt.slug, tt.names, got, tt.want)
+			}
+			if err != nil && got != nil {
+				t.Errorf("CheckSections(%q, %q) = %q with an error, want nil names", tt.slug, tt.names, got)
+			}
+		})
+	}
+}
+
+func TestLimitsCheck(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		modify func(*Limits)
+		want   []string
+	}{
+		{name: "defaults", modify: func(*Limits) {}},
+		{name: "one section", modify: func(l *Limits) { l.Sections = []string{"a"} }},
+		{name: "section of every allowed character", modify: func(l *Limits) { l.Sections = []string{"az09_-"} }},
+		{name: "64-character section", modify: func(l *Limits) { l.Sections = []string{strings.Repeat("s", 64)} }},
+		{name: "65-character section", modify: func(l *Limits) { l.Sections = []string{strings.Repeat("s", 65)} }, want: []string{"sections[0]"}},
+		{name: "reserved meta", modify: func(l *Limits) { l.Sections = append(l.Sections, "meta") }, want: []string{"sections[10]"}},
+		{name: "reserved by-name", modify: func(l *Limits) { l.Sections = []string{"a", "by-name"} }, want: []string{"sections[1]"}},
+		{name: "reserved revision", modify: func(l *Limits) { l.Sections = []string{"revision"} }, want: []string{"sections[0]"}},
+		{name: "reserved log", modify: func(l *Limits) { l.Sections = []string{"log", "a"} }, want: []string{"sections[0]"}},
+		{name: "duplicate", modify: func(l *Limits) { l.Sections = []string{"a", "b", "a", "a"} }, want: []string{"sections[2]", "sections[3]"}},
+		{name: "uppercase", modify: func(l *Limits) { l.Sections = []string{"Executions"} }, want: []string{"sections[0]"}},
+		{name: "braces", modify: func(l *Limits) { l.Sections = []string{"a{b}"} }, want: []string{"sections[0]"}},
+		{name: "colon", modify: func(l *Limits) { l.Sections = []string{"a:b"} }, want: []string{"sections[0]"}},
+		{name: "dot", modify: func(l *Limits) { l.Sections = []string{"a.b"} }, want: []string{"sections[0]"}},
+		{name: "empty name", modify: func(l *Limits) { l.Sections = []string{""} }, want: []string{"sections[0]"}},
+		{name: "unicode name", modify: func(l *Limits) { l.Sections = []string{"é"} }, want: []string{"sections[0]"}},
+		{name: "empty list", modify: func(l *Limits) { l.Sections = []string{} }, want: []string{"sections"}},
+		{name: "nil list", modify: func(l *Limits) { l.Sections = nil }, want: []string{"sections"}},
+		{name: "max writes 0", modify: func(l *Limits) { l.MaxWrites = 0 }, want: []string{"max_writes"}},
+		{name: "max writes negative", modify: func(l *Limits) { l.MaxWrites = -1 }, want: []string{"max_writes"}},
+		{name: "max value bytes 0", modify: func(l *Limits) { l.MaxValueBytes = 0 }, want: []string{"max_value_bytes"}},
+		{name: "batch below value", modify: func(l *Limits) { l.MaxBatchValueBytes = l.MaxValueBytes - 1 }, want: []string{"max_batch_value_bytes"}},
+		{name: "batch equal to value", modify: func(l *Limits) { l.MaxBatchValueBytes = l.MaxValueBytes }},
+		{name: "zero value", modify: func(l *Limits) { *l = Limits{} }, want: []string{"max_writes", "max_value_bytes", "sections"}},
+		{
+			name: "everything bad",
+			modify: func(l *Limits) {
+				*l = Limits{Sections: []string{"meta", "A", "x", "x"}, MaxWrites: -1, MaxValueBytes: 5, MaxBatchValueBytes: 4}
+			},
+			want: []string{"max_writes", "max_batch_value_bytes", "sections[0]", "sections[1]", "sections[3]"},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := DefaultLimits()
+			tt.modify(&l)
+			got := violationFields(t, "Limits.Check", l.Check())
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("Limits%+v.Check() violation fields = %q, want %q", l, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDefaultLimitsOwnsItsSections(t *testing.T) {
+	l := DefaultLimits()
+	l.Sections[0] = "changed"
+	if DefaultSections[0] != "executions" {
+		t.Errorf("DefaultLimits().Sections aliases DefaultSections: DefaultSections[0] = %q after a change, want %q", DefaultSections[0], "executions")
+	}
+}

@@ -1,0 +1,598 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+const prefix = "agentihooks"
+
+func open(t *testing.T, srv *redistest.Server) *store.Store {
+	t.Helper()
+	st, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+func key(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
+
+func put(section, k string, expected int64, value string) batch.Write {
+	return batch.Write{Kind: batch.KindPut, Section: section, Key: k, Expected: expected, Value: value}
+}
+
+func del(section, k string, expected int64) batch.Write {
+	return batch.Write{Kind: batch.KindDelete, Section: section, Key: k, Expected: expected}
+}
+
+func check(section, k string, expected int64) batch.Write {
+	return batch.Write{Kind: batch.KindCheck, Section: section, Key: k, Expected: expected}
+}
+
+// commit validates and commits, failing the test on a validation error.
+func commit(t *testing.T, st *store.Store, b *batch.Batch) (int64, error) {
+	t.Helper()
+	if err := batch.DefaultLimits().CheckBatch(b); err != nil {
+		t.Fatalf("CheckBatch: %v", err)
+	}
+	return st.Commit(context.Background(), b)
+}
+
+func mustCommit(t *testing.T, st *store.Store, b *batch.Batch) int64 {
+	t.Helper()
+	rev, err := commit(t, st, b)
+	if err != nil {
+		t.Fatalf("Commit(%s): %v", b.Slug, err)
+	}
+	return rev
+}
+
+// setLease writes meta/lease by hand, as the lease service will.
+func setLease(t *testing.T, srv *redistest.Server, slug, owner string, epoch, expiresAt int64) {
+	t.Helper()
+	v := fmt.Sprintf(`{"r":1,"v":{"owner":%q,"epoch":%d,"expires_at":%d}}`, owner, epoch, expiresAt)
+	srv.Do(t, "HSET", key(slug, "meta"), "lease", v)
+}
+
+// redisNowMs is Redis's clock in ms.
+func redisNowMs(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	tm := srv.DoArray(t, "TIME")
+	sec, _ := strconv.ParseInt(tm[0], 10, 64)
+	usec, _ := strconv.ParseInt(tm[1], 10, 64)
+	return sec*1000 + usec/1000
+}
+
+// dumpSwarm renders every key of the Redis (swarm keys and the shared state
+// key) with its full content, for before/after comparisons.
+func dumpSwarm(t *testing.T, srv *redistest.Server) string {
+	t.Helper()
+	keys := srv.DoArray(t, "KEYS", "*")
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		typ := srv.Do(t, "TYPE", k)
+		var content []string
+		switch typ {
+		case "hash":
+			content = srv.DoArray(t, "HGETALL", k)
+			pairs := make([]string, 0, len(content)/2)
+			for i := 0; i+1 < len(content); i += 2 {
+				pairs = append(pairs, content[i]+"="+content[i+1])
+			}
+			slices.Sort(pairs)
+			content = pairs
+		case "string":
+			content = []string{srv.Do(t, "GET", k)}
+		case "stream":
+			content = srv.DoArray(t, "XRANGE", k, "-", "+")
+		}
+		fmt.Fprintf(&b, "%s (%s): %s\n", k, typ, strings.Join(content, " | "))
+	}
+	return b.String()
+}
+
+func TestValuesByteForByte(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	values := map[string]string{
+		"empties":    `{"ids":[],"m":{},"l":[[]]}`,
+		"numbers":    `{"n":12345678901234567890,"f":0.1}`,
+		"order":      `{"z":1,"a":{"y":"https://h/p","b":"<&>"}}`,
+		"unicode":    `{"name":"ünïcödé","jp":"日本語","emoji":"🐝","esc":"\u00e9\n"}`,
+		"whitespace": "{ \"a\" :\t[ 1 , 2 ]\n, \"b\" : { } }",
+		"scalar":     `"just a string"`,
+		"null":       `null`,
+	}
+	var ws []batch.Write
+	for k, v := range values {
+		ws = append(ws, put("intents", k, 0, v))
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "bytes", Writes: ws})
+
+	snap, err := st.Sections(context.Background(), "bytes", []string{"intents"})
+	if err != nil {
+		t.Fatalf("Sections: %v", err)
+	}
+	if snap.Revision != rev {
+		t.Errorf("Sections revision = %d, want %d", snap.Revision, rev)
+	}
+	for k, want := range values {
+		t.Run(k, func(t *testing.T) {
+			rec, recRev, err := st.Record(context.Background(), "bytes", "intents", k)
+			if err != nil || rec == nil {
+				t.Fatalf("Record(intents/%s) = %v, %v", k, rec, err)
+			}
+			if rec.Value != want || rec.Revision != rev || recRev != rev {
+				t.Errorf("Record(intents/%s) = %q r%d (swarm r%d), want %q r%d", k, rec.Value, rec.Revision, recRev, want, rev)
+			}
+			if got := snap.Sections["intents"][k]; got.Value != want || got.Revision != rev {
+				t.Errorf("Sections intents/%s = %q r%d, want %q r%d", k, got.Value, got.Revision, want, rev)
+			}
+			raw := srv.Do(t, "HGET", key("bytes", "intents"), k)
+			if wantRaw := fmt.Sprintf(`{"r":%d,"v":%s}`, rev, want); raw != wantRaw {
+				t.Errorf("stored field intents/%s = %q, want %q", k, raw, wantRaw)
+			}
+		})
+	}
+}
+
+func TestOlderWritersSpacedRecords(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	srv.Do(t, "HSET", key("old", "grants"), "g1", `{"r": 7, "v": {"a": 1}}`)
+	srv.Do(t, "HSET", key("old", "grants"), "g2", `{"v": [1, 2], "r": 3}`)
+	srv.Do(t, "SET", key("old", "revision"), "7")
+
+	rec, _, err := st.Record(context.Background(), "old", "grants", "g1")
+	if err != nil || rec == nil || rec.Revision != 7 || rec.Value != `{"a": 1}` {
+		t.Fatalf("Record(grants/g1) = %+v, %v; want r7 {\"a\": 1}", rec, err)
+	}
+	snap, err := st.Sections(context.Background(), "old", []string{"grants"})
+	if err != nil {
+		t.Fatalf("Sections: %v", err)
+	}
+	if got := snap.Sections["grants"]["g2"]; got.Revision != 3 || got.Value != `[1, 2]` {
+		t.Errorf("Sections grants/g2 = %+v, want r3 [1, 2]", got)
+	}
+
+	_, err = commit(t, st, &batch.Batch{Slug: "old", Writes: []batch.Write{put("grants", "g1", 6, `{}`), check("grants", "g2", 3)}})
+	var ce *store.ConflictError
+	if !errors.As(err, &ce) || len(ce.Conflicts) != 1 || ce.Conflicts[0].Actual != 7 || ce.Conflicts[0].Key != "g1" {
+		t.Fatalf("Commit expecting g1@6 = %v, want one conflict on g1 with actual 7", err)
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "old", Writes: []batch.Write{put("grants", "g1", 7, `{"a":2}`), check("grants", "g2", 3)}})
+	if rev != 8 {
+		t.Errorf("Commit revision = %d, want 8", rev)
+	}
+	if raw := srv.Do(t, "HGET", key("old", "grants"), "g1"); raw != `{"r":8,"v":{"a":2}}` {
+		t.Errorf("stored g1 = %q", raw)
+	}
+}
+
+func TestStaleControllerRacingTakeover(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	far := redisNowMs(t, srv) + 600_000
+	setLease(t, srv, "race", "tick-a", 1, far)
+	fenceA := &batch.Fence{Owner: "tick-a", Epoch: 1}
+	mustCommit(t, st, &batch.Batch{Slug: "race", Fence: fenceA, Writes: []batch.Write{put("claims", "c0", 0, `"a"`)}})
+
+	// The lease record is replaced under tick-a: tick-b took over.
+	setLease(t, srv, "race", "tick-b", 2, far)
+	_, err := commit(t, st, &batch.Batch{Slug: "race", Fence: fenceA, Writes: []batch.Write{put("claims", "c1", 0, `"stale"`)}})
+	var se *store.StaleError
+	if !errors.Is(err, store.ErrLeaseStale) || !errors.As(err, &se) {
+		t.Fatalf("stale Commit = %v, want ErrLeaseStale", err)
+	}
+	if !se.Present || se.Owner != "tick-b" || se.Epoch != 2 || se.ExpiresAtMs != far {
+		t.Errorf("StaleError = %+v, want holder tick-b epoch 2 until %d", se, far)
+	}
+	if got := srv.Do(t, "HEXISTS", key("race", "claims"), "c1"); got != "0" {
+		t.Errorf("the stale write landed: HEXISTS claims c1 = %s", got)
+	}
+	// Owner left empty matches any owner, but the epoch must still agree.
+	_, err = commit(t, st, &batch.Batch{Slug: "race", Fence: &batch.Fence{Epoch: 1}, Writes: []batch.Write{put("claims", "c1", 0, `"stale"`)}})
+	if !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("Commit with epoch 1 and no owner = %v, want ErrLeaseStale", err)
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "race", Fence: &batch.Fence{Owner: "tick-b", Epoch: 2}, Writes: []batch.Write{put("claims", "c1", 0, `"b"`)}})
+	if raw := srv.Do(t, "HGET", key("race", "claims"), "c1"); raw != fmt.Sprintf(`{"r":%d,"v":"b"}`, rev) {
+		t.Errorf("new holder's write = %q", raw)
+	}
+	last := srv.DoArray(t, "XREVRANGE", key("race", "log"), "+", "-", "COUNT", "1")
+	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "tick-b", "records", "1"}; !slices.Equal(last[1:], want) {
+		t.Errorf("last log entry = %q, want id then %q", last, want)
+	}
+}
+
+func TestFenceRefusals(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	now := redisNowMs(t, srv)
+	tests := []struct {
+		name    string
+		lease   func(slug string)
+		fence   batch.Fence
+		refused bool
+	}{
+		{"live lease, matching fence", func(s string) { setLease(t, srv, s, "a", 3, now+600_000) }, batch.Fence{Owner: "a", Epoch: 3}, false},
+		{"no lease", func(string) {}, batch.Fence{Owner: "a", Epoch: 1}, true},
+		{"other owner", func(s string) { setLease(t, srv, s, "b", 3, now+600_000) }, batch.Fence{Owner: "a", Epoch: 3}, true},
+		{"other epoch", func(s string) { setLease(t, srv, s, "a", 4, now+600_000) }, batch.Fence{Owner: "a", Epoch: 3}, true},
+		{"expired by Redis time", func(s string) { setLease(t, srv, s, "a", 3, now-1) }, batch.Fence{Owner: "a", Epoch: 3}, true},
+		{"caller's clock past expiry", func(s string) { setLease(t, srv, s, "a", 3, now+600_000) }, batch.Fence{Owner: "a", Epoch: 3, NowMs: now + 600_000}, true},
+		{"caller's clock in the past cannot revive", func(s string) { setLease(t, srv, s, "a", 3, now-1) }, batch.Fence{Owner: "a", Epoch: 3, NowMs: 1}, true},
+		{"lease record not JSON", func(s string) { srv.Do(t, "HSET", key(s, "meta"), "lease", "garbage") }, batch.Fence{Epoch: 1}, true},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			slug := fmt.Sprintf("fence-%d", i)
+			tc.lease(slug)
+			before := srv.Do(t, "HGETALL", key(slug, "orphans"))
+			f := tc.fence
+			_, err := commit(t, st, &batch.Batch{Slug: slug, Fence: &f, Writes: []batch.Write{put("orphans", "o", batch.Blind, `1`)}})
+			if got := errors.Is(err, store.ErrLeaseStale); got != tc.refused {
+				t.Fatalf("Commit with fence %+v: err = %v, refused = %v, want %v", tc.fence, err, got, tc.refused)
+			}
+			if !tc.refused && err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+			after := srv.Do(t, "HGETALL", key(slug, "orphans"))
+			if tc.refused && after != before {
+				t.Errorf("refused batch changed orphans: %q -> %q", before, after)
+			}
+		})
+	}
+}
+
+func TestRefusedBatchLeavesEveryKeyUnchanged(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	setLease(t, srv, "still", "a", 1, redisNowMs(t, srv)+600_000)
+	fence := &batch.Fence{Owner: "a", Epoch: 1}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "still", Fence: fence, Writes: []batch.Write{
+		put("executions", "e1", 0, `{"name":"n1","generation":1}`),
+		put("claims", "c1", 0, `1`),
+	}})
+	before := dumpSwarm(t, srv)
+
+	refusals := map[string]*batch.Batch{
+		"stale lease": {Slug: "still", Fence: &batch.Fence{Owner: "a", Epoch: 2}, Writes: []batch.Write{
+			put("executions", "e2", 0, `{"name":"n1","generation":9}`), del("claims", "c1", rev)}},
+		"one wrong revision": {Slug: "still", Fence: fence, Writes: []batch.Write{
+			put("executions", "e2", 0, `{"name":"n1","generation":9}`), del("executions", "e1", rev), put("claims", "c1", rev-1, `2`)}},
+	}
+	for name, b := range refusals {
+		t.Run(name, func(t *testing.T) {
+			if _, err := commit(t, st, b); err == nil {
+				t.Fatal("Commit succeeded, want a refusal")
+			}
+			if after := dumpSwarm(t, srv); after != before {
+				t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+}
+
+func TestConflictsListEveryMismatchInOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	rev := mustCommit(t, st, &batch.Batch{Slug: "cf", Writes: []batch.Write{put("grants", "a", 0, `1`), put("grants", "b", 0, `1`)}})
+	_, err := commit(t, st, &batch.Batch{Slug: "cf", Writes: []batch.Write{
+		put("grants", "b", 0, `2`),        // conflict: exists at rev
+		put("grants", "c", 0, `2`),        // fine: absent
+		check("grants", "zz", 5),          // conflict: absent
+		del("grants", "a", rev),           // fine
+		put("grants", "x", rev+3, ``+"3"), // conflict: absent
+	}})
+	var ce *store.ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Commit = %v, want *ConflictError", err)
+	}
+	want := []store.Conflict{
+		{Index: 0, Section: "grants", Key: "b", Expected: 0, Actual: rev},
+		{Index: 2, Section: "grants", Key: "zz", Expected: 5, Actual: 0},
+		{Index: 4, Section: "grants", Key: "x", Expected: rev + 3, Actual: 0},
+	}
+	if !slices.Equal(ce.Conflicts, want) {
+		t.Errorf("Conflicts = %+v, want %+v", ce.Conflicts, want)
+	}
+}
+
+func TestConcurrentWriters(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	t.Run("different records both commit", func(t *testing.T) {
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range 2 {
+			wg.Go(func() {
+				_, errs[i] = st.Commit(context.Background(), &batch.Batch{Slug: "two", Writes: []batch.Write{put("fences", fmt.Sprintf("f%d", i), 0, `true`)}})
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("writer %d: %v", i, err)
+			}
+		}
+		if got := srv.Do(t, "HLEN", key("two", "fences")); got != "2" {
+			t.Errorf("HLEN fences = %s, want 2", got)
+		}
+	})
+	t.Run("same record: exactly one commits per revision", func(t *testing.T) {
+		base := mustCommit(t, st, &batch.Batch{Slug: "one", Writes: []batch.Write{put("fences", "f", 0, `0`)}})
+		const writers = 16
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var won []int
+		conflicts := 0
+		for i := range writers {
+			wg.Go(func() {
+				_, err := st.Commit(context.Background(), &batch.Batch{Slug: "one", Writes: []batch.Write{put("fences", "f", base, strconv.Itoa(i+1))}})
+				mu.Lock()
+				defer mu.Unlock()
+				var ce *store.ConflictError
+				switch {
+				case err == nil:
+					won = append(won, i+1)
+				case errors.As(err, &ce):
+					conflicts++
+				default:
+					t.Errorf("writer %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		if len(won) != 1 || conflicts != writers-1 {
+			t.Fatalf("winners %v, conflicts %d; want exactly 1 winner and %d conflicts", won, conflicts, writers-1)
+		}
+		want := fmt.Sprintf(`{"r":%d,"v":%d}`, base+1, won[0])
+		if raw := srv.Do(t, "HGET", key("one", "fences"), "f"); raw != want {
+			t.Errorf("stored = %q, want %q", raw, want)
+		}
+	})
+}
+
+func TestEveryKeyCarriesHashTag(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	var ws []batch.Write
+	for _, s := range batch.DefaultSections {
+		ws = append(ws, put(s, "k", 0, `{"name":"agent","generation":1}`))
+	}
+	ws = append(ws, put("meta", "legacy_owner", 0, `"x"`))
+	mustCommit(t, st, &batch.Batch{Slug: "tagged.swarm-1", Writes: ws})
+	keys := srv.DoArray(t, "KEYS", "*")
+	slices.Sort(keys)
+	shared := prefix + ":swarm:state:fencing:current"
+	want := []string{shared}
+	for _, n := range append(slices.Clone(batch.DefaultSections), "meta", "by-name", "revision", "log") {
+		want = append(want, key("tagged.swarm-1", n))
+	}
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Fatalf("KEYS * = %q\nwant %q", keys, want)
+	}
+	for _, k := range keys {
+		if k != shared && !strings.Contains(k, "{tagged.swarm-1}") {
+			t.Errorf("key %q lacks the hash tag", k)
+		}
+	}
+	if got := srv.Do(t, "HGET", shared, "tagged.swarm-1:records"); got != "1" {
+		t.Errorf("standalone stamp = %q, want 1", got)
+	}
+	if got := srv.Do(t, "HGET", key("tagged.swarm-1", "meta"), "layout"); got != `{"r":1,"v":"records"}` {
+		t.Errorf("meta/layout = %q", got)
+	}
+}
+
+func TestLogKeepsExactly1000Entries(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	for i := range 1003 {
+		mustCommit(t, st, &batch.Batch{Slug: "logged", Writes: []batch.Write{put("journals", "j", batch.Blind, strconv.Itoa(i))}})
+	}
+	if got := srv.Do(t, "XLEN", key("logged", "log")); got != "1000" {
+		t.Errorf("XLEN log = %s, want 1000", got)
+	}
+	first := srv.DoArray(t, "XRANGE", key("logged", "log"), "-", "+", "COUNT", "1")
+	if want := []string{"revision", "4", "owner", "", "records", "1"}; !slices.Equal(first[1:], want) {
+		t.Errorf("oldest entry = %q, want id then %q", first, want)
+	}
+}
+
+func TestChecksAloneWriteNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	rev := mustCommit(t, st, &batch.Batch{Slug: "chk", Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	before := dumpSwarm(t, srv)
+	got := mustCommit(t, st, &batch.Batch{Slug: "chk", Writes: []batch.Write{check("claims", "c", rev), check("claims", "absent", 0)}})
+	if got != rev {
+		t.Errorf("check-only batch answered %d, want current revision %d", got, rev)
+	}
+	if after := dumpSwarm(t, srv); after != before {
+		t.Errorf("check-only batch changed Redis:\n%s\n->\n%s", before, after)
+	}
+}
+
+func TestRevisionNeverGoesBackwards(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	srv.Do(t, "HSET", key("lost", "claims"), "c", `{"r":41,"v":1}`)
+	// The counter is gone (lost, or restored from an older snapshot).
+	rev := mustCommit(t, st, &batch.Batch{Slug: "lost", Writes: []batch.Write{put("claims", "c", 41, `2`)}})
+	if rev != 42 {
+		t.Errorf("Commit over a record at r41 with no counter = r%d, want r42", rev)
+	}
+	if got := srv.Do(t, "GET", key("lost", "revision")); got != "42" {
+		t.Errorf("revision key = %s, want 42", got)
+	}
+}
+
+func TestByNameFollowsExecutions(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	byName := func() map[string]string {
+		kv := srv.DoArray(t, "HGETALL", key("bn", "by-name"))
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	revOf := func(id string) int64 {
+		rec, _, err := st.Record(context.Background(), "bn", "executions", id)
+		if err != nil || rec == nil {
+			return 0
+		}
+		return rec.Revision
+	}
+	exe := func(name string, gen int) string { return fmt.Sprintf(`{"name":%q,"generation":%d,"x":[]}`, name, gen) }
+	steps := []struct {
+		name   string
+		writes func() []batch.Write
+		want   map[string]string // name -> id
+	}{
+		{"first execution", func() []batch.Write { return []batch.Write{put("executions", "e1", 0, exe("ann", 1))} }, map[string]string{"ann": "e1"}},
+		{"higher generation takes over", func() []batch.Write { return []batch.Write{put("executions", "e2", 0, exe("ann", 2))} }, map[string]string{"ann": "e2"}},
+		{"lower generation does not", func() []batch.Write { return []batch.Write{put("executions", "e3", 0, exe("ann", 1))} }, map[string]string{"ann": "e2"}},
+		{"other name", func() []batch.Write { return []batch.Write{put("executions", "b1", 0, exe("bob", 5))} }, map[string]string{"ann": "e2", "bob": "b1"}},
+		{"overwrite the holder lower falls back", func() []batch.Write {
+			return []batch.Write{put("executions", "e2", revOf("e2"), exe("ann", 0))}
+		}, map[string]string{"ann": "e3", "bob": "b1"}}, // e1 and e3 tie at generation 1: the greater id wins
+		{"rename moves the entry", func() []batch.Write {
+			return []batch.Write{put("executions", "b1", revOf("b1"), exe("cy", 5))}
+		}, map[string]string{"ann": "e3", "cy": "b1"}},
+		{"delete the top falls back to the next", func() []batch.Write {
+			return []batch.Write{del("executions", "e3", revOf("e3"))}
+		}, map[string]string{"ann": "e1", "cy": "b1"}}, // e1 at generation 1 beats e2 at 0
+		{"delete the last of a name removes it", func() []batch.Write {
+			return []batch.Write{del("executions", "b1", revOf("b1"))}
+		}, map[string]string{"ann": "e1"}},
+		{"value without a name is not indexed", func() []batch.Write {
+			return []batch.Write{put("executions", "anon", 0, `{"generation":9}`)}
+		}, map[string]string{"ann": "e1"}},
+		{"several executions in one batch", func() []batch.Write {
+			return []batch.Write{put("executions", "d1", 0, exe("dee", 1)), put("executions", "d2", 0, exe("dee", 3)), put("executions", "e4", 0, exe("ann", 7))}
+		}, map[string]string{"ann": "e4", "dee": "d2"}},
+	}
+	for _, step := range steps {
+		rev := mustCommit(t, st, &batch.Batch{Slug: "bn", Writes: step.writes()})
+		got := byName()
+		want := step.want
+		if len(got) != len(want) {
+			t.Errorf("%s: by-name = %q, want names %v", step.name, got, want)
+			continue
+		}
+		for n, id := range want {
+			raw, ok := got[n]
+			if !ok || !strings.HasSuffix(raw, `,"v":"`+id+`"}`) {
+				t.Errorf("%s: by-name[%s] = %q, want id %q (batch r%d)", step.name, n, raw, id, rev)
+			}
+		}
+	}
+}
+
+func TestScriptFlushIsInvisible(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	mustCommit(t, st, &batch.Batch{Slug: "fl", Writes: []batch.Write{put("claims", "a", 0, `1`)}})
+	srv.Do(t, "SCRIPT", "FLUSH")
+	if _, err := st.Commit(context.Background(), &batch.Batch{Slug: "fl", Writes: []batch.Write{put("claims", "b", 0, `1`)}}); err != nil {
+		t.Fatalf("Commit after SCRIPT FLUSH: %v", err)
+	}
+	srv.Do(t, "SCRIPT", "FLUSH")
+	if rec, _, err := st.Record(context.Background(), "fl", "claims", "b"); err != nil || rec == nil {
+		t.Fatalf("Record after SCRIPT FLUSH = %v, %v", rec, err)
+	}
+}
+
+func TestDocumentLayoutRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	srv.Do(t, "HSET", prefix+":swarm:state:fencing:current", "docswarm", `{"executions":{}}`)
+	l, err := st.Layout(context.Background(), "docswarm")
+	if err != nil || l != store.LayoutDocument {
+		t.Fatalf("Layout = %v, %v; want LayoutDocument", l, err)
+	}
+	before := dumpSwarm(t, srv)
+	_, err = commit(t, st, &batch.Batch{Slug: "docswarm", Writes: []batch.Write{put("claims", "a", 0, `1`)}})
+	if !errors.Is(err, store.ErrLayoutDocument) {
+		t.Fatalf("Commit = %v, want ErrLayoutDocument", err)
+	}
+	if after := dumpSwarm(t, srv); after != before {
+		t.Errorf("refused batch changed Redis")
+	}
+	if l, _ := st.Layout(context.Background(), "fresh"); l != store.LayoutNone {
+		t.Errorf("Layout(fresh) = %v, want LayoutNone", l)
+	}
+	mustCommit(t, st, &batch.Batch{Slug: "fresh", Writes: []batch.Write{put("claims", "a", 0, `1`)}})
+	if l, _ := st.Layout(context.Background(), "fresh"); l != store.LayoutRecords {
+		t.Errorf("Layout(fresh) after a commit = %v, want LayoutRecords", l)
+	}
+}
+
+func TestCorruptField(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	mustCommit(t, st, &batch.Batch{Slug: "bad", Writes: []batch.Write{put("claims", "ok", 0, `1`)}})
+	srv.Do(t, "HSET", key("bad", "claims"), "broken", `{"r":`)
+	var ce *store.CorruptError
+	if _, _, err := st.Record(context.Background(), "bad", "claims", "broken"); !errors.As(err, &ce) || ce.Key != "broken" {
+		t.Errorf("Record(broken) = %v, want *CorruptError naming claims/broken", err)
+	}
+	if _, err := st.Sections(context.Background(), "bad", []string{"claims"}); !errors.As(err, &ce) || ce.Section != "claims" {
+		t.Errorf("Sections = %v, want *CorruptError naming claims/broken", err)
+	}
+	if rec, _, err := st.Record(context.Background(), "bad", "claims", "ok"); err != nil || rec == nil {
+		t.Errorf("Record(ok) beside a corrupt field = %v, %v", rec, err)
+	}
+	if _, err := commit(t, st, &batch.Batch{Slug: "bad", Writes: []batch.Write{put("claims", "broken", 3, `1`)}}); !errors.As(err, &ce) {
+		t.Errorf("Commit expecting a revision of a corrupt field = %v, want *CorruptError", err)
+	}
+	// A blind put repairs it.
+	rev := mustCommit(t, st, &batch.Batch{Slug: "bad", Writes: []batch.Write{put("claims", "broken", batch.Blind, `"fixed"`)}})
+	if rec, _, err := st.Record(context.Background(), "bad", "claims", "broken"); err != nil || rec == nil || rec.Value != `"fixed"` || rec.Revision != rev {
+		t.Errorf("Record after repair = %+v, %v", rec, err)
+	}
+}
+
+func TestAnyUTF8KeyAndOwner(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	owner := "tick:host-1:\n42"
+	setLease(t, srv, "odd", owner, 1, redisNowMs(t, srv)+600_000)
+	keys := []string{"a:b:c", "line\nbreak", "nul\x00byte", "-1:x", "p5:1:k", "日本", strings.Repeat("k", batch.MaxKeyBytes)}
+	var ws []batch.Write
+	for i, k := range keys {
+		ws = append(ws, put("operations", k, 0, strconv.Itoa(i)))
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "odd", Fence: &batch.Fence{Owner: owner, Epoch: 1}, Writes: ws})
+	for i, k := range keys {
+		rec, _, err := st.Record(context.Background(), "odd", "operations", k)
+		if err != nil || rec == nil || rec.Value != strconv.Itoa(i) || rec.Revision != rev {
+			t.Errorf("Record(operations/%q) = %+v, %v; want %d at r%d", k, rec, err, i, rev)
+		}
+	}
+	if got := srv.Do(t, "HLEN", key("odd", "operations")); got != strconv.Itoa(len(keys)) {
+		t.Errorf("HLEN operations = %s, want %d", got, len(keys))
+	}
+	last := srv.DoArray(t, "XREVRANGE", key("odd", "log"), "+", "-", "COUNT", "1")
+	if len(last) < 5 || last[4] != owner {
+		t.Errorf("log entry = %q, want owner %q", last, owner)
+	}
+}
