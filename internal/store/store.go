@@ -28,11 +28,14 @@ func mustScript(name string) string {
 	return string(b)
 }
 
+// committing prepends lib.lua, the helpers every committing script shares.
+func committing(name string) string { return mustScript("lib.lua") + "\n" + mustScript(name) }
+
 // The scripts are loaded once per Redis node and called by SHA, with EVAL as
 // the fallback on NOSCRIPT (after a restart, failover or SCRIPT FLUSH). The
 // commit is not retryable: it is not idempotent.
 var (
-	commitScript       = rueidis.NewLuaScript(mustScript("commit.lua"))
+	commitScript       = rueidis.NewLuaScript(committing("commit.lua"))
 	readSectionsScript = rueidis.NewLuaScript(mustScript("read_sections.lua"))
 	readRecordScript   = rueidis.NewLuaScript(mustScript("read_record.lua"))
 )

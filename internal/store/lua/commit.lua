@@ -26,7 +26,6 @@
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
 local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
-local LOG_CAP = '1000'
 
 local slug = string.match(KEYS[META], '{(.-)}')
 local mode, fence_epoch, caller_now, fence_owner = string.match(ARGV[1], '^([sl-]+):(%d*):(%d+):(.*)$')
@@ -51,79 +50,24 @@ do
   end
 end
 
--- record_revision reads the revision of a stored record field: an anchored
--- pattern first (fenced's own form and the spaced form of older writers),
--- a decode only when it misses. nil when the field is not a record.
-local function record_revision(raw)
-  local r = string.match(raw, '^%s*{%s*"r"%s*:%s*(%d+)%s*,')
-  if r then
-    return tonumber(r)
-  end
-  local ok, rec = pcall(cjson.decode, raw)
-  if ok and type(rec) == 'table' and type(rec.r) == 'number' and rec.v ~= nil then
-    return rec.r
-  end
-  return nil
-end
-
--- record_value decodes the value of a stored record field, nil on failure.
--- Decoding only: values are never re-encoded.
-local function record_value(raw)
-  local ok, rec = pcall(cjson.decode, raw)
-  if ok and type(rec) == 'table' then
-    return rec.v
-  end
-  return nil
-end
-
--- json_string encodes s as a JSON string the way Go and Python do for
--- ASCII: quote, backslash and control characters escaped, '/' left alone.
-local escapes = { ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
-  ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
-local function json_string(s)
-  local out = string.gsub(s, '[%z\1-\31"\\]', function(c)
-    return escapes[c] or string.format('\\u%04x', string.byte(c))
-  end)
-  return '"' .. out .. '"'
-end
-
-local function int(n)
-  return string.format('%d', n)
-end
-
 -- 1. Layout: a swarm still stored as one document must be migrated first.
-local layout = redis.call('HGET', KEYS[META], 'layout')
-if layout then
-  if record_value(layout) == 'document' then
-    return { 'LAYOUT_DOCUMENT' }
-  end
-elseif stamp then
-  if redis.call('HEXISTS', KEYS[#KEYS], slug) == 1 then
-    return { 'LAYOUT_DOCUMENT' }
-  end
-elseif not layout_checked then
-  return { 'LAYOUT_UNKNOWN' }
+local layout, refusal = check_layout(stamp, layout_checked, slug)
+if refusal then
+  return refusal
 end
 
 -- 2. Fence: the lease must be live by the later of Redis's clock and the
 -- caller's, and name the fence's epoch (and owner, when given).
 local log_owner = ''
 if fence_epoch ~= '' then
-  local lease = nil
-  local raw = redis.call('HGET', KEYS[META], 'lease')
-  if raw then
-    lease = record_value(raw)
-  end
-  local valid = type(lease) == 'table' and type(lease.owner) == 'string'
-      and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number'
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local lease = read_lease(KEYS[META])
+  local now = now_ms()
   if tonumber(caller_now) > now then
     now = tonumber(caller_now)
   end
-  if not valid or lease.epoch ~= tonumber(fence_epoch) or lease.expires_at <= now
+  if lease == nil or lease.epoch ~= tonumber(fence_epoch) or lease.expires_at <= now
       or (fence_owner ~= '' and lease.owner ~= fence_owner) then
-    if valid then
+    if lease then
       return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
     end
     return { 'STALE', '', '', '' }
@@ -132,8 +76,7 @@ if fence_epoch ~= '' then
 end
 
 -- 3. Revisions: collect every mismatch, in request order.
-local counter = tonumber(redis.call('GET', KEYS[REV]) or '0') or 0
-local highest = counter
+local highest = 0 -- the highest stored revision among the written records
 local conflicts = { 'CONFLICT' }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
@@ -169,15 +112,12 @@ if #conflicts > 1 then
   return conflicts
 end
 if not mutates then
-  return { 'OK', int(counter) }
+  return { 'OK', redis.call('GET', KEYS[REV]) or '0' }
 end
 
--- 4. Commit. The new revision is above the counter and above every record
--- the batch touches, so revisions never go backwards even after the counter
--- was lost or restored from an older snapshot.
-local rev = int(highest + 1)
+-- 4. Commit.
+local rev = next_revision(highest)
 local head = '{"r":' .. rev .. ',"v":'
-redis.call('SET', KEYS[REV], rev)
 
 local records = 0
 local names = {}   -- agent names whose by-name entry may change
@@ -280,12 +220,5 @@ for name in pairs(names) do
   end
 end
 
-if not layout then
-  redis.call('HSET', KEYS[META], 'layout', head .. '"records"}')
-end
-if stamp then
-  redis.call('HSET', KEYS[#KEYS], slug .. ':records', rev)
-end
-redis.call('XADD', KEYS[LOG], 'MAXLEN', '=', LOG_CAP, '*',
-  'revision', rev, 'owner', log_owner, 'records', int(records))
+finish_commit(rev, layout, stamp, slug, log_owner, records)
 return { 'OK', rev }
