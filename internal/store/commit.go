@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/redis/rueidis"
 )
 
 // Commit runs a batch as one atomic script (DESIGN §3): the layout, the
@@ -22,28 +23,45 @@ import (
 func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 	k := s.keys(b.Slug)
 	keys, args := s.commitArgs(k, b)
-	rev, err := s.runCommit(ctx, k, b, keys, args)
-	if err == errLayoutUnknown {
-		// Cluster, and a swarm with no meta/layout yet: the document layout
-		// lives in a key of another slot, so look here and call again.
-		var exists bool
-		exists, err = s.documentExists(ctx, k)
-		if err == nil && exists {
-			err = ErrLayoutDocument
+	reply, err := s.execCommitting(ctx, k, commitScript, keys, args)
+	if err == nil {
+		var rev int64
+		if rev, err = commitResult(b, reply); err == nil {
+			return rev, nil
 		}
-		if err == nil {
+	}
+	return 0, fmt.Errorf("store: fenced batch: %w", err)
+}
+
+// execCommitting runs a script built on lib.lua, whose first argument
+// starts with the mode character. When the script answers LAYOUT_UNKNOWN
+// (Cluster, and a swarm with no meta/layout yet: the document layout lives
+// in a key of another slot), it looks here and calls again in mode 'l'. It
+// answers the script's reply; ErrLayoutDocument, ErrUnavailable, context
+// errors, *RedisError.
+func (s *Store) execCommitting(ctx context.Context, k swarmKeys, script *rueidis.Lua, keys, args []string) ([]string, error) {
+	reply, err := replyStrings(script.Exec(ctx, s.client, keys, args))
+	if err == nil && len(reply) == 1 && reply[0] == "LAYOUT_UNKNOWN" && !s.stamp && args[0][0] == '-' {
+		var exists bool
+		if exists, err = s.documentExists(ctx, k); err == nil {
+			if exists {
+				return nil, ErrLayoutDocument
+			}
 			args[0] = "l" + args[0][1:]
-			rev, err = s.runCommit(ctx, k, b, keys, args)
+			reply, err = replyStrings(script.Exec(ctx, s.client, keys, args))
 		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("store: fenced batch: %w", err)
+		return nil, classify(ctx, err)
 	}
-	return rev, nil
+	if len(reply) == 0 {
+		return nil, fmt.Errorf("%w: empty reply", ErrMalformedReply)
+	}
+	if reply[0] == "LAYOUT_DOCUMENT" {
+		return nil, ErrLayoutDocument
+	}
+	return reply, nil
 }
-
-// errLayoutUnknown is the script's request to check the document layout.
-var errLayoutUnknown = fmt.Errorf("%w: layout unknown", ErrMalformedReply)
 
 // commitArgs lays out KEYS and ARGV as commit.lua expects them. The layout
 // is kept small on purpose: a one-record change sends its value plus well
@@ -82,14 +100,8 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 
 var kindArg = map[batch.Kind]string{batch.KindPut: "p", batch.KindDelete: "d", batch.KindCheck: "c"}
 
-func (s *Store) runCommit(ctx context.Context, k swarmKeys, b *batch.Batch, keys, args []string) (int64, error) {
-	reply, err := replyStrings(commitScript.Exec(ctx, s.client, keys, args))
-	if err != nil {
-		return 0, classify(ctx, err)
-	}
-	if len(reply) == 0 {
-		return 0, fmt.Errorf("%w: empty reply", ErrMalformedReply)
-	}
+// commitResult decodes commit.lua's reply.
+func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	switch reply[0] {
 	case "OK":
 		if len(reply) == 2 {
@@ -102,12 +114,6 @@ func (s *Store) runCommit(ctx context.Context, k swarmKeys, b *batch.Batch, keys
 	case "STALE":
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
-		}
-	case "LAYOUT_DOCUMENT":
-		return 0, ErrLayoutDocument
-	case "LAYOUT_UNKNOWN":
-		if !s.stamp && args[0][0] == '-' {
-			return 0, errLayoutUnknown
 		}
 	case "CORRUPT":
 		if len(reply) == 2 {

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/rueidis"
+)
+
+var (
+	leaseScript     = rueidis.NewLuaScript(committing("lease.lua"))
+	readLeaseScript = rueidis.NewLuaScript(mustScript("read_lease.lua"))
+)
+
+// ErrLeaseHeld: another owner holds a live lease on the swarm. Returned as
+// *HeldError naming the holder.
+var ErrLeaseHeld = errors.New("lease held by another owner")
+
+// Lease is the lease record in meta/lease: {"owner","epoch","expires_at"}.
+type Lease struct {
+	// Owner names the controller holding the lease.
+	Owner string
+	// Epoch is the fencing token: raised by every new grant, never lowered.
+	Epoch int64
+	// ExpiresAtMs is when the lease ends, in ms by Redis's clock.
+	ExpiresAtMs int64
+}
+
+// HeldError is ErrLeaseHeld with the live lease and Redis's now.
+type HeldError struct {
+	Holder Lease
+	// NowMs is Redis's clock when the acquire was refused, in ms.
+	NowMs int64
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("lease held by %q at epoch %d for %d ms more", e.Holder.Owner, e.Holder.Epoch, e.Holder.ExpiresAtMs-e.NowMs)
+}
+
+// Is makes errors.Is(err, ErrLeaseHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
+
+// Acquire grants the swarm's lease to owner for ttlMs by Redis's clock when
+// no live lease exists (absent, expired or released): a new epoch one above
+// meta/epoch, leader_changes raised. The live holder acquiring again extends
+// its lease and keeps its epoch. It answers the lease and the revision the
+// grant committed at. Errors: *HeldError (ErrLeaseHeld), ErrLayoutDocument,
+// ErrUnavailable, context errors, *RedisError. Inputs must be valid (see
+// internal/lease).
+func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (Lease, int64, error) {
+	l, rev, err := s.leaseOp(ctx, slug, "acquire", owner, 0, ttlMs)
+	if err != nil {
+		return Lease{}, 0, fmt.Errorf("store: acquire lease: %w", err)
+	}
+	return l, rev, nil
+}
+
+// Renew extends the live lease of owner at epoch by ttlMs from Redis's now.
+// An expired lease is never revived. Errors: *StaleError (ErrLeaseStale)
+// when the lease is not that owner's and epoch's live lease, and those of
+// Acquire.
+func (s *Store) Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (Lease, int64, error) {
+	l, rev, err := s.leaseOp(ctx, slug, "renew", owner, epoch, ttlMs)
+	if err != nil {
+		return Lease{}, 0, fmt.Errorf("store: renew lease: %w", err)
+	}
+	return l, rev, nil
+}
+
+// Release ends the live lease of owner at epoch; meta/epoch is kept, so the
+// next grant is one higher. It answers the revision of the release. Errors:
+// as Renew.
+func (s *Store) Release(ctx context.Context, slug, owner string, epoch int64) (int64, error) {
+	_, rev, err := s.leaseOp(ctx, slug, "release", owner, epoch, 0)
+	if err != nil {
+		return 0, fmt.Errorf("store: release lease: %w", err)
+	}
+	return rev, nil
+}
+
+func (s *Store) leaseOp(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (Lease, int64, error) {
+	k := s.keys(slug)
+	keys := []string{k.meta(), k.revision(), k.log()}
+	mode := "-"
+	if s.stamp {
+		mode = "s"
+		keys = append(keys, k.current)
+	}
+	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10)}
+	reply, err := s.execCommitting(ctx, k, leaseScript, keys, args)
+	if err != nil {
+		return Lease{}, 0, err
+	}
+	switch {
+	case reply[0] == "OK" && len(reply) == 5:
+		nums, err := parseInts(reply[1], reply[3], reply[4])
+		if err != nil {
+			return Lease{}, 0, err
+		}
+		return Lease{Owner: reply[2], Epoch: nums[1], ExpiresAtMs: nums[2]}, nums[0], nil
+	case reply[0] == "HELD" && len(reply) == 5:
+		nums, err := parseInts(reply[2], reply[3], reply[4])
+		if err != nil {
+			return Lease{}, 0, err
+		}
+		return Lease{}, 0, &HeldError{Holder: Lease{Owner: reply[1], Epoch: nums[0], ExpiresAtMs: nums[1]}, NowMs: nums[2]}
+	case reply[0] == "STALE" && len(reply) == 4:
+		return Lease{}, 0, staleError(reply[1:])
+	}
+	return Lease{}, 0, fmt.Errorf("%w: %q", ErrMalformedReply, reply)
+}
+
+func parseInts(ss ...string) ([]int64, error) {
+	out := make([]int64, len(ss))
+	for i, s := range ss {
+		n, err := parseInt(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// CurrentLease reads the lease record, Redis's now (ms) and the swarm
+// revision together. lease is nil when there is none; a lease whose
+// ExpiresAtMs is at or before nowMs is expired. Errors: *CorruptError when
+// meta/lease is not a lease record, ErrUnavailable, context errors,
+// *RedisError.
+func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, nowMs, revision int64, err error) {
+	k := s.keys(slug)
+	arr, err := readLeaseScript.Exec(ctx, s.client, []string{k.meta(), k.revision()}, nil).ToArray()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w", classify(ctx, err))
+	}
+	if len(arr) != 3 {
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w: %d elements", ErrMalformedReply, len(arr))
+	}
+	var nums [2]int64
+	for i := range nums {
+		str, err := arr[i].ToString()
+		if err == nil {
+			nums[i], err = parseInt(str)
+		}
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("store: read lease: %w", err)
+		}
+	}
+	if arr[2].IsNil() {
+		return nil, nums[0], nums[1], nil
+	}
+	raw, err := arr[2].ToString()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w: %w", ErrMalformedReply, err)
+	}
+	l, ok := parseLease(raw)
+	if !ok {
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w", &CorruptError{Section: "meta", Key: "lease"})
+	}
+	return &l, nums[0], nums[1], nil
+}
+
+// parseLease decodes a meta/lease record field.
+func parseLease(raw string) (Lease, bool) {
+	rec, ok := parseRecord(raw)
+	if !ok {
+		return Lease{}, false
+	}
+	var v struct {
+		Owner     *string `json:"owner"`
+		Epoch     *int64  `json:"epoch"`
+		ExpiresAt *int64  `json:"expires_at"`
+	}
+	if err := json.Unmarshal([]byte(rec.Value), &v); err != nil || v.Owner == nil || v.Epoch == nil || v.ExpiresAt == nil {
+		return Lease{}, false
+	}
+	return Lease{Owner: *v.Owner, Epoch: *v.Epoch, ExpiresAtMs: *v.ExpiresAt}, true
+}

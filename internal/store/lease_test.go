@@ -1,0 +1,121 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// waitExpired polls Redis's clock until the swarm's lease has expired.
+func waitExpired(t *testing.T, st *store.Store, slug string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		l, now, _, err := st.CurrentLease(context.Background(), slug)
+		if err != nil {
+			t.Fatalf("CurrentLease: %v", err)
+		}
+		if l == nil || l.ExpiresAtMs <= now {
+			return
+		}
+		time.Sleep(time.Duration(l.ExpiresAtMs-now+1) * time.Millisecond)
+	}
+	t.Fatal("lease did not expire within 10 s")
+}
+
+func TestLeaseLifecycle(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+
+	a, rev1, err := st.Acquire(ctx, "ls", "tick-a", 100)
+	if err != nil || a.Owner != "tick-a" || a.Epoch != 1 || rev1 != 1 {
+		t.Fatalf("first Acquire = %+v r%d, %v; want tick-a epoch 1 at r1", a, rev1, err)
+	}
+	if got := srv.Do(t, "HGET", key("ls", "meta"), "leader_changes"); got != `{"r":1,"v":1}` {
+		t.Errorf("leader_changes = %q", got)
+	}
+	again, _, err := st.Acquire(ctx, "ls", "tick-a", 60_000)
+	if err != nil || again.Epoch != 1 {
+		t.Fatalf("holder's Acquire = %+v, %v; want the same epoch 1", again, err)
+	}
+	_, _, err = st.Acquire(ctx, "ls", "tick-b", 1000)
+	var he *store.HeldError
+	if !errors.As(err, &he) || he.Holder.Owner != "tick-a" || he.Holder.Epoch != 1 || he.Holder.ExpiresAtMs <= he.NowMs {
+		t.Fatalf("other owner's Acquire = %v, want *HeldError naming tick-a epoch 1", err)
+	}
+	renewed, _, err := st.Renew(ctx, "ls", "tick-a", 1, 100)
+	if err != nil || renewed.Epoch != 1 {
+		t.Fatalf("Renew = %+v, %v", renewed, err)
+	}
+	waitExpired(t, st, "ls")
+	if _, _, err := st.Renew(ctx, "ls", "tick-a", 1, 1000); !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("Renew of an expired lease = %v, want ErrLeaseStale (never revived)", err)
+	}
+	b, revB, err := st.Acquire(ctx, "ls", "tick-b", 60_000)
+	if err != nil || b.Epoch != 2 {
+		t.Fatalf("takeover Acquire = %+v, %v; want epoch 2", b, err)
+	}
+	// The old holder is refused everywhere.
+	if _, _, err := st.Renew(ctx, "ls", "tick-a", 1, 1000); !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("old holder's Renew = %v, want ErrLeaseStale", err)
+	}
+	if _, err := st.Release(ctx, "ls", "tick-a", 1); !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("old holder's Release = %v, want ErrLeaseStale", err)
+	}
+	if _, err := commit(t, st, &batch.Batch{Slug: "ls", Fence: &batch.Fence{Owner: "tick-a", Epoch: 1}, Writes: []batch.Write{put("claims", "x", batch.Blind, `1`)}}); !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("old holder's batch = %v, want ErrLeaseStale", err)
+	}
+	revRel, err := st.Release(ctx, "ls", "tick-b", 2)
+	if err != nil || revRel != revB+1 {
+		t.Fatalf("Release = r%d, %v; want r%d", revRel, err, revB+1)
+	}
+	if l, _, _, _ := st.CurrentLease(ctx, "ls"); l != nil {
+		t.Errorf("CurrentLease after release = %+v, want none", l)
+	}
+	c, _, err := st.Acquire(ctx, "ls", "tick-c", 1000)
+	if err != nil || c.Epoch != 3 {
+		t.Fatalf("Acquire after release = %+v, %v; want epoch 3", c, err)
+	}
+	// Deleting meta/lease by hand does not reset epochs.
+	srv.Do(t, "HDEL", key("ls", "meta"), "lease")
+	d, _, err := st.Acquire(ctx, "ls", "tick-d", 1000)
+	if err != nil || d.Epoch != 4 {
+		t.Fatalf("Acquire after meta/lease was deleted = %+v, %v; want epoch 4", d, err)
+	}
+	if got, want := srv.Do(t, "HGET", key("ls", "meta"), "leader_changes"), `{"r":`+srv.Do(t, "GET", key("ls", "revision"))+`,"v":4}`; got != want {
+		t.Errorf("leader_changes = %q, want 4 at the last revision", got)
+	}
+	// Every grant, renewal and release is a log entry naming its owner.
+	entries := srv.DoArray(t, "XRANGE", key("ls", "log"), "-", "+")
+	var owners []string
+	for i := 0; i+6 < len(entries); i += 7 { // id, revision, N, owner, O, records, K
+		owners = append(owners, entries[i+4])
+	}
+	want := []string{"tick-a", "tick-a", "tick-a", "tick-b", "tick-b", "tick-c", "tick-d"}
+	if !slices.Equal(owners, want) {
+		t.Errorf("log owners = %q, want %q", owners, want)
+	}
+}
+
+func TestLeaseFenceWithCallerClock(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	l, _, err := st.Acquire(ctx, "clk", "tick", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitExpired(t, st, "clk")
+	// A caller whose clock lies in the past cannot make an expired lease pass.
+	_, err = commit(t, st, &batch.Batch{Slug: "clk", Fence: &batch.Fence{Owner: "tick", Epoch: l.Epoch, NowMs: l.ExpiresAtMs - 50}, Writes: []batch.Write{put("claims", "x", batch.Blind, `1`)}})
+	if !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("batch with now_ms in the past over an expired lease = %v, want ErrLeaseStale", err)
+	}
+}

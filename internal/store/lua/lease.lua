@@ -1,0 +1,108 @@
+-- lease.lua: grant, renew or release a swarm's lease (DESIGN §1-§2, issue
+-- #3), by Redis's clock, as one committed batch on meta: the swarm revision
+-- is raised, the changed meta records are stamped with it, and one log entry
+-- names the owner. Every check comes before the first write.
+--
+-- KEYS[1] meta   KEYS[2] revision   KEYS[3] log   (standalone: KEYS[4] is
+-- P:state:fencing:current)
+-- ARGV[1] mode ('s' standalone, 'l' layout checked by the caller, '-')
+-- ARGV[2] op: 'acquire', 'renew' or 'release'
+-- ARGV[3] owner   ARGV[4] epoch (renew, release)   ARGV[5] ttl_ms (acquire, renew)
+--
+-- Replies (all elements strings):
+--   {'OK', revision, owner, epoch, expires_at_ms}  the lease after the call;
+--                                                 release: expires_at_ms = now
+--   {'HELD', owner, epoch, expires_at_ms, now_ms}  acquire: another owner's live lease
+--   {'STALE', owner, epoch, expires_at_ms}         renew, release: not the
+--                                                 caller's live lease ('' when none)
+--   {'LAYOUT_DOCUMENT'}, {'LAYOUT_UNKNOWN'}        as commit.lua
+local slug = string.match(KEYS[1], '{(.-)}')
+local mode, op, owner = ARGV[1], ARGV[2], ARGV[3]
+local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local stamp = string.find(mode, 's', 1, true) ~= nil
+
+local layout, refusal = check_layout(stamp, string.find(mode, 'l', 1, true) ~= nil, slug)
+if refusal then
+  return refusal
+end
+
+local now = now_ms()
+local lease = read_lease(KEYS[1])
+local live = lease ~= nil and lease.expires_at > now
+local function stale()
+  if lease then
+    return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
+  end
+  return { 'STALE', '', '', '' }
+end
+
+-- stored(field) is the decoded value and the revision of a meta record.
+local function stored(field)
+  local raw = redis.call('HGET', KEYS[1], field)
+  if not raw then
+    return nil, 0
+  end
+  return record_value(raw), record_revision(raw) or 0
+end
+
+local new_epoch, expires = nil, nil
+local granted = false
+if op == 'acquire' then
+  if live and lease.owner ~= owner then
+    return { 'HELD', lease.owner, int(lease.epoch), int(lease.expires_at), int(now) }
+  end
+  if live then
+    new_epoch = lease.epoch -- the holder again: extend, keep the epoch
+  else
+    -- A new grant: one above every epoch ever granted, kept in meta/epoch
+    -- so that losing or deleting meta/lease never resets it.
+    local last = stored('epoch')
+    if type(last) ~= 'number' then
+      last = 0
+    end
+    if lease and lease.epoch > last then
+      last = lease.epoch
+    end
+    new_epoch, granted = last + 1, true
+  end
+  expires = now + ttl
+elseif op == 'renew' then
+  if not live or lease.owner ~= owner or lease.epoch ~= epoch then
+    return stale()
+  end
+  new_epoch, expires = epoch, now + ttl
+elseif op == 'release' then
+  if not live or lease.owner ~= owner or lease.epoch ~= epoch then
+    return stale()
+  end
+  new_epoch, expires = epoch, now
+else
+  return redis.error_reply('ERR lease.lua: unknown op ' .. tostring(op))
+end
+
+local _, highest = stored('lease')
+local changes, changes_rev = nil, 0
+if granted then
+  local _, epoch_rev = stored('epoch')
+  changes, changes_rev = stored('leader_changes')
+  highest = math.max(highest, epoch_rev, changes_rev)
+end
+local rev = next_revision(highest)
+local head = '{"r":' .. rev .. ',"v":'
+local records = 1
+if op == 'release' then
+  redis.call('HDEL', KEYS[1], 'lease')
+else
+  redis.call('HSET', KEYS[1], 'lease', head .. '{"owner":' .. json_string(owner)
+    .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
+end
+if granted then
+  if type(changes) ~= 'number' then
+    changes = 0
+  end
+  redis.call('HSET', KEYS[1], 'epoch', head .. int(new_epoch) .. '}')
+  redis.call('HSET', KEYS[1], 'leader_changes', head .. int(changes + 1) .. '}')
+  records = 3
+end
+finish_commit(rev, layout, stamp, slug, owner, records)
+return { 'OK', rev, owner, int(new_epoch), int(expires) }
