@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/lease"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	"github.com/alecthomas/kong"
@@ -59,6 +60,9 @@ type serveCmd struct {
 	MaxValueBytes int `env:"FENCED_MAX_VALUE_BYTES" default:"1048576" help:"Largest value of one put, in bytes."`
 	// MaxBatchValueBytes bounds the values of one batch, in bytes.
 	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch."`
+	// LeaseMinTTL and LeaseMaxTTL bound the TTL of a lease grant or renewal.
+	LeaseMinTTL time.Duration `env:"FENCED_LEASE_MIN_TTL" default:"100ms" help:"Shortest lease TTL a client may ask for."`
+	LeaseMaxTTL time.Duration `env:"FENCED_LEASE_MAX_TTL" default:"10m" help:"Longest lease TTL a client may ask for."`
 	// HealthInterval is how often Redis is pinged for health.
 	HealthInterval time.Duration `env:"FENCED_HEALTH_INTERVAL" default:"1s" help:"How often Redis is pinged for the health service."`
 	// ShutdownTimeout bounds the graceful stop after SIGTERM.
@@ -176,7 +180,11 @@ func (c *serveCmd) Run(e *env) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := server.New(st, limits, server.Options{Logger: log, HealthInterval: c.HealthInterval})
+	bounds := lease.Bounds{MinTTLMs: c.LeaseMinTTL.Milliseconds(), MaxTTLMs: c.LeaseMaxTTL.Milliseconds()}
+	if err := bounds.Check(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	srv := server.New(st, limits, server.Options{Logger: log, HealthInterval: c.HealthInterval, LeaseBounds: bounds})
 	log.Info("serving gRPC", "addr", lis.Addr().String(), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
 	if c.ready != nil {
 		c.ready(lis.Addr())

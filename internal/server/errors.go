@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
+	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Domain is the ErrorInfo domain of every error fenced answers.
@@ -21,6 +24,7 @@ const Domain = "fenced"
 const (
 	ReasonRevisionConflict = "REVISION_CONFLICT"
 	ReasonLeaseStale       = "LEASE_STALE"
+	ReasonLeaseHeld        = "LEASE_HELD"
 	ReasonLayoutDocument   = "LAYOUT_DOCUMENT"
 	ReasonRecordCorrupt    = "RECORD_CORRUPT"
 	ReasonRedisUnavailable = "REDIS_UNAVAILABLE"
@@ -55,6 +59,7 @@ var errorTable = []errorMapping{
 	{as[*batch.ValidationError](), codes.InvalidArgument, badRequest},
 	{as[*store.ConflictError](), codes.Aborted, conflictDetails},
 	{is(store.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
+	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
 	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
 	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
 	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
@@ -63,11 +68,12 @@ var errorTable = []errorMapping{
 // toStatus maps an error of the core to a gRPC status error through
 // errorTable; anything unmatched is INTERNAL with the error's text.
 func toStatus(err error) error {
+	msg := validUTF8(err.Error())
 	for _, m := range errorTable {
 		if !m.match(err) {
 			continue
 		}
-		st := status.New(m.code, err.Error())
+		st := status.New(m.code, msg)
 		if m.details != nil {
 			if withDetails, derr := st.WithDetails(m.details(err)...); derr == nil {
 				st = withDetails
@@ -75,8 +81,14 @@ func toStatus(err error) error {
 		}
 		return st.Err()
 	}
-	return status.Error(codes.Internal, err.Error())
+	return status.Error(codes.Internal, msg)
 }
+
+// validUTF8 replaces invalid UTF-8 in text that may carry bytes read from
+// Redis (a record key or lease owner of another writer): google.rpc.Status
+// and its details are proto3, whose strings must be valid UTF-8, or the
+// details fail to marshal and are dropped with their reason.
+func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 func info(reason string, metadata map[string]string) *errdetails.ErrorInfo {
 	return &errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: metadata}
@@ -120,7 +132,7 @@ func staleDetails(err error) []protoadapt.MessageV1 {
 	if errors.As(err, &se) && se.Present {
 		md = map[string]string{
 			"lease":         "present",
-			"owner":         se.Owner,
+			"owner":         validUTF8(se.Owner),
 			"epoch":         strconv.FormatInt(se.Epoch, 10),
 			"expires_at_ms": strconv.FormatInt(se.ExpiresAtMs, 10),
 		}
@@ -128,11 +140,25 @@ func staleDetails(err error) []protoadapt.MessageV1 {
 	return []protoadapt.MessageV1{info(ReasonLeaseStale, md)}
 }
 
+func heldDetails(err error) []protoadapt.MessageV1 {
+	var he *store.HeldError
+	if !errors.As(err, &he) {
+		return []protoadapt.MessageV1{info(ReasonLeaseHeld, nil)}
+	}
+	md := map[string]string{
+		"owner":         he.Holder.Owner,
+		"epoch":         strconv.FormatInt(he.Holder.Epoch, 10),
+		"expires_at_ms": strconv.FormatInt(he.Holder.ExpiresAtMs, 10),
+	}
+	wait := time.Duration(max(he.Holder.ExpiresAtMs-he.NowMs, 0)) * time.Millisecond
+	return []protoadapt.MessageV1{info(ReasonLeaseHeld, md), &errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}}
+}
+
 func corruptDetails(err error) []protoadapt.MessageV1 {
 	md := map[string]string{}
 	var ce *store.CorruptError
 	if errors.As(err, &ce) {
-		md["section"], md["key"] = ce.Section, ce.Key
+		md["section"], md["key"] = validUTF8(ce.Section), validUTF8(ce.Key)
 	}
 	return []protoadapt.MessageV1{info(ReasonRecordCorrupt, md)}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/lease"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -26,14 +27,16 @@ import (
 // a shutdown. LivenessService follows the process alone, so that a Redis
 // outage takes replicas out of rotation without restarting them.
 var (
-	ReadyServices   = []string{"", "fenced", fencedv1.RecordsService_ServiceDesc.ServiceName}
+	ReadyServices   = []string{"", "fenced", fencedv1.RecordsService_ServiceDesc.ServiceName, fencedv1.LeaseService_ServiceDesc.ServiceName}
 	LivenessService = "liveness"
 )
 
-// Core is what the server needs of the store: the records and a health
-// probe that answers nil while Redis does.
+// Core is what the server needs of the store: the records, the lease
+// operations and a health probe that answers nil while Redis does.
+// *store.Store implements it.
 type Core interface {
 	Records
+	lease.Store
 	Ping(ctx context.Context) error
 }
 
@@ -48,6 +51,9 @@ type Options struct {
 	MaxRecvMsgBytes int
 	// HealthInterval is how often Redis is pinged for health. Default 1 s.
 	HealthInterval time.Duration
+	// LeaseBounds are the TTLs leases may be granted for. Default
+	// lease.DefaultBounds().
+	LeaseBounds lease.Bounds
 }
 
 // Server is fenced's gRPC server: RecordsService, health and reflection.
@@ -70,6 +76,9 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	if opts.HealthInterval == 0 {
 		opts.HealthInterval = time.Second
+	}
+	if opts.LeaseBounds == (lease.Bounds{}) {
+		opts.LeaseBounds = lease.DefaultBounds()
 	}
 	logger := opts.Logger
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
@@ -106,6 +115,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		every:  opts.HealthInterval,
 	}
 	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits))
+	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(lease.NewManager(core, opts.LeaseBounds)))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc) // v1 and v1alpha
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
