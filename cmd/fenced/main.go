@@ -144,8 +144,16 @@ func (c *serveCmd) logger(w io.Writer) *slog.Logger {
 // open connects to the configured Redis, or starts the embedded one; the
 // returned func releases what was opened.
 func (r *redisFlags) open(log *slog.Logger) (*store.Store, func(), error) {
-	if r.RedisURL != "" {
-		st, err := store.Open(r.RedisURL, r.KeyPrefix)
+	url := r.RedisURL
+	if url == "" {
+		// kong takes the first of a flag's env variables that is set, even
+		// when it is set to "": FENCED_REDIS_URL="" (an unset variable in a
+		// compose file or manifest) would hide this fallback and serve from
+		// the embedded Redis.
+		url = os.Getenv("AGENTIHOOKS_SWARM_REDIS_URL")
+	}
+	if url != "" {
+		st, err := store.Open(url, r.KeyPrefix)
 		if err != nil {
 			return nil, nil, err
 		}
