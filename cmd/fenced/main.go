@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -126,6 +127,14 @@ func (c *serveCmd) limits() (batch.Limits, error) {
 		MaxBatchValueBytes: c.MaxBatchValueBytes,
 	}
 	if err := l.Check(); err != nil {
+		var ve *batch.ValidationError
+		if errors.As(err, &ve) {
+			msgs := make([]string, len(ve.Violations))
+			for i, v := range ve.Violations {
+				msgs[i] = "--" + strings.ReplaceAll(v.Field, "_", "-") + ": " + v.Description
+			}
+			return l, fmt.Errorf("configuration: %s", strings.Join(msgs, "; "))
+		}
 		return l, fmt.Errorf("configuration: %w", err)
 	}
 	return l, nil
