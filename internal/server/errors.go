@@ -108,10 +108,15 @@ func badRequest(err error) []protoadapt.MessageV1 {
 	return []protoadapt.MessageV1{info(ReasonInvalidArgument, nil), br}
 }
 
+// conflictDetails lists the conflicts as PreconditionFailure violations and,
+// for machines, as ErrorInfo metadata: "conflicts" (the full count), and for
+// the i-th violation listed "write_<i>" (its index in the request),
+// "expected_<i>" and "actual_<i>" (revisions, decimal).
 func conflictDetails(err error) []protoadapt.MessageV1 {
 	var ce *store.ConflictError
 	errors.As(err, &ce)
 	pf := &errdetails.PreconditionFailure{}
+	md := map[string]string{"conflicts": strconv.Itoa(len(ce.Conflicts))}
 	for i, c := range ce.Conflicts {
 		if i == MaxConflictDetails {
 			break
@@ -121,8 +126,11 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 			Subject:     c.Section + "/" + c.Key,
 			Description: fmt.Sprintf("writes[%d]: expected revision %d, actual %d", c.Index, c.Expected, c.Actual),
 		})
+		n := strconv.Itoa(i)
+		md["write_"+n] = strconv.Itoa(c.Index)
+		md["expected_"+n] = strconv.FormatInt(c.Expected, 10)
+		md["actual_"+n] = strconv.FormatInt(c.Actual, 10)
 	}
-	md := map[string]string{"conflicts": strconv.Itoa(len(ce.Conflicts))}
 	return []protoadapt.MessageV1{info(ReasonRevisionConflict, md), pf}
 }
 

@@ -38,6 +38,7 @@ type Core interface {
 	Records
 	lease.Store
 	Ping(ctx context.Context) error
+	LoadScripts(ctx context.Context) error
 }
 
 // Options configure a Server. Zero fields take the defaults given.
@@ -163,6 +164,13 @@ func (s *Server) watchRedis(ctx context.Context) {
 		}
 		switch {
 		case err == nil && !ready:
+			// Redis may be new (restarted, failed over): load the scripts
+			// first so that the first batch is not sent twice.
+			lctx, cancel := context.WithTimeout(ctx, s.every)
+			if lerr := s.core.LoadScripts(lctx); lerr != nil {
+				s.log.Warn("could not preload scripts; calls fall back to EVAL", "err", lerr)
+			}
+			cancel()
 			s.log.Info("redis answers: serving")
 			s.setReady(healthpb.HealthCheckResponse_SERVING)
 		case err != nil && ready:

@@ -6,13 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
-	"github.com/redis/rueidis"
-)
-
-var (
-	leaseScript     = rueidis.NewLuaScript(committing("lease.lua"))
-	readLeaseScript = rueidis.NewLuaScript(mustScript("read_lease.lua"))
 )
 
 // ErrLeaseHeld: another owner holds a live lease on the swarm. Returned as

@@ -31,13 +31,24 @@ func mustScript(name string) string {
 // committing prepends lib.lua, the helpers every committing script shares.
 func committing(name string) string { return mustScript("lib.lua") + "\n" + mustScript(name) }
 
-// The scripts are loaded once per Redis node and called by SHA, with EVAL as
-// the fallback on NOSCRIPT (after a restart, failover or SCRIPT FLUSH). The
-// commit is not retryable: it is not idempotent.
+// The scripts are called by SHA, with EVAL as the fallback on NOSCRIPT
+// (after a restart, failover or SCRIPT FLUSH); LoadScripts loads them ahead
+// so that a first large batch is not sent twice. The commit is not
+// retryable: it is not idempotent.
 var (
-	commitScript       = rueidis.NewLuaScript(committing("commit.lua"))
-	readSectionsScript = rueidis.NewLuaScript(mustScript("read_sections.lua"))
-	readRecordScript   = rueidis.NewLuaScript(mustScript("read_record.lua"))
+	commitSource       = committing("commit.lua")
+	leaseSource        = committing("lease.lua")
+	readSectionsSource = mustScript("read_sections.lua")
+	readRecordSource   = mustScript("read_record.lua")
+	readLeaseSource    = mustScript("read_lease.lua")
+
+	commitScript       = rueidis.NewLuaScript(commitSource)
+	leaseScript        = rueidis.NewLuaScript(leaseSource)
+	readSectionsScript = rueidis.NewLuaScript(readSectionsSource)
+	readRecordScript   = rueidis.NewLuaScript(readRecordSource)
+	readLeaseScript    = rueidis.NewLuaScript(readLeaseSource)
+
+	allSources = []string{commitSource, leaseSource, readSectionsSource, readRecordSource, readLeaseSource}
 )
 
 // DefaultPrefix is the key prefix when AGENTIHOOKS_SWARM_KEY_PREFIX is unset.
@@ -79,6 +90,25 @@ func (s *Store) Ping(ctx context.Context) error {
 	for addr, node := range s.client.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
 			return fmt.Errorf("store: ping %s: %w", addr, classify(ctx, err))
+		}
+	}
+	return nil
+}
+
+// LoadScripts loads every script on every node (SCRIPT LOAD), so that the
+// next calls find them by SHA. fenced calls it whenever Redis becomes
+// reachable; calls work without it, at the cost of sending a script (and
+// its arguments) twice on the first call after Redis forgot it.
+func (s *Store) LoadScripts(ctx context.Context) error {
+	for addr, node := range s.client.Nodes() {
+		cmds := make(rueidis.Commands, len(allSources))
+		for i, src := range allSources {
+			cmds[i] = node.B().ScriptLoad().Script(src).Build()
+		}
+		for _, res := range node.DoMulti(ctx, cmds...) {
+			if err := res.Error(); err != nil {
+				return fmt.Errorf("store: load scripts on %s: %w", addr, classify(ctx, err))
+			}
 		}
 	}
 	return nil

@@ -1,0 +1,244 @@
+// Package client is the Go client of fenced, for tick and hive processes
+// written in Go. It dials fenced with production defaults, decodes errors
+// into typed values from the gRPC status details (never from message text),
+// turns "read, change, write" into one fenced, retried call (Update), and
+// keeps a swarm's lease (Keeper).
+//
+//	c, err := client.Dial("fenced:7420")
+//	k, err := c.Keep(ctx, "my-swarm", "tick-"+host, 10*time.Second)
+//	defer k.Close(ctx)
+//	rev, err := c.Update(ctx, "my-swarm", k.Fence(), func(tx *client.Txn) error {
+//		v, ok, err := tx.Get("claims", "T-1")
+//		...
+//		return tx.Put("claims", "T-1", newValue)
+//	})
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Client calls one fenced deployment. It is safe for concurrent use.
+type Client struct {
+	conn    *grpc.ClientConn // nil when built with New
+	records fencedv1.RecordsServiceClient
+	leases  fencedv1.LeaseServiceClient
+}
+
+// MaxMessageBytes is the largest message the client sends or receives by
+// default: room for a whole large swarm (Sections) and for the largest
+// batch the server's default limits allow (8 MiB of values).
+const MaxMessageBytes = 64 << 20
+
+// retryReads is the service config of Dial: the read-only RPCs are retried
+// on UNAVAILABLE (up to 4 attempts, 50 ms growing to 1 s); commits and lease
+// changes are never retried by the transport (they are not idempotent).
+const retryReads = `{"methodConfig": [{
+  "name": [
+    {"service": "fenced.v1.RecordsService", "method": "Layout"},
+    {"service": "fenced.v1.RecordsService", "method": "Sections"},
+    {"service": "fenced.v1.RecordsService", "method": "Record"},
+    {"service": "fenced.v1.LeaseService", "method": "Current"}
+  ],
+  "retryPolicy": {
+    "maxAttempts": 4,
+    "initialBackoff": "0.05s",
+    "maxBackoff": "1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"]
+  }
+}]}`
+
+// Dial connects to fenced at target (any gRPC target: "host:port",
+// "dns:///fenced.ns:7420"). Defaults, each overridable by opts (applied
+// after them): plaintext transport credentials (pass
+// grpc.WithTransportCredentials for TLS), keepalive pings every 30 s of
+// idleness (10 s timeout), messages up to MaxMessageBytes both ways, and
+// transport retries of reads on UNAVAILABLE only.
+func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
+	defaults := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
+		grpc.WithDefaultServiceConfig(retryReads),
+	}
+	conn, err := grpc.NewClient(target, append(defaults, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("fenced client: dial %s: %w", target, err)
+	}
+	c := New(conn)
+	c.conn = conn
+	return c, nil
+}
+
+// New returns a Client over an existing connection; Close then does not
+// close it.
+func New(conn grpc.ClientConnInterface) *Client {
+	return &Client{records: fencedv1.NewRecordsServiceClient(conn), leases: fencedv1.NewLeaseServiceClient(conn)}
+}
+
+// Close closes the connection Dial opened.
+func (c *Client) Close() error {
+	if c.conn == nil {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// Record is one stored record.
+type Record struct {
+	// Revision is the swarm revision of the batch that last put it.
+	Revision int64
+	// Value is the JSON text, byte for byte as its writer sent it.
+	Value json.RawMessage
+}
+
+// Fence is the lease condition of a batch: the batch commits only while the
+// swarm's lease is live and names this epoch (and owner, when set). Keeper
+// provides it.
+type Fence struct {
+	Owner string
+	Epoch int64
+	// NowMs is the caller's clock in ms; 0 when unknown. It can only make
+	// the server's check stricter.
+	NowMs int64
+}
+
+func (f *Fence) proto() *fencedv1.LeaseFence {
+	if f == nil {
+		return nil
+	}
+	return &fencedv1.LeaseFence{Owner: f.Owner, Epoch: f.Epoch, NowMs: f.NowMs}
+}
+
+// Get reads one record and the swarm revision together. rec is nil when the
+// record is absent. Errors: see Decode.
+func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Record, revision int64, err error) {
+	resp, err := c.records.Record(ctx, &fencedv1.RecordRequest{Slug: slug, Section: section, Key: key})
+	if err != nil {
+		return nil, 0, Decode(err)
+	}
+	if r := resp.GetRecord(); r != nil {
+		rec = &Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+	}
+	return rec, resp.GetRevision(), nil
+}
+
+// Sections reads whole sections (every section but archive when names is
+// empty) and the swarm revision as one snapshot. Errors: see Decode.
+func (c *Client) Sections(ctx context.Context, slug string, names ...string) (map[string]map[string]Record, int64, error) {
+	resp, err := c.records.Sections(ctx, &fencedv1.SectionsRequest{Slug: slug, Names: names})
+	if err != nil {
+		return nil, 0, Decode(err)
+	}
+	out := make(map[string]map[string]Record, len(resp.GetSections()))
+	for name, sec := range resp.GetSections() {
+		recs := make(map[string]Record, len(sec.GetRecords()))
+		for k, r := range sec.GetRecords() {
+			recs[k] = Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+		}
+		out[name] = recs
+	}
+	return out, resp.GetRevision(), nil
+}
+
+// WriteKind is what a Write does.
+type WriteKind = fencedv1.WriteKind
+
+// The write kinds.
+const (
+	Put    = fencedv1.WriteKind_WRITE_KIND_PUT
+	Delete = fencedv1.WriteKind_WRITE_KIND_DELETE
+	Check  = fencedv1.WriteKind_WRITE_KIND_CHECK
+)
+
+// Blind is the Expected revision that disables a write's check.
+const Blind = -1
+
+// Write is one put, delete or check, naming the revision its record was
+// read at (0: must be absent; Blind: no check).
+type Write struct {
+	Kind     WriteKind
+	Section  string
+	Key      string
+	Expected int64
+	Value    json.RawMessage
+}
+
+// Batch sends writes as one FencedBatch: all commit or none. It answers the
+// revision committed at. Errors: see Decode.
+func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write) (int64, error) {
+	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
+	for i, w := range writes {
+		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value)}
+	}
+	resp, err := c.records.FencedBatch(ctx, req)
+	if err != nil {
+		return 0, Decode(err)
+	}
+	return resp.GetRevision(), nil
+}
+
+// Lease is a swarm's lease.
+type Lease struct {
+	Owner string
+	Epoch int64
+	// ExpiresAtMs is when it ends, in ms by Redis's clock.
+	ExpiresAtMs int64
+}
+
+func leaseFrom(l *fencedv1.Lease) Lease {
+	return Lease{Owner: l.GetOwner(), Epoch: l.GetEpoch(), ExpiresAtMs: l.GetExpiresAtMs()}
+}
+
+// Acquire asks for the swarm's lease for ttl. Errors: ErrLeaseHeld (as
+// *LeaseError with the holder and RetryAfter), see Decode.
+func (c *Client) Acquire(ctx context.Context, slug, owner string, ttl time.Duration) (Lease, int64, error) {
+	resp, err := c.leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: owner, TtlMs: ttl.Milliseconds()})
+	if err != nil {
+		return Lease{}, 0, Decode(err)
+	}
+	return leaseFrom(resp.GetLease()), resp.GetRevision(), nil
+}
+
+// Renew extends the live lease of owner at epoch by ttl from Redis's now.
+// Errors: ErrLeaseStale (as *LeaseError), see Decode.
+func (c *Client) Renew(ctx context.Context, slug, owner string, epoch int64, ttl time.Duration) (Lease, int64, error) {
+	resp, err := c.leases.Renew(ctx, &fencedv1.RenewRequest{Slug: slug, Owner: owner, Epoch: epoch, TtlMs: ttl.Milliseconds()})
+	if err != nil {
+		return Lease{}, 0, Decode(err)
+	}
+	return leaseFrom(resp.GetLease()), resp.GetRevision(), nil
+}
+
+// Release ends the live lease of owner at epoch. Errors: ErrLeaseStale, see
+// Decode.
+func (c *Client) Release(ctx context.Context, slug, owner string, epoch int64) (int64, error) {
+	resp, err := c.leases.Release(ctx, &fencedv1.ReleaseRequest{Slug: slug, Owner: owner, Epoch: epoch})
+	if err != nil {
+		return 0, Decode(err)
+	}
+	return resp.GetRevision(), nil
+}
+
+// Current reads the swarm's lease (nil when none), whether it is live,
+// Redis's now in ms and the swarm revision.
+func (c *Client) Current(ctx context.Context, slug string) (lease *Lease, live bool, nowMs, revision int64, err error) {
+	resp, err := c.leases.Current(ctx, &fencedv1.CurrentRequest{Slug: slug})
+	if err != nil {
+		return nil, false, 0, 0, Decode(err)
+	}
+	if l := resp.GetLease(); l != nil {
+		v := leaseFrom(l)
+		lease = &v
+	}
+	return lease, resp.GetLive(), resp.GetNowMs(), resp.GetRevision(), nil
+}

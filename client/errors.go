@@ -1,0 +1,188 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Sentinels for errors.Is. Every error a Client method returns for a gRPC
+// status is decoded by Decode and keeps the status: status.Code(err) works.
+var (
+	// ErrLeaseStale: the caller's lease is gone (expired, taken over or
+	// released). Stop writing; do not retry. As *LeaseError.
+	ErrLeaseStale = errors.New("fenced: lease stale")
+	// ErrLeaseHeld: another owner holds a live lease. As *LeaseError with
+	// RetryAfter.
+	ErrLeaseHeld = errors.New("fenced: lease held by another owner")
+	// ErrConflict: a record changed since it was read. As *ConflictError.
+	ErrConflict = errors.New("fenced: revision conflict")
+	// ErrLayoutDocument: the swarm must be migrated from the document layout.
+	ErrLayoutDocument = errors.New("fenced: swarm is on the document layout")
+	// ErrInvalidArgument: the request was refused as malformed. As
+	// *InvalidArgumentError.
+	ErrInvalidArgument = errors.New("fenced: invalid argument")
+	// ErrUnavailable: fenced or its Redis could not be reached; a batch may
+	// or may not have committed.
+	ErrUnavailable = errors.New("fenced: unavailable")
+	// ErrKeptChanging: Update met a revision conflict on every attempt.
+	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
+)
+
+// LeaseError is ErrLeaseStale or ErrLeaseHeld with the current holder.
+type LeaseError struct {
+	// Kind is ErrLeaseStale or ErrLeaseHeld.
+	Kind error
+	// Holder is the lease the server found; nil when there was none.
+	Holder *Lease
+	// RetryAfter is, for ErrLeaseHeld, how long the holder's lease has left.
+	RetryAfter time.Duration
+	// Err is the gRPC status error.
+	Err error
+}
+
+func (e *LeaseError) Error() string { return e.Err.Error() }
+
+// Is matches e.Kind.
+func (e *LeaseError) Is(target error) bool { return target == e.Kind }
+
+// Unwrap returns the status error.
+func (e *LeaseError) Unwrap() error { return e.Err }
+
+// Conflict is one write whose expected revision did not match.
+type Conflict struct {
+	Section string
+	Key     string
+	// Write is the write's index in the batch.
+	Write int
+	// Expected is the revision the write named; Actual the stored one (0:
+	// absent).
+	Expected, Actual int64
+}
+
+// ConflictError lists the conflicting records of a refused batch, in
+// request order. Nothing was written: read again and rerun the change.
+type ConflictError struct {
+	Conflicts []Conflict
+	// Total counts every conflict; the server lists at most 64.
+	Total int
+	Err   error
+}
+
+func (e *ConflictError) Error() string { return e.Err.Error() }
+
+// Is matches ErrConflict.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// Unwrap returns the status error.
+func (e *ConflictError) Unwrap() error { return e.Err }
+
+// FieldViolation is one bad field of a refused request.
+type FieldViolation struct {
+	// Field is the path, e.g. "writes[3].value".
+	Field       string
+	Description string
+}
+
+// InvalidArgumentError lists why a request was refused.
+type InvalidArgumentError struct {
+	Violations []FieldViolation
+	Err        error
+}
+
+func (e *InvalidArgumentError) Error() string { return e.Err.Error() }
+
+// Is matches ErrInvalidArgument.
+func (e *InvalidArgumentError) Is(target error) bool { return target == ErrInvalidArgument }
+
+// Unwrap returns the status error.
+func (e *InvalidArgumentError) Unwrap() error { return e.Err }
+
+type codeError struct {
+	kind error
+	err  error
+}
+
+func (e *codeError) Error() string        { return e.err.Error() }
+func (e *codeError) Is(target error) bool { return target == e.kind }
+func (e *codeError) Unwrap() error        { return e.err }
+
+// Decode turns a gRPC error from fenced into the typed errors of this
+// package, reading only the code and the google.rpc details (ErrorInfo
+// reason and metadata, PreconditionFailure, BadRequest, RetryInfo). Errors
+// that are not statuses, and codes without a typed form, are returned as
+// they are.
+func Decode(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return err
+	}
+	var info *errdetails.ErrorInfo
+	var pf *errdetails.PreconditionFailure
+	var br *errdetails.BadRequest
+	var retry *errdetails.RetryInfo
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			info = d
+		case *errdetails.PreconditionFailure:
+			pf = d
+		case *errdetails.BadRequest:
+			br = d
+		case *errdetails.RetryInfo:
+			retry = d
+		}
+	}
+	reason := info.GetReason()
+	md := info.GetMetadata()
+	switch {
+	case st.Code() == codes.Aborted && reason == "REVISION_CONFLICT":
+		ce := &ConflictError{Err: err}
+		ce.Total, _ = strconv.Atoi(md["conflicts"])
+		for i, v := range pf.GetViolations() {
+			n := strconv.Itoa(i)
+			section, key, _ := strings.Cut(v.GetSubject(), "/")
+			c := Conflict{Section: section, Key: key}
+			c.Write, _ = strconv.Atoi(md["write_"+n])
+			c.Expected, _ = strconv.ParseInt(md["expected_"+n], 10, 64)
+			c.Actual, _ = strconv.ParseInt(md["actual_"+n], 10, 64)
+			ce.Conflicts = append(ce.Conflicts, c)
+		}
+		return ce
+	case st.Code() == codes.FailedPrecondition && (reason == "LEASE_STALE" || reason == "LEASE_HELD"):
+		le := &LeaseError{Kind: ErrLeaseStale, Err: err}
+		if reason == "LEASE_HELD" {
+			le.Kind = ErrLeaseHeld
+		}
+		if owner, ok := md["owner"]; ok {
+			h := &Lease{Owner: owner}
+			h.Epoch, _ = strconv.ParseInt(md["epoch"], 10, 64)
+			h.ExpiresAtMs, _ = strconv.ParseInt(md["expires_at_ms"], 10, 64)
+			le.Holder = h
+		}
+		if retry != nil {
+			le.RetryAfter = retry.GetRetryDelay().AsDuration()
+		}
+		return le
+	case st.Code() == codes.FailedPrecondition && reason == "LAYOUT_DOCUMENT":
+		return &codeError{kind: ErrLayoutDocument, err: err}
+	case st.Code() == codes.InvalidArgument:
+		ie := &InvalidArgumentError{Err: err}
+		for _, v := range br.GetFieldViolations() {
+			ie.Violations = append(ie.Violations, FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
+		}
+		return ie
+	case st.Code() == codes.Unavailable:
+		return &codeError{kind: ErrUnavailable, err: err}
+	}
+	return err
+}
+
+// errorf wraps err with the client's prefix.
+func errorf(format string, args ...any) error { return fmt.Errorf("fenced client: "+format, args...) }

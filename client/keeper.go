@@ -1,0 +1,153 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+)
+
+// Keeper holds a swarm's lease for one owner: it acquires it, renews it in
+// the background every third of its TTL (well before expiry), and gives the
+// fence to pass to batches. Once the lease is lost (a renewal refused, or
+// none succeeding before the lease would expire) it stops renewing and
+// closes Lost. Held is cheap and never calls the network. Whatever the
+// Keeper believes, the server is the authority: a batch fenced with a lost
+// lease is refused with ErrLeaseStale.
+type Keeper struct {
+	c     *Client
+	slug  string
+	owner string
+	ttl   time.Duration
+	epoch int64
+
+	mu       sync.Mutex
+	deadline time.Time // local: when the lease surely ends (monotonic clock)
+	lostErr  error
+
+	lost chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Keep acquires the swarm's lease for owner with ttl, waiting while another
+// owner holds it (as long as the server's RetryInfo says, until ctx is
+// done), then keeps it until Close or until it is lost. Errors: ctx's, and
+// any error of Acquire other than ErrLeaseHeld.
+func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration) (*Keeper, error) {
+	var sent time.Time
+	lease, err := backoff.Retry(ctx, func() (Lease, error) {
+		sent = time.Now()
+		l, _, err := c.Acquire(ctx, slug, owner, ttl)
+		var le *LeaseError
+		switch {
+		case err == nil:
+			return l, nil
+		case errors.As(err, &le) && errors.Is(err, ErrLeaseHeld):
+			// Wait out the holder's lease; never longer than one TTL, so a
+			// released lease is noticed soon.
+			return l, &backoff.RetryAfterError{Duration: min(max(le.RetryAfter, time.Millisecond), ttl)}
+		default:
+			return l, backoff.Permanent(err)
+		}
+	}, backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		return nil, errorf("keep lease of %s: %w", slug, err)
+	}
+	k := &Keeper{
+		c: c, slug: slug, owner: owner, ttl: ttl, epoch: lease.Epoch,
+		deadline: sent.Add(ttl),
+		lost:     make(chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go k.renew()
+	return k, nil
+}
+
+// Fence is the fence for batches under this lease.
+func (k *Keeper) Fence() *Fence { return &Fence{Owner: k.owner, Epoch: k.epoch} }
+
+// Epoch is the lease's epoch: the fencing token.
+func (k *Keeper) Epoch() int64 { return k.epoch }
+
+// Held reports whether the lease is still held as far as this process can
+// tell: not lost, and its local deadline (measured from when the last
+// successful renewal was sent) not passed. It never calls the network.
+func (k *Keeper) Held() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lostErr == nil && time.Now().Before(k.deadline)
+}
+
+// Lost is closed when the lease is lost; Err then says why.
+func (k *Keeper) Lost() <-chan struct{} { return k.lost }
+
+// Err is why the lease was lost (ErrLeaseStale, or the last renewal error
+// when none succeeded in time); nil while held.
+func (k *Keeper) Err() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lostErr
+}
+
+func (k *Keeper) markLost(err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lostErr == nil {
+		k.lostErr = err
+		close(k.lost)
+	}
+}
+
+// renew extends the lease every ttl/3 until stopped or lost. A renewal
+// that fails for any reason but ErrLeaseStale is retried at the next tick
+// until the local deadline passes.
+func (k *Keeper) renew() {
+	defer close(k.done)
+	ticker := time.NewTicker(k.ttl / 3)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-ticker.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), k.ttl/3)
+		_, _, err := k.c.Renew(ctx, k.slug, k.owner, k.epoch, k.ttl)
+		cancel()
+		switch {
+		case err == nil:
+			k.mu.Lock()
+			k.deadline = sent.Add(k.ttl)
+			k.mu.Unlock()
+		case errors.Is(err, ErrLeaseStale):
+			k.markLost(err)
+			return
+		case !k.Held():
+			k.markLost(errorf("lease of %s not renewed before it expired: %w", k.slug, err))
+			return
+		}
+	}
+}
+
+// Close stops renewing and releases the lease if it is still held. It
+// answers the release's error (ErrLeaseStale when the lease was already
+// lost).
+func (k *Keeper) Close(ctx context.Context) error {
+	select {
+	case <-k.stop:
+	default:
+		close(k.stop)
+	}
+	<-k.done
+	if err := k.Err(); err != nil {
+		return err
+	}
+	_, err := k.c.Release(ctx, k.slug, k.owner, k.epoch)
+	k.markLost(errorf("lease of %s released", k.slug))
+	return err
+}

@@ -1,0 +1,324 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"iter"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+)
+
+// MaxUpdateAttempts is how many times Update runs a change that keeps
+// meeting revision conflicts before it gives up with ErrKeptChanging.
+const MaxUpdateAttempts = 16
+
+// Update turns "read, change, write" into one fenced batch. It runs change
+// on a fresh Txn, which reads records on demand and records what was read:
+// each key, and whether a section was read whole (iterated, counted,
+// copied). The result is diffed into puts and deletes expecting the
+// revisions they were read at, plus a check of every record read but not
+// written (every record of a section read whole), and sent as one
+// FencedBatch under fence (nil: unfenced). A change that writes nothing
+// sends nothing and answers the highest revision it saw.
+//
+// On a revision conflict (ABORTED) Update sleeps 1-32 ms at random, reads
+// again and reruns change, up to MaxUpdateAttempts in all, then fails with
+// ErrKeptChanging (wrapping the last *ConflictError); nothing was
+// committed. change may therefore run several times: it must not have side
+// effects outside the Txn. On ErrLeaseStale, and on any other error
+// (including change's own), it stops at once. It answers the revision the
+// batch committed at.
+func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error) (int64, error) {
+	// 16.5 ms ± 15.5 ms: uniformly 1-32 ms, the same every attempt.
+	jitter := &backoff.ExponentialBackOff{
+		InitialInterval:     16500 * time.Microsecond,
+		RandomizationFactor: 15.5 / 16.5,
+		Multiplier:          1,
+		MaxInterval:         16500 * time.Microsecond,
+	}
+	attempts := 0
+	rev, err := backoff.Retry(ctx, func() (int64, error) {
+		attempts++
+		tx := &Txn{ctx: ctx, c: c, slug: slug,
+			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
+			whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
+		if err := change(tx); err != nil {
+			return 0, backoff.Permanent(err)
+		}
+		writes, mutates := tx.batch()
+		if !mutates {
+			return tx.seen, nil
+		}
+		rev, err := c.Batch(ctx, slug, fence, writes)
+		switch {
+		case err == nil:
+			return rev, nil
+		case errors.Is(err, ErrConflict):
+			return 0, err
+		default:
+			return 0, backoff.Permanent(err)
+		}
+	}, backoff.WithBackOff(jitter), backoff.WithMaxTries(MaxUpdateAttempts), backoff.WithMaxElapsedTime(0))
+	if err != nil && errors.Is(err, ErrConflict) {
+		return 0, errorf("update %s after %d attempts: %w: %w", slug, attempts, ErrKeptChanging, err)
+	}
+	return rev, err
+}
+
+type ref struct{ section, key string }
+
+type pendingWrite struct {
+	value   json.RawMessage // nil: delete
+	deleted bool
+}
+
+// Txn is one run of an Update change: reads on demand, records what was
+// read, and buffers writes (read-your-writes). It is not safe for concurrent
+// use and is valid only inside the change.
+type Txn struct {
+	ctx  context.Context
+	c    *Client
+	slug string
+	// read: records read one by one, at their revision; absent: keys read
+	// and found absent. sections: sections loaded whole (a snapshot);
+	// whole: sections whose every record was read (iterated, counted).
+	read     map[ref]Record
+	absent   map[ref]bool
+	sections map[string]map[string]Record
+	whole    map[string]bool
+	pending  map[ref]*pendingWrite
+	order    []ref // first-write order of pending
+	seen     int64 // the highest swarm revision seen
+}
+
+func (tx *Txn) see(rev int64) { tx.seen = max(tx.seen, rev) }
+
+// lookup reads (section, key) as of the Txn's first read of it.
+func (tx *Txn) lookup(r ref) (Record, bool, error) {
+	if rec, ok := tx.read[r]; ok {
+		return rec, true, nil
+	}
+	if tx.absent[r] {
+		return Record{}, false, nil
+	}
+	if sec, ok := tx.sections[r.section]; ok {
+		rec, ok := sec[r.key]
+		if ok {
+			tx.read[r] = rec
+		} else {
+			tx.absent[r] = true
+		}
+		return rec, ok, nil
+	}
+	rec, rev, err := tx.c.Get(tx.ctx, tx.slug, r.section, r.key)
+	if err != nil {
+		return Record{}, false, err
+	}
+	tx.see(rev)
+	if rec == nil {
+		tx.absent[r] = true
+		return Record{}, false, nil
+	}
+	tx.read[r] = *rec
+	return *rec, true, nil
+}
+
+// Get reads one record's value (nil, false when absent), seeing this Txn's
+// own writes. The record is checked at commit.
+func (tx *Txn) Get(section, key string) (json.RawMessage, bool, error) {
+	r := ref{section, key}
+	if p, ok := tx.pending[r]; ok {
+		return p.value, !p.deleted, nil
+	}
+	rec, ok, err := tx.lookup(r)
+	return rec.Value, ok, err
+}
+
+// GetJSON reads one record into v; ok is false when it is absent.
+func (tx *Txn) GetJSON(section, key string, v any) (ok bool, err error) {
+	raw, ok, err := tx.Get(section, key)
+	if err != nil || !ok {
+		return ok, err
+	}
+	return true, json.Unmarshal(raw, v)
+}
+
+// Put stores value (one JSON text) under (section, key) at commit,
+// expecting the revision the record was read at (it is read first when this
+// Txn has not read it).
+func (tx *Txn) Put(section, key string, value json.RawMessage) error {
+	return tx.write(ref{section, key}, &pendingWrite{value: slices.Clip(value)})
+}
+
+// PutJSON is Put of json.Marshal(v).
+func (tx *Txn) PutJSON(section, key string, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return errorf("put %s/%s: %w", section, key, err)
+	}
+	return tx.Put(section, key, raw)
+}
+
+// Delete removes (section, key) at commit, expecting the revision it was
+// read at.
+func (tx *Txn) Delete(section, key string) error {
+	return tx.write(ref{section, key}, &pendingWrite{deleted: true})
+}
+
+func (tx *Txn) write(r ref, p *pendingWrite) error {
+	if _, _, err := tx.lookup(r); err != nil {
+		return err
+	}
+	if _, ok := tx.pending[r]; !ok {
+		tx.order = append(tx.order, r)
+	}
+	tx.pending[r] = p
+	return nil
+}
+
+// Section loads a whole section (one snapshot, on first use) and returns a
+// view of it. Reading single keys through it checks only those keys;
+// iterating, counting or copying it checks every record it held.
+func (tx *Txn) Section(name string) (*Section, error) {
+	if _, ok := tx.sections[name]; !ok {
+		secs, rev, err := tx.c.Sections(tx.ctx, tx.slug, name)
+		if err != nil {
+			return nil, err
+		}
+		tx.see(rev)
+		tx.sections[name] = secs[name]
+		if tx.sections[name] == nil {
+			tx.sections[name] = map[string]Record{}
+		}
+	}
+	return &Section{tx: tx, name: name}, nil
+}
+
+// Section is a Txn's view of one whole section, with the Txn's own writes
+// applied.
+type Section struct {
+	tx   *Txn
+	name string
+}
+
+// Get reads one record of the section, like Txn.Get.
+func (s *Section) Get(key string) (json.RawMessage, bool, error) { return s.tx.Get(s.name, key) }
+
+// current is the section's records as the change sees them: the snapshot
+// with the Txn's writes applied. It marks the section read whole.
+func (s *Section) current() map[string]json.RawMessage {
+	s.tx.whole[s.name] = true
+	out := make(map[string]json.RawMessage, len(s.tx.sections[s.name]))
+	for k, rec := range s.tx.sections[s.name] {
+		out[k] = rec.Value
+	}
+	for r, p := range s.tx.pending {
+		if r.section != s.name {
+			continue
+		}
+		if p.deleted {
+			delete(out, r.key)
+		} else {
+			out[r.key] = p.value
+		}
+	}
+	return out
+}
+
+// Len counts the section's records (reads it whole).
+func (s *Section) Len() int { return len(s.current()) }
+
+// Keys lists the section's keys, sorted (reads it whole).
+func (s *Section) Keys() []string { return slices.Sorted(maps.Keys(s.current())) }
+
+// All iterates the section's records in key order (reads it whole).
+func (s *Section) All() iter.Seq2[string, json.RawMessage] {
+	cur := s.current()
+	return func(yield func(string, json.RawMessage) bool) {
+		for _, k := range slices.Sorted(maps.Keys(cur)) {
+			if !yield(k, cur[k]) {
+				return
+			}
+		}
+	}
+}
+
+// Map copies the section's records (reads it whole).
+func (s *Section) Map() map[string]json.RawMessage { return s.current() }
+
+// batch diffs the Txn into writes: puts and deletes of changed records
+// expecting their read revisions, then checks of every other record read.
+// mutates is false when nothing would change.
+func (tx *Txn) batch() (writes []Write, mutates bool) {
+	expected := func(r ref) int64 {
+		if rec, ok := tx.read[r]; ok {
+			return rec.Revision
+		}
+		return 0
+	}
+	written := make(map[ref]bool, len(tx.order))
+	for _, r := range tx.order {
+		p := tx.pending[r]
+		rec, wasPresent := tx.read[r]
+		switch {
+		case p.deleted && !wasPresent, !p.deleted && wasPresent && bytes.Equal(rec.Value, p.value):
+			continue // no change: checked below like any other read
+		case p.deleted:
+			writes = append(writes, Write{Kind: Delete, Section: r.section, Key: r.key, Expected: expected(r)})
+		default:
+			writes = append(writes, Write{Kind: Put, Section: r.section, Key: r.key, Expected: expected(r), Value: p.value})
+		}
+		written[r] = true
+	}
+	if len(writes) == 0 {
+		return nil, false
+	}
+	checked := map[ref]bool{}
+	check := func(r ref) {
+		if written[r] || checked[r] {
+			return
+		}
+		checked[r] = true
+		writes = append(writes, Write{Kind: Check, Section: r.section, Key: r.key, Expected: expected(r)})
+	}
+	for _, r := range sortedRefs(maps.Keys(tx.read)) {
+		check(r)
+	}
+	for _, r := range sortedRefs(maps.Keys(tx.absent)) {
+		check(r)
+	}
+	for _, name := range slices.Sorted(maps.Keys(tx.whole)) {
+		for _, k := range slices.Sorted(maps.Keys(tx.sections[name])) {
+			r := ref{name, k}
+			if _, ok := tx.read[r]; !ok && !tx.absent[r] {
+				tx.read[r] = tx.sections[name][k]
+			}
+			check(r)
+		}
+	}
+	return writes, true
+}
+
+func sortedRefs(seq iter.Seq[ref]) []ref {
+	return slices.SortedFunc(seq, func(a, b ref) int {
+		if a.section != b.section {
+			return compare(a.section, b.section)
+		}
+		return compare(a.key, b.key)
+	})
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
