@@ -20,6 +20,11 @@ const (
 	KindDelete
 	// KindCheck writes nothing and only compares the record's revision.
 	KindCheck
+	// KindCheckSection writes nothing and compares a section's revision (the
+	// swarm revision of the last batch that put or deleted anything in it):
+	// it catches records inserted into a section read whole (phantoms). Its
+	// Key is empty.
+	KindCheckSection
 )
 
 // String returns "put", "delete", "check", or "kind(N)" for an invalid Kind.
@@ -31,6 +36,8 @@ func (k Kind) String() string {
 		return "delete"
 	case KindCheck:
 		return "check"
+	case KindCheckSection:
+		return "section check"
 	}
 	return fmt.Sprintf("kind(%d)", int32(k))
 }
@@ -82,6 +89,10 @@ type Batch struct {
 	Writes []Write
 	// Fence is the lease condition; nil for an unfenced batch.
 	Fence *Fence
+	// RequestID, when set, makes the batch idempotent: 1-128 printable ASCII
+	// characters. A batch that committed under an id is answered again with
+	// its original revision, without writing, for the configured window.
+	RequestID string
 }
 
 // Mutates reports whether the batch has at least one put or delete, that is

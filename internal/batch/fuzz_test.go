@@ -128,26 +128,30 @@ func brokenRules(l Limits, b *Batch) []string {
 	var seen []ref
 	for _, w := range b.Writes {
 		total += len(w.Value)
-		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck {
+		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck && w.Kind != KindCheckSection {
 			broken = append(broken, "kind")
 		}
 		configured := w.Section == MetaSection || slices.Contains(l.Sections, w.Section)
 		if !configured {
 			broken = append(broken, "section")
 		}
-		if len(w.Key) < 1 || len(w.Key) > MaxKeyBytes || !utf8.ValidString(w.Key) {
+		if w.Kind == KindCheckSection {
+			if w.Key != "" {
+				broken = append(broken, "key of a section check")
+			}
+		} else if len(w.Key) < 1 || len(w.Key) > MaxKeyBytes || !utf8.ValidString(w.Key) {
 			broken = append(broken, "key")
 		}
-		if w.Section == MetaSection && w.Kind != KindCheck && slices.Contains([]string{"lease", "epoch", "leader_changes", "layout"}, w.Key) {
+		if w.Section == MetaSection && w.Kind != KindCheck && w.Kind != KindCheckSection && slices.Contains([]string{"lease", "epoch", "leader_changes", "layout", "section_revisions"}, w.Key) {
 			broken = append(broken, "lease-owned meta record")
 		}
-		if w.Expected < -1 || w.Expected > 1<<53-1 || (w.Kind == KindCheck && w.Expected == -1) {
+		if w.Expected < -1 || w.Expected > 1<<53-1 || ((w.Kind == KindCheck || w.Kind == KindCheckSection) && w.Expected == -1) {
 			broken = append(broken, "expected")
 		}
 		if w.Kind == KindPut && (len(w.Value) > l.MaxValueBytes || !utf8.ValidString(w.Value) || !json.Valid([]byte(w.Value))) {
 			broken = append(broken, "put value")
 		}
-		if (w.Kind == KindDelete || w.Kind == KindCheck) && w.Value != "" {
+		if w.Kind != KindPut && w.Value != "" {
 			broken = append(broken, "value of a delete or check")
 		}
 		r := ref{w.Section, w.Key}

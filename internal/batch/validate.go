@@ -29,9 +29,13 @@ var DefaultSections = []string{
 	"registrations", "claims", "journals", "fences", "operations",
 }
 
-// LeaseOwnedKeys are the meta records that only the lease service writes; a
-// client batch may check them but never put or delete them.
-var LeaseOwnedKeys = []string{"lease", "epoch", "leader_changes", "layout"}
+// LeaseOwnedKeys are the meta records that only fenced itself writes (the
+// lease service, the layout, the section revisions); a client batch may
+// check them but never put or delete them.
+var LeaseOwnedKeys = []string{"lease", "epoch", "leader_changes", "layout", "section_revisions"}
+
+// MaxRequestIDLen is the longest request id, in characters (printable ASCII).
+const MaxRequestIDLen = 128
 
 // reservedNames cannot be configured as sections: they name the swarm's other
 // keys (DESIGN §2), so a section of that name would overwrite them.
@@ -124,6 +128,20 @@ func ValidSlug(slug string) string {
 			// would show the lead byte of "é" as 'Ã'.
 			_, size := utf8.DecodeRuneInString(slug[i:])
 			return fmt.Sprintf("character %q at byte %d is not one of [A-Za-z0-9._-]", slug[i:i+size], i)
+		}
+	}
+	return ""
+}
+
+// validRequestID reports why id is not a valid request id (empty is valid:
+// no id), or "".
+func validRequestID(id string) string {
+	if len(id) > MaxRequestIDLen {
+		return fmt.Sprintf("at most %d characters, got %d", MaxRequestIDLen, len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x20 || id[i] > 0x7e {
+			return fmt.Sprintf("byte %d (%q) is not printable ASCII", i, id[i])
 		}
 	}
 	return ""
@@ -227,6 +245,9 @@ func (l Limits) CheckBatch(b *Batch) error {
 	if why := ValidSlug(b.Slug); why != "" {
 		vs.add("slug", "%s", why)
 	}
+	if why := validRequestID(b.RequestID); why != "" {
+		vs.add("request_id", "%s", why)
+	}
 	switch n := len(b.Writes); {
 	case n == 0:
 		vs.add("writes", "at least one write is required")
@@ -270,9 +291,9 @@ func (l Limits) CheckBatch(b *Batch) error {
 func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 	field := func(name string) string { return fmt.Sprintf("writes[%d].%s", i, name) }
 	switch w.Kind {
-	case KindPut, KindDelete, KindCheck:
+	case KindPut, KindDelete, KindCheck, KindCheckSection:
 	default:
-		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE or WRITE_KIND_CHECK, got %s", w.Kind)
+		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE, WRITE_KIND_CHECK or WRITE_KIND_CHECK_SECTION, got %s", w.Kind)
 	}
 	sectionOK := false
 	if why := l.validSection(w.Section); why != "" {
@@ -280,7 +301,11 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 	} else {
 		sectionOK = true
 	}
-	if why := validKey(w.Key); why != "" {
+	if w.Kind == KindCheckSection {
+		if w.Key != "" {
+			vs.add(field("key"), "must be empty for a section check")
+		}
+	} else if why := validKey(w.Key); why != "" {
 		vs.add(field("key"), "%s", why)
 	} else if sectionOK && w.Section == MetaSection && w.Kind != KindCheck && slices.Contains(LeaseOwnedKeys, w.Key) {
 		vs.add(field("key"), "meta record %q is owned by the lease service and can only be checked", w.Key)
@@ -290,6 +315,8 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		vs.add(field("expected"), "must be a revision 1 to 2^53-1, 0 (must be absent) or -1 (BLIND), got %d", w.Expected)
 	case w.Expected == Blind && w.Kind == KindCheck:
 		vs.add(field("expected"), "a check cannot be BLIND (-1): name the revision read, or 0 for absent")
+	case w.Expected == Blind && w.Kind == KindCheckSection:
+		vs.add(field("expected"), "a section check cannot be BLIND (-1): name the section revision read (0: never written)")
 	}
 	switch w.Kind {
 	case KindPut:
@@ -301,7 +328,7 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		case !json.Valid([]byte(w.Value)):
 			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
 		}
-	case KindDelete, KindCheck:
+	case KindDelete, KindCheck, KindCheckSection:
 		if w.Value != "" {
 			vs.add(field("value"), "must be empty for a %s", w.Kind)
 		}
@@ -314,7 +341,11 @@ func checkDuplicates(vs *violations, ws []Write) {
 	for i := range ws {
 		r := ref{ws[i].Section, ws[i].Key}
 		if j, ok := seen[r]; ok {
-			vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by writes[%d]; a batch names each record once", r.section, r.key, j)
+			if r.key == "" {
+				vs.add(fmt.Sprintf("writes[%d].section", i), "section %s is already checked by writes[%d]; a batch checks each section once", r.section, j)
+			} else {
+				vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by writes[%d]; a batch names each record once", r.section, r.key, j)
+			}
 			continue
 		}
 		seen[r] = i

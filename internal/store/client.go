@@ -28,7 +28,7 @@ func ClientOptions(url string) (rueidis.ClientOption, error) {
 // Open connects to the Redis at url (see ClientOptions) and returns a Store
 // over it with the given key prefix. On Cluster, rueidis follows MOVED and
 // ASK itself; none reaches a caller.
-func Open(url, prefix string) (*Store, error) {
+func Open(url, prefix string, opts ...Option) (*Store, error) {
 	opt, err := ClientOptions(url)
 	if err != nil {
 		return nil, err
@@ -37,7 +37,7 @@ func Open(url, prefix string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: connect to redis: %w", err)
 	}
-	s, err := New(client, prefix)
+	s, err := New(client, prefix, opts...)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -65,7 +65,7 @@ func StartEmbedded() (*Embedded, error) {
 func (e *Embedded) Addr() string { return e.server.Addr() }
 
 // Open returns a Store over the embedded Redis.
-func (e *Embedded) Open(prefix string) (*Store, error) {
+func (e *Embedded) Open(prefix string, opts ...Option) (*Store, error) {
 	client, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:       []string{e.server.Addr()},
 		DisableCache:      true,
@@ -74,7 +74,7 @@ func (e *Embedded) Open(prefix string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: connect to embedded redis: %w", err)
 	}
-	s, err := New(client, prefix)
+	s, err := New(client, prefix, opts...)
 	if err != nil {
 		client.Close()
 		return nil, err

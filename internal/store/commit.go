@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 
@@ -67,18 +70,23 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, script *rueidis
 // is kept small on purpose: a one-record change sends its value plus well
 // under 512 bytes to Redis.
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
-	keys = append(make([]string, 0, 6+len(b.Writes)),
+	keys = append(make([]string, 0, 7+len(b.Writes)),
 		k.meta(), k.revision(), k.log(), k.byName(), k.section("executions"))
 	index := map[string]int{batch.MetaSection: 1, "executions": 5}
-	mode, epoch, now, owner := "-", "", "0", ""
+	mode, epoch, now, window, digest, owner := "-", "", "0", "", "", ""
 	if s.stamp {
 		mode = "s"
+	}
+	if b.RequestID != "" {
+		mode += "r"
+		keys = append(keys, k.request(b.RequestID))
+		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
 	}
 	if f := b.Fence; f != nil {
 		epoch, now, owner = strconv.FormatInt(f.Epoch, 10), strconv.FormatInt(f.NowMs, 10), f.Owner
 	}
 	args = make([]string, 1, 1+2*len(b.Writes))
-	args[0] = mode + ":" + epoch + ":" + now + ":" + owner
+	args[0] = mode + ":" + epoch + ":" + now + ":" + window + ":" + digest + ":" + owner
 	for i := range b.Writes {
 		w := &b.Writes[i]
 		ki, ok := index[w.Section]
@@ -98,15 +106,45 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 	return keys, args
 }
 
-var kindArg = map[batch.Kind]string{batch.KindPut: "p", batch.KindDelete: "d", batch.KindCheck: "c"}
+// requestDigest is the SHA-256 (hex) of what a batch asks for: the slug,
+// the fence's owner and epoch, and every write, each length-prefixed. The
+// fence's now_ms is left out: it is a clock reading, not part of the
+// request, and a retry may send a later one.
+func requestDigest(b *batch.Batch) string {
+	h := sha256.New()
+	field := func(s string) {
+		var n [binary.MaxVarintLen64]byte
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
+	}
+	field(b.Slug)
+	if b.Fence != nil {
+		field("fence")
+		field(b.Fence.Owner)
+		field(strconv.FormatInt(b.Fence.Epoch, 10))
+	}
+	for i := range b.Writes {
+		w := &b.Writes[i]
+		field(kindArg[w.Kind])
+		field(w.Section)
+		field(w.Key)
+		field(strconv.FormatInt(w.Expected, 10))
+		field(w.Value)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+var kindArg = map[batch.Kind]string{batch.KindPut: "p", batch.KindDelete: "d", batch.KindCheck: "c", batch.KindCheckSection: "S"}
 
 // commitResult decodes commit.lua's reply.
 func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	switch reply[0] {
 	case "OK":
-		if len(reply) == 2 {
+		if len(reply) == 2 || len(reply) == 3 && reply[2] == "REPLAYED" {
 			return parseInt(reply[1])
 		}
+	case "REUSED":
+		return 0, ErrRequestIDReused
 	case "CONFLICT":
 		if len(reply)%2 == 1 && len(reply) > 1 {
 			return 0, conflictError(b, reply[1:])

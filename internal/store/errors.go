@@ -26,6 +26,9 @@ var (
 	// the call may be retried later. A commit that fails this way may or may
 	// not have been applied.
 	ErrUnavailable = errors.New("redis unavailable")
+	// ErrRequestIDReused: the batch's request id already names a different
+	// request within the window. Choose a new id for a new request.
+	ErrRequestIDReused = errors.New("request id reused for a different request")
 	// ErrMalformedReply: a script answered something fenced does not
 	// understand (a bug, or a foreign script under the same SHA).
 	ErrMalformedReply = errors.New("malformed script reply")

@@ -24,3 +24,6 @@ func (k swarmKeys) meta() string               { return k.base + "meta" }
 func (k swarmKeys) revision() string           { return k.base + "revision" }
 func (k swarmKeys) log() string                { return k.base + "log" }
 func (k swarmKeys) byName() string             { return k.base + "by-name" }
+
+// request is the key that remembers a committed batch's request id.
+func (k swarmKeys) request(id string) string { return k.base + "request:" + id }

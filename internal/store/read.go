@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/redis/rueidis"
@@ -48,6 +49,11 @@ type Snapshot struct {
 	Revision int64
 	// Sections maps each requested section to its records by key.
 	Sections map[string]map[string]Record
+	// SectionRevisions maps each requested section to its revision: the
+	// swarm revision of the last batch that put or deleted anything in it
+	// (0: never, or only written by writers that do not keep section
+	// revisions).
+	SectionRevisions map[string]int64
 }
 
 // Sections reads the named sections (names must be valid; see
@@ -57,8 +63,8 @@ type Snapshot struct {
 // *RedisError.
 func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Snapshot, error) {
 	k := s.keys(slug)
-	keys := make([]string, 0, 1+len(names))
-	keys = append(keys, k.revision())
+	keys := make([]string, 0, 2+len(names))
+	keys = append(keys, k.revision(), k.meta())
 	for _, n := range names {
 		keys = append(keys, k.section(n))
 	}
@@ -66,19 +72,29 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", classify(ctx, err))
 	}
-	if len(arr) != 1+len(names) {
+	if len(arr) != 2+len(names) {
 		return nil, fmt.Errorf("store: read sections: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(names))
 	}
 	revs, err := arr[0].ToString()
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w: revision: %w", ErrMalformedReply, err)
 	}
-	snap := &Snapshot{Sections: make(map[string]map[string]Record, len(names))}
+	snap := &Snapshot{
+		Sections:         make(map[string]map[string]Record, len(names)),
+		SectionRevisions: make(map[string]int64, len(names)),
+	}
 	if snap.Revision, err = parseInt(revs); err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", err)
 	}
+	all, err := parseSectionRevisions(arr[1])
+	if err != nil {
+		return nil, fmt.Errorf("store: read sections: %w", err)
+	}
+	for _, name := range names {
+		snap.SectionRevisions[name] = all[name]
+	}
 	for i, name := range names {
-		fields, err := arr[1+i].ToArray()
+		fields, err := arr[2+i].ToArray()
 		if err != nil || len(fields)%2 != 0 {
 			return nil, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, name)
 		}
@@ -98,6 +114,23 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 		snap.Sections[name] = records
 	}
 	return snap, nil
+}
+
+// parseSectionRevisions decodes meta/section_revisions (nil: none).
+func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
+	if m.IsNil() {
+		return map[string]int64{}, nil
+	}
+	raw, err := m.ToString()
+	if err != nil {
+		return nil, fmt.Errorf("%w: section revisions: %w", ErrMalformedReply, err)
+	}
+	rec, ok := parseRecord(raw)
+	var revs map[string]int64
+	if !ok || json.Unmarshal([]byte(rec.Value), &revs) != nil {
+		return nil, &CorruptError{Section: "meta", Key: "section_revisions"}
+	}
+	return revs, nil
 }
 
 // Layout is how a swarm's fencing state is stored.

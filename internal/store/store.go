@@ -13,6 +13,7 @@ import (
 	"embed"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -64,22 +65,46 @@ type Store struct {
 	// P:state:fencing:current; never on Cluster, where that key has no slot
 	// in common with the swarm's.
 	stamp bool
+	// requestWindow is how long a committed request id is remembered.
+	requestWindow time.Duration
+}
+
+// DefaultRequestIDWindow is how long a committed batch's request id is
+// remembered by default.
+const DefaultRequestIDWindow = 10 * time.Minute
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithRequestIDWindow sets how long a committed batch's request id is
+// remembered (default DefaultRequestIDWindow); at least 1 ms.
+func WithRequestIDWindow(d time.Duration) Option {
+	return func(s *Store) {
+		if d >= time.Millisecond {
+			s.requestWindow = d
+		}
+	}
 }
 
 // New returns a Store over client with the given key prefix (DefaultPrefix
 // when empty). The prefix may not contain '{' or '}'.
-func New(client rueidis.Client, prefix string) (*Store, error) {
+func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, fmt.Errorf("store: key prefix %q may not contain '{' or '}'", prefix)
 	}
-	return &Store{
-		client: client,
-		prefix: prefix + ":swarm",
-		stamp:  client.Mode() != rueidis.ClientModeCluster,
-	}, nil
+	s := &Store{
+		client:        client,
+		prefix:        prefix + ":swarm",
+		stamp:         client.Mode() != rueidis.ClientModeCluster,
+		requestWindow: DefaultRequestIDWindow,
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s, nil
 }
 
 // Cluster reports whether the Store talks to a Redis Cluster.

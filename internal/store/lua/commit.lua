@@ -3,16 +3,22 @@
 -- write happens before every check has passed: Redis has no rollback.
 --
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
--- KEYS[4] by-name     KEYS[5] executions  KEYS[6..] the other sections the
--- batch writes; in mode 's', the last key is P:state:fencing:current.
+-- KEYS[4] by-name     KEYS[5] executions  in mode 'r', KEYS[6] is the
+-- batch's request key (P:{slug}:fence:request:<request_id>); then the other
+-- sections the batch names; in mode 's', the last key is
+-- P:state:fencing:current.
 --
--- ARGV[1] '<mode>:<epoch>:<now_ms>:<owner>'. mode: 's' when standalone
---         (stamp the last key), 'l' when the caller checked the document
---         layout (Cluster), '-' for neither. epoch: the fence's, '' for an
---         unfenced batch. now_ms: the caller's clock, '0' when unknown.
---         owner: the fence's ('' = any; last, so it may hold ':').
--- then per write '<kind><key index>:<expected>:<key>' where kind is 'p', 'd'
--- or 'c', key index points into KEYS at its section, expected is the
+-- ARGV[1] '<mode>:<epoch>:<now_ms>:<window_ms>:<digest>:<owner>'. mode:
+--         's' when standalone (stamp the last key), 'l' when the caller
+--         checked the document layout (Cluster), 'r' with a request key,
+--         '-' for none. epoch: the fence's, '' for an unfenced batch.
+--         now_ms: the caller's clock, '0' when unknown. window_ms and
+--         digest: how long the request key is kept, and the request's
+--         digest ('' without a request key). owner: the fence's ('' = any;
+--         last, so it may hold ':').
+-- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
+-- (put), 'd' (delete), 'c' (check) or 'S' (check a section's revision; key
+-- empty), key index points into KEYS at its section, expected is the
 -- revision it was read at (-1 = BLIND) and key (last) is the record's key;
 -- a put is followed by one more argument, its value.
 -- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
@@ -20,6 +26,9 @@
 --
 -- Replies (all elements strings):
 --   {'OK', revision}
+--   {'OK', revision, 'REPLAYED'}   the request key named this request: it
+--                                  committed before; nothing was written
+--   {'REUSED'}                     the request key names another request
 --   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices
 --   {'STALE', owner, epoch, expires_at_ms}           '' when no lease
 --   {'LAYOUT_DOCUMENT'}
@@ -28,9 +37,14 @@
 local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
 
 local slug = string.match(KEYS[META], '{(.-)}')
-local mode, fence_epoch, caller_now, fence_owner = string.match(ARGV[1], '^([sl-]+):(%d*):(%d+):(.*)$')
+local mode, fence_epoch, caller_now, window, digest, fence_owner =
+  string.match(ARGV[1], '^([slr-]+):(%d*):(%d+):(%d*):(%x*):(.*)$')
 local stamp = string.find(mode, 's', 1, true) ~= nil
 local layout_checked = string.find(mode, 'l', 1, true) ~= nil
+local request_key = nil
+if string.find(mode, 'r', 1, true) then
+  request_key = KEYS[6]
+end
 
 -- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
 -- expects[i], values[i] (puts only), for i = 1..n.
@@ -39,7 +53,7 @@ local n = 0
 do
   local a = 2
   while a <= #ARGV do
-    local kind, ki, expected, key = string.match(ARGV[a], '^([pdc])(%d+):(-?%d+):(.*)$')
+    local kind, ki, expected, key = string.match(ARGV[a], '^([pdcS])(%d+):(-?%d+):(.*)$')
     n = n + 1
     kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, tonumber(expected)
     if kind == 'p' then
@@ -54,6 +68,20 @@ end
 local layout, refusal = check_layout(stamp, layout_checked, slug)
 if refusal then
   return refusal
+end
+
+-- A retried request: answer the revision it committed at, write nothing.
+local request_id = nil
+if request_key then
+  request_id = string.match(request_key, ':request:(.*)$')
+  local prior = redis.call('GET', request_key)
+  if prior then
+    local rev, prior_digest = string.match(prior, '^(%d+):(%x+)$')
+    if rev and prior_digest == digest then
+      return { 'OK', rev, 'REPLAYED' }
+    end
+    return { 'REUSED' }
+  end
 end
 
 -- 2. Fence: the lease must be live by the later of Redis's clock and the
@@ -80,32 +108,41 @@ local highest = 0 -- the highest stored revision among the written records
 local conflicts = { 'CONFLICT' }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
+local section_revs = nil
 for i = 1, n do
   local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
-  local raw = redis.call('HGET', KEYS[ki], key)
   local actual = 0
-  if raw then
-    actual = record_revision(raw)
-    if actual == nil then
-      -- A field that is not a record can only be overwritten blind (repair).
-      if expected ~= -1 or kind == 'c' then
-        return { 'CORRUPT', int(i - 1) }
+  if kind == 'S' then
+    section_revs = section_revs or section_revisions()
+    local name = string.match(KEYS[ki], '}:fence:(.*)$')
+    if type(section_revs[name]) == 'number' then
+      actual = section_revs[name]
+    end
+  else
+    local raw = redis.call('HGET', KEYS[ki], key)
+    if raw then
+      actual = record_revision(raw)
+      if actual == nil then
+        -- A field that is not a record can only be overwritten blind (repair).
+        if expected ~= -1 or kind == 'c' then
+          return { 'CORRUPT', int(i - 1) }
+        end
+        actual = 0
       end
-      actual = 0
+    end
+    if actual > highest then
+      highest = actual
+    end
+    if kind ~= 'c' then
+      mutates = true
+      if ki == EXEC then
+        old_exec[i] = raw or false
+      end
     end
   end
   if expected ~= -1 and expected ~= actual then
     conflicts[#conflicts + 1] = int(i - 1)
     conflicts[#conflicts + 1] = int(actual)
-  end
-  if actual > highest then
-    highest = actual
-  end
-  if kind ~= 'c' then
-    mutates = true
-    if ki == EXEC then
-      old_exec[i] = raw or false
-    end
   end
 end
 if #conflicts > 1 then
@@ -120,18 +157,21 @@ local rev = next_revision(highest)
 local head = '{"r":' .. rev .. ',"v":'
 
 local records = 0
+local changed = {} -- names of the sections the batch puts or deletes in
 local names = {}   -- agent names whose by-name entry may change
 local touched = {} -- executions id -> { old = value|nil, new = value|nil }
 for i = 1, n do
   local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
   if kind == 'p' then
     redis.call('HSET', KEYS[ki], key, head .. value .. '}')
-    records = records + 1
   elseif kind == 'd' then
     redis.call('HDEL', KEYS[ki], key)
-    records = records + 1
   end
-  if kind ~= 'c' and ki == EXEC then
+  if kind == 'p' or kind == 'd' then
+    records = records + 1
+    changed[string.match(KEYS[ki], '}:fence:(.*)$')] = true
+  end
+  if (kind == 'p' or kind == 'd') and ki == EXEC then
     local t = {}
     if old_exec[i] then
       t.old = record_value(old_exec[i])
@@ -220,5 +260,8 @@ for name in pairs(names) do
   end
 end
 
-finish_commit(rev, layout, stamp, slug, log_owner, records)
+if request_key then
+  redis.call('SET', request_key, rev .. ':' .. digest, 'PX', window)
+end
+finish_commit(rev, layout, stamp, slug, log_owner, records, changed, request_id)
 return { 'OK', rev }

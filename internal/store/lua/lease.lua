@@ -104,5 +104,5 @@ if granted then
   redis.call('HSET', KEYS[1], 'leader_changes', head .. int(changes + 1) .. '}')
   records = 3
 end
-finish_commit(rev, layout, stamp, slug, owner, records)
+finish_commit(rev, layout, stamp, slug, owner, records, { meta = true })
 return { 'OK', rev, owner, int(new_epoch), int(expires) }

@@ -101,16 +101,52 @@ local function next_revision(highest)
   return rev
 end
 
--- finish_commit does what every commit ends with: meta/layout set to
--- records when absent, the standalone stamp, and one log entry (the log
--- keeps exactly the last 1000).
-local function finish_commit(rev, layout, stamp, slug, owner, records)
+-- section_revisions reads meta/section_revisions: section name -> the swarm
+-- revision of the last batch that put or deleted anything in it.
+local function section_revisions()
+  local raw = redis.call('HGET', KEYS[1], 'section_revisions')
+  local revs = raw and record_value(raw)
+  if type(revs) ~= 'table' then
+    return {}
+  end
+  return revs
+end
+
+-- finish_commit does what every commit ends with: the section revisions of
+-- the sections the batch changed (a set of names; nil: none) raised to rev,
+-- meta/layout set to records when absent, the standalone stamp, and one log
+-- entry (the log keeps exactly the last 1000; request_id only when given).
+local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id)
+  local head = '{"r":' .. rev .. ',"v":'
+  if changed and next(changed) then
+    local revs = section_revisions()
+    for name in pairs(changed) do
+      revs[name] = tonumber(rev)
+    end
+    local names = {}
+    for name, r in pairs(revs) do
+      if type(name) == 'string' and type(r) == 'number' then
+        names[#names + 1] = name
+      end
+    end
+    table.sort(names)
+    local parts = {}
+    for i, name in ipairs(names) do
+      parts[i] = json_string(name) .. ':' .. int(revs[name])
+    end
+    redis.call('HSET', KEYS[1], 'section_revisions', head .. '{' .. table.concat(parts, ',') .. '}}')
+  end
   if not layout then
-    redis.call('HSET', KEYS[1], 'layout', '{"r":' .. rev .. ',"v":"records"}')
+    redis.call('HSET', KEYS[1], 'layout', head .. '"records"}')
   end
   if stamp then
     redis.call('HSET', KEYS[#KEYS], slug .. ':records', rev)
   end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
-    'revision', rev, 'owner', owner, 'records', int(records))
+  if request_id then
+    redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
+      'revision', rev, 'owner', owner, 'records', int(records), 'request_id', request_id)
+  else
+    redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
+      'revision', rev, 'owner', owner, 'records', int(records))
+  end
 end
