@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/redis/rueidis"
@@ -21,49 +22,124 @@ import (
 // It returns the committed revision, or for a batch of checks alone the
 // current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
 // every mismatch in request order, ErrLayoutDocument, *CorruptError,
-// ErrUnavailable (the commit may or may not have been applied), context
-// errors, *RedisError. The batch must have passed batch.Limits.CheckBatch.
+// ErrRequestIDReused, ErrUnavailable (the commit may or may not have been
+// applied), context errors, *RedisError. The batch must have passed
+// batch.Limits.CheckBatch.
 func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
+	c, err := s.CommitDurable(ctx, b, Durability{})
+	return c.Revision, err
+}
+
+// Durability asks a commit to wait until replicas acknowledged it (Redis
+// WAIT, on the connection that ran the commit). The zero value does not
+// wait.
+type Durability struct {
+	// Replicas is how many replicas must acknowledge; 0: do not wait.
+	Replicas int
+	// Timeout bounds the wait; 0: DefaultReplicaTimeout.
+	Timeout time.Duration
+}
+
+// DefaultReplicaTimeout bounds a Durability wait with no Timeout.
+const DefaultReplicaTimeout = time.Second
+
+// Committed reports a commit.
+type Committed struct {
+	// Revision the batch committed at (checks alone: the current one).
+	Revision int64
+	// Replayed: the batch's request id had committed before; nothing was
+	// written this time and Revision is the original one.
+	Replayed bool
+	// ReplicasAcked is how many replicas acknowledged (Durability only).
+	ReplicasAcked int
+}
+
+// CommitDurable is Commit, then waits as d asks. When fewer replicas than
+// asked acknowledge within the timeout the batch is committed on the
+// primary but may be lost in a failover: it answers *ReplicationError
+// (ErrReplicationTimeout) with the revision, and the caller may retry with
+// the same request id to learn the outcome.
+func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability) (Committed, error) {
 	k := s.keys(b.Slug)
 	keys, args := s.commitArgs(k, b)
-	reply, err := s.execCommitting(ctx, k, commitScript, keys, args)
-	if err == nil {
-		var rev int64
-		if rev, err = commitResult(b, reply); err == nil {
-			return rev, nil
-		}
+	reply, acked, err := s.execCommitting(ctx, k, commitScript, keys, args, d)
+	if err != nil {
+		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
-	return 0, fmt.Errorf("store: fenced batch: %w", err)
+	rev, err := commitResult(b, reply)
+	if err != nil {
+		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
+	}
+	c := Committed{Revision: rev, Replayed: len(reply) == 3, ReplicasAcked: acked}
+	if d.Replicas > 0 && acked < d.Replicas {
+		return c, fmt.Errorf("store: fenced batch: %w", &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas})
+	}
+	return c, nil
 }
 
 // execCommitting runs a script built on lib.lua, whose first argument
 // starts with the mode character. When the script answers LAYOUT_UNKNOWN
 // (Cluster, and a swarm with no meta/layout yet: the document layout lives
-// in a key of another slot), it looks here and calls again in mode 'l'. It
-// answers the script's reply; ErrLayoutDocument, ErrUnavailable, context
-// errors, *RedisError.
-func (s *Store) execCommitting(ctx context.Context, k swarmKeys, script *rueidis.Lua, keys, args []string) ([]string, error) {
-	reply, err := replyStrings(script.Exec(ctx, s.client, keys, args))
+// in a key of another slot), it looks here and calls again in mode 'l'.
+// With d.Replicas > 0 the script is followed by WAIT on the same
+// connection. It answers the script's reply and the replicas that
+// acknowledged; ErrLayoutDocument, ErrUnavailable, context errors,
+// *RedisError.
+func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	reply, acked, err := s.execWait(ctx, sc, keys, args, d)
 	if err == nil && len(reply) == 1 && reply[0] == "LAYOUT_UNKNOWN" && !s.stamp && args[0][0] == '-' {
 		var exists bool
 		if exists, err = s.documentExists(ctx, k); err == nil {
 			if exists {
-				return nil, ErrLayoutDocument
+				return nil, 0, ErrLayoutDocument
 			}
 			args[0] = "l" + args[0][1:]
-			reply, err = replyStrings(script.Exec(ctx, s.client, keys, args))
+			reply, acked, err = s.execWait(ctx, sc, keys, args, d)
 		}
 	}
 	if err != nil {
-		return nil, classify(ctx, err)
+		return nil, 0, classify(ctx, err)
 	}
 	if len(reply) == 0 {
-		return nil, fmt.Errorf("%w: empty reply", ErrMalformedReply)
+		return nil, 0, fmt.Errorf("%w: empty reply", ErrMalformedReply)
 	}
 	if reply[0] == "LAYOUT_DOCUMENT" {
-		return nil, ErrLayoutDocument
+		return nil, 0, ErrLayoutDocument
 	}
-	return reply, nil
+	return reply, acked, nil
+}
+
+// execWait runs sc once; with d.Replicas > 0 it pipelines WAIT behind it on
+// one connection (rueidis sends a multi holding a blocking command on a
+// dedicated connection, to the node of the script's slot), so that WAIT
+// covers the script's writes.
+func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	if d.Replicas <= 0 {
+		reply, err := replyStrings(sc.Exec(ctx, s.client, keys, args))
+		return reply, 0, err
+	}
+	timeout := d.Timeout
+	if timeout <= 0 {
+		timeout = DefaultReplicaTimeout
+	}
+	c := s.client
+	wait := func() rueidis.Completed {
+		return c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(timeout.Milliseconds()).Build()
+	}
+	res := c.DoMulti(ctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	if rerr, ok := rueidis.IsRedisErr(res[0].Error()); ok && rerr.IsNoScript() {
+		res = c.DoMulti(ctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	}
+	reply, err := replyStrings(res[0])
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := res[1].AsInt64()
+	if err != nil {
+		// The script ran; only the wait failed: report no acknowledgement.
+		return reply, 0, nil
+	}
+	return reply, int(n), nil
 }
 
 // commitArgs lays out KEYS and ARGV as commit.lua expects them. The layout

@@ -29,6 +29,16 @@ var (
 	// ErrRequestIDReused: the batch's request id already names a different
 	// request within the window. Choose a new id for a new request.
 	ErrRequestIDReused = errors.New("request id reused for a different request")
+	// ErrReplicationTimeout: the batch committed on the primary, but fewer
+	// replicas than asked acknowledged it in time; a failover may lose it.
+	// Returned as *ReplicationError.
+	ErrReplicationTimeout = errors.New("replication timeout")
+	// ErrSnapshotTooLarge: a Sections read would hold more records than the
+	// snapshot limit. Returned as *TooLargeError. Read the section page by
+	// page with ScanSection.
+	ErrSnapshotTooLarge = errors.New("snapshot too large")
+	// ErrInvalidCursor: a scan cursor that Redis did not hand out.
+	ErrInvalidCursor = errors.New("invalid scan cursor")
 	// ErrMalformedReply: a script answered something fenced does not
 	// understand (a bug, or a foreign script under the same SHA).
 	ErrMalformedReply = errors.New("malformed script reply")
@@ -53,6 +63,35 @@ func (e *StaleError) Error() string {
 
 // Is makes errors.Is(err, ErrLeaseStale) true.
 func (e *StaleError) Is(target error) bool { return target == ErrLeaseStale }
+
+// ReplicationError is ErrReplicationTimeout with the committed revision.
+type ReplicationError struct {
+	// Revision the batch committed at on the primary.
+	Revision int64
+	// Acked and Wanted count replicas.
+	Acked, Wanted int
+}
+
+func (e *ReplicationError) Error() string {
+	return fmt.Sprintf("replication timeout: committed at revision %d, acknowledged by %d of %d replicas", e.Revision, e.Acked, e.Wanted)
+}
+
+// Is makes errors.Is(err, ErrReplicationTimeout) true.
+func (e *ReplicationError) Is(target error) bool { return target == ErrReplicationTimeout }
+
+// TooLargeError is ErrSnapshotTooLarge with the sizes.
+type TooLargeError struct {
+	// Records the snapshot would hold, and the limit.
+	Records int64
+	Max     int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("snapshot too large: %d records, at most %d in one Sections read; read large sections page by page with ScanSection", e.Records, e.Max)
+}
+
+// Is makes errors.Is(err, ErrSnapshotTooLarge) true.
+func (e *TooLargeError) Is(target error) bool { return target == ErrSnapshotTooLarge }
 
 // Conflict is one write whose expected revision did not match.
 type Conflict struct {

@@ -83,7 +83,7 @@ func (s *Store) leaseOp(ctx context.Context, slug, op, owner string, epoch, ttlM
 		keys = append(keys, k.current)
 	}
 	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10)}
-	reply, err := s.execCommitting(ctx, k, leaseScript, keys, args)
+	reply, _, err := s.execCommitting(ctx, k, leaseScript, keys, args, s.leaseDurability)
 	if err != nil {
 		return Lease{}, 0, err
 	}

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/redis/rueidis"
 )
@@ -56,7 +58,9 @@ type Snapshot struct {
 	SectionRevisions map[string]int64
 }
 
-// Sections reads the named sections (names must be valid; see
+// Sections reads the named sections (at most the Store's snapshot limit of
+// records in all, else *TooLargeError before anything is read; see
+// WithMaxSnapshotRecords) (names must be valid; see
 // batch.Limits.CheckSections) and the swarm revision as one snapshot, in one
 // atomic script. A field that is not a record fails the read with a
 // *CorruptError naming it. Other errors: ErrUnavailable, context errors,
@@ -68,9 +72,19 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 	for _, n := range names {
 		keys = append(keys, k.section(n))
 	}
-	arr, err := readSectionsScript.Exec(ctx, s.client, keys, nil).ToArray()
+	arr, err := readSectionsScript.Exec(ctx, s.client, keys, []string{strconv.Itoa(s.maxSnapshotRecords)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", classify(ctx, err))
+	}
+	if len(arr) == 2 {
+		if tag, _ := arr[0].ToString(); tag == "TOO_LARGE" {
+			n, _ := arr[1].ToString()
+			records, err := parseInt(n)
+			if err != nil {
+				return nil, fmt.Errorf("store: read sections: %w", err)
+			}
+			return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: records, Max: s.maxSnapshotRecords})
+		}
 	}
 	if len(arr) != 2+len(names) {
 		return nil, fmt.Errorf("store: read sections: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(names))
@@ -175,4 +189,74 @@ func (s *Store) Layout(ctx context.Context, slug string) (Layout, error) {
 		return LayoutRecords, nil
 	}
 	return LayoutNone, nil
+}
+
+// Page is one page of a section scan.
+type Page struct {
+	// Records of this page, by key. A record may appear on two pages when
+	// the section changes during the scan (HSCAN's contract); every record
+	// present for the whole scan appears on at least one.
+	Records map[string]Record
+	// Next is the cursor of the next page; "" at the end.
+	Next string
+	// Revision is the swarm revision when this page was read.
+	Revision int64
+	// SectionRevision is the section's revision when this page was read: if
+	// it differs between the first and the last page, the section changed
+	// during the scan.
+	SectionRevision int64
+}
+
+// ScanSection reads one page of a section: about count records (a hint)
+// from cursor ("" or "0" to start), with the swarm and section revisions
+// read at the same instant. Each page is one short script, never the whole
+// section. Errors: ErrInvalidCursor, *CorruptError, ErrUnavailable, context
+// errors, *RedisError.
+func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, count int) (*Page, error) {
+	if cursor == "" {
+		cursor = "0"
+	}
+	if _, err := strconv.ParseUint(cursor, 10, 64); err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
+	}
+	k := s.keys(slug)
+	arr, err := readScanScript.Exec(ctx, s.client, []string{k.revision(), k.meta(), k.section(section)},
+		[]string{cursor, strconv.Itoa(count)}).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", classify(ctx, err))
+	}
+	if len(arr) != 4 {
+		return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(arr))
+	}
+	revs, err1 := arr[0].ToString()
+	next, err2 := arr[2].ToString()
+	fields, err3 := arr[3].ToArray()
+	if err := errors.Join(err1, err2, err3); err != nil || len(fields)%2 != 0 {
+		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
+	}
+	p := &Page{Records: make(map[string]Record, len(fields)/2)}
+	if p.Revision, err = parseInt(revs); err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	sectionRevs, err := parseSectionRevisions(arr[1])
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	p.SectionRevision = sectionRevs[section]
+	if next != "0" {
+		p.Next = next
+	}
+	for j := 0; j < len(fields); j += 2 {
+		key, err1 := fields[j].ToString()
+		raw, err2 := fields[j+1].ToString()
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("store: scan section: %w: section %s", ErrMalformedReply, section)
+		}
+		rec, ok := parseRecord(raw)
+		if !ok {
+			return nil, fmt.Errorf("store: scan section: %w", &CorruptError{Section: section, Key: key})
+		}
+		p.Records[key] = rec
+	}
+	return p, nil
 }

@@ -10,7 +10,9 @@ package store
 
 import (
 	"context"
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
@@ -37,20 +39,28 @@ func committing(name string) string { return mustScript("lib.lua") + "\n" + must
 // so that a first large batch is not sent twice. The commit is not
 // retryable: it is not idempotent.
 var (
-	commitSource       = committing("commit.lua")
-	leaseSource        = committing("lease.lua")
-	readSectionsSource = mustScript("read_sections.lua")
-	readRecordSource   = mustScript("read_record.lua")
-	readLeaseSource    = mustScript("read_lease.lua")
+	commitScript       = newScript(committing("commit.lua"))
+	leaseScript        = newScript(committing("lease.lua"))
+	readSectionsScript = newScript(mustScript("read_sections.lua"))
+	readRecordScript   = newScript(mustScript("read_record.lua"))
+	readLeaseScript    = newScript(mustScript("read_lease.lua"))
+	readScanScript     = newScript(mustScript("scan_section.lua"))
 
-	commitScript       = rueidis.NewLuaScript(commitSource)
-	leaseScript        = rueidis.NewLuaScript(leaseSource)
-	readSectionsScript = rueidis.NewLuaScript(readSectionsSource)
-	readRecordScript   = rueidis.NewLuaScript(readRecordSource)
-	readLeaseScript    = rueidis.NewLuaScript(readLeaseSource)
-
-	allSources = []string{commitSource, leaseSource, readSectionsSource, readRecordSource, readLeaseSource}
+	allScripts = []*script{commitScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript}
 )
+
+// script is a Lua script with its source and SHA-1, for the calls that
+// rueidis.Lua cannot make (EVALSHA pipelined with WAIT on one connection).
+type script struct {
+	*rueidis.Lua
+	src string
+	sha string
+}
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{Lua: rueidis.NewLuaScript(src), src: src, sha: hex.EncodeToString(sum[:])}
+}
 
 // DefaultPrefix is the key prefix when AGENTIHOOKS_SWARM_KEY_PREFIX is unset.
 const DefaultPrefix = "agentihooks"
@@ -67,11 +77,37 @@ type Store struct {
 	stamp bool
 	// requestWindow is how long a committed request id is remembered.
 	requestWindow time.Duration
+	// leaseDurability is what lease grants, renewals and releases wait for.
+	leaseDurability Durability
+	// maxSnapshotRecords bounds one Sections read.
+	maxSnapshotRecords int
+}
+
+// DefaultMaxSnapshotRecords is the most records one Sections read holds by
+// default: a large section is read with ScanSection instead, so that no
+// read runs as one long script.
+const DefaultMaxSnapshotRecords = 20000
+
+// WithMaxSnapshotRecords sets the most records one Sections read may hold
+// (at least 1; default DefaultMaxSnapshotRecords).
+func WithMaxSnapshotRecords(n int) Option {
+	return func(s *Store) {
+		if n >= 1 {
+			s.maxSnapshotRecords = n
+		}
+	}
 }
 
 // DefaultRequestIDWindow is how long a committed batch's request id is
 // remembered by default.
 const DefaultRequestIDWindow = 10 * time.Minute
+
+// WithLeaseDurability makes every lease grant, renewal and release wait for
+// replicas as d says (best effort: a lease change is not refused when fewer
+// acknowledge), so that a failover is less likely to lose an epoch.
+func WithLeaseDurability(d Durability) Option {
+	return func(s *Store) { s.leaseDurability = d }
+}
 
 // Option configures a Store.
 type Option func(*Store)
@@ -96,10 +132,11 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("store: key prefix %q may not contain '{' or '}'", prefix)
 	}
 	s := &Store{
-		client:        client,
-		prefix:        prefix + ":swarm",
-		stamp:         client.Mode() != rueidis.ClientModeCluster,
-		requestWindow: DefaultRequestIDWindow,
+		client:             client,
+		prefix:             prefix + ":swarm",
+		stamp:              client.Mode() != rueidis.ClientModeCluster,
+		requestWindow:      DefaultRequestIDWindow,
+		maxSnapshotRecords: DefaultMaxSnapshotRecords,
 	}
 	for _, o := range opts {
 		o(s)
@@ -126,9 +163,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // its arguments) twice on the first call after Redis forgot it.
 func (s *Store) LoadScripts(ctx context.Context) error {
 	for addr, node := range s.client.Nodes() {
-		cmds := make(rueidis.Commands, len(allSources))
-		for i, src := range allSources {
-			cmds[i] = node.B().ScriptLoad().Script(src).Build()
+		cmds := make(rueidis.Commands, len(allScripts))
+		for i, sc := range allScripts {
+			cmds[i] = node.B().ScriptLoad().Script(sc.src).Build()
 		}
 		for _, res := range node.DoMulti(ctx, cmds...) {
 			if err := res.Error(); err != nil {
