@@ -64,6 +64,11 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 			return 0, backoff.Permanent(err)
 		}
 	}, backoff.WithBackOff(jitter), backoff.WithMaxTries(MaxUpdateAttempts), backoff.WithMaxElapsedTime(0))
+	// backoff.Retry checks MaxTries before it unwraps a permanent error:
+	// on the last attempt it answers the *backoff.PermanentError itself.
+	if p, ok := err.(*backoff.PermanentError); ok {
+		return 0, p.Unwrap()
+	}
 	if err != nil && errors.Is(err, ErrConflict) {
 		return 0, errorf("update %s after %d attempts: %w: %w", slug, attempts, ErrKeptChanging, err)
 	}

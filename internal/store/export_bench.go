@@ -25,7 +25,7 @@ func (s *Store) ExecCommitScript(ctx context.Context, keys, args []string) (int6
 	if err != nil {
 		return 0, fmt.Errorf("store: commit script: %w", classify(ctx, err))
 	}
-	if len(reply) != 2 || reply[0] != "OK" {
+	if len(reply) < 2 || reply[0] != "OK" {
 		return 0, fmt.Errorf("store: commit script answered %q", reply)
 	}
 	return parseInt(reply[1])

@@ -1,0 +1,210 @@
+package client_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// prefix is the key prefix of every test store (DESIGN §2).
+const prefix = "agentihooks"
+
+// waitLimit bounds every wait for an event (a lease expiring, a keeper
+// noticing a takeover). It is a failure bound, never a measurement.
+const waitLimit = 15 * time.Second
+
+// fixture is a real redis-server, an in-process fenced server over it on a
+// loopback port, and a client dialled to that server.
+type fixture struct {
+	redis *redistest.Server
+	addr  string
+	c     *client.Client
+}
+
+// start starts redis-server, fenced (server.New on 127.0.0.1:0, default
+// limits and lease bounds) and a client; all are stopped when the test ends.
+func start(t *testing.T) *fixture {
+	t.Helper()
+	srv := redistest.Start(t)
+	st, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
+	}
+	t.Cleanup(st.Close)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	s := server.New(st, batch.DefaultLimits(), server.Options{Logger: slog.New(slog.DiscardHandler)})
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(context.Background(), lis) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+		if err := <-served; err != nil {
+			t.Errorf("Serve returned %v after Shutdown, want nil", err)
+		}
+	})
+	f := &fixture{redis: srv, addr: lis.Addr().String()}
+	f.c = f.dial(t)
+	return f
+}
+
+// dial returns another client of the fixture's server, closed when the test
+// ends.
+func (f *fixture) dial(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.Dial(f.addr)
+	if err != nil {
+		t.Fatalf("client.Dial(%s): %v", f.addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// raw returns the generated LeaseService client over a fresh connection,
+// for requests the typed client cannot express (a TTL of 2^53 ms does not
+// fit a time.Duration).
+func (f *fixture) raw(t *testing.T) fencedv1.LeaseServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("grpc.NewClient(%s): %v", f.addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return fencedv1.NewLeaseServiceClient(conn)
+}
+
+// key is the Redis key of one of a swarm's hashes, strings or streams.
+func key(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
+
+var slugs atomic.Int64
+
+// newSlug returns a slug no other test of this run uses.
+func newSlug(t *testing.T) string {
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, t.Name())
+	if len(name) > 100 {
+		name = name[:100]
+	}
+	return "s" + strconv.FormatInt(slugs.Add(1), 10) + "-" + name
+}
+
+// ctxT is a context bounded by waitLimit, cancelled when the test ends.
+func ctxT(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// logEntry is one entry of a swarm's log stream.
+type logEntry struct {
+	id       string
+	revision int64
+	owner    string
+	records  int64
+}
+
+// log reads a swarm's whole log stream (XRANGE - +) straight from Redis.
+func (f *fixture) log(t *testing.T, slug string) []logEntry {
+	t.Helper()
+	flat := f.redis.DoArray(t, "XRANGE", key(slug, "log"), "-", "+")
+	// Each entry flattens to its id and its field/value pairs: revision,
+	// owner, records.
+	const width = 7
+	if len(flat)%width != 0 {
+		t.Fatalf("XRANGE %s: %d strings, not entries of %d: %q", key(slug, "log"), len(flat), width, flat)
+	}
+	var out []logEntry
+	for i := 0; i < len(flat); i += width {
+		e := logEntry{id: flat[i]}
+		for j := i + 1; j < i+width; j += 2 {
+			switch v := flat[j+1]; flat[j] {
+			case "revision":
+				e.revision = mustInt(t, v)
+			case "owner":
+				e.owner = v
+			case "records":
+				e.records = mustInt(t, v)
+			default:
+				t.Fatalf("XRANGE %s: entry %s has field %q", key(slug, "log"), e.id, flat[j])
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%q is not an integer: %v", s, err)
+	}
+	return n
+}
+
+// revision reads the swarm revision through Current.
+func (f *fixture) revision(t *testing.T, slug string) int64 {
+	t.Helper()
+	_, _, _, rev, err := f.c.Current(ctxT(t), slug)
+	if err != nil {
+		t.Fatalf("Current(%s): %v", slug, err)
+	}
+	return rev
+}
+
+// redisNowMs is Redis's clock (TIME) in ms.
+func (f *fixture) redisNowMs(t *testing.T) int64 {
+	t.Helper()
+	tm := f.redis.DoArray(t, "TIME")
+	if len(tm) != 2 {
+		t.Fatalf("TIME = %q, want two fields", tm)
+	}
+	return mustInt(t, tm[0])*1000 + mustInt(t, tm[1])/1000
+}
+
+// waitExpired polls Current until the swarm's lease is no longer live by
+// Redis's clock, and returns the expired lease.
+func (f *fixture) waitExpired(t *testing.T, slug string) client.Lease {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		l, live, _, _, err := f.c.Current(ctxT(t), slug)
+		if err != nil {
+			t.Fatalf("Current(%s): %v", slug, err)
+		}
+		if l == nil {
+			t.Fatalf("Current(%s): no lease, want an expired one", slug)
+		}
+		if !live {
+			return *l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Current(%s): lease %+v still live after %v", slug, *l, waitLimit)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

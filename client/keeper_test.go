@@ -1,0 +1,197 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// waitClosed fails the test unless ch is closed within waitLimit.
+func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(waitLimit):
+		t.Fatalf("%s not closed within %v", what, waitLimit)
+	}
+}
+
+// TestKeeperKeepsAndReleases: Keep acquires, renews in the background past
+// the first TTL without changing the epoch, and Close releases, so another
+// owner's Keep is granted at once with the next epoch.
+func TestKeeperKeepsAndReleases(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	const ttl = 600 * time.Millisecond
+
+	k, err := f.c.Keep(ctx, slug, "ctl-a", ttl)
+	if err != nil {
+		t.Fatalf("Keep(ctl-a): %v", err)
+	}
+	if !k.Held() || k.Err() != nil {
+		t.Errorf("after Keep: Held() = %v, Err() = %v; want true, nil", k.Held(), k.Err())
+	}
+	first, live, _, _, err := f.c.Current(ctx, slug)
+	if err != nil || !live || first == nil {
+		t.Fatalf("Current after Keep = %+v live=%v err=%v", first, live, err)
+	}
+	if fence := k.Fence(); *fence != (client.Fence{Owner: "ctl-a", Epoch: first.Epoch}) || k.Epoch() != first.Epoch {
+		t.Errorf("Fence() = %+v, Epoch() = %d; want owner ctl-a epoch %d", *fence, k.Epoch(), first.Epoch)
+	}
+
+	// Outlive the first grant's expiry by Redis's clock: renewals kept it.
+	deadline := time.Now().Add(waitLimit)
+	for {
+		cur, live, now, _, err := f.c.Current(ctx, slug)
+		if err != nil {
+			t.Fatalf("Current: %v", err)
+		}
+		if cur == nil || !live || cur.Epoch != first.Epoch || cur.Owner != "ctl-a" {
+			t.Fatalf("Current = %+v live=%v while the Keeper runs; want ctl-a's live lease at epoch %d", cur, live, first.Epoch)
+		}
+		if now > first.ExpiresAtMs+ttl.Milliseconds()/2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis clock did not pass %d within %v", first.ExpiresAtMs, waitLimit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := f.c.Batch(ctx, slug, k.Fence(), []client.Write{
+		{Kind: client.Put, Section: "operations", Key: "x", Expected: 0, Value: json.RawMessage(`1`)},
+	}); err != nil {
+		t.Errorf("Batch with the kept fence past the first TTL: %v", err)
+	}
+	if !k.Held() {
+		t.Errorf("Held() = false while renewed")
+	}
+	select {
+	case <-k.Lost():
+		t.Fatalf("Lost() closed while renewed: %v", k.Err())
+	default:
+	}
+
+	if err := k.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if k.Held() {
+		t.Errorf("Held() = true after Close")
+	}
+	waitClosed(t, "Lost() after Close", k.Lost())
+	if cur, live, _, _, err := f.c.Current(ctx, slug); err != nil || cur != nil || live {
+		t.Errorf("Current after Close = %+v live=%v err=%v; want no lease", cur, live, err)
+	}
+	log := f.log(t, slug)
+	if last := log[len(log)-1]; last.owner != "ctl-a" || last.records != 1 {
+		t.Errorf("last log entry %+v, want ctl-a's release", last)
+	}
+
+	// Granted at once: if Close had not released, this would wait out the
+	// lease, longer than its context allows.
+	bctx, cancel := context.WithTimeout(ctx, ttl/2)
+	defer cancel()
+	kb, err := f.c.Keep(bctx, slug, "ctl-b", 10*time.Second)
+	if err != nil {
+		t.Fatalf("Keep(ctl-b) after ctl-a's Close: %v", err)
+	}
+	defer kb.Close(ctx)
+	if kb.Epoch() != first.Epoch+1 {
+		t.Errorf("Keep(ctl-b) epoch %d, want %d", kb.Epoch(), first.Epoch+1)
+	}
+}
+
+// TestKeeperLosesTakenOverLease: when another owner's lease replaces the
+// kept one (written into Redis by hand, as a takeover would), the next
+// renewal is refused: Lost closes, Err is ErrLeaseStale, Held turns false,
+// the fence is refused by the server, and Close releases nothing.
+func TestKeeperLosesTakenOverLease(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	k, err := f.c.Keep(ctx, slug, "ctl-a", 300*time.Millisecond)
+	if err != nil {
+		t.Fatalf("Keep: %v", err)
+	}
+	if !k.Held() {
+		t.Fatalf("Held() = false after Keep")
+	}
+	usurper := client.Lease{Owner: "ctl-b", Epoch: k.Epoch() + 1, ExpiresAtMs: f.redisNowMs(t) + time.Minute.Milliseconds()}
+	rev := itoa(f.revision(t, slug))
+	f.redis.Do(t, "HSET", key(slug, "meta"),
+		"lease", `{"r":`+rev+`,"v":{"owner":"ctl-b","epoch":`+itoa(usurper.Epoch)+`,"expires_at":`+itoa(usurper.ExpiresAtMs)+`}}`,
+		"epoch", `{"r":`+rev+`,"v":`+itoa(usurper.Epoch)+`}`)
+
+	waitClosed(t, "Lost() after the takeover", k.Lost())
+	if err := k.Err(); !errors.Is(err, client.ErrLeaseStale) {
+		t.Errorf("Err() = %v, want ErrLeaseStale", err)
+	}
+	var le *client.LeaseError
+	if !errors.As(k.Err(), &le) || le.Holder == nil || *le.Holder != usurper {
+		t.Errorf("Err() = %v, want a *LeaseError naming %+v", k.Err(), usurper)
+	}
+	if k.Held() {
+		t.Errorf("Held() = true after the lease was lost")
+	}
+	_, err = f.c.Batch(ctx, slug, k.Fence(), []client.Write{
+		{Kind: client.Put, Section: "operations", Key: "x", Expected: client.Blind, Value: json.RawMessage(`1`)},
+	})
+	wantLeaseError(t, "Batch with the lost fence", err, client.ErrLeaseStale, &usurper)
+
+	if err := k.Close(ctx); !errors.Is(err, client.ErrLeaseStale) {
+		t.Errorf("Close of a lost lease = %v, want ErrLeaseStale", err)
+	}
+	if cur, live, _, _, err := f.c.Current(ctx, slug); err != nil || !live || cur == nil || *cur != usurper {
+		t.Errorf("Current after Close = %+v live=%v err=%v; want the usurper's lease untouched", cur, live, err)
+	}
+}
+
+// TestKeepWaits: Keep waits while another owner holds the lease and is
+// granted the next epoch once it expires; it gives up when its context
+// ends; a bad TTL fails at once.
+func TestKeepWaits(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx := ctxT(t)
+
+	t.Run("until the holder expires", func(t *testing.T) {
+		slug := newSlug(t)
+		a, _, err := f.c.Acquire(ctx, slug, "ctl-a", 300*time.Millisecond)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		k, err := f.c.Keep(ctx, slug, "ctl-b", time.Second)
+		if err != nil {
+			t.Fatalf("Keep(ctl-b): %v", err)
+		}
+		defer k.Close(ctx)
+		if k.Epoch() != a.Epoch+1 {
+			t.Errorf("Keep(ctl-b) epoch %d, want %d", k.Epoch(), a.Epoch+1)
+		}
+	})
+
+	t.Run("until its context ends", func(t *testing.T) {
+		slug := newSlug(t)
+		if _, _, err := f.c.Acquire(ctx, slug, "ctl-a", time.Minute); err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, err := f.c.Keep(short, slug, "ctl-b", time.Second); !errors.Is(err, context.DeadlineExceeded) && status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("Keep while held = %v, want context.DeadlineExceeded", err)
+		}
+	})
+
+	t.Run("bad ttl", func(t *testing.T) {
+		slug := newSlug(t)
+		if _, err := f.c.Keep(ctx, slug, "ctl-a", time.Millisecond); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Errorf("Keep with a 1 ms TTL = %v, want ErrInvalidArgument", err)
+		}
+	})
+}

@@ -1,0 +1,323 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/redistest"
+)
+
+// raceEnabled is set by race_test.go when the tests run with -race; the
+// binaries are then built with -race too.
+var raceEnabled bool
+
+// waitLimit bounds every wait for a process to print or exit. It is a
+// failure bound, never a measurement.
+const waitLimit = 30 * time.Second
+
+// build compiles pkg into dir/name (with -race when the test has it).
+func build(t *testing.T, dir, name, pkg string) string {
+	t.Helper()
+	out := filepath.Join(dir, name)
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, pkg)
+	if b, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+	return out
+}
+
+// syncBuffer is an io.Writer safe for a process's output and the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// proc is a started subprocess.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stdout *syncBuffer
+	stderr *syncBuffer
+	exited chan struct{}
+	err    error // Wait's answer, once exited is closed
+}
+
+// startProc runs bin args; it is killed (by pid) when the test ends if it
+// still runs, and its output is logged when the test failed.
+func startProc(t *testing.T, name, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	// fenced's own environment must not change what the flags say.
+	p.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "FENCED_") || strings.HasPrefix(kv, "AGENTIHOOKS_")
+	})
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			p.cmd.Process.Kill() // SIGKILL ends a stopped process too
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("%s (pid %d) stdout:\n%s\nstderr:\n%s", p.name, p.cmd.Process.Pid, p.stdout, p.stderr)
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(p.cmd.Process.Pid, sig); err != nil {
+		t.Fatalf("kill -%v %s (pid %d): %v", sig, p.name, p.cmd.Process.Pid, err)
+	}
+}
+
+// waitFor polls until cond holds for p's stdout; it fails the test when p
+// exits first or waitLimit passes.
+func (p *proc) waitFor(t *testing.T, what string, cond func(stdout string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond(p.stdout.String()) {
+		select {
+		case <-p.exited:
+			if cond(p.stdout.String()) {
+				return
+			}
+			t.Fatalf("%s exited (%v) before %s", p.name, p.err, what)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %s within %v", p.name, what, waitLimit)
+		}
+	}
+}
+
+// wait waits for p to exit and answers its exit status.
+func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(waitLimit):
+		t.Fatalf("%s did not exit within %v", p.name, waitLimit)
+	}
+	var ee *exec.ExitError
+	switch {
+	case p.err == nil:
+		return 0
+	case errors.As(p.err, &ee):
+		return ee.ExitCode()
+	}
+	t.Fatalf("%s: %v", p.name, p.err)
+	return -1
+}
+
+// commit is one "committed ..." line of a controller.
+type commit struct {
+	n, revision, epoch int64
+	owner              string
+}
+
+var commitLine = regexp.MustCompile(`^committed n=(\d+) revision=(\d+) epoch=(\d+) owner=(\S+)$`)
+
+// commits parses the commit lines of a controller's stdout.
+func commits(stdout string) []commit {
+	var out []commit
+	sc := bufio.NewScanner(strings.NewReader(stdout))
+	for sc.Scan() {
+		m := commitLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		rev, _ := strconv.ParseInt(m[2], 10, 64)
+		epoch, _ := strconv.ParseInt(m[3], 10, 64)
+		out = append(out, commit{n: n, revision: rev, epoch: epoch, owner: m[4]})
+	}
+	return out
+}
+
+// fencedAddr waits for fenced's JSON log line "serving gRPC" and answers its
+// address.
+func fencedAddr(t *testing.T, p *proc) string {
+	t.Helper()
+	var addr string
+	p.waitFor(t, `"serving gRPC" log line`, func(string) bool {
+		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
+		for sc.Scan() {
+			var line struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "serving gRPC" {
+				addr = line.Addr
+				return true
+			}
+		}
+		return false
+	})
+	return addr
+}
+
+// TestPausedControllerIsRefused is the demo of the package comment,
+// automated: controller A holds the lease and commits; A is paused
+// (SIGSTOP) past its TTL; B takes the lease over at the next epoch and
+// commits; A resumes (SIGCONT), writes once more without checking its
+// lease, is refused and exits with status 3. Redis shows no write of A after
+// B's grant, and the counter counts exactly the commits both printed.
+func TestPausedControllerIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	fencedBin := build(t, dir, "fenced", "github.com/agentihooks/fenced/cmd/fenced")
+	controllerBin := build(t, dir, "controller", ".")
+	redis := redistest.Start(t)
+	fenced := startProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--redis-url", redis.URL(),
+		"--key-prefix", "agentihooks", "--log-format", "json")
+	addr := fencedAddr(t, fenced)
+	const slug = "paused-demo"
+	ctl := func(owner string) *proc {
+		return startProc(t, owner, controllerBin, "--addr", addr, "--slug", slug, "--owner", owner,
+			"--ttl", "1s", "--interval", "100ms")
+	}
+
+	a := ctl("ctl-a")
+	a.waitFor(t, "2 commits", func(out string) bool { return len(commits(out)) >= 2 })
+	a.signal(t, syscall.SIGSTOP)
+	epochA := commits(a.stdout.String())[0].epoch
+
+	b := ctl("ctl-b")
+	b.waitFor(t, fmt.Sprintf("2 commits at epoch %d", epochA+1), func(out string) bool {
+		n := 0
+		for _, c := range commits(out) {
+			if c.epoch == epochA+1 {
+				n++
+			}
+		}
+		return n >= 2
+	})
+
+	a.signal(t, syscall.SIGCONT)
+	if code := a.wait(t); code != exitStale {
+		t.Errorf("ctl-a exit status %d, want %d", code, exitStale)
+	}
+	want := fmt.Sprintf("refused: lease stale (holder ctl-b epoch %d)", epochA+1)
+	if !strings.Contains(a.stdout.String(), want) {
+		t.Errorf("ctl-a output has no %q:\n%s", want, a.stdout)
+	}
+
+	// Let B commit after A's refusal too, then stop it: it releases.
+	before := len(commits(b.stdout.String()))
+	b.waitFor(t, "a commit after ctl-a's refusal", func(out string) bool { return len(commits(out)) > before })
+	b.signal(t, syscall.SIGTERM)
+	if code := b.wait(t); code != exitOK {
+		t.Errorf("ctl-b exit status %d after SIGTERM, want 0", code)
+	}
+	if !strings.Contains(b.stdout.String(), "released epoch=") {
+		t.Errorf("ctl-b did not report its release:\n%s", b.stdout)
+	}
+
+	ca, cb := commits(a.stdout.String()), commits(b.stdout.String())
+	for _, c := range ca {
+		if c.owner != "ctl-a" || c.epoch != epochA {
+			t.Errorf("ctl-a printed %+v, want owner ctl-a epoch %d", c, epochA)
+		}
+	}
+	for _, c := range cb {
+		if c.owner != "ctl-b" || c.epoch != epochA+1 {
+			t.Errorf("ctl-b printed %+v, want owner ctl-b epoch %d", c, epochA+1)
+		}
+	}
+	// Every increment counted once, A's before B's: n runs 1, 2, ... N.
+	for i, c := range append(ca, cb...) {
+		if c.n != int64(i+1) {
+			t.Errorf("commit %d printed n=%d, want %d (A: %d commits, B: %d)", i, c.n, i+1, len(ca), len(cb))
+			break
+		}
+	}
+
+	// The counter in Redis counts exactly the printed commits.
+	raw := redis.Do(t, "HGET", "agentihooks:swarm:{"+slug+"}:fence:operations", "counter")
+	var rec struct {
+		R int64   `json:"r"`
+		V counter `json:"v"`
+	}
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		t.Fatalf("operations/counter = %q: %v", raw, err)
+	}
+	if total := int64(len(ca) + len(cb)); rec.V.N != total {
+		t.Errorf("counter n = %d, want %d (ctl-a printed %d commits, ctl-b %d)", rec.V.N, total, len(ca), len(cb))
+	}
+	if rec.V.By != "ctl-b" || rec.V.Epoch != epochA+1 || rec.R != cb[len(cb)-1].revision {
+		t.Errorf("counter = %s, want B's last write (revision %d)", raw, cb[len(cb)-1].revision)
+	}
+
+	// The log: once B is granted, every entry names B (its commits, its
+	// renewals and its release); nothing of A's lands after the takeover.
+	flat := redis.DoArray(t, "XRANGE", "agentihooks:swarm:{"+slug+"}:fence:log", "-", "+")
+	if len(flat)%7 != 0 {
+		t.Fatalf("XRANGE log: %d strings, not entries of 7", len(flat))
+	}
+	granted, commitsLogged := false, map[string]int{}
+	for i := 0; i < len(flat); i += 7 {
+		e := map[string]string{flat[i+1]: flat[i+2], flat[i+3]: flat[i+4], flat[i+5]: flat[i+6]}
+		if e["owner"] == "ctl-b" && !granted {
+			granted = true
+			if e["records"] != "3" {
+				t.Errorf("B's first log entry %v, want its grant (records 3)", e)
+			}
+		}
+		if granted && e["owner"] != "ctl-b" {
+			t.Errorf("log entry %s %v after B's grant names %q, want ctl-b", flat[i], e, e["owner"])
+		}
+		commitsLogged[e["owner"]+" "+e["revision"]]++
+	}
+	if !granted {
+		t.Fatalf("log has no entry of ctl-b")
+	}
+	for _, c := range append(ca, cb...) {
+		if commitsLogged[c.owner+" "+strconv.FormatInt(c.revision, 10)] != 1 {
+			t.Errorf("printed commit %+v is not in the log once", c)
+		}
+	}
+	t.Logf("ctl-a: %d commits at epoch %d, then refused; ctl-b: %d commits at epoch %d", len(ca), epochA, len(cb), epochA+1)
+	t.Logf("ctl-a stdout:\n%s\nctl-b stdout:\n%s", a.stdout, b.stdout)
+}
