@@ -61,6 +61,14 @@ type serveCmd struct {
 	MaxValueBytes int `env:"FENCED_MAX_VALUE_BYTES" default:"1048576" help:"Largest value of one put, in bytes."`
 	// MaxBatchValueBytes bounds the values of one batch, in bytes.
 	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch."`
+	// WaitReplicas and WaitTimeout: the default replica acknowledgement.
+	WaitReplicas int           `env:"FENCED_WAIT_REPLICAS" default:"0" help:"Replicas that must acknowledge every commit and lease change (Redis WAIT) unless a batch says otherwise; 0: do not wait."`
+	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit waits for replica acknowledgements."`
+	// RequestIDWindow is how long committed request ids are remembered.
+	RequestIDWindow time.Duration `env:"FENCED_REQUEST_ID_WINDOW" default:"10m" help:"How long a committed batch's request_id is remembered (retries inside it are answered, not rerun)."`
+	// MaxSnapshotRecords and MaxSnapshotBytes bound one Sections answer.
+	MaxSnapshotRecords int `env:"FENCED_MAX_SNAPSHOT_RECORDS" default:"20000" help:"Most records one Sections read may hold (counted before reading); larger sections are read with ScanSection."`
+	MaxSnapshotBytes   int `env:"FENCED_MAX_SNAPSHOT_BYTES" default:"4128768" help:"Largest Sections answer, in bytes (default: 4 MiB less 64 KiB, under gRPC clients' default receive limit)."`
 	// LeaseMinTTL and LeaseMaxTTL bound the TTL of a lease grant or renewal.
 	LeaseMinTTL time.Duration `env:"FENCED_LEASE_MIN_TTL" default:"100ms" help:"Shortest lease TTL a client may ask for."`
 	LeaseMaxTTL time.Duration `env:"FENCED_LEASE_MAX_TTL" default:"10m" help:"Longest lease TTL a client may ask for."`
@@ -152,7 +160,7 @@ func (c *serveCmd) logger(w io.Writer) *slog.Logger {
 
 // open connects to the configured Redis, or starts the embedded one; the
 // returned func releases what was opened.
-func (r *redisFlags) open(log *slog.Logger) (*store.Store, func(), error) {
+func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store, func(), error) {
 	url := r.RedisURL
 	if url == "" {
 		// kong takes the first of a flag's env variables that is set, even
@@ -162,7 +170,7 @@ func (r *redisFlags) open(log *slog.Logger) (*store.Store, func(), error) {
 		url = os.Getenv("AGENTIHOOKS_SWARM_REDIS_URL")
 	}
 	if url != "" {
-		st, err := store.Open(url, r.KeyPrefix)
+		st, err := store.Open(url, r.KeyPrefix, opts...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -172,7 +180,7 @@ func (r *redisFlags) open(log *slog.Logger) (*store.Store, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := emb.Open(r.KeyPrefix)
+	st, err := emb.Open(r.KeyPrefix, opts...)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err
@@ -188,7 +196,14 @@ func (c *serveCmd) Run(e *env) error {
 	if err != nil {
 		return err
 	}
-	st, closeStore, err := c.open(log)
+	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
+		return fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
+	}
+	durable := store.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
+	st, closeStore, err := c.open(log,
+		store.WithRequestIDWindow(c.RequestIDWindow),
+		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
+		store.WithLeaseDurability(durable))
 	if err != nil {
 		return err
 	}
@@ -201,7 +216,12 @@ func (c *serveCmd) Run(e *env) error {
 	if err := bounds.Check(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
-	srv := server.New(st, limits, server.Options{Logger: log, HealthInterval: c.HealthInterval, LeaseBounds: bounds})
+	srv := server.New(st, limits, server.Options{
+		Logger:         log,
+		HealthInterval: c.HealthInterval,
+		LeaseBounds:    bounds,
+		Records:        server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes},
+	})
 	log.Info("serving gRPC", "addr", lis.Addr().String(), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
 	if c.ready != nil {
 		c.ready(lis.Addr())

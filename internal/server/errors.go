@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 	"strings"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
@@ -29,6 +29,9 @@ const (
 	ReasonRecordCorrupt    = "RECORD_CORRUPT"
 	ReasonRedisUnavailable = "REDIS_UNAVAILABLE"
 	ReasonInvalidArgument  = "INVALID_ARGUMENT"
+	ReasonRequestIDReused  = "REQUEST_ID_REUSED"
+	ReasonReplication      = "REPLICATION_TIMEOUT"
+	ReasonSnapshotTooLarge = "SNAPSHOT_TOO_LARGE"
 )
 
 // MaxConflictDetails bounds the PreconditionFailure violations of one
@@ -62,6 +65,10 @@ var errorTable = []errorMapping{
 	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
 	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
 	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
+	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
+	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
+	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
+	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
 }
 
@@ -154,12 +161,33 @@ func heldDetails(err error) []protoadapt.MessageV1 {
 		return []protoadapt.MessageV1{info(ReasonLeaseHeld, nil)}
 	}
 	md := map[string]string{
-		"owner":         he.Holder.Owner,
+		"owner":         validUTF8(he.Holder.Owner),
 		"epoch":         strconv.FormatInt(he.Holder.Epoch, 10),
 		"expires_at_ms": strconv.FormatInt(he.Holder.ExpiresAtMs, 10),
 	}
 	wait := time.Duration(max(he.Holder.ExpiresAtMs-he.NowMs, 0)) * time.Millisecond
 	return []protoadapt.MessageV1{info(ReasonLeaseHeld, md), &errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}}
+}
+
+func reusedDetails(error) []protoadapt.MessageV1 {
+	return []protoadapt.MessageV1{info(ReasonRequestIDReused, nil), &errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+			Field:       "request_id",
+			Description: "already names a different request within the window; use a new id for a new request",
+		}},
+	}}
+}
+
+func replicationDetails(err error) []protoadapt.MessageV1 {
+	var re *store.ReplicationError
+	if !errors.As(err, &re) {
+		return []protoadapt.MessageV1{info(ReasonReplication, nil)}
+	}
+	return []protoadapt.MessageV1{info(ReasonReplication, map[string]string{
+		"revision":        strconv.FormatInt(re.Revision, 10),
+		"replicas_acked":  strconv.Itoa(re.Acked),
+		"replicas_wanted": strconv.Itoa(re.Wanted),
+	})}
 }
 
 func corruptDetails(err error) []protoadapt.MessageV1 {

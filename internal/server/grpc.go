@@ -55,6 +55,9 @@ type Options struct {
 	// LeaseBounds are the TTLs leases may be granted for. Default
 	// lease.DefaultBounds().
 	LeaseBounds lease.Bounds
+	// Records are the RecordsService settings (default durability, the
+	// Sections byte limit).
+	Records ServiceOptions
 }
 
 // Server is fenced's gRPC server: RecordsService, health and reflection.
@@ -115,7 +118,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		log:    logger,
 		every:  opts.HealthInterval,
 	}
-	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits))
+	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits, opts.Records))
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(lease.NewManager(core, opts.LeaseBounds)))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc) // v1 and v1alpha

@@ -5,10 +5,16 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // Records is the core the handlers call: *store.Store implements it.
@@ -16,20 +22,45 @@ type Records interface {
 	Layout(ctx context.Context, slug string) (store.Layout, error)
 	Record(ctx context.Context, slug, section, key string) (*store.Record, int64, error)
 	Sections(ctx context.Context, slug string, names []string) (*store.Snapshot, error)
-	Commit(ctx context.Context, b *batch.Batch) (int64, error)
+	ScanSection(ctx context.Context, slug, section, cursor string, count int) (*store.Page, error)
+	CommitDurable(ctx context.Context, b *batch.Batch, d store.Durability) (store.Committed, error)
 }
+
+// ServiceOptions are the RecordsService settings beyond the batch limits.
+type ServiceOptions struct {
+	// Durability is what a batch waits for when it does not say
+	// (replica_ack unset). Zero: no wait.
+	Durability store.Durability
+	// MaxSnapshotBytes bounds a Sections answer, in bytes (the encoded
+	// response). Zero: DefaultMaxSnapshotBytes.
+	MaxSnapshotBytes int
+}
+
+// DefaultMaxSnapshotBytes keeps a Sections answer under gRPC's default 4 MiB
+// receive limit of most clients, with room for framing.
+const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
+
+// Page sizes of ScanSection.
+const (
+	DefaultPageSize = 1000
+	MaxPageSize     = 10000
+)
 
 // Service implements fencedv1.RecordsServiceServer over a Records core.
 type Service struct {
 	fencedv1.UnimplementedRecordsServiceServer
 	records Records
 	limits  batch.Limits
+	opts    ServiceOptions
 }
 
 // NewService returns the RecordsService handlers over records, enforcing
 // limits (which must pass batch.Limits.Check).
-func NewService(records Records, limits batch.Limits) *Service {
-	return &Service{records: records, limits: limits}
+func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Service {
+	if opts.MaxSnapshotBytes <= 0 {
+		opts.MaxSnapshotBytes = DefaultMaxSnapshotBytes
+	}
+	return &Service{records: records, limits: limits, opts: opts}
 }
 
 var layouts = map[store.Layout]fencedv1.Layout{
@@ -65,13 +96,84 @@ func (s *Service) Sections(ctx context.Context, req *fencedv1.SectionsRequest) (
 		Revision: snap.Revision,
 	}
 	for name, recs := range snap.Sections {
-		sec := &fencedv1.Section{Records: make(map[string]*fencedv1.Record, len(recs))}
-		for key, r := range recs {
-			sec.Records[key] = &fencedv1.Record{Revision: r.Revision, Value: r.Value}
-		}
-		resp.Sections[name] = sec
+		resp.Sections[name] = &fencedv1.Section{Records: recordsProto(recs), Revision: snap.SectionRevisions[name]}
+	}
+	if size := proto.Size(resp); size > s.opts.MaxSnapshotBytes {
+		return nil, toStatus(&snapshotBytesError{size: size, max: s.opts.MaxSnapshotBytes})
 	}
 	return resp, nil
+}
+
+func recordsProto(recs map[string]store.Record) map[string]*fencedv1.Record {
+	out := make(map[string]*fencedv1.Record, len(recs))
+	for key, r := range recs {
+		out[key] = &fencedv1.Record{Revision: r.Revision, Value: r.Value}
+	}
+	return out
+}
+
+// snapshotBytesError is a Sections answer over MaxSnapshotBytes.
+type snapshotBytesError struct{ size, max int }
+
+func (e *snapshotBytesError) Error() string {
+	return fmt.Sprintf("snapshot too large: %d bytes, at most %d in one Sections answer; read large sections page by page with ScanSection", e.size, e.max)
+}
+
+func (e *snapshotBytesError) Is(target error) bool { return target == store.ErrSnapshotTooLarge }
+
+// ScanSection answers one page of a section.
+func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequest) (*fencedv1.ScanSectionResponse, error) {
+	var vs []batch.Violation
+	if err := s.limits.CheckSectionRef(req.GetSlug(), req.GetSection()); err != nil {
+		var ve *batch.ValidationError
+		errors.As(err, &ve)
+		vs = append(vs, ve.Violations...)
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size == 0:
+		size = DefaultPageSize
+	case size < 0 || size > MaxPageSize:
+		vs = append(vs, batch.Violation{Field: "page_size", Description: fmt.Sprintf("must be 0 (default %d) to %d, got %d", DefaultPageSize, MaxPageSize, size)})
+	}
+	cursor, ok := decodePageToken(req.GetPageToken(), req.GetSlug(), req.GetSection())
+	if !ok {
+		vs = append(vs, batch.Violation{Field: "page_token", Description: "not a next_page_token of a scan of this slug and section"})
+	}
+	if len(vs) > 0 {
+		return nil, toStatus(&batch.ValidationError{Violations: vs})
+	}
+	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), cursor, size)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &fencedv1.ScanSectionResponse{Records: recordsProto(page.Records), Revision: page.Revision, SectionRevision: page.SectionRevision}
+	if page.Next != "" {
+		resp.NextPageToken = encodePageToken(req.GetSlug(), req.GetSection(), page.Next)
+	}
+	return resp, nil
+}
+
+// Page tokens are opaque to clients: base64url of "v1", the slug, the
+// section and the Redis cursor, NUL-separated, so that a token is only
+// accepted for the scan that issued it.
+func encodePageToken(slug, section, cursor string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("v1\x00" + slug + "\x00" + section + "\x00" + cursor))
+}
+
+func decodePageToken(token, slug, section string) (cursor string, ok bool) {
+	if token == "" {
+		return "0", true
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil {
+		return "", false
+	}
+	parts := strings.Split(string(raw), "\x00")
+	if len(parts) != 4 || parts[0] != "v1" || parts[1] != slug || parts[2] != section || parts[3] == "" {
+		return "", false
+	}
+	return parts[3], true
 }
 
 // Record answers one record and the swarm revision.
@@ -96,17 +198,24 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 	if err := s.limits.CheckBatch(b); err != nil {
 		return nil, toStatus(err)
 	}
-	rev, err := s.records.Commit(ctx, b)
+	d := s.opts.Durability
+	if ack := req.GetReplicaAck(); ack != nil {
+		if ack.GetReplicas() < 0 || ack.GetTimeoutMs() < 0 {
+			return nil, toStatus(&batch.ValidationError{Violations: []batch.Violation{{Field: "replica_ack", Description: "replicas and timeout_ms must be >= 0"}}})
+		}
+		d = store.Durability{Replicas: int(ack.GetReplicas()), Timeout: time.Duration(ack.GetTimeoutMs()) * time.Millisecond}
+	}
+	c, err := s.records.CommitDurable(ctx, b, d)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &fencedv1.FencedBatchResponse{Revision: rev}, nil
+	return &fencedv1.FencedBatchResponse{Revision: c.Revision, Replayed: c.Replayed, ReplicasAcked: int32(c.ReplicasAcked)}, nil
 }
 
 // BatchFromProto converts a request into the domain batch, unvalidated. The
 // value strings are shared, not copied.
 func BatchFromProto(req *fencedv1.FencedBatchRequest) *batch.Batch {
-	b := &batch.Batch{Slug: req.GetSlug(), Writes: make([]batch.Write, len(req.GetWrites()))}
+	b := &batch.Batch{Slug: req.GetSlug(), RequestID: req.GetRequestId(), Writes: make([]batch.Write, len(req.GetWrites()))}
 	for i, w := range req.GetWrites() {
 		b.Writes[i] = batch.Write{
 			Kind:     batch.Kind(w.GetKind()), // same numbering; pinned by a test

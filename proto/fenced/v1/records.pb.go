@@ -19,7 +19,12 @@
 //                        as one document and must be migrated first.
 //   UNAVAILABLE          Redis is unreachable, busy or failing over; retry
 //                        later. A FencedBatch answered UNAVAILABLE may or may
-//                        not have committed: read before you rerun it.
+//                        not have committed: retry it with the same
+//                        request_id (always safe), or read before you rerun
+//                        it. REPLICATION_TIMEOUT: committed on the primary,
+//                        but not acknowledged by enough replicas in time.
+//   RESOURCE_EXHAUSTED   the answer would be too large: read the section page
+//                        by page with ScanSection.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
 //   INTERNAL             anything else; the message carries Redis's text.
@@ -117,6 +122,11 @@ const (
 	// Write nothing; only compare the record's revision with `expected`. A
 	// check may not be BLIND.
 	WriteKind_WRITE_KIND_CHECK WriteKind = 3
+	// Write nothing; compare the section's revision (Section.revision) with
+	// `expected`. `key` must be empty. One check stands for a whole section:
+	// it also catches records inserted since the section was read, which
+	// per-record checks cannot. At most one per section in a batch.
+	WriteKind_WRITE_KIND_CHECK_SECTION WriteKind = 4
 )
 
 // Enum value maps for WriteKind.
@@ -126,12 +136,14 @@ var (
 		1: "WRITE_KIND_PUT",
 		2: "WRITE_KIND_DELETE",
 		3: "WRITE_KIND_CHECK",
+		4: "WRITE_KIND_CHECK_SECTION",
 	}
 	WriteKind_value = map[string]int32{
-		"WRITE_KIND_UNSPECIFIED": 0,
-		"WRITE_KIND_PUT":         1,
-		"WRITE_KIND_DELETE":      2,
-		"WRITE_KIND_CHECK":       3,
+		"WRITE_KIND_UNSPECIFIED":   0,
+		"WRITE_KIND_PUT":           1,
+		"WRITE_KIND_DELETE":        2,
+		"WRITE_KIND_CHECK":         3,
+		"WRITE_KIND_CHECK_SECTION": 4,
 	}
 )
 
@@ -314,7 +326,12 @@ func (x *Record) GetValue() string {
 type Section struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The records of the section, by key. Empty when the section holds none.
-	Records       map[string]*Record `protobuf:"bytes,1,rep,name=records" json:"records,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Records map[string]*Record `protobuf:"bytes,1,rep,name=records" json:"records,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The section revision: the swarm revision of the last batch that put or
+	// deleted anything in the section; 0 when none did (or only writers that
+	// do not keep section revisions). Fence on it with
+	// WRITE_KIND_CHECK_SECTION.
+	Revision      int64 `protobuf:"varint,2,opt,name=revision" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -354,6 +371,13 @@ func (x *Section) GetRecords() map[string]*Record {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *Section) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // SectionsRequest names the swarm and the sections to read.
@@ -469,6 +493,154 @@ func (x *SectionsResponse) GetRevision() int64 {
 	return 0
 }
 
+// ScanSectionRequest asks for one page of a section.
+type ScanSectionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The swarm's slug. Required.
+	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
+	// The section: one of the configured section names or `meta`.
+	Section string `protobuf:"bytes,2,opt,name=section" json:"section,omitempty"`
+	// About how many records to return (a hint; a page may hold more or
+	// fewer). 0: the server's default (1000). At most 10000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize" json:"page_size,omitempty"`
+	// Empty for the first page; else the next_page_token of the previous page
+	// of the same scan (same slug and section).
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScanSectionRequest) Reset() {
+	*x = ScanSectionRequest{}
+	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScanSectionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScanSectionRequest) ProtoMessage() {}
+
+func (x *ScanSectionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScanSectionRequest.ProtoReflect.Descriptor instead.
+func (*ScanSectionRequest) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ScanSectionRequest) GetSlug() string {
+	if x != nil {
+		return x.Slug
+	}
+	return ""
+}
+
+func (x *ScanSectionRequest) GetSection() string {
+	if x != nil {
+		return x.Section
+	}
+	return ""
+}
+
+func (x *ScanSectionRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ScanSectionRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ScanSectionResponse is one page of a section.
+type ScanSectionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The records of this page, by key.
+	Records map[string]*Record `protobuf:"bytes,1,rep,name=records" json:"records,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The token of the next page; empty when this is the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken" json:"next_page_token,omitempty"`
+	// The swarm revision when this page was read.
+	Revision int64 `protobuf:"varint,3,opt,name=revision" json:"revision,omitempty"`
+	// The section revision when this page was read.
+	SectionRevision int64 `protobuf:"varint,4,opt,name=section_revision,json=sectionRevision" json:"section_revision,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ScanSectionResponse) Reset() {
+	*x = ScanSectionResponse{}
+	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScanSectionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScanSectionResponse) ProtoMessage() {}
+
+func (x *ScanSectionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScanSectionResponse.ProtoReflect.Descriptor instead.
+func (*ScanSectionResponse) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ScanSectionResponse) GetRecords() map[string]*Record {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *ScanSectionResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ScanSectionResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ScanSectionResponse) GetSectionRevision() int64 {
+	if x != nil {
+		return x.SectionRevision
+	}
+	return 0
+}
+
 // RecordRequest names one record.
 type RecordRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -484,7 +656,7 @@ type RecordRequest struct {
 
 func (x *RecordRequest) Reset() {
 	*x = RecordRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	mi := &file_fenced_v1_records_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +668,7 @@ func (x *RecordRequest) String() string {
 func (*RecordRequest) ProtoMessage() {}
 
 func (x *RecordRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	mi := &file_fenced_v1_records_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +681,7 @@ func (x *RecordRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRequest.ProtoReflect.Descriptor instead.
 func (*RecordRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{6}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RecordRequest) GetSlug() string {
@@ -547,7 +719,7 @@ type RecordResponse struct {
 
 func (x *RecordResponse) Reset() {
 	*x = RecordResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	mi := &file_fenced_v1_records_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +731,7 @@ func (x *RecordResponse) String() string {
 func (*RecordResponse) ProtoMessage() {}
 
 func (x *RecordResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	mi := &file_fenced_v1_records_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +744,7 @@ func (x *RecordResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordResponse.ProtoReflect.Descriptor instead.
 func (*RecordResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{7}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RecordResponse) GetRecord() *Record {
@@ -616,7 +788,7 @@ type RecordWrite struct {
 
 func (x *RecordWrite) Reset() {
 	*x = RecordWrite{}
-	mi := &file_fenced_v1_records_proto_msgTypes[8]
+	mi := &file_fenced_v1_records_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +800,7 @@ func (x *RecordWrite) String() string {
 func (*RecordWrite) ProtoMessage() {}
 
 func (x *RecordWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[8]
+	mi := &file_fenced_v1_records_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +813,7 @@ func (x *RecordWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordWrite.ProtoReflect.Descriptor instead.
 func (*RecordWrite) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{8}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RecordWrite) GetKind() WriteKind {
@@ -698,7 +870,7 @@ type LeaseFence struct {
 
 func (x *LeaseFence) Reset() {
 	*x = LeaseFence{}
-	mi := &file_fenced_v1_records_proto_msgTypes[9]
+	mi := &file_fenced_v1_records_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +882,7 @@ func (x *LeaseFence) String() string {
 func (*LeaseFence) ProtoMessage() {}
 
 func (x *LeaseFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[9]
+	mi := &file_fenced_v1_records_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +895,7 @@ func (x *LeaseFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseFence.ProtoReflect.Descriptor instead.
 func (*LeaseFence) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{9}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LeaseFence) GetOwner() string {
@@ -757,14 +929,27 @@ type FencedBatchRequest struct {
 	Writes []*RecordWrite `protobuf:"bytes,2,rep,name=writes" json:"writes,omitempty"`
 	// The lease fence. Unset: the batch is not fenced (only revisions are
 	// checked) and its log entry names no owner.
-	Fence         *LeaseFence `protobuf:"bytes,3,opt,name=fence" json:"fence,omitempty"`
+	Fence *LeaseFence `protobuf:"bytes,3,opt,name=fence" json:"fence,omitempty"`
+	// Makes the batch idempotent: 1-128 printable ASCII characters, unique
+	// per change (a UUID). Empty: none. The first commit under an id records
+	// it under the swarm's hash tag for the server's window (default 10 min);
+	// the same id with the same request inside the window answers the
+	// original revision (replayed = true) and writes nothing, so retrying a
+	// batch whose reply was lost is always safe. The same id with a different
+	// request is INVALID_ARGUMENT (ErrorInfo reason REQUEST_ID_REUSED).
+	// The log entry of the commit carries the id. `fence.now_ms` is not part
+	// of what must match.
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId" json:"request_id,omitempty"`
+	// How many replicas must acknowledge the commit before fenced answers.
+	// Unset: the server's default (--wait-replicas, 0 unless configured).
+	ReplicaAck    *ReplicaAck `protobuf:"bytes,5,opt,name=replica_ack,json=replicaAck" json:"replica_ack,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FencedBatchRequest) Reset() {
 	*x = FencedBatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	mi := &file_fenced_v1_records_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +961,7 @@ func (x *FencedBatchRequest) String() string {
 func (*FencedBatchRequest) ProtoMessage() {}
 
 func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	mi := &file_fenced_v1_records_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +974,7 @@ func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchRequest.ProtoReflect.Descriptor instead.
 func (*FencedBatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{10}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FencedBatchRequest) GetSlug() string {
@@ -813,19 +998,98 @@ func (x *FencedBatchRequest) GetFence() *LeaseFence {
 	return nil
 }
 
+func (x *FencedBatchRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *FencedBatchRequest) GetReplicaAck() *ReplicaAck {
+	if x != nil {
+		return x.ReplicaAck
+	}
+	return nil
+}
+
+// ReplicaAck asks fenced to wait, on the connection that ran the commit,
+// until replicas acknowledged it (Redis WAIT). Redis replicates
+// asynchronously: without it, a primary that fails right after answering
+// can lose an acknowledged batch.
+type ReplicaAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Replicas that must acknowledge; 0: do not wait.
+	Replicas int32 `protobuf:"varint,1,opt,name=replicas" json:"replicas,omitempty"`
+	// How long to wait, in ms; 0: the server's default (1000).
+	TimeoutMs     int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaAck) Reset() {
+	*x = ReplicaAck{}
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaAck) ProtoMessage() {}
+
+func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaAck.ProtoReflect.Descriptor instead.
+func (*ReplicaAck) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReplicaAck) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *ReplicaAck) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 // FencedBatchResponse reports a committed batch.
 type FencedBatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The swarm revision the batch committed at, stamped on every put. For a
 	// batch of checks alone: the current swarm revision, unchanged.
-	Revision      int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
+	// True when request_id named a batch that had committed before: nothing
+	// was written now, and revision is the original one.
+	Replayed bool `protobuf:"varint,2,opt,name=replayed" json:"replayed,omitempty"`
+	// Replicas that acknowledged the commit, when a wait was asked for. Fewer
+	// than asked is UNAVAILABLE + REPLICATION_TIMEOUT instead (its ErrorInfo
+	// metadata gives the committed revision).
+	ReplicasAcked int32 `protobuf:"varint,3,opt,name=replicas_acked,json=replicasAcked" json:"replicas_acked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FencedBatchResponse) Reset() {
 	*x = FencedBatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[11]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +1101,7 @@ func (x *FencedBatchResponse) String() string {
 func (*FencedBatchResponse) ProtoMessage() {}
 
 func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[11]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,12 +1114,26 @@ func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchResponse.ProtoReflect.Descriptor instead.
 func (*FencedBatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{11}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FencedBatchResponse) GetRevision() int64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *FencedBatchResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *FencedBatchResponse) GetReplicasAcked() int32 {
+	if x != nil {
+		return x.ReplicasAcked
 	}
 	return 0
 }
@@ -871,9 +1149,10 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x06layout\x18\x01 \x01(\x0e2\x11.fenced.v1.LayoutR\x06layout\":\n" +
 	"\x06Record\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\x93\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xaf\x01\n" +
 	"\aSection\x129\n" +
-	"\arecords\x18\x01 \x03(\v2\x1f.fenced.v1.Section.RecordsEntryR\arecords\x1aM\n" +
+	"\arecords\x18\x01 \x03(\v2\x1f.fenced.v1.Section.RecordsEntryR\arecords\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x1aM\n" +
 	"\fRecordsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
 	"\x05value\x18\x02 \x01(\v2\x11.fenced.v1.RecordR\x05value:\x028\x01\";\n" +
@@ -885,7 +1164,21 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x1aO\n" +
 	"\rSectionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
-	"\x05value\x18\x02 \x01(\v2\x12.fenced.v1.SectionR\x05value:\x028\x01\"O\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.fenced.v1.SectionR\x05value:\x028\x01\"~\n" +
+	"\x12ScanSectionRequest\x12\x12\n" +
+	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x18\n" +
+	"\asection\x18\x02 \x01(\tR\asection\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9a\x02\n" +
+	"\x13ScanSectionResponse\x12E\n" +
+	"\arecords\x18\x01 \x03(\v2+.fenced.v1.ScanSectionResponse.RecordsEntryR\arecords\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12)\n" +
+	"\x10section_revision\x18\x04 \x01(\x03R\x0fsectionRevision\x1aM\n" +
+	"\fRecordsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.fenced.v1.RecordR\x05value:\x028\x01\"O\n" +
 	"\rRecordRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x18\n" +
 	"\asection\x18\x02 \x01(\tR\asection\x12\x10\n" +
@@ -903,25 +1196,38 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"LeaseFence\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x15\n" +
-	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"\x85\x01\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"\xdc\x01\n" +
 	"\x12FencedBatchRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12.\n" +
 	"\x06writes\x18\x02 \x03(\v2\x16.fenced.v1.RecordWriteR\x06writes\x12+\n" +
-	"\x05fence\x18\x03 \x01(\v2\x15.fenced.v1.LeaseFenceR\x05fence\"1\n" +
+	"\x05fence\x18\x03 \x01(\v2\x15.fenced.v1.LeaseFenceR\x05fence\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x126\n" +
+	"\vreplica_ack\x18\x05 \x01(\v2\x15.fenced.v1.ReplicaAckR\n" +
+	"replicaAck\"G\n" +
+	"\n" +
+	"ReplicaAck\x12\x1a\n" +
+	"\breplicas\x18\x01 \x01(\x05R\breplicas\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\"t\n" +
 	"\x13FencedBatchResponse\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x03R\brevision*I\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\x12%\n" +
+	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked*I\n" +
 	"\x06Layout\x12\x16\n" +
 	"\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n" +
-	"\x0fLAYOUT_DOCUMENT\x10\x02*h\n" +
+	"\x0fLAYOUT_DOCUMENT\x10\x02*\x86\x01\n" +
 	"\tWriteKind\x12\x1a\n" +
 	"\x16WRITE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eWRITE_KIND_PUT\x10\x01\x12\x15\n" +
 	"\x11WRITE_KIND_DELETE\x10\x02\x12\x14\n" +
-	"\x10WRITE_KIND_CHECK\x10\x032\xa1\x02\n" +
+	"\x10WRITE_KIND_CHECK\x10\x03\x12\x1c\n" +
+	"\x18WRITE_KIND_CHECK_SECTION\x10\x042\xef\x02\n" +
 	"\x0eRecordsService\x12=\n" +
 	"\x06Layout\x12\x18.fenced.v1.LayoutRequest\x1a\x19.fenced.v1.LayoutResponse\x12C\n" +
-	"\bSections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12=\n" +
+	"\bSections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12L\n" +
+	"\vScanSection\x12\x1d.fenced.v1.ScanSectionRequest\x1a\x1e.fenced.v1.ScanSectionResponse\x12=\n" +
 	"\x06Record\x12\x18.fenced.v1.RecordRequest\x1a\x19.fenced.v1.RecordResponse\x12L\n" +
 	"\vFencedBatch\x12\x1d.fenced.v1.FencedBatchRequest\x1a\x1e.fenced.v1.FencedBatchResponseB?Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1\x92\x03\x04\b\x02 \x03b\beditionsp\xe8\a"
 
@@ -938,7 +1244,7 @@ func file_fenced_v1_records_proto_rawDescGZIP() []byte {
 }
 
 var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_fenced_v1_records_proto_goTypes = []any{
 	(Layout)(0),                 // 0: fenced.v1.Layout
 	(WriteKind)(0),              // 1: fenced.v1.WriteKind
@@ -948,38 +1254,47 @@ var file_fenced_v1_records_proto_goTypes = []any{
 	(*Section)(nil),             // 5: fenced.v1.Section
 	(*SectionsRequest)(nil),     // 6: fenced.v1.SectionsRequest
 	(*SectionsResponse)(nil),    // 7: fenced.v1.SectionsResponse
-	(*RecordRequest)(nil),       // 8: fenced.v1.RecordRequest
-	(*RecordResponse)(nil),      // 9: fenced.v1.RecordResponse
-	(*RecordWrite)(nil),         // 10: fenced.v1.RecordWrite
-	(*LeaseFence)(nil),          // 11: fenced.v1.LeaseFence
-	(*FencedBatchRequest)(nil),  // 12: fenced.v1.FencedBatchRequest
-	(*FencedBatchResponse)(nil), // 13: fenced.v1.FencedBatchResponse
-	nil,                         // 14: fenced.v1.Section.RecordsEntry
-	nil,                         // 15: fenced.v1.SectionsResponse.SectionsEntry
+	(*ScanSectionRequest)(nil),  // 8: fenced.v1.ScanSectionRequest
+	(*ScanSectionResponse)(nil), // 9: fenced.v1.ScanSectionResponse
+	(*RecordRequest)(nil),       // 10: fenced.v1.RecordRequest
+	(*RecordResponse)(nil),      // 11: fenced.v1.RecordResponse
+	(*RecordWrite)(nil),         // 12: fenced.v1.RecordWrite
+	(*LeaseFence)(nil),          // 13: fenced.v1.LeaseFence
+	(*FencedBatchRequest)(nil),  // 14: fenced.v1.FencedBatchRequest
+	(*ReplicaAck)(nil),          // 15: fenced.v1.ReplicaAck
+	(*FencedBatchResponse)(nil), // 16: fenced.v1.FencedBatchResponse
+	nil,                         // 17: fenced.v1.Section.RecordsEntry
+	nil,                         // 18: fenced.v1.SectionsResponse.SectionsEntry
+	nil,                         // 19: fenced.v1.ScanSectionResponse.RecordsEntry
 }
 var file_fenced_v1_records_proto_depIdxs = []int32{
 	0,  // 0: fenced.v1.LayoutResponse.layout:type_name -> fenced.v1.Layout
-	14, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
-	15, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
-	4,  // 3: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
-	1,  // 4: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
-	10, // 5: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
-	11, // 6: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
-	4,  // 7: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
-	5,  // 8: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
-	2,  // 9: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
-	6,  // 10: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
-	8,  // 11: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
-	12, // 12: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
-	3,  // 13: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
-	7,  // 14: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
-	9,  // 15: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
-	13, // 16: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	17, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
+	18, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
+	19, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
+	4,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
+	1,  // 5: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
+	12, // 6: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
+	13, // 7: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
+	15, // 8: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
+	4,  // 9: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
+	5,  // 10: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
+	4,  // 11: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
+	2,  // 12: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
+	6,  // 13: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
+	8,  // 14: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
+	10, // 15: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
+	14, // 16: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
+	3,  // 17: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
+	7,  // 18: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
+	9,  // 19: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
+	11, // 20: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
+	16, // 21: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_fenced_v1_records_proto_init() }
@@ -993,7 +1308,7 @@ func file_fenced_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_records_proto_rawDesc), len(file_fenced_v1_records_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,12 @@
 //                        as one document and must be migrated first.
 //   UNAVAILABLE          Redis is unreachable, busy or failing over; retry
 //                        later. A FencedBatch answered UNAVAILABLE may or may
-//                        not have committed: read before you rerun it.
+//                        not have committed: retry it with the same
+//                        request_id (always safe), or read before you rerun
+//                        it. REPLICATION_TIMEOUT: committed on the primary,
+//                        but not acknowledged by enough replicas in time.
+//   RESOURCE_EXHAUSTED   the answer would be too large: read the section page
+//                        by page with ScanSection.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
 //   INTERNAL             anything else; the message carries Redis's text.
@@ -47,6 +52,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	RecordsService_Layout_FullMethodName      = "/fenced.v1.RecordsService/Layout"
 	RecordsService_Sections_FullMethodName    = "/fenced.v1.RecordsService/Sections"
+	RecordsService_ScanSection_FullMethodName = "/fenced.v1.RecordsService/ScanSection"
 	RecordsService_Record_FullMethodName      = "/fenced.v1.RecordsService/Record"
 	RecordsService_FencedBatch_FullMethodName = "/fenced.v1.RecordsService/FencedBatch"
 )
@@ -62,8 +68,18 @@ type RecordsServiceClient interface {
 	// Layout tells how a swarm's fencing state is stored. Read-only.
 	Layout(ctx context.Context, in *LayoutRequest, opts ...grpc.CallOption) (*LayoutResponse, error)
 	// Sections reads whole sections and the swarm revision as one consistent
-	// snapshot (one atomic read in Redis). Read-only.
+	// snapshot (one atomic read in Redis). Read-only. Errors:
+	// RESOURCE_EXHAUSTED when the snapshot would hold more records or bytes
+	// than the server's limits: read such a section with ScanSection.
 	Sections(ctx context.Context, in *SectionsRequest, opts ...grpc.CallOption) (*SectionsResponse, error)
+	// ScanSection reads one section page by page, for sections too large for
+	// one message. Each page is read atomically with the swarm and section
+	// revisions, but pages are not one snapshot: a record may appear on two
+	// pages if the section changes during the scan, and every record present
+	// for the whole scan appears on at least one. Compare the first and last
+	// pages' section_revision (or fence on the first one with
+	// WRITE_KIND_CHECK_SECTION) to know whether the section changed. Read-only.
+	ScanSection(ctx context.Context, in *ScanSectionRequest, opts ...grpc.CallOption) (*ScanSectionResponse, error)
 	// Record reads one record and the swarm revision as one consistent
 	// snapshot. Read-only. An absent record is not an error: `record` is unset.
 	Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error)
@@ -73,11 +89,13 @@ type RecordsServiceClient interface {
 	// put is stamped with it. A batch of checks alone commits nothing and
 	// answers the current swarm revision.
 	//
-	// Errors: INVALID_ARGUMENT (BadRequest), ABORTED + REVISION_CONFLICT
+	// Errors: INVALID_ARGUMENT (BadRequest; REQUEST_ID_REUSED), ABORTED +
+	// REVISION_CONFLICT
 	// (PreconditionFailure, one violation per conflicting record, in request
 	// order), FAILED_PRECONDITION + LEASE_STALE (ErrorInfo metadata: the current
 	// holder's owner, epoch and expires_at_ms; empty when there is no lease) or
-	// LAYOUT_DOCUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, CANCELED, INTERNAL.
+	// LAYOUT_DOCUMENT, UNAVAILABLE (REPLICATION_TIMEOUT: committed, but not
+	// acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(ctx context.Context, in *FencedBatchRequest, opts ...grpc.CallOption) (*FencedBatchResponse, error)
 }
 
@@ -103,6 +121,16 @@ func (c *recordsServiceClient) Sections(ctx context.Context, in *SectionsRequest
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SectionsResponse)
 	err := c.cc.Invoke(ctx, RecordsService_Sections_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *recordsServiceClient) ScanSection(ctx context.Context, in *ScanSectionRequest, opts ...grpc.CallOption) (*ScanSectionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScanSectionResponse)
+	err := c.cc.Invoke(ctx, RecordsService_ScanSection_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -140,8 +168,18 @@ type RecordsServiceServer interface {
 	// Layout tells how a swarm's fencing state is stored. Read-only.
 	Layout(context.Context, *LayoutRequest) (*LayoutResponse, error)
 	// Sections reads whole sections and the swarm revision as one consistent
-	// snapshot (one atomic read in Redis). Read-only.
+	// snapshot (one atomic read in Redis). Read-only. Errors:
+	// RESOURCE_EXHAUSTED when the snapshot would hold more records or bytes
+	// than the server's limits: read such a section with ScanSection.
 	Sections(context.Context, *SectionsRequest) (*SectionsResponse, error)
+	// ScanSection reads one section page by page, for sections too large for
+	// one message. Each page is read atomically with the swarm and section
+	// revisions, but pages are not one snapshot: a record may appear on two
+	// pages if the section changes during the scan, and every record present
+	// for the whole scan appears on at least one. Compare the first and last
+	// pages' section_revision (or fence on the first one with
+	// WRITE_KIND_CHECK_SECTION) to know whether the section changed. Read-only.
+	ScanSection(context.Context, *ScanSectionRequest) (*ScanSectionResponse, error)
 	// Record reads one record and the swarm revision as one consistent
 	// snapshot. Read-only. An absent record is not an error: `record` is unset.
 	Record(context.Context, *RecordRequest) (*RecordResponse, error)
@@ -151,11 +189,13 @@ type RecordsServiceServer interface {
 	// put is stamped with it. A batch of checks alone commits nothing and
 	// answers the current swarm revision.
 	//
-	// Errors: INVALID_ARGUMENT (BadRequest), ABORTED + REVISION_CONFLICT
+	// Errors: INVALID_ARGUMENT (BadRequest; REQUEST_ID_REUSED), ABORTED +
+	// REVISION_CONFLICT
 	// (PreconditionFailure, one violation per conflicting record, in request
 	// order), FAILED_PRECONDITION + LEASE_STALE (ErrorInfo metadata: the current
 	// holder's owner, epoch and expires_at_ms; empty when there is no lease) or
-	// LAYOUT_DOCUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, CANCELED, INTERNAL.
+	// LAYOUT_DOCUMENT, UNAVAILABLE (REPLICATION_TIMEOUT: committed, but not
+	// acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(context.Context, *FencedBatchRequest) (*FencedBatchResponse, error)
 	mustEmbedUnimplementedRecordsServiceServer()
 }
@@ -172,6 +212,9 @@ func (UnimplementedRecordsServiceServer) Layout(context.Context, *LayoutRequest)
 }
 func (UnimplementedRecordsServiceServer) Sections(context.Context, *SectionsRequest) (*SectionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Sections not implemented")
+}
+func (UnimplementedRecordsServiceServer) ScanSection(context.Context, *ScanSectionRequest) (*ScanSectionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ScanSection not implemented")
 }
 func (UnimplementedRecordsServiceServer) Record(context.Context, *RecordRequest) (*RecordResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Record not implemented")
@@ -236,6 +279,24 @@ func _RecordsService_Sections_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RecordsService_ScanSection_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScanSectionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RecordsServiceServer).ScanSection(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RecordsService_ScanSection_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RecordsServiceServer).ScanSection(ctx, req.(*ScanSectionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RecordsService_Record_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RecordRequest)
 	if err := dec(in); err != nil {
@@ -286,6 +347,10 @@ var RecordsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Sections",
 			Handler:    _RecordsService_Sections_Handler,
+		},
+		{
+			MethodName: "ScanSection",
+			Handler:    _RecordsService_ScanSection_Handler,
 		},
 		{
 			MethodName: "Record",
