@@ -16,6 +16,8 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -133,21 +135,80 @@ func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Recor
 }
 
 // Sections reads whole sections (every section but archive when names is
-// empty) and the swarm revision as one snapshot. Errors: see Decode.
+// empty) and the swarm revision as one snapshot. Errors: see Decode;
+// RESOURCE_EXHAUSTED for a snapshot over the server's limits (use
+// ScanSection).
 func (c *Client) Sections(ctx context.Context, slug string, names ...string) (map[string]map[string]Record, int64, error) {
+	snap, err := c.Snapshot(ctx, slug, names...)
+	if err != nil {
+		return nil, 0, err
+	}
+	return snap.Sections, snap.Revision, nil
+}
+
+// Snapshot is sections read at one instant.
+type Snapshot struct {
+	// Revision is the swarm revision.
+	Revision int64
+	// Sections maps each section to its records by key.
+	Sections map[string]map[string]Record
+	// SectionRevisions maps each section to its revision (fence on it with a
+	// CheckSection write).
+	SectionRevisions map[string]int64
+}
+
+// Snapshot is Sections with the section revisions.
+func (c *Client) Snapshot(ctx context.Context, slug string, names ...string) (*Snapshot, error) {
 	resp, err := c.records.Sections(ctx, &fencedv1.SectionsRequest{Slug: slug, Names: names})
 	if err != nil {
-		return nil, 0, Decode(err)
+		return nil, Decode(err)
 	}
-	out := make(map[string]map[string]Record, len(resp.GetSections()))
+	snap := &Snapshot{
+		Revision:         resp.GetRevision(),
+		Sections:         make(map[string]map[string]Record, len(resp.GetSections())),
+		SectionRevisions: make(map[string]int64, len(resp.GetSections())),
+	}
 	for name, sec := range resp.GetSections() {
-		recs := make(map[string]Record, len(sec.GetRecords()))
-		for k, r := range sec.GetRecords() {
-			recs[k] = Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
-		}
-		out[name] = recs
+		snap.Sections[name] = recordsFrom(sec.GetRecords())
+		snap.SectionRevisions[name] = sec.GetRevision()
 	}
-	return out, resp.GetRevision(), nil
+	return snap, nil
+}
+
+func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
+	recs := make(map[string]Record, len(m))
+	for k, r := range m {
+		recs[k] = Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+	}
+	return recs
+}
+
+// ScanSection reads a section page by page (pageSize records per page, a
+// hint; 0: the server's default), calling fn for every record; fn's error
+// stops the scan. It answers the section revision of the first and the last
+// page: when they differ, the section changed during the scan (a record may
+// then have been seen twice, or missed if inserted meanwhile). Errors: see
+// Decode.
+func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize int, fn func(key string, r Record) error) (first, last int64, err error) {
+	token := ""
+	for page := 0; ; page++ {
+		resp, err := c.records.ScanSection(ctx, &fencedv1.ScanSectionRequest{Slug: slug, Section: section, PageSize: int32(pageSize), PageToken: token})
+		if err != nil {
+			return first, last, Decode(err)
+		}
+		if page == 0 {
+			first = resp.GetSectionRevision()
+		}
+		last = resp.GetSectionRevision()
+		for k, r := range resp.GetRecords() {
+			if err := fn(k, Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}); err != nil {
+				return first, last, err
+			}
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return first, last, nil
+		}
+	}
 }
 
 // WriteKind is what a Write does.
@@ -158,6 +219,8 @@ const (
 	Put    = fencedv1.WriteKind_WRITE_KIND_PUT
 	Delete = fencedv1.WriteKind_WRITE_KIND_DELETE
 	Check  = fencedv1.WriteKind_WRITE_KIND_CHECK
+	// CheckSection compares a section's revision; Key is empty.
+	CheckSection = fencedv1.WriteKind_WRITE_KIND_CHECK_SECTION
 )
 
 // Blind is the Expected revision that disables a write's check.
@@ -173,12 +236,43 @@ type Write struct {
 	Value    json.RawMessage
 }
 
+// BatchOption sets an optional field of a FencedBatch.
+type BatchOption func(*fencedv1.FencedBatchRequest)
+
+// WithRequestID makes the batch idempotent under id (1-128 printable ASCII
+// characters, unique per change): sending it again with the same id inside
+// the server's window answers the original revision and writes nothing, so
+// a batch whose reply was lost can always be retried safely. NewRequestID
+// makes one.
+func WithRequestID(id string) BatchOption {
+	return func(r *fencedv1.FencedBatchRequest) { r.RequestId = id }
+}
+
+// WithReplicaAck makes fenced wait until replicas acknowledged the commit
+// (Redis WAIT), at most timeout (0: the server's default). Fewer in time is
+// ErrReplicationTimeout (*ReplicationError with the committed revision).
+func WithReplicaAck(replicas int, timeout time.Duration) BatchOption {
+	return func(r *fencedv1.FencedBatchRequest) {
+		r.ReplicaAck = &fencedv1.ReplicaAck{Replicas: int32(replicas), TimeoutMs: timeout.Milliseconds()}
+	}
+}
+
+// NewRequestID returns a random request id (32 hex digits).
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
 // Batch sends writes as one FencedBatch: all commit or none. It answers the
 // revision committed at. Errors: see Decode.
-func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write) (int64, error) {
+func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write, opts ...BatchOption) (int64, error) {
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
 		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value)}
+	}
+	for _, o := range opts {
+		o(req)
 	}
 	resp, err := c.records.FencedBatch(ctx, req)
 	if err != nil {

@@ -31,6 +31,10 @@ var (
 	// ErrUnavailable: fenced or its Redis could not be reached; a batch may
 	// or may not have committed.
 	ErrUnavailable = errors.New("fenced: unavailable")
+	// ErrReplicationTimeout: the batch committed on the primary but fewer
+	// replicas than asked acknowledged it in time. As *ReplicationError;
+	// also matches ErrUnavailable.
+	ErrReplicationTimeout = errors.New("fenced: replication timeout")
 	// ErrKeptChanging: Update met a revision conflict on every attempt.
 	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
 )
@@ -82,6 +86,23 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 
 // Unwrap returns the status error.
 func (e *ConflictError) Unwrap() error { return e.Err }
+
+// ReplicationError is ErrReplicationTimeout with the committed revision.
+type ReplicationError struct {
+	Revision      int64
+	Acked, Wanted int
+	Err           error
+}
+
+func (e *ReplicationError) Error() string { return e.Err.Error() }
+
+// Is matches ErrReplicationTimeout and ErrUnavailable.
+func (e *ReplicationError) Is(target error) bool {
+	return target == ErrReplicationTimeout || target == ErrUnavailable
+}
+
+// Unwrap returns the status error.
+func (e *ReplicationError) Unwrap() error { return e.Err }
 
 // FieldViolation is one bad field of a refused request.
 type FieldViolation struct {
@@ -178,6 +199,12 @@ func Decode(err error) error {
 			ie.Violations = append(ie.Violations, FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
 		}
 		return ie
+	case st.Code() == codes.Unavailable && reason == "REPLICATION_TIMEOUT":
+		re := &ReplicationError{Err: err}
+		re.Revision, _ = strconv.ParseInt(md["revision"], 10, 64)
+		re.Acked, _ = strconv.Atoi(md["replicas_acked"])
+		re.Wanted, _ = strconv.Atoi(md["replicas_wanted"])
+		return re
 	case st.Code() == codes.Unavailable:
 		return &codeError{kind: ErrUnavailable, err: err}
 	}

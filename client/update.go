@@ -33,7 +33,12 @@ const MaxUpdateAttempts = 16
 // effects outside the Txn. On ErrLeaseStale, and on any other error
 // (including change's own), it stops at once. It answers the revision the
 // batch committed at.
-func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error) (int64, error) {
+//
+// Every batch carries a fresh request id; a batch answered UNAVAILABLE (its
+// reply may be lost after the commit) is resent under the same id, up to
+// MaxLostReplyRetries times, so it is applied at most once. opts apply to
+// every batch sent (WithReplicaAck; a WithRequestID is overridden).
+func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error, opts ...BatchOption) (int64, error) {
 	// 16.5 ms ± 15.5 ms: uniformly 1-32 ms, the same every attempt.
 	jitter := &backoff.ExponentialBackOff{
 		InitialInterval:     16500 * time.Microsecond,
@@ -46,7 +51,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		attempts++
 		tx := &Txn{ctx: ctx, c: c, slug: slug,
 			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
-			whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
+			sectionRevs: map[string]int64{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
 		if err := change(tx); err != nil {
 			return 0, backoff.Permanent(err)
 		}
@@ -54,7 +59,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		if !mutates {
 			return tx.seen, nil
 		}
-		rev, err := c.Batch(ctx, slug, fence, writes)
+		rev, err := c.commitRetryingLostReplies(ctx, slug, fence, writes, opts)
 		switch {
 		case err == nil:
 			return rev, nil
@@ -71,6 +76,30 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 	}
 	if err != nil && errors.Is(err, ErrConflict) {
 		return 0, errorf("update %s after %d attempts: %w: %w", slug, attempts, ErrKeptChanging, err)
+	}
+	return rev, err
+}
+
+// MaxLostReplyRetries is how many times Update resends a batch whose answer
+// was UNAVAILABLE (the reply may have been lost after a commit), under the
+// same request id, so that a commit is never applied twice.
+const MaxLostReplyRetries = 3
+
+// commitRetryingLostReplies sends one batch under a fresh request id and,
+// while the answer is UNAVAILABLE (but not a replication timeout, which did
+// commit), resends it under the same id: the server answers a batch that
+// did commit with its original revision.
+func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fence *Fence, writes []Write, opts []BatchOption) (int64, error) {
+	opts = append(slices.Clip(opts), WithRequestID(NewRequestID()))
+	rev, err := backoff.Retry(ctx, func() (int64, error) {
+		rev, err := c.Batch(ctx, slug, fence, writes, opts...)
+		if err != nil && (!errors.Is(err, ErrUnavailable) || errors.Is(err, ErrReplicationTimeout)) {
+			return 0, backoff.Permanent(err)
+		}
+		return rev, err
+	}, backoff.WithMaxTries(MaxLostReplyRetries+1), backoff.WithMaxElapsedTime(0))
+	if p, ok := err.(*backoff.PermanentError); ok {
+		return 0, p.Unwrap()
 	}
 	return rev, err
 }
@@ -95,10 +124,12 @@ type Txn struct {
 	read     map[ref]Record
 	absent   map[ref]bool
 	sections map[string]map[string]Record
-	whole    map[string]bool
-	pending  map[ref]*pendingWrite
-	order    []ref // first-write order of pending
-	seen     int64 // the highest swarm revision seen
+	// sectionRevs: the section revision of each section loaded whole.
+	sectionRevs map[string]int64
+	whole       map[string]bool
+	pending     map[ref]*pendingWrite
+	order       []ref // first-write order of pending
+	seen        int64 // the highest swarm revision seen
 }
 
 func (tx *Txn) see(rev int64) { tx.seen = max(tx.seen, rev) }
@@ -188,15 +219,19 @@ func (tx *Txn) write(r ref, p *pendingWrite) error {
 
 // Section loads a whole section (one snapshot, on first use) and returns a
 // view of it. Reading single keys through it checks only those keys;
-// iterating, counting or copying it checks every record it held.
+// iterating, counting or copying it fences the batch on the section's
+// revision (one WRITE_KIND_CHECK_SECTION), which also catches records
+// inserted meanwhile. Section revisions are kept by fenced: a record
+// changed by a writer that bypasses fenced does not raise it.
 func (tx *Txn) Section(name string) (*Section, error) {
 	if _, ok := tx.sections[name]; !ok {
-		secs, rev, err := tx.c.Sections(tx.ctx, tx.slug, name)
+		snap, err := tx.c.Snapshot(tx.ctx, tx.slug, name)
 		if err != nil {
 			return nil, err
 		}
-		tx.see(rev)
-		tx.sections[name] = secs[name]
+		tx.see(snap.Revision)
+		tx.sections[name] = snap.Sections[name]
+		tx.sectionRevs[name] = snap.SectionRevisions[name]
 		if tx.sections[name] == nil {
 			tx.sections[name] = map[string]Record{}
 		}
@@ -283,9 +318,26 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 	if len(writes) == 0 {
 		return nil, false
 	}
+	// A section read whole is fenced by one section check, whatever its
+	// size: it also catches records inserted since (phantoms). A record of
+	// it read on its own at another revision than the snapshot's is still
+	// checked by itself (it changed between the two reads).
+	for _, name := range slices.Sorted(maps.Keys(tx.whole)) {
+		writes = append(writes, Write{Kind: CheckSection, Section: name, Expected: tx.sectionRevs[name]})
+	}
+	coveredBySection := func(r ref) bool {
+		if !tx.whole[r.section] {
+			return false
+		}
+		snap, inSnap := tx.sections[r.section][r.key]
+		if rec, ok := tx.read[r]; ok {
+			return inSnap && snap.Revision == rec.Revision
+		}
+		return !inSnap // read as absent, and absent from the snapshot
+	}
 	checked := map[ref]bool{}
 	check := func(r ref) {
-		if written[r] || checked[r] {
+		if written[r] || checked[r] || coveredBySection(r) {
 			return
 		}
 		checked[r] = true
@@ -296,15 +348,6 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 	}
 	for _, r := range sortedRefs(maps.Keys(tx.absent)) {
 		check(r)
-	}
-	for _, name := range slices.Sorted(maps.Keys(tx.whole)) {
-		for _, k := range slices.Sorted(maps.Keys(tx.sections[name])) {
-			r := ref{name, k}
-			if _, ok := tx.read[r]; !ok && !tx.absent[r] {
-				tx.read[r] = tx.sections[name][k]
-			}
-			check(r)
-		}
 	}
 	return writes, true
 }

@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -292,13 +293,14 @@ func TestPausedControllerIsRefused(t *testing.T) {
 
 	// The log: once B is granted, every entry names B (its commits, its
 	// renewals and its release); nothing of A's lands after the takeover.
-	flat := redis.DoArray(t, "XRANGE", "agentihooks:swarm:{"+slug+"}:fence:log", "-", "+")
-	if len(flat)%7 != 0 {
-		t.Fatalf("XRANGE log: %d strings, not entries of 7", len(flat))
+	rc := redis.Client(t)
+	entries, err := rc.Do(context.Background(), rc.B().Xrange().Key("agentihooks:swarm:{"+slug+"}:fence:log").Start("-").End("+").Build()).AsXRange()
+	if err != nil {
+		t.Fatalf("XRANGE log: %v", err)
 	}
 	granted, commitsLogged := false, map[string]int{}
-	for i := 0; i < len(flat); i += 7 {
-		e := map[string]string{flat[i+1]: flat[i+2], flat[i+3]: flat[i+4], flat[i+5]: flat[i+6]}
+	for _, entry := range entries {
+		e := entry.FieldValues
 		if e["owner"] == "ctl-b" && !granted {
 			granted = true
 			if e["records"] != "3" {
@@ -306,7 +308,7 @@ func TestPausedControllerIsRefused(t *testing.T) {
 			}
 		}
 		if granted && e["owner"] != "ctl-b" {
-			t.Errorf("log entry %s %v after B's grant names %q, want ctl-b", flat[i], e, e["owner"])
+			t.Errorf("log entry %s %v after B's grant names %q, want ctl-b", entry.ID, e, e["owner"])
 		}
 		commitsLogged[e["owner"]+" "+e["revision"]]++
 	}

@@ -1,0 +1,129 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/server"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestDeadlineWhileRedisSleeps: while Redis is blocked (DEBUG SLEEP), a
+// FencedBatch with a 50 ms deadline answers DEADLINE_EXCEEDED, on the client
+// and in the server's own accounting (never INTERNAL, UNAVAILABLE or a late
+// success), and what Redis holds afterwards is all of the batch or none of
+// it.
+func TestDeadlineWhileRedisSleeps(t *testing.T) {
+	srv := redistest.Start(t, redistest.WithArgs("--enable-debug-command", "local"))
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	const slug = "deadline"
+	// The first commit loads the script, so the batch below is one EVALSHA.
+	seed := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}})
+
+	// DEBUG SLEEP on a connection of its own. A rueidis client rather than
+	// srv.Do: Do fails the test with t.Fatal, which must not run outside
+	// the test goroutine.
+	sleeper := srv.Client(t)
+	slept := make(chan error, 1)
+	go func() {
+		slept <- sleeper.Do(context.Background(), sleeper.B().Arbitrary("DEBUG", "SLEEP", "0.5").Build()).Error()
+	}()
+	awaitAsleep(t, srv.Addr(), slept)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	resp, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{
+		put("intents", "d1", 0, `"one"`), put("intents", "d2", 0, `"two"`)}})
+	cancel()
+	if code := status.Code(err); code != codes.DeadlineExceeded {
+		t.Errorf("FencedBatch with a 50 ms deadline while Redis sleeps = %v, %v; want %v", resp, err, codes.DeadlineExceeded)
+	}
+	if err := <-slept; err != nil {
+		t.Fatalf("DEBUG SLEEP 0.5: %v", err)
+	}
+
+	// What the server itself answered, from its call log: the second
+	// FencedBatch to finish. The client's own deadline usually fires first
+	// and cancels the call, so CANCELED is as right as DEADLINE_EXCEEDED.
+	n := 0
+	rec, err := e.logs.await(func(r logRecord) bool {
+		if callFinished("FencedBatch")(r) {
+			n++
+		}
+		return n == 2
+	})
+	if err != nil {
+		t.Fatalf("server log: %v for the FencedBatch cut by its deadline", err)
+	}
+	serverCode := rec.attrs["grpc.code"]
+	switch serverCode {
+	case codes.DeadlineExceeded.String(), codes.Canceled.String():
+	default:
+		t.Errorf("server answered the FencedBatch cut by its deadline with %s (%s), want DeadlineExceeded or Canceled", serverCode, rec.attrs["grpc.error"])
+	}
+
+	// Redis holds all of the batch or none of it.
+	snap, err := e.records.Sections(ctxT(t), &fencedv1.SectionsRequest{Slug: slug, Names: []string{"intents"}})
+	if err != nil {
+		t.Fatalf("Sections(%s) after the sleep: %v", slug, err)
+	}
+	recs := snap.GetSections()["intents"].GetRecords()
+	d1, d2 := recs["d1"], recs["d2"]
+	switch {
+	case d1 == nil && d2 == nil:
+		if snap.GetRevision() != seed {
+			t.Errorf("batch not committed, but the swarm revision = %d, want %d", snap.GetRevision(), seed)
+		}
+		t.Logf("the batch cut by its deadline (server: %s) did not commit (swarm revision %d)", serverCode, snap.GetRevision())
+	case d1 != nil && d2 != nil:
+		if d1.GetRevision() != seed+1 || d2.GetRevision() != seed+1 || snap.GetRevision() != seed+1 {
+			t.Errorf("batch committed with d1 r%d, d2 r%d, swarm r%d; want all r%d", d1.GetRevision(), d2.GetRevision(), snap.GetRevision(), seed+1)
+		}
+		if d1.GetValue() != `"one"` || d2.GetValue() != `"two"` {
+			t.Errorf("batch committed with d1 %q, d2 %q; want \"one\", \"two\"", d1.GetValue(), d2.GetValue())
+		}
+		t.Logf("the batch cut by its deadline (server: %s) committed after Redis woke (revision %d): DEADLINE_EXCEEDED means may or may not have committed", serverCode, snap.GetRevision())
+	default:
+		t.Errorf("half a batch in Redis: d1 = %v, d2 = %v", d1, d2)
+	}
+}
+
+// awaitAsleep returns once Redis at addr is seen blocked: a PING on a fresh
+// connection gets no answer within 100 ms. It fails the test when the sleep
+// ends (slept delivers) before that.
+func awaitAsleep(t *testing.T, addr string, slept <-chan error) {
+	t.Helper()
+	giveUp := time.Now().Add(waitLimit)
+	for time.Now().Before(giveUp) {
+		select {
+		case err := <-slept:
+			t.Fatalf("DEBUG SLEEP returned (%v) before Redis was seen asleep", err)
+		default:
+		}
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			t.Fatalf("dial %s: %v", addr, err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err = conn.Write([]byte("*1\r\n$4\r\nPING\r\n"))
+		if err == nil {
+			_, err = bufio.NewReader(conn).ReadString('\n')
+		}
+		conn.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("probe %s: %v", addr, err)
+		}
+	}
+	t.Fatalf("Redis at %s never seen asleep", addr)
+}

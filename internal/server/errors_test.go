@@ -1,0 +1,269 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// details returns the google.rpc details of a status error as proto
+// messages, failing the test on a detail that does not decode.
+func details(t *testing.T, err error) []proto.Message {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok {
+		t.Fatalf("toStatus returned %T (%v), not a gRPC status", err, err)
+	}
+	var out []proto.Message
+	for i, d := range st.Details() {
+		m, ok := d.(proto.Message)
+		if !ok {
+			t.Fatalf("detail %d of %v does not decode: %v", i, err, d)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func errInfo(reason string, md map[string]string) *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: reason, Domain: "fenced", Metadata: md}
+}
+
+// conflicts returns a *store.ConflictError of n conflicts on intents/k<i>,
+// expected 41+i, actual 1041+i.
+func conflicts(n int) *store.ConflictError {
+	ce := &store.ConflictError{}
+	for i := 0; i < n; i++ {
+		ce.Conflicts = append(ce.Conflicts, store.Conflict{
+			Index: i, Section: "intents", Key: "k" + strconv.Itoa(i), Expected: int64(41 + i), Actual: int64(1041 + i),
+		})
+	}
+	return ce
+}
+
+// conflictInfo is the ErrorInfo conflicts(n) should map to: the full count,
+// and for each of the first limit conflicts its write index, expected and
+// actual revision.
+func conflictInfo(n, limit int) *errdetails.ErrorInfo {
+	md := map[string]string{"conflicts": strconv.Itoa(n)}
+	for i := 0; i < n && i < limit; i++ {
+		k := strconv.Itoa(i)
+		md["write_"+k] = strconv.Itoa(i)
+		md["expected_"+k] = strconv.Itoa(41 + i)
+		md["actual_"+k] = strconv.Itoa(1041 + i)
+	}
+	return errInfo("REVISION_CONFLICT", md)
+}
+
+// revisionViolations is the PreconditionFailure conflicts(n) should map to
+// (first limit of them), descriptions left out: they are for humans.
+func revisionViolations(n, limit int) *errdetails.PreconditionFailure {
+	pf := &errdetails.PreconditionFailure{}
+	for i := 0; i < n && i < limit; i++ {
+		pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{
+			Type: "REVISION", Subject: "intents/k" + strconv.Itoa(i),
+		})
+	}
+	return pf
+}
+
+func TestErrorTable(t *testing.T) {
+	validation := &batch.ValidationError{Violations: []batch.Violation{
+		{Field: "slug", Description: "required"},
+		{Field: "writes[0].value", Description: "not one valid JSON text (RFC 8259)"},
+	}}
+	badRequest := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+		{Field: "slug", Description: "required"},
+		{Field: "writes[0].value", Description: "not one valid JSON text (RFC 8259)"},
+	}}
+	stale := &store.StaleError{Present: true, Owner: "hive-7", Epoch: 12, ExpiresAtMs: 1767225600123}
+	staleMD := map[string]string{"lease": "present", "owner": "hive-7", "epoch": "12", "expires_at_ms": "1767225600123"}
+	holder := store.Lease{Owner: "hive-2", Epoch: 8, ExpiresAtMs: 1767225601500}
+	held := &store.HeldError{Holder: holder, NowMs: 1767225600000}
+	heldPast := &store.HeldError{Holder: holder, NowMs: 1767225602000}
+	heldMD := map[string]string{"owner": "hive-2", "epoch": "8", "expires_at_ms": "1767225601500"}
+	corrupt := &store.CorruptError{Section: "executions", Key: "exec-1"}
+	unavailable := fmt.Errorf("store: ping 127.0.0.1:1: %w: dial tcp: connection refused", store.ErrUnavailable)
+	over := MaxConflictDetails + 36
+
+	tests := []struct {
+		name string
+		err  error
+		code codes.Code
+		want []proto.Message // nil: no details
+	}{
+		{"validation", validation, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil), badRequest}},
+		{"conflict one", conflicts(1), codes.Aborted, []proto.Message{conflictInfo(1, 1), revisionViolations(1, 1)}},
+		{"conflict several in request order", conflicts(3), codes.Aborted, []proto.Message{conflictInfo(3, 3), revisionViolations(3, 3)}},
+		{"conflict at the details cap", conflicts(MaxConflictDetails), codes.Aborted, []proto.Message{
+			conflictInfo(MaxConflictDetails, MaxConflictDetails), revisionViolations(MaxConflictDetails, MaxConflictDetails)}},
+		{"conflict over the details cap keeps the full count", conflicts(over), codes.Aborted, []proto.Message{
+			conflictInfo(over, MaxConflictDetails), revisionViolations(over, MaxConflictDetails)}},
+		{"stale with a lease", stale, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", staleMD)}},
+		{"stale without a lease", &store.StaleError{}, codes.FailedPrecondition, []proto.Message{
+			errInfo("LEASE_STALE", map[string]string{"lease": "absent"})}},
+		{"stale sentinel alone", store.ErrLeaseStale, codes.FailedPrecondition, []proto.Message{
+			errInfo("LEASE_STALE", map[string]string{"lease": "absent"})}},
+		{"held", held, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", heldMD), &errdetails.RetryInfo{RetryDelay: durationpb.New(1500 * time.Millisecond)}}},
+		{"held past its expiry waits zero", heldPast, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", heldMD), &errdetails.RetryInfo{RetryDelay: durationpb.New(0)}}},
+		{"held sentinel alone", store.ErrLeaseHeld, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", nil)}},
+		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"corrupt record", corrupt, codes.DataLoss, []proto.Message{
+			errInfo("RECORD_CORRUPT", map[string]string{"section": "executions", "key": "exec-1"})}},
+		{"corrupt sentinel alone", store.ErrCorruptRecord, codes.DataLoss, []proto.Message{errInfo("RECORD_CORRUPT", map[string]string{})}},
+		{"unavailable", unavailable, codes.Unavailable, []proto.Message{errInfo("REDIS_UNAVAILABLE", nil)}},
+		{"request id reused", store.ErrRequestIDReused, codes.InvalidArgument, []proto.Message{errInfo("REQUEST_ID_REUSED", nil),
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request_id"}}}}},
+		{"replication timeout", &store.ReplicationError{Revision: 9, Acked: 1, Wanted: 2}, codes.Unavailable, []proto.Message{
+			errInfo("REPLICATION_TIMEOUT", map[string]string{"revision": "9", "replicas_acked": "1", "replicas_wanted": "2"})}},
+		{"replication timeout sentinel alone", store.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
+		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
+		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
+		{"canceled", context.Canceled, codes.Canceled, nil},
+		{"deadline exceeded", context.DeadlineExceeded, codes.DeadlineExceeded, nil},
+		// A context error wins over anything else it is wrapped with: a
+		// deadline that cut a Redis call short is a deadline, not an outage.
+		{"deadline while unavailable", fmt.Errorf("%w: %w", store.ErrUnavailable, context.DeadlineExceeded), codes.DeadlineExceeded, nil},
+		{"canceled while unavailable", fmt.Errorf("%w: %w", store.ErrUnavailable, context.Canceled), codes.Canceled, nil},
+		{"redis error", &store.RedisError{Message: "ERR Error running script (call to f_0): oops"}, codes.Internal, nil},
+		{"malformed reply", fmt.Errorf("%w: %q", store.ErrMalformedReply, []string{"WHAT"}), codes.Internal, nil},
+		{"unknown", errors.New("something else"), codes.Internal, nil},
+	}
+	// Every row of the table must be pinned by a case above: a new row
+	// fails here until it is.
+	covered := make([]bool, len(errorTable))
+	for _, tt := range tests {
+		for i, m := range errorTable {
+			if m.match(tt.err) {
+				covered[i] = true
+				break
+			}
+		}
+	}
+	for i, ok := range covered {
+		if !ok {
+			t.Errorf("errorTable row %d (%v) has no case in TestErrorTable", i, errorTable[i].code)
+		}
+	}
+
+	for _, tt := range tests {
+		for _, wrapped := range []bool{false, true} {
+			name, err := tt.name, tt.err
+			if wrapped {
+				name, err = tt.name+" wrapped", fmt.Errorf("x: %w", tt.err)
+			}
+			t.Run(name, func(t *testing.T) {
+				got := toStatus(err)
+				if code := status.Code(got); code != tt.code {
+					t.Errorf("toStatus(%v) code = %v, want %v", err, code, tt.code)
+				}
+				gotDetails := details(t, got)
+				// Descriptions are for humans: pinned where they pass a
+				// validation error through, not where the table writes its own.
+				opts := cmp.Options{protocmp.Transform(), protocmp.IgnoreFields(&errdetails.PreconditionFailure_Violation{}, "description")}
+				if !errors.As(tt.err, new(*batch.ValidationError)) {
+					opts = append(opts, protocmp.IgnoreFields(&errdetails.BadRequest_FieldViolation{}, "description"))
+				}
+				if diff := cmp.Diff(tt.want, gotDetails, opts); diff != "" {
+					t.Errorf("toStatus(%v) details mismatch (-want +got):\n%s", err, diff)
+				}
+			})
+		}
+	}
+}
+
+// TestConflictDescriptions checks that each REVISION violation tells a human
+// the expected and the actual revision; the wording itself is not pinned.
+func TestConflictDescriptions(t *testing.T) {
+	err := toStatus(conflicts(2))
+	for _, d := range details(t, err) {
+		pf, ok := d.(*errdetails.PreconditionFailure)
+		if !ok {
+			continue
+		}
+		for i, v := range pf.GetViolations() {
+			for _, n := range []int{41 + i, 1041 + i} {
+				if !containsWord(v.GetDescription(), strconv.Itoa(n)) {
+					t.Errorf("toStatus(conflicts(2)) violation %d description = %q, want it to name revision %d", i, v.GetDescription(), n)
+				}
+			}
+		}
+		return
+	}
+	t.Fatalf("toStatus(conflicts(2)) = %v: no PreconditionFailure detail", err)
+}
+
+func containsWord(s, word string) bool {
+	for i := 0; i+len(word) <= len(s); i++ {
+		if s[i:i+len(word)] != word {
+			continue
+		}
+		before := i == 0 || s[i-1] < '0' || s[i-1] > '9'
+		after := i+len(word) == len(s) || s[i+len(word)] < '0' || s[i+len(word)] > '9'
+		if before && after {
+			return true
+		}
+	}
+	return false
+}
+
+// TestErrorTableInvalidUTF8 covers errors that carry bytes read from Redis
+// (a record key written by another writer, a lease owner): the status must
+// keep its reason, and its message and details must be valid UTF-8, or gRPC
+// drops the details on the wire (google.rpc.Status is proto3).
+func TestErrorTableInvalidUTF8(t *testing.T) {
+	tests := []struct {
+		name   string
+		err    error
+		code   codes.Code
+		reason string
+	}{
+		{"corrupt record key", &store.CorruptError{Section: "intents", Key: "bad\xffkey"}, codes.DataLoss, "RECORD_CORRUPT"},
+		{"stale lease owner", &store.StaleError{Present: true, Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, codes.FailedPrecondition, "LEASE_STALE"},
+		{"held lease owner", &store.HeldError{Holder: store.Lease{Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, NowMs: 1}, codes.FailedPrecondition, "LEASE_HELD"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := toStatus(fmt.Errorf("x: %w", tt.err))
+			st, _ := status.FromError(got)
+			if st.Code() != tt.code {
+				t.Errorf("toStatus(%v) code = %v, want %v", tt.err, st.Code(), tt.code)
+			}
+			if !utf8.ValidString(st.Message()) {
+				t.Errorf("toStatus(%v) message = %q, want valid UTF-8", tt.err, st.Message())
+			}
+			var reason string
+			for _, d := range details(t, got) {
+				if ei, ok := d.(*errdetails.ErrorInfo); ok {
+					reason = ei.GetReason()
+					for k, v := range ei.GetMetadata() {
+						if !utf8.ValidString(v) {
+							t.Errorf("toStatus(%v) metadata %s = %q, want valid UTF-8", tt.err, k, v)
+						}
+					}
+				}
+			}
+			if reason != tt.reason {
+				t.Errorf("toStatus(%v) ErrorInfo reason = %q, want %q", tt.err, reason, tt.reason)
+			}
+			// What goes on the wire: the whole google.rpc.Status must marshal.
+			if _, err := proto.Marshal(st.Proto()); err != nil {
+				t.Errorf("toStatus(%v): google.rpc.Status does not marshal: %v", tt.err, err)
+			}
+		})
+	}
+}

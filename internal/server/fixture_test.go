@@ -1,0 +1,376 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// prefix is the key prefix every test store uses.
+const prefix = "agentihooks"
+
+// waitLimit bounds every wait for an event (a health transition, a log
+// line). It is a failure bound, never a measurement.
+const waitLimit = 15 * time.Second
+
+// redisKey is the Redis key of a swarm's hash or string (DESIGN §2).
+func redisKey(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
+
+// currentKey is P:state:fencing:current (DESIGN §2).
+const currentKey = prefix + ":swarm:state:fencing:current"
+
+// openStore opens a Store on srv, closed when the test ends.
+func openStore(t *testing.T, srv *redistest.Server) *store.Store {
+	t.Helper()
+	st, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// endpoint is a fenced server serving on a loopback port and a client
+// connected to it.
+type endpoint struct {
+	server  *server.Server
+	addr    string
+	conn    *grpc.ClientConn
+	records fencedv1.RecordsServiceClient
+	health  healthpb.HealthClient
+	logs    *logSink
+
+	serveErr  chan error
+	shutOnce  sync.Once
+	serveDone error
+}
+
+// serve starts server.New(core, limits, opts) on 127.0.0.1:0 and connects a
+// client. opts.Logger, when nil, becomes a sink the test can read. The
+// server is shut down and the client closed when the test ends.
+func serve(t *testing.T, core server.Core, limits batch.Limits, opts server.Options) *endpoint {
+	t.Helper()
+	logs := &logSink{changed: make(chan struct{})}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(&sinkHandler{sink: logs})
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	e := &endpoint{
+		server:   server.New(core, limits, opts),
+		addr:     lis.Addr().String(),
+		logs:     logs,
+		serveErr: make(chan error, 1),
+	}
+	go func() { e.serveErr <- e.server.Serve(context.Background(), lis) }()
+	t.Cleanup(func() { // runs last: after the shutdown below
+		if t.Failed() {
+			logs.dump(t)
+		}
+	})
+	t.Cleanup(func() {
+		if err := e.shutdown(5 * time.Second); err != nil {
+			t.Errorf("Serve returned %v after Shutdown, want nil", err)
+		}
+	})
+	e.conn, err = grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("grpc.NewClient(%s): %v", e.addr, err)
+	}
+	t.Cleanup(func() { e.conn.Close() })
+	e.records = fencedv1.NewRecordsServiceClient(e.conn)
+	e.health = healthpb.NewHealthClient(e.conn)
+	return e
+}
+
+// shutdown shuts the server down (once) within grace and returns what
+// Serve returned.
+func (e *endpoint) shutdown(grace time.Duration) error {
+	e.shutOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), grace)
+		defer cancel()
+		e.server.Shutdown(ctx)
+		e.serveDone = <-e.serveErr
+	})
+	return e.serveDone
+}
+
+// serveRedis starts a fenced server over a Store on srv.
+func serveRedis(t *testing.T, srv *redistest.Server, limits batch.Limits, opts server.Options) *endpoint {
+	t.Helper()
+	return serve(t, openStore(t, srv), limits, opts)
+}
+
+// ctxT is a context bounded by waitLimit and cancelled when the test ends.
+func ctxT(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// awaitHealth watches service until it reports want, failing the test when
+// it does not within waitLimit.
+func awaitHealth(t *testing.T, e *endpoint, service string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	stream, err := e.health.Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("Health.Watch(%q): %v", service, err)
+	}
+	var last healthpb.HealthCheckResponse_ServingStatus
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Health.Watch(%q): %v; last status %v, want %v", service, err, last, want)
+		}
+		if last = resp.GetStatus(); last == want {
+			return
+		}
+	}
+}
+
+// check is one Health.Check, failing the test on an error.
+func check(t *testing.T, e *endpoint, service string) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	resp, err := e.health.Check(ctxT(t), &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("Health.Check(%q): %v", service, err)
+	}
+	return resp.GetStatus()
+}
+
+// put, del and chk build RecordWrites.
+func put(section, key string, expected int64, value string) *fencedv1.RecordWrite {
+	return &fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: section, Key: key, Expected: expected, Value: value}
+}
+
+func del(section, key string, expected int64) *fencedv1.RecordWrite {
+	return &fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_DELETE, Section: section, Key: key, Expected: expected}
+}
+
+func chk(section, key string, expected int64) *fencedv1.RecordWrite {
+	return &fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK, Section: section, Key: key, Expected: expected}
+}
+
+// commit sends a batch and fails the test unless it commits.
+func commit(t *testing.T, e *endpoint, req *fencedv1.FencedBatchRequest) int64 {
+	t.Helper()
+	resp, err := e.records.FencedBatch(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("FencedBatch(%s): %v", req.GetSlug(), err)
+	}
+	return resp.GetRevision()
+}
+
+// statusDetails decodes the code and google.rpc details of a call's error.
+type statusDetails struct {
+	code     codes.Code
+	info     *errdetails.ErrorInfo
+	badReq   *errdetails.BadRequest
+	precond  *errdetails.PreconditionFailure
+	unknowns []any
+}
+
+func decode(t *testing.T, err error) statusDetails {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok {
+		t.Fatalf("error %v (%T) is not a gRPC status", err, err)
+	}
+	d := statusDetails{code: st.Code()}
+	for _, x := range st.Details() {
+		switch m := x.(type) {
+		case *errdetails.ErrorInfo:
+			d.info = m
+		case *errdetails.BadRequest:
+			d.badReq = m
+		case *errdetails.PreconditionFailure:
+			d.precond = m
+		default:
+			d.unknowns = append(d.unknowns, x)
+		}
+	}
+	if len(d.unknowns) > 0 {
+		t.Errorf("status %v carries details that do not decode: %v", st.Code(), d.unknowns)
+	}
+	return d
+}
+
+// fields lists the BadRequest field paths of a status.
+func (d statusDetails) fields() []string {
+	var out []string
+	for _, v := range d.badReq.GetFieldViolations() {
+		out = append(out, v.GetField())
+	}
+	return out
+}
+
+// redisState is what a test compares to prove that nothing reached Redis:
+// every key with its full content, DBSIZE, and the command statistics of
+// every command fenced sends for records (scripts and the layout probe).
+type redisState struct {
+	keys     string
+	dbsize   string
+	cmdstats map[string]string
+}
+
+// fencedCommands are the INFO commandstats entries of commands fenced
+// sends for reads and commits. Health PINGs and the test's own inspection
+// commands (KEYS, TYPE, HGETALL, GET, XRANGE, DBSIZE, INFO) are left out.
+var fencedCommands = []string{
+	"cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro",
+	"cmdstat_script|load", "cmdstat_hget", "cmdstat_hexists", "cmdstat_exists",
+	"cmdstat_hset", "cmdstat_hdel", "cmdstat_set", "cmdstat_xadd",
+}
+
+func snapshot(t *testing.T, srv *redistest.Server) redisState {
+	t.Helper()
+	s := redisState{cmdstats: map[string]string{}}
+	for _, line := range strings.Split(srv.Do(t, "INFO", "commandstats"), "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && slices.Contains(fencedCommands, name) {
+			s.cmdstats[name] = stats
+		}
+	}
+	s.dbsize = srv.Do(t, "DBSIZE")
+	s.keys = dumpKeys(t, srv)
+	return s
+}
+
+// dumpKeys renders every key of the Redis with its type and full content.
+func dumpKeys(t *testing.T, srv *redistest.Server) string {
+	t.Helper()
+	keys := srv.DoArray(t, "KEYS", "*")
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		typ := srv.Do(t, "TYPE", k)
+		var content []string
+		switch typ {
+		case "hash":
+			content = srv.DoArray(t, "HGETALL", k)
+			pairs := make([]string, 0, len(content)/2)
+			for i := 0; i+1 < len(content); i += 2 {
+				pairs = append(pairs, content[i]+"="+content[i+1])
+			}
+			slices.Sort(pairs)
+			content = pairs
+		case "string":
+			content = []string{srv.Do(t, "GET", k)}
+		case "stream":
+			content = srv.DoArray(t, "XRANGE", k, "-", "+")
+		}
+		fmt.Fprintf(&b, "%s (%s): %s\n", k, typ, strings.Join(content, " | "))
+	}
+	return b.String()
+}
+
+// logSink collects the server's log records for assertions; it never writes
+// to t.Log, which panics once a test has ended and the server's background
+// goroutines may still log.
+type logSink struct {
+	mu      sync.Mutex
+	records []logRecord
+	changed chan struct{} // closed and replaced on every record
+}
+
+type logRecord struct {
+	level slog.Level
+	msg   string
+	attrs map[string]string
+}
+
+func (s *logSink) add(r logRecord) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.records = append(s.records, r)
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// dump writes every record to the test log, for a failed test.
+func (s *logSink) dump(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.records {
+		t.Logf("server log: %s %s %v", r.level, r.msg, r.attrs)
+	}
+}
+
+// await returns the first record that match accepts, waiting up to
+// waitLimit for one to be logged.
+func (s *logSink) await(match func(logRecord) bool) (logRecord, error) {
+	timeout := time.After(waitLimit)
+	for {
+		s.mu.Lock()
+		for _, r := range s.records {
+			if match(r) {
+				s.mu.Unlock()
+				return r, nil
+			}
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		select {
+		case <-changed:
+		case <-timeout:
+			return logRecord{}, errors.New("no matching log record")
+		}
+	}
+}
+
+// callFinished matches the logging interceptor's line for a finished call
+// of method.
+func callFinished(method string) func(logRecord) bool {
+	return func(r logRecord) bool { return r.attrs["grpc.method"] == method && r.attrs["grpc.code"] != "" }
+}
+
+type sinkHandler struct {
+	sink  *logSink
+	attrs []slog.Attr
+}
+
+func (h *sinkHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *sinkHandler) Handle(_ context.Context, r slog.Record) error {
+	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]string{}}
+	for _, a := range h.attrs {
+		rec.attrs[a.Key] = a.Value.String()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		rec.attrs[a.Key] = a.Value.String()
+		return true
+	})
+	h.sink.add(rec)
+	return nil
+}
+
+func (h *sinkHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &sinkHandler{sink: h.sink, attrs: append(slices.Clone(h.attrs), attrs...)}
+}
+
+func (h *sinkHandler) WithGroup(string) slog.Handler { return h }
