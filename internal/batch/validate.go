@@ -133,6 +133,21 @@ func ValidSlug(slug string) string {
 	return ""
 }
 
+// clip shortens what a caller sent before it is quoted back in an error,
+// so that errors stay small (they travel in trailers, which common clients
+// cap at 8-16 KiB).
+func clip(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
 // validRequestID reports why id is not a valid request id (empty is valid:
 // no id), or "".
 func validRequestID(id string) string {
@@ -175,7 +190,7 @@ func (l Limits) validSection(name string) string {
 		if !utf8.ValidString(name) {
 			return "not valid UTF-8"
 		}
-		return fmt.Sprintf("%q is not a section; sections are meta, %v", name, l.Sections)
+		return fmt.Sprintf("%q is not a section; sections are meta, %v", clip(name), l.Sections)
 	}
 	return ""
 }
@@ -229,7 +244,7 @@ func (l Limits) CheckSections(slug string, names []string) ([]string, error) {
 		if why := l.validSection(n); why != "" {
 			vs.add(field, "%s", why)
 		} else if slices.Index(names, n) != i {
-			vs.add(field, "%q is named twice", n)
+			vs.add(field, "%q is named twice", clip(n))
 		}
 	}
 	if err := vs.err(); err != nil {
@@ -356,7 +371,7 @@ func checkDuplicates(vs *violations, ws []Write) {
 			if r.key == "" {
 				vs.add(fmt.Sprintf("writes[%d].section", i), "section %s is already checked by writes[%d]; a batch checks each section once", r.section, j)
 			} else {
-				vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by writes[%d]; a batch names each record once", r.section, r.key, j)
+				vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by writes[%d]; a batch names each record once", r.section, clip(r.key), j)
 			}
 			continue
 		}

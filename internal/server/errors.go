@@ -34,11 +34,15 @@ const (
 	ReasonSnapshotTooLarge = "SNAPSHOT_TOO_LARGE"
 )
 
-// MaxConflictDetails bounds the PreconditionFailure violations of one
-// REVISION_CONFLICT answer: details travel in trailers, and common gRPC
-// clients refuse trailers over 8-16 KiB. The ErrorInfo metadata "conflicts"
-// always gives the full count.
-const MaxConflictDetails = 64
+// MaxConflictDetails and MaxConflictDetailBytes (of subjects, section/key)
+// bound the PreconditionFailure violations of one REVISION_CONFLICT answer:
+// details travel in trailers,
+// and common gRPC clients refuse trailers over 8-16 KiB. The ErrorInfo
+// metadata "conflicts" always gives the full count.
+const (
+	MaxConflictDetails     = 64
+	MaxConflictDetailBytes = 4 << 10
+)
 
 // errorMapping is one row of the error table: errors matching match become
 // code, with details built by details (nil for none).
@@ -124,8 +128,10 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 	errors.As(err, &ce)
 	pf := &errdetails.PreconditionFailure{}
 	md := map[string]string{"conflicts": strconv.Itoa(len(ce.Conflicts))}
+	size := 0
 	for i, c := range ce.Conflicts {
-		if i == MaxConflictDetails {
+		size += len(c.Section) + len(c.Key) + 1
+		if i == MaxConflictDetails || (i > 0 && size > MaxConflictDetailBytes) {
 			break
 		}
 		pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{

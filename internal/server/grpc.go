@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -60,13 +61,17 @@ type Options struct {
 	Records ServiceOptions
 }
 
-// Server is fenced's gRPC server: RecordsService, health and reflection.
+// Server is fenced's gRPC server: RecordsService, LeaseService, health and
+// reflection.
 type Server struct {
 	grpc   *grpc.Server
 	health *health.Server
 	core   Core
 	log    *slog.Logger
 	every  time.Duration
+	// calls counts the calls in flight other than health checks: Shutdown
+	// drains them, then cuts health Watch streams, which never end alone.
+	calls atomic.Int64
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -102,22 +107,34 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		return status.Error(codes.Internal, "internal error")
 	})
 	s := &Server{
-		grpc: grpc.NewServer(
-			grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
-			grpc.ChainUnaryInterceptor(
-				selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
-				recovery.UnaryServerInterceptor(onPanic),
-			),
-			grpc.ChainStreamInterceptor(
-				selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
-				recovery.StreamServerInterceptor(onPanic),
-			),
-		),
 		health: health.NewServer(),
 		core:   core,
 		log:    logger,
 		every:  opts.HealthInterval,
 	}
+	countUnary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		s.calls.Add(1)
+		defer s.calls.Add(-1)
+		return h(ctx, req)
+	}
+	countStream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		s.calls.Add(1)
+		defer s.calls.Add(-1)
+		return h(srv, ss)
+	}
+	s.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
+		grpc.ChainUnaryInterceptor(
+			selector.UnaryServerInterceptor(countUnary, notHealth),
+			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+			recovery.UnaryServerInterceptor(onPanic),
+		),
+		grpc.ChainStreamInterceptor(
+			selector.StreamServerInterceptor(countStream, notHealth),
+			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+			recovery.StreamServerInterceptor(onPanic),
+		),
+	)
 	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits, opts.Records))
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(lease.NewManager(core, opts.LeaseBounds)))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -192,8 +209,9 @@ func (s *Server) watchRedis(ctx context.Context) {
 }
 
 // Shutdown turns every health service NOT_SERVING, then stops gracefully:
-// in-flight calls finish until ctx is done, after which the rest are
-// cancelled.
+// no new calls are taken, in-flight calls finish until ctx is done (after
+// which the rest are cancelled), and open health Watch streams, which never
+// end by themselves, are cut once the other calls have drained.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.health.Shutdown()
 	done := make(chan struct{})
@@ -201,10 +219,20 @@ func (s *Server) Shutdown(ctx context.Context) {
 		s.grpc.GracefulStop()
 		close(done)
 	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+		case <-poll.C:
+			if s.calls.Load() > 0 {
+				continue
+			}
+		}
 		s.grpc.Stop()
 		<-done
+		return
 	}
 }

@@ -195,15 +195,26 @@ func (s *Service) Record(ctx context.Context, req *fencedv1.RecordRequest) (*fen
 // FencedBatch validates a batch and commits it all or none.
 func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequest) (*fencedv1.FencedBatchResponse, error) {
 	b := BatchFromProto(req)
+	var vs []batch.Violation
 	if err := s.limits.CheckBatch(b); err != nil {
-		return nil, toStatus(err)
+		var ve *batch.ValidationError
+		if !errors.As(err, &ve) {
+			return nil, toStatus(err)
+		}
+		vs = ve.Violations
 	}
 	d := s.opts.Durability
 	if ack := req.GetReplicaAck(); ack != nil {
-		if ack.GetReplicas() < 0 || ack.GetTimeoutMs() < 0 {
-			return nil, toStatus(&batch.ValidationError{Violations: []batch.Violation{{Field: "replica_ack", Description: "replicas and timeout_ms must be >= 0"}}})
-		}
 		d = store.Durability{Replicas: int(ack.GetReplicas()), Timeout: time.Duration(ack.GetTimeoutMs()) * time.Millisecond}
+		if ack.GetReplicas() < 0 {
+			vs = append(vs, batch.Violation{Field: "replica_ack.replicas", Description: fmt.Sprintf("must be >= 0, got %d", ack.GetReplicas())})
+		}
+		if ack.GetTimeoutMs() < 0 {
+			vs = append(vs, batch.Violation{Field: "replica_ack.timeout_ms", Description: fmt.Sprintf("must be >= 0 (0: the server's default), got %d", ack.GetTimeoutMs())})
+		}
+	}
+	if len(vs) > 0 {
+		return nil, toStatus(&batch.ValidationError{Violations: vs})
 	}
 	c, err := s.records.CommitDurable(ctx, b, d)
 	if err != nil {

@@ -475,7 +475,7 @@ func TestBadInput(t *testing.T) {
 		{"section check blind", batchOf(&fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_SECTION, Section: "intents", Expected: batch.Blind}), []string{"writes[0].expected"}},
 		{"request_id not printable", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, RequestId: "id\x01"}, []string{"request_id"}},
 		{"request_id too long", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, RequestId: strings.Repeat("r", batch.MaxRequestIDLen+1)}, []string{"request_id"}},
-		{"replica_ack negative", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, ReplicaAck: &fencedv1.ReplicaAck{Replicas: -1}}, []string{"replica_ack"}},
+		{"replica_ack negative", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, ReplicaAck: &fencedv1.ReplicaAck{Replicas: -1}}, []string{"replica_ack.replicas"}},
 		{"fence epoch 0", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, Fence: &fencedv1.LeaseFence{Owner: "hive-1"}}, []string{"fence.epoch"}},
 		{"fence now_ms negative", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, Fence: &fencedv1.LeaseFence{Epoch: 1, NowMs: -1}}, []string{"fence.now_ms"}},
 		{"fence owner not UTF-8", &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{ok}, Fence: &fencedv1.LeaseFence{Epoch: 1, Owner: "\xc3"}}, []string{"fence.owner"}},
