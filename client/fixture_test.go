@@ -119,35 +119,36 @@ func ctxT(t *testing.T) context.Context {
 
 // logEntry is one entry of a swarm's log stream.
 type logEntry struct {
-	id       string
-	revision int64
-	owner    string
-	records  int64
+	id        string
+	revision  int64
+	owner     string
+	records   int64
+	requestID string
 }
 
 // log reads a swarm's whole log stream (XRANGE - +) straight from Redis.
 func (f *fixture) log(t *testing.T, slug string) []logEntry {
 	t.Helper()
-	flat := f.redis.DoArray(t, "XRANGE", key(slug, "log"), "-", "+")
-	// Each entry flattens to its id and its field/value pairs: revision,
-	// owner, records.
-	const width = 7
-	if len(flat)%width != 0 {
-		t.Fatalf("XRANGE %s: %d strings, not entries of %d: %q", key(slug, "log"), len(flat), width, flat)
+	rc := f.redis.Client(t)
+	entries, err := rc.Do(context.Background(), rc.B().Xrange().Key(key(slug, "log")).Start("-").End("+").Build()).AsXRange()
+	if err != nil {
+		t.Fatalf("XRANGE %s: %v", key(slug, "log"), err)
 	}
 	var out []logEntry
-	for i := 0; i < len(flat); i += width {
-		e := logEntry{id: flat[i]}
-		for j := i + 1; j < i+width; j += 2 {
-			switch v := flat[j+1]; flat[j] {
+	for _, entry := range entries {
+		e := logEntry{id: entry.ID}
+		for field, v := range entry.FieldValues {
+			switch field {
 			case "revision":
 				e.revision = mustInt(t, v)
 			case "owner":
 				e.owner = v
 			case "records":
 				e.records = mustInt(t, v)
+			case "request_id":
+				e.requestID = v
 			default:
-				t.Fatalf("XRANGE %s: entry %s has field %q", key(slug, "log"), e.id, flat[j])
+				t.Fatalf("XRANGE %s: entry %s has field %q", key(slug, "log"), e.id, field)
 			}
 		}
 		out = append(out, e)

@@ -134,11 +134,16 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 		if i == MaxConflictDetails || (i > 0 && size > MaxConflictDetailBytes) {
 			break
 		}
-		pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{
+		v := &errdetails.PreconditionFailure_Violation{
 			Type:        "REVISION",
 			Subject:     c.Section + "/" + c.Key,
 			Description: fmt.Sprintf("writes[%d]: expected revision %d, actual %d", c.Index, c.Expected, c.Actual),
-		})
+		}
+		if c.Key == "" { // a WRITE_KIND_CHECK_SECTION
+			v.Type, v.Subject = "SECTION_REVISION", c.Section
+			v.Description = fmt.Sprintf("writes[%d]: expected section revision %d, actual %d", c.Index, c.Expected, c.Actual)
+		}
+		pf.Violations = append(pf.Violations, v)
 		n := strconv.Itoa(i)
 		md["write_"+n] = strconv.Itoa(c.Index)
 		md["expected_"+n] = strconv.FormatInt(c.Expected, 10)

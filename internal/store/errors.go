@@ -118,6 +118,10 @@ func (e *ConflictError) Error() string {
 			fmt.Fprintf(&b, " and %d more", len(e.Conflicts)-i)
 			break
 		}
+		if c.Key == "" {
+			fmt.Fprintf(&b, " section %s (expected %d, actual %d)", c.Section, c.Expected, c.Actual)
+			continue
+		}
 		fmt.Fprintf(&b, " %s/%s (expected %d, actual %d)", c.Section, c.Key, c.Expected, c.Actual)
 	}
 	return b.String()
