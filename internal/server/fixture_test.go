@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -261,32 +260,7 @@ func snapshot(t *testing.T, srv *redistest.Server) redisState {
 }
 
 // dumpKeys renders every key of the Redis with its type and full content.
-func dumpKeys(t *testing.T, srv *redistest.Server) string {
-	t.Helper()
-	keys := srv.DoArray(t, "KEYS", "*")
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		typ := srv.Do(t, "TYPE", k)
-		var content []string
-		switch typ {
-		case "hash":
-			content = srv.DoArray(t, "HGETALL", k)
-			pairs := make([]string, 0, len(content)/2)
-			for i := 0; i+1 < len(content); i += 2 {
-				pairs = append(pairs, content[i]+"="+content[i+1])
-			}
-			slices.Sort(pairs)
-			content = pairs
-		case "string":
-			content = []string{srv.Do(t, "GET", k)}
-		case "stream":
-			content = srv.DoArray(t, "XRANGE", k, "-", "+")
-		}
-		fmt.Fprintf(&b, "%s (%s): %s\n", k, typ, strings.Join(content, " | "))
-	}
-	return b.String()
-}
+func dumpKeys(t *testing.T, srv *redistest.Server) string { return srv.Dump(t) }
 
 // logSink collects the server's log records for assertions; it never writes
 // to t.Log, which panics once a test has ended and the server's background

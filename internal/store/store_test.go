@@ -77,32 +77,7 @@ func redisNowMs(t *testing.T, srv *redistest.Server) int64 {
 
 // dumpSwarm renders every key of the Redis (swarm keys and the shared state
 // key) with its full content, for before/after comparisons.
-func dumpSwarm(t *testing.T, srv *redistest.Server) string {
-	t.Helper()
-	keys := srv.DoArray(t, "KEYS", "*")
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		typ := srv.Do(t, "TYPE", k)
-		var content []string
-		switch typ {
-		case "hash":
-			content = srv.DoArray(t, "HGETALL", k)
-			pairs := make([]string, 0, len(content)/2)
-			for i := 0; i+1 < len(content); i += 2 {
-				pairs = append(pairs, content[i]+"="+content[i+1])
-			}
-			slices.Sort(pairs)
-			content = pairs
-		case "string":
-			content = []string{srv.Do(t, "GET", k)}
-		case "stream":
-			content = srv.DoArray(t, "XRANGE", k, "-", "+")
-		}
-		fmt.Fprintf(&b, "%s (%s): %s\n", k, typ, strings.Join(content, " | "))
-	}
-	return b.String()
-}
+func dumpSwarm(t *testing.T, srv *redistest.Server) string { return srv.Dump(t) }
 
 func TestValuesByteForByte(t *testing.T) {
 	srv := redistest.Start(t)
