@@ -25,8 +25,12 @@ build: ## Build ./fenced.
 	CGO_ENABLED=0 go build -o fenced ./cmd/fenced
 
 .PHONY: test
-test: redis-server ## Run every test with -race against a real redis-server (installed if missing).
+test: redis-server test-deploy ## Run every test with -race against a real redis-server (installed if missing).
 	go test -race -count=1 ./...
+
+.PHONY: test-deploy
+test-deploy: ## Test the Kubernetes manifests (deploy/, a module of its own) and the image's static build.
+	cd deploy && go test -count=1 ./...
 
 .PHONY: redis-server
 redis-server: ## Install Debian's redis-server when it is missing (needs root).

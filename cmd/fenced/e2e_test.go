@@ -103,6 +103,9 @@ func startFenced(t *testing.T, args ...string) *process {
 		name, _, _ := strings.Cut(kv, "=")
 		return slices.Contains(configEnv, name)
 	})
+	// Metrics on a free port, not the default :7421 that another fenced (or
+	// test run) on this machine may hold.
+	p.cmd.Env = append(p.cmd.Env, "FENCED_METRICS_LISTEN=127.0.0.1:0")
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
 	}

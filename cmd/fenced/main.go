@@ -25,6 +25,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// After the first signal, the default action returns: a second one
+	// stops fenced at once, cutting the drain delay and the graceful stop.
+	context.AfterFunc(ctx, stop)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
@@ -37,6 +40,7 @@ func main() {
 // environment variable and default.
 type cli struct {
 	Serve   serveCmd   `cmd:"" help:"Serve the gRPC API."`
+	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only: layout, revision and stamp, lease, record counts, by-name consistency, newest log entries."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }
 
@@ -46,11 +50,17 @@ type redisFlags struct {
 	RedisURL string `name:"redis-url" env:"FENCED_REDIS_URL,AGENTIHOOKS_SWARM_REDIS_URL" placeholder:"URL" help:"Redis to serve from: redis://, rediss://, unix://; several addresses (?addr=host:port) for Cluster; ?master_set=NAME for Sentinel. Empty: an embedded in-memory Redis, for trying fenced only (nothing is durable)."`
 	// KeyPrefix starts every key: <prefix>:swarm:{<slug>}:fence:...
 	KeyPrefix string `name:"key-prefix" env:"AGENTIHOOKS_SWARM_KEY_PREFIX" default:"agentihooks" help:"Key prefix shared with the other writers (no '{' or '}')."`
+	// redisTLSFlags adjust a rediss:// URL's TLS (security.go).
+	redisTLSFlags
 }
 
 // serveCmd is the configuration of "fenced serve".
 type serveCmd struct {
 	redisFlags
+	// securityFlags are gRPC TLS, mTLS and bearer tokens (security.go).
+	securityFlags
+	// observabilityFlags are metrics and tracing (observability.go).
+	observabilityFlags
 	// Listen is the gRPC address.
 	Listen string `env:"FENCED_LISTEN" default:":7420" help:"gRPC listen address (host:port; port 0 picks a free one)."`
 	// Sections are the configured section names besides meta.
@@ -74,6 +84,9 @@ type serveCmd struct {
 	LeaseMaxTTL time.Duration `env:"FENCED_LEASE_MAX_TTL" default:"10m" help:"Longest lease TTL a client may ask for."`
 	// HealthInterval is how often Redis is pinged for health.
 	HealthInterval time.Duration `env:"FENCED_HEALTH_INTERVAL" default:"1s" help:"How often Redis is pinged for the health service."`
+	// DrainDelay is how long, after SIGTERM, health answers NOT_SERVING
+	// while calls are still served, before the graceful stop begins.
+	DrainDelay time.Duration `env:"FENCED_DRAIN_DELAY" default:"5s" help:"After SIGTERM, how long health answers NOT_SERVING while calls are still served, so that load balancers stop sending calls before fenced stops taking them; then the graceful stop (--shutdown-timeout). 0: no delay."`
 	// ShutdownTimeout bounds the graceful stop after SIGTERM.
 	ShutdownTimeout time.Duration `env:"FENCED_SHUTDOWN_TIMEOUT" default:"10s" help:"How long in-flight calls may finish after SIGTERM."`
 	// LogFormat is text or json.
@@ -170,7 +183,7 @@ func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store,
 		url = os.Getenv("AGENTIHOOKS_SWARM_REDIS_URL")
 	}
 	if url != "" {
-		st, err := store.Open(url, r.KeyPrefix, opts...)
+		st, err := r.openStore(url, r.KeyPrefix, opts...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -199,8 +212,21 @@ func (c *serveCmd) Run(e *env) error {
 	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
 		return fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
 	}
+	if c.DrainDelay < 0 {
+		return fmt.Errorf("configuration: --drain-delay must be >= 0")
+	}
+	sec, stopSec, err := c.security(e.ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopSec()
+	obs, err := c.startObservability(e.ctx, log)
+	if err != nil {
+		return err
+	}
+	defer obs.stop()
 	durable := store.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
-	st, closeStore, err := c.open(log,
+	st, closeStore, err := c.open(log, obs.storeOption(),
 		store.WithRequestIDWindow(c.RequestIDWindow),
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
 		store.WithLeaseDurability(durable))
@@ -221,7 +247,13 @@ func (c *serveCmd) Run(e *env) error {
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
 		Records:        server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes},
+		Security:       sec,
+		Telemetry:      obs.telemetry(),
 	})
+	if err := obs.serve(srv); err != nil {
+		lis.Close()
+		return err
+	}
 	log.Info("serving gRPC", "addr", lis.Addr().String(), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
 	if c.ready != nil {
 		c.ready(lis.Addr())
@@ -232,6 +264,17 @@ func (c *serveCmd) Run(e *env) error {
 	case err := <-served:
 		return err
 	case <-e.ctx.Done():
+	}
+	if c.DrainDelay > 0 {
+		log.Info("draining: health NOT_SERVING, still serving calls (signal again to stop at once)", "delay", c.DrainDelay)
+		srv.Drain()
+		delay := time.NewTimer(c.DrainDelay)
+		select {
+		case err := <-served:
+			delay.Stop()
+			return err
+		case <-delay.C:
+		}
 	}
 	log.Info("shutting down: health NOT_SERVING, draining calls", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -141,6 +142,11 @@ var servingAddr = regexp.MustCompile(`msg="serving gRPC" addr=(\S+)`)
 // there.
 func serve(t *testing.T, args ...string) *running {
 	t.Helper()
+	if _, ok := os.LookupEnv("FENCED_METRICS_LISTEN"); !ok {
+		// Metrics on a free port, not the default :7421 that another
+		// fenced (or test run) on this machine may hold.
+		t.Setenv("FENCED_METRICS_LISTEN", "127.0.0.1:0")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
 	go func() {

@@ -59,6 +59,11 @@ type Options struct {
 	// Records are the RecordsService settings (default durability, the
 	// Sections byte limit).
 	Records ServiceOptions
+	// Security is TLS (mTLS) and bearer-token authorization. Default:
+	// plaintext, every call allowed.
+	Security Security
+	// Telemetry is metrics and tracing (telemetry.go). Default: none.
+	Telemetry Telemetry
 }
 
 // Server is fenced's gRPC server: RecordsService, LeaseService, health and
@@ -124,14 +129,20 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
+		opts.Security.creds(),
+		opts.Telemetry.serverOption(),
 		grpc.ChainUnaryInterceptor(
+			opts.Telemetry.unary(),
 			selector.UnaryServerInterceptor(countUnary, notHealth),
 			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+			opts.Security.unary(),
 			recovery.UnaryServerInterceptor(onPanic),
 		),
 		grpc.ChainStreamInterceptor(
+			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+			opts.Security.stream(),
 			recovery.StreamServerInterceptor(onPanic),
 		),
 	)
@@ -207,6 +218,13 @@ func (s *Server) watchRedis(ctx context.Context) {
 		}
 	}
 }
+
+// Drain turns every health service NOT_SERVING for good (Redis coming and
+// going no longer changes them) while calls are still taken: the first step
+// of a shutdown, so that readiness probes and load balancers take this
+// replica out of rotation before Shutdown stops taking calls. Shutdown
+// follows; Drain alone stops nothing.
+func (s *Server) Drain() { s.health.Shutdown() }
 
 // Shutdown turns every health service NOT_SERVING, then stops gracefully:
 // no new calls are taken, in-flight calls finish until ctx is done (after

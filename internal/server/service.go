@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -170,7 +171,11 @@ func decodePageToken(token, slug, section string) (cursor string, ok bool) {
 		return "", false
 	}
 	parts := strings.Split(string(raw), "\x00")
-	if len(parts) != 4 || parts[0] != "v1" || parts[1] != slug || parts[2] != section || parts[3] == "" {
+	if len(parts) != 4 || parts[0] != "v1" || parts[1] != slug || parts[2] != section {
+		return "", false
+	}
+	// The cursor is Redis's HSCAN cursor: decimal, as the store requires.
+	if _, err := strconv.ParseUint(parts[3], 10, 64); err != nil {
 		return "", false
 	}
 	return parts[3], true

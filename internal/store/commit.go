@@ -59,7 +59,8 @@ type Committed struct {
 // primary but may be lost in a failover: it answers *ReplicationError
 // (ErrReplicationTimeout) with the revision, and the caller may retry with
 // the same request id to learn the outcome.
-func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability) (Committed, error) {
+func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability) (c Committed, err error) {
+	defer func() { s.observe.BatchDone(b, c, err) }()
 	k := s.keys(b.Slug)
 	keys, args := s.commitArgs(k, b)
 	reply, acked, err := s.execCommitting(ctx, k, commitScript, keys, args, d)
@@ -70,7 +71,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	if err != nil {
 		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
-	c := Committed{Revision: rev, Replayed: len(reply) == 3, ReplicasAcked: acked}
+	c = Committed{Revision: rev, Replayed: len(reply) == 3, ReplicasAcked: acked}
 	if d.Replicas > 0 && acked < d.Replicas {
 		return c, fmt.Errorf("store: fenced batch: %w", &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas})
 	}
@@ -115,7 +116,7 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 // covers the script's writes.
 func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d Durability) ([]string, int, error) {
 	if d.Replicas <= 0 {
-		reply, err := replyStrings(sc.Exec(ctx, s.client, keys, args))
+		reply, err := replyStrings(s.exec(ctx, sc, keys, args))
 		return reply, 0, err
 	}
 	timeout := d.Timeout
@@ -126,10 +127,12 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 	wait := func() rueidis.Completed {
 		return c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(timeout.Milliseconds()).Build()
 	}
+	start := time.Now()
 	res := c.DoMulti(ctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
 	if rerr, ok := rueidis.IsRedisErr(res[0].Error()); ok && rerr.IsNoScript() {
 		res = c.DoMulti(ctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
 	}
+	s.observeScript(ctx, sc, start, res[0].Error())
 	reply, err := replyStrings(res[0])
 	if err != nil {
 		return nil, 0, err
@@ -282,7 +285,9 @@ func staleError(f []string) error {
 func (s *Store) documentExists(ctx context.Context, k swarmKeys) (bool, error) {
 	n, err := s.client.Do(ctx, s.client.B().Hexists().Key(k.current).Field(k.slug).Build()).AsBool()
 	if err != nil {
-		return false, classify(ctx, err)
+		err = classify(ctx, err)
+		s.observe.RedisFailed("layout", err)
+		return false, err
 	}
 	return n, nil
 }

@@ -21,7 +21,7 @@ func (s *Store) CommitScriptArgs(b *batch.Batch) (keys, args []string) {
 // without Commit's mapping to domain errors and without its Cluster layout
 // retry.
 func (s *Store) ExecCommitScript(ctx context.Context, keys, args []string) (int64, error) {
-	reply, err := replyStrings(commitScript.Exec(ctx, s.client, keys, args))
+	reply, err := replyStrings(s.exec(ctx, commitScript, keys, args))
 	if err != nil {
 		return 0, fmt.Errorf("store: commit script: %w", classify(ctx, err))
 	}

@@ -75,6 +75,15 @@ func (s *Store) Release(ctx context.Context, slug, owner string, epoch int64) (i
 }
 
 func (s *Store) leaseOp(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (Lease, int64, error) {
+	e, rev := s.runLease(ctx, slug, op, owner, epoch, ttlMs)
+	s.observe.LeaseDone(e)
+	return e.Lease, rev, e.Err
+}
+
+// runLease runs lease.lua once and decodes its reply into a LeaseEvent and
+// the revision.
+func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (e LeaseEvent, rev int64) {
+	e.Op = op
 	k := s.keys(slug)
 	keys := []string{k.meta(), k.revision(), k.log()}
 	mode := "-"
@@ -85,25 +94,40 @@ func (s *Store) leaseOp(ctx context.Context, slug, op, owner string, epoch, ttlM
 	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10)}
 	reply, _, err := s.execCommitting(ctx, k, leaseScript, keys, args, s.leaseDurability)
 	if err != nil {
-		return Lease{}, 0, err
+		e.Err = err
+		return e, 0
 	}
 	switch {
-	case reply[0] == "OK" && len(reply) == 5:
+	case reply[0] == "OK" && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
 		nums, err := parseInts(reply[1], reply[3], reply[4])
 		if err != nil {
-			return Lease{}, 0, err
+			e.Err = err
+			return e, 0
 		}
-		return Lease{Owner: reply[2], Epoch: nums[1], ExpiresAtMs: nums[2]}, nums[0], nil
+		e.Lease, e.Granted = Lease{Owner: reply[2], Epoch: nums[1], ExpiresAtMs: nums[2]}, reply[5] == "1"
+		if reply[7] != "" {
+			old, err := parseInts(reply[7], reply[8])
+			if err != nil {
+				e.Err = err
+				return LeaseEvent{Op: op, Err: err}, 0
+			}
+			e.Replaced = &Lease{Owner: reply[6], Epoch: old[0], ExpiresAtMs: old[1]}
+		}
+		return e, nums[0]
 	case reply[0] == "HELD" && len(reply) == 5:
 		nums, err := parseInts(reply[2], reply[3], reply[4])
 		if err != nil {
-			return Lease{}, 0, err
+			e.Err = err
+			return e, 0
 		}
-		return Lease{}, 0, &HeldError{Holder: Lease{Owner: reply[1], Epoch: nums[0], ExpiresAtMs: nums[1]}, NowMs: nums[2]}
+		e.Err = &HeldError{Holder: Lease{Owner: reply[1], Epoch: nums[0], ExpiresAtMs: nums[1]}, NowMs: nums[2]}
+		return e, 0
 	case reply[0] == "STALE" && len(reply) == 4:
-		return Lease{}, 0, staleError(reply[1:])
+		e.Err = staleError(reply[1:])
+		return e, 0
 	}
-	return Lease{}, 0, fmt.Errorf("%w: %q", ErrMalformedReply, reply)
+	e.Err = fmt.Errorf("%w: %q", ErrMalformedReply, reply)
+	return e, 0
 }
 
 func parseInts(ss ...string) ([]int64, error) {
@@ -125,7 +149,7 @@ func parseInts(ss ...string) ([]int64, error) {
 // *RedisError.
 func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, nowMs, revision int64, err error) {
 	k := s.keys(slug)
-	arr, err := readLeaseScript.Exec(ctx, s.client, []string{k.meta(), k.revision()}, nil).ToArray()
+	arr, err := s.exec(ctx, readLeaseScript, []string{k.meta(), k.revision()}, nil).ToArray()
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("store: read lease: %w", classify(ctx, err))
 	}

@@ -16,7 +16,7 @@ import (
 // stored field is not a record, ErrUnavailable, context errors, *RedisError.
 func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Record, revision int64, err error) {
 	k := s.keys(slug)
-	arr, err := readRecordScript.Exec(ctx, s.client,
+	arr, err := s.exec(ctx, readRecordScript,
 		[]string{k.revision(), k.section(section)}, []string{key}).ToArray()
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w", classify(ctx, err))
@@ -72,7 +72,7 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 	for _, n := range names {
 		keys = append(keys, k.section(n))
 	}
-	arr, err := readSectionsScript.Exec(ctx, s.client, keys, []string{strconv.Itoa(s.maxSnapshotRecords)}).ToArray()
+	arr, err := s.exec(ctx, readSectionsScript, keys, []string{strconv.Itoa(s.maxSnapshotRecords)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", classify(ctx, err))
 	}
@@ -173,7 +173,9 @@ func (s *Store) Layout(ctx context.Context, slug string) (Layout, error) {
 		c.B().Hexists().Key(k.current).Field(slug).Build())
 	for _, r := range res {
 		if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
-			return LayoutNone, fmt.Errorf("store: read layout: %w", classify(ctx, err))
+			err = classify(ctx, err)
+			s.observe.RedisFailed("layout", err)
+			return LayoutNone, fmt.Errorf("store: read layout: %w", err)
 		}
 	}
 	if raw, err := res[0].ToString(); err == nil {
@@ -220,7 +222,7 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, c
 		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
 	}
 	k := s.keys(slug)
-	arr, err := readScanScript.Exec(ctx, s.client, []string{k.revision(), k.meta(), k.section(section)},
+	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
 		[]string{cursor, strconv.Itoa(count)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", classify(ctx, err))

@@ -39,27 +39,29 @@ func committing(name string) string { return mustScript("lib.lua") + "\n" + must
 // so that a first large batch is not sent twice. The commit is not
 // retryable: it is not idempotent.
 var (
-	commitScript       = newScript(committing("commit.lua"))
-	leaseScript        = newScript(committing("lease.lua"))
-	readSectionsScript = newScript(mustScript("read_sections.lua"))
-	readRecordScript   = newScript(mustScript("read_record.lua"))
-	readLeaseScript    = newScript(mustScript("read_lease.lua"))
-	readScanScript     = newScript(mustScript("scan_section.lua"))
+	commitScript       = newScript(ScriptCommit, committing("commit.lua"))
+	leaseScript        = newScript(ScriptLease, committing("lease.lua"))
+	readSectionsScript = newScript(ScriptReadSections, mustScript("read_sections.lua"))
+	readRecordScript   = newScript(ScriptReadRecord, mustScript("read_record.lua"))
+	readLeaseScript    = newScript(ScriptReadLease, mustScript("read_lease.lua"))
+	readScanScript     = newScript(ScriptScanSection, mustScript("scan_section.lua"))
 
 	allScripts = []*script{commitScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript}
 )
 
-// script is a Lua script with its source and SHA-1, for the calls that
-// rueidis.Lua cannot make (EVALSHA pipelined with WAIT on one connection).
+// script is a Lua script with its name (for the Observer), source and
+// SHA-1, for the calls that rueidis.Lua cannot make (EVALSHA pipelined with
+// WAIT on one connection).
 type script struct {
 	*rueidis.Lua
-	src string
-	sha string
+	name string
+	src  string
+	sha  string
 }
 
-func newScript(src string) *script {
+func newScript(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
-	return &script{Lua: rueidis.NewLuaScript(src), src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{Lua: rueidis.NewLuaScript(src), name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
 // DefaultPrefix is the key prefix when AGENTIHOOKS_SWARM_KEY_PREFIX is unset.
@@ -81,6 +83,8 @@ type Store struct {
 	leaseDurability Durability
 	// maxSnapshotRecords bounds one Sections read.
 	maxSnapshotRecords int
+	// observe is told of every script call, batch and lease operation.
+	observe Observer
 }
 
 // DefaultMaxSnapshotRecords is the most records one Sections read holds by
@@ -137,6 +141,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		stamp:              client.Mode() != rueidis.ClientModeCluster,
 		requestWindow:      DefaultRequestIDWindow,
 		maxSnapshotRecords: DefaultMaxSnapshotRecords,
+		observe:            nopObserver{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -151,7 +156,9 @@ func (s *Store) Cluster() bool { return !s.stamp }
 func (s *Store) Ping(ctx context.Context) error {
 	for addr, node := range s.client.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			return fmt.Errorf("store: ping %s: %w", addr, classify(ctx, err))
+			err = classify(ctx, err)
+			s.observe.RedisFailed("ping", err)
+			return fmt.Errorf("store: ping %s: %w", addr, err)
 		}
 	}
 	return nil
@@ -169,7 +176,9 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 		}
 		for _, res := range node.DoMulti(ctx, cmds...) {
 			if err := res.Error(); err != nil {
-				return fmt.Errorf("store: load scripts on %s: %w", addr, classify(ctx, err))
+				err = classify(ctx, err)
+				s.observe.RedisFailed("load_scripts", err)
+				return fmt.Errorf("store: load scripts on %s: %w", addr, err)
 			}
 		}
 	}

@@ -78,6 +78,11 @@ if request_key then
   if prior then
     local rev, prior_digest = string.match(prior, '^(%d+):(%x+)$')
     if rev and prior_digest == digest then
+      -- Rewrite the key as it is (value and TTL) so that the call
+      -- propagates: from Redis 7.2 a connection's WAIT offset moves only
+      -- with commands that propagate, and a WAIT after a replay must cover
+      -- the original commit, whichever connection ran it.
+      redis.call('SET', request_key, prior, 'KEEPTTL')
       return { 'OK', rev, 'REPLAYED' }
     end
     return { 'REUSED' }
@@ -203,6 +208,20 @@ end
 local function better(gen, id, best_gen, best_id)
   return best_id == nil or gen > best_gen or (gen == best_gen and id > best_id)
 end
+-- The touched records by the name of their new value, so that each name
+-- looks at its own records only: a batch of n puts costs O(n), not O(n^2).
+local new_by_name = {}
+for id, t in pairs(touched) do
+  local v = t.new
+  if type(v) == 'table' and type(v.name) == 'string' then
+    local ids = new_by_name[v.name]
+    if ids == nil then
+      ids = {}
+      new_by_name[v.name] = ids
+    end
+    ids[#ids + 1] = id
+  end
+end
 for name in pairs(names) do
   local holder = nil
   local raw = redis.call('HGET', KEYS[BYNAME], name)
@@ -213,9 +232,9 @@ for name in pairs(names) do
     end
   end
   local best_id, best_gen = nil, 0
-  for id, t in pairs(touched) do
-    local v = t.new
-    if type(v) == 'table' and v.name == name and better(generation(v), id, best_gen, best_id) then
+  for _, id in ipairs(new_by_name[name] or {}) do
+    local v = touched[id].new
+    if better(generation(v), id, best_gen, best_id) then
       best_id, best_gen = id, generation(v)
     end
   end

@@ -10,8 +10,15 @@
 -- ARGV[3] owner   ARGV[4] epoch (renew, release)   ARGV[5] ttl_ms (acquire, renew)
 --
 -- Replies (all elements strings):
---   {'OK', revision, owner, epoch, expires_at_ms}  the lease after the call;
---                                                 release: expires_at_ms = now
+--   {'OK', revision, owner, epoch, expires_at_ms, granted,
+--    replaced_owner, replaced_epoch, replaced_expires_at_ms}
+--                                                 the lease after the call
+--                                                 (release: expires_at_ms =
+--                                                 now); granted '1' when a new
+--                                                 epoch was granted, else '0';
+--                                                 replaced_*: the expired lease
+--                                                 of another owner that the
+--                                                 grant took over ('' when none)
 --   {'HELD', owner, epoch, expires_at_ms, now_ms}  acquire: another owner's live lease
 --   {'STALE', owner, epoch, expires_at_ms}         renew, release: not the
 --                                                 caller's live lease ('' when none)
@@ -105,4 +112,9 @@ if granted then
   records = 3
 end
 finish_commit(rev, layout, stamp, slug, owner, records, { meta = true })
-return { 'OK', rev, owner, int(new_epoch), int(expires) }
+local replaced = { '', '', '' }
+if granted and lease and lease.owner ~= owner then
+  replaced = { lease.owner, int(lease.epoch), int(lease.expires_at) }
+end
+return { 'OK', rev, owner, int(new_epoch), int(expires), granted and '1' or '0',
+  replaced[1], replaced[2], replaced[3] }

@@ -6,14 +6,17 @@
 
 -- record_revision reads the revision of a stored record field: an anchored
 -- pattern first (fenced's own form and the spaced form of older writers),
--- a decode only when it misses. nil when the field is not a record.
+-- a decode only when it misses. nil when the field is not a record, which
+-- includes an "r" that is not an integer >= 0 (a negative or fractional
+-- revision would be reported as a conflict no rerun can resolve).
 local function record_revision(raw)
   local r = string.match(raw, '^%s*{%s*"r"%s*:%s*(%d+)%s*,')
   if r then
     return tonumber(r)
   end
   local ok, rec = pcall(cjson.decode, raw)
-  if ok and type(rec) == 'table' and type(rec.r) == 'number' and rec.v ~= nil then
+  if ok and type(rec) == 'table' and type(rec.r) == 'number' and rec.r >= 0
+      and rec.r == math.floor(rec.r) and rec.v ~= nil then
     return rec.r
   end
   return nil

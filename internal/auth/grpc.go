@@ -1,0 +1,204 @@
+package auth
+
+import (
+	"context"
+	"errors"
+
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	mwauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
+	"google.golang.org/grpc/status"
+)
+
+// MethodAccess is what each fenced RPC needs of a token. A method of a
+// service that is neither here nor in OpenServices is refused with
+// PERMISSION_DENIED whatever the token: a new RPC must be classified before
+// anyone can call it with authorization on.
+var MethodAccess = map[string]Access{
+	fencedv1.RecordsService_Layout_FullMethodName:      Read,
+	fencedv1.RecordsService_Sections_FullMethodName:    Read,
+	fencedv1.RecordsService_ScanSection_FullMethodName: Read,
+	fencedv1.RecordsService_Record_FullMethodName:      Read,
+	fencedv1.LeaseService_Current_FullMethodName:       Read,
+	fencedv1.RecordsService_FencedBatch_FullMethodName: Write,
+	fencedv1.LeaseService_Acquire_FullMethodName:       Write,
+	fencedv1.LeaseService_Renew_FullMethodName:         Write,
+	fencedv1.LeaseService_Release_FullMethodName:       Write,
+}
+
+// OpenServices are the services every caller may use without a token:
+// health (Kubernetes probes, load balancers) and server reflection
+// (grpcurl's describe and list).
+var OpenServices = []string{
+	healthpb.Health_ServiceDesc.ServiceName,
+	reflectionv1.ServerReflection_ServiceDesc.ServiceName,
+	reflectionv1alpha.ServerReflection_ServiceDesc.ServiceName,
+}
+
+// ErrorInfo reasons of refused calls (domain "fenced").
+const (
+	// ReasonTokenMissing (UNAUTHENTICATED): no "authorization: Bearer ..."
+	// metadata.
+	ReasonTokenMissing = "TOKEN_MISSING"
+	// ReasonTokenUnknown (UNAUTHENTICATED): the token is not in the token
+	// file.
+	ReasonTokenUnknown = "TOKEN_UNKNOWN"
+	// ReasonSlugDenied (PERMISSION_DENIED): the token's slug patterns do not
+	// match the request's slug. Metadata: token (its name), slug.
+	ReasonSlugDenied = "SLUG_NOT_PERMITTED"
+	// ReasonReadOnly (PERMISSION_DENIED): a read token called a write RPC.
+	// Metadata: token, slug.
+	ReasonReadOnly = "WRITE_NOT_PERMITTED"
+	// ReasonMethodDenied (PERMISSION_DENIED): the RPC is not classified in
+	// MethodAccess. Metadata: token, method.
+	ReasonMethodDenied = "METHOD_NOT_PERMITTED"
+)
+
+// domain is the ErrorInfo domain of every fenced error.
+const domain = "fenced"
+
+type tokenKey struct{}
+
+// Caller returns the token that authorized the call of ctx, or nil when
+// authorization is off or the call is to an open service.
+func Caller(ctx context.Context) *Token {
+	t, _ := ctx.Value(tokenKey{}).(*Token)
+	return t
+}
+
+// slugged is every fenced request message.
+type slugged interface{ GetSlug() string }
+
+// UnaryServerInterceptor checks every unary call but those to OpenServices:
+// the bearer token (go-grpc-middleware's auth interceptor reads the
+// "authorization" metadata) against the tokens loaded now, then the request's
+// slug and the RPC's access (MethodAccess). A refused call never reaches the
+// handler, so nothing reaches Redis. Codes: UNAUTHENTICATED (no token, or
+// an unknown one), PERMISSION_DENIED (slug not matched, a write with a read
+// token, an unclassified RPC), each with an ErrorInfo.
+func (a *Authorizer) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	authn := mwauth.UnaryServerInterceptor(a.authenticate)
+	check := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		return authn(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+			if err := authorize(ctx, info.FullMethod, req); err != nil {
+				return nil, err
+			}
+			return handler(ctx, req)
+		})
+	}
+	return selector.UnaryServerInterceptor(check, selector.MatchFunc(needsToken))
+}
+
+// StreamServerInterceptor is UnaryServerInterceptor for streams: the token
+// is checked when the stream opens, the slug of every message received.
+// fenced has no streaming RPC of its own (health Watch and reflection are
+// open), so today every stream that needs a token is an unclassified one.
+func (a *Authorizer) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	authn := mwauth.StreamServerInterceptor(a.authenticate)
+	check := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return authn(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+			if _, ok := MethodAccess[info.FullMethod]; !ok {
+				return refuse(ss.Context(), info.FullMethod, "", errMethodDenied)
+			}
+			return handler(srv, &checkedStream{ServerStream: ss, method: info.FullMethod})
+		})
+	}
+	return selector.StreamServerInterceptor(check, selector.MatchFunc(needsToken))
+}
+
+// needsToken is true for every service but the open ones.
+func needsToken(_ context.Context, c interceptors.CallMeta) bool {
+	for _, s := range OpenServices {
+		if c.Service == s {
+			return false
+		}
+	}
+	return true
+}
+
+// authenticate is the go-grpc-middleware AuthFunc: it finds the bearer
+// token among the tokens loaded now and puts it in the context.
+func (a *Authorizer) authenticate(ctx context.Context) (context.Context, error) {
+	bearer, err := mwauth.AuthFromMD(ctx, "bearer")
+	if err != nil {
+		bearer = ""
+	}
+	t, err := a.cur.Load().Lookup(bearer)
+	if err != nil {
+		return nil, refuse(ctx, "", "", err)
+	}
+	return context.WithValue(ctx, tokenKey{}, t), nil
+}
+
+var errMethodDenied = errors.New("auth: method not permitted with a token")
+
+// authorize checks the caller's token against method and req's slug.
+func authorize(ctx context.Context, method string, req any) error {
+	need, ok := MethodAccess[method]
+	if !ok {
+		return refuse(ctx, method, "", errMethodDenied)
+	}
+	m, ok := req.(slugged)
+	if !ok {
+		return refuse(ctx, method, "", errMethodDenied)
+	}
+	if err := Caller(ctx).Permits(m.GetSlug(), need); err != nil {
+		return refuse(ctx, method, m.GetSlug(), err)
+	}
+	return nil
+}
+
+// refuse turns an error of this package into a gRPC status with an
+// ErrorInfo. Unauthenticated callers learn nothing but that.
+func refuse(ctx context.Context, method, slug string, err error) error {
+	var (
+		code   codes.Code
+		reason string
+		msg    string
+		meta   map[string]string
+	)
+	name := ""
+	if t := Caller(ctx); t != nil {
+		name = t.Name
+	}
+	switch {
+	case errors.Is(err, ErrTokenMissing):
+		code, reason, msg = codes.Unauthenticated, ReasonTokenMissing, `no bearer token: send metadata "authorization: Bearer <token>"`
+	case errors.Is(err, ErrTokenUnknown):
+		code, reason, msg = codes.Unauthenticated, ReasonTokenUnknown, "unknown bearer token"
+	case errors.Is(err, ErrSlugDenied):
+		code, reason, msg = codes.PermissionDenied, ReasonSlugDenied, "token "+name+" is not permitted for swarm "+slug
+		meta = map[string]string{"token": name, "slug": slug}
+	case errors.Is(err, ErrReadOnly):
+		code, reason, msg = codes.PermissionDenied, ReasonReadOnly, "token "+name+" permits reads only"
+		meta = map[string]string{"token": name, "slug": slug}
+	default:
+		code, reason, msg = codes.PermissionDenied, ReasonMethodDenied, "method "+method+" is not permitted with a token"
+		meta = map[string]string{"token": name, "method": method}
+	}
+	st, derr := status.New(code, msg).WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: domain, Metadata: meta})
+	if derr != nil {
+		return status.Error(code, msg)
+	}
+	return st.Err()
+}
+
+// checkedStream authorizes every message a stream receives.
+type checkedStream struct {
+	grpc.ServerStream
+	method string
+}
+
+func (s *checkedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return authorize(s.Context(), s.method, m)
+}

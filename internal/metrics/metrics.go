@@ -1,0 +1,274 @@
+// Package metrics is fenced's Prometheus instrumentation: one private
+// registry (never the global default) holding the standard gRPC server
+// metrics of go-grpc-middleware's prometheus provider, the Go and process
+// collectors, and fenced's own counters and histograms, fed by what
+// internal/store observes (Metrics implements store.Observer); and the HTTP
+// server that exposes the registry on its own port.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+)
+
+// Redis error kinds, the values of fenced_redis_errors_total's label kind.
+const (
+	// KindUnavailable: Redis unreachable, loading, busy, failing over, a
+	// connection that broke (store.ErrUnavailable).
+	KindUnavailable = "unavailable"
+	// KindTimeout: the call's deadline passed.
+	KindTimeout = "timeout"
+	// KindCanceled: the caller went away.
+	KindCanceled = "canceled"
+	// KindRedis: any other error reply of Redis (store.RedisError).
+	KindRedis = "redis"
+	// KindMalformed: a reply fenced does not understand
+	// (store.ErrMalformedReply).
+	KindMalformed = "malformed"
+	// KindOther: anything else.
+	KindOther = "other"
+)
+
+// Reasons of fenced_lease_losses_total.
+const (
+	// LossRenewRefused: a renew refused as stale (the lease expired, or
+	// another owner or epoch holds it).
+	LossRenewRefused = "renew_refused"
+	// LossReleaseRefused: a release refused as stale.
+	LossReleaseRefused = "release_refused"
+	// LossTakenOver: a grant replaced another owner's expired lease.
+	LossTakenOver = "taken_over"
+)
+
+// ErrorKind sorts an error of internal/store into one of the Kind* values.
+func ErrorKind(err error) string {
+	var re *store.RedisError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return KindTimeout
+	case errors.Is(err, context.Canceled):
+		return KindCanceled
+	case errors.Is(err, store.ErrUnavailable):
+		return KindUnavailable
+	case errors.As(err, &re):
+		return KindRedis
+	case errors.Is(err, store.ErrMalformedReply):
+		return KindMalformed
+	}
+	return KindOther
+}
+
+// Buckets of the histograms, in seconds or counts.
+var (
+	// scriptBuckets: a script runs in tens of microseconds to a few
+	// milliseconds; a WAIT for replicas adds up to its timeout.
+	scriptBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+	// rpcBuckets: a call adds gRPC's own overhead to its scripts.
+	rpcBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+	// recordBuckets: puts and deletes of one batch, up to the default
+	// --max-writes.
+	recordBuckets = []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+)
+
+// Metrics is fenced's registry and its collectors. It implements
+// store.Observer; its GRPC interceptors count every call. Safe for
+// concurrent use.
+type Metrics struct {
+	// Registry holds every collector below, the Go and process collectors,
+	// and the scrape handler's own counters.
+	Registry *prometheus.Registry
+	// GRPC are the standard gRPC server metrics (grpc_server_started_total,
+	// grpc_server_handled_total, grpc_server_handling_seconds, stream
+	// message counters).
+	GRPC *grpcprom.ServerMetrics
+
+	batchesCommitted   prometheus.Counter
+	batchesReplayed    prometheus.Counter
+	batchConflicts     prometheus.Counter
+	staleRefusals      prometheus.Counter
+	replicationTimeout prometheus.Counter
+	batchRecords       prometheus.Histogram
+	scriptDuration     *prometheus.HistogramVec
+	redisErrors        *prometheus.CounterVec
+	leaseGrants        prometheus.Counter
+	leaseHeld          prometheus.Counter
+	leaseLosses        *prometheus.CounterVec
+}
+
+var _ store.Observer = (*Metrics)(nil)
+
+// New returns Metrics on a new private registry.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m := &Metrics{
+		Registry: reg,
+		GRPC:     grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(rpcBuckets))),
+		batchesCommitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_batches_committed_total",
+			Help: "FencedBatch calls that committed (a batch of checks alone included: it commits nothing and answers the current revision), replays not counted.",
+		}),
+		batchesReplayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_batches_replayed_total",
+			Help: "FencedBatch calls whose request_id had committed before: answered with the original revision, nothing written.",
+		}),
+		batchConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_batch_conflicts_total",
+			Help: "FencedBatch calls refused with a revision conflict (ABORTED: the caller re-reads and reruns).",
+		}),
+		staleRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_lease_stale_refusals_total",
+			Help: "FencedBatch calls refused because their fence did not match a live lease (FAILED_PRECONDITION LEASE_STALE).",
+		}),
+		replicationTimeout: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_replication_timeouts_total",
+			Help: "Batches that committed on the primary but were acknowledged by fewer replicas than asked in time (UNAVAILABLE REPLICATION_TIMEOUT).",
+		}),
+		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fenced_batch_records",
+			Help:    "Records written (puts and deletes, as the log's records field) by each committed batch.",
+			Buckets: recordBuckets,
+		}),
+		scriptDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fenced_script_duration_seconds",
+			Help:    "Round trip of one Lua script call to Redis, by script (a commit waiting for replicas includes the WAIT).",
+			Buckets: scriptBuckets,
+		}, []string{"script"}),
+		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenced_redis_errors_total",
+			Help: "Redis calls that failed, by kind: unavailable, timeout, canceled, redis (an error reply), malformed, other.",
+		}, []string{"kind"}),
+		leaseGrants: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_lease_grants_total",
+			Help: "Leases granted at a new epoch (Acquire with no live lease); extensions by the live holder not counted.",
+		}),
+		leaseHeld: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_lease_held_refusals_total",
+			Help: "Acquire calls refused because another owner holds a live lease (FAILED_PRECONDITION LEASE_HELD).",
+		}),
+		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenced_lease_losses_total",
+			Help: "Leases found lost, by reason: renew_refused and release_refused (refused as stale), taken_over (a grant replaced another owner's expired lease).",
+		}, []string{"reason"}),
+	}
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f(m.GRPC)
+	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
+		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses} {
+		f(c)
+	}
+	// Every series that can appear is there from the start, at 0, so that
+	// rate() and absent() work before the first event.
+	for _, k := range []string{KindUnavailable, KindTimeout, KindCanceled, KindRedis, KindMalformed, KindOther} {
+		m.redisErrors.WithLabelValues(k)
+	}
+	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
+		m.leaseLosses.WithLabelValues(r)
+	}
+	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection} {
+		m.scriptDuration.WithLabelValues(s)
+	}
+	return m
+}
+
+// UnaryInterceptor and StreamInterceptor count every call (the standard
+// gRPC server metrics); put them first in the chain, so that they see every
+// call and its final code. A call with a sampled trace gives its
+// histogram observation an exemplar naming the trace (OpenMetrics scrapes).
+func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return m.GRPC.UnaryServerInterceptor(grpcprom.WithExemplarFromContext(exemplar))
+}
+
+// StreamInterceptor: see UnaryInterceptor.
+func (m *Metrics) StreamInterceptor() grpc.StreamServerInterceptor {
+	return m.GRPC.StreamServerInterceptor(grpcprom.WithExemplarFromContext(exemplar))
+}
+
+func exemplar(ctx context.Context) prometheus.Labels {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		return prometheus.Labels{"trace_id": sc.TraceID().String()}
+	}
+	return nil
+}
+
+// Handler serves the registry in the Prometheus text format (OpenMetrics
+// when the scraper asks), counting its own scrapes.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.InstrumentMetricHandler(m.Registry, promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
+		Registry:          m.Registry,
+		EnableOpenMetrics: true,
+	}))
+}
+
+// ScriptDone implements store.Observer.
+func (m *Metrics) ScriptDone(script string, elapsed time.Duration, err error) {
+	m.scriptDuration.WithLabelValues(script).Observe(elapsed.Seconds())
+	if err != nil {
+		m.redisErrors.WithLabelValues(ErrorKind(err)).Inc()
+	}
+}
+
+// RedisFailed implements store.Observer.
+func (m *Metrics) RedisFailed(_ string, err error) {
+	m.redisErrors.WithLabelValues(ErrorKind(err)).Inc()
+}
+
+// BatchDone implements store.Observer.
+func (m *Metrics) BatchDone(b *batch.Batch, c store.Committed, err error) {
+	var ce *store.ConflictError
+	switch {
+	case errors.As(err, &ce):
+		m.batchConflicts.Inc()
+		return
+	case errors.Is(err, store.ErrLeaseStale):
+		m.staleRefusals.Inc()
+		return
+	case errors.Is(err, store.ErrReplicationTimeout):
+		m.replicationTimeout.Inc()
+	case err != nil:
+		return // Redis errors are counted by ScriptDone
+	}
+	if c.Replayed {
+		m.batchesReplayed.Inc()
+		return
+	}
+	m.batchesCommitted.Inc()
+	records := 0
+	for i := range b.Writes {
+		if k := b.Writes[i].Kind; k == batch.KindPut || k == batch.KindDelete {
+			records++
+		}
+	}
+	m.batchRecords.Observe(float64(records))
+}
+
+// LeaseDone implements store.Observer.
+func (m *Metrics) LeaseDone(e store.LeaseEvent) {
+	switch {
+	case e.Err == nil:
+		if e.Granted {
+			m.leaseGrants.Inc()
+		}
+		if e.Replaced != nil {
+			m.leaseLosses.WithLabelValues(LossTakenOver).Inc()
+		}
+	case errors.Is(e.Err, store.ErrLeaseHeld):
+		m.leaseHeld.Inc()
+	case errors.Is(e.Err, store.ErrLeaseStale) && e.Op == "renew":
+		m.leaseLosses.WithLabelValues(LossRenewRefused).Inc()
+	case errors.Is(e.Err, store.ErrLeaseStale) && e.Op == "release":
+		m.leaseLosses.WithLabelValues(LossReleaseRefused).Inc()
+	}
+}

@@ -1,0 +1,155 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/metrics"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+func TestErrorKind(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("store: ping: %w", context.DeadlineExceeded), metrics.KindTimeout},
+		{fmt.Errorf("store: fenced batch: %w", context.Canceled), metrics.KindCanceled},
+		{fmt.Errorf("%w: LOADING Redis is loading", store.ErrUnavailable), metrics.KindUnavailable},
+		{fmt.Errorf("store: read: %w", &store.RedisError{Message: "ERR wrong number of arguments"}), metrics.KindRedis},
+		{fmt.Errorf("store: inspect: %w: 3 elements", store.ErrMalformedReply), metrics.KindMalformed},
+		{errors.New("something else"), metrics.KindOther},
+	}
+	for _, tt := range tests {
+		if got := metrics.ErrorKind(tt.err); got != tt.want {
+			t.Errorf("ErrorKind(%v) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestObserver feeds Metrics what the store reports and reads the counters
+// back.
+func TestObserver(t *testing.T) {
+	put := batch.Write{Kind: batch.KindPut, Section: "claims", Key: "a", Value: "{}"}
+	del := batch.Write{Kind: batch.KindDelete, Section: "claims", Key: "b"}
+	chk := batch.Write{Kind: batch.KindCheck, Section: "claims", Key: "c", Expected: 3}
+	three := &batch.Batch{Slug: "s", Writes: []batch.Write{put, del, chk}}
+	checks := &batch.Batch{Slug: "s", Writes: []batch.Write{chk}}
+
+	m := metrics.New()
+	m.BatchDone(three, store.Committed{Revision: 7}, nil)
+	m.BatchDone(checks, store.Committed{Revision: 7}, nil)
+	m.BatchDone(three, store.Committed{Revision: 7, Replayed: true}, nil)
+	m.BatchDone(three, store.Committed{Revision: 8}, fmt.Errorf("store: fenced batch: %w", &store.ReplicationError{Revision: 8, Acked: 0, Wanted: 1}))
+	m.BatchDone(three, store.Committed{}, fmt.Errorf("store: fenced batch: %w", &store.ConflictError{Conflicts: []store.Conflict{{Section: "claims", Key: "c"}}}))
+	m.BatchDone(three, store.Committed{}, fmt.Errorf("store: fenced batch: %w", &store.StaleError{}))
+	m.BatchDone(three, store.Committed{}, fmt.Errorf("store: fenced batch: %w", store.ErrUnavailable))
+	m.ScriptDone(store.ScriptCommit, time.Millisecond, nil)
+	m.ScriptDone(store.ScriptCommit, time.Millisecond, fmt.Errorf("%w: EOF", store.ErrUnavailable))
+	m.ScriptDone(store.ScriptReadRecord, time.Millisecond, context.DeadlineExceeded)
+	m.RedisFailed("ping", fmt.Errorf("%w: dial tcp: refused", store.ErrUnavailable))
+	m.LeaseDone(store.LeaseEvent{Op: "acquire", Granted: true})
+	m.LeaseDone(store.LeaseEvent{Op: "acquire", Granted: true, Replaced: &store.Lease{Owner: "old", Epoch: 1}})
+	m.LeaseDone(store.LeaseEvent{Op: "acquire"}) // the holder extends
+	m.LeaseDone(store.LeaseEvent{Op: "acquire", Err: &store.HeldError{}})
+	m.LeaseDone(store.LeaseEvent{Op: "renew", Err: &store.StaleError{}})
+	m.LeaseDone(store.LeaseEvent{Op: "release", Err: fmt.Errorf("store: release lease: %w", &store.StaleError{Present: true})})
+	m.LeaseDone(store.LeaseEvent{Op: "renew", Err: store.ErrUnavailable})
+
+	want := map[string]float64{
+		"fenced_batches_committed_total":                    3, // three, checks alone, and the one committed before its replication timeout
+		"fenced_batches_replayed_total":                     1,
+		"fenced_replication_timeouts_total":                 1,
+		"fenced_batch_conflicts_total":                      1,
+		"fenced_lease_stale_refusals_total":                 1,
+		"fenced_batch_records_count":                        3,
+		"fenced_batch_records_sum":                          4, // 2 + 0 + 2
+		`fenced_script_duration_seconds_count{commit}`:      2,
+		`fenced_script_duration_seconds_count{read_record}`: 1,
+		`fenced_redis_errors_total{unavailable}`:            2,
+		`fenced_redis_errors_total{timeout}`:                1,
+		`fenced_redis_errors_total{redis}`:                  0,
+		"fenced_lease_grants_total":                         2,
+		"fenced_lease_held_refusals_total":                  1,
+		`fenced_lease_losses_total{taken_over}`:             1,
+		`fenced_lease_losses_total{renew_refused}`:          1,
+		`fenced_lease_losses_total{release_refused}`:        1,
+	}
+	got := scrape(t, m)
+	for name, w := range want {
+		if g, ok := got[name]; !ok || g != w {
+			t.Errorf("after the events, %s = %v (present %v), want %v", name, g, ok, w)
+		}
+	}
+	for _, kind := range []string{"unavailable", "timeout", "canceled", "redis", "malformed", "other"} {
+		if _, ok := got["fenced_redis_errors_total{"+kind+"}"]; !ok {
+			t.Errorf("/metrics lacks fenced_redis_errors_total{kind=%q}: every kind is there from the start", kind)
+		}
+	}
+}
+
+// scrape serves m on a loopback port and reads /metrics over HTTP into
+// "name" or "name{label value}" -> value (the single label's value only,
+// for brevity; histograms by their _count and _sum).
+func scrape(t *testing.T, m *metrics.Metrics) map[string]float64 {
+	t.Helper()
+	srv, err := metrics.Listen("127.0.0.1:0", m)
+	if err != nil {
+		t.Fatalf("metrics.Listen(127.0.0.1:0): %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	defer func() {
+		srv.Shutdown(context.Background())
+		if err := <-done; err != nil {
+			t.Errorf("Serve after Shutdown = %v, want nil", err)
+		}
+	}()
+	resp, err := http.Get("http://" + srv.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics = %d, %v", resp.StatusCode, err)
+	}
+	out := map[string]float64{}
+	for line := range strings.Lines(string(body)) {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		var name string
+		var v float64
+		series, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		if _, err := fmt.Sscan(value, &v); err != nil {
+			continue
+		}
+		name = series
+		if i := strings.IndexByte(series, '{'); i >= 0 {
+			labels := series[i+1 : len(series)-1]
+			if strings.Contains(labels, ",") {
+				continue
+			}
+			_, lv, _ := strings.Cut(labels, "=")
+			name = series[:i] + "{" + strings.Trim(lv, `"`) + "}"
+		}
+		out[name] = v
+	}
+	for _, want := range []string{"go_goroutines", "process_cpu_seconds_total", "promhttp_metric_handler_requests_total{200}"} {
+		if _, ok := out[want]; !ok {
+			t.Errorf("GET /metrics lacks %s (Go, process and handler collectors)", want)
+		}
+	}
+	return out
+}

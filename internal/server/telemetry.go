@@ -1,0 +1,51 @@
+package server
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+)
+
+// Telemetry is what a Server reports of its calls besides logs. The zero
+// value reports nothing.
+type Telemetry struct {
+	// Unary and Stream run first in the interceptor chain, so that they see
+	// every call (health checks, refused and recovered calls included) and
+	// its final code: the Prometheus gRPC metrics.
+	Unary  grpc.UnaryServerInterceptor
+	Stream grpc.StreamServerInterceptor
+	// StatsHandler sees every RPC from the transport up: OpenTelemetry
+	// tracing (otelgrpc.NewServerHandler).
+	StatsHandler stats.Handler
+}
+
+func (t Telemetry) unary() grpc.UnaryServerInterceptor {
+	if t.Unary == nil {
+		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			return h(ctx, req)
+		}
+	}
+	return t.Unary
+}
+
+func (t Telemetry) stream() grpc.StreamServerInterceptor {
+	if t.Stream == nil {
+		return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, ss)
+		}
+	}
+	return t.Stream
+}
+
+func (t Telemetry) serverOption() grpc.ServerOption {
+	if t.StatsHandler == nil {
+		return grpc.EmptyServerOption{}
+	}
+	return grpc.StatsHandler(t.StatsHandler)
+}
+
+// GetServiceInfo lists the registered services and their methods, so that
+// metrics can start every method's series at zero
+// (grpcprom.ServerMetrics.InitializeMetrics).
+func (s *Server) GetServiceInfo() map[string]grpc.ServiceInfo { return s.grpc.GetServiceInfo() }

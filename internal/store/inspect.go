@@ -1,0 +1,417 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+// The reads of `fenced inspect`: read-only, each one short (O(1) per key,
+// or one HSCAN page), so that inspecting a large swarm never blocks Redis.
+
+var inspectScript = newScript(ScriptInspect, mustScript("inspect.lua"))
+
+// Overview is what an operator asks first of a swarm, read at one instant
+// (but Layout, read just before).
+type Overview struct {
+	// Layout is how the swarm is stored (see Store.Layout).
+	Layout Layout
+	// Revision is the swarm revision; 0 when no batch ever committed.
+	Revision int64
+	// StampKept is false on Cluster, where P:state:fencing:current is never
+	// stamped.
+	StampKept bool
+	// Stamp is the field "<slug>:records" of P:state:fencing:current, as
+	// stored (a decimal revision); StampPresent is false when absent.
+	Stamp        string
+	StampPresent bool
+	// NowMs is Redis's clock (TIME), in ms.
+	NowMs int64
+	// Lease is meta/lease; nil when there is none (never granted, released,
+	// or not a lease record: see Problems).
+	Lease *Lease
+	// Epoch is meta/epoch, the last epoch granted (0: none), and
+	// LeaderChanges meta/leader_changes, the number of grants.
+	Epoch         int64
+	LeaderChanges int64
+	// Records is the record count (HLEN) of each section asked for.
+	Records map[string]int64
+	// ByName is the number of by-name entries; LogEntries the length of
+	// the log stream (at most 1000).
+	ByName     int64
+	LogEntries int64
+	// SectionRevisions is meta/section_revisions: section -> the revision
+	// of the last batch that put or deleted in it.
+	SectionRevisions map[string]int64
+	// Problems lists meta records that could not be read ("meta/lease: not
+	// a lease record"); the fields they feed are left zero.
+	Problems []string
+}
+
+// StampAgrees reports whether the standalone stamp names the swarm
+// revision (absent counts as agreeing only while the revision is 0). On
+// Cluster it is false: the stamp is not kept.
+func (o *Overview) StampAgrees() bool {
+	if !o.StampKept {
+		return false
+	}
+	if !o.StampPresent {
+		return o.Revision == 0
+	}
+	return o.Stamp == strconv.FormatInt(o.Revision, 10)
+}
+
+// Overview reads the layout, then in one short script the swarm revision,
+// the standalone stamp, the lease with Redis's clock, meta/epoch,
+// meta/leader_changes, meta/section_revisions, the log's length and the
+// record count of by-name and of each named section. Meta records that are
+// not readable are listed in Problems, not returned as errors. Errors:
+// ErrUnavailable, context errors, *RedisError, ErrMalformedReply.
+func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*Overview, error) {
+	layout, err := s.Layout(ctx, slug)
+	if err != nil {
+		return nil, err
+	}
+	k := s.keys(slug)
+	keys := append(make([]string, 0, 5+len(sections)), k.meta(), k.revision(), k.log(), k.byName())
+	for _, name := range sections {
+		keys = append(keys, k.section(name))
+	}
+	mode := "-"
+	if s.stamp {
+		mode = "s"
+		keys = append(keys, k.current)
+	}
+	arr, err := s.exec(ctx, inspectScript, keys, []string{mode, slug + ":records"}).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("store: inspect: %w", classify(ctx, err))
+	}
+	if len(arr) != 10+len(sections) {
+		return nil, fmt.Errorf("store: inspect: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(sections))
+	}
+	str := func(i int) (string, bool, error) {
+		if arr[i].IsNil() {
+			return "", false, nil
+		}
+		v, err := arr[i].ToString()
+		if err != nil {
+			return "", false, fmt.Errorf("store: inspect: %w: element %d: %w", ErrMalformedReply, i, err)
+		}
+		return v, true, nil
+	}
+	num := func(i int) (int64, error) {
+		n, err := arr[i].AsInt64()
+		if err != nil {
+			return 0, fmt.Errorf("store: inspect: %w: element %d: %w", ErrMalformedReply, i, err)
+		}
+		return n, nil
+	}
+	o := &Overview{Layout: layout, StampKept: s.stamp, Records: make(map[string]int64, len(sections)), SectionRevisions: map[string]int64{}}
+	if o.NowMs, err = num(0); err != nil {
+		return nil, err
+	}
+	if rev, ok, err := str(1); err != nil {
+		return nil, err
+	} else if ok {
+		if o.Revision, err = strconv.ParseInt(rev, 10, 64); err != nil {
+			o.Problems = append(o.Problems, fmt.Sprintf("revision: %q is not an integer", clipped(rev)))
+		}
+	}
+	var raw [5]string
+	var present [5]bool
+	for i := range raw {
+		if raw[i], present[i], err = str(2 + i); err != nil {
+			return nil, err
+		}
+	}
+	if present[0] {
+		if l, ok := parseLease(raw[0]); ok {
+			o.Lease = &l
+		} else {
+			o.Problems = append(o.Problems, "meta/lease: not a lease record")
+		}
+	}
+	for i, dst := range map[int]*int64{1: &o.Epoch, 2: &o.LeaderChanges} {
+		if !present[i] {
+			continue
+		}
+		rec, ok := parseRecord(raw[i])
+		n, err := strconv.ParseInt(rec.Value, 10, 64)
+		if !ok || err != nil {
+			o.Problems = append(o.Problems, fmt.Sprintf("meta/%s: not a record of an integer", []string{"", "epoch", "leader_changes"}[i]))
+			continue
+		}
+		*dst = n
+	}
+	if present[3] {
+		if rec, ok := parseRecord(raw[3]); !ok || (rec.Value != `"records"` && rec.Value != `"document"`) {
+			o.Problems = append(o.Problems, fmt.Sprintf("meta/layout: %q is not a record of \"records\" or \"document\"", clipped(raw[3])))
+		}
+	}
+	if present[4] {
+		rec, ok := parseRecord(raw[4])
+		if !ok || json.Unmarshal([]byte(rec.Value), &o.SectionRevisions) != nil {
+			o.SectionRevisions = map[string]int64{}
+			o.Problems = append(o.Problems, "meta/section_revisions: not a record of section revisions")
+		}
+	}
+	slices.Sort(o.Problems)
+	if o.Stamp, o.StampPresent, err = str(7); err != nil {
+		return nil, err
+	}
+	if o.LogEntries, err = num(8); err != nil {
+		return nil, err
+	}
+	if o.ByName, err = num(9); err != nil {
+		return nil, err
+	}
+	for i, name := range sections {
+		if o.Records[name], err = num(10 + i); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// clipped shortens text quoted in a problem.
+func clipped(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// CurrentKey is P:state:fencing:current, the key of the document layout
+// and of the standalone stamp.
+func (s *Store) CurrentKey() string { return s.prefix + ":state:fencing:current" }
+
+// LogEntry is one entry of a swarm's log stream: one committed batch.
+type LogEntry struct {
+	// ID is the stream entry id ("<ms>-<seq>", Redis's clock).
+	ID string
+	// Revision the batch committed at.
+	Revision int64
+	// Owner is the fence's owner; "" when the batch was unfenced.
+	Owner string
+	// Records is the number of puts and deletes.
+	Records int64
+	// RequestID is the batch's request id; "" when it had none.
+	RequestID string
+}
+
+// LogEntries reads the newest n entries of the swarm's log (XREVRANGE
+// COUNT n), newest first. Fields that are not integers are read as 0.
+// Errors: ErrUnavailable, context errors, *RedisError.
+func (s *Store) LogEntries(ctx context.Context, slug string, n int) ([]LogEntry, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	c := s.client
+	entries, err := c.Do(ctx, c.B().Xrevrange().Key(s.keys(slug).log()).End("+").Start("-").Count(int64(n)).Build()).AsXRange()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		err = classify(ctx, err)
+		s.observe.RedisFailed("log", err)
+		return nil, fmt.Errorf("store: read log: %w", err)
+	}
+	out := make([]LogEntry, len(entries))
+	for i, e := range entries {
+		rev, _ := strconv.ParseInt(e.FieldValues["revision"], 10, 64)
+		recs, _ := strconv.ParseInt(e.FieldValues["records"], 10, 64)
+		out[i] = LogEntry{ID: e.ID, Revision: rev, Owner: e.FieldValues["owner"], Records: recs, RequestID: e.FieldValues["request_id"]}
+	}
+	return out, nil
+}
+
+// ByNameCheck compares a swarm's by-name hash with the one its executions
+// call for.
+type ByNameCheck struct {
+	// Executions is the number of executions fields scanned (HSCAN may
+	// return a field twice while Redis rehashes); Names the
+	// number of agent names they hold, i.e. the by-name entries expected;
+	// Entries the number of by-name entries scanned.
+	Executions int64
+	Names      int
+	Entries    int64
+	// Mismatches, by name.
+	Mismatches []ByNameMismatch
+	// Unreadable lists fields that are not records, as "section/key":
+	// executions records are left out of the expected by-name, by-name
+	// entries are reported as mismatches too.
+	Unreadable []string
+	// RevisionBefore and RevisionAfter are the swarm revision before the
+	// first page and after the last: when they differ the swarm changed
+	// during the check, and a mismatch may be an artefact of the scan.
+	RevisionBefore, RevisionAfter int64
+}
+
+// ByNameMismatch is one agent name whose by-name entry is not what the
+// executions call for.
+type ByNameMismatch struct {
+	// Name is the agent name (the by-name field).
+	Name string
+	// Problem is ByNameMissing, ByNameExtra or ByNameWrongID.
+	Problem string
+	// Want is the id the executions call for ("" for ByNameExtra); Got is
+	// the id by-name holds ("" for ByNameMissing; the raw JSON value when
+	// it is not a string).
+	Want, Got string
+}
+
+// ByNameMismatch problems.
+const (
+	// ByNameMissing: executions hold records of the name, by-name has no
+	// entry for it.
+	ByNameMissing = "missing"
+	// ByNameExtra: by-name has an entry for a name no executions record
+	// holds.
+	ByNameExtra = "extra"
+	// ByNameWrongID: by-name names another id than the executions record
+	// with the highest generation (ties: the greater id).
+	ByNameWrongID = "wrong_id"
+)
+
+// CheckByName recomputes by-name from the executions section (each name
+// maps to the id of the record of that name with the highest numeric
+// generation, a missing or non-numeric generation counting as 0; ties go
+// to the greater id, compared as bytes: the rule commit.lua keeps) and
+// compares it with the stored by-name hash. Both are read with HSCAN,
+// pageSize fields a page (a hint; at least 1), never as one long call:
+// when the swarm changes during the check, RevisionBefore and RevisionAfter
+// differ. Errors: ErrUnavailable, context errors, *RedisError,
+// ErrMalformedReply.
+func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*ByNameCheck, error) {
+	pageSize = max(pageSize, 1)
+	k := s.keys(slug)
+	r := &ByNameCheck{}
+	var err error
+	if r.RevisionBefore, err = s.revision(ctx, k); err != nil {
+		return nil, err
+	}
+	type best struct {
+		id  string
+		gen float64
+	}
+	want := map[string]best{}
+	err = s.hscan(ctx, k.section("executions"), pageSize, func(id, raw string) {
+		r.Executions++
+		rec, ok := parseRecord(raw)
+		if !ok {
+			r.Unreadable = append(r.Unreadable, "executions/"+id)
+			return
+		}
+		name, gen, ok := agentName(rec.Value)
+		if !ok {
+			return
+		}
+		if b, seen := want[name]; !seen || gen > b.gen || (gen == b.gen && id > b.id) {
+			want[name] = best{id: id, gen: gen}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.Names = len(want)
+	found := make(map[string]bool, len(want))
+	err = s.hscan(ctx, k.byName(), pageSize, func(name, raw string) {
+		if found[name] {
+			return // HSCAN may return a field twice
+		}
+		found[name] = true
+		r.Entries++
+		got := ""
+		rec, ok := parseRecord(raw)
+		switch {
+		case !ok:
+			r.Unreadable = append(r.Unreadable, "by-name/"+name)
+			got = clipped(raw)
+		case json.Unmarshal([]byte(rec.Value), &got) != nil:
+			got = clipped(rec.Value)
+		}
+		w, expected := want[name]
+		switch {
+		case !expected:
+			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameExtra, Got: got})
+		case w.id != got || !ok:
+			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameWrongID, Want: w.id, Got: got})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	for name, w := range want {
+		if !found[name] {
+			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameMissing, Want: w.id})
+		}
+	}
+	slices.SortFunc(r.Mismatches, func(a, b ByNameMismatch) int { return strings.Compare(a.Name, b.Name) })
+	slices.Sort(r.Unreadable)
+	r.Unreadable = slices.Compact(r.Unreadable)
+	if r.RevisionAfter, err = s.revision(ctx, k); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// agentName reads "name" (a string) and "generation" (a number; else 0)
+// of an executions value, as commit.lua does (member names matched
+// exactly); ok is false when the value is not an object with a string
+// name.
+func agentName(value string) (name string, generation float64, ok bool) {
+	var v map[string]json.RawMessage
+	if json.Unmarshal([]byte(value), &v) != nil {
+		return "", 0, false
+	}
+	raw := v["name"]
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &name) != nil {
+		return "", 0, false
+	}
+	if json.Unmarshal(v["generation"], &generation) != nil {
+		generation = 0
+	}
+	return name, generation, true
+}
+
+// revision reads the swarm revision (0 when absent or not an integer).
+func (s *Store) revision(ctx context.Context, k swarmKeys) (int64, error) {
+	raw, err := s.client.Do(ctx, s.client.B().Get().Key(k.revision()).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		return 0, nil
+	}
+	if err != nil {
+		err = classify(ctx, err)
+		s.observe.RedisFailed("revision", err)
+		return 0, fmt.Errorf("store: read revision: %w", err)
+	}
+	n, _ := strconv.ParseInt(raw, 10, 64)
+	return n, nil
+}
+
+// hscan calls f for every field of the hash at key, one HSCAN page at a
+// time.
+func (s *Store) hscan(ctx context.Context, key string, count int, f func(field, value string)) error {
+	c := s.client
+	var cursor uint64
+	for {
+		e, err := c.Do(ctx, c.B().Hscan().Key(key).Cursor(cursor).Count(int64(count)).Build()).AsScanEntry()
+		if err != nil {
+			err = classify(ctx, err)
+			s.observe.RedisFailed("hscan", err)
+			return fmt.Errorf("store: scan %s: %w", key, err)
+		}
+		if len(e.Elements)%2 != 0 {
+			return fmt.Errorf("store: scan %s: %w: odd HSCAN page", key, ErrMalformedReply)
+		}
+		for i := 0; i < len(e.Elements); i += 2 {
+			f(e.Elements[i], e.Elements[i+1])
+		}
+		if e.Cursor == 0 {
+			return nil
+		}
+		cursor = e.Cursor
+	}
+}

@@ -1,0 +1,220 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestOverview reads a swarm's revision, stamp, lease, counts and section
+// revisions, and names the meta records it cannot read.
+func TestOverview(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "overview"
+	sections := []string{"executions", "claims", "archive"}
+
+	o, err := st.Overview(ctx, slug, sections)
+	if err != nil {
+		t.Fatalf("Overview(empty swarm): %v", err)
+	}
+	if o.Layout != store.LayoutNone || o.Revision != 0 || o.StampPresent || !o.StampAgrees() || o.Lease != nil || o.NowMs <= 0 {
+		t.Errorf("Overview(empty swarm) = %+v, want no layout, revision 0, no stamp (agreeing), no lease, Redis's clock", o)
+	}
+
+	l, _, err := st.Acquire(ctx, slug, "ctl-a", 60000)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	fence := &batch.Fence{Owner: "ctl-a", Epoch: l.Epoch}
+	mustCommit(t, st, &batch.Batch{Slug: slug, Fence: fence, Writes: []batch.Write{
+		put("executions", "e1", 0, `{"name":"a","generation":1}`),
+		put("claims", "c1", 0, `1`),
+		put("claims", "c2", 0, `2`),
+	}})
+	rev := mustCommit(t, st, &batch.Batch{Slug: slug, Fence: fence, Writes: []batch.Write{del("claims", "c2", 2)}})
+
+	o, err = st.Overview(ctx, slug, sections)
+	if err != nil {
+		t.Fatalf("Overview: %v", err)
+	}
+	want := &store.Overview{
+		Layout:           store.LayoutRecords,
+		Revision:         rev,
+		StampKept:        true,
+		Stamp:            strconv.FormatInt(rev, 10),
+		StampPresent:     true,
+		NowMs:            o.NowMs,
+		Lease:            &l,
+		Epoch:            1,
+		LeaderChanges:    1,
+		Records:          map[string]int64{"executions": 1, "claims": 1, "archive": 0},
+		ByName:           1,
+		LogEntries:       3,
+		SectionRevisions: map[string]int64{"meta": 1, "executions": 2, "claims": rev},
+	}
+	if diff := cmp.Diff(want, o); diff != "" {
+		t.Errorf("Overview after a grant and two batches: diff (-want +got):\n%s", diff)
+	}
+	if !o.StampAgrees() {
+		t.Errorf("StampAgrees() = false with stamp %q at revision %d", o.Stamp, o.Revision)
+	}
+
+	srv.Do(t, "HSET", prefix+":swarm:state:fencing:current", slug+":records", "1")
+	srv.Do(t, "HSET", key(slug, "meta"), "lease", `{"r":1,"v":"not a lease"}`)
+	srv.Do(t, "HSET", key(slug, "meta"), "leader_changes", `garbage`)
+	o, err = st.Overview(ctx, slug, sections)
+	if err != nil {
+		t.Fatalf("Overview(damaged meta): %v", err)
+	}
+	if o.StampAgrees() || o.Stamp != "1" {
+		t.Errorf("Overview with stamp 1 at revision %d: Stamp %q, StampAgrees %v; want \"1\", false", o.Revision, o.Stamp, o.StampAgrees())
+	}
+	wantProblems := []string{"meta/lease: not a lease record", "meta/leader_changes: not a record of an integer"}
+	slices.Sort(wantProblems)
+	if o.Lease != nil || !slices.Equal(o.Problems, wantProblems) {
+		t.Errorf("Overview(damaged meta) Lease %v, Problems %q; want nil, %q", o.Lease, o.Problems, wantProblems)
+	}
+}
+
+// TestCheckByName recomputes by-name from executions page by page and
+// names every kind of mismatch.
+func TestCheckByName(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "by-name-check"
+
+	// 30 agents, 3 generations each, written in several batches; ties and
+	// odd generations follow commit.lua's rule.
+	var writes []batch.Write
+	for i := range 30 {
+		for g := 1; g <= 3; g++ {
+			writes = append(writes, put("executions", fmt.Sprintf("e-%02d-%d", i, g), 0, fmt.Sprintf(`{"name":"agent-%02d","generation":%d}`, i, g)))
+		}
+	}
+	writes = append(writes,
+		put("executions", "tie-a", 0, `{"name":"tie","generation":5}`),
+		put("executions", "tie-b", 0, `{"name":"tie","generation":5}`),
+		put("executions", "odd-1", 0, `{"name":"odd","generation":"7"}`), // not a number: 0
+		put("executions", "odd-0", 0, `{"name":"odd"}`),
+		put("executions", "Cased", 0, `{"Name":"not-a-name","generation":9}`),
+		put("executions", "unnamed", 0, `[1,2]`),
+	)
+	for i := 0; i < len(writes); i += 25 {
+		mustCommit(t, st, &batch.Batch{Slug: slug, Writes: writes[i:min(i+25, len(writes))]})
+	}
+	for _, pageSize := range []int{1, 7, 1000} {
+		c, err := st.CheckByName(ctx, slug, pageSize)
+		if err != nil {
+			t.Fatalf("CheckByName(page %d): %v", pageSize, err)
+		}
+		if len(c.Mismatches) != 0 || len(c.Unreadable) != 0 || c.Names != 32 || c.Entries != 32 || c.RevisionBefore != c.RevisionAfter {
+			t.Errorf("CheckByName(page %d) of a by-name kept by fenced = %+v, want consistent, 32 names", pageSize, c)
+		}
+	}
+	if got := srv.Do(t, "HGET", key(slug, "by-name"), "tie"); got != `{"r":4,"v":"tie-b"}` {
+		t.Fatalf("by-name tie = %s, want tie-b (the greater id)", got)
+	}
+
+	// Damage by-name by hand, as a bug or an operator might.
+	bn := key(slug, "by-name")
+	srv.Do(t, "HSET", bn, "agent-03", `{"r":1,"v":"e-03-1"}`)
+	srv.Do(t, "HDEL", bn, "agent-07")
+	srv.Do(t, "HSET", bn, "ghost", `{"r":1,"v":"e-99-1"}`)
+	srv.Do(t, "HSET", bn, "agent-11", `{"r":1,"v":42}`)
+	srv.Do(t, "HSET", bn, "agent-12", `not a record`)
+	srv.Do(t, "HSET", key(slug, "executions"), "broken", `{"r":1}`)
+	c, err := st.CheckByName(ctx, slug, 5)
+	if err != nil {
+		t.Fatalf("CheckByName(damaged): %v", err)
+	}
+	want := []store.ByNameMismatch{
+		{Name: "agent-03", Problem: store.ByNameWrongID, Want: "e-03-3", Got: "e-03-1"},
+		{Name: "agent-07", Problem: store.ByNameMissing, Want: "e-07-3"},
+		{Name: "agent-11", Problem: store.ByNameWrongID, Want: "e-11-3", Got: "42"},
+		{Name: "agent-12", Problem: store.ByNameWrongID, Want: "e-12-3", Got: "not a record"},
+		{Name: "ghost", Problem: store.ByNameExtra, Got: "e-99-1"},
+	}
+	if diff := cmp.Diff(want, c.Mismatches); diff != "" {
+		t.Errorf("CheckByName(damaged) mismatches: diff (-want +got):\n%s", diff)
+	}
+	if wantU := []string{"by-name/agent-12", "executions/broken"}; !slices.Equal(c.Unreadable, wantU) {
+		t.Errorf("CheckByName(damaged) Unreadable = %q, want %q", c.Unreadable, wantU)
+	}
+}
+
+// TestLogEntries reads the newest log entries, newest first, request ids
+// included.
+func TestLogEntries(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "log-read"
+	if got, err := st.LogEntries(ctx, slug, 10); err != nil || len(got) != 0 {
+		t.Fatalf("LogEntries(no log) = %v, %v; want none", got, err)
+	}
+	l, _, err := st.Acquire(ctx, slug, "ctl", 60000)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	for i := range 4 {
+		b := &batch.Batch{Slug: slug, Fence: &batch.Fence{Owner: "ctl", Epoch: l.Epoch}, RequestID: fmt.Sprintf("req-%d", i),
+			Writes: []batch.Write{put("claims", fmt.Sprintf("c%d", i), 0, `1`), put("intents", fmt.Sprintf("i%d", i), 0, `2`)}}
+		mustCommit(t, st, b)
+	}
+	got, err := st.LogEntries(ctx, slug, 3)
+	if err != nil {
+		t.Fatalf("LogEntries: %v", err)
+	}
+	for i := range got {
+		got[i].ID = "" // Redis's clock
+	}
+	want := []store.LogEntry{
+		{Revision: 5, Owner: "ctl", Records: 2, RequestID: "req-3"},
+		{Revision: 4, Owner: "ctl", Records: 2, RequestID: "req-2"},
+		{Revision: 3, Owner: "ctl", Records: 2, RequestID: "req-1"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("LogEntries(3): diff (-want +got):\n%s", diff)
+	}
+}
+
+// TestOverviewOnCluster: the stamp is not kept on Cluster, and every read
+// goes to the swarm's slot.
+func TestOverviewOnCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	st, err := store.Open(c.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", c.URL(), err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	const slug = "cluster-inspect"
+	rev, err := st.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e1", 0, `{"name":"a","generation":1}`)}})
+	if err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	o, err := st.Overview(ctx, slug, []string{"executions"})
+	if err != nil {
+		t.Fatalf("Overview: %v", err)
+	}
+	if o.StampKept || o.StampAgrees() || o.Revision != rev || o.Records["executions"] != 1 || o.Layout != store.LayoutRecords {
+		t.Errorf("Overview on Cluster = %+v, want stamp not kept, revision %d, 1 execution, records layout", o, rev)
+	}
+	check, err := st.CheckByName(ctx, slug, 10)
+	if err != nil || len(check.Mismatches) != 0 || check.Names != 1 {
+		t.Errorf("CheckByName on Cluster = %+v, %v; want consistent, 1 name", check, err)
+	}
+	if entries, err := st.LogEntries(ctx, slug, 5); err != nil || len(entries) != 1 {
+		t.Errorf("LogEntries on Cluster = %v, %v; want 1 entry", entries, err)
+	}
+}

@@ -1,0 +1,28 @@
+-- inspect.lua: what `fenced inspect` shows of a swarm besides by-name and
+-- the log entries, read at one instant. Every call is O(1) per key: no
+-- section is read whole.
+--
+-- KEYS[1] meta   KEYS[2] revision   KEYS[3] log   KEYS[4] by-name
+-- KEYS[5..n] the sections to count; in mode 's' (standalone), the last key
+-- is P:state:fencing:current.
+-- ARGV[1] mode ('s' or '-')   ARGV[2] the stamp's field, '<slug>:records'
+--
+-- Reply: { now_ms, revision or false, meta/lease, meta/epoch,
+-- meta/leader_changes, meta/layout, meta/section_revisions (raw fields or
+-- false), stamp or false, XLEN log, HLEN by-name, HLEN of each section }.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = #KEYS
+local stamp = false
+if ARGV[1] == 's' then
+  stamp = redis.call('HGET', KEYS[last], ARGV[2])
+  last = last - 1
+end
+local meta = redis.call('HMGET', KEYS[1], 'lease', 'epoch', 'leader_changes', 'layout', 'section_revisions')
+local out = { string.format('%d', now), redis.call('GET', KEYS[2]),
+  meta[1], meta[2], meta[3], meta[4], meta[5], stamp,
+  redis.call('XLEN', KEYS[3]), redis.call('HLEN', KEYS[4]) }
+for i = 5, last do
+  out[#out + 1] = redis.call('HLEN', KEYS[i])
+end
+return out

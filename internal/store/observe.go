@@ -1,0 +1,96 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/redis/rueidis"
+)
+
+// Script names, as Observer.ScriptDone reports them.
+const (
+	ScriptCommit       = "commit"
+	ScriptLease        = "lease"
+	ScriptReadSections = "read_sections"
+	ScriptReadRecord   = "read_record"
+	ScriptReadLease    = "read_lease"
+	ScriptScanSection  = "scan_section"
+	ScriptInspect      = "inspect"
+)
+
+// Observer is told what a Store sees as it talks to Redis, for metrics
+// (internal/metrics implements it; the Store knows nothing of how it is
+// counted). Methods are called synchronously on the calling goroutine, after
+// the call they report: implementations must be cheap and safe for
+// concurrent use.
+type Observer interface {
+	// ScriptDone reports one call of the named script (Script*): how long
+	// the round trip took (for a commit with a replica acknowledgement, the
+	// WAIT included), and err: nil when Redis answered, whatever the script
+	// said; else the call's error as the Store returns it (ErrUnavailable,
+	// a context error, *RedisError, ErrMalformedReply).
+	ScriptDone(script string, elapsed time.Duration, err error)
+	// RedisFailed reports a failed Redis call that is not a script (op:
+	// "ping", "load_scripts", "layout", ...), with its error as the Store
+	// returns it.
+	RedisFailed(op string, err error)
+	// BatchDone reports the outcome of one Commit or CommitDurable: the
+	// batch, and what it returned (c.Revision > 0 when it committed, even
+	// with a *ReplicationError).
+	BatchDone(b *batch.Batch, c Committed, err error)
+	// LeaseDone reports the outcome of one Acquire, Renew or Release.
+	LeaseDone(e LeaseEvent)
+}
+
+// LeaseEvent is the outcome of one lease operation.
+type LeaseEvent struct {
+	// Op is "acquire", "renew" or "release".
+	Op string
+	// Lease is the lease after the operation (zero on error; after a
+	// release, ExpiresAtMs is Redis's now).
+	Lease Lease
+	// Granted: a new epoch was granted (an acquire with no live lease),
+	// not an extension by the live holder.
+	Granted bool
+	// Replaced is the expired lease of another owner that a grant took
+	// over; nil when there was none (absent, released, or the same owner).
+	Replaced *Lease
+	// Err is what the operation returned: nil, *HeldError, *StaleError, ...
+	Err error
+}
+
+// WithObserver makes the Store report to o (nil: to nobody).
+func WithObserver(o Observer) Option {
+	return func(s *Store) {
+		if o != nil {
+			s.observe = o
+		}
+	}
+}
+
+// nopObserver is the Observer of a Store given none.
+type nopObserver struct{}
+
+func (nopObserver) ScriptDone(string, time.Duration, error)  {}
+func (nopObserver) RedisFailed(string, error)                {}
+func (nopObserver) BatchDone(*batch.Batch, Committed, error) {}
+func (nopObserver) LeaseDone(LeaseEvent)                     {}
+
+// exec runs sc once (by SHA, EVAL on NOSCRIPT) and reports it to the
+// Observer.
+func (s *Store) exec(ctx context.Context, sc *script, keys, args []string) rueidis.RedisResult {
+	start := time.Now()
+	res := sc.Exec(ctx, s.client, keys, args)
+	s.observeScript(ctx, sc, start, res.Error())
+	return res
+}
+
+// observeScript reports one script call that started at start and ended
+// with err (a nil reply is an answer, not an error).
+func (s *Store) observeScript(ctx context.Context, sc *script, start time.Time, err error) {
+	if rueidis.IsRedisNil(err) {
+		err = nil
+	}
+	s.observe.ScriptDone(sc.name, time.Since(start), classify(ctx, err))
+}
