@@ -24,5 +24,5 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/fenced /fenced
 USER 65532:65532
 # gRPC, metrics.
-EXPOSE 7420 7421
+EXPOSE 7420 7421 7422
 ENTRYPOINT ["/fenced", "serve"]

@@ -32,6 +32,7 @@ import (
 const (
 	grpcPort        = 7420
 	metricsPort     = 7421
+	healthPort      = 7422
 	readyService    = "fenced" // follows Redis
 	livenessService = "liveness"
 	fencedName      = "fenced" // the Deployment, its container, HPA, PDB
@@ -378,7 +379,7 @@ func checkDeployment(t *testing.T, r *rendered, d *appsv1.Deployment, flags map[
 			t.Errorf("container %s port %s protocol %q, want TCP", c.Name, p.Name, p.Protocol)
 		}
 	}
-	if want := map[string]int32{"grpc": grpcPort, "metrics": metricsPort}; !maps.Equal(ports, want) {
+	if want := map[string]int32{"grpc": grpcPort, "metrics": metricsPort, "health": healthPort}; !maps.Equal(ports, want) {
 		t.Errorf("container %s ports = %v, want %v", c.Name, ports, want)
 	}
 	env := containerEnv(t, r, c, complete)
@@ -397,6 +398,14 @@ func checkDeployment(t *testing.T, r *rendered, d *appsv1.Deployment, flags map[
 		if got := portOf(t, "the metrics listen address", setting(env, mf)); got != ports["metrics"] {
 			t.Errorf("container %s: fenced serves metrics on %d (--metrics-listen %q), the metrics port is %d", c.Name, got, setting(env, mf), ports["metrics"])
 		}
+	}
+
+	// Probes reach health on its own plaintext listener: the kubelet's gRPC
+	// probes cannot speak TLS, and the gRPC port may.
+	if hf, ok := flags["health-listen"]; !ok {
+		t.Errorf("the Deployment declares a health port %d, but fenced serve has no --health-listen", healthPort)
+	} else if got := portOf(t, "the health listen address", setting(env, hf)); got != ports["health"] {
+		t.Errorf("container %s: fenced serves health alone on %d (--health-listen %q), the health port is %d", c.Name, got, setting(env, hf), ports["health"])
 	}
 
 	// Environment: fenced's own variables (or the Go runtime's), the Redis
@@ -429,7 +438,7 @@ func checkDeployment(t *testing.T, r *rendered, d *appsv1.Deployment, flags map[
 		checkRedisURL(t, r, c)
 	}
 
-	// Probes: native gRPC on the gRPC port; readiness on the service that
+	// Probes: native gRPC on the health port; readiness on the service that
 	// follows Redis, liveness on the process alone.
 	for _, p := range []struct {
 		name    string
@@ -442,8 +451,8 @@ func checkDeployment(t *testing.T, r *rendered, d *appsv1.Deployment, flags map[
 		switch {
 		case p.probe == nil || p.probe.GRPC == nil:
 			t.Errorf("container %s %s = %+v, want a grpc probe", c.Name, p.name, p.probe)
-		case p.probe.GRPC.Port != ports["grpc"] || p.probe.GRPC.Service == nil || *p.probe.GRPC.Service != p.service:
-			t.Errorf("container %s %s grpc = {port %d, service %q}, want {port %d, service %q}", c.Name, p.name, p.probe.GRPC.Port, deref(p.probe.GRPC.Service), ports["grpc"], p.service)
+		case p.probe.GRPC.Port != ports["health"] || p.probe.GRPC.Service == nil || *p.probe.GRPC.Service != p.service:
+			t.Errorf("container %s %s grpc = {port %d, service %q}, want {port %d, service %q}", c.Name, p.name, p.probe.GRPC.Port, deref(p.probe.GRPC.Service), ports["health"], p.service)
 		}
 	}
 	if c.StartupProbe != nil {

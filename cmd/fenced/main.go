@@ -82,6 +82,8 @@ type serveCmd struct {
 	// LeaseMinTTL and LeaseMaxTTL bound the TTL of a lease grant or renewal.
 	LeaseMinTTL time.Duration `env:"FENCED_LEASE_MIN_TTL" default:"100ms" help:"Shortest lease TTL a client may ask for."`
 	LeaseMaxTTL time.Duration `env:"FENCED_LEASE_MAX_TTL" default:"10m" help:"Longest lease TTL a client may ask for."`
+	// HealthListen serves health alone, in plaintext, for probes.
+	HealthListen string `name:"health-listen" env:"FENCED_HEALTH_LISTEN" placeholder:"ADDR" help:"Also serve grpc.health.v1 alone, in plaintext, on this address (e.g. :7422): for Kubernetes gRPC probes, which cannot speak TLS, when --tls-cert is set. Empty: off."`
 	// HealthInterval is how often Redis is pinged for health.
 	HealthInterval time.Duration `env:"FENCED_HEALTH_INTERVAL" default:"1s" help:"How often Redis is pinged for the health service."`
 	// DrainDelay is how long, after SIGTERM, health answers NOT_SERVING
@@ -253,6 +255,19 @@ func (c *serveCmd) Run(e *env) error {
 	if err := obs.serve(srv); err != nil {
 		lis.Close()
 		return err
+	}
+	if c.HealthListen != "" {
+		hlis, err := net.Listen("tcp", c.HealthListen)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("--health-listen: %w", err)
+		}
+		go func() {
+			if err := srv.ServeHealth(hlis); err != nil {
+				log.Error("health listener stopped", "err", err)
+			}
+		}()
+		log.Info("serving health alone, in plaintext", "addr", hlis.Addr().String())
 	}
 	log.Info("serving gRPC", "addr", lis.Addr().String(), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
 	if c.ready != nil {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +78,9 @@ type Server struct {
 	// calls counts the calls in flight other than health checks: Shutdown
 	// drains them, then cuts health Watch streams, which never end alone.
 	calls atomic.Int64
+	// healthSrv serves health alone (ServeHealth), created once.
+	healthOnly sync.Once
+	healthSrv  *grpc.Server
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -226,12 +230,38 @@ func (s *Server) watchRedis(ctx context.Context) {
 // follows; Drain alone stops nothing.
 func (s *Server) Drain() { s.health.Shutdown() }
 
+// ServeHealth serves grpc.health.v1 alone on lis, in plaintext, sharing the
+// statuses of the main server: for probes that cannot speak TLS (the
+// kubelet's native gRPC probes) when the main listener does. It returns nil
+// after Shutdown.
+func (s *Server) ServeHealth(lis net.Listener) error {
+	s.healthOnly.Do(func() {
+		s.healthSrv = grpc.NewServer()
+		healthpb.RegisterHealthServer(s.healthSrv, s.health)
+	})
+	if s.healthSrv == nil { // Shutdown came first
+		lis.Close()
+		return nil
+	}
+	err := s.healthSrv.Serve(lis)
+	if err == grpc.ErrServerStopped {
+		return nil
+	}
+	return err
+}
+
 // Shutdown turns every health service NOT_SERVING, then stops gracefully:
 // no new calls are taken, in-flight calls finish until ctx is done (after
 // which the rest are cancelled), and open health Watch streams, which never
 // end by themselves, are cut once the other calls have drained.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.health.Shutdown()
+	defer func() {
+		s.healthOnly.Do(func() {}) // no ServeHealth from now on
+		if s.healthSrv != nil {
+			s.healthSrv.Stop()
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
