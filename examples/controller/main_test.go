@@ -211,7 +211,7 @@ func TestPausedControllerIsRefused(t *testing.T) {
 	fencedBin := build(t, dir, "fenced", "github.com/agentihooks/fenced/cmd/fenced")
 	controllerBin := build(t, dir, "controller", ".")
 	redis := redistest.Start(t)
-	fenced := startProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--redis-url", redis.URL(),
+	fenced := startProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL(),
 		"--key-prefix", "agentihooks", "--log-format", "json")
 	addr := fencedAddr(t, fenced)
 	const slug = "paused-demo"

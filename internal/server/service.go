@@ -41,6 +41,10 @@ type ServiceOptions struct {
 // receive limit of most clients, with room for framing.
 const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
 
+// MaxReplicaAckTimeoutMs bounds replica_ack.timeout_ms (1 h): longer waits
+// belong to the caller's deadline, and larger values would overflow.
+const MaxReplicaAckTimeoutMs = 3_600_000
+
 // Page sizes of ScanSection.
 const (
 	DefaultPageSize = 1000
@@ -214,8 +218,8 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 		if ack.GetReplicas() < 0 {
 			vs = append(vs, batch.Violation{Field: "replica_ack.replicas", Description: fmt.Sprintf("must be >= 0, got %d", ack.GetReplicas())})
 		}
-		if ack.GetTimeoutMs() < 0 {
-			vs = append(vs, batch.Violation{Field: "replica_ack.timeout_ms", Description: fmt.Sprintf("must be >= 0 (0: the server's default), got %d", ack.GetTimeoutMs())})
+		if ack.GetTimeoutMs() < 0 || ack.GetTimeoutMs() > MaxReplicaAckTimeoutMs {
+			vs = append(vs, batch.Violation{Field: "replica_ack.timeout_ms", Description: fmt.Sprintf("must be 0 (the server's default) to %d ms, got %d", MaxReplicaAckTimeoutMs, ack.GetTimeoutMs())})
 		}
 	}
 	if len(vs) > 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -164,6 +165,11 @@ func classify(ctx context.Context, err error) error {
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctxErr)) {
 		return fmt.Errorf("%w", ctxErr)
+	}
+	// rueidis sets its connection deadline from ctx's: a call cut there can
+	// return before ctx's own timer has fired, while ctx.Err() is still nil.
+	if dl, ok := ctx.Deadline(); ok && errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(dl) {
+		return fmt.Errorf("%w", context.DeadlineExceeded)
 	}
 	if rerr, ok := rueidis.IsRedisErr(err); ok {
 		msg := strings.ToValidUTF8(rerr.Error(), "\uFFFD")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,5 +118,42 @@ func TestLeaseFenceWithCallerClock(t *testing.T) {
 	_, err = commit(t, st, &batch.Batch{Slug: "clk", Fence: &batch.Fence{Owner: "tick", Epoch: l.Epoch, NowMs: l.ExpiresAtMs - 50}, Writes: []batch.Write{put("claims", "x", batch.Blind, `1`)}})
 	if !errors.Is(err, store.ErrLeaseStale) {
 		t.Errorf("batch with now_ms in the past over an expired lease = %v, want ErrLeaseStale", err)
+	}
+}
+
+// A lease written by another writer (meta/epoch absent) must not let a later
+// grant go below its epoch, whether it is released or renewed first.
+func TestHandWrittenLeaseEpochIsKept(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	far := redisNowMs(t, srv) + 600_000
+	for _, tc := range []struct {
+		name  string
+		first func(slug string) error
+	}{
+		{"released", func(slug string) error { _, err := st.Release(ctx, slug, "tick-b", 7); return err }},
+		{"renewed, then the lease record lost", func(slug string) error {
+			if _, _, err := st.Renew(ctx, slug, "tick-b", 7, 100); err != nil {
+				return err
+			}
+			srv.Do(t, "HDEL", key(slug, "meta"), "lease")
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slug := "hand-" + strings.ReplaceAll(tc.name[:7], " ", "")
+			setLease(t, srv, slug, "tick-b", 7, far)
+			if err := tc.first(slug); err != nil {
+				t.Fatal(err)
+			}
+			if got := srv.Do(t, "HGET", key(slug, "meta"), "epoch"); !strings.HasSuffix(got, `,"v":7}`) {
+				t.Errorf("meta/epoch = %q, want 7 recorded", got)
+			}
+			l, _, err := st.Acquire(ctx, slug, "tick-a", 1000)
+			if err != nil || l.Epoch != 8 {
+				t.Errorf("Acquire after a hand-written lease at epoch 7 = %+v, %v; want epoch 8", l, err)
+			}
+		})
 	}
 }

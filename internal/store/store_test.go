@@ -571,3 +571,18 @@ func TestAnyUTF8KeyAndOwner(t *testing.T) {
 		t.Errorf("log entry = %q, want owner %q", last, owner)
 	}
 }
+
+// A lost counter must not restart the swarm revision below what meta's
+// section revisions (rewritten by every commit) already carry, even for a
+// batch that touches none of the earlier records.
+func TestLostCounterDoesNotRestartRevisions(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	for i := range 5 {
+		mustCommit(t, st, &batch.Batch{Slug: "floor", Writes: []batch.Write{put("claims", strconv.Itoa(i), 0, `1`)}})
+	}
+	srv.Do(t, "DEL", key("floor", "revision"))
+	if rev := mustCommit(t, st, &batch.Batch{Slug: "floor", Writes: []batch.Write{put("intents", "new", 0, `1`)}}); rev != 6 {
+		t.Errorf("commit after the counter was lost = r%d, want r6", rev)
+	}
+}

@@ -87,12 +87,22 @@ else
   return redis.error_reply('ERR lease.lua: unknown op ' .. tostring(op))
 end
 
+-- meta/epoch must never lag the lease it kept: a lease written by another
+-- writer (or before meta/epoch existed) records its epoch here on its
+-- first renewal or release, so that no later grant can go below it.
+local last_epoch, epoch_rev = stored('epoch')
+if type(last_epoch) ~= 'number' then
+  last_epoch = 0
+end
+local record_epoch = granted or new_epoch > last_epoch
 local _, highest = stored('lease')
 local changes, changes_rev = nil, 0
+if record_epoch then
+  highest = math.max(highest, epoch_rev)
+end
 if granted then
-  local _, epoch_rev = stored('epoch')
   changes, changes_rev = stored('leader_changes')
-  highest = math.max(highest, epoch_rev, changes_rev)
+  highest = math.max(highest, changes_rev)
 end
 local rev = next_revision(highest)
 local head = '{"r":' .. rev .. ',"v":'
@@ -103,13 +113,16 @@ else
   redis.call('HSET', KEYS[1], 'lease', head .. '{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
 end
+if record_epoch then
+  redis.call('HSET', KEYS[1], 'epoch', head .. int(new_epoch) .. '}')
+  records = records + 1
+end
 if granted then
   if type(changes) ~= 'number' then
     changes = 0
   end
-  redis.call('HSET', KEYS[1], 'epoch', head .. int(new_epoch) .. '}')
   redis.call('HSET', KEYS[1], 'leader_changes', head .. int(changes + 1) .. '}')
-  records = 3
+  records = records + 1
 end
 finish_commit(rev, layout, stamp, slug, owner, records, { meta = true })
 local replaced = { '', '', '' }

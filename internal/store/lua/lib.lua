@@ -99,6 +99,13 @@ local function next_revision(highest)
   if counter > highest then
     highest = counter
   end
+  -- meta/section_revisions is rewritten by every commit: its revision is a
+  -- floor that survives a lost counter for records the batch does not touch.
+  local sections = redis.call('HGET', KEYS[1], 'section_revisions')
+  local floor = sections and record_revision(sections)
+  if floor and floor > highest then
+    highest = floor
+  end
   local rev = int(highest + 1)
   redis.call('SET', KEYS[2], rev)
   return rev
