@@ -370,8 +370,10 @@ func agentName(value string) (name string, generation float64, ok bool) {
 	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &name) != nil {
 		return "", 0, false
 	}
-	if json.Unmarshal(v["generation"], &generation) != nil {
-		generation = 0
+	generation = 0
+	if g := v["generation"]; len(g) > 0 && (g[0] == '-' || g[0] >= '0' && g[0] <= '9') {
+		// As Lua's cjson: a number too large for a double is +/-Inf, not 0.
+		generation, _ = strconv.ParseFloat(string(g), 64)
 	}
 	return name, generation, true
 }

@@ -1,0 +1,203 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/redis/rueidis"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// prefix is the key prefix of every test store (DESIGN §2).
+const prefix = "agentihooks"
+
+// callTimeout bounds every single call a test makes: a failure bound, never
+// a measurement.
+const callTimeout = 5 * time.Second
+
+// key is the Redis key of a swarm's hash or string (DESIGN §2).
+func key(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
+
+// quiet is the logger of in-process servers: failures are the tests' to
+// report.
+var quiet = slog.New(slog.DiscardHandler)
+
+// replica is one in-process fenced (server.New over its own store.Open
+// client) on a loopback port that can be stopped and started again on the
+// same port.
+type replica struct {
+	t        testing.TB
+	redisURL string
+	opts     server.Options
+	storeOpt []store.Option
+	addr     string
+
+	st     *store.Store
+	srv    *server.Server
+	served chan error
+}
+
+// startReplica starts fenced over the Redis at redisURL on 127.0.0.1 at a
+// free port; it is stopped when the test ends.
+func startReplica(t testing.TB, redisURL string, opts server.Options, storeOpts ...store.Option) *replica {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	if opts.HealthInterval == 0 {
+		opts.HealthInterval = 100 * time.Millisecond
+	}
+	r := &replica{t: t, redisURL: redisURL, opts: opts, storeOpt: storeOpts, addr: "127.0.0.1:0"}
+	r.start()
+	t.Cleanup(func() { r.stop(true) })
+	return r
+}
+
+// start opens a store and serves on r.addr (the same port after a stop).
+func (r *replica) start() {
+	r.t.Helper()
+	st, err := store.Open(r.redisURL, prefix, r.storeOpt...)
+	if err != nil {
+		r.t.Fatalf("store.Open(%s): %v", r.redisURL, err)
+	}
+	var lis net.Listener
+	for attempt := 0; ; attempt++ {
+		if lis, err = net.Listen("tcp", r.addr); err == nil {
+			break
+		}
+		if attempt == 50 {
+			st.Close()
+			r.t.Fatalf("listen %s: %v", r.addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.addr = lis.Addr().String()
+	r.st = st
+	r.srv = server.New(st, batch.DefaultLimits(), r.opts)
+	r.served = make(chan error, 1)
+	srv, served := r.srv, r.served
+	go func() { served <- srv.Serve(context.Background(), lis) }()
+}
+
+// stop shuts the replica down: gracefully (in-flight calls finish), or at
+// once (in-flight calls are cut, as when the process dies), then closes its
+// Redis client. Stopping a stopped replica does nothing.
+func (r *replica) stop(graceful bool) {
+	if r.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if !graceful {
+		cancel()
+	}
+	r.srv.Shutdown(ctx)
+	cancel()
+	if err := <-r.served; err != nil {
+		r.t.Errorf("Serve returned %v after Shutdown, want nil", err)
+	}
+	r.st.Close()
+	r.srv, r.st = nil, nil
+}
+
+// dialOptions make test clients reconnect within ms, not grpc's default of
+// a second and more, so a restarted replica is used again quickly.
+var dialOptions = []grpc.DialOption{
+	grpc.WithTransportCredentials(insecure.NewCredentials()),
+	grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+		MinConnectTimeout: time.Second,
+	}),
+}
+
+// dial returns a client of the fenced at addr (client.Dial's defaults, fast
+// reconnects) and the raw RecordsService client over the same connection;
+// both are closed when the test ends.
+func dial(t testing.TB, addr string) (*client.Client, fencedv1.RecordsServiceClient) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, dialOptions...)
+	if err != nil {
+		t.Fatalf("grpc.NewClient(%s): %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return client.New(conn), fencedv1.NewRecordsServiceClient(conn)
+}
+
+// logEntry is one entry of a swarm's log stream.
+type logEntry struct {
+	ID        string
+	Revision  int64
+	Owner     string
+	Records   int64
+	RequestID string
+}
+
+// readLog reads a swarm's whole log stream through c.
+func readLog(t testing.TB, c rueidis.Client, slug string) []logEntry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	entries, err := c.Do(ctx, c.B().Xrange().Key(key(slug, "log")).Start("-").End("+").Build()).AsXRange()
+	if err != nil {
+		t.Fatalf("XRANGE %s: %v", key(slug, "log"), err)
+	}
+	out := make([]logEntry, len(entries))
+	for i, e := range entries {
+		rev, err1 := strconv.ParseInt(e.FieldValues["revision"], 10, 64)
+		n, err2 := strconv.ParseInt(e.FieldValues["records"], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatalf("log entry %s of %s: %v (%v)", e.ID, slug, err, e.FieldValues)
+		}
+		out[i] = logEntry{ID: e.ID, Revision: rev, Owner: e.FieldValues["owner"], Records: n, RequestID: e.FieldValues["request_id"]}
+	}
+	return out
+}
+
+// seedFor answers the seed of a randomised test: FAULTS_SEED when set,
+// else def, and logs it so that a failure can be replayed.
+func seedFor(t testing.TB, def int64) int64 {
+	t.Helper()
+	seed := def
+	if s := os.Getenv("FAULTS_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("FAULTS_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (replay with FAULTS_SEED=%d)", seed, seed)
+	return seed
+}
+
+// envInt answers the integer environment variable name, or def.
+func envInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, s)
+	}
+	return v
+}
+
+func ctxT(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,172 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// revisionToken is a JSON number that is a revision: a non-negative
+// integer without sign, fraction or exponent.
+var revisionToken = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
+
+// referenceRecord reads a stored field by DESIGN §2 alone, independently of
+// parseRecord: the whole field is one JSON text (RFC 8259) and an object
+// whose "r" is an integer revision (0 to 2^63-1) and which has a "v"; the
+// value is the bytes of "v" as stored. Members are found with the
+// tokenizer, so whitespace, order and other members are allowed.
+func referenceRecord(raw string) (Record, bool) {
+	if !json.Valid([]byte(raw)) {
+		return Record{}, false
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &members); err != nil || members == nil {
+		return Record{}, false
+	}
+	r, okR := members["r"]
+	v, okV := members["v"]
+	if !okR || !okV || !revisionToken.Match(r) {
+		return Record{}, false
+	}
+	rev, err := strconv.ParseInt(string(r), 10, 64)
+	if err != nil {
+		return Record{}, false
+	}
+	return Record{Revision: rev, Value: string(v)}, true
+}
+
+func trimJSONSpace(s string) string { return strings.Trim(s, " \t\n\r") }
+
+// duplicateMember reports whether raw, a JSON object, names "r" or "v" more
+// than once. DESIGN §2 does not say which one counts: parseRecord takes a
+// leading "r" as the scripts' anchored pattern does, and the last "v" as
+// decoders do; the reference is not asked.
+func duplicateMember(raw string) bool {
+	dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		name, _ := tok.(string)
+		if (name == "r" || name == "v") && seen[name] {
+			return true
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return false
+		}
+	}
+	return false
+}
+
+// FuzzParseRecord feeds parseRecord stored fields as fenced and other
+// writers leave them (spaced, reordered, extra members) and as nobody
+// should (truncated, not JSON, wrong types). It never panics; when it
+// accepts a field, the field is a record by DESIGN §2 (referenceRecord
+// agrees on revision and value bytes), the value is valid JSON, and fenced's
+// own form {"r":N,"v":VALUE} of it reads back the same; it refuses exactly
+// the fields that are not records.
+func FuzzParseRecord(f *testing.F) {
+	for _, seed := range []string{
+		`{"r":1,"v":{"name":"a","generation":2,"ids":[]}}`,
+		`{"r":0,"v":null}`,
+		`{"r": 12, "v": {"a": [1, 2]}}`,
+		`{ "r" : 3 , "v" : "x" }`,
+		`{"v":[],"r":4}`,
+		`{"r":5,"v":true,"by":"python"}`,
+		`{"r":6,"v":12345678901234567890}`,
+		`{"r":7,"v":"a/b\u00e9"}`,
+		`{"r":9223372036854775807,"v":1}`,
+		`{"r":9223372036854775808,"v":1}`,
+		`{"r":123456789012345678,"v":1}`,
+		`{"r":1,"v":{"a":1}`,
+		`{"r":1,"v":`,
+		`{"r":1`,
+		`{"r":1,"v":1}}`,
+		`{"r":1,"v":1} x`,
+		`{"r":01,"v":1}`,
+		`{"r":-1,"v":1}`,
+		`{"r":1.5,"v":1}`,
+		`{"r":1e3,"v":1}`,
+		`{"r":"7","v":1}`,
+		`{"r":1,"r":2,"v":3}`,
+		`{"r":1,"v":1,"v":2}`,
+		`{"v":1}`,
+		`{"r":1}`,
+		`[1,2]`,
+		`null`,
+		`"x"`,
+		``,
+		`not json`,
+		"{\"r\":1,\"v\":\"\xff\"}",
+		`{"r":1,"v":1 }`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		rec, ok := parseRecord(raw)
+		ref, refOK := referenceRecord(raw)
+		if ok != refOK && !duplicateMember(raw) {
+			t.Fatalf("parseRecord(%q) ok = %v, want %v (DESIGN §2: one JSON object with an integer \"r\" >= 0 and a \"v\")", raw, ok, refOK)
+		}
+		if !ok {
+			if rec != (Record{}) {
+				t.Fatalf("parseRecord(%q) refused the field but answered %+v", raw, rec)
+			}
+			return
+		}
+		// Whitespace around the value is kept when fenced wrote it (its
+		// writer's bytes, spliced in unchanged) and dropped by the decoder.
+		if !duplicateMember(raw) && (rec.Revision != ref.Revision || trimJSONSpace(rec.Value) != ref.Value) {
+			t.Fatalf("parseRecord(%q) = %+v, want %+v (the bytes of \"v\" as stored)", raw, rec, ref)
+		}
+		if !json.Valid([]byte(rec.Value)) {
+			t.Fatalf("parseRecord(%q): value %q is not valid JSON", raw, rec.Value)
+		}
+		own := `{"r":` + strconv.FormatInt(rec.Revision, 10) + `,"v":` + rec.Value + `}`
+		again, ok := parseRecord(own)
+		if !ok || again != rec {
+			t.Fatalf("parseRecord(%q) = %+v, %v; want %+v as read from %q", own, again, ok, rec, raw)
+		}
+	})
+}
+
+// TestParseRecordLikeTheScripts pins what the fuzz target found: a field
+// with bytes after its object, a revision written as a string or with a
+// leading zero is not a record (the scripts refuse a string revision, and
+// none of them is JSON or a number); a field naming "r" twice has the
+// revision of the first, as the scripts' anchored pattern reads it.
+func TestParseRecordLikeTheScripts(t *testing.T) {
+	for _, tc := range []struct {
+		raw  string
+		want Record
+		ok   bool
+	}{
+		{`{"r":1,"v":1}}`, Record{}, false},
+		{`{"r":1,"v":1}]`, Record{}, false},
+		{`{"r":1,"v":{"a":1}} {}`, Record{}, false},
+		{`{"r":"7","v":1}`, Record{}, false},
+		{`{"v":1,"r":"7"}`, Record{}, false},
+		{`{"r":01,"v":1}`, Record{}, false},
+		{`{"r":-0,"v":1}`, Record{}, false},
+		{`{"r":1,"r":2,"v":3}`, Record{1, "3"}, true},
+		{`{ "r" : 4 , "r" : 5 , "v" : [] }`, Record{4, "[]"}, true},
+		{`{"v":[],"r":4}`, Record{4, "[]"}, true},
+		{`{"r": 3, "v": {"a": 1}}`, Record{3, `{"a": 1}`}, true},
+		{`{"r":2,"v": 1 }`, Record{2, " 1 "}, true},
+	} {
+		got, ok := parseRecord(tc.raw)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("parseRecord(%q) = %+v, %v; want %+v, %v", tc.raw, got, ok, tc.want, tc.ok)
+		}
+	}
+}
