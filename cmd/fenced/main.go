@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -173,19 +174,23 @@ func (c *serveCmd) logger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// redisURL is the Redis URL in effect: the flag, else the environment.
+func (r *redisFlags) redisURL() string {
+	if r.RedisURL != "" {
+		return r.RedisURL
+	}
+	// kong takes the first of a flag's env variables that is set, even when
+	// it is set to "": FENCED_REDIS_URL="" (an unset variable in a compose
+	// file or manifest) would hide this fallback and serve from the
+	// embedded Redis.
+	return os.Getenv("AGENTIHOOKS_SWARM_REDIS_URL")
+}
+
 // open connects to the configured Redis, or starts the embedded one; the
 // returned func releases what was opened.
 func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store, func(), error) {
-	url := r.RedisURL
-	if url == "" {
-		// kong takes the first of a flag's env variables that is set, even
-		// when it is set to "": FENCED_REDIS_URL="" (an unset variable in a
-		// compose file or manifest) would hide this fallback and serve from
-		// the embedded Redis.
-		url = os.Getenv("AGENTIHOOKS_SWARM_REDIS_URL")
-	}
-	if url != "" {
-		st, err := r.openStore(url, r.KeyPrefix, opts...)
+	if u := r.redisURL(); u != "" {
+		st, err := r.openStore(u, r.KeyPrefix, opts...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -207,6 +212,7 @@ func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store,
 
 func (c *serveCmd) Run(e *env) error {
 	log := c.logger(e.stderr)
+	slog.SetDefault(log)
 	limits, err := c.limits()
 	if err != nil {
 		return err
@@ -269,7 +275,7 @@ func (c *serveCmd) Run(e *env) error {
 		}()
 		log.Info("serving health alone, in plaintext", "addr", hlis.Addr().String())
 	}
-	log.Info("serving gRPC", "addr", lis.Addr().String(), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
+	log.Info("serving gRPC", "addr", lis.Addr().String(), "redis", redactURL(c.redisURL()), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
 	if c.ready != nil {
 		c.ready(lis.Addr())
 	}
@@ -300,4 +306,17 @@ func (c *serveCmd) Run(e *env) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// redactURL hides the password of a Redis URL for logs; "" reads
+// "embedded".
+func redactURL(raw string) string {
+	if raw == "" {
+		return "embedded"
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
 }

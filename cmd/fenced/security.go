@@ -14,6 +14,7 @@ import (
 	"github.com/agentihooks/fenced/internal/auth"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/rueidis"
 )
 
@@ -95,6 +96,8 @@ type redisTLSFlags struct {
 	// (tls-auth-clients yes); empty: none.
 	RedisTLSCert string `name:"redis-tls-cert" env:"FENCED_REDIS_TLS_CERT" placeholder:"FILE" help:"Client certificate (PEM) to present to Redis (redis.conf tls-auth-clients yes); with --redis-tls-key. Needs a rediss:// URL."`
 	RedisTLSKey  string `name:"redis-tls-key" env:"FENCED_REDIS_TLS_KEY" placeholder:"FILE" help:"Private key (PEM) of --redis-tls-cert."`
+	// ConnectTimeout is how long start-up waits for an unreachable Redis.
+	ConnectTimeout time.Duration `name:"redis-connect-timeout" env:"FENCED_REDIS_CONNECT_TIMEOUT" default:"30s" help:"How long start-up keeps retrying a Redis that cannot be reached (it may start after fenced); a refusal by Redis (wrong password) fails at once."`
 }
 
 // clientOptions are store.ClientOptions(url) with the TLS flags applied.
@@ -144,7 +147,7 @@ func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*st
 	if err != nil {
 		return nil, err
 	}
-	client, err := rueidis.NewClient(opt)
+	client, err := connect(opt, f.ConnectTimeout)
 	if err != nil {
 		who := ""
 		if opt.Username != "" {
@@ -162,4 +165,39 @@ func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*st
 		return nil, err
 	}
 	return st, nil
+}
+
+// connect creates the rueidis client, retrying for up to timeout while
+// Redis cannot be reached (it may start after fenced, or be failing over);
+// an error reply of Redis (a wrong password, an ACL refusal) fails at once.
+func connect(opt rueidis.ClientOption, timeout time.Duration) (rueidis.Client, error) {
+	return backoff.Retry(context.Background(), func() (rueidis.Client, error) {
+		client, err := rueidis.NewClient(opt)
+		if err != nil && refused(err) {
+			return nil, backoff.Permanent(err)
+		}
+		if err != nil {
+			slog.Warn("redis not reachable yet; retrying", "addr", strings.Join(opt.InitAddress, ","), "err", err)
+		}
+		return client, err
+	}, backoff.WithMaxElapsedTime(timeout), backoff.WithBackOff(&backoff.ExponentialBackOff{
+		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 2 * time.Second,
+	}))
+}
+
+// refused reports whether connecting failed because Redis (or its TLS)
+// said no, rather than because it could not be reached: retrying cannot
+// help then.
+func refused(err error) bool {
+	var (
+		redisErr  *rueidis.RedisError
+		verify    *tls.CertificateVerificationError
+		header    tls.RecordHeaderError
+		alert     tls.AlertError
+		authority x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	return errors.As(err, &redisErr) || errors.As(err, &verify) || errors.As(err, &header) ||
+		errors.As(err, &alert) || errors.As(err, &authority) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }

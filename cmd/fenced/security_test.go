@@ -352,7 +352,10 @@ func TestRediss(t *testing.T) {
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {
 			_, addr := startTLSRedis(t, ca, tt.redis...)
-			args := append([]string{"serve", "--listen", "127.0.0.1:0"}, tt.args(addr)...)
+			// A TLS server that hangs up (no client certificate, or
+			// plaintext spoken to it) looks like an unreachable Redis: keep
+			// the start-up retries short.
+			args := append([]string{"serve", "--listen", "127.0.0.1:0", "--redis-connect-timeout", "300ms"}, tt.args(addr)...)
 			// The refusal must come at start-up; a live context would let a
 			// fenced that wrongly started serve forever.
 			_, stderr, err := runOnce(t, args...)

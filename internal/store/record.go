@@ -39,14 +39,13 @@ func parseRecord(raw string) (rec Record, ok bool) {
 	if !json.Valid([]byte(raw)) {
 		return Record{}, false
 	}
-	var loose struct {
-		R json.RawMessage `json:"r"`
-		V json.RawMessage `json:"v"`
-	}
-	if err := json.Unmarshal([]byte(raw), &loose); err != nil || loose.V == nil || loose.R == nil {
+	// A map, not a struct: encoding/json matches struct fields without
+	// regard to case, and "V" is not "v" to the scripts (cjson).
+	var loose map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &loose); err != nil || loose["v"] == nil || loose["r"] == nil {
 		return Record{}, false
 	}
-	digits := string(loose.R)
+	digits := string(loose["r"])
 	if m := revisionPattern.FindStringSubmatch(raw); m != nil {
 		digits = m[1]
 	}
@@ -57,7 +56,7 @@ func parseRecord(raw string) (rec Record, ok bool) {
 	if err != nil {
 		return Record{}, false // a fraction, an exponent, past 2^63-1
 	}
-	return Record{Revision: r, Value: string(loose.V)}, true
+	return Record{Revision: r, Value: string(loose["v"])}, true
 }
 
 // parseCompact slices {"r":N,"v":VALUE}. The remainder must be exactly one
