@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"google.golang.org/grpc"
 	"io"
 	"os"
 	"regexp"
@@ -147,6 +148,13 @@ func serve(t *testing.T, args ...string) *running {
 		// fenced (or test run) on this machine may hold.
 		t.Setenv("FENCED_METRICS_LISTEN", "127.0.0.1:0")
 	}
+	return serveWith(t, nil, args...)
+}
+
+// serveWith is serve for a fenced that needs dial options (TLS, a token)
+// to answer health checks.
+func serveWith(t *testing.T, dialOpts []grpc.DialOption, args ...string) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -168,7 +176,7 @@ func serve(t *testing.T, args ...string) *running {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	waitServing(t, dial(t, r.addr), r.exited, r.log.String)
+	waitServing(t, dial(t, r.addr, dialOpts...), r.exited, r.log.String)
 	return r
 }
 

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
-	"io"
 	"net"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/certtest"
@@ -38,35 +35,6 @@ func clearEnv(t *testing.T) {
 		os.Unsetenv(name)
 	}
 	t.Setenv("FENCED_METRICS_LISTEN", "127.0.0.1:0")
-}
-
-// serveWith is serve for a fenced that needs dial options (TLS, a token)
-// to answer health checks.
-func serveWith(t *testing.T, dialOpts []grpc.DialOption, args ...string) *running {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(r.done)
-		r.err = run(ctx, append([]string{"serve"}, args...), io.Discard, r.log)
-	}()
-	t.Cleanup(func() { r.stop() })
-	deadline := time.Now().Add(waitFor)
-	for {
-		if m := servingAddr.FindStringSubmatch(r.log.String()); m != nil {
-			r.addr = m[1]
-			break
-		}
-		if err := r.exited(); err != nil {
-			t.Fatalf("run(serve %q) ended before serving: %v\nlog:\n%s", args, err, r.log)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run(serve %q) logged no serving address after %v\nlog:\n%s", args, waitFor, r.log)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	waitServing(t, dial(t, r.addr, dialOpts...), r.exited, r.log.String)
-	return r
 }
 
 // logLine is the first line of log containing every one of parts, or "".
