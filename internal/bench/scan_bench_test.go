@@ -7,7 +7,7 @@ package bench
 // one-record fenced puts through fenced's own gRPC server, sequential calls
 // from scanWriters goroutines) in two phases of the same run: (i) alone,
 // and (ii) while another client reads swarm B's 200,000-record section
-// page by page with ScanSection (page_size 1000), over and over. The phases
+// page by page with ScanSection (page_size 100), over and over. The phases
 // alternate in scanRounds rounds so that load from elsewhere on the machine
 // falls on both alike; each phase totals scanRounds x scanWriters x
 // scanCallsPerRound calls. It reports p50 and p99 of each phase and
@@ -61,7 +61,7 @@ const (
 	scanValueBytes = 200
 	scanLoadBatch  = 1024
 	// scanPageSize is the page_size of the scanning client.
-	scanPageSize = 1000
+	scanPageSize = 100
 	// scanWriters goroutines each send scanCallsPerRound sequential
 	// FencedBatch calls per phase per round, over scanRounds rounds.
 	scanWriters       = 2

@@ -45,9 +45,12 @@ const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
 // belong to the caller's deadline, and larger values would overflow.
 const MaxReplicaAckTimeoutMs = 3_600_000
 
-// Page sizes of ScanSection.
+// Page sizes of ScanSection. Each page is one script, during which Redis
+// serves nobody else: at 1000 records (about 2 ms of Redis time for 200-byte
+// values) other swarms' p99 write latency rose 6.6x in the scan benchmark, at
+// 100 it rose 1.9x.
 const (
-	DefaultPageSize = 1000
+	DefaultPageSize = 200
 	MaxPageSize     = 10000
 )
 

@@ -501,7 +501,9 @@ type ScanSectionRequest struct {
 	// The section: one of the configured section names or `meta`.
 	Section string `protobuf:"bytes,2,opt,name=section" json:"section,omitempty"`
 	// About how many records to return (a hint; a page may hold more or
-	// fewer). 0: the server's default (1000). At most 10000.
+	// fewer). 0: the server's default (200). At most 10000. Each page runs as
+	// one script, during which Redis serves nobody else: keep pages small
+	// (100-200) while other swarms are being written.
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize" json:"page_size,omitempty"`
 	// Empty for the first page; else the next_page_token of the previous page
 	// of the same scan (same slug and section).
