@@ -39,7 +39,13 @@ type fixture struct {
 // limits and lease bounds) and a client; all are stopped when the test ends.
 func start(t *testing.T) *fixture {
 	t.Helper()
-	srv := redistest.Start(t)
+	return startOn(t, redistest.Start(t))
+}
+
+// startOn is start over a Redis the test already runs (a primary with
+// replicas, say).
+func startOn(t *testing.T, srv *redistest.Server) *fixture {
+	t.Helper()
 	st, err := store.Open(srv.URL(), prefix)
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", srv.URL(), err)

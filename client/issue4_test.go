@@ -11,18 +11,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentihooks/fenced/client"
-	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -264,26 +259,7 @@ func TestIssue4ReplicationError(t *testing.T) {
 	t.Parallel()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
-	st, err := store.Open(primary.URL(), prefix)
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	t.Cleanup(st.Close)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	s := server.New(st, batch.DefaultLimits(), server.Options{Logger: slog.New(slog.DiscardHandler)})
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(context.Background(), lis) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-		<-served
-	})
-	f := &fixture{redis: primary, addr: lis.Addr().String()}
-	f.c = f.dial(t)
+	f := startOn(t, primary)
 	rec := &batchRecorder{}
 	c := recordingClient(t, f.addr, rec)
 	ctx, slug := ctxT(t), newSlug(t)
