@@ -64,6 +64,71 @@ do
   end
 end
 
+-- agent reads the "name" (a string) and "generation" of an executions
+-- value (JSON text) as cjson would: {name=, generation=} or nil when the
+-- value is not an object with a string name. Decoding a whole value is the
+-- costliest part of a large batch, so a fast path finds both members with
+-- plain searches when that is unambiguous: each key occurs once, at the top
+-- level (no '{' or '[' before it, outside any string), the value has no
+-- escapes and the generation is a plain number. Anything else is decoded.
+local function top_member(text, key)
+  local pos = string.find(text, key, 2, true)
+  if not pos then
+    return nil, true -- absent: unambiguous
+  end
+  if pos > 1024 or string.find(text, key, pos + 1, true) then
+    return nil, false
+  end
+  local prefix = string.sub(text, 2, pos - 1)
+  if string.find(prefix, '[%[{]') then
+    return nil, false
+  end
+  local _, quotes = string.gsub(prefix, '"', '')
+  if quotes % 2 ~= 0 then
+    return nil, false
+  end
+  return pos + #key, true
+end
+
+local function agent(text)
+  -- No escapes anywhere: a key spelled with \u escapes cannot hide a
+  -- duplicate "name" or "generation" from the plain searches.
+  if string.sub(text, 1, 1) == '{' and not string.find(text, '\\', 1, true) then
+    local npos, nok = top_member(text, '"name"')
+    local gpos, gok = top_member(text, '"generation"')
+    if nok and gok and npos then
+      local name = string.match(text, '^%s*:%s*"([^"\\]*)"%s*[,}]', npos)
+      local gen = 0
+      local plain = true
+      if gpos then
+        gen = tonumber(string.match(text, '^%s*:%s*(-?%d+%.?%d*[eE]?[-+]?%d*)%s*[,}]', gpos) or '')
+        plain = gen ~= nil
+      end
+      if name and plain then
+        return { name = name, generation = gen }
+      end
+    end
+  end
+  local ok, v = pcall(cjson.decode, text)
+  if ok and type(v) == 'table' and type(v.name) == 'string' then
+    return { name = v.name, generation = v.generation }
+  end
+  return nil
+end
+
+-- stored_agent is agent of a stored executions field {"r":N,"v":VALUE}.
+local function stored_agent(raw)
+  local value = string.match(raw, '^{"r":%d+,"v":(.*)}$')
+  if value then
+    return agent(value)
+  end
+  local v = record_value(raw)
+  if type(v) == 'table' and type(v.name) == 'string' then
+    return { name = v.name, generation = v.generation }
+  end
+  return nil
+end
+
 -- 1. Layout: a swarm still stored as one document must be migrated first.
 local layout, refusal = check_layout(stamp, layout_checked, slug)
 if refusal then
@@ -179,13 +244,10 @@ for i = 1, n do
   if (kind == 'p' or kind == 'd') and ki == EXEC then
     local t = {}
     if old_exec[i] then
-      t.old = record_value(old_exec[i])
+      t.old = stored_agent(old_exec[i])
     end
     if kind == 'p' then
-      local ok, v = pcall(cjson.decode, value)
-      if ok then
-        t.new = v
-      end
+      t.new = agent(value)
     end
     touched[key] = t
     for _, v in pairs({ t.old, t.new }) do
@@ -243,7 +305,7 @@ for name in pairs(names) do
     local t = touched[holder]
     if t == nil then
       local er = redis.call('HGET', KEYS[EXEC], holder)
-      local v = er and record_value(er)
+      local v = er and stored_agent(er)
       if type(v) == 'table' and v.name == name then
         if better(generation(v), holder, best_gen, best_id) then
           best_id, best_gen = holder, generation(v)
@@ -264,7 +326,7 @@ for name in pairs(names) do
     best_id, best_gen = nil, 0
     local all = redis.call('HGETALL', KEYS[EXEC])
     for j = 1, #all, 2 do
-      local v = record_value(all[j + 1])
+      local v = stored_agent(all[j + 1])
       if type(v) == 'table' and v.name == name and better(generation(v), all[j], best_gen, best_id) then
         best_id, best_gen = all[j], generation(v)
       end
