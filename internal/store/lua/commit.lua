@@ -178,15 +178,14 @@ local highest = 0 -- the highest stored revision among the written records
 local conflicts = { 'CONFLICT' }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
-local section_revs = nil
 for i = 1, n do
   local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
   local actual = 0
   if kind == 'S' then
-    section_revs = section_revs or section_revisions()
+    local revs = section_revisions()
     local name = string.match(KEYS[ki], '}:fence:(.*)$')
-    if type(section_revs[name]) == 'number' then
-      actual = section_revs[name]
+    if type(revs[name]) == 'number' then
+      actual = revs[name]
     end
   else
     local raw = redis.call('HGET', KEYS[ki], key)

@@ -89,6 +89,33 @@ local function check_layout(stamp, layout_checked, slug)
   return layout, nil
 end
 
+-- section_revisions_field is the stored meta/section_revisions field (false
+-- when absent), read once per script: a commit needs it for its revision
+-- floor, its section checks and its new section revisions.
+local section_revisions_raw = nil
+local function section_revisions_field()
+  if section_revisions_raw == nil then
+    section_revisions_raw = redis.call('HGET', KEYS[1], 'section_revisions') or false
+  end
+  return section_revisions_raw
+end
+
+-- section_revisions decodes meta/section_revisions: section name -> the
+-- swarm revision of the last batch that put or deleted anything in it.
+-- Decoded once per script; finish_commit updates the same table.
+local section_revs_decoded = nil
+local function section_revisions()
+  if section_revs_decoded == nil then
+    local raw = section_revisions_field()
+    local revs = raw and record_value(raw)
+    if type(revs) ~= 'table' then
+      revs = {}
+    end
+    section_revs_decoded = revs
+  end
+  return section_revs_decoded
+end
+
 -- next_revision is one above the swarm counter and above every revision in
 -- touched (the stored revisions of the records a commit writes), so
 -- revisions never go backwards even after the counter was lost or restored
@@ -101,7 +128,7 @@ local function next_revision(highest)
   end
   -- meta/section_revisions is rewritten by every commit: its revision is a
   -- floor that survives a lost counter for records the batch does not touch.
-  local sections = redis.call('HGET', KEYS[1], 'section_revisions')
+  local sections = section_revisions_field()
   local floor = sections and record_revision(sections)
   if floor and floor > highest then
     highest = floor
@@ -109,17 +136,6 @@ local function next_revision(highest)
   local rev = int(highest + 1)
   redis.call('SET', KEYS[2], rev)
   return rev
-end
-
--- section_revisions reads meta/section_revisions: section name -> the swarm
--- revision of the last batch that put or deleted anything in it.
-local function section_revisions()
-  local raw = redis.call('HGET', KEYS[1], 'section_revisions')
-  local revs = raw and record_value(raw)
-  if type(revs) ~= 'table' then
-    return {}
-  end
-  return revs
 end
 
 -- finish_commit does what every commit ends with: the section revisions of
