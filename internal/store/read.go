@@ -108,24 +108,9 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 		snap.SectionRevisions[name] = all[name]
 	}
 	for i, name := range names {
-		fields, err := arr[2+i].ToArray()
-		if err != nil || len(fields)%2 != 0 {
-			return nil, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, name)
+		if snap.Sections[name], err = parseFields(name, arr[2+i]); err != nil {
+			return nil, fmt.Errorf("store: read sections: %w", err)
 		}
-		records := make(map[string]Record, len(fields)/2)
-		for j := 0; j < len(fields); j += 2 {
-			key, err1 := fields[j].ToString()
-			raw, err2 := fields[j+1].ToString()
-			if err1 != nil || err2 != nil {
-				return nil, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, name)
-			}
-			rec, ok := parseRecord(raw)
-			if !ok {
-				return nil, fmt.Errorf("store: read sections: %w", &CorruptError{Section: name, Key: key})
-			}
-			records[key] = rec
-		}
-		snap.Sections[name] = records
 	}
 	return snap, nil
 }
@@ -232,11 +217,13 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, c
 	}
 	revs, err1 := arr[0].ToString()
 	next, err2 := arr[2].ToString()
-	fields, err3 := arr[3].ToArray()
-	if err := errors.Join(err1, err2, err3); err != nil || len(fields)%2 != 0 {
+	if err := errors.Join(err1, err2); err != nil {
 		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
 	}
-	p := &Page{Records: make(map[string]Record, len(fields)/2)}
+	p := &Page{}
+	if p.Records, err = parseFields(section, arr[3]); err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
 	if p.Revision, err = parseInt(revs); err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}
@@ -248,17 +235,28 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, c
 	if next != "0" {
 		p.Next = next
 	}
+	return p, nil
+}
+
+// parseFields reads a section's field/value array (HGETALL, an HSCAN page)
+// into records. Errors: ErrMalformedReply, *CorruptError naming the field.
+func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, error) {
+	fields, err := m.ToArray()
+	if err != nil || len(fields)%2 != 0 {
+		return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
+	}
+	records := make(map[string]Record, len(fields)/2)
 	for j := 0; j < len(fields); j += 2 {
 		key, err1 := fields[j].ToString()
 		raw, err2 := fields[j+1].ToString()
 		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("store: scan section: %w: section %s", ErrMalformedReply, section)
+			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
 		}
 		rec, ok := parseRecord(raw)
 		if !ok {
-			return nil, fmt.Errorf("store: scan section: %w", &CorruptError{Section: section, Key: key})
+			return nil, &CorruptError{Section: section, Key: key}
 		}
-		p.Records[key] = rec
+		records[key] = rec
 	}
-	return p, nil
+	return records, nil
 }
