@@ -827,7 +827,21 @@ func TestRuleValidationCatchesMistakes(t *testing.T) {
 	}
 }
 
-var mdHeading = regexp.MustCompile(`(?m)^(#{1,6})\s+(.+?)\s*$`)
+var (
+	mdHeading   = regexp.MustCompile(`(?m)^(#{1,6})\s+(.+?)\s*$`)
+	mdCodeBlock = regexp.MustCompile("(?ms)^```.*?^```")
+)
+
+// readDocText returns docs/observability.md without its code blocks, whose
+// # comments are no headings.
+func readDocText(t *testing.T) string {
+	t.Helper()
+	doc, err := os.ReadFile(observabilityDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mdCodeBlock.ReplaceAllString(string(doc), "")
+}
 
 // githubAnchor is the anchor GitHub gives a Markdown heading: lower case,
 // punctuation but - and _ dropped, spaces turned into -.
@@ -847,12 +861,8 @@ func githubAnchor(heading string) string {
 // docAnchors returns the anchors of every heading of docs/observability.md.
 func docAnchors(t *testing.T) map[string]bool {
 	t.Helper()
-	doc, err := os.ReadFile(observabilityDoc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]bool{}
-	for _, m := range mdHeading.FindAllStringSubmatch(string(doc), -1) {
+	for _, m := range mdHeading.FindAllStringSubmatch(readDocText(t), -1) {
 		out[githubAnchor(strings.Trim(m[2], "`"))] = true
 	}
 	return out
@@ -862,13 +872,9 @@ func docAnchors(t *testing.T) map[string]bool {
 // "Runbooks" of docs/observability.md: one per alert.
 func runbookSections(t *testing.T) []string {
 	t.Helper()
-	doc, err := os.ReadFile(observabilityDoc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
 	level := 0
-	sc := bufio.NewScanner(strings.NewReader(string(doc)))
+	sc := bufio.NewScanner(strings.NewReader(readDocText(t)))
 	for sc.Scan() {
 		m := mdHeading.FindStringSubmatch(sc.Text())
 		if m == nil {
