@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -514,21 +515,10 @@ func TestMonitoringQueriesNameExportedMetrics(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	sock := startRedis(t)
-	grpcAddr, log := startFenced(t, []string{
-		"FENCED_REDIS_URL=unix://" + sock,
-		"FENCED_LISTEN=127.0.0.1:0",
-		"FENCED_METRICS_LISTEN=127.0.0.1:0",
-		"FENCED_HEALTH_LISTEN=127.0.0.1:0",
-	})
-	metricsURL := "http://" + loggedAddr(t, log, metricsAddr) + metricsPath
-	if got := healthStatus(t, grpcAddr, readyService); got != "SERVING" {
-		t.Fatalf("fenced on redis-server: Health.Check(%q) = %s, want SERVING", readyService, got)
-	}
+	f := startFencedOnRedis(t)
+	driveOutcomes(t, f.grpcAddr, 1)
 
-	driveOutcomes(t, grpcAddr)
-
-	s, fams := scrape(t, metricsURL)
+	s, fams := scrape(t, f.metricsURL)
 	for name, want := range map[string]float64{
 		"fenced_lease_grants_total":         1,
 		"fenced_batches_committed_total":    1,
@@ -552,6 +542,31 @@ func TestMonitoringQueriesNameExportedMetrics(t *testing.T) {
 			t.Logf("%s is exported now: drop it from pendingMetrics", name)
 		}
 	}
+}
+
+// liveFenced is a fenced process serving from its own redis-server.
+type liveFenced struct {
+	grpcAddr   string
+	metricsURL string
+	stopRedis  func() // kills the redis-server
+}
+
+// startFencedOnRedis runs fenced on a fresh redis-server, gRPC and metrics
+// on loopback, until the test ends, and returns it once it is SERVING.
+func startFencedOnRedis(t *testing.T) liveFenced {
+	t.Helper()
+	sock, stopRedis := startRedis(t)
+	grpcAddr, log := startFenced(t, []string{
+		"FENCED_REDIS_URL=unix://" + sock,
+		"FENCED_LISTEN=127.0.0.1:0",
+		"FENCED_METRICS_LISTEN=127.0.0.1:0",
+		"FENCED_HEALTH_LISTEN=127.0.0.1:0",
+	})
+	metricsURL := "http://" + loggedAddr(t, log, metricsAddr) + metricsPath
+	if got := healthStatus(t, grpcAddr, readyService); got != "SERVING" {
+		t.Fatalf("fenced on redis-server: Health.Check(%q) = %s, want SERVING", readyService, got)
+	}
+	return liveFenced{grpcAddr: grpcAddr, metricsURL: metricsURL, stopRedis: stopRedis}
 }
 
 func counterSum(f *dto.MetricFamily) float64 {
@@ -582,9 +597,9 @@ func loggedAddr(t *testing.T, log *syncBuffer, re *regexp.Regexp) string {
 }
 
 // startRedis runs a redis-server listening on a Unix socket alone (no TCP
-// port to race for), without persistence, until the test ends, and returns
-// the socket's path once it answers.
-func startRedis(t *testing.T) string {
+// port to race for), without persistence, until the test ends or stop is
+// called, and returns the socket's path once it answers.
+func startRedis(t *testing.T) (sock string, stop func()) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -594,7 +609,7 @@ func startRedis(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "redis.sock")
+	sock = filepath.Join(dir, "redis.sock")
 	var log syncBuffer
 	cmd := exec.Command(bin, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
 		"--dir", dir, "--save", "", "--appendonly", "no")
@@ -604,9 +619,15 @@ func startRedis(t *testing.T) string {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cmd.Process.Kill()
+			<-exited
+		})
+	}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
+		stop()
 		os.RemoveAll(dir)
 		if t.Failed() {
 			t.Logf("redis-server log:\n%s", log.String())
@@ -625,13 +646,13 @@ func startRedis(t *testing.T) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return sock
+	return sock, stop
 }
 
 // driveOutcomes makes one call of each outcome the metrics count: a lease
-// grant, a committed batch, its replay, a revision conflict and a
-// stale-lease refusal.
-func driveOutcomes(t *testing.T, addr string) {
+// grant, a committed batch, its replay, conflicts revision conflicts (at
+// least one) and a stale-lease refusal.
+func driveOutcomes(t *testing.T, addr string, conflicts int) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -667,6 +688,9 @@ func driveOutcomes(t *testing.T, addr string) {
 		{"stale lease", "fenced.v1.RecordsService/FencedBatch",
 			`{"slug":"` + slug + `","fence":{"owner":"tick-old","epoch":7},"writes":[` +
 				`{"kind":"WRITE_KIND_PUT","section":"claims","key":"T-2","expected":0,"value":"{}"}]}`, codes.FailedPrecondition, nil},
+	}
+	for range conflicts - 1 {
+		steps = append(steps, steps[3])
 	}
 	for _, st := range steps {
 		out, err := c.call(st.method, st.req)
