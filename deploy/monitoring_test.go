@@ -40,6 +40,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	klabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -1045,6 +1046,23 @@ func checkMonitoring(t *testing.T, r *rendered, d *appsv1.Deployment) {
 		if targets == 0 {
 			t.Errorf("ServiceMonitor %s endpoint port %s: no Service it selects has that port", sm.Name, ep.Port)
 		}
+	}
+
+	// Some NetworkPolicy of fenced's pods admits scrapes of that port.
+	admitted := false
+	for _, np := range all[*networkingv1.NetworkPolicy](r) {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil || !sel.Matches(klabels.Set(d.Spec.Template.Labels)) {
+			continue
+		}
+		for _, rule := range np.Spec.Ingress {
+			for _, p := range rule.Ports {
+				admitted = admitted || (p.Port != nil && (p.Port.IntValue() == int(metricsPort) || p.Port.String() == "metrics"))
+			}
+		}
+	}
+	if !admitted {
+		t.Errorf("no NetworkPolicy of fenced's pods admits scrapes of the metrics port %d", metricsPort)
 	}
 
 	// The plain annotations.
