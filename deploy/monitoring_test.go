@@ -422,6 +422,21 @@ func merge(l map[string]string, k, v string) map[string]string {
 	return out
 }
 
+// near returns the scraped series names that share name's first two
+// words (fenced_batch_...), to suggest what a misspelt name meant.
+func (s series) near(name string) []string {
+	words := strings.SplitN(name, "_", 3)
+	prefix := strings.Join(words[:min(2, len(words))], "_")
+	var out []string
+	for n := range s {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // hasLabel reports whether some series of the metric has the label, or the
 // label is one Prometheus attaches.
 func (s series) hasLabel(metric, label string) bool {
@@ -474,7 +489,7 @@ func checkAgainstScrape(t *testing.T, q *promQL, e parser.Expr, s series, used m
 			used[name] = true
 			if _, ok := s[name]; !ok {
 				if !slices.Contains(pendingMetrics, name) {
-					t.Errorf("%s: metric %s is not exported by fenced (scraped: %q)", q.source, name, slices.Sorted(maps.Keys(s)))
+					t.Errorf("%s: metric %s is not exported by fenced (scraped with its prefix: %q)", q.source, name, s.near(name))
 				}
 				return nil
 			}
