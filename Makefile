@@ -29,7 +29,7 @@ test: redis-server test-deploy ## Run every test with -race against a real redis
 	go test -race -count=1 ./...
 
 .PHONY: test-deploy
-test-deploy: ## Test the Kubernetes manifests (deploy/, a module of its own) and the image's static build.
+test-deploy: redis-server ## Test the Kubernetes manifests (deploy/, a module of its own), the image's static build, and the monitoring component's queries against a live fenced.
 	cd deploy && go test -count=1 ./...
 
 .PHONY: redis-server

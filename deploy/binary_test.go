@@ -199,10 +199,18 @@ var servingAddr = regexp.MustCompile(`serving gRPC"?.*?\baddr"?[=:]"?([0-9.]+:[0
 // ends, and returns its gRPC address once it logged it.
 func runFenced(t *testing.T, env []string) string {
 	t.Helper()
-	var log syncBuffer
+	addr, _ := startFenced(t, env)
+	return addr
+}
+
+// startFenced is runFenced that also returns fenced's log, which goes on
+// filling while it runs.
+func startFenced(t *testing.T, env []string) (string, *syncBuffer) {
+	t.Helper()
+	log := &syncBuffer{}
 	cmd := exec.Command(fencedBinary(t), "serve")
 	cmd.Env = append(env, "PATH="+os.Getenv("PATH"))
-	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start fenced: %v", err)
 	}
@@ -218,7 +226,7 @@ func runFenced(t *testing.T, env []string) string {
 	deadline := time.After(waitFor)
 	for {
 		if m := servingAddr.FindStringSubmatch(log.String()); m != nil {
-			return m[1]
+			return m[1], log
 		}
 		select {
 		case err := <-exited:

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/redis/rueidis"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -66,6 +67,9 @@ var newObject = map[string]func() any{
 		return &autoscalingv2.HorizontalPodAutoscaler{}
 	},
 	"networking.k8s.io/v1/NetworkPolicy": func() any { return &networkingv1.NetworkPolicy{} },
+	// The Prometheus Operator's, from components/monitoring.
+	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return &monitoringv1.ServiceMonitor{} },
+	"monitoring.coreos.com/v1/PrometheusRule": func() any { return &monitoringv1.PrometheusRule{} },
 }
 
 // decodeStrict decodes one object's YAML into the API type of its kind as
@@ -210,8 +214,26 @@ func kustomizations(t *testing.T) map[string]bool {
 			t.Errorf("no %s/kustomization.yaml", want)
 		}
 	}
+	// Every overlay again with the monitoring component, as an operator
+	// includes it.
+	for dir := range maps.Clone(dirs) {
+		name, ok := strings.CutPrefix(dir, "overlays/")
+		if !ok {
+			continue
+		}
+		monitored := filepath.Join(monitoredDir, name)
+		if _, err := os.Stat(filepath.Join(monitored, "kustomization.yaml")); err != nil {
+			t.Errorf("no %s/kustomization.yaml: every overlay is rendered with %s (%v)", monitored, monitoringComponent, err)
+			continue
+		}
+		dirs[monitored] = true
+	}
 	return dirs
 }
+
+// monitoredDir holds one kustomization per overlay: the overlay with the
+// monitoring component.
+const monitoredDir = "testdata/monitored"
 
 // TestManifests renders base and every overlay and checks each against the
 // fenced binary and the rules of a well-run gRPC service.
@@ -228,6 +250,11 @@ func TestManifests(t *testing.T) {
 			checkWorkloadsRestricted(t, r)
 			if complete {
 				checkNamespace(t, r)
+			}
+			if strings.HasPrefix(dir, monitoredDir+"/") {
+				checkMonitoring(t, r, d)
+			} else if n := len(all[*monitoringv1.ServiceMonitor](r)) + len(all[*monitoringv1.PrometheusRule](r)); n > 0 {
+				t.Errorf("%s renders %d Prometheus Operator object(s): the overlays must apply on clusters without its CRDs; include %s instead", dir, n, monitoringComponent)
 			}
 		})
 	}
@@ -891,6 +918,9 @@ func TestREADME(t *testing.T) {
 		t.Fatal(err)
 	}
 	for dir := range kustomizations(t) {
+		if strings.HasPrefix(dir, monitoredDir+"/") {
+			continue
+		}
 		if !strings.Contains(string(data), dir) {
 			t.Errorf("README.md does not mention %s", dir)
 		}
