@@ -183,8 +183,8 @@ func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 	return recs
 }
 
-// ScanSection reads a section page by page (pageSize records per page, a
-// hint; 0: the server's default), calling fn for every record; fn's error
+// ScanSection reads a section page by page (at most pageSize records per
+// page; 0: the server's default), calling fn for every record; fn's error
 // stops the scan. It answers the section revision of the first and the last
 // page: when they differ, the section changed during the scan (a record may
 // then have been seen twice, or missed if inserted meanwhile). Errors: see
