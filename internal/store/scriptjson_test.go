@@ -41,6 +41,8 @@ func FuzzScriptUndecodableMatchesRedisCjson(f *testing.F) {
 		{`1e400`, 0}, {`-1e400`, 0}, {`1e-400`, 0}, {`-0`, 0}, {`123456789012345678901234567890`, 0},
 		{`"x"`, 0}, {`true`, 0}, {`null`, 0}, {` {"a" : [ 1 , 2 ] } `, 0}, {`{"a":1,"a":2}`, 0},
 		{`"` + strings.Repeat("[", 1500) + `"`, 0}, {`"\/\b\f\n\r\t"`, 0},
+		{strings.Repeat("1", 400), 0}, {`1e99999999999999999999`, 0}, {`-0.0e-0`, 0}, {`\ud800\udbff`, 0}, {`\udbff\udc00`, 0},
+		{"\x7f\xf0\x9f\x98\x80", 0}, {`{"a":[{"b":[{"c":[]}]}]}`, 997},
 	} {
 		f.Add(seed.text, seed.depth)
 	}
