@@ -784,7 +784,10 @@ type RecordWrite struct {
 	Expected int64 `protobuf:"varint,4,opt,name=expected" json:"expected,omitempty"`
 	// For WRITE_KIND_PUT: one JSON text (RFC 8259), at most the configured
 	// value limit (default 1 MiB), stored byte for byte. Must be empty for
-	// deletes and checks.
+	// deletes and checks. An `executions` value must also be one Redis's Lua
+	// JSON decoder (cjson) can decode, since by-name indexes it: arrays and
+	// objects nested at most 1000 deep, and every \u escape of a UTF-16
+	// surrogate part of a high+low pair; else INVALID_ARGUMENT.
 	Value         string `protobuf:"bytes,5,opt,name=value" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
