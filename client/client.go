@@ -183,8 +183,8 @@ func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 	return recs
 }
 
-// ScanSection reads a section page by page (pageSize records per page, a
-// hint; 0: the server's default), calling fn for every record; fn's error
+// ScanSection reads a section page by page (at most pageSize records per
+// page; 0: the server's default), calling fn for every record; fn's error
 // stops the scan. It answers the section revision of the first and the last
 // page: when they differ, the section changed during the scan (a record may
 // then have been seen twice, or missed if inserted meanwhile). Errors: see
@@ -287,6 +287,10 @@ type Lease struct {
 	Epoch int64
 	// ExpiresAtMs is when it ends, in ms by Redis's clock.
 	ExpiresAtMs int64
+	// ReplicasAcked is how many replicas acknowledged the grant or renewal
+	// that answered this lease, when the server requires acknowledgements
+	// (--wait-replicas); 0 otherwise and from Current.
+	ReplicasAcked int
 }
 
 func leaseFrom(l *fencedv1.Lease) Lease {
@@ -294,23 +298,34 @@ func leaseFrom(l *fencedv1.Lease) Lease {
 }
 
 // Acquire asks for the swarm's lease for ttl. Errors: ErrLeaseHeld (as
-// *LeaseError with the holder and RetryAfter), see Decode.
+// *LeaseError with the holder and RetryAfter); ErrReplicationTimeout (as
+// *ReplicationError, also ErrUnavailable) when the server requires replica
+// acknowledgements and too few came in time: no lease is held (call again:
+// the asker acquiring again keeps the epoch the primary recorded); see
+// Decode.
 func (c *Client) Acquire(ctx context.Context, slug, owner string, ttl time.Duration) (Lease, int64, error) {
 	resp, err := c.leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: owner, TtlMs: ttl.Milliseconds()})
 	if err != nil {
 		return Lease{}, 0, Decode(err)
 	}
-	return leaseFrom(resp.GetLease()), resp.GetRevision(), nil
+	l := leaseFrom(resp.GetLease())
+	l.ReplicasAcked = int(resp.GetReplicasAcked())
+	return l, resp.GetRevision(), nil
 }
 
 // Renew extends the live lease of owner at epoch by ttl from Redis's now.
-// Errors: ErrLeaseStale (as *LeaseError), see Decode.
+// Errors: ErrLeaseStale (as *LeaseError); ErrReplicationTimeout (as
+// *ReplicationError) when too few replicas acknowledged the renewal in
+// time: it is not a renewal, the lease still ends when the last
+// acknowledged one said; see Decode.
 func (c *Client) Renew(ctx context.Context, slug, owner string, epoch int64, ttl time.Duration) (Lease, int64, error) {
 	resp, err := c.leases.Renew(ctx, &fencedv1.RenewRequest{Slug: slug, Owner: owner, Epoch: epoch, TtlMs: ttl.Milliseconds()})
 	if err != nil {
 		return Lease{}, 0, Decode(err)
 	}
-	return leaseFrom(resp.GetLease()), resp.GetRevision(), nil
+	l := leaseFrom(resp.GetLease())
+	l.ReplicasAcked = int(resp.GetReplicasAcked())
+	return l, resp.GetRevision(), nil
 }
 
 // Release ends the live lease of owner at epoch. Errors: ErrLeaseStale, see

@@ -43,10 +43,10 @@ func start(t *testing.T) *fixture {
 }
 
 // startOn is start over a Redis the test already runs (a primary with
-// replicas, say).
-func startOn(t *testing.T, srv *redistest.Server) *fixture {
+// replicas, say), with the store options given.
+func startOn(t *testing.T, srv *redistest.Server, opts ...store.Option) *fixture {
 	t.Helper()
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), prefix, opts...)
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
 	}

@@ -34,8 +34,11 @@ type Keeper struct {
 
 // Keep acquires the swarm's lease for owner with ttl, waiting while another
 // owner holds it (as long as the server's RetryInfo says, until ctx is
-// done), then keeps it until Close or until it is lost. Errors: ctx's, and
-// any error of Acquire other than ErrLeaseHeld.
+// done), and asking again while too few replicas acknowledge the grant
+// (ErrReplicationTimeout), then keeps it until Close or until it is lost.
+// A renewal too few replicas acknowledged is not a renewal: the lease is
+// counted from the last acknowledged one. Errors: ctx's, and any error of
+// Acquire other than ErrLeaseHeld and ErrReplicationTimeout.
 func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration) (*Keeper, error) {
 	var sent time.Time
 	lease, err := backoff.Retry(ctx, func() (Lease, error) {
@@ -49,6 +52,11 @@ func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration
 			// Wait out the holder's lease; never longer than one TTL, so a
 			// released lease is noticed soon.
 			return l, &backoff.RetryAfterError{Duration: min(max(le.RetryAfter, time.Millisecond), ttl)}
+		case errors.Is(err, ErrReplicationTimeout):
+			// Too few replicas acknowledged the grant: it is not ours to
+			// use. Asking again keeps the epoch the primary recorded and
+			// waits for the replicas again.
+			return l, err
 		default:
 			return l, backoff.Permanent(err)
 		}

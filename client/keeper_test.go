@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -194,4 +196,38 @@ func TestKeepWaits(t *testing.T) {
 			t.Errorf("Keep with a 1 ms TTL = %v, want ErrInvalidArgument", err)
 		}
 	})
+}
+
+// TestKeeperCountsOnlyAcknowledgedRenewals: under --wait-replicas 1, Acquire
+// reports the replica's acknowledgement; once the replica's link is cut,
+// renewals answer REPLICATION_TIMEOUT and do not count, so the Keeper lets
+// the lease go when its last acknowledged renewal runs out (Lost, Err
+// ErrReplicationTimeout), and Keep hands out no lease.
+func TestKeeperCountsOnlyAcknowledgedRenewals(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	f := startOn(t, primary, store.WithLeaseDurability(store.Durability{Replicas: 1, Timeout: 100 * time.Millisecond}))
+	ctx := ctxT(t)
+	if l, _, err := f.c.Acquire(ctx, newSlug(t), "ctl-x", time.Minute); err != nil || l.ReplicasAcked != 1 {
+		t.Fatalf("Acquire(replica linked) = %+v, %v; want ReplicasAcked 1", l, err)
+	}
+	slug := newSlug(t)
+	k, err := f.c.Keep(ctx, slug, "ctl-a", 1500*time.Millisecond)
+	if err != nil {
+		t.Fatalf("Keep(replica linked): %v", err)
+	}
+	replica.Do(t, "REPLICAOF", "NO", "ONE")
+	waitClosed(t, "Lost() once renewals go unacknowledged", k.Lost())
+	if err := k.Err(); !errors.Is(err, client.ErrReplicationTimeout) {
+		t.Errorf("Err() = %v, want ErrReplicationTimeout", err)
+	}
+	if k.Held() {
+		t.Errorf("Held() = true after the lease was lost")
+	}
+
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if k, err := f.c.Keep(short, newSlug(t), "ctl-b", time.Minute); err == nil {
+		t.Errorf("Keep(replica cut) = keeper at epoch %d, want no lease", k.Epoch())
+	}
 }

@@ -142,6 +142,10 @@ type byNameReport struct {
 	ChangedDuringCheck bool             `json:"changed_during_check"`
 	Mismatches         []byNameMismatch `json:"mismatches"`
 	Unreadable         []string         `json:"unreadable"`
+	// Undecodable: executions records whose value the scripts cannot
+	// decode (stored by another writer: fenced refuses them); not indexed,
+	// and not judged.
+	Undecodable []string `json:"undecodable"`
 }
 
 type byNameMismatch struct {
@@ -228,9 +232,13 @@ func inspect(ctx context.Context, st *store.Store, slug string, sections []strin
 		ChangedDuringCheck: check.RevisionBefore != check.RevisionAfter,
 		Mismatches:         make([]byNameMismatch, len(check.Mismatches)),
 		Unreadable:         check.Unreadable,
+		Undecodable:        check.Undecodable,
 	}
 	if r.ByName.Unreadable == nil {
 		r.ByName.Unreadable = []string{}
+	}
+	if r.ByName.Undecodable == nil {
+		r.ByName.Undecodable = []string{}
 	}
 	for i, m := range check.Mismatches {
 		r.ByName.Mismatches[i] = byNameMismatch(m)
@@ -321,6 +329,9 @@ func (r *inspection) writeText(out io.Writer) error {
 	}
 	if len(bn.Unreadable) > 0 {
 		fmt.Fprintf(&b, "          not records (skipped): %s\n", strings.Join(bn.Unreadable, ", "))
+	}
+	if len(bn.Undecodable) > 0 {
+		fmt.Fprintf(&b, "          values the scripts cannot decode (not indexed, skipped): %s\n", strings.Join(bn.Undecodable, ", "))
 	}
 
 	fmt.Fprintf(&b, "\nlog       newest %d of %d entries\n", len(r.Log.Entries), r.Log.Length)

@@ -173,7 +173,8 @@ func TestInspect(t *testing.T) {
 					{Name: missing, Problem: "missing", Want: byName[missing]},
 					{Name: "ghost-agent", Problem: "extra", Got: "exe-ghost"},
 				},
-				Unreadable: []string{},
+				Unreadable:  []string{},
+				Undecodable: []string{},
 			},
 			Log: logReport{Length: logLen, Entries: []logEntry{
 				{ID: got.Log.Entries[0].ID, Revision: rev, Owner: "tick-a", Records: 1, RequestID: "tick-a-0001"},
@@ -211,6 +212,48 @@ func TestInspect(t *testing.T) {
 			t.Errorf("inspect --json stamp = %+v, want value 1, differs", got.Stamp)
 		}
 	})
+}
+
+// TestInspectJudgesUndecodableExecutionsAsTheScriptDoes: executions stored
+// by another writer with values Redis's Lua cjson cannot decode (a name with
+// a lone surrogate escape, nesting 1,200 deep) are left out of by-name by
+// the script; `fenced inspect` lists them as undecodable and calls by-name
+// consistent instead of reporting a MISMATCH.
+func TestInspectJudgesUndecodableExecutionsAsTheScriptDoes(t *testing.T) {
+	clearConfigEnv(t)
+	srv := redistest.Start(t)
+	st, err := store.Open(srv.URL(), keyPrefix)
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	const slug = "other-writer"
+	if _, err := st.Commit(t.Context(), &batch.Batch{Slug: slug, Writes: []batch.Write{
+		{Kind: batch.KindPut, Section: "executions", Key: "exe-ok", Expected: 0, Value: `{"name":"ok","generation":1}`}}}); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	deep := strings.Repeat("[", 1200) + strings.Repeat("]", 1200)
+	srv.Do(t, "HSET", fenceKey(slug, "executions"),
+		"exe-surrogate", `{"r":1,"v":{"name":"w\ud800","generation":1}}`,
+		"exe-deep", `{"r":1,"v":{"v":`+deep+`,"name":"deep","generation":1}}`)
+
+	out := runInspect(t, slug, "--redis-url", srv.URL())
+	for _, w := range []string{
+		`(?m)^by-name +consistent with executions  \(1 entries; executions: 3 records, 1 names\)$`,
+		`(?m)^ +values the scripts cannot decode \(not indexed, skipped\): executions/exe-deep, executions/exe-surrogate$`,
+	} {
+		if !regexp.MustCompile(w).MatchString(out) {
+			t.Errorf("inspect %s output does not match %s:\n%s", slug, w, out)
+		}
+	}
+	var got inspection
+	if err := json.Unmarshal([]byte(runInspect(t, slug, "--redis-url", srv.URL(), "--json")), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"executions/exe-deep", "executions/exe-surrogate"}
+	if !got.ByName.Consistent || len(got.ByName.Mismatches) != 0 || !slices.Equal(got.ByName.Undecodable, want) {
+		t.Errorf("inspect --json by-name = %+v, want consistent, no mismatches, undecodable %q", got.ByName, want)
+	}
 }
 
 // TestInspectExpiredLeaseAndEmptySwarm: an expired lease says so, and a

@@ -73,8 +73,8 @@ type serveCmd struct {
 	// MaxBatchValueBytes bounds the values of one batch, in bytes.
 	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch."`
 	// WaitReplicas and WaitTimeout: the default replica acknowledgement.
-	WaitReplicas int           `env:"FENCED_WAIT_REPLICAS" default:"0" help:"Replicas that must acknowledge every commit and lease change (Redis WAIT) unless a batch says otherwise; 0: do not wait."`
-	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit waits for replica acknowledgements."`
+	WaitReplicas int           `env:"FENCED_WAIT_REPLICAS" default:"0" help:"Replicas that must acknowledge every commit and lease change (Redis WAIT) unless a batch says otherwise; a lease grant or renewal fewer acknowledge is refused (REPLICATION_TIMEOUT); 0: do not wait."`
+	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit or lease change waits for replica acknowledgements."`
 	// RequestIDWindow is how long committed request ids are remembered.
 	RequestIDWindow time.Duration `env:"FENCED_REQUEST_ID_WINDOW" default:"10m" help:"How long a committed batch's request_id is remembered (retries inside it are answered, not rerun)."`
 	// MaxSnapshotRecords and MaxSnapshotBytes bound one Sections answer.

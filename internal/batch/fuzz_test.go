@@ -5,6 +5,7 @@ import (
 	"errors"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -113,6 +114,56 @@ func FuzzCheckBatch(f *testing.F) {
 	})
 }
 
+// escapeToken is one escape of a JSON string; matched left to right over a
+// valid JSON text (where a backslash only occurs inside strings), the
+// matches are exactly its escapes.
+var escapeToken = regexp.MustCompile(`\\(u[0-9a-fA-F]{4}|.)`)
+
+// cjsonDecodes is the rule of Redis's Lua cjson.decode for valid JSON,
+// stated independently of ScriptUndecodable: nesting at most 1000 (counted
+// with the tokenizer) and every surrogate escape a high one immediately
+// followed by a low one.
+func cjsonDecodes(value string) bool {
+	dec := json.NewDecoder(strings.NewReader(value))
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			break
+		}
+		switch tok {
+		case json.Delim('['), json.Delim('{'):
+			if depth++; depth > 1000 {
+				return false
+			}
+		case json.Delim(']'), json.Delim('}'):
+			depth--
+		}
+	}
+	escapes := escapeToken.FindAllStringIndex(value, -1)
+	for j := 0; j < len(escapes); j++ {
+		e := value[escapes[j][0]:escapes[j][1]]
+		if len(e) != 6 {
+			continue
+		}
+		switch cp, _ := strconv.ParseUint(e[2:], 16, 32); {
+		case cp >= 0xDC00 && cp <= 0xDFFF:
+			return false
+		case cp >= 0xD800 && cp <= 0xDBFF:
+			if j+1 == len(escapes) || escapes[j+1][0] != escapes[j][1] {
+				return false
+			}
+			next := value[escapes[j+1][0]:escapes[j+1][1]]
+			low, err := strconv.ParseUint(strings.TrimPrefix(next, `\u`), 16, 32)
+			if len(next) != 6 || err != nil || low < 0xDC00 || low > 0xDFFF {
+				return false
+			}
+			j++
+		}
+	}
+	return true
+}
+
 // brokenRules is an independent oracle: the rules of DESIGN §2-§3 that b
 // breaks under l, by name. Empty means b is valid.
 func brokenRules(l Limits, b *Batch) []string {
@@ -150,6 +201,9 @@ func brokenRules(l Limits, b *Batch) []string {
 		}
 		if w.Kind == KindPut && (len(w.Value) > l.MaxValueBytes || !utf8.ValidString(w.Value) || !json.Valid([]byte(w.Value))) {
 			broken = append(broken, "put value")
+		}
+		if w.Kind == KindPut && w.Section == "executions" && json.Valid([]byte(w.Value)) && !cjsonDecodes(w.Value) {
+			broken = append(broken, "executions value the script cannot decode")
 		}
 		if w.Kind != KindPut && w.Value != "" {
 			broken = append(broken, "value of a delete or check")

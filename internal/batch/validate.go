@@ -354,6 +354,12 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 			vs.add(field("value"), "not valid UTF-8")
 		case !json.Valid([]byte(w.Value)):
 			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
+		case w.Section == "executions":
+			// by-name indexes executions values as the script decodes them:
+			// one the script cannot decode would be left out of it.
+			if why := ScriptUndecodable(w.Value); why != "" {
+				vs.add(field("value"), "%s; an executions value must decode in the script to be indexed by name", why)
+			}
 		}
 	case KindDelete, KindCheck, KindCheckSection:
 		if w.Value != "" {

@@ -326,7 +326,6 @@ func TestCheckBatchValidJSON(t *testing.T) {
 		{"booleans", `[true,false]`},
 		{"negative exponent", `-1.5e-300`},
 		{"escaped surrogate pair", `"\ud83d\ude00"`},
-		{"escaped lone surrogate", `"\ud800"`},
 		{"escaped NUL", `"\u0000"`},
 		{"duplicate object names", `{"a":1,"a":2}`},
 		{"DEL character", "\"\x7f\""},
@@ -335,6 +334,49 @@ func TestCheckBatchValidJSON(t *testing.T) {
 			b := fenced(put("executions", "e1", Blind, tt.value))
 			if err := DefaultLimits().CheckBatch(b); err != nil {
 				t.Errorf("CheckBatch(put value %q) = %v, want nil", tt.value, err)
+			}
+		})
+	}
+}
+
+// The by-name index keeps executions values as Redis's Lua cjson decodes
+// them, so an executions put that cjson cannot decode is refused, naming
+// the value and why; other sections store such values unchanged.
+func TestCheckBatchRefusesExecutionsValuesTheScriptCannotDecode(t *testing.T) {
+	nested := func(depth int) string {
+		return strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)
+	}
+	for _, tt := range []struct {
+		name, value string
+		refused     bool
+	}{
+		{"name with a lone high surrogate", `{"name":"w\ud800","generation":1}`, true},
+		{"lone low surrogate", `{"name":"w","x":"\udc00"}`, true},
+		{"high surrogate then a non-surrogate escape", `{"name":"w","x":"\ud800\u0041"}`, true},
+		{"two high surrogates", `{"name":"w","x":"\ud800\ud800"}`, true},
+		{"lone surrogate in an object name", `{"\uDBFF":1}`, true},
+		{"nesting 1200 deep", `{"name":"w","v":` + nested(1199) + `}`, true},
+		{"arrays 1001 deep", strings.Repeat("[", 1001) + strings.Repeat("]", 1001), true},
+		{"surrogate pair", `{"name":"w\ud83d\ude00"}`, false},
+		{"escaped backslash before u", `{"name":"\\ud800"}`, false},
+		{"nesting 1000 deep", nested(1000), false},
+		{"arrays 1000 deep", strings.Repeat("[", 1000) + strings.Repeat("]", 1000), false},
+		{"brackets inside strings", `{"name":"` + strings.Repeat("[", 2000) + `"}`, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := DefaultLimits().CheckBatch(fenced(put("executions", "e1", Blind, tt.value)))
+			if !tt.refused {
+				if err != nil {
+					t.Errorf("CheckBatch(executions put %.80q) = %v, want nil", tt.value, err)
+				}
+				return
+			}
+			got := violationFields(t, "CheckBatch", err)
+			if want := []string{"writes[0].value"}; !slices.Equal(got, want) {
+				t.Errorf("CheckBatch(executions put %.80q) violation fields = %q, want %q", tt.value, got, want)
+			}
+			if err := DefaultLimits().CheckBatch(fenced(put("claims", "c1", Blind, tt.value))); err != nil {
+				t.Errorf("CheckBatch(claims put %.80q) = %v, want nil: only executions values are decoded", tt.value, err)
 			}
 		})
 	}

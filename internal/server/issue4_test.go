@@ -453,13 +453,13 @@ func TestIssue4ScanSection(t *testing.T) {
 					t.Errorf("page %d revision/section_revision = %d/%d, want %d/%d", i, p.GetRevision(), p.GetSectionRevision(), rev, rev)
 				}
 			}
-			// page_size is a hint: a page holds about that many records.
-			hint := int(size)
-			if hint == 0 {
-				hint = server.DefaultPageSize
+			// page_size is a maximum (AIP-158).
+			limit := int(size)
+			if limit == 0 {
+				limit = server.DefaultPageSize
 			}
-			if largest > 2*hint+32 || (hint < n && len(pages) < n/(2*hint+32)) {
-				t.Errorf("page_size %d: %d pages, largest %d records; want pages of about %d", size, len(pages), largest, hint)
+			if largest > limit || len(pages) < n/limit {
+				t.Errorf("page_size %d: %d pages, largest %d records; want pages of at most %d", size, len(pages), largest, limit)
 			}
 		})
 	}
@@ -492,6 +492,12 @@ func TestIssue4ScanSection(t *testing.T) {
 		{"truncated token", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: first.GetNextPageToken()[:8]}, []string{"page_token"}},
 		{"forged token, empty cursor", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v1\x00" + slug + "\x00intents\x00")}, []string{"page_token"}},
 		{"forged token, cursor not a number", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v1\x00" + slug + "\x00intents\x00abc")}, []string{"page_token"}},
+		{"forged token, unknown version", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v9\x00" + slug + "\x00intents\x000")}, []string{"page_token"}},
+		{"forged token, short fingerprint", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v2\x00" + slug + "\x00intents\x000:abc:k")}, []string{"page_token"}},
+		{"forged token, no key after the fingerprint", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v2\x00" + slug + "\x00intents\x000:0123456789abcdef:")}, []string{"page_token"}},
+		{"forged token, key not UTF-8", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v2\x00" + slug + "\x00intents\x000:0123456789abcdef:\xff")}, []string{"page_token"}},
+		{"forged token, key too long", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v2\x00" + slug + "\x00intents\x000:0123456789abcdef:" + strings.Repeat("k", batch.MaxKeyBytes+1))}, []string{"page_token"}},
+		{"forged token, two positions", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: forged("v2\x00" + slug + "\x00intents\x001:2")}, []string{"page_token"}},
 		{"bad slug and section", &fencedv1.ScanSectionRequest{Slug: "a{b}", Section: "nope"}, []string{"slug", "section"}},
 		{"by-name", &fencedv1.ScanSectionRequest{Slug: slug, Section: "by-name"}, []string{"section"}},
 	}

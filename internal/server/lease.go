@@ -21,13 +21,15 @@ func leaseProto(l store.Lease) *fencedv1.Lease {
 	return &fencedv1.Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
 }
 
-// Acquire grants or extends the swarm's lease.
+// Acquire grants or extends the swarm's lease. A grant too few replicas
+// acknowledged is the store's *ReplicationError: UNAVAILABLE +
+// REPLICATION_TIMEOUT, no lease in the answer.
 func (s *LeaseService) Acquire(ctx context.Context, req *fencedv1.AcquireRequest) (*fencedv1.AcquireResponse, error) {
 	l, rev, err := s.leases.Acquire(ctx, req.GetSlug(), req.GetOwner(), req.GetTtlMs())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &fencedv1.AcquireResponse{Lease: leaseProto(l), Revision: rev}, nil
+	return &fencedv1.AcquireResponse{Lease: leaseProto(l), Revision: rev, ReplicasAcked: int32(l.ReplicasAcked)}, nil
 }
 
 // Renew extends the caller's live lease.
@@ -36,7 +38,7 @@ func (s *LeaseService) Renew(ctx context.Context, req *fencedv1.RenewRequest) (*
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &fencedv1.RenewResponse{Lease: leaseProto(l), Revision: rev}, nil
+	return &fencedv1.RenewResponse{Lease: leaseProto(l), Revision: rev, ReplicasAcked: int32(l.ReplicasAcked)}, nil
 }
 
 // Release ends the caller's live lease.

@@ -23,7 +23,7 @@ type Records interface {
 	Layout(ctx context.Context, slug string) (store.Layout, error)
 	Record(ctx context.Context, slug, section, key string) (*store.Record, int64, error)
 	Sections(ctx context.Context, slug string, names []string) (*store.Snapshot, error)
-	ScanSection(ctx context.Context, slug, section, cursor string, count int) (*store.Page, error)
+	ScanSection(ctx context.Context, slug, section, position string, count int) (*store.Page, error)
 	CommitDurable(ctx context.Context, b *batch.Batch, d store.Durability) (store.Committed, error)
 }
 
@@ -144,14 +144,14 @@ func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequ
 	case size < 0 || size > MaxPageSize:
 		vs = append(vs, batch.Violation{Field: "page_size", Description: fmt.Sprintf("must be 0 (default %d) to %d, got %d", DefaultPageSize, MaxPageSize, size)})
 	}
-	cursor, ok := decodePageToken(req.GetPageToken(), req.GetSlug(), req.GetSection())
+	position, ok := decodePageToken(req.GetPageToken(), req.GetSlug(), req.GetSection())
 	if !ok {
 		vs = append(vs, batch.Violation{Field: "page_token", Description: "not a next_page_token of a scan of this slug and section"})
 	}
 	if len(vs) > 0 {
 		return nil, toStatus(&batch.ValidationError{Violations: vs})
 	}
-	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), cursor, size)
+	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), position, size)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -162,27 +162,38 @@ func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequ
 	return resp, nil
 }
 
-// Page tokens are opaque to clients: base64url of "v1", the slug, the
-// section and the Redis cursor, NUL-separated, so that a token is only
-// accepted for the scan that issued it.
-func encodePageToken(slug, section, cursor string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("v1\x00" + slug + "\x00" + section + "\x00" + cursor))
+// Page tokens are opaque to clients: base64url of "v2", the slug, the
+// section and the store's scan position (store.ValidScanPosition: an HSCAN
+// cursor, and where a page was cut inside an HSCAN batch, the last key
+// returned), NUL-separated, so that a token is only accepted for the scan
+// that issued it. The position is last: a record key may hold NUL. "v1"
+// tokens (a bare cursor) are still accepted.
+func encodePageToken(slug, section, position string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("v2\x00" + slug + "\x00" + section + "\x00" + position))
 }
 
-func decodePageToken(token, slug, section string) (cursor string, ok bool) {
+func decodePageToken(token, slug, section string) (position string, ok bool) {
 	if token == "" {
-		return "0", true
+		return "", true
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(token)
 	if err != nil {
 		return "", false
 	}
-	parts := strings.Split(string(raw), "\x00")
-	if len(parts) != 4 || parts[0] != "v1" || parts[1] != slug || parts[2] != section {
+	parts := strings.SplitN(string(raw), "\x00", 4)
+	if len(parts) != 4 || parts[1] != slug || parts[2] != section || parts[3] == "" {
 		return "", false
 	}
-	// The cursor is Redis's HSCAN cursor: decimal, as the store requires.
-	if _, err := strconv.ParseUint(parts[3], 10, 64); err != nil {
+	switch parts[0] {
+	case "v1":
+		if _, err := strconv.ParseUint(parts[3], 10, 64); err != nil {
+			return "", false
+		}
+	case "v2":
+		if !store.ValidScanPosition(parts[3]) {
+			return "", false
+		}
+	default:
 		return "", false
 	}
 	return parts[3], true

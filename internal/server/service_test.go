@@ -458,6 +458,7 @@ func TestBadInput(t *testing.T) {
 		{"expected past 2^53", batchOf(put("intents", "k", batch.MaxSafeInteger+1, `1`)), []string{"writes[0].expected"}},
 		{"invalid JSON", batchOf(put("intents", "k", 0, `{"a":`)), []string{"writes[0].value"}},
 		{"two JSON texts", batchOf(put("intents", "k", 0, `1 2`)), []string{"writes[0].value"}},
+		{"executions name with a lone surrogate escape", batchOf(put("executions", "e1", 0, `{"name":"w\ud800","generation":1}`)), []string{"writes[0].value"}},
 		{"empty value", batchOf(put("intents", "k", 0, ``)), []string{"writes[0].value"}},
 		{"value on a delete", batchOf(&fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_DELETE, Section: "intents", Key: "a", Expected: 1, Value: `1`}), []string{"writes[0].value"}},
 		{"invalid UTF-8 in key", batchOf(put("intents", "k\xff", 0, `1`)), []string{"writes[0].key"}},

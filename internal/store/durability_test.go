@@ -40,3 +40,56 @@ func TestDurableCommitWaitsForReplicas(t *testing.T) {
 		t.Errorf("CommitDurable after SCRIPT FLUSH = %+v, %v", c, err)
 	}
 }
+
+// TestLeaseGrantsUnacknowledgedByReplicasAreNotHandedOut: with lease
+// durability (--wait-replicas 1), a grant or renewal answers only once the
+// replica acknowledged it. With the replica's link cut (REPLICAOF NO ONE:
+// it is now a primary that missed what follows), a renewal and a grant are
+// *ReplicationError with no lease, so that when the cut-off replica is
+// promoted and grants the swarm (by its own epoch count, which never saw
+// that grant) to another owner, no two callers were ever told they hold
+// it.
+func TestLeaseGrantsUnacknowledgedByReplicasAreNotHandedOut(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	st, err := store.Open(primary.URL(), prefix, store.WithLeaseDurability(store.Durability{Replicas: 1, Timeout: 2 * time.Second}))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+
+	l, _, err := st.Acquire(ctx, "held", "tick-a", 60000)
+	if err != nil || l.ReplicasAcked != 1 {
+		t.Fatalf("Acquire(replica linked) = %+v, %v; want a lease acknowledged by 1 replica", l, err)
+	}
+	if r, _, err := st.Renew(ctx, "held", "tick-a", l.Epoch, 60000); err != nil || r.ReplicasAcked != 1 || r.Epoch != l.Epoch {
+		t.Fatalf("Renew(replica linked) = %+v, %v; want epoch %d acknowledged by 1 replica", r, err, l.Epoch)
+	}
+
+	replica.Do(t, "REPLICAOF", "NO", "ONE")
+	var re *store.ReplicationError
+	r, _, err := st.Renew(ctx, "held", "tick-a", l.Epoch, 60000)
+	if !errors.As(err, &re) || re.Acked != 0 || re.Wanted != 1 || r != (store.Lease{}) {
+		t.Errorf("Renew(replica cut) = %+v, %v; want no lease and *ReplicationError acknowledged by 0 of 1", r, err)
+	}
+	g, _, err := st.Acquire(ctx, "granted", "tick-b", 60000)
+	if !errors.As(err, &re) || !errors.Is(err, store.ErrReplicationTimeout) || re.Acked != 0 || g != (store.Lease{}) {
+		t.Fatalf("Acquire(replica cut) = %+v, %v; want no lease and *ReplicationError acknowledged by 0 of 1", g, err)
+	}
+	// The grant committed on the primary, at an epoch tick-b was never told.
+	onPrimary, _, _, err := st.CurrentLease(ctx, "granted")
+	if err != nil || onPrimary == nil || onPrimary.Owner != "tick-b" {
+		t.Fatalf("CurrentLease(primary) = %+v, %v; want tick-b's unacknowledged grant", onPrimary, err)
+	}
+	// The cut-off replica, promoted, never saw that grant and grants the
+	// swarm to tick-c: had tick-b been answered, two owners would hold it.
+	promoted, err := store.Open(replica.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(promoted replica): %v", err)
+	}
+	t.Cleanup(promoted.Close)
+	if c, _, err := promoted.Acquire(ctx, "granted", "tick-c", 60000); err != nil || c.Owner != "tick-c" {
+		t.Fatalf("Acquire(promoted replica) = %+v, %v; want tick-c granted: the replica never had tick-b's grant", c, err)
+	}
+}

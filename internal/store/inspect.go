@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/redis/rueidis"
 )
 
@@ -243,6 +244,15 @@ type ByNameCheck struct {
 	// executions records are left out of the expected by-name, by-name
 	// entries are reported as mismatches too.
 	Unreadable []string
+	// Undecodable lists the executions records whose value the scripts
+	// cannot decode (batch.ScriptUndecodable: nesting deeper than 1000, a
+	// lone surrogate escape), as "executions/<id>". fenced refuses such
+	// values at input; another writer may still store one. They are not
+	// indexable: left out of the expected by-name, and a by-name entry that
+	// names one is not judged (commit.lua may have indexed a deeply nested
+	// value by a name it found without decoding), so neither is reported
+	// as a mismatch.
+	Undecodable []string
 	// RevisionBefore and RevisionAfter are the swarm revision before the
 	// first page and after the last: when they differ the swarm changed
 	// during the check, and a mismatch may be an artefact of the scan.
@@ -278,7 +288,8 @@ const (
 // CheckByName recomputes by-name from the executions section (each name
 // maps to the id of the record of that name with the highest numeric
 // generation, a missing or non-numeric generation counting as 0; ties go
-// to the greater id, compared as bytes: the rule commit.lua keeps) and
+// to the greater id, compared as bytes; values the scripts cannot decode
+// are not indexed: the rule commit.lua keeps) and
 // compares it with the stored by-name hash. Both are read with HSCAN,
 // pageSize fields a page (a hint; at least 1), never as one long call:
 // when the swarm changes during the check, RevisionBefore and RevisionAfter
@@ -297,11 +308,16 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 		gen float64
 	}
 	want := map[string]best{}
+	undecodable := map[string]bool{}
 	err = s.hscan(ctx, k.section("executions"), pageSize, func(id, raw string) {
 		r.Executions++
 		rec, ok := parseRecord(raw)
 		if !ok {
 			r.Unreadable = append(r.Unreadable, "executions/"+id)
+			return
+		}
+		if batch.ScriptUndecodable(rec.Value) != "" {
+			undecodable[id] = true
 			return
 		}
 		name, gen, ok := agentName(rec.Value)
@@ -334,6 +350,8 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 		}
 		w, expected := want[name]
 		switch {
+		case ok && undecodable[got]:
+			// Not indexable: neither right nor wrong (see Undecodable).
 		case !expected:
 			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameExtra, Got: got})
 		case w.id != got || !ok:
@@ -351,6 +369,10 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 	slices.SortFunc(r.Mismatches, func(a, b ByNameMismatch) int { return strings.Compare(a.Name, b.Name) })
 	slices.Sort(r.Unreadable)
 	r.Unreadable = slices.Compact(r.Unreadable)
+	for id := range undecodable {
+		r.Undecodable = append(r.Undecodable, "executions/"+id)
+	}
+	slices.Sort(r.Undecodable)
 	if r.RevisionAfter, err = s.revision(ctx, k); err != nil {
 		return nil, err
 	}

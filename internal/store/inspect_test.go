@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -216,5 +217,54 @@ func TestOverviewOnCluster(t *testing.T) {
 	}
 	if entries, err := st.LogEntries(ctx, slug, 5); err != nil || len(entries) != 1 {
 		t.Errorf("LogEntries on Cluster = %v, %v; want 1 entry", entries, err)
+	}
+}
+
+// TestCheckByNameJudgesUndecodableValuesAsTheScriptDoes: executions values
+// that Redis's Lua cjson cannot decode (a name with a lone surrogate
+// escape, nesting 1,200 deep), stored by another writer, are not indexed by
+// the script, and CheckByName reads them by the same rule
+// (batch.ScriptUndecodable): listed as undecodable, never a by-name
+// mismatch, whichever way the script treated them.
+func TestCheckByNameJudgesUndecodableValuesAsTheScriptDoes(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "undecodable"
+	deep := strings.Repeat("[", 1199) + strings.Repeat("]", 1199)
+	// Store.Commit takes what CheckBatch would refuse: it stands for a
+	// writer that bypasses fenced's validation, and runs the script's
+	// by-name upkeep on each value.
+	if _, err := st.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{
+		put("executions", "surrogate", 0, `{"name":"w\ud800","generation":1}`),
+		put("executions", "deep-first", 0, `{"v":`+deep+`,"name":"deep","generation":2}`),
+		// The script finds this name without decoding (plain top-level
+		// members): by-name names it, though cjson cannot decode it.
+		put("executions", "deep-last", 0, `{"name":"fast","generation":3,"v":`+deep+`}`),
+		put("executions", "fine", 0, `{"name":"ok","generation":1}`),
+	}}); err != nil {
+		t.Fatalf("Commit(values cjson cannot decode): %v", err)
+	}
+	if got := srv.Do(t, "HGET", key(slug, "by-name"), "fast"); !strings.Contains(got, `"deep-last"`) {
+		t.Fatalf("by-name/fast = %q, want the script to have indexed deep-last without decoding it", got)
+	}
+	for _, pageSize := range []int{1, 1000} {
+		c, err := st.CheckByName(ctx, slug, pageSize)
+		if err != nil {
+			t.Fatalf("CheckByName(page %d): %v", pageSize, err)
+		}
+		if len(c.Mismatches) != 0 || len(c.Unreadable) != 0 || c.Names != 1 {
+			t.Errorf("CheckByName(page %d) = mismatches %+v, unreadable %q, %d names; want none, none, 1 (ok)", pageSize, c.Mismatches, c.Unreadable, c.Names)
+		}
+		want := []string{"executions/deep-first", "executions/deep-last", "executions/surrogate"}
+		if !slices.Equal(c.Undecodable, want) {
+			t.Errorf("CheckByName(page %d) Undecodable = %q, want %q", pageSize, c.Undecodable, want)
+		}
+	}
+	// What fenced itself refuses at input never reaches Redis.
+	err := batch.DefaultLimits().CheckBatch(&batch.Batch{Slug: slug, Writes: []batch.Write{
+		put("executions", "surrogate-2", 0, `{"name":"w\ud800","generation":1}`)}})
+	if err == nil {
+		t.Errorf("CheckBatch(executions name with a lone surrogate) = nil, want a validation error")
 	}
 }

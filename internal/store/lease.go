@@ -20,6 +20,10 @@ type Lease struct {
 	Epoch int64
 	// ExpiresAtMs is when the lease ends, in ms by Redis's clock.
 	ExpiresAtMs int64
+	// ReplicasAcked is how many replicas acknowledged the grant or renewal
+	// that answered this lease (Acquire, Renew under WithLeaseDurability);
+	// 0 when none was asked for, and in a lease read from Redis.
+	ReplicasAcked int
 }
 
 // HeldError is ErrLeaseHeld with the live lease and Redis's now.
@@ -40,7 +44,16 @@ func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 // no live lease exists (absent, expired or released): a new epoch one above
 // meta/epoch, leader_changes raised. The live holder acquiring again extends
 // its lease and keeps its epoch. It answers the lease and the revision the
-// grant committed at. Errors: *HeldError (ErrLeaseHeld), ErrLayoutDocument,
+// grant committed at.
+//
+// Under WithLeaseDurability (d.Replicas > 0) a grant is handed out only
+// once d.Replicas replicas acknowledged it (Redis WAIT, within d.Timeout):
+// otherwise it answers *ReplicationError (ErrReplicationTimeout) and no
+// lease, so that no caller holds an epoch a failover could grant again.
+// The grant did commit on the primary: until it expires, only owner can
+// acquire (acquiring again keeps the epoch and waits again).
+//
+// Errors: *HeldError (ErrLeaseHeld), *ReplicationError, ErrLayoutDocument,
 // ErrUnavailable, context errors, *RedisError. Inputs must be valid (see
 // internal/lease).
 func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (Lease, int64, error) {
@@ -52,9 +65,11 @@ func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (L
 }
 
 // Renew extends the live lease of owner at epoch by ttlMs from Redis's now.
-// An expired lease is never revived. Errors: *StaleError (ErrLeaseStale)
-// when the lease is not that owner's and epoch's live lease, and those of
-// Acquire.
+// An expired lease is never revived. Under WithLeaseDurability a renewal
+// that fewer replicas acknowledged in time is not a renewal: it answers
+// *ReplicationError and the caller must count its lease from the last
+// acknowledged renewal. Errors: *StaleError (ErrLeaseStale) when the lease
+// is not that owner's and epoch's live lease, and those of Acquire.
 func (s *Store) Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (Lease, int64, error) {
 	l, rev, err := s.leaseOp(ctx, slug, "renew", owner, epoch, ttlMs)
 	if err != nil {
@@ -64,8 +79,10 @@ func (s *Store) Renew(ctx context.Context, slug, owner string, epoch, ttlMs int6
 }
 
 // Release ends the live lease of owner at epoch; meta/epoch is kept, so the
-// next grant is one higher. It answers the revision of the release. Errors:
-// as Renew.
+// next grant is one higher. It answers the revision of the release. Under
+// WithLeaseDurability it waits for replicas too, but best effort: a release
+// lost in a failover only leaves the lease to expire. Errors: as Renew,
+// never *ReplicationError.
 func (s *Store) Release(ctx context.Context, slug, owner string, epoch int64) (int64, error) {
 	_, rev, err := s.leaseOp(ctx, slug, "release", owner, epoch, 0)
 	if err != nil {
@@ -92,11 +109,24 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 		keys = append(keys, k.current)
 	}
 	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10)}
-	reply, _, err := s.execCommitting(ctx, k, leaseScript, keys, args, s.leaseDurability)
+	d := s.leaseDurability
+	reply, acked, err := s.execCommitting(ctx, k, leaseScript, keys, args, d)
 	if err != nil {
 		e.Err = err
 		return e, 0
 	}
+	defer func() {
+		// A grant or renewal that too few replicas acknowledged is not
+		// handed out: a failover to a replica without it could grant its
+		// epoch again.
+		if e.Err == nil && op != "release" && d.Replicas > 0 && acked < d.Replicas {
+			e = LeaseEvent{Op: op, Err: &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas}}
+			rev = 0
+		}
+		if e.Err == nil {
+			e.Lease.ReplicasAcked = acked
+		}
+	}()
 	switch {
 	case reply[0] == "OK" && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
 		nums, err := parseInts(reply[1], reply[3], reply[4])

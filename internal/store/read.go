@@ -2,11 +2,19 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/redis/rueidis"
 )
 
@@ -180,11 +188,13 @@ func (s *Store) Layout(ctx context.Context, slug string) (Layout, error) {
 
 // Page is one page of a section scan.
 type Page struct {
-	// Records of this page, by key. A record may appear on two pages when
-	// the section changes during the scan (HSCAN's contract); every record
-	// present for the whole scan appears on at least one.
+	// Records of this page, by key: at most the count asked for. A record
+	// may appear on two pages when the section changes during the scan
+	// (HSCAN's contract); every record present for the whole scan appears on
+	// at least one.
 	Records map[string]Record
-	// Next is the cursor of the next page; "" at the end.
+	// Next is the position of the next page (see ScanSection); "" at the
+	// end.
 	Next string
 	// Revision is the swarm revision when this page was read.
 	Revision int64
@@ -194,16 +204,71 @@ type Page struct {
 	SectionRevision int64
 }
 
-// ScanSection reads one page of a section: about count records (a hint)
-// from cursor ("" or "0" to start), with the swarm and section revisions
-// read at the same instant. Each page is one short script, never the whole
-// section. Errors: ErrInvalidCursor, *CorruptError, ErrUnavailable, context
-// errors, *RedisError.
-func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, count int) (*Page, error) {
-	if cursor == "" {
-		cursor = "0"
+// A scan position is where the next page of a ScanSection starts: an HSCAN
+// cursor ("<cursor>", decimal), or, when the last page was cut inside the
+// batch HSCAN answered at a cursor, "<cursor>:<fingerprint>:<after>":
+// after is the last key returned from that batch (the batch is read in
+// key order, compared as bytes) and fingerprint is 16 hex digits of the
+// SHA-256 of the batch's keys up to after. The next call runs HSCAN at the
+// same cursor again and skips the keys up to after when they are still
+// exactly those (same fingerprint); when they are not (records added or
+// removed there, or the hash resized, so that the cursor now covers other
+// buckets), it answers the batch from its start again: duplicates, which
+// HSCAN allows, never a record left out.
+
+// ValidScanPosition reports whether p is a scan position ScanSection could
+// have handed out ("" and "0" start a scan).
+func ValidScanPosition(p string) bool {
+	_, _, _, ok := parseScanPosition(p)
+	return ok
+}
+
+func parseScanPosition(p string) (cursor, fingerprint, after string, ok bool) {
+	if p == "" {
+		return "0", "", "", true
 	}
-	if _, err := strconv.ParseUint(cursor, 10, 64); err != nil {
+	parts := strings.SplitN(p, ":", 3)
+	if _, err := strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return "", "", "", false
+	}
+	switch len(parts) {
+	case 1:
+		return parts[0], "", "", true
+	case 3:
+		if len(parts[1]) != 16 || strings.Trim(parts[1], "0123456789abcdef") != "" ||
+			parts[2] == "" || len(parts[2]) > batch.MaxKeyBytes || !utf8.ValidString(parts[2]) {
+			return "", "", "", false
+		}
+		return parts[0], parts[1], parts[2], true
+	}
+	return "", "", "", false
+}
+
+// keysFingerprint is 16 hex digits of the SHA-256 of keys, each length-
+// prefixed.
+func keysFingerprint(keys []string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, k := range keys {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(k)))])
+		h.Write([]byte(k))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// ScanSection reads one page of a section from position ("" or "0" to
+// start; else a Page.Next): at most count records (count >= 1), with the
+// swarm and section revisions read at the same instant. Each page is one
+// short script running one HSCAN step (COUNT count), never the whole
+// section. HSCAN's COUNT is only a hint (a small hash, stored as a
+// listpack, answers whole at once; a hashtable answers whole buckets), so
+// a batch larger than count is cut in key order and the next position
+// resumes inside it (see ValidScanPosition). A page may hold fewer than
+// count records, even none, before the end. Errors: ErrInvalidCursor,
+// *CorruptError, ErrUnavailable, context errors, *RedisError.
+func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*Page, error) {
+	cursor, fingerprint, after, ok := parseScanPosition(position)
+	if !ok || count < 1 {
 		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
 	}
 	k := s.keys(slug)
@@ -221,7 +286,8 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, c
 		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
 	}
 	p := &Page{}
-	if p.Records, err = parseFields(section, arr[3]); err != nil {
+	batchRecords, err := parseFields(section, arr[3])
+	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}
 	if p.Revision, err = parseInt(revs); err != nil {
@@ -232,7 +298,27 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, cursor string, c
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}
 	p.SectionRevision = sectionRevs[section]
-	if next != "0" {
+
+	keys := slices.Sorted(maps.Keys(batchRecords))
+	from := 0
+	if after != "" {
+		done, _ := slices.BinarySearch(keys, after)
+		if done < len(keys) && keys[done] == after {
+			done++
+		}
+		if keysFingerprint(keys[:done]) == fingerprint {
+			from = done
+		}
+	}
+	to := min(from+count, len(keys))
+	p.Records = make(map[string]Record, to-from)
+	for _, key := range keys[from:to] {
+		p.Records[key] = batchRecords[key]
+	}
+	switch {
+	case to < len(keys):
+		p.Next = cursor + ":" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
+	case next != "0":
 		p.Next = next
 	}
 	return p, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -68,5 +69,125 @@ func TestScanSectionPages(t *testing.T) {
 	}
 	if _, err := st.ScanSection(ctx, "big", "archive", "not-a-cursor", 10); !errors.Is(err, store.ErrInvalidCursor) {
 		t.Errorf("ScanSection with a bad cursor = %v, want ErrInvalidCursor", err)
+	}
+}
+
+// scanAll scans a section page by page with pageSize, calling between(i)
+// after page i, and answers every key in the order returned (duplicates
+// kept). It fails the test when a page holds more than pageSize records.
+func scanAll(t *testing.T, st *store.Store, slug, section string, pageSize int, between func(page int)) []string {
+	t.Helper()
+	var keys []string
+	position := ""
+	for page := 0; ; page++ {
+		p, err := st.ScanSection(context.Background(), slug, section, position, pageSize)
+		if err != nil {
+			t.Fatalf("ScanSection(page %d, size %d): %v", page, pageSize, err)
+		}
+		if len(p.Records) > pageSize {
+			t.Fatalf("ScanSection(page %d, size %d) = %d records, want at most %d", page, pageSize, len(p.Records), pageSize)
+		}
+		for k := range p.Records {
+			keys = append(keys, k)
+		}
+		if p.Next == "" {
+			return keys
+		}
+		if page > 100_000 {
+			t.Fatalf("scan with page size %d does not end", pageSize)
+		}
+		position = p.Next
+		if between != nil {
+			between(page)
+		}
+	}
+}
+
+// fillSection puts n records "<prefix>-<i>" of small values into section.
+func fillSection(t *testing.T, st *store.Store, slug, section, prefix string, n int) []string {
+	t.Helper()
+	var keys []string
+	for start := 0; start < n; start += 500 {
+		var ws []batch.Write
+		for i := start; i < min(start+500, n); i++ {
+			k := fmt.Sprintf("%s-%04d", prefix, i)
+			keys = append(keys, k)
+			ws = append(ws, put(section, k, batch.Blind, `1`))
+		}
+		mustCommit(t, st, &batch.Batch{Slug: slug, Writes: ws})
+	}
+	return keys
+}
+
+// TestScanSectionPageSizeIsAMaximum: whatever the hash's encoding (a small
+// section is a listpack, for which HSCAN ignores COUNT and answers all of
+// it; a large one a hashtable, answered by whole buckets), no page holds
+// more than page_size records and an unchanged section is read with every
+// record exactly once.
+func TestScanSectionPageSizeIsAMaximum(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	for _, tt := range []struct {
+		encoding string
+		n        int
+	}{{"listpack", 30}, {"hashtable", 600}} {
+		slug := "pages-" + tt.encoding
+		want := fillSection(t, st, slug, "claims", "rec", tt.n)
+		if got := srv.Do(t, "OBJECT", "ENCODING", key(slug, "claims")); got != tt.encoding {
+			t.Fatalf("%d small records are stored as %s, want %s", tt.n, got, tt.encoding)
+		}
+		for _, size := range []int{1, 7, 10, 1000} {
+			got := scanAll(t, st, slug, "claims", size, nil)
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: scan with page size %d read %d keys (%d distinct), want each of %d exactly once",
+					tt.encoding, size, len(got), len(slices.Compact(slices.Clone(got))), len(want))
+			}
+		}
+	}
+}
+
+// TestScanSectionKeepsHSCANGuaranteesUnderChanges: records added and
+// removed between pages, enough to resize the hash (a listpack turning
+// into a hashtable, a hashtable shrinking), never make a scan miss a
+// record present for the whole scan; pages stay within page_size.
+func TestScanSectionKeepsHSCANGuaranteesUnderChanges(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	for _, tt := range []struct {
+		name         string
+		n, add, drop int
+	}{
+		{"listpack grows into a hashtable", 30, 300, 10},
+		{"hashtable shrinks", 700, 5, 650},
+	} {
+		for _, size := range []int{1, 7, 10} {
+			slug := fmt.Sprintf("changing-%d-%d", tt.n, size)
+			initial := fillSection(t, st, slug, "claims", "keep", tt.n)
+			// The last drop records are removed during the scan; the others
+			// are present throughout and must be read.
+			kept, dropped := initial[:tt.n-tt.drop], initial[tt.n-tt.drop:]
+			got := scanAll(t, st, slug, "claims", size, func(page int) {
+				switch page {
+				case 1:
+					fillSection(t, st, slug, "claims", "added", tt.add)
+				case 2:
+					var ws []batch.Write
+					for _, k := range dropped {
+						ws = append(ws, del("claims", k, batch.Blind))
+					}
+					mustCommit(t, st, &batch.Batch{Slug: slug, Writes: ws})
+				}
+			})
+			seen := map[string]bool{}
+			for _, k := range got {
+				seen[k] = true
+			}
+			for _, k := range kept {
+				if !seen[k] {
+					t.Errorf("%s, page size %d: %s, present for the whole scan, was never read", tt.name, size, k)
+				}
+			}
+		}
 	}
 }

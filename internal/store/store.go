@@ -107,8 +107,11 @@ func WithMaxSnapshotRecords(n int) Option {
 const DefaultRequestIDWindow = 10 * time.Minute
 
 // WithLeaseDurability makes every lease grant, renewal and release wait for
-// replicas as d says (best effort: a lease change is not refused when fewer
-// acknowledge), so that a failover is less likely to lose an epoch.
+// replicas as d says. A grant or renewal that fewer than d.Replicas
+// acknowledge within d.Timeout is not handed out (*ReplicationError, no
+// lease), so that no caller holds an epoch a failover could grant again; a
+// release waits best effort (one lost in a failover leaves the lease to
+// expire).
 func WithLeaseDurability(d Durability) Option {
 	return func(s *Store) { s.leaseDurability = d }
 }

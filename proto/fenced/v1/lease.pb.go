@@ -160,7 +160,11 @@ type AcquireResponse struct {
 	// The lease now held by the caller.
 	Lease *Lease `protobuf:"bytes,1,opt,name=lease" json:"lease,omitempty"`
 	// The swarm revision the grant committed at.
-	Revision      int64 `protobuf:"varint,2,opt,name=revision" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,2,opt,name=revision" json:"revision,omitempty"`
+	// Replicas that acknowledged the grant (Redis WAIT) when the server
+	// requires acknowledgements (--wait-replicas); 0 when it does not. Never
+	// fewer than required: that is UNAVAILABLE + REPLICATION_TIMEOUT instead.
+	ReplicasAcked int32 `protobuf:"varint,3,opt,name=replicas_acked,json=replicasAcked" json:"replicas_acked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -205,6 +209,13 @@ func (x *AcquireResponse) GetLease() *Lease {
 func (x *AcquireResponse) GetRevision() int64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetReplicasAcked() int32 {
+	if x != nil {
+		return x.ReplicasAcked
 	}
 	return 0
 }
@@ -288,7 +299,9 @@ type RenewResponse struct {
 	// The lease, with its new expiry and the same epoch.
 	Lease *Lease `protobuf:"bytes,1,opt,name=lease" json:"lease,omitempty"`
 	// The swarm revision the renewal committed at.
-	Revision      int64 `protobuf:"varint,2,opt,name=revision" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,2,opt,name=revision" json:"revision,omitempty"`
+	// Replicas that acknowledged the renewal, as AcquireResponse.replicas_acked.
+	ReplicasAcked int32 `protobuf:"varint,3,opt,name=replicas_acked,json=replicasAcked" json:"replicas_acked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -333,6 +346,13 @@ func (x *RenewResponse) GetLease() *Lease {
 func (x *RenewResponse) GetRevision() int64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *RenewResponse) GetReplicasAcked() int32 {
+	if x != nil {
+		return x.ReplicasAcked
 	}
 	return 0
 }
@@ -578,18 +598,20 @@ const file_fenced_v1_lease_proto_rawDesc = "" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x15\n" +
-	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"U\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"|\n" +
 	"\x0fAcquireResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.fenced.v1.LeaseR\x05lease\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"e\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12%\n" +
+	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"e\n" +
 	"\fRenewRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x15\n" +
-	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\"S\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\"z\n" +
 	"\rRenewResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.fenced.v1.LeaseR\x05lease\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"P\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12%\n" +
+	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"P\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +

@@ -47,11 +47,22 @@ type LeaseServiceClient interface {
 	// epoch. Errors: FAILED_PRECONDITION + LEASE_HELD when another owner holds
 	// a live lease (ErrorInfo metadata owner, epoch, expires_at_ms; RetryInfo
 	// with the time left), INVALID_ARGUMENT, UNAVAILABLE.
+	//
+	// When the server requires replica acknowledgements (--wait-replicas N), a
+	// grant that fewer than N replicas acknowledged in time is not handed out:
+	// UNAVAILABLE + REPLICATION_TIMEOUT (ErrorInfo metadata revision,
+	// replicas_acked, replicas_wanted; no epoch), so that no caller holds an
+	// epoch a failover could grant again. The grant did commit on the primary:
+	// until it expires only this owner can acquire; acquiring again keeps its
+	// epoch and waits again.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
 	// Renew extends the live lease of that owner and epoch to ttl_ms from
 	// now. An expired lease is never revived, even when nobody took over:
 	// acquire again (a new epoch). Errors: FAILED_PRECONDITION + LEASE_STALE
-	// (expired, taken over or released: stop writing).
+	// (expired, taken over or released: stop writing). With --wait-replicas N,
+	// a renewal fewer than N replicas acknowledged in time is not a renewal:
+	// UNAVAILABLE + REPLICATION_TIMEOUT; count the lease from the last
+	// acknowledged renewal and retry.
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 	// Release ends the live lease of that owner and epoch. The epoch is kept:
 	// the next grant is one higher. Errors: FAILED_PRECONDITION + LEASE_STALE
@@ -130,11 +141,22 @@ type LeaseServiceServer interface {
 	// epoch. Errors: FAILED_PRECONDITION + LEASE_HELD when another owner holds
 	// a live lease (ErrorInfo metadata owner, epoch, expires_at_ms; RetryInfo
 	// with the time left), INVALID_ARGUMENT, UNAVAILABLE.
+	//
+	// When the server requires replica acknowledgements (--wait-replicas N), a
+	// grant that fewer than N replicas acknowledged in time is not handed out:
+	// UNAVAILABLE + REPLICATION_TIMEOUT (ErrorInfo metadata revision,
+	// replicas_acked, replicas_wanted; no epoch), so that no caller holds an
+	// epoch a failover could grant again. The grant did commit on the primary:
+	// until it expires only this owner can acquire; acquiring again keeps its
+	// epoch and waits again.
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
 	// Renew extends the live lease of that owner and epoch to ttl_ms from
 	// now. An expired lease is never revived, even when nobody took over:
 	// acquire again (a new epoch). Errors: FAILED_PRECONDITION + LEASE_STALE
-	// (expired, taken over or released: stop writing).
+	// (expired, taken over or released: stop writing). With --wait-replicas N,
+	// a renewal fewer than N replicas acknowledged in time is not a renewal:
+	// UNAVAILABLE + REPLICATION_TIMEOUT; count the lease from the last
+	// acknowledged renewal and retry.
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	// Release ends the live lease of that owner and epoch. The epoch is kept:
 	// the next grant is one higher. Errors: FAILED_PRECONDITION + LEASE_STALE

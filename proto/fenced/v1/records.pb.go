@@ -500,13 +500,15 @@ type ScanSectionRequest struct {
 	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
 	// The section: one of the configured section names or `meta`.
 	Section string `protobuf:"bytes,2,opt,name=section" json:"section,omitempty"`
-	// About how many records to return (a hint; a page may hold more or
-	// fewer). 0: the server's default (200). At most 10000. Each page runs as
-	// one script, during which Redis serves nobody else: keep pages small
+	// The most records a page holds (AIP-158): never more, whatever Redis's
+	// encoding of the section; a page may hold fewer, even none, before the
+	// last one. 0: the server's default (200). At most 10000. Each page runs
+	// as one script, during which Redis serves nobody else: keep pages small
 	// (100-200) while other swarms are being written.
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize" json:"page_size,omitempty"`
 	// Empty for the first page; else the next_page_token of the previous page
-	// of the same scan (same slug and section).
+	// of the same scan (same slug and section; any other token is
+	// INVALID_ARGUMENT naming page_token). page_size may change between pages.
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -782,7 +784,10 @@ type RecordWrite struct {
 	Expected int64 `protobuf:"varint,4,opt,name=expected" json:"expected,omitempty"`
 	// For WRITE_KIND_PUT: one JSON text (RFC 8259), at most the configured
 	// value limit (default 1 MiB), stored byte for byte. Must be empty for
-	// deletes and checks.
+	// deletes and checks. An `executions` value must also be one Redis's Lua
+	// JSON decoder (cjson) can decode, since by-name indexes it: arrays and
+	// objects nested at most 1000 deep, and every \u escape of a UTF-16
+	// surrogate part of a high+low pair; else INVALID_ARGUMENT.
 	Value         string `protobuf:"bytes,5,opt,name=value" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,0 +1,98 @@
+package batch
+
+import "fmt"
+
+// MaxScriptJSONDepth is the deepest nesting of arrays and objects that
+// Redis's Lua JSON decoder (lua-cjson, decode_max_depth 1000 in Redis 7)
+// accepts: a value nested 1,000 levels deep decodes, 1,001 levels fail
+// with "Found too many nested data structures (1001)".
+const MaxScriptJSONDepth = 1000
+
+// ScriptUndecodable reports why the scripts cannot decode value, one valid
+// JSON text (RFC 8259; check json.Valid first), or "" when they can. It is
+// the rule of Redis's Lua cjson.decode, stated once here for both sides of
+// the script: the by-name index (commit.lua) indexes an executions value
+// only when cjson decodes it, so CheckBatch refuses an executions put that
+// cjson cannot decode, and `fenced inspect` reads values other writers
+// stored by the same rule. On valid JSON, cjson refuses exactly:
+//
+//   - nesting of arrays and objects deeper than MaxScriptJSONDepth;
+//   - a \u escape of a UTF-16 surrogate that is not a pair: a high
+//     surrogate (\uD800-\uDBFF) not followed at once by a \u escape of a
+//     low one (\uDC00-\uDFFF), or a low surrogate on its own.
+//
+// Everything else valid JSON may hold decodes: \u0000, numbers of any size
+// (beyond a double's range they decode to +/-inf or 0), top-level scalars.
+// internal/store's FuzzScriptUndecodableMatchesRedisCjson checks the rule
+// against cjson on redis-server for a corpus and fuzzed inputs.
+func ScriptUndecodable(value string) string {
+	depth := 0
+	inString := false
+	for i := 0; i < len(value); i++ {
+		c := value[i]
+		if inString {
+			switch c {
+			case '"':
+				inString = false
+			case '\\':
+				if i+1 < len(value) && value[i+1] == 'u' {
+					cp, ok := hex4(value, i+2)
+					if !ok {
+						return "" // not valid JSON: not this rule's to judge
+					}
+					switch {
+					case cp >= 0xDC00 && cp <= 0xDFFF:
+						return fmt.Sprintf("lone low surrogate \\u%04X at byte %d: Redis's Lua JSON decoder (cjson) refuses it", cp, i)
+					case cp >= 0xD800 && cp <= 0xDBFF:
+						low, ok := -1, false
+						if i+7 < len(value) && value[i+6] == '\\' && value[i+7] == 'u' {
+							low, ok = hex4(value, i+8)
+						}
+						if !ok || low < 0xDC00 || low > 0xDFFF {
+							return fmt.Sprintf("high surrogate \\u%04X at byte %d is not followed by a low surrogate escape: Redis's Lua JSON decoder (cjson) refuses it", cp, i)
+						}
+						i += 11 // both escapes
+					default:
+						i += 5
+					}
+				} else {
+					i++ // a one-character escape
+				}
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+			if depth > MaxScriptJSONDepth {
+				return fmt.Sprintf("nests deeper than %d arrays and objects (byte %d): Redis's Lua JSON decoder (cjson) refuses it", MaxScriptJSONDepth, i)
+			}
+		case ']', '}':
+			depth--
+		}
+	}
+	return ""
+}
+
+// hex4 reads the four hex digits at s[i:i+4].
+func hex4(s string, i int) (int, bool) {
+	if i+4 > len(s) {
+		return 0, false
+	}
+	n := 0
+	for _, c := range []byte(s[i : i+4]) {
+		switch {
+		case '0' <= c && c <= '9':
+			n = n<<4 | int(c-'0')
+		case 'a' <= c && c <= 'f':
+			n = n<<4 | int(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			n = n<<4 | int(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return n, true
+}
