@@ -1,0 +1,175 @@
+package bench
+
+// by-name without scans: a batch's Redis time does not grow with the
+// executions section, and a batch that touches no execution pays nothing
+// for by-name.
+//
+// BenchmarkByNameScriptTime loads, through fenced's own commits, an
+// executions section of byNameAgents agent names with N/byNameAgents
+// generations each (N = 1,000, 10,000, 200,000), plus one more execution
+// "e-top" of agent-007 at the highest generation. Then, byNameRuns times,
+// it deletes e-top (agent-007's holder loses its place: by-name must name
+// the next-highest generation) and puts it back (it takes the place again),
+// and reads each script's time from SLOWLOG (slowlog-log-slower-than 0). It
+// reports the median and least of each, per size, and the ratio of the
+// largest size's median to the smallest's (target <= 1.2, and under 5 ms at
+// 200,000).
+//
+// BenchmarkBatchBytes reports the bytes of the EVALSHA that fenced sends
+// to Redis for a one-record fenced change (a fixture value, expected
+// naming a 16-digit revision) in executions and in claims, counted in RESP
+// from the KEYS and ARGV the store builds: the value, and the overhead
+// beyond it (target: <= 512).
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+const (
+	// byNameAgents is the number of agent names of the loaded section.
+	byNameAgents = 100
+	// byNameRuns is how many delete/put pairs are timed per size.
+	byNameRuns = 25
+	// byNameLoadBatch is the puts per loading batch.
+	byNameLoadBatch = 1000
+)
+
+// byNameSizes are the executions section sizes timed.
+var byNameSizes = []int{1_000, 10_000, 200_000}
+
+// byNameValue is an execution of agent at generation gen, about 140 bytes.
+func byNameValue(agent string, gen int, id string) string {
+	return fmt.Sprintf(`{"name":%q,"generation":%d,"execution_id":%q,"state":"done","pad":"%s"}`, agent, gen, id, strings.Repeat("p", 64))
+}
+
+func BenchmarkByNameScriptTime(b *testing.B) {
+	srv := redistest.Start(b)
+	st, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		b.Fatalf("store.Open: %v", err)
+	}
+	b.Cleanup(st.Close)
+	ctx := context.Background()
+	limits := batch.DefaultLimits()
+	commit := func(bt *batch.Batch) {
+		b.Helper()
+		if err := limits.CheckBatch(bt); err != nil {
+			b.Fatalf("batch: %v", err)
+		}
+		if _, err := st.Commit(ctx, bt); err != nil {
+			b.Fatalf("Commit: %v", err)
+		}
+	}
+	srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "1024")
+
+	type result struct{ del, put []time.Duration }
+	results := map[int]result{}
+	for _, size := range byNameSizes {
+		slug := fmt.Sprintf("bench-by-name-%d", size)
+		gens := size / byNameAgents
+		srv.Do(b, "CONFIG", "SET", "slowlog-log-slower-than", "1000000")
+		bt := &batch.Batch{Slug: slug}
+		for g := range gens {
+			for a := range byNameAgents {
+				id := fmt.Sprintf("e-%03d-%06d", a, g)
+				bt.Writes = append(bt.Writes, batch.Write{Kind: batch.KindPut, Section: "executions", Key: id,
+					Expected: batch.Blind, Value: byNameValue(fmt.Sprintf("agent-%03d", a), g, id)})
+				if len(bt.Writes) == byNameLoadBatch {
+					commit(bt)
+					bt = &batch.Batch{Slug: slug}
+				}
+			}
+		}
+		if len(bt.Writes) > 0 {
+			commit(bt)
+		}
+		top := batch.Write{Kind: batch.KindPut, Section: "executions", Key: "e-top", Expected: batch.Blind, Value: byNameValue("agent-007", gens, "e-top")}
+		commit(&batch.Batch{Slug: slug, Writes: []batch.Write{top}})
+		byName := prefix + ":swarm:{" + slug + "}:fence:by-name"
+		if got := srv.Do(b, "HGET", byName, "agent-007"); !strings.HasSuffix(got, `"v":"e-top"}`) {
+			b.Fatalf("%d: by-name/agent-007 = %q after loading, want e-top", size, got)
+		}
+		var r result
+		srv.Do(b, "CONFIG", "SET", "slowlog-log-slower-than", "0")
+		for range byNameRuns * b.N {
+			srv.Do(b, "SLOWLOG", "RESET")
+			commit(&batch.Batch{Slug: slug, Writes: []batch.Write{{Kind: batch.KindDelete, Section: "executions", Key: "e-top", Expected: batch.Blind}}})
+			r.del = append(r.del, onlyScript(b, srv, slug))
+			want := fmt.Sprintf(`"v":"e-007-%06d"}`, gens-1)
+			if got := srv.Do(b, "HGET", byName, "agent-007"); !strings.HasSuffix(got, want) {
+				b.Fatalf("%d: by-name/agent-007 = %q after deleting e-top, want e-007-%06d", size, got, gens-1)
+			}
+			srv.Do(b, "SLOWLOG", "RESET")
+			commit(&batch.Batch{Slug: slug, Writes: []batch.Write{top}})
+			r.put = append(r.put, onlyScript(b, srv, slug))
+		}
+		results[size] = r
+		srv.Do(b, "DEL", prefix+":swarm:{"+slug+"}:fence:executions")
+	}
+	med := func(ds []time.Duration) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	fmt.Printf("\nby-name upkeep: Redis time of one batch (SLOWLOG), %d runs per size; %d agent names\n", byNameRuns*b.N, byNameAgents)
+	fmt.Printf("  %-12s %-34s %-34s\n", "executions", "delete the holder e-top", "put e-top back (takes the place)")
+	for _, size := range byNameSizes {
+		r := results[size]
+		fmt.Printf("  %-12d median %8.3f ms  least %8.3f ms   median %8.3f ms  least %8.3f ms\n", size,
+			ms(med(r.del)), ms(slices.Min(r.del)), ms(med(r.put)), ms(slices.Min(r.put)))
+		b.ReportMetric(ms(med(r.del)), fmt.Sprintf("delete-%d-ms", size))
+	}
+	lo, hi := results[byNameSizes[0]], results[byNameSizes[len(byNameSizes)-1]]
+	ratio := float64(med(hi.del)) / float64(med(lo.del))
+	verdict := "ok"
+	if ratio > 1.2 || ms(med(hi.del)) >= 5 {
+		verdict = "NOT WITHIN TARGET"
+	}
+	fmt.Printf("  delete median %d / %d executions = %.2f (target <= 1.2, and < 5 ms at %d): %s\n",
+		byNameSizes[len(byNameSizes)-1], byNameSizes[0], ratio, byNameSizes[len(byNameSizes)-1], verdict)
+	fmt.Printf("  put median %d / %d executions = %.2f\n", byNameSizes[len(byNameSizes)-1], byNameSizes[0],
+		float64(med(hi.put))/float64(med(lo.put)))
+	b.ReportMetric(ratio, "delete-ratio")
+}
+
+// onlyScript answers the time of the one EVAL or EVALSHA of slug in
+// SLOWLOG.
+func onlyScript(b *testing.B, srv *redistest.Server, slug string) time.Duration {
+	b.Helper()
+	ts := scriptTimes(b, srv, "{"+slug+"}")
+	if len(ts) != 1 {
+		b.Fatalf("%d scripts of %s in SLOWLOG, want 1", len(ts), slug)
+	}
+	return ts[0]
+}
+
+func BenchmarkBatchBytes(b *testing.B) {
+	e := getEnv(b)
+	// A 16-digit revision, as revisions are Redis TIME in µs.
+	const expected = 1764540000000000
+	for _, section := range []string{"executions", "claims"} {
+		bt := &batch.Batch{Slug: e.slug, Fence: fence(), Writes: []batch.Write{{
+			Kind: batch.KindPut, Section: section, Key: e.changeKey, Expected: expected, Value: e.changeValue,
+		}}}
+		var keys, args []string
+		for range b.N {
+			keys, args = e.st.CommitScriptArgs(bt)
+		}
+		head := []string{"EVALSHA", strings.Repeat("0", 40), strconv.Itoa(len(keys))}
+		n := respBytes(append(append(head, keys...), args...))
+		over := n - len(e.changeValue)
+		fmt.Printf("\none-record change in %s: EVALSHA of %d bytes = value %d + %d overhead (%d KEYS: %q)\n",
+			section, n, len(e.changeValue), over, len(keys), keys)
+		b.ReportMetric(float64(over), section+"-overhead-bytes")
+	}
+}
