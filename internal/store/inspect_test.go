@@ -59,6 +59,7 @@ func TestOverview(t *testing.T) {
 		Records:          map[string]int64{"executions": 1, "claims": 1, "archive": 0},
 		ByName:           1,
 		LogEntries:       3,
+		ByNameIndex:      1,
 		SectionRevisions: map[string]int64{"meta": 1, "executions": 2, "claims": rev},
 	}
 	if diff := cmp.Diff(want, o); diff != "" {
