@@ -31,6 +31,8 @@ type inspectCmd struct {
 	LogEntries int `name:"log-entries" default:"10" help:"How many of the newest log entries to show (0: none)."`
 	// PageSize is the HSCAN page size of the by-name check.
 	PageSize int `name:"page-size" default:"1000" help:"Fields read per HSCAN page when checking by-name against executions: large sections are read page by page, never in one call."`
+	// Repair rebuilds by-name's index and by-name before inspecting.
+	Repair bool `name:"repair" help:"Rebuild by-name's index from executions and set by-name from it first (writes; bounded steps of --page-size records, batches keep committing meanwhile), then inspect."`
 	// Timeout bounds the whole inspection.
 	Timeout time.Duration `default:"30s" help:"Give up after this long."`
 }
@@ -62,10 +64,20 @@ func (c *inspectCmd) Run(e *env) error {
 	defer closeStore()
 	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
 	defer cancel()
+	var repair *repairReport
+	if c.Repair {
+		r, err := st.RebuildByName(ctx, c.Slug, c.PageSize)
+		if err != nil {
+			return err
+		}
+		repair = &repairReport{Clean: r.Clean, Rounds: r.Rounds, Steps: r.Steps, Scanned: r.Scanned,
+			MembersRemoved: r.Removed, EntriesFixed: r.Fixed, EntriesRemoved: r.Extra}
+	}
 	rep, err := inspect(ctx, st, c.Slug, c.Sections, c.LogEntries, c.PageSize)
 	if err != nil {
 		return err
 	}
+	rep.ByName.Repair = repair
 	rep.Prefix = c.KeyPrefix
 	if c.JSON {
 		enc := json.NewEncoder(e.stdout)
@@ -142,6 +154,26 @@ type byNameReport struct {
 	ChangedDuringCheck bool             `json:"changed_during_check"`
 	Mismatches         []byNameMismatch `json:"mismatches"`
 	Unreadable         []string         `json:"unreadable"`
+	// Index is by-name's index: IndexEntries records it holds,
+	// IndexMissing executions records it lacks, IndexStale its flag (a
+	// batch found it not reflecting executions: rebuilt in the
+	// background, or by --repair).
+	IndexEntries int64 `json:"index_entries"`
+	IndexMissing int64 `json:"index_missing"`
+	IndexStale   bool  `json:"index_stale"`
+	// Repair is what --repair did; absent without it.
+	Repair *repairReport `json:"repair,omitempty"`
+}
+
+// repairReport is a rebuild of by-name's index (store.ByNameRebuild).
+type repairReport struct {
+	Clean          bool  `json:"clean"`
+	Rounds         int   `json:"rounds"`
+	Steps          int64 `json:"steps"`
+	Scanned        int64 `json:"scanned"`
+	MembersRemoved int64 `json:"members_removed"`
+	EntriesFixed   int64 `json:"entries_fixed"`
+	EntriesRemoved int64 `json:"entries_removed"`
 }
 
 type byNameMismatch struct {
@@ -224,7 +256,10 @@ func inspect(ctx context.Context, st *store.Store, slug string, sections []strin
 		Entries:            o.ByName,
 		Expected:           check.Names,
 		Executions:         check.Executions,
-		Consistent:         len(check.Mismatches) == 0 && len(check.Unreadable) == 0,
+		Consistent:         len(check.Mismatches) == 0 && len(check.Unreadable) == 0 && check.IndexMissing == 0 && !o.ByNameIndexStale,
+		IndexEntries:       o.ByNameIndex,
+		IndexMissing:       check.IndexMissing,
+		IndexStale:         o.ByNameIndexStale,
 		ChangedDuringCheck: check.RevisionBefore != check.RevisionAfter,
 		Mismatches:         make([]byNameMismatch, len(check.Mismatches)),
 		Unreadable:         check.Unreadable,
@@ -318,6 +353,21 @@ func (r *inspection) writeText(out io.Writer) error {
 		if n := len(bn.Mismatches) - maxMismatchLines; n > 0 {
 			fmt.Fprintf(&b, "          ... and %d more (--json lists all)\n", n)
 		}
+	}
+	index := fmt.Sprintf("index   %d records, %d executions records missing", bn.IndexEntries, bn.IndexMissing)
+	if bn.IndexStale {
+		index += ", STALE (a writer bypassed fenced: rebuilt in the background, or run with --repair)"
+	} else if bn.IndexMissing > 0 || bn.IndexEntries != bn.Executions {
+		index += ", DIFFERS from executions (run with --repair)"
+	}
+	fmt.Fprintf(&b, "          %s\n", index)
+	if r := bn.Repair; r != nil {
+		status := "clean"
+		if !r.Clean {
+			status = "NOT CLEAN: batches kept finding it stale (a writer keeps bypassing fenced)"
+		}
+		fmt.Fprintf(&b, "          repaired: %s; %d rounds, %d steps, %d records scanned, %d index members removed, %d entries set, %d removed\n",
+			status, r.Rounds, r.Steps, r.Scanned, r.MembersRemoved, r.EntriesFixed, r.EntriesRemoved)
 	}
 	if len(bn.Unreadable) > 0 {
 		fmt.Fprintf(&b, "          not records (skipped): %s\n", strings.Join(bn.Unreadable, ", "))

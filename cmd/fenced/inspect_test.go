@@ -173,7 +173,8 @@ func TestInspect(t *testing.T) {
 					{Name: missing, Problem: "missing", Want: byName[missing]},
 					{Name: "ghost-agent", Problem: "extra", Got: "exe-ghost"},
 				},
-				Unreadable: []string{},
+				Unreadable:   []string{},
+				IndexEntries: int64(counts["executions"]),
 			},
 			Log: logReport{Length: logLen, Entries: []logEntry{
 				{ID: got.Log.Entries[0].ID, Revision: rev, Owner: "tick-a", Records: 1, RequestID: "tick-a-0001"},
@@ -209,6 +210,24 @@ func TestInspect(t *testing.T) {
 		}
 		if got.Stamp.Agrees || got.Stamp.Status != "differs" || *got.Stamp.Value != "1" {
 			t.Errorf("inspect --json stamp = %+v, want value 1, differs", got.Stamp)
+		}
+	})
+
+	// Last: it writes. The damaged entries are set from the index again.
+	t.Run("repair", func(t *testing.T) {
+		out := runInspect(t, slug, "--redis-url", srv.URL(), "--repair", "--page-size", "100")
+		if !regexp.MustCompile(`(?m)^ +repaired: clean; 1 rounds, \d+ steps, `+strconv.Itoa(counts["executions"])+` records scanned, 0 index members removed, 2 entries set, 1 removed$`).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^by-name +consistent with executions`).MatchString(out) {
+			t.Errorf("inspect --repair does not report a clean repair of 2 entries and 1 extra:\n%s", out)
+		}
+		if got := srv.Do(t, "HGET", fenceKey(slug, "by-name"), wrong); !strings.HasSuffix(got, `"v":"`+byName[wrong]+`"}`) {
+			t.Errorf("by-name/%s after --repair = %s, want %s", wrong, got, byName[wrong])
+		}
+		if got := srv.Do(t, "HGET", fenceKey(slug, "by-name"), missing); !strings.HasSuffix(got, `"v":"`+byName[missing]+`"}`) {
+			t.Errorf("by-name/%s after --repair = %s, want %s", missing, got, byName[missing])
+		}
+		if n := srv.Do(t, "HEXISTS", fenceKey(slug, "by-name"), "ghost-agent"); n != "0" {
+			t.Errorf("by-name/ghost-agent after --repair: HEXISTS = %s, want 0", n)
 		}
 	})
 }
