@@ -187,8 +187,8 @@ end
 byname.holder_id = holder_id
 
 -- verified_top answers the top member of name in the index at INDEX after
--- checking it against its record (touched: id -> {new = agent} for the
--- records this batch wrote, whose members it just set): a member its
+-- checking it against its record (touched: id -> {new_member =, deleted =}
+-- for the records this batch wrote, whose members it just set): a member its
 -- record no longer backs is replaced by the record's own (at most `tries`
 -- times; then the unchecked top is answered). It answers the member (nil:
 -- none) and whether the index was found wrong.
@@ -203,10 +203,7 @@ local function verified_top(exec, index, name, touched, tries)
     local want
     local t = touched and touched[id]
     if t then
-      want = member(id, t.new)
-      if t.deleted then
-        want = nil
-      end
+      want = t.new_member -- nil when deleted
     else
       local raw = redis.call('HGET', exec, id)
       if raw then
@@ -274,7 +271,9 @@ byname.STALE = STALE
 function byname.commit(writes, head)
   local EXEC, NAMES, INDEX = KEYS[byname.EXEC], KEYS[byname.NAMES], KEYS[byname.INDEX]
   local stale = false
-  local touched = {} -- id -> { old = agent|nil, had = bool, new = agent|nil, deleted = bool }
+  -- id -> { had = bool, old_member = string|nil, new_member = string|nil
+  -- (nil: deleted), deleted = bool }
+  local touched = {}
   local names = {}   -- names whose entry may change
   local order = {}   -- the same names, in first-seen order (deterministic)
   local function note(a)
@@ -286,14 +285,16 @@ function byname.commit(writes, head)
   for _, w in ipairs(writes) do
     local t = { had = w.old ~= false, deleted = w.new == nil }
     if t.had then
-      t.old = stored_agent(w.old)
+      local a = stored_agent(w.old)
+      t.old_member = member(w.id, a)
+      note(a)
     end
     if w.new ~= nil then
-      t.new = agent(w.new)
+      local a = agent(w.new)
+      t.new_member = member(w.id, a)
+      note(a)
     end
     touched[w.id] = t
-    note(t.old)
-    note(t.new)
   end
 
   -- Before any index change: each touched name's entry must be the top
@@ -317,16 +318,22 @@ function byname.commit(writes, head)
   end
 
   -- The records' own members: the old one out, the new one in.
-  for id, t in pairs(touched) do
-    if t.had then
-      if redis.call('ZREM', INDEX, member(id, t.old)) == 0 then
+  for _, t in pairs(touched) do
+    if t.had and t.old_member ~= t.new_member then
+      if redis.call('ZREM', INDEX, t.old_member) == 0 then
         stale = true
       end
     end
-    if not t.deleted then
-      if redis.call('ZADD', INDEX, 0, member(id, t.new)) == 0 then
+    if not t.deleted and t.old_member ~= t.new_member then
+      if redis.call('ZADD', INDEX, 0, t.new_member) == 0 then
         stale = true
       end
+    end
+    if t.had and t.old_member == t.new_member and not redis.call('ZSCORE', INDEX, t.new_member) then
+      -- Rewritten in place (same name, generation and id): the member must
+      -- be there already.
+      redis.call('ZADD', INDEX, 0, t.new_member)
+      stale = true
     end
   end
 
