@@ -79,7 +79,7 @@ type serveCmd struct {
 	RequestIDWindow time.Duration `env:"FENCED_REQUEST_ID_WINDOW" default:"10m" help:"How long a committed batch's request_id is remembered (retries inside it are answered, not rerun)."`
 	// ByNameRebuildPage is the records one step of a background by-name
 	// index rebuild reads; 0 turns the background rebuild off.
-	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"500" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, this many records per script (each a few ms of Redis time); 0: never (fenced inspect --repair does it)."`
+	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, this many records per script (each about 2 ms of Redis time at 200); 0: never (fenced inspect --repair does it)."`
 	// MaxSnapshotRecords and MaxSnapshotBytes bound one Sections answer.
 	MaxSnapshotRecords int `env:"FENCED_MAX_SNAPSHOT_RECORDS" default:"20000" help:"Most records one Sections read may hold (counted before reading); larger sections are read with ScanSection."`
 	MaxSnapshotBytes   int `env:"FENCED_MAX_SNAPSHOT_BYTES" default:"4128768" help:"Largest Sections answer, in bytes (default: 4 MiB less 64 KiB, under gRPC clients' default receive limit)."`

@@ -131,6 +131,7 @@ func BenchmarkByNameScriptTime(b *testing.B) {
 	fmt.Printf("  %-12s %-34s %-34s\n", "executions", "delete the holder e-top", "put e-top back (takes the place)")
 	for _, size := range byNameSizes {
 		r := *results[size]
+
 		fmt.Printf("  %-12d median %8.3f ms  least %8.3f ms   median %8.3f ms  least %8.3f ms\n", size,
 			ms(med(r.del)), ms(slices.Min(r.del)), ms(med(r.put)), ms(slices.Min(r.put)))
 		b.ReportMetric(ms(med(r.del)), fmt.Sprintf("delete-%d-ms", size))
@@ -147,6 +148,27 @@ func BenchmarkByNameScriptTime(b *testing.B) {
 		float64(slices.Min(hi.del))/float64(slices.Min(lo.del)), float64(med(hi.put))/float64(med(lo.put)),
 		float64(slices.Min(hi.put))/float64(slices.Min(lo.put)))
 	b.ReportMetric(ratio, "delete-ratio")
+
+	// The rebuild of the largest index from nothing (a swarm from before
+	// the index, or one another writer changed): every step's Redis time.
+	largest := byNameSizes[len(byNameSizes)-1]
+	slug := fmt.Sprintf("bench-by-name-%d", largest)
+	srv.Do(b, "DEL", prefix+":swarm:{"+slug+"}:fence:by-name-index")
+	srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "8192")
+	srv.Do(b, "SLOWLOG", "RESET")
+	start := time.Now()
+	r, err := st.RebuildByName(ctx, slug, store.DefaultByNamePage)
+	took := time.Since(start)
+	if err != nil || !r.Clean {
+		b.Fatalf("RebuildByName(%d executions) = %+v, %v; want clean", largest, r, err)
+	}
+	steps := scriptTimes(b, srv, "{"+slug+"}")
+	slices.Sort(steps)
+	fmt.Printf("  rebuilding the index of %d executions from nothing: %d steps of %d records in %.0f ms (%d rounds); "+
+		"each step's Redis time: median %.2f ms, p99 %.2f ms, longest %.2f ms\n", largest, r.Steps, store.DefaultByNamePage,
+		ms(took), r.Rounds, ms(steps[len(steps)/2]), ms(percentile(steps, 99)), ms(steps[len(steps)-1]))
+	b.ReportMetric(ms(steps[len(steps)-1]), "rebuild-longest-step-ms")
+	srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "1024")
 }
 
 // onlyScript answers the time of the one EVAL or EVALSHA of slug in

@@ -21,6 +21,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/redis/rueidis"
 )
 
 // scanCalls is how many times Redis ran a command that reads a hash whole
@@ -436,4 +437,74 @@ func TestOnlyExecutionsWritesSendByNameKeys(t *testing.T) {
 			t.Errorf("%s: KEYS %q hold %q, want %q", c.name, keys, got, c.want)
 		}
 	}
+}
+
+// The embedded Redis (miniredis, for trying fenced without a Redis) runs
+// the same by-name scripts: upkeep, the check and the rebuild.
+func TestByNameOnTheEmbeddedRedis(t *testing.T) {
+	e, err := store.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	st, err := e.Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	const slug = "embedded"
+	model := map[string]string{
+		"a1": `{"name":"a","generation":1}`, "a2": `{"name":"a","generation":2.5}`,
+		"a3": `{"name":"a","generation":-3}`, "b1": `{"name":"b"}`,
+	}
+	var ws []batch.Write
+	for _, k := range slices.Sorted(maps.Keys(model)) {
+		ws = append(ws, put("executions", k, 0, model[k]))
+	}
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: ws})
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{del("executions", "a2", batch.Blind)}})
+	delete(model, "a2")
+	byName := func() map[string]string {
+		snap, err := st.Sections(ctx, slug, []string{"executions"})
+		if err != nil {
+			t.Fatalf("Sections: %v", err)
+		}
+		if len(snap.Sections["executions"]) != len(model) {
+			t.Fatalf("executions = %v, want %d records", snap.Sections["executions"], len(model))
+		}
+		check, err := st.CheckByName(ctx, slug, 2)
+		if err != nil {
+			t.Fatalf("CheckByName: %v", err)
+		}
+		if len(check.Mismatches) > 0 || check.IndexMissing != 0 {
+			t.Errorf("CheckByName = %+v, want consistent", check)
+		}
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{e.Addr()}, DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		kv, err := c.Do(ctx, c.B().Hgetall().Key(key(slug, "by-name")).Build()).AsStrMap()
+		if err != nil {
+			t.Fatalf("HGETALL by-name: %v", err)
+		}
+		out := map[string]string{}
+		for name, raw := range kv {
+			var rec struct {
+				V string `json:"v"`
+			}
+			if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+				t.Fatalf("by-name[%s] = %q: %v", name, raw, err)
+			}
+			out[name] = rec.V
+		}
+		return out
+	}
+	diffByName(t, "embedded", byName(), wantByName(model))
+	r, err := st.RebuildByName(ctx, slug, 1)
+	if err != nil || !r.Clean || r.Fixed != 0 || r.Removed != 0 {
+		t.Errorf("RebuildByName of a consistent index = %+v, %v; want clean, nothing fixed", r, err)
+	}
+	diffByName(t, "embedded, rebuilt", byName(), wantByName(model))
 }

@@ -111,20 +111,43 @@ local function stored_agent(raw)
 end
 byname.stored_agent = stored_agent
 
--- generation_key is the 16 hex digits of a generation (see the header).
+-- generation_key is the 16 hex digits of a generation (see the header):
+-- its IEEE-754 bits, computed with frexp (exact: every step scales by a
+-- power of two; no struct library, which the embedded Redis lacks), as
+-- sign+exponent (12 bits) and the 52-bit fraction in three parts, then
+-- made order-preserving.
 local function generation_key(g)
   if type(g) ~= 'number' or g ~= g or g == 0 then
     g = 0 -- not a number, NaN, or -0
   end
-  local b = { string.byte(struct.pack('>d', g), 1, 8) }
-  if b[1] >= 128 then
-    for i = 1, 8 do
-      b[i] = 255 - b[i]
-    end
-  else
-    b[1] = b[1] + 128
+  local neg = g < 0
+  local a = g
+  if neg then
+    a = -g
   end
-  return string.format('%02x%02x%02x%02x%02x%02x%02x%02x', b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8])
+  local e, f
+  if a == 0 then
+    e, f = 0, 0
+  elseif a == math.huge then
+    e, f = 2047, 0
+  else
+    local m, x = math.frexp(a) -- a = m * 2^x, 0.5 <= m < 1
+    e = x + 1022
+    if e >= 1 then
+      f = (m * 2 - 1) * 2 ^ 52
+    else -- subnormal
+      e, f = 0, a * 2 ^ 1022 * 2 ^ 52
+    end
+  end
+  local p1 = math.floor(f / 2 ^ 32)
+  local rest = f - p1 * 2 ^ 32
+  local p2 = math.floor(rest / 2 ^ 16)
+  local p3 = rest - p2 * 2 ^ 16
+  local top = 2048 + e -- the sign bit set
+  if neg then
+    top, p1, p2, p3 = 4095 - top, 1048575 - p1, 65535 - p2, 65535 - p3
+  end
+  return string.format('%03x%05x%04x%04x', top, p1, p2, p3)
 end
 
 -- prefix is the start of every member of name's range.
