@@ -508,3 +508,76 @@ func TestByNameOnTheEmbeddedRedis(t *testing.T) {
 	}
 	diffByName(t, "embedded, rebuilt", byName(), wantByName(model))
 }
+
+// A rebuild from nothing (the index deleted) runs beside fenced batches
+// that put, rename and delete executions: every step is safe beside them,
+// and once both are done by-name and the index agree with executions.
+func TestRebuildBesideBatches(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug, records, batches = "beside", 2000, 150
+	exe := func(name string, gen int) string { return fmt.Sprintf(`{"name":%q,"generation":%d}`, name, gen) }
+	model := map[string]string{}
+	b := &batch.Batch{Slug: slug}
+	for i := range records {
+		k := fmt.Sprintf("e-%04d", i)
+		model[k] = exe(fmt.Sprintf("agent-%d", i%20), i%37)
+		b.Writes = append(b.Writes, put("executions", k, batch.Blind, model[k]))
+		if len(b.Writes) == 1000 {
+			mustCommit(t, st, b)
+			b = &batch.Batch{Slug: slug}
+		}
+	}
+	srv.Do(t, "DEL", key(slug, "by-name-index"))
+
+	done := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		for n := range batches {
+			b := &batch.Batch{Slug: slug}
+			seen := map[string]bool{}
+			for range 1 + rng.IntN(6) {
+				k := fmt.Sprintf("e-%04d", rng.IntN(records+200))
+				if seen[k] {
+					continue
+				}
+				seen[k] = true
+				if rng.IntN(3) == 0 {
+					b.Writes = append(b.Writes, del("executions", k, batch.Blind))
+					delete(model, k)
+				} else {
+					model[k] = exe(fmt.Sprintf("agent-%d", rng.IntN(25)), rng.IntN(40))
+					b.Writes = append(b.Writes, put("executions", k, batch.Blind, model[k]))
+				}
+			}
+			if _, err := st.Commit(ctx, b); err != nil {
+				done <- fmt.Errorf("batch %d: %w", n, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	r, err := st.RebuildByName(ctx, slug, 10)
+	if err != nil {
+		t.Fatalf("RebuildByName beside batches: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rebuild beside %d batches: %+v", batches, r)
+	if !r.Clean {
+		// Batches kept finding it stale while it ran; now they are done.
+		if r, err = st.RebuildByName(ctx, slug, 10); err != nil || !r.Clean {
+			t.Fatalf("RebuildByName after the batches = %+v, %v; want clean", r, err)
+		}
+	}
+	diffByName(t, "rebuilt beside batches", byNameOf(t, srv, slug), wantByName(model))
+	check, err := st.CheckByName(ctx, slug, 100)
+	if err != nil || len(check.Mismatches) > 0 || check.IndexMissing != 0 {
+		t.Errorf("CheckByName = %+v, %v; want consistent", check, err)
+	}
+	if o, err := st.Overview(ctx, slug, nil); err != nil || o.ByNameIndexStale || o.ByNameIndex != int64(len(model)) {
+		t.Errorf("Overview: index %d records, stale %v (%v); want %d, not stale", o.ByNameIndex, o.ByNameIndexStale, err, len(model))
+	}
+}
