@@ -20,7 +20,8 @@ package bench
 // to Redis for a one-record fenced change (a fixture value, expected
 // naming a 16-digit revision) in executions and in claims, counted in RESP
 // from the KEYS and ARGV the store builds: the value, and the overhead
-// beyond it (target: <= 512).
+// beyond it (target: <= 512). Before the index: executions 487, claims 542
+// (every batch sent the by-name and executions keys); after: 487 and 427.
 
 import (
 	"context"

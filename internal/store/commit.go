@@ -156,10 +156,9 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 
 // commitArgs picks the commit script for b and lays out KEYS and ARGV as
 // commit.lua expects them. The layout is kept small on purpose: a
-// one-record change sends its value plus about 500 bytes to Redis. Only a
+// one-record change sends its value plus under 512 bytes to Redis. Only a
 // batch that puts or deletes in executions runs the by-name variant and
-// sends the executions, by-name and by-name-index keys; any other batch
-// sends none of them (a check of executions sends the executions key, as
+// sends the executions and by-name keys; any other batch sends neither (a check of executions sends the executions key, as
 // for any section).
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args []string) {
 	sc = commitScript
@@ -167,8 +166,10 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 	index := map[string]int{batch.MetaSection: 1}
 	if writesExecutions(b) {
 		sc = commitByNameScript
-		keys = append(keys, k.section(executions), k.byName(), k.byNameIndex())
-		index[executions] = len(keys) - 2
+		// by-name-index is not sent: byname.lua derives it from by-name
+		// (same hash tag), to keep a one-record change within budget.
+		keys = append(keys, k.section(executions), k.byName())
+		index[executions] = len(keys) - 1
 	}
 	mode, epoch, now, window, digest, owner := "-", "", "0", "", "", ""
 	if s.stamp {

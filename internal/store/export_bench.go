@@ -17,7 +17,7 @@ func (s *Store) CommitScriptArgs(b *batch.Batch) (keys, args []string) {
 }
 
 // ExecCommitScript runs the commit script (the by-name variant when keys
-// carry the by-name index) once with keys and args as built by
+// carry by-name) once with keys and args as built by
 // CommitScriptArgs, through this Store's client (by SHA, EVAL on NOSCRIPT),
 // and returns the committed revision. It is the bare script call for
 // benchmarks and tools: any answer but OK is an error quoting the reply,
@@ -25,7 +25,7 @@ func (s *Store) CommitScriptArgs(b *batch.Batch) (keys, args []string) {
 // retry.
 func (s *Store) ExecCommitScript(ctx context.Context, keys, args []string) (int64, error) {
 	sc := commitScript
-	if len(keys) > 5 && keys[5] == s.keys(slugOf(keys[0])).byNameIndex() {
+	if len(keys) > 4 && keys[4] == s.keys(slugOf(keys[0])).byName() {
 		sc = commitByNameScript
 	}
 	reply, err := replyStrings(s.exec(ctx, sc, keys, args))

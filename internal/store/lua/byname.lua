@@ -38,9 +38,16 @@
 local byname = {}
 
 -- Key positions of the by-name commit: KEYS[4] executions, KEYS[5]
--- by-name, KEYS[6] by-name-index.
-byname.EXEC, byname.NAMES, byname.INDEX = 4, 5, 6
-byname.FIXED_KEYS = 6
+-- by-name. The index's key is by-name's name plus '-index': the one key a
+-- script here names without KEYS, so that a one-record change stays
+-- within value + 512 bytes (a declared key costs ~60). It carries the same
+-- hash tag, so it is in the same slot on Cluster, where Redis runs a
+-- script's commands on undeclared keys of its own slot.
+byname.EXEC, byname.NAMES = 4, 5
+byname.FIXED_KEYS = 5
+function byname.index_key(names_key)
+  return names_key .. '-index'
+end
 
 local STALE = '~stale'
 
@@ -292,7 +299,8 @@ byname.STALE = STALE
 -- Cost: O(log n) per record written and per name touched, plus one record
 -- read and decode per name whose top this batch did not write.
 function byname.commit(writes, head)
-  local EXEC, NAMES, INDEX = KEYS[byname.EXEC], KEYS[byname.NAMES], KEYS[byname.INDEX]
+  local EXEC, NAMES = KEYS[byname.EXEC], KEYS[byname.NAMES]
+  local INDEX = byname.index_key(NAMES)
   local stale = false
   -- id -> { had = bool, old_member = string|nil, new_member = string|nil
   -- (nil: deleted), deleted = bool }

@@ -8,8 +8,8 @@
 -- `byname = nil` and sends neither key.
 --
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
--- with byname: KEYS[4] executions, KEYS[5] by-name, KEYS[6] by-name-index;
--- in mode 'r', the next key is the batch's request key
+-- with byname: KEYS[4] executions, KEYS[5] by-name (by-name-index is
+-- derived from it: see byname.lua); in mode 'r', the next key is the batch's request key
 -- (P:{slug}:fence:request:<request_id>); then the other sections the batch
 -- names; in mode 's', the last key is P:state:fencing:current.
 --
