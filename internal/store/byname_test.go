@@ -582,3 +582,31 @@ func TestRebuildBesideBatches(t *testing.T) {
 		t.Errorf("Overview: index %d records, stale %v (%v); want %d, not stale", o.ByNameIndex, o.ByNameIndexStale, err, len(model))
 	}
 }
+
+// Members no fenced writer makes (another writer reached the index) do not
+// break a batch or the rebuild: the rebuild drops them.
+func TestRebuildDropsForeignIndexMembers(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "foreign-members"
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{
+		put("executions", "a1", 0, `{"name":"a","generation":1}`),
+		put("executions", "b1", 0, `{"name":"b","generation":1}`),
+	}})
+	for _, m := range []string{"zz", "0", "0000zzzzname", "00000005ab", "-ghost", "~other"} {
+		srv.Do(t, "ZADD", key(slug, "by-name-index"), "0", m)
+	}
+	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "a2", 0, `{"name":"a","generation":2}`)}}, store.Durability{})
+	if err != nil || !c.ByNameStale {
+		t.Fatalf("Commit beside foreign members = %+v, %v; want committed, index stale", c, err)
+	}
+	r, err := st.RebuildByName(ctx, slug, 2)
+	if err != nil {
+		t.Fatalf("RebuildByName: %v", err)
+	}
+	if got := srv.DoArray(t, "ZRANGE", key(slug, "by-name-index"), "0", "-1"); !r.Clean || len(got) != 3 {
+		t.Errorf("index after the rebuild = %q (%+v), want clean, the 3 records' members", got, r)
+	}
+	diffByName(t, "after foreign members", byNameOf(t, srv, slug), map[string]string{"a": "a2", "b": "b1"})
+}

@@ -183,9 +183,6 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	if _, o.ByNameIndexStale, err = str(11); err != nil {
 		return nil, err
 	}
-	if o.ByNameIndexStale {
-		o.ByNameIndex--
-	}
 	for i, name := range sections {
 		if o.Records[name], err = num(12 + i); err != nil {
 			return nil, err

@@ -173,12 +173,16 @@ local function member(id, a)
 end
 byname.member = member
 
--- member_id is the record id of a member.
+-- member_id is the record id of a member (nil when m is not one: nothing
+-- fenced writes, but the index is a key other writers can reach).
 local function member_id(m)
   if string.sub(m, 1, 1) == '-' then
     return string.sub(m, 2)
   end
   local len = tonumber(string.sub(m, 1, 8), 16)
+  if not len or not string.find(string.sub(m, 1, 8), '^%x+$') or #m < 8 + len + 16 then
+    return nil
+  end
   return string.sub(m, 8 + len + 16 + 1)
 end
 byname.member_id = member_id
@@ -270,13 +274,9 @@ end
 byname.set_holder = set_holder
 
 -- indexed_count is the number of records the index at key holds (its
--- members less the flag).
+-- members less the flags, which start with '~'). O(log n).
 local function indexed_count(key)
-  local n = redis.call('ZCARD', key)
-  if redis.call('ZSCORE', key, STALE) then
-    n = n - 1
-  end
-  return n
+  return redis.call('ZCARD', key) - redis.call('ZLEXCOUNT', key, '[~', '+')
 end
 byname.indexed_count = indexed_count
 

@@ -50,9 +50,14 @@ if step == 'verify' then
   local members = redis.call('ZRANGEBYLEX', INDEX, from, '+', 'LIMIT', 0, count)
   local removed = 0
   for _, m in ipairs(members) do
-    if string.sub(m, 1, 1) ~= '~' then
+    if string.sub(m, 1, 1) == '~' then
+      if m ~= byname.STALE then -- no flag fenced sets
+        redis.call('ZREM', INDEX, m)
+        removed = removed + 1
+      end
+    else
       local id = byname.member_id(m)
-      local raw = redis.call('HGET', EXEC, id)
+      local raw = id and redis.call('HGET', EXEC, id)
       if not raw or byname.member(id, byname.stored_agent(raw)) ~= m then
         redis.call('ZREM', INDEX, m)
         removed = removed + 1
@@ -80,18 +85,29 @@ if step == 'names' then
     if first == nil then
       return { '', string.format('%d', fixed) }
     end
-    local len = tonumber(string.sub(first, 1, 8), 16)
-    local name = string.sub(first, 9, 8 + len)
-    local m = byname.verified_top(EXEC, INDEX, name, nil, 8)
-    local raw = redis.call('HGET', NAMES, name)
-    local id = m and byname.member_id(m)
-    if byname.holder_id(raw) ~= id then
-      fixed = fixed + 1
+    if byname.member_id(first) == nil then
+      -- Not a member fenced writes: dropped (it would break the walk).
+      redis.call('ZREM', INDEX, first)
+    else
+      local len = tonumber(string.sub(first, 1, 8), 16)
+      local name = string.sub(first, 9, 8 + len)
+      local m = byname.verified_top(EXEC, INDEX, name, nil, 8)
+      local raw = redis.call('HGET', NAMES, name)
+      local id = m and byname.member_id(m)
+      if byname.holder_id(raw) ~= id then
+        fixed = fixed + 1
+      end
+      byname.set_holder(NAMES, name, raw, m, head)
+      last = byname.prefix(name)
+      from = '(' .. last .. 'g'
     end
-    byname.set_holder(NAMES, name, raw, m, head)
-    last = byname.prefix(name)
-    from = '(' .. last .. 'g'
     done = done + 1
+  end
+  if last == '' then
+    -- Only dropped members this step: go on from where it started (from
+    -- the start, '' ends the pass; the count check of 'finish' then asks
+    -- for another).
+    return { cursor, string.format('%d', fixed) }
   end
   return { last, string.format('%d', fixed) }
 end

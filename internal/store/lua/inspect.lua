@@ -9,8 +9,9 @@
 --
 -- Reply: { now_ms, revision or false, meta/lease, meta/epoch,
 -- meta/leader_changes, meta/layout, meta/section_revisions (raw fields or
--- false), stamp or false, XLEN log, HLEN by-name, ZCARD by-name-index (its
--- '~stale' flag included), the flag's count or false, HLEN of each section }.
+-- false), stamp or false, XLEN log, HLEN by-name, the records by-name-index
+-- holds (its members but the flags, which start with '~'), the '~stale'
+-- flag's count or false, HLEN of each section }.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local last = #KEYS
@@ -23,7 +24,8 @@ local meta = redis.call('HMGET', KEYS[1], 'lease', 'epoch', 'leader_changes', 'l
 local out = { string.format('%d', now), redis.call('GET', KEYS[2]),
   meta[1], meta[2], meta[3], meta[4], meta[5], stamp,
   redis.call('XLEN', KEYS[3]), redis.call('HLEN', KEYS[4]),
-  redis.call('ZCARD', KEYS[5]), redis.call('ZSCORE', KEYS[5], '~stale') }
+  redis.call('ZCARD', KEYS[5]) - redis.call('ZLEXCOUNT', KEYS[5], '[~', '+'),
+  redis.call('ZSCORE', KEYS[5], '~stale') }
 for i = 6, last do
   out[#out + 1] = redis.call('HLEN', KEYS[i])
 end
