@@ -154,13 +154,15 @@ type byNameReport struct {
 	ChangedDuringCheck bool             `json:"changed_during_check"`
 	Mismatches         []byNameMismatch `json:"mismatches"`
 	Unreadable         []string         `json:"unreadable"`
-	// Index is by-name's index: IndexEntries records it holds,
-	// IndexMissing executions records it lacks, IndexStale its flag (a
-	// batch found it not reflecting executions: rebuilt in the
-	// background, or by --repair).
-	IndexEntries int64 `json:"index_entries"`
-	IndexMissing int64 `json:"index_missing"`
-	IndexStale   bool  `json:"index_stale"`
+	// Index is by-name's index: IndexConsistent when it holds one
+	// member per executions record, none missing, not flagged;
+	// IndexEntries records it holds, IndexMissing executions records it
+	// lacks, IndexStale its flag (a batch found it not reflecting
+	// executions: rebuilt in the background, or by --repair).
+	IndexConsistent bool  `json:"index_consistent"`
+	IndexEntries    int64 `json:"index_entries"`
+	IndexMissing    int64 `json:"index_missing"`
+	IndexStale      bool  `json:"index_stale"`
 	// Repair is what --repair did; absent without it.
 	Repair *repairReport `json:"repair,omitempty"`
 }
@@ -256,7 +258,8 @@ func inspect(ctx context.Context, st *store.Store, slug string, sections []strin
 		Entries:            o.ByName,
 		Expected:           check.Names,
 		Executions:         check.Executions,
-		Consistent:         len(check.Mismatches) == 0 && len(check.Unreadable) == 0 && check.IndexMissing == 0 && !o.ByNameIndexStale,
+		Consistent:         len(check.Mismatches) == 0 && len(check.Unreadable) == 0,
+		IndexConsistent:    check.IndexMissing == 0 && !o.ByNameIndexStale && o.ByNameIndex == check.Executions,
 		IndexEntries:       o.ByNameIndex,
 		IndexMissing:       check.IndexMissing,
 		IndexStale:         o.ByNameIndexStale,
@@ -355,10 +358,13 @@ func (r *inspection) writeText(out io.Writer) error {
 		}
 	}
 	index := fmt.Sprintf("index   %d records, %d executions records missing", bn.IndexEntries, bn.IndexMissing)
-	if bn.IndexStale {
+	switch {
+	case bn.IndexStale:
 		index += ", STALE (a writer bypassed fenced: rebuilt in the background, or run with --repair)"
-	} else if bn.IndexMissing > 0 || bn.IndexEntries != bn.Executions {
+	case !bn.IndexConsistent:
 		index += ", DIFFERS from executions (run with --repair)"
+	default:
+		index += ", consistent"
 	}
 	fmt.Fprintf(&b, "          %s\n", index)
 	if r := bn.Repair; r != nil {

@@ -173,8 +173,9 @@ func TestInspect(t *testing.T) {
 					{Name: missing, Problem: "missing", Want: byName[missing]},
 					{Name: "ghost-agent", Problem: "extra", Got: "exe-ghost"},
 				},
-				Unreadable:   []string{},
-				IndexEntries: int64(counts["executions"]),
+				Unreadable:      []string{},
+				IndexConsistent: true,
+				IndexEntries:    int64(counts["executions"]),
 			},
 			Log: logReport{Length: logLen, Entries: []logEntry{
 				{ID: got.Log.Entries[0].ID, Revision: rev, Owner: "tick-a", Records: 1, RequestID: "tick-a-0001"},
@@ -215,10 +216,22 @@ func TestInspect(t *testing.T) {
 
 	// Last: it writes. The damaged entries are set from the index again.
 	t.Run("repair", func(t *testing.T) {
+		// The index too: one member gone and the stale flag up, as a batch
+		// leaves it after a writer behind fenced.
+		index := fenceKey(slug, "by-name-index")
+		srv.Do(t, "ZREM", index, srv.DoArray(t, "ZRANGE", index, "0", "0")[0])
+		srv.Do(t, "ZINCRBY", index, "1", "~stale")
+		before := runInspect(t, slug, "--redis-url", srv.URL())
+		if want := `(?m)^ +index   ` + strconv.Itoa(counts["executions"]-1) + ` records, 1 executions records missing, STALE \(`; !regexp.MustCompile(want).MatchString(before) {
+			t.Errorf("inspect of a stale index does not match %s:\n%s", want, before)
+		}
 		out := runInspect(t, slug, "--redis-url", srv.URL(), "--repair", "--page-size", "100")
 		if !regexp.MustCompile(`(?m)^ +repaired: clean; 1 rounds, \d+ steps, `+strconv.Itoa(counts["executions"])+` records scanned, 0 index members removed, 2 entries set, 1 removed$`).MatchString(out) ||
 			!regexp.MustCompile(`(?m)^by-name +consistent with executions`).MatchString(out) {
 			t.Errorf("inspect --repair does not report a clean repair of 2 entries and 1 extra:\n%s", out)
+		}
+		if want := `(?m)^ +index   ` + strconv.Itoa(counts["executions"]) + ` records, 0 executions records missing, consistent$`; !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("inspect --repair output does not match %s:\n%s", want, out)
 		}
 		if got := srv.Do(t, "HGET", fenceKey(slug, "by-name"), wrong); !strings.HasSuffix(got, `"v":"`+byName[wrong]+`"}`) {
 			t.Errorf("by-name/%s after --repair = %s, want %s", wrong, got, byName[wrong])
