@@ -70,7 +70,7 @@ func (c *inspectCmd) Run(e *env) error {
 		if err != nil {
 			return err
 		}
-		repair = &repairReport{Clean: r.Clean, Rounds: r.Rounds, Steps: r.Steps, Scanned: r.Scanned,
+		repair = &repairReport{Clean: r.Clean, Busy: r.Busy, Rounds: r.Rounds, Steps: r.Steps, Scanned: r.Scanned,
 			MembersRemoved: r.Removed, EntriesFixed: r.Fixed, EntriesRemoved: r.Extra}
 	}
 	rep, err := inspect(ctx, st, c.Slug, c.Sections, c.LogEntries, c.PageSize)
@@ -169,7 +169,10 @@ type byNameReport struct {
 
 // repairReport is a rebuild of by-name's index (store.ByNameRebuild).
 type repairReport struct {
-	Clean          bool  `json:"clean"`
+	Clean bool `json:"clean"`
+	// Busy: another rebuild (a fenced replica) held the swarm's claim;
+	// nothing was done.
+	Busy           bool  `json:"busy"`
 	Rounds         int   `json:"rounds"`
 	Steps          int64 `json:"steps"`
 	Scanned        int64 `json:"scanned"`
@@ -369,7 +372,10 @@ func (r *inspection) writeText(out io.Writer) error {
 	fmt.Fprintf(&b, "          %s\n", index)
 	if r := bn.Repair; r != nil {
 		status := "clean"
-		if !r.Clean {
+		switch {
+		case r.Busy:
+			status = "NOT DONE: another rebuild (fenced in the background) holds the swarm's claim; try again shortly"
+		case !r.Clean:
 			status = "NOT CLEAN: batches kept finding it stale (a writer keeps bypassing fenced)"
 		}
 		fmt.Fprintf(&b, "          repaired: %s; %d rounds, %d steps, %d records scanned, %d index members removed, %d entries set, %d removed\n",

@@ -337,6 +337,8 @@ func byNameRebuilt(log *slog.Logger) func(string, *store.ByNameRebuild, error) {
 		switch {
 		case err != nil:
 			log.Warn("by-name index rebuild failed; the next batch that finds it stale starts another", "slug", slug, "err", err)
+		case r.Busy:
+			log.Info("by-name index rebuild left to another (another fenced holds the swarm's claim)", "slug", slug)
 		case !r.Clean:
 			log.Warn("by-name index rebuilt but found stale again (a writer keeps bypassing fenced)", "slug", slug, "rounds", r.Rounds, "scanned", r.Scanned)
 		default:

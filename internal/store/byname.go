@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -29,6 +31,9 @@ var (
 // machine. A batch waits at most one step.
 const DefaultByNamePage = 200
 
+// errBusy stops a rebuild whose claim another rebuild took.
+var errBusy = errors.New("another rebuild holds the claim")
+
 // maxRebuildRounds bounds the passes of one RebuildByName: a batch that
 // finds the index stale while it is rebuilt makes the next pass needed.
 const maxRebuildRounds = 3
@@ -48,7 +53,19 @@ type ByNameRebuild struct {
 	// Fixed the by-name entries set and Extra those removed (a name with
 	// no record).
 	Removed, Fixed, Extra int64
+	// Busy: another rebuild of the swarm holds the claim (another fenced
+	// replica, or inspect --repair); this one stopped (or never began)
+	// and left the work to it.
+	Busy bool
 }
+
+// A rebuild claims its swarm's index for rebuildClaimTTL, renewed every
+// rebuildClaimRenew, so that fenced replicas that all see a stale index do
+// not all rebuild it; a rebuild that dies leaves a claim that expires.
+const (
+	rebuildClaimTTL   = 30 * time.Second
+	rebuildClaimRenew = 5 * time.Second
+)
 
 // RebuildByName rebuilds a swarm's by-name index from its executions and
 // sets by-name from it, in place, pageSize records a script (at least 1;
@@ -57,19 +74,68 @@ type ByNameRebuild struct {
 // no record backs, set each name's entry to its top, remove entries of
 // names with no record, then clear the stale flag unless a batch raised it
 // since the pass began (then another pass, at most 3 in all). The result
-// says whether it ended clean. Errors: ErrUnavailable, context errors,
-// *RedisError, ErrMalformedReply.
-func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (*ByNameRebuild, error) {
+// says whether it ended clean. One rebuild runs per swarm at a time, across
+// fenced replicas: while another holds the swarm's claim, it answers Busy
+// without rebuilding. Errors: ErrUnavailable, context errors, *RedisError,
+// ErrMalformedReply.
+func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r *ByNameRebuild, err error) {
 	if pageSize <= 0 {
 		pageSize = DefaultByNamePage
 	}
 	k := s.keys(slug)
 	keys := []string{k.section(executions), k.byName(), k.byNameIndex(), k.revision()}
 	page := strconv.Itoa(pageSize)
-	r := &ByNameRebuild{}
-	step := func(name, cursor string) (string, int64, error) {
+	r = &ByNameRebuild{}
+	call := func(ctx context.Context, name, cursor, n string) ([]string, error) {
 		r.Steps++
-		reply, err := replyStrings(s.exec(ctx, byNameRebuildScript, keys, []string{name, cursor, page}))
+		return replyStrings(s.exec(ctx, byNameRebuildScript, keys, []string{name, cursor, n}))
+	}
+	var token [8]byte
+	_, _ = rand.Read(token[:])
+	claim := hex.EncodeToString(token[:])
+	ttl := strconv.FormatInt(rebuildClaimTTL.Milliseconds(), 10)
+	claimed := time.Time{}
+	renew := func() error {
+		if time.Since(claimed) < rebuildClaimRenew {
+			return nil
+		}
+		reply, err := call(ctx, "claim", claim, ttl)
+		if err != nil {
+			return fmt.Errorf("store: rebuild by-name of %s: claim: %w", slug, classify(ctx, err))
+		}
+		if len(reply) != 1 || reply[0] != "OK" && reply[0] != "BUSY" {
+			return fmt.Errorf("store: rebuild by-name of %s: claim: %w: %q", slug, ErrMalformedReply, reply)
+		}
+		if reply[0] == "BUSY" {
+			r.Busy = true
+			return errBusy
+		}
+		claimed = time.Now()
+		return nil
+	}
+	if err := renew(); err != nil {
+		if r.Busy {
+			return r, nil
+		}
+		return r, err
+	}
+	defer func() {
+		// Released even when ctx ended: a claim left behind would hold
+		// other rebuilds off until it expires.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if _, rerr := call(rctx, "release", claim, "0"); rerr != nil && err == nil {
+			err = fmt.Errorf("store: rebuild by-name of %s: release: %w", slug, classify(rctx, rerr))
+		}
+		if errors.Is(err, errBusy) {
+			err = nil
+		}
+	}()
+	step := func(name, cursor string) (string, int64, error) {
+		if err := renew(); err != nil {
+			return "", 0, err
+		}
+		reply, err := call(ctx, name, cursor, page)
 		if err != nil {
 			return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w", slug, name, classify(ctx, err))
 		}
@@ -138,12 +204,17 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (*
 func WithByNameRebuild(pageSize int, done func(slug string, r *ByNameRebuild, err error)) Option {
 	return func(s *Store) {
 		ctx, cancel := context.WithCancel(context.Background())
-		s.rebuilds = &rebuilds{ctx: ctx, cancel: cancel, page: pageSize, done: done, running: map[string]bool{}}
+		s.rebuilds = &rebuilds{ctx: ctx, cancel: cancel, page: pageSize, done: done, running: map[string]bool{}, ended: map[string]time.Time{}}
 	}
 }
 
-// rebuildTimeout bounds one background rebuild.
-const rebuildTimeout = 10 * time.Minute
+// rebuildTimeout bounds one background rebuild; rebuildCooldown is how
+// long after one ends no other starts for the same swarm (a writer that
+// keeps bypassing fenced would otherwise keep one running).
+const (
+	rebuildTimeout  = 10 * time.Minute
+	rebuildCooldown = 10 * time.Second
+)
 
 // rebuilds are the background by-name rebuilds of a Store.
 type rebuilds struct {
@@ -155,11 +226,13 @@ type rebuilds struct {
 
 	mu      sync.Mutex
 	running map[string]bool
+	ended   map[string]time.Time
 	closed  bool
 }
 
 // rebuildInBackground starts a rebuild of slug's by-name index unless one
-// runs or the Store has no WithByNameRebuild.
+// runs, one ended less than rebuildCooldown ago, or the Store has no
+// WithByNameRebuild.
 func (s *Store) rebuildInBackground(slug string) {
 	rb := s.rebuilds
 	if rb == nil {
@@ -167,8 +240,13 @@ func (s *Store) rebuildInBackground(slug string) {
 	}
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
-	if rb.closed || rb.running[slug] {
+	if rb.closed || rb.running[slug] || time.Since(rb.ended[slug]) < rebuildCooldown {
 		return
+	}
+	for s, t := range rb.ended { // forget old ends: the map stays small
+		if time.Since(t) >= rebuildCooldown {
+			delete(rb.ended, s)
+		}
 	}
 	rb.running[slug] = true
 	rb.wg.Add(1)
@@ -179,6 +257,7 @@ func (s *Store) rebuildInBackground(slug string) {
 		cancel()
 		rb.mu.Lock()
 		delete(rb.running, slug)
+		rb.ended[slug] = time.Now()
 		rb.mu.Unlock()
 		if rb.done != nil && !errors.Is(err, context.Canceled) {
 			rb.done(slug, r, err)

@@ -610,3 +610,37 @@ func TestRebuildDropsForeignIndexMembers(t *testing.T) {
 	}
 	diffByName(t, "after foreign members", byNameOf(t, srv, slug), map[string]string{"a": "a2", "b": "b1"})
 }
+
+// One rebuild per swarm at a time, across fenced replicas: while another
+// rebuild's claim is live, RebuildByName answers Busy and changes nothing;
+// a claim that expired is taken over; a finished rebuild leaves no claim.
+func TestRebuildClaimsTheSwarm(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "claimed"
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "a1", 0, `{"name":"a","generation":1}`)}})
+	index := key(slug, "by-name-index")
+	srv.Do(t, "HSET", key(slug, "by-name"), "a", `{"r":1,"v":"wrong"}`)
+	live := fmt.Sprintf("~rebuilding:%d:other-replica", redisNowMs(t, srv)+600_000)
+	srv.Do(t, "ZADD", index, "0", live)
+	r, err := st.RebuildByName(ctx, slug, 10)
+	if err != nil || !r.Busy || r.Clean {
+		t.Fatalf("RebuildByName beside a live claim = %+v, %v; want Busy", r, err)
+	}
+	if got := byNameOf(t, srv, slug)["a"]; got != "wrong" {
+		t.Errorf("by-name[a] after a Busy rebuild = %q, want it left alone", got)
+	}
+	srv.Do(t, "ZREM", index, live)
+	srv.Do(t, "ZADD", index, "0", fmt.Sprintf("~rebuilding:%d:dead-replica", redisNowMs(t, srv)-1))
+	r, err = st.RebuildByName(ctx, slug, 10)
+	if err != nil || r.Busy || !r.Clean || r.Fixed != 1 {
+		t.Fatalf("RebuildByName over an expired claim = %+v, %v; want clean, 1 entry fixed", r, err)
+	}
+	if got := byNameOf(t, srv, slug)["a"]; got != "a1" {
+		t.Errorf("by-name[a] after the rebuild = %q, want a1", got)
+	}
+	if got := srv.DoArray(t, "ZRANGEBYLEX", index, "[~", "+"); len(got) != 0 {
+		t.Errorf("flags left in the index after the rebuild: %q, want none", got)
+	}
+}

@@ -8,6 +8,12 @@
 -- KEYS[1] executions   KEYS[2] by-name   KEYS[3] by-name-index
 -- KEYS[4] revision
 -- ARGV[1] the step, ARGV[2] its cursor, ARGV[3] its page size:
+--   'claim', token, ttl_ms -> { 'OK' }: this rebuild's claim, the member
+--                            '~rebuilding:<expires_ms>:<token>', set or
+--                            renewed for ttl_ms (Redis's clock); { 'BUSY' }
+--                            when another token's claim has not expired:
+--                            another rebuild runs (another fenced replica)
+--   'release', token      -> { 'OK' }: its claim (and expired ones) removed
 --   'start'               -> { flag }: the '~stale' count now ('0': clean)
 --   'add', cursor         -> { cursor, n }: an HSCAN page of executions, each
 --                            record's member added (n records)
@@ -28,6 +34,30 @@
 --                            or another writer changed executions meanwhile)
 local EXEC, NAMES, INDEX, REV = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local step, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+-- Claims are flags (they start with '~', score 0: byte order stays the
+-- set's order, '~stale' with its count above them).
+local CLAIM = '~rebuilding:'
+if step == 'claim' or step == 'release' then
+  local now = now_ms()
+  local claims = redis.call('ZRANGEBYLEX', INDEX, '[' .. CLAIM, '(~rebuilding;', 'LIMIT', 0, 16)
+  for _, c in ipairs(claims) do
+    local expires, token = string.match(c, '^~rebuilding:(%d+):(.*)$')
+    if step == 'claim' and token ~= cursor and tonumber(expires or '0') > now then
+      return { 'BUSY' }
+    end
+  end
+  for _, c in ipairs(claims) do
+    local expires, token = string.match(c, '^~rebuilding:(%d+):(.*)$')
+    if token == cursor or tonumber(expires or '0') <= now then
+      redis.call('ZREM', INDEX, c)
+    end
+  end
+  if step == 'claim' then
+    redis.call('ZADD', INDEX, 0, CLAIM .. int(now + count) .. ':' .. cursor)
+  end
+  return { 'OK' }
+end
 
 if step == 'start' then
   return { byname.stale_count(INDEX) }
@@ -51,7 +81,7 @@ if step == 'verify' then
   local removed = 0
   for _, m in ipairs(members) do
     if string.sub(m, 1, 1) == '~' then
-      if m ~= byname.STALE then -- no flag fenced sets
+      if m ~= byname.STALE and string.sub(m, 1, #CLAIM) ~= CLAIM then -- no flag fenced sets
         redis.call('ZREM', INDEX, m)
         removed = removed + 1
       end
