@@ -41,7 +41,7 @@ func main() {
 // environment variable and default.
 type cli struct {
 	Serve   serveCmd   `cmd:"" help:"Serve the gRPC API."`
-	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only: layout, revision and stamp, lease, record counts, by-name consistency, newest log entries."`
+	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only (but --repair): layout, revision and stamp, lease, record counts, by-name and its index's consistency, newest log entries."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }
 
