@@ -31,6 +31,8 @@ type inspectCmd struct {
 	LogEntries int `name:"log-entries" default:"10" help:"How many of the newest log entries to show (0: none)."`
 	// PageSize is the HSCAN page size of the by-name check.
 	PageSize int `name:"page-size" default:"1000" help:"Fields read per HSCAN page when checking by-name against executions: large sections are read page by page, never in one call."`
+	// Repair rebuilds by-name's index and by-name before inspecting.
+	Repair bool `name:"repair" help:"Rebuild by-name's index from executions and set by-name from it first (writes; bounded steps of --page-size records, batches keep committing meanwhile), then inspect."`
 	// Timeout bounds the whole inspection.
 	Timeout time.Duration `default:"30s" help:"Give up after this long."`
 }
@@ -62,10 +64,20 @@ func (c *inspectCmd) Run(e *env) error {
 	defer closeStore()
 	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
 	defer cancel()
+	var repair *repairReport
+	if c.Repair {
+		r, err := st.RebuildByName(ctx, c.Slug, c.PageSize)
+		if err != nil {
+			return err
+		}
+		repair = &repairReport{Clean: r.Clean, Busy: r.Busy, Rounds: r.Rounds, Steps: r.Steps, Scanned: r.Scanned,
+			MembersRemoved: r.Removed, EntriesFixed: r.Fixed, EntriesRemoved: r.Extra}
+	}
 	rep, err := inspect(ctx, st, c.Slug, c.Sections, c.LogEntries, c.PageSize)
 	if err != nil {
 		return err
 	}
+	rep.ByName.Repair = repair
 	rep.Prefix = c.KeyPrefix
 	if c.JSON {
 		enc := json.NewEncoder(e.stdout)
@@ -142,10 +154,31 @@ type byNameReport struct {
 	ChangedDuringCheck bool             `json:"changed_during_check"`
 	Mismatches         []byNameMismatch `json:"mismatches"`
 	Unreadable         []string         `json:"unreadable"`
-	// Undecodable: executions records whose value the scripts cannot
-	// decode (stored by another writer: fenced refuses them); not indexed,
-	// and not judged.
-	Undecodable []string `json:"undecodable"`
+	// Index is by-name's index: IndexConsistent when it holds one
+	// member per executions record, none missing, not flagged;
+	// IndexEntries records it holds, IndexMissing executions records it
+	// lacks, IndexStale its flag (a batch found it not reflecting
+	// executions: rebuilt in the background, or by --repair).
+	IndexConsistent bool  `json:"index_consistent"`
+	IndexEntries    int64 `json:"index_entries"`
+	IndexMissing    int64 `json:"index_missing"`
+	IndexStale      bool  `json:"index_stale"`
+	// Repair is what --repair did; absent without it.
+	Repair *repairReport `json:"repair,omitempty"`
+}
+
+// repairReport is a rebuild of by-name's index (store.ByNameRebuild).
+type repairReport struct {
+	Clean bool `json:"clean"`
+	// Busy: another rebuild (a fenced replica) held the swarm's claim;
+	// nothing was done.
+	Busy           bool  `json:"busy"`
+	Rounds         int   `json:"rounds"`
+	Steps          int64 `json:"steps"`
+	Scanned        int64 `json:"scanned"`
+	MembersRemoved int64 `json:"members_removed"`
+	EntriesFixed   int64 `json:"entries_fixed"`
+	EntriesRemoved int64 `json:"entries_removed"`
 }
 
 type byNameMismatch struct {
@@ -229,16 +262,16 @@ func inspect(ctx context.Context, st *store.Store, slug string, sections []strin
 		Expected:           check.Names,
 		Executions:         check.Executions,
 		Consistent:         len(check.Mismatches) == 0 && len(check.Unreadable) == 0,
+		IndexConsistent:    check.IndexMissing == 0 && !o.ByNameIndexStale && o.ByNameIndex == check.Executions,
+		IndexEntries:       o.ByNameIndex,
+		IndexMissing:       check.IndexMissing,
+		IndexStale:         o.ByNameIndexStale,
 		ChangedDuringCheck: check.RevisionBefore != check.RevisionAfter,
 		Mismatches:         make([]byNameMismatch, len(check.Mismatches)),
 		Unreadable:         check.Unreadable,
-		Undecodable:        check.Undecodable,
 	}
 	if r.ByName.Unreadable == nil {
 		r.ByName.Unreadable = []string{}
-	}
-	if r.ByName.Undecodable == nil {
-		r.ByName.Undecodable = []string{}
 	}
 	for i, m := range check.Mismatches {
 		r.ByName.Mismatches[i] = byNameMismatch(m)
@@ -327,11 +360,29 @@ func (r *inspection) writeText(out io.Writer) error {
 			fmt.Fprintf(&b, "          ... and %d more (--json lists all)\n", n)
 		}
 	}
+	index := fmt.Sprintf("index   %d records, %d executions records missing", bn.IndexEntries, bn.IndexMissing)
+	switch {
+	case bn.IndexStale:
+		index += ", STALE (a writer bypassed fenced: rebuilt in the background, or run with --repair)"
+	case !bn.IndexConsistent:
+		index += ", DIFFERS from executions (run with --repair)"
+	default:
+		index += ", consistent"
+	}
+	fmt.Fprintf(&b, "          %s\n", index)
+	if r := bn.Repair; r != nil {
+		status := "clean"
+		switch {
+		case r.Busy:
+			status = "NOT DONE: another rebuild (fenced in the background) holds the swarm's claim; try again shortly"
+		case !r.Clean:
+			status = "NOT CLEAN: batches kept finding it stale (a writer keeps bypassing fenced)"
+		}
+		fmt.Fprintf(&b, "          repaired: %s; %d rounds, %d steps, %d records scanned, %d index members removed, %d entries set, %d removed\n",
+			status, r.Rounds, r.Steps, r.Scanned, r.MembersRemoved, r.EntriesFixed, r.EntriesRemoved)
+	}
 	if len(bn.Unreadable) > 0 {
 		fmt.Fprintf(&b, "          not records (skipped): %s\n", strings.Join(bn.Unreadable, ", "))
-	}
-	if len(bn.Undecodable) > 0 {
-		fmt.Fprintf(&b, "          values the scripts cannot decode (not indexed, skipped): %s\n", strings.Join(bn.Undecodable, ", "))
 	}
 
 	fmt.Fprintf(&b, "\nlog       newest %d of %d entries\n", len(r.Log.Entries), r.Log.Length)

@@ -41,7 +41,7 @@ func main() {
 // environment variable and default.
 type cli struct {
 	Serve   serveCmd   `cmd:"" help:"Serve the gRPC API."`
-	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only: layout, revision and stamp, lease, record counts, by-name consistency, newest log entries."`
+	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only (but --repair): layout, revision and stamp, lease, record counts, by-name and its index's consistency, newest log entries."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }
 
@@ -77,6 +77,9 @@ type serveCmd struct {
 	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit or lease change waits for replica acknowledgements."`
 	// RequestIDWindow is how long committed request ids are remembered.
 	RequestIDWindow time.Duration `env:"FENCED_REQUEST_ID_WINDOW" default:"10m" help:"How long a committed batch's request_id is remembered (retries inside it are answered, not rerun)."`
+	// ByNameRebuildPage is the records one step of a background by-name
+	// index rebuild reads; 0 turns the background rebuild off.
+	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, this many records per script (each about 2 ms of Redis time at 200); 0: never (fenced inspect --repair does it)."`
 	// MaxSnapshotRecords and MaxSnapshotBytes bound one Sections answer.
 	MaxSnapshotRecords int `env:"FENCED_MAX_SNAPSHOT_RECORDS" default:"20000" help:"Most records one Sections read may hold (counted before reading); larger sections are read with ScanSection."`
 	MaxSnapshotBytes   int `env:"FENCED_MAX_SNAPSHOT_BYTES" default:"4128768" help:"Largest Sections answer, in bytes (default: 4 MiB less 64 KiB, under gRPC clients' default receive limit)."`
@@ -220,6 +223,9 @@ func (c *serveCmd) Run(e *env) error {
 	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
 		return fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
 	}
+	if c.ByNameRebuildPage < 0 {
+		return fmt.Errorf("configuration: --by-name-rebuild-page must be >= 0")
+	}
 	if c.DrainDelay < 0 {
 		return fmt.Errorf("configuration: --drain-delay must be >= 0")
 	}
@@ -234,10 +240,14 @@ func (c *serveCmd) Run(e *env) error {
 	}
 	defer obs.stop()
 	durable := store.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
-	st, closeStore, err := c.open(log, obs.storeOption(),
+	opts := []store.Option{obs.storeOption(),
 		store.WithRequestIDWindow(c.RequestIDWindow),
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
-		store.WithLeaseDurability(durable))
+		store.WithLeaseDurability(durable)}
+	if c.ByNameRebuildPage > 0 {
+		opts = append(opts, store.WithByNameRebuild(c.ByNameRebuildPage, byNameRebuilt(log)))
+	}
+	st, closeStore, err := c.open(log, opts...)
 	if err != nil {
 		return err
 	}
@@ -319,4 +329,21 @@ func redactURL(raw string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// byNameRebuilt logs the end of a background by-name index rebuild.
+func byNameRebuilt(log *slog.Logger) func(string, *store.ByNameRebuild, error) {
+	return func(slug string, r *store.ByNameRebuild, err error) {
+		switch {
+		case err != nil:
+			log.Warn("by-name index rebuild failed; the next batch that finds it stale starts another", "slug", slug, "err", err)
+		case r.Busy:
+			log.Info("by-name index rebuild left to another (another fenced holds the swarm's claim)", "slug", slug)
+		case !r.Clean:
+			log.Warn("by-name index rebuilt but found stale again (a writer keeps bypassing fenced)", "slug", slug, "rounds", r.Rounds, "scanned", r.Scanned)
+		default:
+			log.Info("by-name index rebuilt", "slug", slug, "rounds", r.Rounds, "steps", r.Steps, "scanned", r.Scanned,
+				"members_removed", r.Removed, "entries_fixed", r.Fixed, "entries_removed", r.Extra)
+		}
+	}
 }

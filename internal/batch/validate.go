@@ -39,7 +39,7 @@ const MaxRequestIDLen = 128
 
 // reservedNames cannot be configured as sections: they name the swarm's other
 // keys (DESIGN §2), so a section of that name would overwrite them.
-var reservedNames = []string{MetaSection, "by-name", "revision", "log"}
+var reservedNames = []string{MetaSection, "by-name", "by-name-index", "revision", "log"}
 
 // Limits are the names and bounds a request must keep. The zero value is not
 // usable; start from DefaultLimits.

@@ -177,7 +177,7 @@ func New() *Metrics {
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
 		m.leaseLosses.WithLabelValues(r)
 	}
-	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection} {
+	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild} {
 		m.scriptDuration.WithLabelValues(s)
 	}
 	return m

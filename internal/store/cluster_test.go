@@ -71,6 +71,11 @@ func TestClusterBatchesOnEveryMaster(t *testing.T) {
 			if got := n.Do(t, "HGET", key(slug, "by-name"), "agent"); !strings.HasSuffix(got, `"v":"e1"}`) {
 				t.Errorf("round %d: %s by-name/agent = %q", round, slug, got)
 			}
+			// The script names the index without KEYS (same hash tag):
+			// it lives beside by-name, on the same master.
+			if got := n.Do(t, "ZCARD", key(slug, "by-name-index")); got != "1" {
+				t.Errorf("round %d: %s ZCARD by-name-index on its master = %s, want 1", round, slug, got)
+			}
 		}
 	}
 	commitAll(0)

@@ -52,6 +52,11 @@ type Committed struct {
 	Replayed bool
 	// ReplicasAcked is how many replicas acknowledged (Durability only).
 	ReplicasAcked int
+	// ByNameStale: the batch found by-name's index not to reflect
+	// executions (another writer changed them behind fenced) and flagged
+	// it; RebuildByName repairs it (a Store made WithByNameRebuild starts
+	// that in the background itself).
+	ByNameStale bool
 }
 
 // CommitDurable is Commit, then waits as d asks. When fewer replicas than
@@ -62,8 +67,8 @@ type Committed struct {
 func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability) (c Committed, err error) {
 	defer func() { s.observe.BatchDone(b, c, err) }()
 	k := s.keys(b.Slug)
-	keys, args := s.commitArgs(k, b)
-	reply, acked, err := s.execCommitting(ctx, k, commitScript, keys, args, d)
+	sc, keys, args := s.commitArgs(k, b)
+	reply, acked, err := s.execCommitting(ctx, k, sc, keys, args, d)
 	if err != nil {
 		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
@@ -71,7 +76,11 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	if err != nil {
 		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
-	c = Committed{Revision: rev, Replayed: len(reply) == 3, ReplicasAcked: acked}
+	c = Committed{Revision: rev, Replayed: len(reply) == 3 && reply[2] == "REPLAYED", ReplicasAcked: acked,
+		ByNameStale: len(reply) == 3 && reply[2] == "BYNAME_STALE"}
+	if c.ByNameStale {
+		s.rebuildInBackground(b.Slug)
+	}
 	if d.Replicas > 0 && acked < d.Replicas {
 		return c, fmt.Errorf("store: fenced batch: %w", &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas})
 	}
@@ -145,13 +154,23 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 	return reply, int(n), nil
 }
 
-// commitArgs lays out KEYS and ARGV as commit.lua expects them. The layout
-// is kept small on purpose: a one-record change sends its value plus well
-// under 512 bytes to Redis.
-func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
-	keys = append(make([]string, 0, 7+len(b.Writes)),
-		k.meta(), k.revision(), k.log(), k.byName(), k.section("executions"))
-	index := map[string]int{batch.MetaSection: 1, "executions": 5}
+// commitArgs picks the commit script for b and lays out KEYS and ARGV as
+// commit.lua expects them. The layout is kept small on purpose: a
+// one-record change sends its value plus under 512 bytes to Redis. Only a
+// batch that puts or deletes in executions runs the by-name variant and
+// sends the executions and by-name keys; any other batch sends neither (a check of executions sends the executions key, as
+// for any section).
+func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args []string) {
+	sc = commitScript
+	keys = append(make([]string, 0, 7+len(b.Writes)), k.meta(), k.revision(), k.log())
+	index := map[string]int{batch.MetaSection: 1}
+	if writesExecutions(b) {
+		sc = commitByNameScript
+		// by-name-index is not sent: byname.lua derives it from by-name
+		// (same hash tag), to keep a one-record change within budget.
+		keys = append(keys, k.section(executions), k.byName())
+		index[executions] = len(keys) - 1
+	}
 	mode, epoch, now, window, digest, owner := "-", "", "0", "", "", ""
 	if s.stamp {
 		mode = "s"
@@ -182,7 +201,20 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 	if s.stamp {
 		keys = append(keys, k.current)
 	}
-	return keys, args
+	return sc, keys, args
+}
+
+// executions is the section by-name is derived from.
+const executions = "executions"
+
+// writesExecutions reports whether b puts or deletes in executions.
+func writesExecutions(b *batch.Batch) bool {
+	for i := range b.Writes {
+		if w := &b.Writes[i]; w.Section == executions && (w.Kind == batch.KindPut || w.Kind == batch.KindDelete) {
+			return true
+		}
+	}
+	return false
 }
 
 // requestDigest is the SHA-256 (hex) of what a batch asks for: the slug,
@@ -219,7 +251,7 @@ var kindArg = map[batch.Kind]string{batch.KindPut: "p", batch.KindDelete: "d", b
 func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	switch reply[0] {
 	case "OK":
-		if len(reply) == 2 || len(reply) == 3 && reply[2] == "REPLAYED" {
+		if len(reply) == 2 || len(reply) == 3 && (reply[2] == "REPLAYED" || reply[2] == "BYNAME_STALE") {
 			return parseInt(reply[1])
 		}
 	case "REUSED":

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
 )
@@ -11,17 +12,23 @@ import (
 // script for b, for benchmarks and tools that call the script directly
 // (internal/bench). b must have passed batch.Limits.CheckBatch.
 func (s *Store) CommitScriptArgs(b *batch.Batch) (keys, args []string) {
-	return s.commitArgs(s.keys(b.Slug), b)
+	_, keys, args = s.commitArgs(s.keys(b.Slug), b)
+	return keys, args
 }
 
-// ExecCommitScript runs the commit script once with keys and args as built by
+// ExecCommitScript runs the commit script (the by-name variant when keys
+// carry by-name) once with keys and args as built by
 // CommitScriptArgs, through this Store's client (by SHA, EVAL on NOSCRIPT),
 // and returns the committed revision. It is the bare script call for
 // benchmarks and tools: any answer but OK is an error quoting the reply,
 // without Commit's mapping to domain errors and without its Cluster layout
 // retry.
 func (s *Store) ExecCommitScript(ctx context.Context, keys, args []string) (int64, error) {
-	reply, err := replyStrings(s.exec(ctx, commitScript, keys, args))
+	sc := commitScript
+	if len(keys) > 4 && keys[4] == s.keys(slugOf(keys[0])).byName() {
+		sc = commitByNameScript
+	}
+	reply, err := replyStrings(s.exec(ctx, sc, keys, args))
 	if err != nil {
 		return 0, fmt.Errorf("store: commit script: %w", classify(ctx, err))
 	}
@@ -29,4 +36,11 @@ func (s *Store) ExecCommitScript(ctx context.Context, keys, args []string) (int6
 		return 0, fmt.Errorf("store: commit script answered %q", reply)
 	}
 	return parseInt(reply[1])
+}
+
+// slugOf is the hash tag of a swarm key.
+func slugOf(key string) string {
+	_, rest, _ := strings.Cut(key, "{")
+	slug, _, _ := strings.Cut(rest, "}")
+	return slug
 }

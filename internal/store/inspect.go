@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/redis/rueidis"
 )
 
@@ -46,6 +45,12 @@ type Overview struct {
 	// the log stream (at most 1000).
 	ByName     int64
 	LogEntries int64
+	// ByNameIndex is the number of records by-name's index holds (one per
+	// executions field when it reflects executions); ByNameIndexStale is
+	// true while it is flagged as not reflecting them (a batch found a
+	// writer that bypassed fenced; RebuildByName clears it).
+	ByNameIndex      int64
+	ByNameIndexStale bool
 	// SectionRevisions is meta/section_revisions: section -> the revision
 	// of the last batch that put or deleted in it.
 	SectionRevisions map[string]int64
@@ -69,8 +74,9 @@ func (o *Overview) StampAgrees() bool {
 
 // Overview reads the layout, then in one short script the swarm revision,
 // the standalone stamp, the lease with Redis's clock, meta/epoch,
-// meta/leader_changes, meta/section_revisions, the log's length and the
-// record count of by-name and of each named section. Meta records that are
+// meta/leader_changes, meta/section_revisions, the log's length, the
+// record count of by-name and of each named section, and the size and
+// stale flag of by-name's index. Meta records that are
 // not readable are listed in Problems, not returned as errors. Errors:
 // ErrUnavailable, context errors, *RedisError, ErrMalformedReply.
 func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*Overview, error) {
@@ -79,7 +85,7 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 		return nil, err
 	}
 	k := s.keys(slug)
-	keys := append(make([]string, 0, 5+len(sections)), k.meta(), k.revision(), k.log(), k.byName())
+	keys := append(make([]string, 0, 6+len(sections)), k.meta(), k.revision(), k.log(), k.byName(), k.byNameIndex())
 	for _, name := range sections {
 		keys = append(keys, k.section(name))
 	}
@@ -92,7 +98,7 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	if err != nil {
 		return nil, fmt.Errorf("store: inspect: %w", classify(ctx, err))
 	}
-	if len(arr) != 10+len(sections) {
+	if len(arr) != 12+len(sections) {
 		return nil, fmt.Errorf("store: inspect: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(sections))
 	}
 	str := func(i int) (string, bool, error) {
@@ -171,8 +177,14 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	if o.ByName, err = num(9); err != nil {
 		return nil, err
 	}
+	if o.ByNameIndex, err = num(10); err != nil {
+		return nil, err
+	}
+	if _, o.ByNameIndexStale, err = str(11); err != nil {
+		return nil, err
+	}
 	for i, name := range sections {
-		if o.Records[name], err = num(10 + i); err != nil {
+		if o.Records[name], err = num(12 + i); err != nil {
 			return nil, err
 		}
 	}
@@ -228,8 +240,8 @@ func (s *Store) LogEntries(ctx context.Context, slug string, n int) ([]LogEntry,
 	return out, nil
 }
 
-// ByNameCheck compares a swarm's by-name hash with the one its executions
-// call for.
+// ByNameCheck compares a swarm's by-name hash and its index with what its
+// executions call for.
 type ByNameCheck struct {
 	// Executions is the number of executions fields scanned (HSCAN may
 	// return a field twice while Redis rehashes); Names the
@@ -238,21 +250,15 @@ type ByNameCheck struct {
 	Executions int64
 	Names      int
 	Entries    int64
+	// IndexMissing is the number of executions fields whose member
+	// by-name's index lacks (0 when the index reflects executions).
+	IndexMissing int64
 	// Mismatches, by name.
 	Mismatches []ByNameMismatch
 	// Unreadable lists fields that are not records, as "section/key":
 	// executions records are left out of the expected by-name, by-name
 	// entries are reported as mismatches too.
 	Unreadable []string
-	// Undecodable lists the executions records whose value the scripts
-	// cannot decode (batch.ScriptUndecodable: nesting deeper than 1000, a
-	// lone surrogate escape), as "executions/<id>". fenced refuses such
-	// values at input; another writer may still store one. They are not
-	// indexable: left out of the expected by-name, and a by-name entry that
-	// names one is not judged (commit.lua may have indexed a deeply nested
-	// value by a name it found without decoding), so neither is reported
-	// as a mismatch.
-	Undecodable []string
 	// RevisionBefore and RevisionAfter are the swarm revision before the
 	// first page and after the last: when they differ the swarm changed
 	// during the check, and a mismatch may be an artefact of the scan.
@@ -285,16 +291,15 @@ const (
 	ByNameWrongID = "wrong_id"
 )
 
-// CheckByName recomputes by-name from the executions section (each name
-// maps to the id of the record of that name with the highest numeric
-// generation, a missing or non-numeric generation counting as 0; ties go
-// to the greater id, compared as bytes; values the scripts cannot decode
-// are not indexed: the rule commit.lua keeps) and
-// compares it with the stored by-name hash. Both are read with HSCAN,
-// pageSize fields a page (a hint; at least 1), never as one long call:
-// when the swarm changes during the check, RevisionBefore and RevisionAfter
-// differ. Errors: ErrUnavailable, context errors, *RedisError,
-// ErrMalformedReply.
+// CheckByName recomputes by-name from the executions section and compares
+// it with the stored by-name hash, and counts the executions records its
+// index lacks. Executions are read through byname.lua, the one statement
+// of the rule (each name maps to the id of its record with the highest
+// generation, ties to the greater id), one HSCAN page a script; by-name
+// with HSCAN; pageSize fields a page (a hint; at least 1), never as one
+// long call: when the swarm changes during the check, RevisionBefore and
+// RevisionAfter differ. Errors: ErrUnavailable, context errors,
+// *RedisError, ErrMalformedReply.
 func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*ByNameCheck, error) {
 	pageSize = max(pageSize, 1)
 	k := s.keys(slug)
@@ -303,33 +308,36 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 	if r.RevisionBefore, err = s.revision(ctx, k); err != nil {
 		return nil, err
 	}
-	type best struct {
-		id  string
-		gen float64
-	}
-	want := map[string]best{}
-	undecodable := map[string]bool{}
-	err = s.hscan(ctx, k.section("executions"), pageSize, func(id, raw string) {
-		r.Executions++
-		rec, ok := parseRecord(raw)
-		if !ok {
-			r.Unreadable = append(r.Unreadable, "executions/"+id)
-			return
+	want := map[string]string{} // name -> its greatest member: the holder's
+	keys, page := []string{k.section(executions), k.byNameIndex()}, strconv.Itoa(pageSize)
+	for cursor := "0"; ; {
+		reply, err := replyStrings(s.exec(ctx, byNameCheckScript, keys, []string{cursor, page}))
+		if err != nil {
+			return nil, fmt.Errorf("store: check by-name: %w", classify(ctx, err))
 		}
-		if batch.ScriptUndecodable(rec.Value) != "" {
-			undecodable[id] = true
-			return
+		if len(reply)%2 != 1 {
+			return nil, fmt.Errorf("store: check by-name: %w: %d elements", ErrMalformedReply, len(reply))
 		}
-		name, gen, ok := agentName(rec.Value)
-		if !ok {
-			return
+		for i := 1; i < len(reply); i += 2 {
+			flags, m := reply[i], reply[i+1]
+			name, id, named, ok := parseMember(m)
+			if len(flags) != 2 || !ok {
+				return nil, fmt.Errorf("store: check by-name: %w: %q %q", ErrMalformedReply, flags, m)
+			}
+			r.Executions++
+			if flags[0] == 'u' {
+				r.Unreadable = append(r.Unreadable, "executions/"+id)
+			}
+			if flags[1] == 'm' {
+				r.IndexMissing++
+			}
+			if named && m > want[name] {
+				want[name] = m
+			}
 		}
-		if b, seen := want[name]; !seen || gen > b.gen || (gen == b.gen && id > b.id) {
-			want[name] = best{id: id, gen: gen}
+		if cursor = reply[0]; cursor == "0" {
+			break
 		}
-	})
-	if err != nil {
-		return nil, err
 	}
 	r.Names = len(want)
 	found := make(map[string]bool, len(want))
@@ -348,56 +356,49 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 		case json.Unmarshal([]byte(rec.Value), &got) != nil:
 			got = clipped(rec.Value)
 		}
-		w, expected := want[name]
+		m, expected := want[name]
+		_, wantID, _, _ := parseMember(m)
 		switch {
-		case ok && undecodable[got]:
-			// Not indexable: neither right nor wrong (see Undecodable).
 		case !expected:
 			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameExtra, Got: got})
-		case w.id != got || !ok:
-			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameWrongID, Want: w.id, Got: got})
+		case wantID != got || !ok:
+			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameWrongID, Want: wantID, Got: got})
 		}
 	})
 	if err != nil {
 		return nil, err
 	}
-	for name, w := range want {
+	for name, m := range want {
 		if !found[name] {
-			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameMissing, Want: w.id})
+			_, id, _, _ := parseMember(m)
+			r.Mismatches = append(r.Mismatches, ByNameMismatch{Name: name, Problem: ByNameMissing, Want: id})
 		}
 	}
 	slices.SortFunc(r.Mismatches, func(a, b ByNameMismatch) int { return strings.Compare(a.Name, b.Name) })
 	slices.Sort(r.Unreadable)
 	r.Unreadable = slices.Compact(r.Unreadable)
-	for id := range undecodable {
-		r.Undecodable = append(r.Undecodable, "executions/"+id)
-	}
-	slices.Sort(r.Undecodable)
 	if r.RevisionAfter, err = s.revision(ctx, k); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-// agentName reads "name" (a string) and "generation" (a number; else 0)
-// of an executions value, as commit.lua does (member names matched
-// exactly); ok is false when the value is not an object with a string
-// name.
-func agentName(value string) (name string, generation float64, ok bool) {
-	var v map[string]json.RawMessage
-	if json.Unmarshal([]byte(value), &v) != nil {
-		return "", 0, false
+// parseMember splits a by-name index member (byname.lua's header:
+// '<8 hex digits: len(name)><name><16 hex digits><id>', or '-<id>' for a
+// record without a name) into the name and the record id; named is false
+// for the second form, ok false when m is neither.
+func parseMember(m string) (name, id string, named, ok bool) {
+	if rest, found := strings.CutPrefix(m, "-"); found {
+		return "", rest, false, true
 	}
-	raw := v["name"]
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &name) != nil {
-		return "", 0, false
+	if len(m) < 8 {
+		return "", "", false, false
 	}
-	generation = 0
-	if g := v["generation"]; len(g) > 0 && (g[0] == '-' || g[0] >= '0' && g[0] <= '9') {
-		// As Lua's cjson: a number too large for a double is +/-Inf, not 0.
-		generation, _ = strconv.ParseFloat(string(g), 64)
+	n, err := strconv.ParseUint(m[:8], 16, 32)
+	if err != nil || uint64(len(m)) < 8+n+16 {
+		return "", "", false, false
 	}
-	return name, generation, true
+	return m[8 : 8+n], m[8+n+16:], true, true
 }
 
 // revision reads the swarm revision (0 when absent or not an integer).

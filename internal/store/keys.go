@@ -25,5 +25,9 @@ func (k swarmKeys) revision() string           { return k.base + "revision" }
 func (k swarmKeys) log() string                { return k.base + "log" }
 func (k swarmKeys) byName() string             { return k.base + "by-name" }
 
+// byNameIndex is the sorted set that orders each agent name's executions
+// by generation (byname.lua).
+func (k swarmKeys) byNameIndex() string { return k.base + "by-name-index" }
+
 // request is the key that remembers a committed batch's request id.
 func (k swarmKeys) request(id string) string { return k.base + "request:" + id }

@@ -17,6 +17,10 @@ const (
 	ScriptReadLease    = "read_lease"
 	ScriptScanSection  = "scan_section"
 	ScriptInspect      = "inspect"
+	// ScriptByNameRebuild is one step of RebuildByName; ScriptByNameCheck
+	// one page of CheckByName.
+	ScriptByNameRebuild = "by_name_rebuild"
+	ScriptByNameCheck   = "by_name_check"
 )
 
 // Observer is told what a Store sees as it talks to Redis, for metrics

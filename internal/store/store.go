@@ -34,19 +34,29 @@ func mustScript(name string) string {
 // committing prepends lib.lua, the helpers every committing script shares.
 func committing(name string) string { return mustScript("lib.lua") + "\n" + mustScript(name) }
 
+// withByName prepends lib.lua and byname.lua (the by-name rule and its
+// index) to a script.
+func withByName(name string) string {
+	return mustScript("lib.lua") + "\n" + mustScript("byname.lua") + "\n" + mustScript(name)
+}
+
 // The scripts are called by SHA, with EVAL as the fallback on NOSCRIPT
 // (after a restart, failover or SCRIPT FLUSH); LoadScripts loads them ahead
 // so that a first large batch is not sent twice. The commit is not
 // retryable: it is not idempotent.
 var (
-	commitScript       = newScript(ScriptCommit, committing("commit.lua"))
+	// commitScript is a batch that puts or deletes no execution: it runs
+	// without the by-name code (byname = nil) and is sent neither the
+	// by-name nor the executions key; commitByNameScript is any other.
+	commitScript       = newScript(ScriptCommit, mustScript("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua"))
+	commitByNameScript = newScript(ScriptCommit, withByName("commit.lua"))
 	leaseScript        = newScript(ScriptLease, committing("lease.lua"))
 	readSectionsScript = newScript(ScriptReadSections, mustScript("read_sections.lua"))
 	readRecordScript   = newScript(ScriptReadRecord, mustScript("read_record.lua"))
 	readLeaseScript    = newScript(ScriptReadLease, mustScript("read_lease.lua"))
 	readScanScript     = newScript(ScriptScanSection, mustScript("scan_section.lua"))
 
-	allScripts = []*script{commitScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript}
+	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript}
 )
 
 // script is a Lua script with its name (for the Observer), source and
@@ -85,6 +95,9 @@ type Store struct {
 	maxSnapshotRecords int
 	// observe is told of every script call, batch and lease operation.
 	observe Observer
+	// rebuilds runs by-name index rebuilds in the background; nil without
+	// WithByNameRebuild.
+	rebuilds *rebuilds
 }
 
 // DefaultMaxSnapshotRecords is the most records one Sections read holds by
@@ -188,5 +201,8 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the client.
-func (s *Store) Close() { s.client.Close() }
+// Close stops the background by-name rebuilds, then closes the client.
+func (s *Store) Close() {
+	s.rebuilds.stop()
+	s.client.Close()
+}

@@ -355,7 +355,7 @@ func TestEveryKeyCarriesHashTag(t *testing.T) {
 	slices.Sort(keys)
 	shared := prefix + ":swarm:state:fencing:current"
 	want := []string{shared}
-	for _, n := range append(slices.Clone(batch.DefaultSections), "meta", "by-name", "revision", "log") {
+	for _, n := range append(slices.Clone(batch.DefaultSections), "meta", "by-name", "by-name-index", "revision", "log") {
 		want = append(want, key("tagged.swarm-1", n))
 	}
 	slices.Sort(want)

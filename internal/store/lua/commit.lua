@@ -2,11 +2,16 @@
 -- fence and every revision, then writes all of the batch or nothing. No
 -- write happens before every check has passed: Redis has no rollback.
 --
+-- Two variants are built from this file (store.go): a batch that puts or
+-- deletes in executions runs it after byname.lua, which defines `byname`
+-- and keeps by-name and its index; any other batch runs it with
+-- `byname = nil` and sends neither key.
+--
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
--- KEYS[4] by-name     KEYS[5] executions  in mode 'r', KEYS[6] is the
--- batch's request key (P:{slug}:fence:request:<request_id>); then the other
--- sections the batch names; in mode 's', the last key is
--- P:state:fencing:current.
+-- with byname: KEYS[4] executions, KEYS[5] by-name (by-name-index is
+-- derived from it: see byname.lua); in mode 'r', the next key is the batch's request key
+-- (P:{slug}:fence:request:<request_id>); then the other sections the batch
+-- names; in mode 's', the last key is P:state:fencing:current.
 --
 -- ARGV[1] '<mode>:<epoch>:<now_ms>:<window_ms>:<digest>:<owner>'. mode:
 --         's' when standalone (stamp the last key), 'l' when the caller
@@ -26,6 +31,9 @@
 --
 -- Replies (all elements strings):
 --   {'OK', revision}
+--   {'OK', revision, 'BYNAME_STALE'}  committed; by-name's index was found
+--                                  not to reflect executions (flagged
+--                                  '~stale'): rebuild it (byname_rebuild.lua)
 --   {'OK', revision, 'REPLAYED'}   the request key named this request: it
 --                                  committed before; nothing was written
 --   {'REUSED'}                     the request key names another request
@@ -34,7 +42,9 @@
 --   {'LAYOUT_DOCUMENT'}
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
-local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
+local META, REV, LOG = 1, 2, 3
+local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
+local fixed_keys = byname and byname.FIXED_KEYS or 3
 
 local slug = string.match(KEYS[META], '{(.-)}')
 local mode, fence_epoch, caller_now, window, digest, fence_owner =
@@ -43,7 +53,7 @@ local stamp = string.find(mode, 's', 1, true) ~= nil
 local layout_checked = string.find(mode, 'l', 1, true) ~= nil
 local request_key = nil
 if string.find(mode, 'r', 1, true) then
-  request_key = KEYS[6]
+  request_key = KEYS[fixed_keys + 1]
 end
 
 -- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
@@ -62,71 +72,6 @@ do
     end
     a = a + 1
   end
-end
-
--- agent reads the "name" (a string) and "generation" of an executions
--- value (JSON text) as cjson would: {name=, generation=} or nil when the
--- value is not an object with a string name. Decoding a whole value is the
--- costliest part of a large batch, so a fast path finds both members with
--- plain searches when that is unambiguous: each key occurs once, at the top
--- level (no '{' or '[' before it, outside any string), the value has no
--- escapes and the generation is a plain number. Anything else is decoded.
-local function top_member(text, key)
-  local pos = string.find(text, key, 2, true)
-  if not pos then
-    return nil, true -- absent: unambiguous
-  end
-  if pos > 1024 or string.find(text, key, pos + 1, true) then
-    return nil, false
-  end
-  local prefix = string.sub(text, 2, pos - 1)
-  if string.find(prefix, '[%[{]') then
-    return nil, false
-  end
-  local _, quotes = string.gsub(prefix, '"', '')
-  if quotes % 2 ~= 0 then
-    return nil, false
-  end
-  return pos + #key, true
-end
-
-local function agent(text)
-  -- No escapes anywhere: a key spelled with \u escapes cannot hide a
-  -- duplicate "name" or "generation" from the plain searches.
-  if string.sub(text, 1, 1) == '{' and not string.find(text, '\\', 1, true) then
-    local npos, nok = top_member(text, '"name"')
-    local gpos, gok = top_member(text, '"generation"')
-    if nok and gok and npos then
-      local name = string.match(text, '^%s*:%s*"([^"\\]*)"%s*[,}]', npos)
-      local gen = 0
-      local plain = true
-      if gpos then
-        gen = tonumber(string.match(text, '^%s*:%s*(-?%d+%.?%d*[eE]?[-+]?%d*)%s*[,}]', gpos) or '')
-        plain = gen ~= nil
-      end
-      if name and plain then
-        return { name = name, generation = gen }
-      end
-    end
-  end
-  local ok, v = pcall(cjson.decode, text)
-  if ok and type(v) == 'table' and type(v.name) == 'string' then
-    return { name = v.name, generation = v.generation }
-  end
-  return nil
-end
-
--- stored_agent is agent of a stored executions field {"r":N,"v":VALUE}.
-local function stored_agent(raw)
-  local value = string.match(raw, '^{"r":%d+,"v":(.*)}$')
-  if value then
-    return agent(value)
-  end
-  local v = record_value(raw)
-  if type(v) == 'table' and type(v.name) == 'string' then
-    return { name = v.name, generation = v.generation }
-  end
-  return nil
 end
 
 -- 1. Layout: a swarm still stored as one document must be migrated first.
@@ -227,8 +172,7 @@ local head = '{"r":' .. rev .. ',"v":'
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
-local names = {}   -- agent names whose by-name entry may change
-local touched = {} -- executions id -> { old = value|nil, new = value|nil }
+local exec_writes = {} -- executions writes, for byname.commit
 for i = 1, n do
   local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
   if kind == 'p' then
@@ -239,109 +183,23 @@ for i = 1, n do
   if kind == 'p' or kind == 'd' then
     records = records + 1
     changed[string.match(KEYS[ki], '}:fence:(.*)$')] = true
-  end
-  if (kind == 'p' or kind == 'd') and ki == EXEC then
-    local t = {}
-    if old_exec[i] then
-      t.old = stored_agent(old_exec[i])
-    end
-    if kind == 'p' then
-      t.new = agent(value)
-    end
-    touched[key] = t
-    for _, v in pairs({ t.old, t.new }) do
-      if type(v) == 'table' and type(v.name) == 'string' then
-        names[v.name] = true
-      end
+    if ki == EXEC then
+      exec_writes[#exec_writes + 1] = { id = key, old = old_exec[i], new = value }
     end
   end
 end
 
--- by-name: agent name -> id of the executions record of that name with the
--- highest generation (ties: the greater id). Kept incrementally; the section
--- is scanned only when the current holder itself lost its place.
-local function generation(v)
-  if type(v.generation) == 'number' then
-    return v.generation
-  end
-  return 0
-end
-local function better(gen, id, best_gen, best_id)
-  return best_id == nil or gen > best_gen or (gen == best_gen and id > best_id)
-end
--- The touched records by the name of their new value, so that each name
--- looks at its own records only: a batch of n puts costs O(n), not O(n^2).
-local new_by_name = {}
-for id, t in pairs(touched) do
-  local v = t.new
-  if type(v) == 'table' and type(v.name) == 'string' then
-    local ids = new_by_name[v.name]
-    if ids == nil then
-      ids = {}
-      new_by_name[v.name] = ids
-    end
-    ids[#ids + 1] = id
-  end
-end
-for name in pairs(names) do
-  local holder = nil
-  local raw = redis.call('HGET', KEYS[BYNAME], name)
-  if raw then
-    holder = record_value(raw)
-    if type(holder) ~= 'string' then
-      holder = nil
-    end
-  end
-  local best_id, best_gen = nil, 0
-  for _, id in ipairs(new_by_name[name] or {}) do
-    local v = touched[id].new
-    if better(generation(v), id, best_gen, best_id) then
-      best_id, best_gen = id, generation(v)
-    end
-  end
-  local scan = false
-  if holder ~= nil then
-    local t = touched[holder]
-    if t == nil then
-      local er = redis.call('HGET', KEYS[EXEC], holder)
-      local v = er and stored_agent(er)
-      if type(v) == 'table' and v.name == name then
-        if better(generation(v), holder, best_gen, best_id) then
-          best_id, best_gen = holder, generation(v)
-        end
-      else
-        scan = true
-      end
-    else
-      -- The holder was written: its old place bounds every untouched record.
-      local old = t.old
-      local old_gen = (type(old) == 'table') and generation(old) or 0
-      if best_id == nil or better(old_gen, holder, best_gen, best_id) then
-        scan = true
-      end
-    end
-  end
-  if scan then
-    best_id, best_gen = nil, 0
-    local all = redis.call('HGETALL', KEYS[EXEC])
-    for j = 1, #all, 2 do
-      local v = stored_agent(all[j + 1])
-      if type(v) == 'table' and v.name == name and better(generation(v), all[j], best_gen, best_id) then
-        best_id, best_gen = all[j], generation(v)
-      end
-    end
-  end
-  if best_id == nil then
-    if raw then
-      redis.call('HDEL', KEYS[BYNAME], name)
-    end
-  elseif best_id ~= holder then
-    redis.call('HSET', KEYS[BYNAME], name, head .. json_string(best_id) .. '}')
-  end
+-- by-name follows executions (byname.lua).
+local byname_stale = false
+if byname then
+  byname_stale = byname.commit(exec_writes, head)
 end
 
 if request_key then
   redis.call('SET', request_key, rev .. ':' .. digest, 'PX', window)
 end
 finish_commit(rev, layout, stamp, slug, log_owner, records, changed, request_id)
+if byname_stale then
+  return { 'OK', rev, 'BYNAME_STALE' }
+end
 return { 'OK', rev }
