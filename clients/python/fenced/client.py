@@ -1,0 +1,334 @@
+"""The fenced client: one channel to fenced, methods mirroring its RPCs."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, TypeVar, Union
+
+import grpc
+
+from . import errors
+from .model import (
+    BatchResult,
+    Check,
+    CheckSection,
+    Current,
+    Delete,
+    Layout,
+    Lease,
+    LeaseFence,
+    Page,
+    Put,
+    Record,
+    ReplicaAck,
+    Snapshot,
+    Write,
+)
+from .v1 import lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
+
+if TYPE_CHECKING:
+    from .keeper import LeaseKeeper
+    from .update import Txn
+
+__all__ = ["Client", "MAX_MESSAGE_BYTES", "new_request_id"]
+
+MAX_MESSAGE_BYTES = 64 << 20
+"""The largest message the client sends or receives by default (64 MiB): room
+for a whole large swarm (sections) and the largest batch the server's default
+limits allow (8 MiB of values). As the Go client's MaxMessageBytes."""
+
+DEFAULT_TIMEOUT = 30.0
+"""Each call's default deadline, in seconds."""
+
+# The Go client's service config (client/client.go retryReads): read-only RPCs
+# are retried on UNAVAILABLE (4 attempts, 50 ms growing to 1 s); commits and
+# lease changes are never retried by the transport.
+_RETRY_READS = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [
+                    {"service": "fenced.v1.RecordsService", "method": "Layout"},
+                    {"service": "fenced.v1.RecordsService", "method": "Sections"},
+                    {"service": "fenced.v1.RecordsService", "method": "Record"},
+                    {"service": "fenced.v1.LeaseService", "method": "Current"},
+                ],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+# Channel options mirroring the Go client's Dial: keepalive pings every 30 s
+# of idleness with a 10 s timeout, 64 MiB messages both ways, reads retried.
+CHANNEL_OPTIONS: Sequence[tuple[str, Union[int, str]]] = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", _RETRY_READS),
+)
+
+_KINDS = {
+    Put: records_pb2.WRITE_KIND_PUT,
+    Delete: records_pb2.WRITE_KIND_DELETE,
+    Check: records_pb2.WRITE_KIND_CHECK,
+    CheckSection: records_pb2.WRITE_KIND_CHECK_SECTION,
+}
+
+T = TypeVar("T")
+
+
+def new_request_id() -> str:
+    """A fresh random request id: 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def _record(r: records_pb2.Record) -> Record:
+    return Record(revision=r.revision, value=r.value)
+
+
+def _lease(l: lease_pb2.Lease, revision: int = 0, replicas_acked: int = 0) -> Lease:
+    return Lease(l.owner, l.epoch, l.expires_at_ms, revision, replicas_acked)
+
+
+def _write(w: Write) -> records_pb2.RecordWrite:
+    kind = _KINDS.get(type(w))
+    if kind is None:
+        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check or CheckSection)")
+    return records_pb2.RecordWrite(
+        kind=kind,
+        section=w.section,
+        key=getattr(w, "key", ""),
+        expected=w.expected,
+        value=getattr(w, "value", ""),
+    )
+
+
+class Client:
+    """Calls one fenced deployment. Safe for concurrent use by threads.
+
+    ``Client(target)`` opens a gRPC channel to ``target`` (any gRPC target:
+    ``"host:7420"``, ``"dns:///fenced.ns:7420"``) with the Go client's defaults:
+    keepalive pings every 30 s (10 s timeout), messages up to
+    :data:`MAX_MESSAGE_BYTES` both ways, and transport retries of reads on
+    UNAVAILABLE only. Use it as a context manager, or call :meth:`close`.
+
+    Args:
+        target: where fenced listens.
+        token: a bearer token sent with every call ("authorization: Bearer
+            <token>"), as fenced's --auth-tokens-file checks. Sent over TLS
+            only, unless ``insecure_token`` is True.
+        tls: True for TLS with the system's roots, or grpc.ChannelCredentials
+            (grpc.ssl_channel_credentials(...)) ; None or False: plaintext.
+        insecure_token: also send ``token`` over plaintext (a connection
+            encrypted by other means: a mesh's mTLS, loopback, tests).
+        timeout: each call's deadline in seconds, unless the call is given one.
+        options: extra gRPC channel options, applied after the defaults.
+
+    Raises:
+        ValueError: a token over plaintext without ``insecure_token``.
+
+    Fork safety: a gRPC channel must not be used across ``fork()``. Create the
+    Client (and any LeaseKeeper) in the process that uses it, after forking
+    (multiprocessing with the "fork" start method included).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Union[bool, grpc.ChannelCredentials, None] = None,
+        insecure_token: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        options: Sequence[tuple[str, Union[int, str]]] = (),
+    ) -> None:
+        opts = list(CHANNEL_OPTIONS) + list(options)
+        if tls:
+            creds = grpc.ssl_channel_credentials() if tls is True else tls
+            channel = grpc.secure_channel(target, creds, options=opts)  # type: ignore[arg-type]
+        else:
+            if token is not None and not insecure_token:
+                raise ValueError("fenced client: a bearer token is sent over TLS only (pass tls=..., or insecure_token=True)")
+            channel = grpc.insecure_channel(target, options=opts)
+        self._init(channel, token=token, timeout=timeout, owns=True)
+
+    @classmethod
+    def from_channel(
+        cls, channel: grpc.Channel, *, token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> "Client":
+        """A Client over an existing channel (e.g. one with interceptors);
+        :meth:`close` then leaves the channel open."""
+        c = cls.__new__(cls)
+        c._init(channel, token=token, timeout=timeout, owns=False)
+        return c
+
+    def _init(self, channel: grpc.Channel, *, token: Optional[str], timeout: float, owns: bool) -> None:
+        self._channel = channel
+        self._owns = owns
+        self._timeout = timeout
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
+        self._records = records_pb2_grpc.RecordsServiceStub(channel)
+        self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
+
+    def close(self) -> None:
+        """Close the channel the Client opened (not one given to from_channel)."""
+        if self._owns:
+            self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., T], request: object, timeout: Optional[float]) -> T:
+        try:
+            return method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.decode(e) from e
+
+    # Records.
+
+    def layout(self, slug: str, *, timeout: Optional[float] = None) -> Layout:
+        """How the swarm's fencing state is stored. Raises FencedError."""
+        resp = self._call(self._records.Layout, records_pb2.LayoutRequest(slug=slug), timeout)
+        return Layout(resp.layout)
+
+    def record(self, slug: str, section: str, key: str, *, timeout: Optional[float] = None) -> Optional[Record]:
+        """One record (its revision and JSON text), or None when absent. Raises FencedError."""
+        return self.record_at(slug, section, key, timeout=timeout)[0]
+
+    def record_at(
+        self, slug: str, section: str, key: str, *, timeout: Optional[float] = None
+    ) -> tuple[Optional[Record], int]:
+        """One record (None when absent) and the swarm revision, read together. Raises FencedError."""
+        resp = self._call(self._records.Record, records_pb2.RecordRequest(slug=slug, section=section, key=key), timeout)
+        rec = _record(resp.record) if resp.HasField("record") else None
+        return rec, resp.revision
+
+    def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
+        """Whole sections (every section but archive when no names are given)
+        and the swarm revision, as one snapshot. Raises ResourceExhausted for a
+        snapshot over the server's limits (read it with scan_section), FencedError."""
+        resp = self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        return Snapshot(
+            revision=resp.revision,
+            sections={n: {k: _record(r) for k, r in s.records.items()} for n, s in resp.sections.items()},
+            section_revisions={n: s.revision for n, s in resp.sections.items()},
+        )
+
+    def scan_section(
+        self, slug: str, section: str, *, page_size: int = 0, timeout: Optional[float] = None
+    ) -> Iterator[Page]:
+        """Read a section page by page (a generator): at most ``page_size``
+        records a page (0: the server's default). Pages are not one snapshot:
+        a record may appear twice if the section changes during the scan;
+        compare the first and last pages' section_revision. Raises FencedError
+        (while iterating)."""
+        token = ""
+        while True:
+            req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
+            resp = self._call(self._records.ScanSection, req, timeout)
+            yield Page(
+                records={k: _record(r) for k, r in resp.records.items()},
+                revision=resp.revision,
+                section_revision=resp.section_revision,
+                next_page_token=resp.next_page_token,
+            )
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def fenced_batch(
+        self,
+        slug: str,
+        writes: Sequence[Write],
+        *,
+        fence: Optional[LeaseFence] = None,
+        request_id: Optional[str] = None,
+        replica_ack: Optional[ReplicaAck] = None,
+        timeout: Optional[float] = None,
+    ) -> BatchResult:
+        """Commit ``writes`` (Put, Delete, Check, CheckSection) all or none.
+
+        Args:
+            slug: the swarm.
+            writes: applied in order; each names the revision its record was read at.
+            fence: the lease condition (LeaseFence, LeaseKeeper.fence()); None: unfenced.
+            request_id: makes the batch idempotent (1-128 printable ASCII,
+                unique per change; :func:`new_request_id`): sent again inside
+                the server's window it answers the original revision and writes
+                nothing, so a batch whose reply was lost can be resent safely.
+            replica_ack: wait for replicas (ReplicationTimeout when too few).
+
+        Raises:
+            RevisionConflict, StaleLease, LayoutDocument, InvalidArgument,
+            RequestIdReused, ReplicationTimeout, Unavailable (it may or may not
+            have committed: resend with the same request_id), FencedError.
+        """
+        req = records_pb2.FencedBatchRequest(slug=slug, writes=[_write(w) for w in writes], request_id=request_id or "")
+        if fence is not None:
+            req.fence.CopyFrom(records_pb2.LeaseFence(owner=fence.owner, epoch=fence.epoch, now_ms=fence.now_ms))
+        if replica_ack is not None:
+            req.replica_ack.CopyFrom(records_pb2.ReplicaAck(replicas=replica_ack.replicas, timeout_ms=replica_ack.timeout_ms))
+        resp = self._call(self._records.FencedBatch, req, timeout)
+        return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
+
+    def update(
+        self,
+        slug: str,
+        change: Callable[["Txn"], None],
+        *,
+        fence: Optional[LeaseFence] = None,
+        replica_ack: Optional[ReplicaAck] = None,
+    ) -> int:
+        """Read, change, write as one fenced batch, rerun on conflict; see :func:`fenced.update.update`."""
+        from .update import update
+
+        return update(self, slug, change, fence=fence, replica_ack=replica_ack)
+
+    # Leases.
+
+    def acquire(self, slug: str, owner: str, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+        """Take the swarm's lease for ``ttl_ms`` ms (the live holder acquiring
+        again extends it and keeps its epoch). Raises LeaseHeld (holder,
+        retry_after), ReplicationTimeout (no lease is held: acquire again),
+        InvalidArgument, FencedError."""
+        resp = self._call(self._leases.Acquire, lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms), timeout)
+        return _lease(resp.lease, resp.revision, resp.replicas_acked)
+
+    def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+        """Extend the live lease of owner at epoch to ``ttl_ms`` ms from Redis's
+        now. Raises StaleLease (stop writing), ReplicationTimeout (not a
+        renewal), FencedError."""
+        req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
+        resp = self._call(self._leases.Renew, req, timeout)
+        return _lease(resp.lease, resp.revision, resp.replicas_acked)
+
+    def release(self, slug: str, owner: str, epoch: int, *, timeout: Optional[float] = None) -> int:
+        """End the live lease of owner at epoch; answers the revision it
+        committed at. Raises StaleLease, FencedError."""
+        req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
+        return self._call(self._leases.Release, req, timeout).revision
+
+    def current(self, slug: str, *, timeout: Optional[float] = None) -> Current:
+        """The swarm's lease, whether it is live, Redis's now (ms) and the swarm revision. Raises FencedError."""
+        resp = self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug), timeout)
+        lease = _lease(resp.lease) if resp.HasField("lease") else None
+        return Current(lease, resp.live, resp.now_ms, resp.revision)
+
+    def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> "LeaseKeeper":
+        """Acquire and keep the swarm's lease: see :class:`fenced.LeaseKeeper`."""
+        from .keeper import LeaseKeeper
+
+        return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)
