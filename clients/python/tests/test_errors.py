@@ -1,0 +1,134 @@
+"""Each typed exception from a real server answer, decoded from status details."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+import fenced
+from conftest import KEY_PREFIX, Redis, wait_until
+
+
+def test_revision_conflict_lists_every_conflict(client: fenced.Client, slug: str) -> None:
+    r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1"), fenced.Put("claims", "b", 0, "2")]).revision
+    with pytest.raises(fenced.RevisionConflict) as e:
+        client.fenced_batch(
+            slug,
+            [
+                fenced.Put("claims", "a", r1, "10"),  # fine
+                fenced.Put("claims", "b", 0, "20"),  # b exists: conflict
+                fenced.Check("claims", "absent/with/slash", r1),  # absent: conflict
+                fenced.CheckSection("claims", 0),  # the section changed: conflict
+            ],
+        )
+    err = e.value
+    assert err.code == grpc.StatusCode.ABORTED and err.reason == "REVISION_CONFLICT" and err.total == 3
+    assert list(err.conflicts) == [
+        fenced.Conflict("claims", "b", 1, 0, r1),
+        fenced.Conflict("claims", "absent/with/slash", 2, r1, 0),
+        fenced.Conflict("claims", "", 3, 0, r1),
+    ]
+    rec = client.record(slug, "claims", "a")
+    assert rec is not None and rec.value == "1"  # nothing was written
+
+
+def test_stale_controller_racing_a_takeover_is_refused_and_its_write_absent(client: fenced.Client, slug: str) -> None:
+    old = client.acquire(slug, "controller-old", ttl_ms=200)
+    wait_until(lambda: not client.current(slug).live, "the old lease to expire")
+    new = client.acquire(slug, "controller-new", ttl_ms=60_000)
+    assert new.epoch > old.epoch
+    with pytest.raises(fenced.StaleLease) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "T-1", 0, '"old"')], fence=old.fence())
+    err = e.value
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION and err.reason == "LEASE_STALE"
+    assert err.holder == fenced.Lease("controller-new", new.epoch, new.expires_at_ms)
+    assert client.record(slug, "claims", "T-1") is None
+    with pytest.raises(fenced.StaleLease):
+        client.renew(slug, "controller-old", old.epoch, ttl_ms=1000)
+
+
+def test_stale_lease_without_any_lease(client: fenced.Client, slug: str) -> None:
+    with pytest.raises(fenced.StaleLease) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.LeaseFence("nobody", 1))
+    assert e.value.holder is None and e.value.metadata.get("lease") == "absent"
+
+
+def test_lease_held_with_the_retry_delay(client: fenced.Client, slug: str) -> None:
+    held = client.acquire(slug, "holder", ttl_ms=60_000)
+    with pytest.raises(fenced.LeaseHeld) as e:
+        client.acquire(slug, "other", ttl_ms=1000)
+    err = e.value
+    assert err.holder == fenced.Lease("holder", held.epoch, held.expires_at_ms)
+    assert 0 < err.retry_after <= 60.0
+
+
+def test_request_id_reused(client: fenced.Client, slug: str) -> None:
+    rid = fenced.new_request_id()
+    first = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], request_id=rid).revision
+    with pytest.raises(fenced.RequestIdReused) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", first, "2")], request_id=rid)
+    err = e.value
+    assert isinstance(err, fenced.InvalidArgument)
+    assert [v.field for v in err.violations] == ["request_id"]
+
+
+def test_invalid_argument_names_every_field(client: fenced.Client, slug: str) -> None:
+    with pytest.raises(fenced.InvalidArgument) as e:
+        client.fenced_batch(
+            slug,
+            [fenced.Put("claims", "a", 0, "{not json"), fenced.Put("no-such-section", "b", 0, "1"),
+             fenced.Check("claims", "c", fenced.BLIND)],
+        )
+    err = e.value
+    assert not isinstance(err, fenced.RequestIdReused) and err.code == grpc.StatusCode.INVALID_ARGUMENT
+    fields = {v.field for v in err.violations}
+    assert {"writes[0].value", "writes[1].section", "writes[2].expected"} <= fields, fields
+    assert all(v.description for v in err.violations)
+    assert client.record(slug, "claims", "a") is None
+
+
+def test_replication_timeout_carries_the_committed_revision(client: fenced.Client, slug: str) -> None:
+    with pytest.raises(fenced.ReplicationTimeout) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")],
+                            replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=50))
+    err = e.value
+    assert isinstance(err, fenced.Unavailable) and (err.acked, err.wanted) == (0, 1)
+    rec = client.record(slug, "claims", "a")
+    assert rec is not None and rec.revision == err.revision  # it did commit
+
+
+def test_layout_document(client: fenced.Client, redis: Redis, slug: str) -> None:
+    redis.cli("HSET", f"{KEY_PREFIX}:swarm:state:fencing:current", slug, "{}")
+    assert client.layout(slug) == fenced.Layout.DOCUMENT
+    with pytest.raises(fenced.LayoutDocument) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and e.value.reason == "LAYOUT_DOCUMENT"
+
+
+def test_unavailable_when_redis_is_down(start_fenced) -> None:
+    f, r = start_fenced()
+    with fenced.Client(f.addr) as c:
+        c.fenced_batch("py-down", [fenced.Put("claims", "a", 0, "1")])
+        r.stop()
+        with pytest.raises(fenced.Unavailable) as e:
+            c.fenced_batch("py-down", [fenced.Put("claims", "b", 0, "1")], timeout=30)
+    assert not isinstance(e.value, fenced.ReplicationTimeout)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_unavailable_when_fenced_is_unreachable(server) -> None:
+    from conftest import free_port
+
+    with fenced.Client(f"127.0.0.1:{free_port()}") as c, pytest.raises(fenced.Unavailable) as e:
+        c.fenced_batch("py-nowhere", [fenced.Put("claims", "a", 0, "1")], timeout=10)
+    assert e.value.reason == ""
+
+
+def test_every_reason_row_is_reachable() -> None:
+    """The table has one row per (code, reason) and its fallbacks come last."""
+    seen = set()
+    for i, row in enumerate(fenced.REASONS):
+        assert (row.code, row.reason) not in seen
+        seen.add((row.code, row.reason))
+        if row.reason == "":
+            assert all(later.code != row.code for later in fenced.REASONS[i + 1:]), row
