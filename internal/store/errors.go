@@ -252,6 +252,10 @@ func RefusalReasons() []string {
 	return out
 }
 
+// Refusal classifies one Redis error reply text (without the leading '-')
+// by refusalTable: a *RefusalError, or nil when it is not a refusal.
+func Refusal(reply string) *RefusalError { return refused(reply) }
+
 // refused classifies one Redis error reply text; nil when it is not a
 // refusal of refusalTable. A script that called a refused command answers
 // the command's error code first, as Redis 7 passes it through (on older

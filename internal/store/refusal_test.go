@@ -263,11 +263,11 @@ func TestRefusalTableClassifiesEveryDocumentedReply(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(strings.Fields(tc.reply)[0], func(t *testing.T) {
 			got := ""
-			if r := store.ClassifyReply(tc.reply); r != nil {
+			if r := store.Refusal(tc.reply); r != nil {
 				got = r.Reason
 			}
 			if got != tc.reason {
-				t.Errorf("ClassifyReply(%q) reason = %q, want %q", tc.reply, got, tc.reason)
+				t.Errorf("Refusal(%q) reason = %q, want %q", tc.reply, got, tc.reason)
 			}
 		})
 	}
