@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +275,70 @@ func TestCallsAnswerUnavailableWhileRedisIsDown(t *testing.T) {
 			d := decode(t, err)
 			if d.code != codes.Unavailable || d.info.GetReason() != server.ReasonRedisUnavailable {
 				t.Errorf("%s with Redis down = %v %q (%v), want UNAVAILABLE REDIS_UNAVAILABLE", c.rpc, d.code, d.info.GetReason(), err)
+			}
+		})
+	}
+}
+
+// TestRedisRefusalsReachTheCaller: with Redis out of memory (maxmemory
+// below use, noeviction: the policy fenced requires) a batch and an Acquire
+// answer RESOURCE_EXHAUSTED REDIS_OUT_OF_MEMORY; with failing background
+// saves (MISCONF) a batch answers UNAVAILABLE REDIS_WRITE_ERROR; in both,
+// health turns NOT_SERVING, in agreement with the writes. Before: INTERNAL
+// with no details, while health said SERVING (OOM) or NOT_SERVING (MISCONF).
+func TestRedisRefusalsReachTheCaller(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		enter  func(t *testing.T, srv *redistest.Server)
+		code   codes.Code
+		reason string
+	}{
+		{"out of memory", nil, func(t *testing.T, srv *redistest.Server) {
+			srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+			srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
+		}, codes.ResourceExhausted, store.ReasonRedisOutOfMemory},
+		{"failing saves", []string{"--save", "3600 1"}, func(t *testing.T, srv *redistest.Server) {
+			// A directory in the place of the save's temporary file cannot
+			// be replaced by it (root ignores permissions).
+			if err := os.Mkdir(srv.Dir()+"/dump.rdb", 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(srv.Dir()+"/dump.rdb/x", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			srv.Do(t, "BGSAVE")
+			deadline := time.Now().Add(waitLimit)
+			for !strings.Contains(srv.Do(t, "INFO", "persistence"), "rdb_last_bgsave_status:err") {
+				if time.Now().After(deadline) {
+					t.Fatal("BGSAVE did not fail")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}, codes.Unavailable, store.ReasonRedisWriteError},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.WithArgs(tc.args...))
+			e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+			const slug = "refused"
+			awaitHealth(t, e, "fenced", serving)
+			rev := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
+			tc.enter(t, srv)
+			_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
+				Writes: []*fencedv1.RecordWrite{put("intents", "a", rev, `2`), put("intents", "b", 0, `3`)}})
+			d := decode(t, err)
+			if d.code != tc.code || d.info.GetReason() != tc.reason {
+				t.Errorf("FencedBatch = %v %q (%v), want %v %s", d.code, d.info.GetReason(), err, tc.code, tc.reason)
+			}
+			_, err = fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctxT(t), &fencedv1.AcquireRequest{Slug: slug, Owner: "o-1", TtlMs: 60000})
+			d = decode(t, err)
+			if d.code != tc.code || d.info.GetReason() != tc.reason {
+				t.Errorf("Acquire = %v %q (%v), want %v %s", d.code, d.info.GetReason(), err, tc.code, tc.reason)
+			}
+			awaitHealth(t, e, "fenced", notServing)
+			if got := srv.Do(t, "HGET", redisKey(slug, "intents"), "b"); got != "" {
+				t.Errorf("intents/b = %q after a refused batch, want absent", got)
 			}
 		})
 	}
