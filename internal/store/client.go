@@ -80,6 +80,9 @@ func (e *Embedded) Open(prefix string, opts ...Option) (*Store, error) {
 		client.Close()
 		return nil, err
 	}
+	// miniredis has neither ROLE nor CONFIG, and never evicts: no warnings.
+	s.roleRefused.Store(true)
+	s.configRefused.Store(true)
 	return s, nil
 }
 
