@@ -54,6 +54,7 @@ const (
 // ErrorKind sorts an error of internal/store into one of the Kind* values.
 func ErrorKind(err error) string {
 	var re *store.RedisError
+	var refusal *store.RefusalError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return KindTimeout
@@ -61,7 +62,7 @@ func ErrorKind(err error) string {
 		return KindCanceled
 	case errors.Is(err, store.ErrUnavailable):
 		return KindUnavailable
-	case errors.As(err, &re):
+	case errors.As(err, &re), errors.As(err, &refusal): // out of memory: the one refusal not "unavailable"
 		return KindRedis
 	case errors.Is(err, store.ErrMalformedReply):
 		return KindMalformed
