@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -233,10 +234,11 @@ func TestRedisRefusalsCarryTheirReason(t *testing.T) {
 
 // TestRefusalTableClassifiesEveryDocumentedReply runs the refusal table on
 // the replies Redis documents for a write, including those no loopback
-// Redis can be put into cheaply (TRYAGAIN and CLUSTERDOWN need a resharding
-// or failing cluster whose timing tests cannot pin; NOSCRIPT never reaches a
-// caller, as scripts fall back to EVAL; NOAUTH and WRONGPASS come at
-// connection time), and on text that only looks like one.
+// Redis can be put into cheaply (TRYAGAIN needs a slot migrating under a
+// multi-key call, whose timing a test cannot pin; CLUSTERDOWN has its own
+// test below; NOSCRIPT never reaches a caller, as scripts fall back to EVAL;
+// NOAUTH and WRONGPASS come at connection time), and on text that only looks
+// like one.
 func TestRefusalTableClassifiesEveryDocumentedReply(t *testing.T) {
 	tests := []struct {
 		reply, reason string
@@ -273,5 +275,43 @@ func TestRefusalTableClassifiesEveryDocumentedReply(t *testing.T) {
 	}
 	if n := len(store.RefusalReasons()); n != 11 {
 		t.Errorf("RefusalReasons() has %d reasons, want 11: %q", n, store.RefusalReasons())
+	}
+}
+
+// TestClusterDownIsARefusal: a Redis Cluster that lost a master with no
+// replica to replace it (cluster_state:fail) refuses every command with
+// -CLUSTERDOWN; rueidis retries it until the call's bound is near, then the
+// Store answers REDIS_CLUSTER_DOWN, not a bare error or a hang.
+func TestClusterDownIsARefusal(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	st, err := store.Open(c.URL(), prefix, store.WithRedisTimeout(time.Second))
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", c.URL(), err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	mustCommit(t, st, &batch.Batch{Slug: "down", Writes: []batch.Write{put("intents", "a", 0, `1`)}})
+	nodes := c.Nodes()
+	nodes[len(nodes)-1].Kill(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(nodes[0].Do(t, "CLUSTER", "INFO"), "cluster_state:fail") {
+		if time.Now().After(deadline) {
+			t.Fatal("the cluster did not fail within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Swarms whose slot is on the killed node are unreachable; the others
+	// are refused: try a few slugs.
+	var re *store.RefusalError
+	for i := 0; ; i++ {
+		slug := "down-" + strconv.Itoa(i%16)
+		_, err := st.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("intents", "b", 0, `2`)}})
+		if errors.As(err, &re) && re.Reason == store.ReasonRedisClusterDown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Commit on a failed cluster = %v, want a *store.RefusalError with reason %s", err, store.ReasonRedisClusterDown)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
