@@ -74,8 +74,11 @@ func WithLogger(l *slog.Logger) Option {
 // cause.
 func (s *Store) bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
 	d := s.timeout + extra
+	parent, hasParent := ctx.Deadline()
 	ctx, cancel := context.WithTimeoutCause(ctx, d, errRedisTimeout)
-	if dl, ok := ctx.Deadline(); ok {
+	// Mark the deadline as the Store's own only when it is the one in force:
+	// a caller's earlier deadline stays a deadline (classify).
+	if dl, ok := ctx.Deadline(); ok && (!hasParent || dl.Before(parent)) {
 		ctx = context.WithValue(ctx, boundKey{}, dl)
 	}
 	return ctx, cancel
