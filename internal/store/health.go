@@ -255,41 +255,43 @@ func (s *Store) classify(ctx context.Context, err error) error {
 
 // minRedialInterval spaces reconnects: a demoted node answers every call
 // with -READONLY, and one new client per interval is enough.
-const minRedialInterval = 500 * time.Millisecond
+const minRedialInterval = time.Second
 
-// closeGrace is how long a replaced client stays open for the calls still
-// running on it.
-const closeGrace = 30 * time.Second
+// closeGrace is how long a replaced client stays open, beyond the Redis
+// timeout, for the calls still running on it.
+const closeGrace = 10 * time.Second
 
 // reconnect replaces the client with a new one, dialled in the background
-// (at most once per minRedialInterval), on a standalone or Sentinel Redis;
-// on Cluster rueidis follows the topology itself. The old client is closed
-// after closeGrace. When dialling fails, the old client stays and the next
-// refusal tries again.
+// (one dial at a time, at most one per minRedialInterval), on a standalone
+// or Sentinel Redis; on Cluster rueidis follows the topology itself. The
+// old client is closed after the Redis timeout plus closeGrace. When
+// dialling fails, the old client stays and the next refusal tries again.
+// Callers never wait for the dial.
 func (s *Store) reconnect(why string) {
 	if s.dial == nil || !s.stamp {
 		return
 	}
 	s.redial.Lock()
-	if s.closed || time.Since(s.lastRedialAt) < minRedialInterval {
+	if s.closed || s.dialing || time.Since(s.lastRedialAt) < minRedialInterval {
 		s.redial.Unlock()
 		return
 	}
-	s.lastRedialAt = time.Now()
+	s.dialing, s.lastRedialAt = true, time.Now()
 	s.redial.Unlock()
 	go func() {
+		client, err := s.dial()
 		s.redial.Lock()
 		defer s.redial.Unlock()
-		if s.closed {
-			return
-		}
-		client, err := s.dial()
-		if err != nil {
+		s.dialing, s.lastRedialAt = false, time.Now()
+		switch {
+		case err != nil:
 			s.log.Warn("redis cannot take writes; reconnecting failed, will retry", "why", why, "err", err)
-			return
+		case s.closed:
+			client.Close()
+		default:
+			old := s.client.Swap(&client)
+			s.log.Warn("redis cannot take writes; reconnected", "why", why)
+			time.AfterFunc(s.timeout+closeGrace, (*old).Close)
 		}
-		old := s.client.Swap(&client)
-		s.log.Warn("redis cannot take writes; reconnected", "why", why)
-		time.AfterFunc(closeGrace, (*old).Close)
 	}()
 }

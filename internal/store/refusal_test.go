@@ -332,7 +332,9 @@ func TestRedisTimeoutBoundsEveryCall(t *testing.T) {
 	}
 	sleeper := rawClient(t, srv.Addr())
 	slept := make(chan error, 1)
-	go func() { slept <- sleeper.Do(context.Background(), sleeper.B().Arbitrary("DEBUG", "SLEEP", "3").Build()).Error() }()
+	go func() {
+		slept <- sleeper.Do(context.Background(), sleeper.B().Arbitrary("DEBUG", "SLEEP", "3").Build()).Error()
+	}()
 	t.Cleanup(func() { <-slept })
 	// The first call to fail is one that met the sleep.
 	err = awaitErr(t, "Record while Redis sleeps", func() error {

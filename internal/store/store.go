@@ -84,6 +84,7 @@ type Store struct {
 	redial       sync.Mutex
 	lastRedialAt time.Time
 	closed       bool // under redial
+	dialing      bool // under redial: a reconnect is dialling
 	// timeout bounds every call to Redis (WithRedisTimeout).
 	timeout time.Duration
 	// allowEviction: serve on a Redis that may evict keys (WithAllowEviction).
@@ -202,8 +203,8 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 // Close closes the client (and stops reconnecting).
 func (s *Store) Close() {
 	s.redial.Lock()
+	defer s.redial.Unlock()
 	s.closed = true
-	s.redial.Unlock()
 	s.c().Close()
 }
 
