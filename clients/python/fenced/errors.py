@@ -17,8 +17,11 @@ FAILED_PRECONDITION    LAYOUT_DOCUMENT      :class:`LayoutDocument`
 INVALID_ARGUMENT       REQUEST_ID_REUSED    :class:`RequestIdReused`
 INVALID_ARGUMENT       (any other)          :class:`InvalidArgument`
 UNAVAILABLE            REPLICATION_TIMEOUT  :class:`ReplicationTimeout`
+UNAVAILABLE            REDIS_UNAVAILABLE    :class:`Unavailable`
+UNAVAILABLE            REDIS_* (others)     :class:`RedisRefusal`
 UNAVAILABLE            (any other)          :class:`Unavailable`
-RESOURCE_EXHAUSTED     (any)                :class:`ResourceExhausted`
+RESOURCE_EXHAUSTED     REDIS_*              :class:`RedisRefusal`
+RESOURCE_EXHAUSTED     (any other)          :class:`ResourceExhausted`
 (any other)            (any)                :class:`FencedError`
 =====================  ===================  ==================================
 
@@ -30,6 +33,7 @@ people, never to be parsed).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from typing import Callable, Mapping, Optional, Sequence
 
 import grpc
@@ -46,6 +50,8 @@ __all__ = [
     "LayoutDocument",
     "LeaseHeld",
     "REASONS",
+    "Reason",
+    "RedisRefusal",
     "RequestIdReused",
     "ReplicationTimeout",
     "ResourceExhausted",
@@ -193,6 +199,17 @@ class ReplicationTimeout(Unavailable):
     wanted: int = 0
 
 
+class RedisRefusal(Unavailable):
+    """fenced's Redis refused the call for a state of its own that an operator
+    fixes: ``reason`` says which (REDIS_OUT_OF_MEMORY, answered
+    RESOURCE_EXHAUSTED; REDIS_READ_ONLY, REDIS_WRITE_ERROR, REDIS_NO_REPLICAS,
+    REDIS_BUSY, REDIS_LOADING, REDIS_MASTER_DOWN, REDIS_TRY_AGAIN,
+    REDIS_CLUSTER_DOWN, REDIS_NO_SCRIPT, REDIS_NOT_PERMITTED, REDIS_MAY_EVICT,
+    answered UNAVAILABLE). An Unavailable, as the Go client's
+    RedisRefusalError matches ErrUnavailable: retry later, under the same
+    request_id for a batch."""
+
+
 class ResourceExhausted(FencedError):
     """RESOURCE_EXHAUSTED: the answer or request is over a server limit
     (e.g. SNAPSHOT_TOO_LARGE: read the section with scan_section)."""
@@ -281,19 +298,25 @@ _Filler = Callable[[FencedError, _Details], None]
 
 @dataclasses.dataclass(frozen=True)
 class Reason:
-    """One row of :data:`REASONS`: answers with this code and ErrorInfo reason
-    become ``error``, whose fields ``fill`` sets from the details. A reason of
-    "" matches any reason of that code (a fallback row)."""
+    """One row of :data:`REASONS`: answers with this code and an ErrorInfo
+    reason matching ``reason`` become ``error``, whose fields ``fill`` sets
+    from the details. ``reason`` is a name, or a pattern (``REDIS_*``); ""
+    matches any reason of that code (a fallback row)."""
 
     code: grpc.StatusCode
     reason: str
     error: type[FencedError]
     fill: Optional[_Filler] = None
 
+    def matches(self, code: grpc.StatusCode, reason: str) -> bool:
+        """Whether an answer with this code and reason is this row's."""
+        return self.code == code and (self.reason == "" or fnmatch.fnmatchcase(reason, self.reason))
 
-# REASONS is the one table of decoded errors, first match wins; fallbacks for
-# a code (reason "") come after its specific rows. The reason names are
-# fenced's ErrorInfo reasons (internal/server/errors.go).
+
+# REASONS is the one table of decoded errors, first match wins: exact names
+# before the patterns they would also match, fallbacks (reason "") last. The
+# reason names are fenced's ErrorInfo reasons (internal/server/errors.go and
+# store's ReasonRedis*), the rows those of the Go client's Decode.
 REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.ABORTED, "REVISION_CONFLICT", RevisionConflict, _conflict),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.FAILED_PRECONDITION, "LEASE_STALE", StaleLease, _stale),  # type: ignore[arg-type]
@@ -302,7 +325,10 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED", RequestIdReused, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.INVALID_ARGUMENT, "", InvalidArgument, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.UNAVAILABLE, "REPLICATION_TIMEOUT", ReplicationTimeout, _replication),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE", Unavailable),
+    Reason(grpc.StatusCode.UNAVAILABLE, "REDIS_*", RedisRefusal),
     Reason(grpc.StatusCode.UNAVAILABLE, "", Unavailable),
+    Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "REDIS_*", RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
 )
 
@@ -350,7 +376,7 @@ def decode(err: grpc.RpcError) -> FencedError:
     reason = d.info.reason if d.info is not None else ""
     metadata = dict(d.info.metadata) if d.info is not None else {}
     for row in REASONS:
-        if row.code == code and row.reason in ("", reason):
+        if row.matches(code, reason):
             out = row.error(message or "", code=code, reason=reason, metadata=metadata)
             if row.fill is not None:
                 row.fill(out, d)

@@ -124,11 +124,42 @@ def test_unavailable_when_fenced_is_unreachable(server) -> None:
     assert e.value.reason == ""
 
 
+def test_redis_out_of_memory_is_a_redis_refusal(start_fenced) -> None:
+    f, r = start_fenced()
+    with fenced.Client(f.addr) as c:
+        rev = c.fenced_batch("py-oom", [fenced.Put("intents", "a", 0, "1")]).revision
+        r.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        r.cli("CONFIG", "SET", "maxmemory", "1")
+        with pytest.raises(fenced.RedisRefusal) as e:
+            c.fenced_batch("py-oom", [fenced.Put("intents", "a", rev, "2"), fenced.Put("intents", "b", 0, "3")])
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.reason == "REDIS_OUT_OF_MEMORY"
+        assert isinstance(e.value, fenced.Unavailable)  # retry later, as the Go client's ErrUnavailable
+        with pytest.raises(fenced.RedisRefusal):
+            c.acquire("py-oom", "o-1", ttl_ms=60_000)
+        r.cli("CONFIG", "SET", "maxmemory", "0")
+        assert c.record("py-oom", "intents", "b") is None
+
+
+@pytest.mark.parametrize(
+    "code, reason, want",
+    [
+        (grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE", fenced.Unavailable),
+        (grpc.StatusCode.UNAVAILABLE, "REDIS_READ_ONLY", fenced.RedisRefusal),
+        (grpc.StatusCode.UNAVAILABLE, "", fenced.Unavailable),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "REDIS_OUT_OF_MEMORY", fenced.RedisRefusal),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "SNAPSHOT_TOO_LARGE", fenced.ResourceExhausted),
+        (grpc.StatusCode.FAILED_PRECONDITION, "SOMETHING_ELSE", fenced.FencedError),
+        (grpc.StatusCode.INTERNAL, "LEASE_STALE", fenced.FencedError),
+    ],
+)
+def test_reason_table_rows(code: grpc.StatusCode, reason: str, want: type) -> None:
+    row = next((r for r in fenced.REASONS if r.matches(code, reason)), None)
+    got = row.error if row is not None else fenced.FencedError
+    assert got is want, (code, reason)
+
+
 def test_every_reason_row_is_reachable() -> None:
-    """The table has one row per (code, reason) and its fallbacks come last."""
-    seen = set()
+    """No row is shadowed by an earlier one of the same code."""
     for i, row in enumerate(fenced.REASONS):
-        assert (row.code, row.reason) not in seen
-        seen.add((row.code, row.reason))
-        if row.reason == "":
-            assert all(later.code != row.code for later in fenced.REASONS[i + 1:]), row
+        for earlier in fenced.REASONS[:i]:
+            assert not (earlier.code == row.code and earlier.matches(row.code, row.reason or "ANY_OTHER")), (earlier, row)
