@@ -31,6 +31,10 @@ const (
 	ReasonRequestIDReused  = "REQUEST_ID_REUSED"
 	ReasonReplication      = "REPLICATION_TIMEOUT"
 	ReasonSnapshotTooLarge = "SNAPSHOT_TOO_LARGE"
+	// ReasonTooManyReplicaWaits: the process or the swarm has as many
+	// replica acknowledgement waits in flight as it allows; nothing was
+	// written.
+	ReasonTooManyReplicaWaits = "TOO_MANY_REPLICA_WAITS"
 )
 
 // MaxConflictDetails and MaxConflictDetailBytes (of subjects, section/key)
@@ -72,6 +76,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
 	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
 	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
+	{is(store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
 	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
 }

@@ -129,6 +129,7 @@ func TestErrorTable(t *testing.T) {
 			errInfo("REPLICATION_TIMEOUT", map[string]string{"revision": "9", "replicas_acked": "1", "replicas_wanted": "2"})}},
 		{"replication timeout sentinel alone", store.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
 		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
+		{"replica waits exhausted", fmt.Errorf("%w: 64 for swarm s, its limit", store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, []proto.Message{errInfo("TOO_MANY_REPLICA_WAITS", nil)}},
 		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
 		{"canceled", context.Canceled, codes.Canceled, nil},
 		{"deadline exceeded", context.DeadlineExceeded, codes.DeadlineExceeded, nil},

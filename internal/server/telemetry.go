@@ -18,6 +18,16 @@ type Telemetry struct {
 	// StatsHandler sees every RPC from the transport up: OpenTelemetry
 	// tracing (otelgrpc.NewServerHandler).
 	StatsHandler stats.Handler
+	// Limits is told how full the bounded resources are (connections,
+	// health watchers) and of every refusal over a bound.
+	Limits LimitObserver
+}
+
+func (t Telemetry) limits() LimitObserver {
+	if t.Limits == nil {
+		return nopLimits{}
+	}
+	return t.Limits
 }
 
 func (t Telemetry) unary() grpc.UnaryServerInterceptor {

@@ -85,6 +85,8 @@ type Store struct {
 	maxSnapshotRecords int
 	// observe is told of every script call, batch and lease operation.
 	observe Observer
+	// waits bounds the replica waits in flight (waits.go).
+	waits *waitSlots
 }
 
 // DefaultMaxSnapshotRecords is the most records one Sections read holds by
@@ -142,6 +144,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		requestWindow:      DefaultRequestIDWindow,
 		maxSnapshotRecords: DefaultMaxSnapshotRecords,
 		observe:            nopObserver{},
+		waits:              newWaitSlots(),
 	}
 	for _, o := range opts {
 		o(s)
