@@ -139,7 +139,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		defer s.calls.Add(-1)
 		return h(srv, ss)
 	}
-	s.grpc = grpc.NewServer(append(s.transport.serverOptions(),
+	s.grpc = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
@@ -269,7 +269,7 @@ func (s *Server) Drain() { s.health.Shutdown() }
 // after Shutdown.
 func (s *Server) ServeHealth(lis net.Listener) error {
 	s.healthOnly.Do(func() {
-		s.healthSrv = grpc.NewServer(s.transport.serverOptions()...)
+		s.healthSrv = grpc.NewServer(s.transport.serverOptions(s.bounded)...)
 		healthpb.RegisterHealthServer(s.healthSrv, s.bounded)
 	})
 	if s.healthSrv == nil { // Shutdown came first

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/tap"
 )
 
 // Transport bounds what one caller can hold of the gRPC transport:
@@ -133,9 +135,11 @@ func (t Transport) withDefaults() Transport {
 	return t
 }
 
-// serverOptions are the grpc.Server options of t (defaults applied).
-func (t Transport) serverOptions() []grpc.ServerOption {
+// serverOptions are the grpc.Server options of t (defaults applied), with
+// h's early refusal of Watch streams over its bound.
+func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.InTapHandle(h.tap),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: t.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:              t.KeepaliveTime,
@@ -155,14 +159,34 @@ type boundedHealth struct {
 	obs  LimitObserver
 }
 
+// watchMethod is the full name of health's Watch.
+var watchMethod = "/" + healthpb.Health_ServiceDesc.ServiceName + "/Watch"
+
+// refuseWatch is the status of a Watch over the bound.
+func refuseWatch() error {
+	return fitTrailers(codes.ResourceExhausted, "too many health Watch streams open; poll with Check, or retry later",
+		reason(ReasonTooManyHealthWatchers)(nil)).Err()
+}
+
+// tap refuses a Watch over the bound as soon as its headers are read
+// (grpc.InTapHandle): no stream goroutine, interceptor or handler runs for
+// it, so that a flood of refused Watch attempts costs little CPU. Watch
+// checks again, for attempts that pass here together.
+func (h *boundedHealth) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if info.FullMethodName == watchMethod && h.open.Load() >= h.max {
+		h.obs.Refused(LimitHealthWatchers)
+		return ctx, refuseWatch()
+	}
+	return ctx, nil
+}
+
 // Watch serves one Watch stream, or refuses it with RESOURCE_EXHAUSTED
 // when MaxHealthWatchers are open.
 func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
 	if h.open.Add(1) > h.max {
 		h.open.Add(-1)
 		h.obs.Refused(LimitHealthWatchers)
-		return fitTrailers(codes.ResourceExhausted, "too many health Watch streams open; poll with Check, or retry later",
-			reason(ReasonTooManyHealthWatchers)(nil)).Err()
+		return refuseWatch()
 	}
 	h.obs.HealthWatchers(1)
 	defer func() {
