@@ -37,7 +37,10 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"--help"}, []string{"Usage: fenced", "serve", "version"}},
 		{[]string{"-h"}, []string{"Usage: fenced", "serve", "version"}},
-		{[]string{"serve", "--help"}, []string{"Usage: fenced serve", "--listen", "--redis-url", "FENCED_REDIS_URL", "--max-writes", "--shutdown-timeout"}},
+		{[]string{"serve", "--help"}, []string{"Usage: fenced serve", "--listen", "--redis-url", "FENCED_REDIS_URL", "--max-writes", "--shutdown-timeout",
+			"--keepalive-min-time", "--keepalive-time", "--max-connection-idle", "--max-concurrent-streams", "--max-header-bytes",
+			"--max-health-watchers", "--max-connections", "--max-connections-per-ip", "--max-ack-replicas", "--max-ack-timeout",
+			"--max-replica-waits", "--max-replica-waits-per-swarm", "FENCED_MAX_CONNECTIONS"}},
 		{[]string{"version", "--help"}, []string{"Usage: fenced version"}},
 	}
 	for _, tt := range tests {
