@@ -128,6 +128,20 @@ func (f *fenced) rssKB(field string) int {
 	return -1
 }
 
+// cpu is the process's user + system CPU time so far (/proc/<pid>/stat,
+// at 100 ticks a second).
+func (f *fenced) cpu() time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", f.cmd.Process.Pid))
+	if err != nil {
+		return -1
+	}
+	// Fields after the command name, which ends with ')'.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, _ := strconv.Atoi(fields[11])
+	stime, _ := strconv.Atoi(fields[12])
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // victim times calls of one well-behaved caller: a FencedBatch on its own
 // swarm and a Renew of its lease, alternating, one at a time.
 type victim struct {
@@ -279,6 +293,7 @@ func BenchmarkHealthWatchFlood(b *testing.B) {
 		b.Fatal(err)
 	}
 	var admitted, refused, otherErr int64
+	cpuBefore := f.cpu()
 	floodDone := make(chan struct{})
 	go func() {
 		defer close(floodDone)
@@ -297,6 +312,10 @@ func BenchmarkHealthWatchFlood(b *testing.B) {
 	}
 	<-floodDone
 	peak := f.rssKB("VmHWM")
+	fencedCPU := f.cpu() - cpuBefore
+	attackerCPU := attacker.ProcessState.UserTime() + attacker.ProcessState.SystemTime()
+	b.ReportMetric(fencedCPU.Seconds(), "fenced-cpu-s")
+	b.ReportMetric(attackerCPU.Seconds(), "attacker-cpu-s")
 	b.ReportMetric(float64(peak)/1024, "rss-peak-MB")
 	b.ReportMetric(float64(baseRSS)/1024, "rss-idle-MB")
 	b.ReportMetric(float64(admitted), "watch-admitted")
@@ -306,8 +325,8 @@ func BenchmarkHealthWatchFlood(b *testing.B) {
 	b.ReportMetric(float64(p99(during).Microseconds()), "p99-flood-µs")
 	b.ReportMetric(float64(p99(during))/float64(p99(idle)), "p99-ratio")
 	b.ReportMetric(float64(failed), "victim-failed")
-	b.Logf("100,000 Watch attempts: %d admitted, %d refused, %d other errors; fenced RSS idle %d kB, peak %d kB; victim p99 idle %v, during %v (%.2fx), %d failed",
-		admitted, refused, otherErr, baseRSS, peak, p99(idle), p99(during), float64(p99(during))/float64(p99(idle)), failed)
+	b.Logf("100,000 Watch attempts: %d admitted, %d refused, %d other errors; fenced RSS idle %d kB, peak %d kB; victim p99 idle %v, during %v (%.2fx), %d failed; CPU during the flood: fenced %v, attacker %v",
+		admitted, refused, otherErr, baseRSS, peak, p99(idle), p99(during), float64(p99(during))/float64(p99(idle)), failed, fencedCPU, attackerCPU)
 }
 
 // BenchmarkReplicaWaitFlood: see the package comment.
