@@ -64,12 +64,20 @@ const retryReads = `{"methodConfig": [{
 // client pings, and closes the connection when the answer takes longer than
 // KeepaliveTimeout. fenced's server accepts pings down to every 10 s
 // (--keepalive-min-time), grpc-go's floor, so a long call (a replica wait,
-// a health Watch) is never cut for pinging. Override with
-// grpc.WithKeepaliveParams.
+// a health Watch) is never cut for pinging. Override with WithKeepalive.
 const (
 	KeepaliveTime    = 30 * time.Second
 	KeepaliveTimeout = 10 * time.Second
 )
+
+// WithKeepalive is the Dial option that sets the keepalive: a ping after
+// every interval without traffic while calls are in flight, the connection
+// closed when an answer takes longer than timeout. grpc-go raises an
+// interval under 10 s to 10 s; fenced's server accepts pings down to its
+// --keepalive-min-time (10 s by default).
+func WithKeepalive(interval, timeout time.Duration) grpc.DialOption {
+	return grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: interval, Timeout: timeout})
+}
 
 // Dial connects to fenced at target (any gRPC target: "host:port",
 // "dns:///fenced.ns:7420"). Defaults, each overridable by opts (applied
@@ -80,7 +88,7 @@ const (
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	defaults := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
+		WithKeepalive(KeepaliveTime, KeepaliveTimeout),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithDefaultServiceConfig(retryReads),
 	}

@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -88,11 +87,12 @@ func TestLongCallsSurviveClientKeepalive(t *testing.T) {
 		Records:   server.ServiceOptions{MaxAckTimeout: 2 * hold},
 	})
 	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveInterval, Timeout: 5 * time.Second}))
+		client.WithKeepalive(keepaliveInterval, 5*time.Second))
 	if err != nil {
 		t.Fatalf("grpc.NewClient: %v", err)
 	}
 	defer conn.Close()
+	c := client.New(conn)
 
 	ctx, cancel := context.WithTimeout(context.Background(), hold)
 	defer cancel()
@@ -110,7 +110,6 @@ func TestLongCallsSurviveClientKeepalive(t *testing.T) {
 			}
 		}
 	}()
-	c := client.New(conn)
 	_, err = c.Batch(context.Background(), "keepalive-wait", nil,
 		[]client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: client.Blind, Value: []byte("1")}},
 		client.WithReplicaAck(1, hold))
@@ -328,5 +327,39 @@ func TestOversizedHeadersRefused(t *testing.T) {
 	}
 	if st := check(t, e, "liveness"); st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("Check(liveness) after the oversized call = %v, want SERVING", st)
+	}
+}
+
+// TestTransportSettingsAdvertised reads the server's first HTTP/2 SETTINGS
+// frame: it announces the bounds on streams per connection and on header
+// lists that clients must keep to.
+func TestTransportSettingsAdvertised(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxConcurrentStreams: 7, MaxHeaderListBytes: 9000}})
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(waitLimit))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatalf("preface: %v", err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatalf("settings: %v", err)
+	}
+	f, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatalf("read the server's SETTINGS: %v", err)
+	}
+	sf, ok := f.(*http2.SettingsFrame)
+	if !ok {
+		t.Fatalf("first frame = %T, want SETTINGS", f)
+	}
+	for id, want := range map[http2.SettingID]uint32{http2.SettingMaxConcurrentStreams: 7, http2.SettingMaxHeaderListSize: 9000} {
+		if got, ok := sf.Value(id); !ok || got != want {
+			t.Errorf("SETTINGS %v = %d (present %v), want %d", id, got, ok, want)
+		}
 	}
 }
