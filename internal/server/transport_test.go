@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,6 +207,9 @@ func TestConnectionLimitKeepsServingOthers(t *testing.T) {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 		for i := 0; i < n; i++ {
 			c, err := d.Dial("tcp", e.addr)
+			if err != nil && i == 0 && local != "127.0.0.1" && errors.Is(err, syscall.EADDRNOTAVAIL) {
+				t.Skipf("loopback address %s not configured here (Linux routes 127.0.0.0/8): %v", local, err)
+			}
 			if err != nil {
 				t.Fatalf("dial %s from %s: %v", e.addr, local, err)
 			}
