@@ -16,7 +16,7 @@ one fenced, rerun batch, and :class:`LeaseKeeper` holding a swarm's lease::
 Values go in and out as ``str``: JSON text, byte for byte.
 """
 
-from .client import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, Client, new_request_id
+from .client import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, Client
 from .errors import (
     REASONS,
     Conflict,
@@ -54,6 +54,7 @@ from .model import (
     Snapshot,
     Write,
     dumps,
+    new_request_id,
 )
 from .update import MAX_LOST_REPLY_RETRIES, MAX_UPDATE_ATTEMPTS, SectionView, Txn
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import secrets
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 import grpc
 
 from . import errors
+from .keeper import LeaseKeeper
 from .model import (
     BatchResult,
     Check,
@@ -24,12 +24,11 @@ from .model import (
     ReplicaAck,
     Snapshot,
     Write,
+    new_request_id,
 )
+from .update import Txn
+from .update import update as _update
 from .v1 import lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
-
-if TYPE_CHECKING:
-    from .keeper import LeaseKeeper
-    from .update import Txn
 
 __all__ = ["Client", "MAX_MESSAGE_BYTES", "new_request_id"]
 
@@ -85,11 +84,6 @@ _KINDS = {
 }
 
 T = TypeVar("T")
-
-
-def new_request_id() -> str:
-    """A fresh random request id: 32 hex digits."""
-    return secrets.token_hex(16)
 
 
 def _record(r: records_pb2.Record) -> Record:
@@ -287,15 +281,13 @@ class Client:
     def update(
         self,
         slug: str,
-        change: Callable[["Txn"], None],
+        change: Callable[[Txn], None],
         *,
         fence: Optional[LeaseFence] = None,
         replica_ack: Optional[ReplicaAck] = None,
     ) -> int:
         """Read, change, write as one fenced batch, rerun on conflict; see :func:`fenced.update.update`."""
-        from .update import update
-
-        return update(self, slug, change, fence=fence, replica_ack=replica_ack)
+        return _update(self, slug, change, fence=fence, replica_ack=replica_ack)
 
     # Leases.
 
@@ -327,8 +319,6 @@ class Client:
         lease = _lease(resp.lease) if resp.HasField("lease") else None
         return Current(lease, resp.live, resp.now_ms, resp.revision)
 
-    def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> "LeaseKeeper":
+    def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> LeaseKeeper:
         """Acquire and keep the swarm's lease: see :class:`fenced.LeaseKeeper`."""
-        from .keeper import LeaseKeeper
-
         return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)

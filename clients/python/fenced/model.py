@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import secrets
 from typing import Any, Mapping, Optional, Union
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Snapshot",
     "Write",
     "dumps",
+    "new_request_id",
 ]
 
 BLIND = -1
@@ -39,6 +41,11 @@ def dumps(obj: Any) -> str:
     cannot serialise.
     """
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def new_request_id() -> str:
+    """A fresh random request id for fenced_batch: 32 hex digits (128 random bits)."""
+    return secrets.token_hex(16)
 
 
 class Layout(enum.IntEnum):

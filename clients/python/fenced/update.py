@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, MutableMapping, Optional
 
 from . import errors
-from .model import Check, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps
+from .model import Check, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
 
 if TYPE_CHECKING:
     from .client import Client
@@ -302,8 +302,6 @@ def _commit_resending_lost_replies(
     UNAVAILABLE (but not a replication timeout, which did commit), resend it
     under the same id: fenced answers a batch that did commit with its
     original revision."""
-    from .client import new_request_id
-
     request_id = new_request_id()
     delay = _RESEND_INITIAL_S
     for resend in range(MAX_LOST_REPLY_RETRIES + 1):

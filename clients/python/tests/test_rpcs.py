@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fenced
-from conftest import Fenced, Redis
+from conftest import Fenced
 
 # The values the Go tests round-trip (internal/store TestValuesByteForByte):
 # each must come back byte for byte.
