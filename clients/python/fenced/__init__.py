@@ -35,6 +35,7 @@ from .errors import (
     StaleLease,
     Unavailable,
     decode,
+    declared_reasons,
 )
 from .keeper import LeaseKeeper
 from .model import (
@@ -101,6 +102,7 @@ __all__ = [
     "Unavailable",
     "Write",
     "decode",
+    "declared_reasons",
     "dumps",
     "new_request_id",
 ]

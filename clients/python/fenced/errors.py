@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib
+import pkgutil
 from typing import Callable, Mapping, Optional, Sequence
 
 import grpc
@@ -59,6 +61,7 @@ __all__ = [
     "StaleLease",
     "Unavailable",
     "decode",
+    "declared_reasons",
 ]
 
 # The trailer carrying the serialized google.rpc.Status.
@@ -331,6 +334,28 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "REDIS_*", RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
 )
+
+def declared_reasons() -> frozenset[str]:
+    """The ErrorInfo reason names declared by an ``ErrorReason`` enum of
+    proto/fenced/v1 (its generated stubs in fenced.v1), with the enum's
+    ``ERROR_REASON_`` prefix and its zero value left out; empty while proto/
+    declares none. Every reason name in :data:`REASONS` must be one of them
+    once it exists (a test checks)."""
+    from . import v1
+
+    names: set[str] = set()
+    for mod in pkgutil.iter_modules(v1.__path__):
+        if not mod.name.endswith("_pb2"):
+            continue
+        fd = importlib.import_module(f"{v1.__name__}.{mod.name}").DESCRIPTOR
+        enum = fd.enum_types_by_name.get("ErrorReason")
+        if enum is None:
+            continue
+        for v in enum.values:
+            if v.number != 0:
+                names.add(v.name[len("ERROR_REASON_"):] if v.name.startswith("ERROR_REASON_") else v.name)
+    return frozenset(names)
+
 
 _DETAIL_TYPES = {
     "google.rpc.ErrorInfo": ("info", rpc.ErrorInfo),

@@ -163,3 +163,17 @@ def test_every_reason_row_is_reachable() -> None:
     for i, row in enumerate(fenced.REASONS):
         for earlier in fenced.REASONS[:i]:
             assert not (earlier.code == row.code and earlier.matches(row.code, row.reason or "ANY_OTHER")), (earlier, row)
+
+
+def test_reason_names_are_the_declared_ones() -> None:
+    """Once proto/fenced/v1 declares an ErrorReason enum, every reason name the
+    table matches exactly is one of its values (patterns' prefixes too)."""
+    declared = fenced.declared_reasons()
+    if not declared:
+        assert all(isinstance(r.reason, str) for r in fenced.REASONS)  # nothing declared yet: names as the server sends
+        return
+    for row in fenced.REASONS:
+        if row.reason.endswith("*"):
+            assert any(d.startswith(row.reason[:-1]) for d in declared), row
+        elif row.reason:
+            assert row.reason in declared, row
