@@ -109,7 +109,8 @@ class Fenced:
         self.log = workdir / f"fenced-{redis.port}-{time.monotonic_ns()}.log"
         self._logf = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            [str(binary), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--redis-url", redis.url, *args],
+            [str(binary), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "0s",
+             "--redis-url", redis.url, *args],
             stdin=subprocess.DEVNULL, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
         )
         found: list[str] = []
