@@ -218,12 +218,15 @@ class ResourceExhausted(FencedError):
     (e.g. SNAPSHOT_TOO_LARGE: read the section with scan_section)."""
 
 
-class KeptChanging(FencedError):
+class KeptChanging(RevisionConflict):
     """:meth:`fenced.Client.update` met a revision conflict on every attempt;
-    nothing was committed. ``__cause__`` is the last :class:`RevisionConflict`.
+    nothing was committed. It is also a :class:`RevisionConflict` (the last
+    one's conflicts), as the Go client's ErrKeptChanging wraps the last
+    *ConflictError; ``__cause__`` is that last conflict.
 
     Attributes:
         attempts: how many times the change ran.
+        last: the last RevisionConflict.
     """
 
     MESSAGE = "the swarm fencing state kept changing; nothing was committed"
@@ -237,6 +240,8 @@ class KeptChanging(FencedError):
         )
         self.attempts = attempts
         self.last = last
+        self.conflicts = last.conflicts
+        self.total = last.total
 
 
 @dataclasses.dataclass

@@ -264,7 +264,9 @@ def test_update_gives_up_after_sixteen_attempts(client: fenced.Client, slug: str
         client.update(slug, change)
     assert runs == fenced.MAX_UPDATE_ATTEMPTS == 16 and e.value.attempts == 16
     assert "the swarm fencing state kept changing; nothing was committed" in str(e.value)
-    assert isinstance(e.value.__cause__, fenced.RevisionConflict)
+    assert isinstance(e.value.__cause__, fenced.RevisionConflict) and e.value.last is e.value.__cause__
+    # Also a RevisionConflict, as Go's ErrKeptChanging wraps the last *ConflictError.
+    assert isinstance(e.value, fenced.RevisionConflict) and e.value.conflicts == e.value.last.conflicts
     assert client.record(slug, "claims", "hot").value == str(16 * 1000)  # type: ignore[union-attr]
 
 
