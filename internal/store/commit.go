@@ -22,8 +22,8 @@ import (
 // It returns the committed revision, or for a batch of checks alone the
 // current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
 // every mismatch in request order, ErrLayoutDocument, *CorruptError,
-// ErrRequestIDReused, ErrUnavailable (the commit may or may not have been
-// applied), context errors, *RedisError. The batch must have passed
+// ErrRequestIDReused, *LimitError (ErrRevisionLimit), ErrUnavailable (the
+// commit may or may not have been applied), context errors, *RedisError. The batch must have passed
 // batch.Limits.CheckBatch.
 func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 	c, err := s.CommitDurable(ctx, b, Durability{})
@@ -220,7 +220,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	switch reply[0] {
 	case "OK":
 		if len(reply) == 2 || len(reply) == 3 && reply[2] == "REPLAYED" {
-			return parseInt(reply[1])
+			return parseRevision(reply[1])
 		}
 	case "REUSED":
 		return 0, ErrRequestIDReused
@@ -232,13 +232,19 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
 		}
-	case "CORRUPT":
+	case "CORRUPT", "LIMIT":
+		if err := swarmRefusal(reply); err != nil {
+			return 0, err
+		}
 		if len(reply) == 2 {
 			i, err := parseInt(reply[1])
 			if err != nil || i < 0 || int(i) >= len(b.Writes) {
 				break
 			}
 			w := &b.Writes[i]
+			if reply[0] == "LIMIT" {
+				return 0, &LimitError{Section: w.Section, Key: w.Key}
+			}
 			return 0, &CorruptError{Section: w.Section, Key: w.Key}
 		}
 	}

@@ -34,6 +34,13 @@
 --   {'LAYOUT_DOCUMENT'}
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
+--   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions') is
+--                        not a revision
+--   {'LIMIT', index}     a BLIND write on a record whose revision is above
+--                        2^53-1 (REV_MAX): nothing can be issued above it
+--   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
+--                        'meta/lease') holds a number above REV_MAX, or the
+--                        new revision would be above it
 local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
 
 local slug = string.match(KEYS[META], '{(.-)}')
@@ -146,8 +153,10 @@ if request_key then
       -- Rewrite the key as it is (value and TTL) so that the call
       -- propagates: from Redis 7.2 a connection's WAIT offset moves only
       -- with commands that propagate, and a WAIT after a replay must cover
-      -- the original commit, whichever connection ran it.
-      redis.call('SET', request_key, prior, 'KEEPTTL')
+      -- the original commit, whichever connection ran it. pcall: the answer
+      -- is known whatever Redis says (SET is refused when Redis is out of
+      -- memory, or read-only); then the replay writes nothing at all.
+      redis.pcall('SET', request_key, prior, 'KEEPTTL')
       return { 'OK', rev, 'REPLAYED' }
     end
     return { 'REUSED' }
@@ -158,7 +167,10 @@ end
 -- caller's, and name the fence's epoch (and owner, when given).
 local log_owner = ''
 if fence_epoch ~= '' then
-  local lease = read_lease(KEYS[META])
+  local lease, over = read_lease(KEYS[META])
+  if over then
+    return { 'LIMIT', '', 'meta/lease' }
+  end
   local now = now_ms()
   if tonumber(caller_now) > now then
     now = tonumber(caller_now)
@@ -173,8 +185,12 @@ if fence_epoch ~= '' then
   log_owner = lease.owner
 end
 
--- 3. Revisions: collect every mismatch, in request order.
-local highest = 0 -- the highest stored revision among the written records
+-- 3. Revisions: the swarm's floors must be revisions (and in range); then
+-- collect every mismatch, in request order.
+local highest, refused = swarm_floor() -- then also the written records' revisions
+if refused then
+  return refused
+end
 local conflicts = { 'CONFLICT' }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
@@ -190,11 +206,17 @@ for i = 1, n do
   else
     local raw = redis.call('HGET', KEYS[ki], key)
     if raw then
-      actual = record_revision(raw)
+      local over
+      actual, over = record_revision(raw)
       if actual == nil then
-        -- A field that is not a record can only be overwritten blind (repair).
+        -- A field that is not a record can only be overwritten blind
+        -- (repair); one whose revision is above REV_MAX not even so: its
+        -- next revision would have to be above it.
         if expected ~= -1 or kind == 'c' then
           return { 'CORRUPT', int(i - 1) }
+        end
+        if over then
+          return { 'LIMIT', int(i - 1) }
         end
         actual = 0
       end
@@ -222,7 +244,10 @@ if not mutates then
 end
 
 -- 4. Commit.
-local rev = next_revision(highest)
+local rev, limit = next_revision(highest)
+if limit then
+  return limit
+end
 local head = '{"r":' .. rev .. ',"v":'
 
 local records = 0
