@@ -77,8 +77,8 @@ func TestInspect(t *testing.T) {
 	t.Cleanup(st.Close)
 	ctx := t.Context()
 
-	slug, counts, _ := seedFixture(t, st)
-	l, _, err := st.Acquire(ctx, slug, "tick-a", 600000)
+	slug, counts, fixtureRev := seedFixture(t, st)
+	l, grantRev, err := st.Acquire(ctx, slug, "tick-a", 600000)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -113,7 +113,8 @@ func TestInspect(t *testing.T) {
 	srv.Do(t, "HSET", fenceKey(slug, "by-name"), "ghost-agent", `{"r":1,"v":"exe-ghost"}`)
 
 	// The log holds one entry per fixture batch, the grant and the claim.
-	logLen := rev
+	logLen, _ := strconv.ParseInt(srv.Do(t, "XLEN", fenceKey(slug, "log")), 10, 64)
+	epoch := itoa(l.Epoch)
 
 	t.Run("text", func(t *testing.T) {
 		out := runInspect(t, slug, "--redis-url", srv.URL())
@@ -122,8 +123,8 @@ func TestInspect(t *testing.T) {
 			`(?m)^layout +records$`,
 			`(?m)^revision +` + itoa(rev) + `$`,
 			`(?m)^stamp +` + itoa(rev) + `: agrees  \(agentihooks:swarm:state:fencing:current field ` + slug + `:records\)$`,
-			`(?m)^lease +"tick-a" at epoch 1, live: \d+m\d+s left  \(expires \S+ by Redis's clock\)$`,
-			`(?m)^ +last epoch granted 1, leader changes 1, Redis's clock \S+$`,
+			`(?m)^lease +"tick-a" at epoch ` + epoch + `, live: \d+m\d+s left  \(expires \S+ by Redis's clock\)$`,
+			`(?m)^ +last epoch granted ` + epoch + `, leader changes 1, Redis's clock \S+$`,
 			`(?m)^executions +` + strconv.Itoa(counts["executions"]) + `  \d+$`,
 			`(?m)^claims +` + strconv.Itoa(counts["claims"]) + `  ` + itoa(rev) + `$`,
 			`(?m)^by-name +` + strconv.Itoa(len(names)) + `  \(derived from executions\)$`,
@@ -135,8 +136,8 @@ func TestInspect(t *testing.T) {
 			`(?m)^log +newest 10 of ` + itoa(logLen) + ` entries$`,
 			`(?m)^ +revision +owner +records +request_id +id$`,
 			`(?m)^ +` + itoa(rev) + ` +"tick-a" +1 +tick-a-0001 +\d+-\d+$`,
-			`(?m)^ +` + itoa(rev-1) + ` +"tick-a" +3 +- +\d+-\d+$`, // the grant: lease, epoch, leader_changes
-			`(?m)^ +` + itoa(rev-2) + ` +- +\d+ +- +\d+-\d+$`,      // the last fixture batch, unfenced
+			`(?m)^ +` + itoa(grantRev) + ` +"tick-a" +3 +- +\d+-\d+$`, // the grant: lease, epoch, leader_changes
+			`(?m)^ +` + itoa(fixtureRev) + ` +- +\d+ +- +\d+-\d+$`,    // the last fixture batch, unfenced
 		}
 		for _, w := range want {
 			if !regexp.MustCompile(w).MatchString(out) {
@@ -164,8 +165,8 @@ func TestInspect(t *testing.T) {
 		want := inspection{
 			Slug: slug, Prefix: keyPrefix, Topology: "standalone", Layout: "records", Revision: rev,
 			Stamp: stampReport{Kept: true, Key: keyPrefix + ":swarm:state:fencing:current", Field: slug + ":records", Value: &stamp, Agrees: true, Status: "agrees"},
-			Lease: leaseReport{Present: true, Owner: "tick-a", Epoch: 1, ExpiresAtMs: l.ExpiresAtMs, Live: true,
-				RemainingMs: got.Lease.RemainingMs, NowMs: got.Lease.NowMs, LastEpoch: 1, LeaderChanges: 1},
+			Lease: leaseReport{Present: true, Owner: "tick-a", Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs, Live: true,
+				RemainingMs: got.Lease.RemainingMs, NowMs: got.Lease.NowMs, LastEpoch: l.Epoch, LeaderChanges: 1},
 			ByName: byNameReport{
 				Entries: int64(len(names)), Expected: len(names), Executions: int64(counts["executions"]),
 				Mismatches: []byNameMismatch{
@@ -177,8 +178,8 @@ func TestInspect(t *testing.T) {
 			},
 			Log: logReport{Length: logLen, Entries: []logEntry{
 				{ID: got.Log.Entries[0].ID, Revision: rev, Owner: "tick-a", Records: 1, RequestID: "tick-a-0001"},
-				{ID: got.Log.Entries[1].ID, Revision: rev - 1, Owner: "tick-a", Records: 3},
-				{ID: got.Log.Entries[2].ID, Revision: rev - 2, Records: got.Log.Entries[2].Records},
+				{ID: got.Log.Entries[1].ID, Revision: grantRev, Owner: "tick-a", Records: 3},
+				{ID: got.Log.Entries[2].ID, Revision: fixtureRev, Records: got.Log.Entries[2].Records},
 			}},
 			Problems: []string{},
 		}
@@ -239,7 +240,7 @@ func TestInspectExpiredLeaseAndEmptySwarm(t *testing.T) {
 	}
 	out := runInspect(t, "short", "--redis-url", srv.URL(), "--log-entries", "0")
 	for _, w := range []string{
-		`(?m)^lease +"tick-b" at epoch 1, EXPIRED \S+ ago  \(at \S+ by Redis's clock\)$`,
+		`(?m)^lease +"tick-b" at epoch ` + itoa(l.Epoch) + `, EXPIRED \S+ ago  \(at \S+ by Redis's clock\)$`,
 		`(?m)^log +newest 0 of 1 entries$`,
 		`(?m)^by-name +consistent with executions  \(0 entries; executions: 0 records, 0 names\)$`,
 	} {

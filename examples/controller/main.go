@@ -17,14 +17,14 @@
 //
 // The demo, against a running fenced (fenced serve --redis-url ...): run two
 // instances, pause the first (SIGSTOP) for longer than its TTL, watch the
-// second take the lease over at the next epoch, then resume the first
+// second take the lease over at a higher epoch, then resume the first
 // (SIGCONT): its next write is refused. Build the binary first, so that the
 // pid printed at start is the controller's own:
 //
 //	go build -o controller ./examples/controller
 //	./controller --owner a    # terminal 1: takes the lease, prints its pid
 //	./controller --owner b    # terminal 2: waits for the lease
-//	kill -STOP <pid of a>     # terminal 3: after 2 s, b takes over at epoch+1
+//	kill -STOP <pid of a>     # terminal 3: after 2 s, b takes over at a higher epoch
 //	kill -CONT <pid of a>     # a writes once more, is refused, exits 3
 //
 // Flags: --addr (fenced's gRPC address, default localhost:7420), --slug

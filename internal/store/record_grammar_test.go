@@ -102,6 +102,8 @@ func grammarCorpus(t *testing.T) []string {
 		`{"r":1,"v":`+deep(999)+`}`, `{"r":1,"v":`+deep(1000)+`}`, `{"v":`+deep(999)+`,"r":1}`, `{"v":`+deep(1000)+`,"r":1}`,
 		` {"r":1,"v":`+deep(999)+`}`, `{"r":1,"v":`+deep(998)+`,"x":1}`, `{"r":1,"v":`+deep(999)+`,"x":1}`,
 		`{"r":1,"v":[`+strings.Repeat(`{"a":1,"b":[2,"x"]},`, 200)+`0]}`,
+		// A NUL byte ends cjson's input: what follows must still count.
+		"{\"r\":1,\"v\":1}\x00garbage", "{\"r\":1,\"v\":[1\x00]}", "{\"r\":1,\"v\":\"\\\\\"\x00}",
 		// Not objects, not JSON.
 		`[{"r":1,"v":1}]`, `"{\"r\":1,\"v\":1}"`, `{"r":1,"v":1}{}`, `{"r":1,"v":1},`, `{}`, `{"r":1,"v"}`, ``, ` `,
 	)
@@ -115,7 +117,8 @@ func grammarCorpus(t *testing.T) []string {
 func mutations(corpus []string, n int) []string {
 	rng := rand.New(rand.NewSource(1))
 	alphabet := []string{"{", "}", "[", "]", ",", ":", `"`, `\`, " ", "\t", "\n", "\f", "0", "1", "9", "-", "+", ".", "e",
-		"E", "x", "n", "u", "l", "t", "r", "v", `"r"`, `"v"`, "\xc3", "\xa9", "\x00", "\x01", "I", "N", "true", "null"}
+		"E", "x", "n", "u", "l", "t", "r", "v", `"r"`, `"v"`, "\xc3", "\xa9", "\x00", "\x01", "I", "N", "true", "null",
+		"\x7f", "X", "i", "a", "f", "s", `\u`, "0x", "E+", ".5", "-.", `\ud800`, "\xed\xa0\x80", "\xf4\x90"}
 	out := make([]string, 0, n)
 	for len(out) < n {
 		s := corpus[rng.Intn(len(corpus))]
