@@ -37,9 +37,9 @@ func (e *HeldError) Error() string {
 func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
 // Acquire grants the swarm's lease to owner for ttlMs by Redis's clock when
-// no live lease exists (absent, expired or released): a new epoch one above
-// meta/epoch and at least Redis's clock in ms, leader_changes raised. The live holder acquiring again extends
-// its lease and keeps its epoch. It answers the lease and the revision the
+// no live lease exists (absent, expired or released): a new epoch above
+// meta/epoch and at least Redis's clock in ms, leader_changes raised. The
+// live holder acquiring again extends its lease and keeps its epoch. It answers the lease and the revision the
 // grant committed at. Errors: *HeldError (ErrLeaseHeld), ErrLayoutDocument,
 // *CorruptError and *LimitError (ErrRevisionLimit: the new epoch or revision
 // would pass MaxRevision), ErrUnavailable, context errors, *RedisError.
