@@ -3,14 +3,14 @@
 // ({"n":N,"by":owner,"epoch":E}) through client.Update, every write fenced
 // with the lease's epoch. It prints one line per commit:
 //
-//	committed n=12 revision=57 epoch=3 owner=host-4242
+//	committed n=12 revision=1796079180861096 epoch=1796079187256 owner=host-4242
 //
 // It deliberately does not ask its Keeper whether it still holds the lease
 // before writing: the server's fence is the authority. A controller that was
 // paused past its TTL still believes it is the leader when it resumes, and
 // its next write is refused. It then prints
 //
-//	refused: lease stale (holder host-4343 epoch 4)
+//	refused: lease stale (holder host-4343 epoch 1796079190002)
 //
 // and exits with status 3. SIGINT or SIGTERM releases the lease and exits
 // with status 0.
