@@ -147,7 +147,9 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 
 // commitArgs lays out KEYS and ARGV as commit.lua expects them. The layout
 // is kept small on purpose: a one-record change sends its value plus well
-// under 512 bytes to Redis.
+// under 512 bytes to Redis. Revisions, epochs and now_ms go in base 36 (11
+// characters for a revision of Redis's clock in µs, 9 for an epoch, instead
+// of 16 and 13 decimal digits).
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 	keys = append(make([]string, 0, 7+len(b.Writes)),
 		k.meta(), k.revision(), k.log(), k.byName(), k.section("executions"))
@@ -162,7 +164,7 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
 	}
 	if f := b.Fence; f != nil {
-		epoch, now, owner = strconv.FormatInt(f.Epoch, 10), strconv.FormatInt(f.NowMs, 10), f.Owner
+		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
 	}
 	args = make([]string, 1, 1+2*len(b.Writes))
 	args[0] = mode + ":" + epoch + ":" + now + ":" + window + ":" + digest + ":" + owner
@@ -174,7 +176,7 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (keys, args []string) {
 			ki = len(keys)
 			index[w.Section] = ki
 		}
-		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 10)+":"+w.Key)
+		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 36)+":"+w.Key)
 		if w.Kind == batch.KindPut {
 			args = append(args, w.Value)
 		}

@@ -12,14 +12,16 @@
 --         's' when standalone (stamp the last key), 'l' when the caller
 --         checked the document layout (Cluster), 'r' with a request key,
 --         '-' for none. epoch: the fence's, '' for an unfenced batch.
---         now_ms: the caller's clock, '0' when unknown. window_ms and
+--         now_ms: the caller's clock, '0' when unknown (epoch and now_ms
+--         in base 36: revisions and epochs follow the clock, 16 and 13
+--         decimal digits, and every byte is sent on every commit). window_ms and
 --         digest: how long the request key is kept, and the request's
 --         digest ('' without a request key). owner: the fence's ('' = any;
 --         last, so it may hold ':').
 -- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
 -- (put), 'd' (delete), 'c' (check) or 'S' (check a section's revision; key
 -- empty), key index points into KEYS at its section, expected is the
--- revision it was read at (-1 = BLIND) and key (last) is the record's key;
+-- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
 -- a put is followed by one more argument, its value.
 -- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
 -- packed because every byte is sent on every commit.
@@ -45,7 +47,19 @@ local META, REV, LOG, BYNAME, EXEC = 1, 2, 3, 4, 5
 
 local slug = string.match(KEYS[META], '{(.-)}')
 local mode, fence_epoch, caller_now, window, digest, fence_owner =
-  string.match(ARGV[1], '^([slr-]+):(%d*):(%d+):(%d*):(%x*):(.*)$')
+  string.match(ARGV[1], '^([slr-]+):(%w*):(%w+):(%d*):(%x*):(.*)$')
+-- base36 reads a number the caller wrote in base 36 ('-' first when
+-- negative: tonumber's base conversion takes no sign); exact below 2^53.
+local function base36(s)
+  if string.sub(s, 1, 1) == '-' then
+    return -tonumber(string.sub(s, 2), 36)
+  end
+  return tonumber(s, 36)
+end
+if fence_epoch ~= '' then
+  fence_epoch = base36(fence_epoch)
+end
+caller_now = base36(caller_now)
 local stamp = string.find(mode, 's', 1, true) ~= nil
 local layout_checked = string.find(mode, 'l', 1, true) ~= nil
 local request_key = nil
@@ -60,9 +74,9 @@ local n = 0
 do
   local a = 2
   while a <= #ARGV do
-    local kind, ki, expected, key = string.match(ARGV[a], '^([pdcS])(%d+):(-?%d+):(.*)$')
+    local kind, ki, expected, key = string.match(ARGV[a], '^([pdcS])(%d+):(-?%w+):(.*)$')
     n = n + 1
-    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, tonumber(expected)
+    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
     if kind == 'p' then
       a = a + 1
       values[n] = ARGV[a]
@@ -172,10 +186,10 @@ if fence_epoch ~= '' then
     return { 'LIMIT', '', 'meta/lease' }
   end
   local now = now_ms()
-  if tonumber(caller_now) > now then
-    now = tonumber(caller_now)
+  if caller_now > now then
+    now = caller_now
   end
-  if lease == nil or lease.epoch ~= tonumber(fence_epoch) or lease.expires_at <= now
+  if lease == nil or lease.epoch ~= fence_epoch or lease.expires_at <= now
       or (fence_owner ~= '' and lease.owner ~= fence_owner) then
     if lease then
       return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
