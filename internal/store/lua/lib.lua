@@ -33,10 +33,10 @@ end
 
 -- json_exact reports whether s is one JSON text (RFC 8259, valid UTF-8)
 -- nesting at most depth_limit arrays/objects. Exact but slower than cjson:
--- each step is one C-speed gsub over the text. Strings become \1, other
--- scalars \2, then rounds reduce innermost containers until one value is
--- left; the number of rounds is the nesting depth (time: depth x length,
--- about 0.1 s for a text nested 1000 deep; cjson answers every other).
+-- each step is one gsub over the text (numbers and literals: a Lua call per
+-- token). Strings become \1, other scalars \2, then rounds reduce innermost
+-- containers until one value is left; the number of rounds is the nesting
+-- depth (time: depth x length, ~45 ms for a text nested 999 deep).
 local function json_exact(s, depth_limit)
   -- Control characters: only JSON whitespace, and never inside a string.
   if find(s, '[%z\1-\8\11\12\14-\31]') then
@@ -129,8 +129,12 @@ end
 -- answers only for a text whose strings are plain printable ASCII and
 -- whose other characters (a few, once the strings are cut out: one C-speed
 -- gsub) are printable ASCII or JSON whitespace, cannot hold such a number,
--- nest no deeper than depth_limit and decode; json_exact decides the rest. Lua 5.1 patterns cost ~10 ns a byte per pass, so the text
--- itself is scanned once (twice with escapes).
+-- nest no deeper than depth_limit and decode; json_exact decides the rest.
+-- Lua 5.1 patterns cost 2-10 ns a byte a pass, so the text itself is
+-- scanned once (twice with escapes) before cjson reads it. (A variant that
+-- checks the structure left after the strings in Lua instead of calling
+-- cjson was faster for string-only values, slower for values with numbers
+-- or escapes, as executions values have: 38 against 32 us for 1 KB.)
 local function json_valid(s, depth_limit)
   local t = s
   if find(t, '\\', 1, true) then
