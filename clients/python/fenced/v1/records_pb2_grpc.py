@@ -91,8 +91,9 @@ class RecordsServiceServicer(object):
     def FencedBatch(self, request, context):
         """FencedBatch checks the lease fence and the revision of every write, then
         commits all of the writes or none of them, atomically, in one Redis
-        script. On commit the swarm revision is raised by exactly one and every
-        put is stamped with it. A batch of checks alone commits nothing and
+        script. On commit the swarm revision is raised (above every revision
+        before it and to at least Redis's clock in µs) and every put is stamped
+        with it. A batch of checks alone commits nothing and
         answers the current swarm revision.
 
         Errors: INVALID_ARGUMENT (BadRequest; REQUEST_ID_REUSED), ABORTED +
