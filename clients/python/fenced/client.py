@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 import grpc
@@ -131,6 +132,13 @@ class Client:
     Raises:
         ValueError: a token over plaintext without ``insecure_token``.
 
+    It remembers the highest swarm revision it has seen per swarm (from every
+    read, commit and lease change): fenced issues every revision above every
+    earlier one, even after Redis lost acknowledged writes, so a read showing a
+    lower one means Redis lost data this client saw. That read raises
+    :class:`RevisionWentBackwards`, once; the client then goes on from the lower
+    revision.
+
     Fork safety: a gRPC channel must not be used across ``fork()``. Create the
     Client (and any LeaseKeeper) in the process that uses it, after forking
     (multiprocessing with the "fork" start method included).
@@ -171,6 +179,8 @@ class Client:
         self._owns = owns
         self._timeout = timeout
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
+        self._seen: dict[str, int] = {}  # slug -> highest swarm revision seen
+        self._seen_lock = threading.Lock()
         self._records = records_pb2_grpc.RecordsServiceStub(channel)
         self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
 
@@ -191,6 +201,30 @@ class Client:
         except grpc.RpcError as e:
             raise errors.decode(e) from e
 
+    def _saw(self, slug: str, revision: int) -> None:
+        """Record a swarm revision a commit or lease change answered: it only raises the mark."""
+        with self._seen_lock:
+            if revision > self._seen.get(slug, 0):
+                self._seen[slug] = revision
+
+    def _mark(self, slug: str) -> int:
+        """The highest swarm revision seen so far: a read takes it before it is
+        sent (a commit ending while the read is in flight may rightly be higher)."""
+        with self._seen_lock:
+            return self._seen.get(slug, 0)
+
+    def _read(self, slug: str, before: int, revision: int) -> None:
+        """Check the swarm revision a read answered against the mark taken
+        before it: below it raises RevisionWentBackwards and moves the mark
+        down (unless a later answer raised it meanwhile), so it is said once."""
+        with self._seen_lock:
+            if revision < before:
+                if self._seen.get(slug, 0) == before:
+                    self._seen[slug] = revision
+                raise errors.RevisionWentBackwards(slug, before, revision)
+            if revision > self._seen.get(slug, 0):
+                self._seen[slug] = revision
+
     # Records.
 
     def layout(self, slug: str, *, timeout: Optional[float] = None) -> Layout:
@@ -199,22 +233,29 @@ class Client:
         return Layout(resp.layout)
 
     def record(self, slug: str, section: str, key: str, *, timeout: Optional[float] = None) -> Optional[Record]:
-        """One record (its revision and JSON text), or None when absent. Raises FencedError."""
+        """One record (its revision and JSON text), or None when absent. Raises
+        RevisionWentBackwards, FencedError."""
         return self.record_at(slug, section, key, timeout=timeout)[0]
 
     def record_at(
         self, slug: str, section: str, key: str, *, timeout: Optional[float] = None
     ) -> tuple[Optional[Record], int]:
-        """One record (None when absent) and the swarm revision, read together. Raises FencedError."""
+        """One record (None when absent) and the swarm revision, read together.
+        Raises RevisionWentBackwards, FencedError."""
+        before = self._mark(slug)
         resp = self._call(self._records.Record, records_pb2.RecordRequest(slug=slug, section=section, key=key), timeout)
+        self._read(slug, before, resp.revision)
         rec = _record(resp.record) if resp.HasField("record") else None
         return rec, resp.revision
 
     def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
         """Whole sections (every section but archive when no names are given)
         and the swarm revision, as one snapshot. Raises ResourceExhausted for a
-        snapshot over the server's limits (read it with scan_section), FencedError."""
+        snapshot over the server's limits (read it with scan_section),
+        RevisionWentBackwards, FencedError."""
+        before = self._mark(slug)
         resp = self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        self._read(slug, before, resp.revision)
         return Snapshot(
             revision=resp.revision,
             sections={n: {k: _record(r) for k, r in s.records.items()} for n, s in resp.sections.items()},
@@ -227,12 +268,15 @@ class Client:
         """Read a section page by page (a generator): at most ``page_size``
         records a page (0: the server's default). Pages are not one snapshot:
         a record may appear twice if the section changes during the scan;
-        compare the first and last pages' section_revision. Raises FencedError
-        (while iterating)."""
+        compare the first and last pages' section_revision. Raises
+        RevisionWentBackwards (a page's swarm revision), FencedError (while
+        iterating)."""
         token = ""
         while True:
             req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
+            before = self._mark(slug)
             resp = self._call(self._records.ScanSection, req, timeout)
+            self._read(slug, before, resp.revision)
             yield Page(
                 records={k: _record(r) for k, r in resp.records.items()},
                 revision=resp.revision,
@@ -276,6 +320,7 @@ class Client:
         if replica_ack is not None:
             req.replica_ack.CopyFrom(records_pb2.ReplicaAck(replicas=replica_ack.replicas, timeout_ms=replica_ack.timeout_ms))
         resp = self._call(self._records.FencedBatch, req, timeout)
+        self._saw(slug, resp.revision)
         return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
 
     def update(
@@ -297,6 +342,7 @@ class Client:
         retry_after), ReplicationTimeout (no lease is held: acquire again),
         InvalidArgument, FencedError."""
         resp = self._call(self._leases.Acquire, lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms), timeout)
+        self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
     def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
@@ -305,17 +351,23 @@ class Client:
         renewal), FencedError."""
         req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
         resp = self._call(self._leases.Renew, req, timeout)
+        self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
     def release(self, slug: str, owner: str, epoch: int, *, timeout: Optional[float] = None) -> int:
         """End the live lease of owner at epoch; answers the revision it
         committed at. Raises StaleLease, FencedError."""
         req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
-        return self._call(self._leases.Release, req, timeout).revision
+        revision = self._call(self._leases.Release, req, timeout).revision
+        self._saw(slug, revision)
+        return revision
 
     def current(self, slug: str, *, timeout: Optional[float] = None) -> Current:
-        """The swarm's lease, whether it is live, Redis's now (ms) and the swarm revision. Raises FencedError."""
+        """The swarm's lease, whether it is live, Redis's now (ms) and the swarm
+        revision. Raises RevisionWentBackwards, FencedError."""
+        before = self._mark(slug)
         resp = self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug), timeout)
+        self._read(slug, before, resp.revision)
         lease = _lease(resp.lease) if resp.HasField("lease") else None
         return Current(lease, resp.live, resp.now_ms, resp.revision)
 

@@ -22,8 +22,12 @@ UNAVAILABLE            REDIS_* (others)     :class:`RedisRefusal`
 UNAVAILABLE            (any other)          :class:`Unavailable`
 RESOURCE_EXHAUSTED     REDIS_*              :class:`RedisRefusal`
 RESOURCE_EXHAUSTED     (any other)          :class:`ResourceExhausted`
+OUT_OF_RANGE           REVISION_LIMIT       :class:`RevisionLimit`
 (any other)            (any)                :class:`FencedError`
 =====================  ===================  ==================================
+
+The client itself raises :class:`RevisionWentBackwards` (a read below a swarm
+revision it saw) and :class:`KeptChanging` (update's attempts ran out).
 
 Every exception is a :class:`FencedError` carrying the status ``code``, the
 ErrorInfo ``reason`` and ``metadata``, and the server's ``message`` (for
@@ -58,6 +62,8 @@ __all__ = [
     "ReplicationTimeout",
     "ResourceExhausted",
     "RevisionConflict",
+    "RevisionLimit",
+    "RevisionWentBackwards",
     "StaleLease",
     "Unavailable",
     "decode",
@@ -218,6 +224,44 @@ class ResourceExhausted(FencedError):
     (e.g. SNAPSHOT_TOO_LARGE: read the section with scan_section)."""
 
 
+class RevisionLimit(FencedError):
+    """OUT_OF_RANGE + REVISION_LIMIT: the batch or lease change would take a
+    revision or epoch past 2^53-1; nothing was written. Only a swarm whose
+    stored numbers were set by hand gets there: repair them.
+
+    Attributes:
+        section: the record's section ("" when not a record).
+        key: the record's key, or "revision", "epoch", "meta/<name>".
+        max_revision: the limit, 2^53-1.
+    """
+
+    section: str = ""
+    key: str = ""
+    max_revision: int = 0
+
+
+class RevisionWentBackwards(FencedError):
+    """A read showed a swarm revision below one this Client saw before (from a
+    read, a commit or a lease change): Redis lost acknowledged writes (a crash,
+    a failover to a lagging replica, a restored snapshot). Records read or
+    written since may be gone; fenced never issues those revisions again, so
+    stale expectations fail as conflicts. Raised by the client, once: the next
+    read goes on from the lower revision. Code UNKNOWN, no reason. As the Go
+    client's ErrRevisionWentBackwards.
+
+    Attributes:
+        slug: the swarm.
+        highest: the highest swarm revision the client had seen.
+        revision: the lower one the read answered.
+    """
+
+    def __init__(self, slug: str, highest: int, revision: int) -> None:
+        super().__init__(
+            f"swarm {slug!r} revision went backwards from {highest} to {revision}: Redis lost acknowledged writes"
+        )
+        self.slug, self.highest, self.revision = slug, highest, revision
+
+
 class KeptChanging(RevisionConflict):
     """:meth:`fenced.Client.update` met a revision conflict on every attempt;
     nothing was committed. It is also a :class:`RevisionConflict` (the last
@@ -301,6 +345,11 @@ def _replication(err: ReplicationTimeout, d: _Details) -> None:
     err.revision, err.acked, err.wanted = _int(md, "revision"), _int(md, "replicas_acked"), _int(md, "replicas_wanted")
 
 
+def _limit(err: RevisionLimit, d: _Details) -> None:
+    md = err.metadata
+    err.section, err.key, err.max_revision = md.get("section", ""), md.get("key", ""), _int(md, "max_revision")
+
+
 _Filler = Callable[[FencedError, _Details], None]
 
 
@@ -338,6 +387,7 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.UNAVAILABLE, "", Unavailable),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "REDIS_*", RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
+    Reason(grpc.StatusCode.OUT_OF_RANGE, "REVISION_LIMIT", RevisionLimit, _limit),  # type: ignore[arg-type]
 )
 
 def declared_reasons() -> frozenset[str]:

@@ -60,7 +60,18 @@ class Redis:
             pytest.fail("redis-server not found: apt-get install -y redis-server")
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
+        self.dir = workdir
         self.log = workdir / f"redis-{self.port}.log"
+        self._start()
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and directory: the data comes
+        back from the last SAVE only (nothing is saved at shutdown)."""
+        self.stop()
+        self._start()
+
+    def _start(self) -> None:
+        workdir = self.dir
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(workdir), "--logfile", str(self.log)],

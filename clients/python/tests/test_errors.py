@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
 import fenced
-from conftest import KEY_PREFIX, Redis, wait_until
+from conftest import KEY_PREFIX, WAIT_S, Redis, swarm_key, wait_until
 
 
 def test_revision_conflict_lists_every_conflict(client: fenced.Client, slug: str) -> None:
@@ -177,3 +179,44 @@ def test_reason_names_are_the_declared_ones() -> None:
             assert any(d.startswith(row.reason[:-1]) for d in declared), row
         elif row.reason:
             assert row.reason in declared, row
+
+
+def test_revision_limit_names_what_reached_it(client: fenced.Client, redis: Redis, slug: str) -> None:
+    redis.cli("SET", swarm_key(slug, "revision"), str(2**53 - 1))
+    with pytest.raises(fenced.RevisionLimit) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    err = e.value
+    assert err.code == grpc.StatusCode.OUT_OF_RANGE and err.reason == "REVISION_LIMIT"
+    assert (err.section, err.key, err.max_revision) == ("", "revision", 2**53 - 1)
+    assert client.record(slug, "claims", "a") is None
+
+
+def test_client_reports_revision_going_backwards_once(start_fenced) -> None:
+    """Redis restarts from an older snapshot (it lost a commit this client saw):
+    the next read raises RevisionWentBackwards naming both revisions, once; the
+    read after it goes on from the restored state."""
+    f, r = start_fenced()
+    slug = "py-backwards"
+    with fenced.Client(f.addr) as c, fenced.Client(f.addr) as fresh:
+        def put(key: str) -> int:
+            return c.fenced_batch(slug, [fenced.Put("claims", key, fenced.BLIND, "1")]).revision
+
+        kept = put("kept")
+        r.cli("SAVE")
+        lost = put("lost")
+        assert c.record_at(slug, "claims", "lost")[1] == lost
+        r.restart()
+        deadline = time.monotonic() + WAIT_S
+        while True:  # fenced's Redis client reconnects: UNAVAILABLE meanwhile
+            try:
+                c.record_at(slug, "claims", "lost")
+                pytest.fail("read after the loss answered; want RevisionWentBackwards")
+            except fenced.Unavailable:
+                assert time.monotonic() < deadline, "fenced did not reconnect to Redis"
+                time.sleep(0.01)
+            except fenced.RevisionWentBackwards as e:
+                assert (e.slug, e.highest, e.revision) == (slug, lost, kept)
+                break
+        assert c.record_at(slug, "claims", "lost") == (None, kept)  # said once
+        assert fresh.record_at(slug, "claims", "kept")[1] == kept  # a client that never saw it is told nothing
+        assert put("again") > lost
