@@ -104,6 +104,28 @@ func (e *ReplicationError) Is(target error) bool {
 // Unwrap returns the status error.
 func (e *ReplicationError) Unwrap() error { return e.Err }
 
+// RedisRefusalError is fenced's Redis refusing the call for a state of its
+// own that an operator fixes (out of memory, a demoted primary, failing
+// saves, too few replicas, a busy script, loading, fenced's Redis user
+// refused): Reason is the ErrorInfo reason (REDIS_OUT_OF_MEMORY, answered
+// RESOURCE_EXHAUSTED; REDIS_READ_ONLY, REDIS_WRITE_ERROR,
+// REDIS_NO_REPLICAS, REDIS_BUSY, REDIS_LOADING, REDIS_MASTER_DOWN,
+// REDIS_TRY_AGAIN, REDIS_CLUSTER_DOWN, REDIS_NO_SCRIPT,
+// REDIS_NOT_PERMITTED, REDIS_MAY_EVICT, answered UNAVAILABLE). It matches
+// ErrUnavailable: retry later, under the same request id for a batch.
+type RedisRefusalError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RedisRefusalError) Error() string { return e.Err.Error() }
+
+// Is matches ErrUnavailable.
+func (e *RedisRefusalError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the status error.
+func (e *RedisRefusalError) Unwrap() error { return e.Err }
+
 // FieldViolation is one bad field of a refused request.
 type FieldViolation struct {
 	// Field is the path, e.g. "writes[3].value".
@@ -205,6 +227,9 @@ func Decode(err error) error {
 		re.Acked, _ = strconv.Atoi(md["replicas_acked"])
 		re.Wanted, _ = strconv.Atoi(md["replicas_wanted"])
 		return re
+	case (st.Code() == codes.Unavailable || st.Code() == codes.ResourceExhausted) &&
+		strings.HasPrefix(reason, "REDIS_") && reason != "REDIS_UNAVAILABLE":
+		return &RedisRefusalError{Reason: reason, Err: err}
 	case st.Code() == codes.Unavailable:
 		return &codeError{kind: ErrUnavailable, err: err}
 	}

@@ -119,7 +119,20 @@ func TestDecode(t *testing.T) {
 			in:   status.Error(codes.Unavailable, "connection refused"),
 			is:   client.ErrUnavailable,
 		},
+		{
+			name: "redis out of memory",
+			in:   statusErr(t, codes.ResourceExhausted, errorInfo("REDIS_OUT_OF_MEMORY", nil)),
+			is:   client.ErrUnavailable,
+			want: &client.RedisRefusalError{Reason: "REDIS_OUT_OF_MEMORY"},
+		},
+		{
+			name: "redis read-only",
+			in:   statusErr(t, codes.Unavailable, errorInfo("REDIS_READ_ONLY", nil)),
+			is:   client.ErrUnavailable,
+			want: &client.RedisRefusalError{Reason: "REDIS_READ_ONLY"},
+		},
 		// Shapes without a typed form pass through unchanged.
+		{name: "snapshot too large", in: statusErr(t, codes.ResourceExhausted, errorInfo("SNAPSHOT_TOO_LARGE", nil))},
 		{name: "aborted without a reason", in: status.Error(codes.Aborted, "REVISION_CONFLICT")},
 		{name: "failed precondition, unknown reason", in: statusErr(t, codes.FailedPrecondition, errorInfo("SOMETHING_ELSE", nil))},
 		{name: "lease stale reason on another code", in: statusErr(t, codes.Internal, errorInfo("LEASE_STALE", nil))},
@@ -173,6 +186,12 @@ func TestDecode(t *testing.T) {
 					t.Fatalf("Decode(%v) = %v, not a *InvalidArgumentError", tt.in, got)
 				}
 				diff = cmp.Diff(want, ie, ignoreErr)
+			case *client.RedisRefusalError:
+				var re *client.RedisRefusalError
+				if !errors.As(got, &re) {
+					t.Fatalf("Decode(%v) = %v, not a *RedisRefusalError", tt.in, got)
+				}
+				diff = cmp.Diff(want, re, ignoreErr)
 			default:
 				t.Fatalf("unexpected want type %T", want)
 			}

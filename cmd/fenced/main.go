@@ -86,6 +86,10 @@ type serveCmd struct {
 	// LeaseMinTTL and LeaseMaxTTL bound the TTL of a lease grant or renewal.
 	LeaseMinTTL time.Duration `env:"FENCED_LEASE_MIN_TTL" default:"100ms" help:"Shortest lease TTL a client may ask for."`
 	LeaseMaxTTL time.Duration `env:"FENCED_LEASE_MAX_TTL" default:"10m" help:"Longest lease TTL a client may ask for."`
+	// RedisTimeout bounds every call to Redis.
+	RedisTimeout time.Duration `name:"redis-timeout" env:"FENCED_REDIS_TIMEOUT" default:"3s" help:"Longest a call waits for Redis (a commit or lease change waiting for replicas gets its replica timeout on top): past it, the call answers UNAVAILABLE REDIS_UNAVAILABLE, with or without a client deadline."`
+	// AllowEvictingRedis serves on a Redis that may evict keys.
+	AllowEvictingRedis bool `name:"allow-evicting-redis" env:"FENCED_ALLOW_EVICTING_REDIS" help:"Serve even when Redis may evict keys (maxmemory > 0 and maxmemory-policy other than noeviction), with a warning on every health probe and fenced_redis_may_evict = 1. Without it fenced refuses to start, and turns NOT_SERVING, on such a Redis: an evicted key can let a request commit twice or an epoch be granted twice."`
 	// HealthListen serves health alone, in plaintext, for probes.
 	HealthListen string `name:"health-listen" env:"FENCED_HEALTH_LISTEN" placeholder:"ADDR" help:"Also serve grpc.health.v1 alone, in plaintext, on this address (e.g. :7422): for Kubernetes gRPC probes, which cannot speak TLS, when --tls-cert is set. Empty: off."`
 	// HealthInterval is how often Redis is pinged for health.
@@ -229,6 +233,9 @@ func (c *serveCmd) Run(e *env) error {
 	if c.DrainDelay < 0 {
 		return fmt.Errorf("configuration: --drain-delay must be >= 0")
 	}
+	if c.RedisTimeout < time.Millisecond {
+		return fmt.Errorf("configuration: --redis-timeout must be at least 1ms")
+	}
 	sec, stopSec, err := c.security(e.ctx, log)
 	if err != nil {
 		return err
@@ -243,7 +250,10 @@ func (c *serveCmd) Run(e *env) error {
 	opts := []store.Option{obs.storeOption(),
 		store.WithRequestIDWindow(c.RequestIDWindow),
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
-		store.WithLeaseDurability(durable)}
+		store.WithLeaseDurability(durable),
+		store.WithRedisTimeout(c.RedisTimeout),
+		store.WithAllowEviction(c.AllowEvictingRedis),
+		store.WithLogger(log)}
 	if c.ByNameRebuildPage > 0 {
 		opts = append(opts, store.WithByNameRebuild(c.ByNameRebuildPage, byNameRebuilt(log)))
 	}
@@ -252,6 +262,9 @@ func (c *serveCmd) Run(e *env) error {
 		return err
 	}
 	defer closeStore()
+	if err := st.CheckEviction(e.ctx); err != nil {
+		return fmt.Errorf("refusing to start: %w", err)
+	}
 	lis, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

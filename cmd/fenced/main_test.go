@@ -37,7 +37,8 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"--help"}, []string{"Usage: fenced", "serve", "version"}},
 		{[]string{"-h"}, []string{"Usage: fenced", "serve", "version"}},
-		{[]string{"serve", "--help"}, []string{"Usage: fenced serve", "--listen", "--redis-url", "FENCED_REDIS_URL", "--max-writes", "--shutdown-timeout"}},
+		{[]string{"serve", "--help"}, []string{"Usage: fenced serve", "--listen", "--redis-url", "FENCED_REDIS_URL", "--max-writes", "--shutdown-timeout",
+			"--redis-timeout", "FENCED_REDIS_TIMEOUT", "--allow-evicting-redis", "FENCED_ALLOW_EVICTING_REDIS"}},
 		{[]string{"version", "--help"}, []string{"Usage: fenced version"}},
 	}
 	for _, tt := range tests {
@@ -89,6 +90,7 @@ func TestBadCommandLine(t *testing.T) {
 		{"bad log format", []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "xml"}, "xml"},
 		{"bad duration", []string{"serve", "--listen", "127.0.0.1:0", "--shutdown-timeout", "soon"}, "soon"},
 		{"bad redis url", []string{"serve", "--listen", "127.0.0.1:0", "--redis-url", "http://example.invalid"}, "http"},
+		{"redis timeout 0", []string{"serve", "--listen", "127.0.0.1:0", "--redis-timeout", "0s"}, "--redis-timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

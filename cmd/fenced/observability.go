@@ -81,6 +81,7 @@ func (obs *observability) telemetry() server.Telemetry {
 	t := server.Telemetry{StatsHandler: obs.tracing.statsHandler()}
 	if obs.metrics != nil {
 		t.Unary, t.Stream = obs.metrics.UnaryInterceptor(), obs.metrics.StreamInterceptor()
+		t.Ready = obs.metrics.SetReady
 	}
 	return t
 }

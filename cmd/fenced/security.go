@@ -159,7 +159,10 @@ func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*st
 		}
 		return nil, fmt.Errorf("connect to redis %s%s%s: %w", strings.Join(opt.InitAddress, ","), tlsOn, who, err)
 	}
-	st, err := store.New(client, prefix, opts...)
+	// A connection that leads to a node that cannot take writes (a demoted
+	// primary) is dropped and dialled again, resolving the address anew.
+	dial := store.WithDial(func() (rueidis.Client, error) { return rueidis.NewClient(opt) })
+	st, err := store.New(client, prefix, append([]store.Option{dial}, opts...)...)
 	if err != nil {
 		client.Close()
 		return nil, err

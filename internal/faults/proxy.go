@@ -15,10 +15,10 @@ import (
 // and after a pause both sides are closed. The caller's request has reached
 // the server, but its reply never reaches the caller.
 type Proxy struct {
-	lis    net.Listener
-	target string
+	lis net.Listener
 
 	mu     sync.Mutex
+	target string // under mu
 	conns  map[*proxyConn]struct{}
 	marker []byte
 	// dropped is closed when an armed marker was seen and its connection
@@ -46,6 +46,15 @@ func StartProxy(target string) (*Proxy, error) {
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
+}
+
+// SetTarget sends every new connection to target from now on (as a
+// Kubernetes Service or DNS name does after a failover); open connections
+// stay where they are.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
 }
 
 // Addr is the proxy's host:port.
@@ -93,7 +102,10 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		s, err := net.DialTimeout("tcp", target, 2*time.Second)
 		if err != nil {
 			c.Close()
 			continue

@@ -54,6 +54,7 @@ const (
 // ErrorKind sorts an error of internal/store into one of the Kind* values.
 func ErrorKind(err error) string {
 	var re *store.RedisError
+	var refusal *store.RefusalError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return KindTimeout
@@ -61,7 +62,7 @@ func ErrorKind(err error) string {
 		return KindCanceled
 	case errors.Is(err, store.ErrUnavailable):
 		return KindUnavailable
-	case errors.As(err, &re):
+	case errors.As(err, &re), errors.As(err, &refusal): // out of memory: the one refusal not "unavailable"
 		return KindRedis
 	case errors.Is(err, store.ErrMalformedReply):
 		return KindMalformed
@@ -104,6 +105,9 @@ type Metrics struct {
 	leaseGrants        prometheus.Counter
 	leaseHeld          prometheus.Counter
 	leaseLosses        *prometheus.CounterVec
+	redisRefusals      *prometheus.CounterVec
+	redisReady         prometheus.Gauge
+	redisMayEvict      prometheus.Gauge
 }
 
 var _ store.Observer = (*Metrics)(nil)
@@ -161,18 +165,34 @@ func New() *Metrics {
 			Name: "fenced_lease_losses_total",
 			Help: "Leases found lost, by reason: renew_refused and release_refused (refused as stale), taken_over (a grant replaced another owner's expired lease).",
 		}, []string{"reason"}),
+		redisRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenced_redis_refusals_total",
+			Help: "Redis calls of RPCs that Redis refused for a state of its own, by reason (the ErrorInfo reason: REDIS_OUT_OF_MEMORY, REDIS_READ_ONLY, REDIS_WRITE_ERROR, ...); health probes not counted.",
+		}, []string{"reason"}),
+		redisReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenced_redis_ready",
+			Help: "1 while the ready health services are SERVING (Redis is a writable primary that will not evict keys), else 0.",
+		}),
+		redisMayEvict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenced_redis_may_evict",
+			Help: "1 when the last health probe found a Redis primary that may evict keys (maxmemory > 0 and maxmemory-policy other than noeviction), else 0.",
+		}),
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f(m.GRPC)
 	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
-		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses} {
+		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
+		m.redisRefusals, m.redisReady, m.redisMayEvict} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
 	// rate() and absent() work before the first event.
 	for _, k := range []string{KindUnavailable, KindTimeout, KindCanceled, KindRedis, KindMalformed, KindOther} {
 		m.redisErrors.WithLabelValues(k)
+	}
+	for _, r := range store.RefusalReasons() {
+		m.redisRefusals.WithLabelValues(r)
 	}
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
 		m.leaseLosses.WithLabelValues(r)
@@ -217,12 +237,38 @@ func (m *Metrics) ScriptDone(script string, elapsed time.Duration, err error) {
 	m.scriptDuration.WithLabelValues(script).Observe(elapsed.Seconds())
 	if err != nil {
 		m.redisErrors.WithLabelValues(ErrorKind(err)).Inc()
+		m.countRefusal(err)
 	}
 }
 
 // RedisFailed implements store.Observer.
-func (m *Metrics) RedisFailed(_ string, err error) {
+func (m *Metrics) RedisFailed(op string, err error) {
 	m.redisErrors.WithLabelValues(ErrorKind(err)).Inc()
+	if op != "ping" {
+		m.countRefusal(err)
+	}
+}
+
+// countRefusal counts err in fenced_redis_refusals_total when it is a
+// Redis refusal.
+func (m *Metrics) countRefusal(err error) {
+	var re *store.RefusalError
+	if errors.As(err, &re) {
+		m.redisRefusals.WithLabelValues(re.Reason).Inc()
+	}
+}
+
+// EvictionChecked implements store.Observer: fenced_redis_may_evict.
+func (m *Metrics) EvictionChecked(mayEvict bool) { m.redisMayEvict.Set(boolGauge(mayEvict)) }
+
+// SetReady sets fenced_redis_ready (server.Telemetry.Ready).
+func (m *Metrics) SetReady(serving bool) { m.redisReady.Set(boolGauge(serving)) }
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // BatchDone implements store.Observer.

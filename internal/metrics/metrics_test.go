@@ -153,3 +153,43 @@ func scrape(t *testing.T, m *metrics.Metrics) map[string]float64 {
 	}
 	return out
 }
+
+// TestRedisRefusalsReadyAndEviction: a refused script call counts under
+// its reason in fenced_redis_refusals_total (health probes do not), every
+// reason's series is there from the start, and fenced_redis_ready and
+// fenced_redis_may_evict follow what they are told.
+func TestRedisRefusalsReadyAndEviction(t *testing.T) {
+	m := metrics.New()
+	oom := fmt.Errorf("store: fenced batch: %w", store.Refusal("OOM command not allowed when used memory > 'maxmemory'."))
+	m.ScriptDone(store.ScriptCommit, time.Millisecond, oom)
+	m.ScriptDone(store.ScriptLease, time.Millisecond, store.Refusal("READONLY You can't write against a read only replica."))
+	m.RedisFailed("layout", store.Refusal("LOADING Redis is loading the dataset in memory"))
+	m.RedisFailed("ping", store.Refusal("MISCONF Redis is configured to save RDB snapshots"))
+	m.SetReady(true)
+	m.EvictionChecked(true)
+	got := scrape(t, m)
+	want := map[string]float64{
+		`fenced_redis_refusals_total{REDIS_OUT_OF_MEMORY}`: 1,
+		`fenced_redis_refusals_total{REDIS_READ_ONLY}`:     1,
+		`fenced_redis_refusals_total{REDIS_LOADING}`:       1,
+		`fenced_redis_refusals_total{REDIS_WRITE_ERROR}`:   0,
+		"fenced_redis_ready":                               1,
+		"fenced_redis_may_evict":                           1,
+	}
+	for name, w := range want {
+		if g, ok := got[name]; !ok || g != w {
+			t.Errorf("%s = %v (present %v), want %v", name, g, ok, w)
+		}
+	}
+	for _, r := range store.RefusalReasons() {
+		if _, ok := got["fenced_redis_refusals_total{"+r+"}"]; !ok {
+			t.Errorf("/metrics lacks fenced_redis_refusals_total{reason=%q}", r)
+		}
+	}
+	m.SetReady(false)
+	m.EvictionChecked(false)
+	got = scrape(t, m)
+	if got["fenced_redis_ready"] != 0 || got["fenced_redis_may_evict"] != 0 {
+		t.Errorf("after SetReady(false), EvictionChecked(false): ready %v, may_evict %v; want 0, 0", got["fenced_redis_ready"], got["fenced_redis_may_evict"])
+	}
+}

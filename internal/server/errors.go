@@ -21,6 +21,8 @@ import (
 const Domain = "fenced"
 
 // ErrorInfo reasons. Clients switch on these, never on message text.
+// Redis refusals add store's ReasonRedis* (REDIS_OUT_OF_MEMORY,
+// REDIS_READ_ONLY, REDIS_WRITE_ERROR, ...).
 const (
 	ReasonRevisionConflict = "REVISION_CONFLICT"
 	ReasonLeaseStale       = "LEASE_STALE"
@@ -73,7 +75,27 @@ var errorTable = []errorMapping{
 	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
 	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
 	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
+	// Redis refused for a state of its own (store's refusal table): out of
+	// memory is RESOURCE_EXHAUSTED (nothing was written; retry after an
+	// operator frees memory); every other refusal, fenced's own Redis
+	// credentials included, is UNAVAILABLE: the caller's request is fine and
+	// retrying later is right. PERMISSION_DENIED is not used for a refused
+	// Redis user: fenced answers it for the caller's own token, and the
+	// caller can do nothing about fenced's ACL user.
+	{is(store.ErrRedisOutOfMemory), codes.ResourceExhausted, refusalDetails},
+	{as[*store.RefusalError](), codes.Unavailable, refusalDetails},
+	{is(store.ErrRedisMayEvict), codes.Unavailable, reason(store.ReasonRedisMayEvict)},
 	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
+}
+
+// refusalDetails is the refusal's ErrorInfo reason (one of store's
+// ReasonRedis*).
+func refusalDetails(err error) []protoadapt.MessageV1 {
+	var re *store.RefusalError
+	if !errors.As(err, &re) {
+		return []protoadapt.MessageV1{info(ReasonRedisUnavailable, nil)}
+	}
+	return []protoadapt.MessageV1{info(re.Reason, nil)}
 }
 
 // toStatus maps an error of the core to a gRPC status error through

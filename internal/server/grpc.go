@@ -81,6 +81,10 @@ type Server struct {
 	// healthSrv serves health alone (ServeHealth), created once.
 	healthOnly sync.Once
 	healthSrv  *grpc.Server
+	// ready is told of every ready transition (Telemetry.Ready).
+	ready func(serving bool)
+	// drained: Drain was called; ready stays false.
+	drained atomic.Bool
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -120,6 +124,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		core:   core,
 		log:    logger,
 		every:  opts.HealthInterval,
+		ready:  opts.Telemetry.Ready,
 	}
 	countUnary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		s.calls.Add(1)
@@ -170,6 +175,9 @@ func (s *Server) setReady(st healthpb.HealthCheckResponse_ServingStatus) {
 	for _, name := range ReadyServices {
 		s.health.SetServingStatus(name, st)
 	}
+	if s.ready != nil && !s.drained.Load() {
+		s.ready(st == healthpb.HealthCheckResponse_SERVING)
+	}
 }
 
 // Serve checks Redis once, starts following its health in the background,
@@ -185,7 +193,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	return err
 }
 
-// watchRedis pings Redis every interval and flips the ready services.
+// watchRedis probes Redis every interval (Core.Ping: a writable primary
+// that may not evict keys) and flips the ready services: NOT_SERVING while
+// the probe fails, whether Redis is unreachable or refuses writes for a
+// reason an operator must fix (out of memory, failing saves, a replica,
+// too few replicas, eviction possible); calls then answer the same reason.
 func (s *Server) watchRedis(ctx context.Context) {
 	ticker := time.NewTicker(s.every)
 	defer ticker.Stop()
@@ -209,7 +221,7 @@ func (s *Server) watchRedis(ctx context.Context) {
 			s.log.Info("redis answers: serving")
 			s.setReady(healthpb.HealthCheckResponse_SERVING)
 		case err != nil && ready:
-			s.log.Warn("redis does not answer: not serving", "err", err)
+			s.log.Warn("redis cannot take writes: not serving", "err", err)
 			s.setReady(healthpb.HealthCheckResponse_NOT_SERVING)
 		case err != nil && !ready:
 			s.log.Debug("redis still does not answer", "err", err)
@@ -228,7 +240,12 @@ func (s *Server) watchRedis(ctx context.Context) {
 // of a shutdown, so that readiness probes and load balancers take this
 // replica out of rotation before Shutdown stops taking calls. Shutdown
 // follows; Drain alone stops nothing.
-func (s *Server) Drain() { s.health.Shutdown() }
+func (s *Server) Drain() {
+	s.health.Shutdown()
+	if s.ready != nil && !s.drained.Swap(true) {
+		s.ready(false)
+	}
+}
 
 // ServeHealth serves grpc.health.v1 alone on lis, in plaintext, sharing the
 // statuses of the main server: for probes that cannot speak TLS (the
@@ -255,7 +272,7 @@ func (s *Server) ServeHealth(lis net.Listener) error {
 // which the rest are cancelled), and open health Watch streams, which never
 // end by themselves, are cut once the other calls have drained.
 func (s *Server) Shutdown(ctx context.Context) {
-	s.health.Shutdown()
+	s.Drain()
 	defer func() {
 		s.healthOnly.Do(func() {}) // no ServeHealth from now on
 		if s.healthSrv != nil {

@@ -91,7 +91,7 @@ func i4Seed(t *testing.T, st *store.Store, slug, section string, n, pad int) map
 // ids never reach Redis.
 func TestIssue4RequestID(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	const slug = "idem-grpc"
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}})
 	now := redisNowMs(t, srv)

@@ -130,7 +130,7 @@ func serveTokens(t *testing.T, srv *redistest.Server, path string) *endpoint {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go a.Watch(ctx)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Security: server.Security{Tokens: a}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes, Security: server.Security{Tokens: a}})
 	awaitHealth(t, e, "", healthpb.HealthCheckResponse_SERVING)
 	return e
 }

@@ -26,7 +26,7 @@ const byteSensitive = "{ \"z\":1,\n \"a\" : [],\t\"n\":12345678901234567890, \"u
 
 func TestLayout(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "rec", Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
 	srv.Do(t, "HSET", currentKey, "doc", `{"executions":{},"epoch":4}`)
 
@@ -378,7 +378,7 @@ func TestFencedBatch(t *testing.T) {
 // DATA_LOSS naming it, even when its key is not valid UTF-8.
 func TestCorruptRecord(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	srv.Do(t, "HSET", redisKey("s", "intents"), "plain", "not a record")
 	srv.Do(t, "HSET", redisKey("s", "claims"), "bad\xffkey", "[1,2]")
 
@@ -432,7 +432,7 @@ func smallLimits() batch.Limits {
 
 func TestBadInput(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, smallLimits(), server.Options{})
+	e := serveRedis(t, srv, smallLimits(), server.Options{HealthInterval: noProbes})
 	const slug = "bad-input"
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `{"seed":true}`)}})
 

@@ -18,6 +18,9 @@ type Telemetry struct {
 	// StatsHandler sees every RPC from the transport up: OpenTelemetry
 	// tracing (otelgrpc.NewServerHandler).
 	StatsHandler stats.Handler
+	// Ready, when set, is told every time the ready health services turn
+	// SERVING (true) or NOT_SERVING (false): the fenced_redis_ready gauge.
+	Ready func(serving bool)
 }
 
 func (t Telemetry) unary() grpc.UnaryServerInterceptor {

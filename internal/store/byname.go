@@ -101,7 +101,7 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 		}
 		reply, err := call(ctx, "claim", claim, ttl)
 		if err != nil {
-			return fmt.Errorf("store: rebuild by-name of %s: claim: %w", slug, classify(ctx, err))
+			return fmt.Errorf("store: rebuild by-name of %s: claim: %w", slug, s.classify(ctx, err))
 		}
 		if len(reply) != 1 || reply[0] != "OK" && reply[0] != "BUSY" {
 			return fmt.Errorf("store: rebuild by-name of %s: claim: %w: %q", slug, ErrMalformedReply, reply)
@@ -137,7 +137,7 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 		}
 		reply, err := call(ctx, name, cursor, page)
 		if err != nil {
-			return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w", slug, name, classify(ctx, err))
+			return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w", slug, name, s.classify(ctx, err))
 		}
 		if len(reply) == 1 {
 			return reply[0], 0, nil

@@ -29,7 +29,7 @@ func ClientOptions(url string) (rueidis.ClientOption, error) {
 }
 
 // Open connects to the Redis at url (see ClientOptions) and returns a Store
-// over it with the given key prefix. On Cluster, rueidis follows MOVED and
+// over it with the given key prefix, able to reconnect (WithDial). On Cluster, rueidis follows MOVED and
 // ASK itself; none reaches a caller.
 func Open(url, prefix string, opts ...Option) (*Store, error) {
 	opt, err := ClientOptions(url)
@@ -40,7 +40,8 @@ func Open(url, prefix string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: connect to redis: %w", err)
 	}
-	s, err := New(client, prefix, opts...)
+	dial := WithDial(func() (rueidis.Client, error) { return rueidis.NewClient(opt) })
+	s, err := New(client, prefix, append([]Option{dial}, opts...)...)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -121,6 +122,9 @@ func (e *Embedded) Open(prefix string, opts ...Option) (*Store, error) {
 		client.Close()
 		return nil, err
 	}
+	// miniredis has neither ROLE nor CONFIG, and never evicts: no warnings.
+	s.roleRefused.Store(true)
+	s.configRefused.Store(true)
 	return s, nil
 }
 

@@ -40,6 +40,17 @@ type Durability struct {
 	Timeout time.Duration
 }
 
+// wait is how long d may wait for replicas: 0 when it does not wait.
+func (d Durability) wait() time.Duration {
+	switch {
+	case d.Replicas <= 0:
+		return 0
+	case d.Timeout <= 0:
+		return DefaultReplicaTimeout
+	}
+	return d.Timeout
+}
+
 // DefaultReplicaTimeout bounds a Durability wait with no Timeout.
 const DefaultReplicaTimeout = time.Second
 
@@ -65,6 +76,8 @@ type Committed struct {
 // (ErrReplicationTimeout) with the revision, and the caller may retry with
 // the same request id to learn the outcome.
 func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability) (c Committed, err error) {
+	ctx, cancel := s.bound(ctx, d.wait())
+	defer cancel()
 	defer func() { s.observe.BatchDone(b, c, err) }()
 	k := s.keys(b.Slug)
 	sc, keys, args := s.commitArgs(k, b)
@@ -108,7 +121,7 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 		}
 	}
 	if err != nil {
-		return nil, 0, classify(ctx, err)
+		return nil, 0, s.classify(ctx, err)
 	}
 	if len(reply) == 0 {
 		return nil, 0, fmt.Errorf("%w: empty reply", ErrMalformedReply)
@@ -132,7 +145,7 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 	if timeout <= 0 {
 		timeout = DefaultReplicaTimeout
 	}
-	c := s.client
+	c := s.c()
 	wait := func() rueidis.Completed {
 		return c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(timeout.Milliseconds()).Build()
 	}
@@ -315,9 +328,9 @@ func staleError(f []string) error {
 // documentExists reports whether P:state:fencing:current holds the swarm's
 // whole document (the document layout).
 func (s *Store) documentExists(ctx context.Context, k swarmKeys) (bool, error) {
-	n, err := s.client.Do(ctx, s.client.B().Hexists().Key(k.current).Field(k.slug).Build()).AsBool()
+	n, err := s.c().Do(ctx, s.c().B().Hexists().Key(k.current).Field(k.slug).Build()).AsBool()
 	if err != nil {
-		err = classify(ctx, err)
+		err = s.classify(ctx, err)
 		s.observe.RedisFailed("layout", err)
 		return false, err
 	}

@@ -149,31 +149,160 @@ type RedisError struct {
 
 func (e *RedisError) Error() string { return "redis: " + e.Message }
 
-// unavailablePrefixes are Redis error replies that mean "try again later".
-var unavailablePrefixes = []string{
-	"BUSY ", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN",
-	"NOREPLICAS", "MOVED", "ASK",
+// Refusal reasons: the ErrorInfo reason (domain "fenced") of each kind of
+// Redis refusal, carried by *RefusalError and defined here, beside the table
+// that produces them, so that the server, the metrics and the client use the
+// same words.
+const (
+	ReasonRedisOutOfMemory  = "REDIS_OUT_OF_MEMORY"
+	ReasonRedisWriteError   = "REDIS_WRITE_ERROR"
+	ReasonRedisReadOnly     = "REDIS_READ_ONLY"
+	ReasonRedisNoReplicas   = "REDIS_NO_REPLICAS"
+	ReasonRedisBusy         = "REDIS_BUSY"
+	ReasonRedisLoading      = "REDIS_LOADING"
+	ReasonRedisMasterDown   = "REDIS_MASTER_DOWN"
+	ReasonRedisTryAgain     = "REDIS_TRY_AGAIN"
+	ReasonRedisClusterDown  = "REDIS_CLUSTER_DOWN"
+	ReasonRedisNoScript     = "REDIS_NO_SCRIPT"
+	ReasonRedisNotPermitted = "REDIS_NOT_PERMITTED"
+	ReasonRedisMayEvict     = "REDIS_MAY_EVICT"
+)
+
+// ErrRedisOutOfMemory: Redis refused a write because its used memory is
+// over maxmemory and its policy (noeviction) frees nothing
+// (-OOM). Returned as *RefusalError with ReasonRedisOutOfMemory. Nothing
+// was written; retry once an operator freed memory or raised maxmemory.
+// It is the one refusal that does not match ErrUnavailable.
+var ErrRedisOutOfMemory = errors.New("redis out of memory")
+
+// ErrRedisNotPermitted: Redis refused fenced's own credentials (-NOAUTH,
+// -WRONGPASS, -NOPERM): the ACL user fenced connects as lacks a command or
+// key pattern, or its password changed. Returned as *RefusalError with
+// ReasonRedisNotPermitted; matches ErrUnavailable too, since the caller's
+// request is fine and only an operator can fix fenced's Redis user.
+var ErrRedisNotPermitted = errors.New("redis refused fenced's credentials")
+
+// RefusalError is an error reply by which Redis refused a command because
+// of a state of its own (out of memory, a replica, failing saves, too few
+// replicas, a busy script, loading, a cluster or master down; see
+// refusalTable). Nothing of a refused command was applied, except for
+// -BUSY and -TRYAGAIN, which may come back mid-call. Every RefusalError
+// matches ErrUnavailable (retry later) except ErrRedisOutOfMemory's.
+type RefusalError struct {
+	// Reason is the ErrorInfo reason: one of the ReasonRedis* constants.
+	Reason string
+	// Message is Redis's reply, valid UTF-8.
+	Message string
+	// kind is ErrUnavailable, ErrRedisOutOfMemory or ErrRedisNotPermitted.
+	kind error
+	// reconnect: the connection may lead to a node that cannot take
+	// writes (a demoted primary, one loading, one whose master is down):
+	// drop the client and dial the address again.
+	reconnect bool
 }
 
+func (e *RefusalError) Error() string { return "redis refused: " + e.Message }
+
+// Is matches the refusal's kind, and ErrUnavailable for every refusal but
+// out of memory.
+func (e *RefusalError) Is(target error) bool {
+	return target == e.kind || (target == ErrUnavailable && e.kind != ErrRedisOutOfMemory)
+}
+
+// refusal is one row of refusalTable.
+type refusal struct {
+	// prefix is the error code Redis's reply starts with (its first word).
+	prefix    string
+	reason    string
+	kind      error
+	reconnect bool
+}
+
+// refusalTable classifies every error reply Redis documents for a write
+// (and for the commands fenced reads with) that means "not now, for a
+// reason of Redis's own". The server maps each reason to a gRPC code
+// (internal/server/errors.go); metrics count them by reason.
+var refusalTable = []refusal{
+	{"OOM", ReasonRedisOutOfMemory, ErrRedisOutOfMemory, false},
+	{"MISCONF", ReasonRedisWriteError, ErrUnavailable, false},
+	{"READONLY", ReasonRedisReadOnly, ErrUnavailable, true},
+	{"NOREPLICAS", ReasonRedisNoReplicas, ErrUnavailable, false},
+	{"BUSY", ReasonRedisBusy, ErrUnavailable, false},
+	{"LOADING", ReasonRedisLoading, ErrUnavailable, true},
+	{"MASTERDOWN", ReasonRedisMasterDown, ErrUnavailable, true},
+	{"TRYAGAIN", ReasonRedisTryAgain, ErrUnavailable, false},
+	{"CLUSTERDOWN", ReasonRedisClusterDown, ErrUnavailable, false},
+	{"NOSCRIPT", ReasonRedisNoScript, ErrUnavailable, false},
+	{"NOAUTH", ReasonRedisNotPermitted, ErrRedisNotPermitted, false},
+	{"WRONGPASS", ReasonRedisNotPermitted, ErrRedisNotPermitted, false},
+	{"NOPERM", ReasonRedisNotPermitted, ErrRedisNotPermitted, false},
+}
+
+// RefusalReasons lists every reason a *RefusalError may carry, in table
+// order without repeats (for metrics to start each series at zero).
+func RefusalReasons() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, r := range refusalTable {
+		if !seen[r.reason] {
+			seen[r.reason] = true
+			out = append(out, r.reason)
+		}
+	}
+	return out
+}
+
+// Refusal classifies one Redis error reply text (without the leading '-')
+// by refusalTable: a *RefusalError, or nil when it is not a refusal.
+func Refusal(reply string) *RefusalError { return refused(reply) }
+
+// refused classifies one Redis error reply text; nil when it is not a
+// refusal of refusalTable. A script that called a refused command answers
+// the command's error code first, as Redis 7 passes it through (on older
+// Redis an "ERR Error running script ... -OOM ..." text is searched too).
+func refused(msg string) *RefusalError {
+	code, _, _ := strings.Cut(msg, " ")
+	for _, r := range refusalTable {
+		if code == r.prefix || (code == "ERR" && strings.Contains(msg, " -"+r.prefix+" ")) {
+			return &RefusalError{Reason: r.reason, Message: msg, kind: r.kind, reconnect: r.reconnect}
+		}
+	}
+	return nil
+}
+
+// movedPrefixes are redirections rueidis follows itself on Cluster; one
+// that reaches fenced means the topology is changing: try again later.
+var movedPrefixes = []string{"MOVED ", "ASK "}
+
 // classify sorts an error from rueidis into the package's vocabulary:
-// context errors stay themselves; Redis error replies that mean "later" and
-// every transport error become ErrUnavailable; other error replies become
-// *RedisError. err is wrapped as "<what>: <kind>: <cause>".
+// context errors stay themselves; a call cut by the Store's own bound
+// (WithRedisTimeout) becomes ErrUnavailable; Redis refusals of
+// refusalTable become *RefusalError; transport errors become
+// ErrUnavailable; other error replies become *RedisError.
 func classify(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctxErr)) {
+		if cause := context.Cause(ctx); errors.Is(cause, errRedisTimeout) {
+			return fmt.Errorf("%w: %w", ErrUnavailable, cause)
+		}
 		return fmt.Errorf("%w", ctxErr)
 	}
 	// rueidis sets its connection deadline from ctx's: a call cut there can
 	// return before ctx's own timer has fired, while ctx.Err() is still nil.
 	if dl, ok := ctx.Deadline(); ok && errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(dl) {
+		if own, ok := ctx.Value(boundKey{}).(time.Time); ok && own.Equal(dl) {
+			return fmt.Errorf("%w: %w", ErrUnavailable, errRedisTimeout)
+		}
 		return fmt.Errorf("%w", context.DeadlineExceeded)
 	}
 	if rerr, ok := rueidis.IsRedisErr(err); ok {
 		msg := strings.ToValidUTF8(rerr.Error(), "\uFFFD")
-		for _, p := range unavailablePrefixes {
+		if r := refused(msg); r != nil {
+			return r
+		}
+		for _, p := range movedPrefixes {
 			if strings.HasPrefix(msg, p) {
 				return fmt.Errorf("%w: %s", ErrUnavailable, msg)
 			}
@@ -181,7 +310,8 @@ func classify(ctx context.Context, err error) error {
 		return &RedisError{Message: msg}
 	}
 	var already *RedisError
-	if errors.As(err, &already) || errors.Is(err, ErrUnavailable) {
+	var refusedAlready *RefusalError
+	if errors.As(err, &already) || errors.As(err, &refusedAlready) || errors.Is(err, ErrUnavailable) {
 		return err
 	}
 	// rueidis returns net errors, io.EOF, ErrClosing and the like for a

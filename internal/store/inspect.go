@@ -96,7 +96,7 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	}
 	arr, err := s.exec(ctx, inspectScript, keys, []string{mode, slug + ":records"}).ToArray()
 	if err != nil {
-		return nil, fmt.Errorf("store: inspect: %w", classify(ctx, err))
+		return nil, fmt.Errorf("store: inspect: %w", s.classify(ctx, err))
 	}
 	if len(arr) != 12+len(sections) {
 		return nil, fmt.Errorf("store: inspect: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(sections))
@@ -224,10 +224,10 @@ func (s *Store) LogEntries(ctx context.Context, slug string, n int) ([]LogEntry,
 	if n <= 0 {
 		return nil, nil
 	}
-	c := s.client
+	c := s.c()
 	entries, err := c.Do(ctx, c.B().Xrevrange().Key(s.keys(slug).log()).End("+").Start("-").Count(int64(n)).Build()).AsXRange()
 	if err != nil && !rueidis.IsRedisNil(err) {
-		err = classify(ctx, err)
+		err = s.classify(ctx, err)
 		s.observe.RedisFailed("log", err)
 		return nil, fmt.Errorf("store: read log: %w", err)
 	}
@@ -313,7 +313,7 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 	for cursor := "0"; ; {
 		reply, err := replyStrings(s.exec(ctx, byNameCheckScript, keys, []string{cursor, page}))
 		if err != nil {
-			return nil, fmt.Errorf("store: check by-name: %w", classify(ctx, err))
+			return nil, fmt.Errorf("store: check by-name: %w", s.classify(ctx, err))
 		}
 		if len(reply)%2 != 1 {
 			return nil, fmt.Errorf("store: check by-name: %w: %d elements", ErrMalformedReply, len(reply))
@@ -403,12 +403,12 @@ func parseMember(m string) (name, id string, named, ok bool) {
 
 // revision reads the swarm revision (0 when absent or not an integer).
 func (s *Store) revision(ctx context.Context, k swarmKeys) (int64, error) {
-	raw, err := s.client.Do(ctx, s.client.B().Get().Key(k.revision()).Build()).ToString()
+	raw, err := s.c().Do(ctx, s.c().B().Get().Key(k.revision()).Build()).ToString()
 	if rueidis.IsRedisNil(err) {
 		return 0, nil
 	}
 	if err != nil {
-		err = classify(ctx, err)
+		err = s.classify(ctx, err)
 		s.observe.RedisFailed("revision", err)
 		return 0, fmt.Errorf("store: read revision: %w", err)
 	}
@@ -419,12 +419,12 @@ func (s *Store) revision(ctx context.Context, k swarmKeys) (int64, error) {
 // hscan calls f for every field of the hash at key, one HSCAN page at a
 // time.
 func (s *Store) hscan(ctx context.Context, key string, count int, f func(field, value string)) error {
-	c := s.client
+	c := s.c()
 	var cursor uint64
 	for {
 		e, err := c.Do(ctx, c.B().Hscan().Key(key).Cursor(cursor).Count(int64(count)).Build()).AsScanEntry()
 		if err != nil {
-			err = classify(ctx, err)
+			err = s.classify(ctx, err)
 			s.observe.RedisFailed("hscan", err)
 			return fmt.Errorf("store: scan %s: %w", key, err)
 		}

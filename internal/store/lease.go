@@ -92,6 +92,8 @@ func (s *Store) Release(ctx context.Context, slug, owner string, epoch int64) (i
 }
 
 func (s *Store) leaseOp(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (Lease, int64, error) {
+	ctx, cancel := s.bound(ctx, s.leaseDurability.wait())
+	defer cancel()
 	e, rev := s.runLease(ctx, slug, op, owner, epoch, ttlMs)
 	s.observe.LeaseDone(e)
 	return e.Lease, rev, e.Err
@@ -178,10 +180,12 @@ func parseInts(ss ...string) ([]int64, error) {
 // meta/lease is not a lease record, ErrUnavailable, context errors,
 // *RedisError.
 func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, nowMs, revision int64, err error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
 	k := s.keys(slug)
 	arr, err := s.exec(ctx, readLeaseScript, []string{k.meta(), k.revision()}, nil).ToArray()
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("store: read lease: %w", classify(ctx, err))
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w", s.classify(ctx, err))
 	}
 	if len(arr) != 3 {
 		return nil, 0, 0, fmt.Errorf("store: read lease: %w: %d elements", ErrMalformedReply, len(arr))

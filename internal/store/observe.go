@@ -45,6 +45,9 @@ type Observer interface {
 	BatchDone(b *batch.Batch, c Committed, err error)
 	// LeaseDone reports the outcome of one Acquire, Renew or Release.
 	LeaseDone(e LeaseEvent)
+	// EvictionChecked reports, after each health probe that could read
+	// maxmemory and maxmemory-policy, whether some primary may evict keys.
+	EvictionChecked(mayEvict bool)
 }
 
 // LeaseEvent is the outcome of one lease operation.
@@ -80,12 +83,13 @@ func (nopObserver) ScriptDone(string, time.Duration, error)  {}
 func (nopObserver) RedisFailed(string, error)                {}
 func (nopObserver) BatchDone(*batch.Batch, Committed, error) {}
 func (nopObserver) LeaseDone(LeaseEvent)                     {}
+func (nopObserver) EvictionChecked(bool)                     {}
 
 // exec runs sc once (by SHA, EVAL on NOSCRIPT) and reports it to the
 // Observer.
 func (s *Store) exec(ctx context.Context, sc *script, keys, args []string) rueidis.RedisResult {
 	start := time.Now()
-	res := sc.Exec(ctx, s.client, keys, args)
+	res := sc.Exec(ctx, s.c(), keys, args)
 	s.observeScript(ctx, sc, start, res.Error())
 	return res
 }
@@ -96,5 +100,5 @@ func (s *Store) observeScript(ctx context.Context, sc *script, start time.Time, 
 	if rueidis.IsRedisNil(err) {
 		err = nil
 	}
-	s.observe.ScriptDone(sc.name, time.Since(start), classify(ctx, err))
+	s.observe.ScriptDone(sc.name, time.Since(start), s.classify(ctx, err))
 }

@@ -20,6 +20,13 @@ type recorder struct {
 	failed  []string // RedisFailed ops
 	batches []error
 	leases  []store.LeaseEvent
+	evicts  []bool // EvictionChecked
+}
+
+func (r *recorder) EvictionChecked(mayEvict bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evicts = append(r.evicts, mayEvict)
 }
 
 func (r *recorder) ScriptDone(script string, elapsed time.Duration, err error) {

@@ -23,11 +23,13 @@ import (
 // revision is 0 when no batch ever committed. Errors: *CorruptError when the
 // stored field is not a record, ErrUnavailable, context errors, *RedisError.
 func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Record, revision int64, err error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
 	k := s.keys(slug)
 	arr, err := s.exec(ctx, readRecordScript,
 		[]string{k.revision(), k.section(section)}, []string{key}).ToArray()
 	if err != nil {
-		return nil, 0, fmt.Errorf("store: read record: %w", classify(ctx, err))
+		return nil, 0, fmt.Errorf("store: read record: %w", s.classify(ctx, err))
 	}
 	if len(arr) != 2 {
 		return nil, 0, fmt.Errorf("store: read record: %w: %d elements", ErrMalformedReply, len(arr))
@@ -74,6 +76,8 @@ type Snapshot struct {
 // *CorruptError naming it. Other errors: ErrUnavailable, context errors,
 // *RedisError.
 func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Snapshot, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
 	k := s.keys(slug)
 	keys := make([]string, 0, 2+len(names))
 	keys = append(keys, k.revision(), k.meta())
@@ -82,7 +86,7 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 	}
 	arr, err := s.exec(ctx, readSectionsScript, keys, []string{strconv.Itoa(s.maxSnapshotRecords)}).ToArray()
 	if err != nil {
-		return nil, fmt.Errorf("store: read sections: %w", classify(ctx, err))
+		return nil, fmt.Errorf("store: read sections: %w", s.classify(ctx, err))
 	}
 	if len(arr) == 2 {
 		if tag, _ := arr[0].ToString(); tag == "TOO_LARGE" {
@@ -158,15 +162,17 @@ const (
 // else records when the swarm has a revision; else LayoutNone. Errors:
 // ErrUnavailable, context errors, *RedisError.
 func (s *Store) Layout(ctx context.Context, slug string) (Layout, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
 	k := s.keys(slug)
-	c := s.client
+	c := s.c()
 	res := c.DoMulti(ctx,
 		c.B().Hget().Key(k.meta()).Field("layout").Build(),
 		c.B().Exists().Key(k.revision()).Build(),
 		c.B().Hexists().Key(k.current).Field(slug).Build())
 	for _, r := range res {
 		if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
-			err = classify(ctx, err)
+			err = s.classify(ctx, err)
 			s.observe.RedisFailed("layout", err)
 			return LayoutNone, fmt.Errorf("store: read layout: %w", err)
 		}
@@ -267,6 +273,8 @@ func keysFingerprint(keys []string) string {
 // count records, even none, before the end. Errors: ErrInvalidCursor,
 // *CorruptError, ErrUnavailable, context errors, *RedisError.
 func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*Page, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
 	cursor, fingerprint, after, ok := parseScanPosition(position)
 	if !ok || count < 1 {
 		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
@@ -275,7 +283,7 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
 		[]string{cursor, strconv.Itoa(count)}).ToArray()
 	if err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", classify(ctx, err))
+		return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 	}
 	if len(arr) != 4 {
 		return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(arr))

@@ -14,7 +14,10 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -81,7 +84,27 @@ const DefaultPrefix = "agentihooks"
 // own besides the client: any number of Stores (and fenced replicas) may
 // serve the same swarms at once.
 type Store struct {
-	client rueidis.Client
+	// client is the rueidis client in use: replaced by a new one when the
+	// connection leads to a node that cannot take writes (reconnect).
+	client atomic.Pointer[rueidis.Client]
+	// dial builds a new client over the same address(es); nil: never
+	// reconnect (a client handed to New without WithDial).
+	dial func() (rueidis.Client, error)
+	// redial serializes reconnects and rate-limits them.
+	redial       sync.Mutex
+	lastRedialAt time.Time
+	closed       bool // under redial
+	dialing      bool // under redial: a reconnect is dialling
+	// timeout bounds every call to Redis (WithRedisTimeout).
+	timeout time.Duration
+	// allowEviction: serve on a Redis that may evict keys (WithAllowEviction).
+	allowEviction bool
+	// configRefused is set once CONFIG GET was refused (warned once).
+	configRefused atomic.Bool
+	// roleRefused is set once ROLE was refused (warned once).
+	roleRefused atomic.Bool
+	// log receives the warnings of the health probe and reconnects.
+	log    *slog.Logger
 	prefix string // "<prefix>:swarm"
 	// stamp: standalone (or Sentinel) Redis, where commits stamp
 	// P:state:fencing:current; never on Cluster, where that key has no slot
@@ -152,13 +175,15 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("store: key prefix %q may not contain '{' or '}'", prefix)
 	}
 	s := &Store{
-		client:             client,
 		prefix:             prefix + ":swarm",
 		stamp:              client.Mode() != rueidis.ClientModeCluster,
 		requestWindow:      DefaultRequestIDWindow,
 		maxSnapshotRecords: DefaultMaxSnapshotRecords,
 		observe:            nopObserver{},
+		timeout:            DefaultRedisTimeout,
+		log:                slog.Default(),
 	}
+	s.client.Store(&client)
 	for _, o := range opts {
 		o(s)
 	}
@@ -168,31 +193,21 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 // Cluster reports whether the Store talks to a Redis Cluster.
 func (s *Store) Cluster() bool { return !s.stamp }
 
-// Ping checks that Redis answers, on every node of a Cluster.
-func (s *Store) Ping(ctx context.Context) error {
-	for addr, node := range s.client.Nodes() {
-		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			err = classify(ctx, err)
-			s.observe.RedisFailed("ping", err)
-			return fmt.Errorf("store: ping %s: %w", addr, err)
-		}
-	}
-	return nil
-}
-
 // LoadScripts loads every script on every node (SCRIPT LOAD), so that the
 // next calls find them by SHA. fenced calls it whenever Redis becomes
 // reachable; calls work without it, at the cost of sending a script (and
 // its arguments) twice on the first call after Redis forgot it.
 func (s *Store) LoadScripts(ctx context.Context) error {
-	for addr, node := range s.client.Nodes() {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	for addr, node := range s.c().Nodes() {
 		cmds := make(rueidis.Commands, len(allScripts))
 		for i, sc := range allScripts {
 			cmds[i] = node.B().ScriptLoad().Script(sc.src).Build()
 		}
 		for _, res := range node.DoMulti(ctx, cmds...) {
 			if err := res.Error(); err != nil {
-				err = classify(ctx, err)
+				err = s.classify(ctx, err)
 				s.observe.RedisFailed("load_scripts", err)
 				return fmt.Errorf("store: load scripts on %s: %w", addr, err)
 			}
@@ -201,8 +216,15 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the background by-name rebuilds, then closes the client.
+// Close stops the background by-name rebuilds, then closes the client (and
+// stops reconnecting).
 func (s *Store) Close() {
 	s.rebuilds.stop()
-	s.client.Close()
+	s.redial.Lock()
+	defer s.redial.Unlock()
+	s.closed = true
+	s.c().Close()
 }
+
+// c is the client in use.
+func (s *Store) c() rueidis.Client { return *s.client.Load() }
