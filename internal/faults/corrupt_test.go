@@ -61,7 +61,7 @@ func TestCorruptField(t *testing.T) {
 
 	// scriptReads: the field starts like a record ({"r":N,), so the commit
 	// script reads revision N by its anchored pattern without decoding the
-	// value (DESIGN §2; it never decodes values on the hot path): a check
+	// value (docs/design.md §2.2; it never decodes values on the hot path): a check
 	// at N passes, a put at N or BLIND overwrites (repairs) it. Reads
 	// decode, and report it.
 	for _, tc := range []struct {
