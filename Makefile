@@ -40,8 +40,9 @@ redis-server: ## Install Debian's redis-server when it is missing (needs root).
 	  else echo "redis-server not found: sudo apt-get install -y redis-server" >&2; exit 1; fi; }
 
 .PHONY: bench
-bench: redis-server ## Benchmarks: commit script direct vs bare gRPC forwarder vs fenced, batch sizes 1/8/64.
+bench: redis-server ## Benchmarks: commit script direct vs bare gRPC forwarder vs fenced, batch sizes 1/8/64; isolation under floods.
 	go test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -benchmem ./internal/bench/
+	go test -run='^$$' -bench=. -benchtime=1x -timeout=20m ./internal/bench/isolation/
 
 .PHONY: tools
 tools: grpcurl ## Install the pinned tools (buf, protoc plugins, grpcurl) into ./bin.

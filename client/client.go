@@ -59,16 +59,36 @@ const retryReads = `{"methodConfig": [{
   }
 }]}`
 
+// KeepaliveTime and KeepaliveTimeout are Dial's keepalive: after
+// KeepaliveTime without traffic on a connection with calls in flight the
+// client pings, and closes the connection when the answer takes longer than
+// KeepaliveTimeout. fenced's server accepts pings down to every 10 s
+// (--keepalive-min-time), grpc-go's floor, so a long call (a replica wait,
+// a health Watch) is never cut for pinging. Override with WithKeepalive.
+const (
+	KeepaliveTime    = 30 * time.Second
+	KeepaliveTimeout = 10 * time.Second
+)
+
+// WithKeepalive is the Dial option that sets the keepalive: a ping after
+// every interval without traffic while calls are in flight, the connection
+// closed when an answer takes longer than timeout. grpc-go raises an
+// interval under 10 s to 10 s; fenced's server accepts pings down to its
+// --keepalive-min-time (10 s by default).
+func WithKeepalive(interval, timeout time.Duration) grpc.DialOption {
+	return grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: interval, Timeout: timeout})
+}
+
 // Dial connects to fenced at target (any gRPC target: "host:port",
 // "dns:///fenced.ns:7420"). Defaults, each overridable by opts (applied
 // after them): plaintext transport credentials (pass
-// grpc.WithTransportCredentials for TLS), keepalive pings every 30 s of
-// idleness (10 s timeout), messages up to MaxMessageBytes both ways, and
+// grpc.WithTransportCredentials for TLS), keepalive pings every
+// KeepaliveTime of silence during calls (KeepaliveTimeout), messages up to MaxMessageBytes both ways, and
 // transport retries of reads on UNAVAILABLE only.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	defaults := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		WithKeepalive(KeepaliveTime, KeepaliveTimeout),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithDefaultServiceConfig(retryReads),
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/lease"
+	"github.com/agentihooks/fenced/internal/lograte"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	"github.com/alecthomas/kong"
@@ -62,6 +63,8 @@ type serveCmd struct {
 	securityFlags
 	// observabilityFlags are metrics and tracing (observability.go).
 	observabilityFlags
+	// limitFlags bound shared resources per caller (limits.go).
+	limitFlags
 	// Listen is the gRPC address.
 	Listen string `env:"FENCED_LISTEN" default:":7420" help:"gRPC listen address (host:port; port 0 picks a free one)."`
 	// Sections are the configured section names besides meta.
@@ -175,10 +178,14 @@ func (c *serveCmd) logger(w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.LogLevel))
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	// Identical WARN and ERROR lines (Redis down, a client repeating a
+	// refused call) pass three at once, then one per 10 s with a count of
+	// those dropped.
+	return slog.New(lograte.New(h, slog.LevelWarn, lograte.DefaultEvery, lograte.DefaultBurst))
 }
 
 // redisURL is the Redis URL in effect: the flag, else the environment.
@@ -236,6 +243,14 @@ func (c *serveCmd) Run(e *env) error {
 	if c.RedisTimeout < time.Millisecond {
 		return fmt.Errorf("configuration: --redis-timeout must be at least 1ms")
 	}
+	if err := c.limitFlags.check(c.WaitReplicas, c.WaitTimeout); err != nil {
+		return err
+	}
+	fileLimit, err := raiseFileLimit()
+	if err != nil {
+		log.Warn("could not raise the open-file limit to its hard limit", "err", err, "file_limit", fileLimit)
+	}
+	maxConns := c.limitFlags.connections(log, fileLimit)
 	sec, stopSec, err := c.security(e.ctx, log)
 	if err != nil {
 		return err
@@ -253,7 +268,8 @@ func (c *serveCmd) Run(e *env) error {
 		store.WithLeaseDurability(durable),
 		store.WithRedisTimeout(c.RedisTimeout),
 		store.WithAllowEviction(c.AllowEvictingRedis),
-		store.WithLogger(log)}
+		store.WithLogger(log),
+		c.limitFlags.storeOption()}
 	if c.ByNameRebuildPage > 0 {
 		opts = append(opts, store.WithByNameRebuild(c.ByNameRebuildPage, byNameRebuilt(log)))
 	}
@@ -277,9 +293,11 @@ func (c *serveCmd) Run(e *env) error {
 		Logger:         log,
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
-		Records:        server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes},
-		Security:       sec,
-		Telemetry:      obs.telemetry(),
+		Records: server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes,
+			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout},
+		Security:  sec,
+		Telemetry: obs.telemetry(),
+		Transport: c.limitFlags.transport(maxConns),
 	})
 	if err := obs.serve(srv); err != nil {
 		lis.Close()
@@ -298,7 +316,8 @@ func (c *serveCmd) Run(e *env) error {
 		}()
 		log.Info("serving health alone, in plaintext", "addr", hlis.Addr().String())
 	}
-	log.Info("serving gRPC", "addr", lis.Addr().String(), "redis", redactURL(c.redisURL()), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix)
+	log.Info("serving gRPC", "addr", lis.Addr().String(), "redis", redactURL(c.redisURL()), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix,
+		"max_connections", maxConns, "file_limit", fileLimit)
 	if c.ready != nil {
 		c.ready(lis.Addr())
 	}

@@ -38,7 +38,10 @@ func TestHelp(t *testing.T) {
 		{[]string{"--help"}, []string{"Usage: fenced", "serve", "version"}},
 		{[]string{"-h"}, []string{"Usage: fenced", "serve", "version"}},
 		{[]string{"serve", "--help"}, []string{"Usage: fenced serve", "--listen", "--redis-url", "FENCED_REDIS_URL", "--max-writes", "--shutdown-timeout",
-			"--redis-timeout", "FENCED_REDIS_TIMEOUT", "--allow-evicting-redis", "FENCED_ALLOW_EVICTING_REDIS"}},
+			"--redis-timeout", "FENCED_REDIS_TIMEOUT", "--allow-evicting-redis", "FENCED_ALLOW_EVICTING_REDIS",
+			"--keepalive-min-time", "--keepalive-time", "--max-connection-idle", "--max-concurrent-streams", "--max-header-bytes",
+			"--max-health-watchers", "--max-connections", "--max-connections-per-ip", "--max-ack-replicas", "--max-ack-timeout",
+			"--max-replica-waits", "--max-replica-waits-per-swarm", "FENCED_MAX_CONNECTIONS"}},
 		{[]string{"version", "--help"}, []string{"Usage: fenced version"}},
 	}
 	for _, tt := range tests {

@@ -82,6 +82,7 @@ func (obs *observability) telemetry() server.Telemetry {
 	if obs.metrics != nil {
 		t.Unary, t.Stream = obs.metrics.UnaryInterceptor(), obs.metrics.StreamInterceptor()
 		t.Ready = obs.metrics.SetReady
+		t.Limits = obs.metrics
 	}
 	return t
 }

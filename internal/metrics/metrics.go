@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,9 +109,15 @@ type Metrics struct {
 	redisRefusals      *prometheus.CounterVec
 	redisReady         prometheus.Gauge
 	redisMayEvict      prometheus.Gauge
+	healthWatchers     prometheus.Gauge
+	connections        prometheus.Gauge
+	limitRefusals      *prometheus.CounterVec
 }
 
-var _ store.Observer = (*Metrics)(nil)
+var (
+	_ store.Observer       = (*Metrics)(nil)
+	_ server.LimitObserver = (*Metrics)(nil)
+)
 
 // New returns Metrics on a new private registry.
 func New() *Metrics {
@@ -177,13 +184,25 @@ func New() *Metrics {
 			Name: "fenced_redis_may_evict",
 			Help: "1 when the last health probe found a Redis primary that may evict keys (maxmemory > 0 and maxmemory-policy other than noeviction), else 0.",
 		}),
+		healthWatchers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenced_health_watchers",
+			Help: "grpc.health.v1 Watch streams open (bounded by --max-health-watchers).",
+		}),
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenced_connections",
+			Help: "gRPC connections open on the main listener (bounded by --max-connections and --max-connections-per-ip).",
+		}),
+		limitRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenced_limit_refusals_total",
+			Help: "Refusals over a bound, by limit: health_watchers (Watch refused RESOURCE_EXHAUSTED), connections (closed at accept), replica_waits (batch or lease change refused RESOURCE_EXHAUSTED before writing), header_size (not countable: grpc-go resets such streams itself; stays 0).",
+		}, []string{"limit"}),
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f(m.GRPC)
 	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
 		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
-		m.redisRefusals, m.redisReady, m.redisMayEvict} {
+		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
@@ -193,6 +212,9 @@ func New() *Metrics {
 	}
 	for _, r := range store.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
+	}
+	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize} {
+		m.limitRefusals.WithLabelValues(l)
 	}
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
 		m.leaseLosses.WithLabelValues(r)
@@ -283,6 +305,9 @@ func (m *Metrics) BatchDone(b *batch.Batch, c store.Committed, err error) {
 		return
 	case errors.Is(err, store.ErrReplicationTimeout):
 		m.replicationTimeout.Inc()
+	case errors.Is(err, store.ErrReplicaWaitsExhausted):
+		m.limitRefusals.WithLabelValues(server.LimitReplicaWaits).Inc()
+		return
 	case err != nil:
 		return // Redis errors are counted by ScriptDone
 	}
@@ -312,9 +337,20 @@ func (m *Metrics) LeaseDone(e store.LeaseEvent) {
 		}
 	case errors.Is(e.Err, store.ErrLeaseHeld):
 		m.leaseHeld.Inc()
+	case errors.Is(e.Err, store.ErrReplicaWaitsExhausted):
+		m.limitRefusals.WithLabelValues(server.LimitReplicaWaits).Inc()
 	case errors.Is(e.Err, store.ErrLeaseStale) && e.Op == "renew":
 		m.leaseLosses.WithLabelValues(LossRenewRefused).Inc()
 	case errors.Is(e.Err, store.ErrLeaseStale) && e.Op == "release":
 		m.leaseLosses.WithLabelValues(LossReleaseRefused).Inc()
 	}
 }
+
+// Connections implements server.LimitObserver.
+func (m *Metrics) Connections(delta int) { m.connections.Add(float64(delta)) }
+
+// HealthWatchers implements server.LimitObserver.
+func (m *Metrics) HealthWatchers(delta int) { m.healthWatchers.Add(float64(delta)) }
+
+// Refused implements server.LimitObserver.
+func (m *Metrics) Refused(limit string) { m.limitRefusals.WithLabelValues(limit).Inc() }

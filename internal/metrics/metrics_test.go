@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/metrics"
+	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 )
 
@@ -191,5 +192,45 @@ func TestRedisRefusalsReadyAndEviction(t *testing.T) {
 	got = scrape(t, m)
 	if got["fenced_redis_ready"] != 0 || got["fenced_redis_may_evict"] != 0 {
 		t.Errorf("after SetReady(false), EvictionChecked(false): ready %v, may_evict %v; want 0, 0", got["fenced_redis_ready"], got["fenced_redis_may_evict"])
+	}
+}
+
+// TestLimitMetrics: the gauges of the bounded resources follow what the
+// server reports, and every refusal is counted under its limit, each limit
+// present from the start.
+func TestLimitMetrics(t *testing.T) {
+	m := metrics.New()
+	if got := scrape(t, m); got["fenced_connections"] != 0 || got["fenced_health_watchers"] != 0 {
+		t.Errorf("gauges at start = %v, %v, want 0", got["fenced_connections"], got["fenced_health_watchers"])
+	}
+	for _, limit := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize} {
+		if _, ok := scrape(t, m)["fenced_limit_refusals_total{"+limit+"}"]; !ok {
+			t.Errorf("/metrics lacks fenced_limit_refusals_total{limit=%q} at start", limit)
+		}
+	}
+	m.Connections(1)
+	m.Connections(1)
+	m.Connections(-1)
+	m.HealthWatchers(3)
+	m.Refused(server.LimitConnections)
+	m.Refused(server.LimitHealthWatchers)
+	m.Refused(server.LimitHealthWatchers)
+	one := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: "a", Value: "{}"}}}
+	m.BatchDone(one, store.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", store.ErrReplicaWaitsExhausted))
+	m.LeaseDone(store.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", store.ErrReplicaWaitsExhausted)})
+	want := map[string]float64{
+		"fenced_connections":                           1,
+		"fenced_health_watchers":                       3,
+		"fenced_limit_refusals_total{connections}":     1,
+		"fenced_limit_refusals_total{health_watchers}": 2,
+		"fenced_limit_refusals_total{replica_waits}":   2,
+		"fenced_limit_refusals_total{header_size}":     0,
+		"fenced_batches_committed_total":               0,
+	}
+	got := scrape(t, m)
+	for name, w := range want {
+		if g, ok := got[name]; !ok || g != w {
+			t.Errorf("%s = %v (present %v), want %v", name, g, ok, w)
+		}
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/agentihooks/fenced/internal/store"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -34,13 +33,18 @@ const (
 	ReasonRequestIDReused  = "REQUEST_ID_REUSED"
 	ReasonReplication      = "REPLICATION_TIMEOUT"
 	ReasonSnapshotTooLarge = "SNAPSHOT_TOO_LARGE"
+	// ReasonTooManyReplicaWaits: the process or the swarm has as many
+	// replica acknowledgement waits in flight as it allows; nothing was
+	// written.
+	ReasonTooManyReplicaWaits = "TOO_MANY_REPLICA_WAITS"
 )
 
 // MaxConflictDetails and MaxConflictDetailBytes (of subjects, section/key)
-// bound the PreconditionFailure violations of one REVISION_CONFLICT answer:
-// details travel in trailers,
-// and common gRPC clients refuse trailers over 8-16 KiB. The ErrorInfo
-// metadata "conflicts" always gives the full count.
+// bound the PreconditionFailure violations of one REVISION_CONFLICT answer
+// before the trailer budget (fitTrailers, MaxStatusBytes) trims it further:
+// details travel in trailers, and common gRPC clients refuse trailers over
+// 8-16 KiB. The ErrorInfo metadata "conflicts" always gives the full count,
+// and "violations_omitted" how many conflicts the list leaves out.
 const (
 	MaxConflictDetails     = 64
 	MaxConflictDetailBytes = 4 << 10
@@ -74,6 +78,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
 	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
 	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
+	{is(store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
 	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	// Redis refused for a state of its own (store's refusal table): out of
 	// memory is RESOURCE_EXHAUSTED (nothing was written; retry after an
@@ -99,22 +104,22 @@ func refusalDetails(err error) []protoadapt.MessageV1 {
 }
 
 // toStatus maps an error of the core to a gRPC status error through
-// errorTable; anything unmatched is INTERNAL with the error's text.
+// errorTable; anything unmatched is INTERNAL with the error's text. Every
+// status passes through fitTrailers, whatever its row, so that it fits the
+// trailer budget (MaxStatusBytes).
 func toStatus(err error) error {
 	msg := validUTF8(err.Error())
 	for _, m := range errorTable {
 		if !m.match(err) {
 			continue
 		}
-		st := status.New(m.code, msg)
+		var ds []protoadapt.MessageV1
 		if m.details != nil {
-			if withDetails, derr := st.WithDetails(m.details(err)...); derr == nil {
-				st = withDetails
-			}
+			ds = m.details(err)
 		}
-		return st.Err()
+		return fitTrailers(m.code, msg, ds).Err()
 	}
-	return status.Error(codes.Internal, msg)
+	return fitTrailers(codes.Internal, msg, nil).Err()
 }
 
 // validUTF8 replaces invalid UTF-8 in text that may carry bytes read from
@@ -170,6 +175,9 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 		md["write_"+n] = strconv.Itoa(c.Index)
 		md["expected_"+n] = strconv.FormatInt(c.Expected, 10)
 		md["actual_"+n] = strconv.FormatInt(c.Actual, 10)
+	}
+	if omitted := len(ce.Conflicts) - len(pf.Violations); omitted > 0 {
+		md[MetaViolationsOmitted] = strconv.Itoa(omitted)
 	}
 	return []protoadapt.MessageV1{info(ReasonRevisionConflict, md), pf}
 }

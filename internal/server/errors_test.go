@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -98,7 +100,6 @@ func TestErrorTable(t *testing.T) {
 	heldMD := map[string]string{"owner": "hive-2", "epoch": "8", "expires_at_ms": "1767225601500"}
 	corrupt := &store.CorruptError{Section: "executions", Key: "exec-1"}
 	unavailable := fmt.Errorf("store: ping 127.0.0.1:1: %w: dial tcp: connection refused", store.ErrUnavailable)
-	over := MaxConflictDetails + 36
 
 	tests := []struct {
 		name string
@@ -109,10 +110,6 @@ func TestErrorTable(t *testing.T) {
 		{"validation", validation, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil), badRequest}},
 		{"conflict one", conflicts(1), codes.Aborted, []proto.Message{conflictInfo(1, 1), revisionViolations(1, 1)}},
 		{"conflict several in request order", conflicts(3), codes.Aborted, []proto.Message{conflictInfo(3, 3), revisionViolations(3, 3)}},
-		{"conflict at the details cap", conflicts(MaxConflictDetails), codes.Aborted, []proto.Message{
-			conflictInfo(MaxConflictDetails, MaxConflictDetails), revisionViolations(MaxConflictDetails, MaxConflictDetails)}},
-		{"conflict over the details cap keeps the full count", conflicts(over), codes.Aborted, []proto.Message{
-			conflictInfo(over, MaxConflictDetails), revisionViolations(over, MaxConflictDetails)}},
 		{"stale with a lease", stale, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", staleMD)}},
 		{"stale without a lease", &store.StaleError{}, codes.FailedPrecondition, []proto.Message{
 			errInfo("LEASE_STALE", map[string]string{"lease": "absent"})}},
@@ -146,6 +143,7 @@ func TestErrorTable(t *testing.T) {
 			errInfo("REPLICATION_TIMEOUT", map[string]string{"revision": "9", "replicas_acked": "1", "replicas_wanted": "2"})}},
 		{"replication timeout sentinel alone", store.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
 		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
+		{"replica waits exhausted", fmt.Errorf("%w: 64 for swarm s, its limit", store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, []proto.Message{errInfo("TOO_MANY_REPLICA_WAITS", nil)}},
 		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
 		{"canceled", context.Canceled, codes.Canceled, nil},
 		{"deadline exceeded", context.DeadlineExceeded, codes.DeadlineExceeded, nil},
@@ -277,6 +275,102 @@ func TestErrorTableInvalidUTF8(t *testing.T) {
 			// What goes on the wire: the whole google.rpc.Status must marshal.
 			if _, err := proto.Marshal(st.Proto()); err != nil {
 				t.Errorf("toStatus(%v): google.rpc.Status does not marshal: %v", tt.err, err)
+			}
+		})
+	}
+}
+
+// TestFitTrailersBoundsEveryStatus feeds the trailer budget details far over
+// it, of every shape the table builds (long lists, long strings, long
+// metadata values, a long message), and requires the encoded status within
+// MaxStatusBytes, the ErrorInfo reason kept, and any cut list counted.
+func TestFitTrailersBoundsEveryStatus(t *testing.T) {
+	long := strings.Repeat("é", 2000) // 4000 bytes, 12000 percent-encoded
+	many := func(n int) *errdetails.PreconditionFailure {
+		pf := &errdetails.PreconditionFailure{}
+		for i := 0; i < n; i++ {
+			pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{Type: "REVISION", Subject: "claims/" + long[:1000], Description: long[:200]})
+		}
+		return pf
+	}
+	fields := &errdetails.BadRequest{}
+	for i := 0; i < 1024; i++ {
+		fields.FieldViolations = append(fields.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: fmt.Sprintf("writes[%d].value", i), Description: long[:300]})
+	}
+	bigMD := map[string]string{}
+	for i := 0; i < 16; i++ {
+		bigMD["k"+strconv.Itoa(i)] = long
+	}
+	tests := []struct {
+		name    string
+		details []protoadapt.MessageV1
+		cut     bool // a list must be cut
+	}{
+		{"many conflicts", []protoadapt.MessageV1{errInfo("REVISION_CONFLICT", map[string]string{"conflicts": "1024"}), many(1024)}, true},
+		{"many field violations", []protoadapt.MessageV1{errInfo("INVALID_ARGUMENT", nil), fields}, true},
+		{"huge metadata", []protoadapt.MessageV1{errInfo("LEASE_STALE", bigMD)}, false},
+		{"huge metadata and a list", []protoadapt.MessageV1{errInfo("X", bigMD), many(3)}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := fitTrailers(codes.Aborted, "msg "+long, tt.details)
+			if n := statusBytes(st); n > MaxStatusBytes {
+				t.Errorf("statusBytes = %d, want <= %d", n, MaxStatusBytes)
+			}
+			if n := encodedMessageLen(st.Message()); n > MaxStatusMessageBytes {
+				t.Errorf("message encodes in %d bytes, want <= %d", n, MaxStatusMessageBytes)
+			}
+			if !utf8.ValidString(st.Message()) {
+				t.Errorf("message is not valid UTF-8 after the cut")
+			}
+			var info *errdetails.ErrorInfo
+			for _, d := range st.Details() {
+				if ei, ok := d.(*errdetails.ErrorInfo); ok {
+					info = ei
+				}
+			}
+			if info == nil || info.GetReason() != tt.details[0].(*errdetails.ErrorInfo).GetReason() {
+				t.Fatalf("details %v lost the ErrorInfo reason", st.Details())
+			}
+			if _, ok := info.GetMetadata()[MetaViolationsOmitted]; ok != tt.cut && tt.cut {
+				t.Errorf("metadata %v: want %s counting the cut list", info.GetMetadata(), MetaViolationsOmitted)
+			}
+		})
+	}
+}
+
+// TestConflictsOverTheBudgetListAPrefix: a conflict list too long for the
+// trailer budget lists its first conflicts in request order, with their
+// metadata, and counts the rest; "conflicts" keeps the full count.
+func TestConflictsOverTheBudgetListAPrefix(t *testing.T) {
+	for _, n := range []int{MaxConflictDetails, MaxConflictDetails + 36, 1024} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			var info *errdetails.ErrorInfo
+			var pf *errdetails.PreconditionFailure
+			for _, d := range details(t, toStatus(conflicts(n))) {
+				switch m := d.(type) {
+				case *errdetails.ErrorInfo:
+					info = m
+				case *errdetails.PreconditionFailure:
+					pf = m
+				}
+			}
+			listed := len(pf.GetViolations())
+			t.Logf("%d conflicts: %d listed within the budget", n, listed)
+			if listed < 16 {
+				t.Fatalf("toStatus(%d conflicts) lists %d, want at least 16", n, listed)
+			}
+			want := conflictInfo(n, listed)
+			want.Metadata[MetaViolationsOmitted] = strconv.Itoa(n - listed)
+			if listed == n {
+				delete(want.Metadata, MetaViolationsOmitted)
+			}
+			opts := cmp.Options{protocmp.Transform(), protocmp.IgnoreFields(&errdetails.PreconditionFailure_Violation{}, "description")}
+			if diff := cmp.Diff(want, info, opts); diff != "" {
+				t.Errorf("toStatus(%d conflicts) ErrorInfo mismatch (-want +got):\n%s", n, diff)
+			}
+			if diff := cmp.Diff(revisionViolations(n, listed), pf, opts); diff != "" {
+				t.Errorf("toStatus(%d conflicts) PreconditionFailure mismatch (-want +got):\n%s", n, diff)
 			}
 		})
 	}

@@ -190,6 +190,7 @@ type statusDetails struct {
 	info     *errdetails.ErrorInfo
 	badReq   *errdetails.BadRequest
 	precond  *errdetails.PreconditionFailure
+	retry    *errdetails.RetryInfo
 	unknowns []any
 }
 
@@ -208,6 +209,8 @@ func decode(t *testing.T, err error) statusDetails {
 			d.badReq = m
 		case *errdetails.PreconditionFailure:
 			d.precond = m
+		case *errdetails.RetryInfo:
+			d.retry = m
 		default:
 			d.unknowns = append(d.unknowns, x)
 		}

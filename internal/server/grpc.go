@@ -65,6 +65,10 @@ type Options struct {
 	Security Security
 	// Telemetry is metrics and tracing (telemetry.go). Default: none.
 	Telemetry Telemetry
+	// Transport bounds keepalive, idle connections, streams, headers,
+	// health watchers and connections (transport.go). Zero fields take
+	// their defaults.
+	Transport Transport
 }
 
 // Server is fenced's gRPC server: RecordsService, LeaseService, health and
@@ -85,6 +89,12 @@ type Server struct {
 	ready func(serving bool)
 	// drained: Drain was called; ready stays false.
 	drained atomic.Bool
+	// bounded is the health service with Watch streams bounded, served on
+	// both servers.
+	bounded *boundedHealth
+	// transport is Options.Transport with its defaults.
+	transport Transport
+	limits    LimitObserver
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -108,24 +118,22 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	})
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(func(c codes.Code) logging.Level {
-			if c == codes.OK {
-				return logging.LevelDebug
-			}
-			return logging.DefaultServerCodeToLevel(c)
-		}),
+		logging.WithLevels(callLevel),
 	}
 	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		logger.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
 	})
 	s := &Server{
-		health: health.NewServer(),
-		core:   core,
-		log:    logger,
-		every:  opts.HealthInterval,
-		ready:  opts.Telemetry.Ready,
+		health:    health.NewServer(),
+		core:      core,
+		log:       logger,
+		every:     opts.HealthInterval,
+		ready:     opts.Telemetry.Ready,
+		transport: opts.Transport.withDefaults(),
+		limits:    opts.Telemetry.limits(),
 	}
+	s.bounded = &boundedHealth{Server: s.health, max: int64(s.transport.MaxHealthWatchers), obs: s.limits}
 	countUnary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
@@ -136,7 +144,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		defer s.calls.Add(-1)
 		return h(srv, ss)
 	}
-	s.grpc = grpc.NewServer(
+	s.grpc = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
@@ -154,14 +162,37 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			opts.Security.stream(),
 			recovery.StreamServerInterceptor(onPanic),
 		),
-	)
+	)...)
 	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits, opts.Records))
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(lease.NewManager(core, opts.LeaseBounds)))
-	healthpb.RegisterHealthServer(s.grpc, s.health)
+	healthpb.RegisterHealthServer(s.grpc, s.bounded)
 	reflection.Register(s.grpc) // v1 and v1alpha
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	s.setReady(healthpb.HealthCheckResponse_NOT_SERVING)
 	return s
+}
+
+// callLevel is the level of a finished call's log line, by its code. The
+// expected outcomes of optimistic writers and lease holders (OK and replays,
+// ABORTED revision conflicts, FAILED_PRECONDITION stale or held leases) are
+// DEBUG: they are counted in metrics (fenced_batch_conflicts_total,
+// fenced_lease_stale_refusals_total, ...), and at WARN they flooded the log
+// (~115,000 lines in a 40 s load). A caller's own mistakes and refusals over
+// a bound (counted in fenced_limit_refusals_total) are INFO. WARN and ERROR
+// are left for what an operator acts on: Redis unavailable or slow
+// (UNAVAILABLE, DEADLINE_EXCEEDED), corrupt records (DATA_LOSS) and
+// unexpected errors (INTERNAL, UNKNOWN, UNIMPLEMENTED).
+func callLevel(c codes.Code) logging.Level {
+	switch c {
+	case codes.OK, codes.Aborted, codes.FailedPrecondition, codes.Canceled:
+		return logging.LevelDebug
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.OutOfRange,
+		codes.Unauthenticated, codes.PermissionDenied, codes.ResourceExhausted:
+		return logging.LevelInfo
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return logging.LevelWarn
+	}
+	return logging.LevelError
 }
 
 // slogAdapter lets the logging interceptor write through slog.
@@ -181,12 +212,14 @@ func (s *Server) setReady(st healthpb.HealthCheckResponse_ServingStatus) {
 }
 
 // Serve checks Redis once, starts following its health in the background,
-// and serves gRPC on lis until Shutdown. It returns nil after Shutdown.
+// and serves gRPC on lis until Shutdown, closing connections over
+// Transport.MaxConnections and MaxConnectionsPerIP as they are accepted. It
+// returns nil after Shutdown.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.watchRedis(ctx)
-	err := s.grpc.Serve(lis)
+	err := s.grpc.Serve(newLimitListener(lis, s.transport, s.limits))
 	if err == grpc.ErrServerStopped {
 		return nil
 	}
@@ -253,8 +286,8 @@ func (s *Server) Drain() {
 // after Shutdown.
 func (s *Server) ServeHealth(lis net.Listener) error {
 	s.healthOnly.Do(func() {
-		s.healthSrv = grpc.NewServer()
-		healthpb.RegisterHealthServer(s.healthSrv, s.health)
+		s.healthSrv = grpc.NewServer(s.transport.serverOptions(s.bounded)...)
+		healthpb.RegisterHealthServer(s.healthSrv, s.bounded)
 	})
 	if s.healthSrv == nil { // Shutdown came first
 		lis.Close()

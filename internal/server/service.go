@@ -35,15 +35,27 @@ type ServiceOptions struct {
 	// MaxSnapshotBytes bounds a Sections answer, in bytes (the encoded
 	// response). Zero: DefaultMaxSnapshotBytes.
 	MaxSnapshotBytes int
+	// MaxAckReplicas bounds replica_ack.replicas: a batch asking for more
+	// is refused (INVALID_ARGUMENT naming the field and the bound) before
+	// anything is written, instead of committing and then answering
+	// REPLICATION_TIMEOUT. Zero: DefaultMaxAckReplicas.
+	MaxAckReplicas int
+	// MaxAckTimeout bounds replica_ack.timeout_ms, likewise. Zero:
+	// DefaultMaxAckTimeout.
+	MaxAckTimeout time.Duration
 }
+
+// Defaults of ServiceOptions' replica_ack bounds: a Redis primary seldom
+// has more than a few replicas, and a wait holds a dedicated Redis
+// connection for its whole timeout.
+const (
+	DefaultMaxAckReplicas = 8
+	DefaultMaxAckTimeout  = 5 * time.Minute
+)
 
 // DefaultMaxSnapshotBytes keeps a Sections answer under gRPC's default 4 MiB
 // receive limit of most clients, with room for framing.
 const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
-
-// MaxReplicaAckTimeoutMs bounds replica_ack.timeout_ms (1 h): longer waits
-// belong to the caller's deadline, and larger values would overflow.
-const MaxReplicaAckTimeoutMs = 3_600_000
 
 // Page sizes of ScanSection. Each page is one script, during which Redis
 // serves nobody else: at 1000 records (about 2 ms of Redis time for 200-byte
@@ -67,6 +79,12 @@ type Service struct {
 func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Service {
 	if opts.MaxSnapshotBytes <= 0 {
 		opts.MaxSnapshotBytes = DefaultMaxSnapshotBytes
+	}
+	if opts.MaxAckReplicas <= 0 {
+		opts.MaxAckReplicas = DefaultMaxAckReplicas
+	}
+	if opts.MaxAckTimeout <= 0 {
+		opts.MaxAckTimeout = DefaultMaxAckTimeout
 	}
 	return &Service{records: records, limits: limits, opts: opts}
 }
@@ -229,11 +247,11 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 	d := s.opts.Durability
 	if ack := req.GetReplicaAck(); ack != nil {
 		d = store.Durability{Replicas: int(ack.GetReplicas()), Timeout: time.Duration(ack.GetTimeoutMs()) * time.Millisecond}
-		if ack.GetReplicas() < 0 {
-			vs = append(vs, batch.Violation{Field: "replica_ack.replicas", Description: fmt.Sprintf("must be >= 0, got %d", ack.GetReplicas())})
+		if n := ack.GetReplicas(); n < 0 || int64(n) > int64(s.opts.MaxAckReplicas) {
+			vs = append(vs, batch.Violation{Field: "replica_ack.replicas", Description: fmt.Sprintf("must be 0 to %d (the server's limit, --max-ack-replicas), got %d", s.opts.MaxAckReplicas, n)})
 		}
-		if ack.GetTimeoutMs() < 0 || ack.GetTimeoutMs() > MaxReplicaAckTimeoutMs {
-			vs = append(vs, batch.Violation{Field: "replica_ack.timeout_ms", Description: fmt.Sprintf("must be 0 (the server's default) to %d ms, got %d", MaxReplicaAckTimeoutMs, ack.GetTimeoutMs())})
+		if ms, limit := ack.GetTimeoutMs(), s.opts.MaxAckTimeout.Milliseconds(); ms < 0 || ms > limit {
+			vs = append(vs, batch.Violation{Field: "replica_ack.timeout_ms", Description: fmt.Sprintf("must be 0 (the server's default) to %d ms (the server's limit, --max-ack-timeout), got %d", limit, ms)})
 		}
 	}
 	if len(vs) > 0 {

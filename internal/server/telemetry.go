@@ -21,6 +21,16 @@ type Telemetry struct {
 	// Ready, when set, is told every time the ready health services turn
 	// SERVING (true) or NOT_SERVING (false): the fenced_redis_ready gauge.
 	Ready func(serving bool)
+	// Limits is told how full the bounded resources are (connections,
+	// health watchers) and of every refusal over a bound.
+	Limits LimitObserver
+}
+
+func (t Telemetry) limits() LimitObserver {
+	if t.Limits == nil {
+		return nopLimits{}
+	}
+	return t.Limits
 }
 
 func (t Telemetry) unary() grpc.UnaryServerInterceptor {

@@ -23,7 +23,8 @@ import (
 // current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
 // every mismatch in request order, ErrLayoutDocument, *CorruptError,
 // ErrRequestIDReused, ErrUnavailable (the commit may or may not have been
-// applied), context errors, *RedisError. The batch must have passed
+// applied), ErrReplicaWaitsExhausted (only when waiting for replicas;
+// nothing sent), context errors, *RedisError. The batch must have passed
 // batch.Limits.CheckBatch.
 func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 	c, err := s.CommitDurable(ctx, b, Durability{})
@@ -105,10 +106,18 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 // (Cluster, and a swarm with no meta/layout yet: the document layout lives
 // in a key of another slot), it looks here and calls again in mode 'l'.
 // With d.Replicas > 0 the script is followed by WAIT on the same
-// connection. It answers the script's reply and the replicas that
-// acknowledged; ErrLayoutDocument, ErrUnavailable, context errors,
-// *RedisError.
+// connection, once a slot of s.waits is taken (none free:
+// ErrReplicaWaitsExhausted, before anything is sent). It answers the
+// script's reply and the replicas that acknowledged; ErrLayoutDocument,
+// ErrUnavailable, context errors, *RedisError.
 func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	if d.Replicas > 0 {
+		release, err := s.waits.acquire(k.slug)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer release()
+	}
 	reply, acked, err := s.execWait(ctx, sc, keys, args, d)
 	if err == nil && len(reply) == 1 && reply[0] == "LAYOUT_UNKNOWN" && !s.stamp && args[0][0] == '-' {
 		var exists bool

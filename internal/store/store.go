@@ -121,6 +121,8 @@ type Store struct {
 	// rebuilds runs by-name index rebuilds in the background; nil without
 	// WithByNameRebuild.
 	rebuilds *rebuilds
+	// waits bounds the replica waits in flight (waits.go).
+	waits *waitSlots
 }
 
 // DefaultMaxSnapshotRecords is the most records one Sections read holds by
@@ -182,6 +184,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		observe:            nopObserver{},
 		timeout:            DefaultRedisTimeout,
 		log:                slog.Default(),
+		waits:              newWaitSlots(),
 	}
 	s.client.Store(&client)
 	for _, o := range opts {

@@ -24,7 +24,9 @@
 //                        it. REPLICATION_TIMEOUT: committed on the primary,
 //                        but not acknowledged by enough replicas in time.
 //   RESOURCE_EXHAUSTED   the answer would be too large: read the section page
-//                        by page with ScanSection.
+//                        by page with ScanSection. TOO_MANY_REPLICA_WAITS:
+//                        too many batches are waiting for replicas; nothing
+//                        was written, retry later.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
 //   INTERNAL             anything else; the message carries Redis's text.
@@ -1025,9 +1027,13 @@ func (x *FencedBatchRequest) GetReplicaAck() *ReplicaAck {
 // can lose an acknowledged batch.
 type ReplicaAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Replicas that must acknowledge; 0: do not wait.
+	// Replicas that must acknowledge; 0: do not wait. At most the server's
+	// --max-ack-replicas (default 8): more is INVALID_ARGUMENT, nothing
+	// written.
 	Replicas int32 `protobuf:"varint,1,opt,name=replicas" json:"replicas,omitempty"`
-	// How long to wait, in ms; 0: the server's default (1000).
+	// How long to wait, in ms; 0: the server's default (1000). At most the
+	// server's --max-ack-timeout (default 300000): more is INVALID_ARGUMENT,
+	// nothing written.
 	TimeoutMs     int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

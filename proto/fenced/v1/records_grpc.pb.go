@@ -24,7 +24,9 @@
 //                        it. REPLICATION_TIMEOUT: committed on the primary,
 //                        but not acknowledged by enough replicas in time.
 //   RESOURCE_EXHAUSTED   the answer would be too large: read the section page
-//                        by page with ScanSection.
+//                        by page with ScanSection. TOO_MANY_REPLICA_WAITS:
+//                        too many batches are waiting for replicas; nothing
+//                        was written, retry later.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
 //   INTERNAL             anything else; the message carries Redis's text.

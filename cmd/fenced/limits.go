@@ -1,0 +1,112 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// limitFlags bound what one caller can hold of fenced's shared resources:
+// the gRPC transport (keepalive, idle connections, streams, headers,
+// connections), health Watch streams and replica acknowledgement waits.
+// docs/security.md lists every bound with its default and why.
+type limitFlags struct {
+	// KeepaliveMinTime is the shortest client ping interval accepted.
+	KeepaliveMinTime time.Duration `name:"keepalive-min-time" env:"FENCED_KEEPALIVE_MIN_TIME" default:"10s" help:"Shortest interval between a client's keepalive pings that fenced accepts, with or without calls in flight (faster: GOAWAY too_many_pings). The Go client pings every 30s; grpc-go clients cannot ping faster than 10s."`
+	// KeepaliveTime is the idle time before the server pings a client.
+	KeepaliveTime time.Duration `name:"keepalive-time" env:"FENCED_KEEPALIVE_TIME" default:"1m" help:"After this long without traffic on a connection fenced pings the client, to find dead peers (at least 1s)."`
+	// KeepaliveTimeout is how long a ping's answer may take.
+	KeepaliveTimeout time.Duration `name:"keepalive-timeout" env:"FENCED_KEEPALIVE_TIMEOUT" default:"20s" help:"How long fenced waits for the answer to its ping before closing the connection."`
+	// MaxConnectionIdle closes connections without calls for this long.
+	MaxConnectionIdle time.Duration `name:"max-connection-idle" env:"FENCED_MAX_CONNECTION_IDLE" default:"15m" help:"Close a connection that has had no call in flight for this long (clients reconnect on their next call)."`
+	// MaxConcurrentStreams bounds the calls in flight on one connection.
+	MaxConcurrentStreams uint32 `name:"max-concurrent-streams" env:"FENCED_MAX_CONCURRENT_STREAMS" default:"256" help:"Most calls (streams) in flight on one connection; a client queues the rest."`
+	// MaxHeaderListBytes bounds one call's metadata.
+	MaxHeaderListBytes uint32 `name:"max-header-bytes" env:"FENCED_MAX_HEADER_BYTES" default:"65536" help:"Largest header list (metadata) of one call, in bytes as HTTP/2 counts them; larger calls are reset before any handler or token check."`
+	// MaxHealthWatchers bounds open health Watch streams.
+	MaxHealthWatchers int `name:"max-health-watchers" env:"FENCED_MAX_HEALTH_WATCHERS" default:"1024" help:"Most grpc.health.v1 Watch streams open at once (health needs no token); more are refused RESOURCE_EXHAUSTED."`
+	// MaxConnections bounds open gRPC connections; 0: derived from the
+	// file limit.
+	MaxConnections int `name:"max-connections" env:"FENCED_MAX_CONNECTIONS" default:"0" help:"Most gRPC connections open at once; more are closed as they are accepted. 0: the file limit (raised to its hard limit at start) less a reserve for Redis connections and files, at most 16384."`
+	// MaxConnectionsPerIP bounds open connections from one peer address.
+	MaxConnectionsPerIP int `name:"max-connections-per-ip" env:"FENCED_MAX_CONNECTIONS_PER_IP" default:"1024" help:"Most gRPC connections open at once from one client IP address (-1: no per-address bound; behind a proxy every client shares its address)."`
+	// MaxAckReplicas and MaxAckTimeout bound a batch's replica_ack.
+	MaxAckReplicas int           `name:"max-ack-replicas" env:"FENCED_MAX_ACK_REPLICAS" default:"8" help:"Largest replica_ack.replicas a batch may ask for; more is INVALID_ARGUMENT before anything is written."`
+	MaxAckTimeout  time.Duration `name:"max-ack-timeout" env:"FENCED_MAX_ACK_TIMEOUT" default:"5m" help:"Longest replica_ack.timeout_ms a batch may ask for; longer is INVALID_ARGUMENT before anything is written."`
+	// MaxReplicaWaits and MaxReplicaWaitsPerSwarm bound waits in flight.
+	MaxReplicaWaits         int `name:"max-replica-waits" env:"FENCED_MAX_REPLICA_WAITS" default:"512" help:"Most commits and lease changes waiting for replicas (Redis WAIT, each on a dedicated Redis connection) at once in this process; more are refused RESOURCE_EXHAUSTED before anything is written. Keep it below the Redis client's blocking pool (1024)."`
+	MaxReplicaWaitsPerSwarm int `name:"max-replica-waits-per-swarm" env:"FENCED_MAX_REPLICA_WAITS_PER_SWARM" default:"64" help:"Most of those waits for one swarm, so that one swarm cannot take them all."`
+}
+
+// connectionReserve is the file descriptors kept for everything but gRPC
+// connections when --max-connections is derived from the file limit: Redis
+// connections (rueidis: one pipelined connection per node plus up to
+// --max-replica-waits dedicated ones), the listeners, /metrics, TLS and token
+// files.
+func (l *limitFlags) connectionReserve() int { return l.MaxReplicaWaits + 256 }
+
+// maxDerivedConnections caps a --max-connections derived from a large file
+// limit.
+const maxDerivedConnections = 16384
+
+// check refuses bounds that cannot work.
+func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
+	switch {
+	case l.KeepaliveMinTime <= 0 || l.KeepaliveTime < time.Second || l.KeepaliveTimeout <= 0 || l.MaxConnectionIdle <= 0:
+		return fmt.Errorf("configuration: --keepalive-min-time, --keepalive-timeout and --max-connection-idle must be > 0, --keepalive-time >= 1s")
+	case l.MaxConcurrentStreams < 1 || l.MaxHeaderListBytes < 1024 || l.MaxHealthWatchers < 1:
+		return fmt.Errorf("configuration: --max-concurrent-streams and --max-health-watchers must be >= 1, --max-header-bytes >= 1024")
+	case l.MaxConnections < 0 || l.MaxConnectionsPerIP < -1 || l.MaxConnectionsPerIP == 0:
+		return fmt.Errorf("configuration: --max-connections must be >= 0 (0: derived), --max-connections-per-ip >= 1 or -1 (off)")
+	case l.MaxAckReplicas < 1 || l.MaxAckTimeout < time.Millisecond:
+		return fmt.Errorf("configuration: --max-ack-replicas must be >= 1, --max-ack-timeout >= 1ms")
+	case waitReplicas > l.MaxAckReplicas:
+		return fmt.Errorf("configuration: --wait-replicas %d is over --max-ack-replicas %d", waitReplicas, l.MaxAckReplicas)
+	case waitTimeout > l.MaxAckTimeout:
+		return fmt.Errorf("configuration: --wait-timeout %v is over --max-ack-timeout %v", waitTimeout, l.MaxAckTimeout)
+	case l.MaxReplicaWaits < 1 || l.MaxReplicaWaitsPerSwarm < 1:
+		return fmt.Errorf("configuration: --max-replica-waits and --max-replica-waits-per-swarm must be >= 1")
+	}
+	return nil
+}
+
+// connections is the connection limit in effect: --max-connections, or one
+// derived from the file limit (soft, after raising it to the hard limit).
+// A --max-connections at or over what the file limit leaves is lowered to
+// it, with a warning: past it, accept fails (EMFILE) and fenced stops
+// answering everyone, /metrics included.
+func (l *limitFlags) connections(log *slog.Logger, fileLimit uint64) int {
+	room := int(min(fileLimit, 1<<30)) - l.connectionReserve()
+	room = max(room, 16)
+	switch {
+	case l.MaxConnections == 0:
+		return min(room, maxDerivedConnections)
+	case l.MaxConnections > room:
+		log.Warn("--max-connections is over what the file limit leaves; lowered", "max_connections", l.MaxConnections, "file_limit", fileLimit, "reserve", l.connectionReserve(), "lowered_to", room)
+		return room
+	}
+	return l.MaxConnections
+}
+
+// transport is the server's Transport for these flags.
+func (l *limitFlags) transport(maxConnections int) server.Transport {
+	return server.Transport{
+		KeepaliveMinTime:     l.KeepaliveMinTime,
+		KeepaliveTime:        l.KeepaliveTime,
+		KeepaliveTimeout:     l.KeepaliveTimeout,
+		MaxConnectionIdle:    l.MaxConnectionIdle,
+		MaxConcurrentStreams: l.MaxConcurrentStreams,
+		MaxHeaderListBytes:   l.MaxHeaderListBytes,
+		MaxHealthWatchers:    l.MaxHealthWatchers,
+		MaxConnections:       maxConnections,
+		MaxConnectionsPerIP:  l.MaxConnectionsPerIP,
+	}
+}
+
+// storeOption bounds the store's replica waits.
+func (l *limitFlags) storeOption() store.Option {
+	return store.WithReplicaWaitLimits(l.MaxReplicaWaits, l.MaxReplicaWaitsPerSwarm)
+}

@@ -1,0 +1,75 @@
+//go:build linux
+
+package main
+
+import (
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConnectionLimitBelowFileLimit starts fenced with a soft open-file
+// limit of 256 under a hard limit of 2048: it raises the soft limit to 2048
+// and derives --max-connections from it (2048 less --max-replica-waits 512
+// and 256: 1280); a --max-connections over that is lowered, with a warning.
+func TestConnectionLimitBelowFileLimit(t *testing.T) {
+	bin := fencedBinary(t)
+	tests := []struct {
+		name  string
+		args  string
+		want  []string
+		warns bool
+	}{
+		{"derived", "", []string{"max_connections=1280", "file_limit=2048"}, false},
+		{"too high lowered", "--max-connections 5000", []string{"max_connections=1280", "file_limit=2048"}, true},
+		{"below kept", "--max-connections 100", []string{"max_connections=100", "file_limit=2048"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := &syncBuffer{}
+			cmd := exec.Command("sh", "-c", "ulimit -S -n 256 && ulimit -H -n 2048 && exec "+bin+
+				" serve --listen 127.0.0.1:0 --metrics-listen '' "+tt.args)
+			cmd.Stdout, cmd.Stderr = log, log
+			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+				name, _, _ := strings.Cut(kv, "=")
+				return slices.Contains(configEnv, name)
+			})
+			if err := cmd.Start(); err != nil {
+				t.Fatalf("start: %v", err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			defer func() { cmd.Process.Kill(); <-exited }()
+			deadline := time.Now().Add(waitFor)
+			for !strings.Contains(log.String(), "serving gRPC") {
+				select {
+				case err := <-exited:
+					exited <- err
+					t.Fatalf("fenced exited (%v) before serving:\n%s", err, log.String())
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("fenced did not serve within %v:\n%s", waitFor, log.String())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			var line string
+			for _, l := range strings.Split(log.String(), "\n") {
+				if strings.Contains(l, "serving gRPC") {
+					line = l
+				}
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("serving line %q lacks %q", line, w)
+				}
+			}
+			if got := strings.Contains(log.String(), "--max-connections is over what the file limit leaves"); got != tt.warns {
+				t.Errorf("warned about --max-connections: %v, want %v:\n%s", got, tt.warns, log.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,279 @@
+package server
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/tap"
+)
+
+// Transport bounds what one caller can hold of the gRPC transport:
+// keepalive (both directions), idle connections, streams per connection,
+// header bytes, health Watch streams and connections. Zero fields take the
+// defaults named; docs/security.md lists every bound and why.
+type Transport struct {
+	// KeepaliveMinTime is the shortest interval between a client's pings
+	// the server accepts, with or without calls in flight; a client pinging
+	// faster gets GOAWAY too_many_pings. Default
+	// DefaultKeepaliveMinTime, under the Go client's 30 s and grpc-go's
+	// 10 s floor, so fenced never cuts its own clients' calls.
+	KeepaliveMinTime time.Duration
+	// KeepaliveTime is how long a connection may be silent before the
+	// server pings it, to find dead peers. Default DefaultKeepaliveTime;
+	// grpc-go's floor is 1 s.
+	KeepaliveTime time.Duration
+	// KeepaliveTimeout is how long the server waits for a ping's answer
+	// before it closes the connection. Default DefaultKeepaliveTimeout.
+	KeepaliveTimeout time.Duration
+	// MaxConnectionIdle closes a connection with no call in flight for this
+	// long (GOAWAY; a client reconnects when it next calls). Default
+	// DefaultMaxConnectionIdle.
+	MaxConnectionIdle time.Duration
+	// MaxConcurrentStreams bounds the calls in flight on one connection
+	// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a client queues the rest).
+	// Default DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// MaxHeaderListBytes bounds a call's header list (metadata), in bytes,
+	// counted as HTTP/2 does (name + value + 32 per field); a larger one is
+	// refused with RST_STREAM before any handler or authorization runs.
+	// Default DefaultMaxHeaderListBytes.
+	MaxHeaderListBytes uint32
+	// MaxHealthWatchers bounds the grpc.health.v1 Watch streams open at once
+	// (health needs no token); one more is refused with RESOURCE_EXHAUSTED
+	// + TOO_MANY_HEALTH_WATCHERS. Default DefaultMaxHealthWatchers.
+	MaxHealthWatchers int
+	// MaxConnections bounds the gRPC connections open at once; one more is
+	// closed as soon as it is accepted. Keep it below the process's file
+	// limit (cmd/fenced derives it). Default DefaultMaxConnections; < 0:
+	// unbounded.
+	MaxConnections int
+	// MaxConnectionsPerIP bounds the connections open at once from one peer
+	// IP address, so that one client cannot take every connection. Default
+	// DefaultMaxConnectionsPerIP; < 0: unbounded.
+	MaxConnectionsPerIP int
+}
+
+// Transport defaults.
+const (
+	DefaultKeepaliveMinTime     = 10 * time.Second
+	DefaultKeepaliveTime        = time.Minute
+	DefaultKeepaliveTimeout     = 20 * time.Second
+	DefaultMaxConnectionIdle    = 15 * time.Minute
+	DefaultMaxConcurrentStreams = 256
+	DefaultMaxHeaderListBytes   = 64 << 10
+	// DefaultMaxHealthWatchers: a Watch stream costs a goroutine and
+	// about 13 KB, so 1024 of them stay near 13 MB.
+	DefaultMaxHealthWatchers   = 1024
+	DefaultMaxConnections      = 4096
+	DefaultMaxConnectionsPerIP = 1024
+)
+
+// Names of the bounded resources, as LimitObserver.Refused reports them
+// (the label limit of fenced_limit_refusals_total).
+const (
+	LimitHealthWatchers = "health_watchers"
+	LimitConnections    = "connections"
+	LimitReplicaWaits   = "replica_waits"
+	LimitHeaderSize     = "header_size"
+)
+
+// ReasonTooManyHealthWatchers is the ErrorInfo reason of a Watch refused
+// over Transport.MaxHealthWatchers.
+const ReasonTooManyHealthWatchers = "TOO_MANY_HEALTH_WATCHERS"
+
+// LimitObserver is told how full the bounded resources are, for metrics
+// (internal/metrics implements it). Methods must be cheap and safe for
+// concurrent use.
+type LimitObserver interface {
+	// Connections reports a change of the open gRPC connections (+1, -1).
+	Connections(delta int)
+	// HealthWatchers reports a change of the open health Watch streams.
+	HealthWatchers(delta int)
+	// Refused reports one refusal over the bound named (Limit*).
+	Refused(limit string)
+}
+
+type nopLimits struct{}
+
+func (nopLimits) Connections(int)    {}
+func (nopLimits) HealthWatchers(int) {}
+func (nopLimits) Refused(string)     {}
+
+func (t Transport) withDefaults() Transport {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&t.KeepaliveMinTime, DefaultKeepaliveMinTime)
+	def(&t.KeepaliveTime, DefaultKeepaliveTime)
+	def(&t.KeepaliveTimeout, DefaultKeepaliveTimeout)
+	def(&t.MaxConnectionIdle, DefaultMaxConnectionIdle)
+	if t.MaxConcurrentStreams == 0 {
+		t.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if t.MaxHeaderListBytes == 0 {
+		t.MaxHeaderListBytes = DefaultMaxHeaderListBytes
+	}
+	if t.MaxHealthWatchers == 0 {
+		t.MaxHealthWatchers = DefaultMaxHealthWatchers
+	}
+	if t.MaxConnections == 0 {
+		t.MaxConnections = DefaultMaxConnections
+	}
+	if t.MaxConnectionsPerIP == 0 {
+		t.MaxConnectionsPerIP = DefaultMaxConnectionsPerIP
+	}
+	return t
+}
+
+// serverOptions are the grpc.Server options of t (defaults applied), with
+// h's early refusal of Watch streams over its bound.
+func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InTapHandle(h.tap),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: t.KeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:              t.KeepaliveTime,
+			Timeout:           t.KeepaliveTimeout,
+			MaxConnectionIdle: t.MaxConnectionIdle,
+		}),
+		grpc.MaxConcurrentStreams(t.MaxConcurrentStreams),
+		grpc.MaxHeaderListSize(t.MaxHeaderListBytes),
+	}
+}
+
+// boundedHealth is the health service with its Watch streams bounded.
+type boundedHealth struct {
+	*health.Server
+	max  int64
+	open atomic.Int64
+	obs  LimitObserver
+}
+
+// watchMethod is the full name of health's Watch.
+var watchMethod = "/" + healthpb.Health_ServiceDesc.ServiceName + "/Watch"
+
+// refuseWatch is the status of a Watch over the bound.
+func refuseWatch() error {
+	return fitTrailers(codes.ResourceExhausted, "too many health Watch streams open; poll with Check, or retry later",
+		reason(ReasonTooManyHealthWatchers)(nil)).Err()
+}
+
+// tap refuses a Watch over the bound as soon as its headers are read
+// (grpc.InTapHandle): no stream goroutine, interceptor or handler runs for
+// it, so that a flood of refused Watch attempts costs little CPU. Watch
+// checks again, for attempts that pass here together.
+func (h *boundedHealth) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if info.FullMethodName == watchMethod && h.open.Load() >= h.max {
+		h.obs.Refused(LimitHealthWatchers)
+		return ctx, refuseWatch()
+	}
+	return ctx, nil
+}
+
+// Watch serves one Watch stream, or refuses it with RESOURCE_EXHAUSTED
+// when MaxHealthWatchers are open.
+func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	if h.open.Add(1) > h.max {
+		h.open.Add(-1)
+		h.obs.Refused(LimitHealthWatchers)
+		return refuseWatch()
+	}
+	h.obs.HealthWatchers(1)
+	defer func() {
+		h.open.Add(-1)
+		h.obs.HealthWatchers(-1)
+	}()
+	return h.Server.Watch(req, stream)
+}
+
+// limitListener closes connections over its bounds as soon as they are
+// accepted, so that the process never runs out of file descriptors (and
+// keeps serving the connections it holds, /metrics and Redis).
+type limitListener struct {
+	net.Listener
+	max, perIP int
+	obs        LimitObserver
+
+	mu   sync.Mutex
+	open int
+	byIP map[string]int
+}
+
+func newLimitListener(lis net.Listener, t Transport, obs LimitObserver) net.Listener {
+	if t.MaxConnections < 0 && t.MaxConnectionsPerIP < 0 {
+		return lis
+	}
+	return &limitListener{Listener: lis, max: t.MaxConnections, perIP: t.MaxConnectionsPerIP, obs: obs, byIP: map[string]int{}}
+}
+
+// Accept returns the next connection within the bounds; connections over
+// them are closed and counted.
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := peerIP(c.RemoteAddr())
+		l.mu.Lock()
+		over := l.max >= 0 && l.open >= l.max || l.perIP >= 0 && l.byIP[ip] >= l.perIP
+		if !over {
+			l.open++
+			l.byIP[ip]++
+		}
+		l.mu.Unlock()
+		if over {
+			c.Close()
+			l.obs.Refused(LimitConnections)
+			continue
+		}
+		l.obs.Connections(1)
+		return &limitedConn{Conn: c, release: func() { l.release(ip) }}, nil
+	}
+}
+
+func (l *limitListener) release(ip string) {
+	l.mu.Lock()
+	l.open--
+	if l.byIP[ip]--; l.byIP[ip] <= 0 {
+		delete(l.byIP, ip)
+	}
+	l.mu.Unlock()
+	l.obs.Connections(-1)
+}
+
+// peerIP is the IP of a remote address ("" when it has none: a Unix
+// socket, counted as one peer).
+func peerIP(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// limitedConn gives its slot back once, when closed.
+type limitedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}

@@ -1,0 +1,84 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrReplicaWaitsExhausted: a commit or lease change that would wait for
+// replicas was refused before anything was sent to Redis, because as many
+// waits as the process (or the swarm) allows are already in flight (see
+// WithReplicaWaitLimits). Nothing was written; retry later, or without a
+// replica acknowledgement. The server answers RESOURCE_EXHAUSTED +
+// TOO_MANY_REPLICA_WAITS.
+var ErrReplicaWaitsExhausted = errors.New("too many replica acknowledgement waits in flight")
+
+// Defaults of WithReplicaWaitLimits. rueidis runs a pipeline holding WAIT
+// on a dedicated connection from its blocking pool (BlockingPoolSize,
+// default 1024; a caller over it blocks until one frees up, however long
+// the waits last). The process bound stays well below it so that waits
+// never queue there, and the swarm bound keeps one swarm from taking every
+// slot of the process.
+const (
+	DefaultMaxReplicaWaits         = 512
+	DefaultMaxReplicaWaitsPerSwarm = 64
+)
+
+// WithReplicaWaitLimits bounds the commits and lease changes waiting for
+// replica acknowledgements at once: perProcess over every swarm, perSwarm
+// for one slug (defaults DefaultMaxReplicaWaits and
+// DefaultMaxReplicaWaitsPerSwarm; values below 1 keep the default). One
+// more is refused with ErrReplicaWaitsExhausted before it is sent. Keep
+// perProcess below the Redis client's blocking pool (rueidis
+// BlockingPoolSize, 1024 unless the URL sets it).
+func WithReplicaWaitLimits(perProcess, perSwarm int) Option {
+	return func(s *Store) {
+		if perProcess >= 1 {
+			s.waits.max = perProcess
+		}
+		if perSwarm >= 1 {
+			s.waits.perSwarm = perSwarm
+		}
+	}
+}
+
+// waitSlots counts the replica waits in flight, in all and per swarm.
+type waitSlots struct {
+	max, perSwarm int
+
+	mu      sync.Mutex
+	open    int
+	bySwarm map[string]int
+}
+
+func newWaitSlots() *waitSlots {
+	return &waitSlots{max: DefaultMaxReplicaWaits, perSwarm: DefaultMaxReplicaWaitsPerSwarm, bySwarm: map[string]int{}}
+}
+
+// acquire takes a slot for a wait on slug, or answers
+// ErrReplicaWaitsExhausted (wrapped, naming the bound). release gives it
+// back.
+func (w *waitSlots) acquire(slug string) (release func(), err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.open >= w.max:
+		return nil, fmt.Errorf("%w: %d in this fenced process, its limit", ErrReplicaWaitsExhausted, w.open)
+	case w.bySwarm[slug] >= w.perSwarm:
+		return nil, fmt.Errorf("%w: %d for swarm %s, its limit", ErrReplicaWaitsExhausted, w.bySwarm[slug], slug)
+	}
+	w.open++
+	w.bySwarm[slug]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.open--
+			if w.bySwarm[slug]--; w.bySwarm[slug] <= 0 {
+				delete(w.bySwarm, slug)
+			}
+		})
+	}, nil
+}
