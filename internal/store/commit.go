@@ -158,10 +158,18 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 	wait := func() rueidis.Completed {
 		return c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(timeout.Milliseconds()).Build()
 	}
+	// rueidis runs a call whose context has a deadline synchronously, under
+	// a connection deadline, and no longer watches the context: a caller
+	// that gives up would keep its wait (and its wait slot) until the
+	// deadline. So the pipeline gets a context without a deadline that is
+	// cancelled when ctx ends (the caller's cancel, or the Redis timeout).
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	start := time.Now()
-	res := c.DoMulti(ctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	res := c.DoMulti(wctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
 	if rerr, ok := rueidis.IsRedisErr(res[0].Error()); ok && rerr.IsNoScript() {
-		res = c.DoMulti(ctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+		res = c.DoMulti(wctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
 	}
 	s.observeScript(ctx, sc, start, res[0].Error())
 	reply, err := replyStrings(res[0])
