@@ -87,8 +87,8 @@ func TestWithBearerToken(t *testing.T) {
 	rev, err := c.Update(t.Context(), "rig-1", nil, func(tx *client.Txn) error {
 		return tx.Put("claims", "T-1", []byte(`{"by":"tick"}`))
 	})
-	if err != nil || rev != 1 {
-		t.Fatalf("Update(rig-1) with WithBearerToken over TLS = %d, %v; want revision 1", rev, err)
+	if err != nil || rev <= 0 {
+		t.Fatalf("Update(rig-1) with WithBearerToken over TLS = %d, %v; want a revision", rev, err)
 	}
 	if _, _, err := c.Get(t.Context(), "prod-1", "claims", "T-1"); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("Get(prod-1) with a rig-* token = %v, want PermissionDenied", err)

@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -29,10 +30,59 @@ import (
 )
 
 // Client calls one fenced deployment. It is safe for concurrent use.
+//
+// It remembers the highest swarm revision it has seen per swarm (from every
+// read, commit and lease change): fenced issues every revision above every
+// earlier one, even after Redis lost acknowledged writes, so a read showing
+// a lower swarm revision means Redis lost data the client saw. That read
+// fails with ErrRevisionWentBackwards (*RevisionWentBackwardsError), once:
+// the client then goes on from the lower revision.
 type Client struct {
 	conn    *grpc.ClientConn // nil when built with New
 	records fencedv1.RecordsServiceClient
 	leases  fencedv1.LeaseServiceClient
+
+	mu   sync.Mutex
+	seen map[string]int64 // slug -> highest swarm revision seen
+}
+
+// saw records a swarm revision a commit or lease change answered: it only
+// raises the mark.
+func (c *Client) saw(slug string, revision int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if revision > c.seen[slug] {
+		c.seen[slug] = revision
+	}
+}
+
+// mark is the highest swarm revision seen so far: a read takes it before
+// it is sent, and compares its answer with it (a commit that ends while the
+// read is in flight may have a higher revision than the read's, rightly).
+func (c *Client) mark(slug string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen[slug]
+}
+
+// read records the swarm revision a read answered, given the mark taken
+// before the read was sent: *RevisionWentBackwardsError when it is below
+// (the mark then moves down to it, unless a later answer raised it
+// meanwhile, so that the caller is told once), else nil. 0 (no batch ever
+// committed, as after a restart without persistence) counts too.
+func (c *Client) read(slug string, before, revision int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if revision < before {
+		if c.seen[slug] == before {
+			c.seen[slug] = revision
+		}
+		return &RevisionWentBackwardsError{Slug: slug, Highest: before, Revision: revision}
+	}
+	if revision > c.seen[slug] {
+		c.seen[slug] = revision
+	}
+	return nil
 }
 
 // MaxMessageBytes is the largest message the client sends or receives by
@@ -104,7 +154,7 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 // New returns a Client over an existing connection; Close then does not
 // close it.
 func New(conn grpc.ClientConnInterface) *Client {
-	return &Client{records: fencedv1.NewRecordsServiceClient(conn), leases: fencedv1.NewLeaseServiceClient(conn)}
+	return &Client{records: fencedv1.NewRecordsServiceClient(conn), leases: fencedv1.NewLeaseServiceClient(conn), seen: map[string]int64{}}
 }
 
 // Close closes the connection Dial opened.
@@ -142,11 +192,15 @@ func (f *Fence) proto() *fencedv1.LeaseFence {
 }
 
 // Get reads one record and the swarm revision together. rec is nil when the
-// record is absent. Errors: see Decode.
+// record is absent. Errors: ErrRevisionWentBackwards, see Decode.
 func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Record, revision int64, err error) {
+	before := c.mark(slug)
 	resp, err := c.records.Record(ctx, &fencedv1.RecordRequest{Slug: slug, Section: section, Key: key})
 	if err != nil {
 		return nil, 0, Decode(err)
+	}
+	if err := c.read(slug, before, resp.GetRevision()); err != nil {
+		return nil, 0, err
 	}
 	if r := resp.GetRecord(); r != nil {
 		rec = &Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
@@ -177,11 +231,16 @@ type Snapshot struct {
 	SectionRevisions map[string]int64
 }
 
-// Snapshot is Sections with the section revisions.
+// Snapshot is Sections with the section revisions. Errors:
+// ErrRevisionWentBackwards, see Decode.
 func (c *Client) Snapshot(ctx context.Context, slug string, names ...string) (*Snapshot, error) {
+	before := c.mark(slug)
 	resp, err := c.records.Sections(ctx, &fencedv1.SectionsRequest{Slug: slug, Names: names})
 	if err != nil {
 		return nil, Decode(err)
+	}
+	if err := c.read(slug, before, resp.GetRevision()); err != nil {
+		return nil, err
 	}
 	snap := &Snapshot{
 		Revision:         resp.GetRevision(),
@@ -207,14 +266,18 @@ func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 // page; 0: the server's default), calling fn for every record; fn's error
 // stops the scan. It answers the section revision of the first and the last
 // page: when they differ, the section changed during the scan (a record may
-// then have been seen twice, or missed if inserted meanwhile). Errors: see
-// Decode.
+// then have been seen twice, or missed if inserted meanwhile). Errors:
+// ErrRevisionWentBackwards (a page's swarm revision), see Decode.
 func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize int, fn func(key string, r Record) error) (first, last int64, err error) {
 	token := ""
 	for page := 0; ; page++ {
+		before := c.mark(slug)
 		resp, err := c.records.ScanSection(ctx, &fencedv1.ScanSectionRequest{Slug: slug, Section: section, PageSize: int32(pageSize), PageToken: token})
 		if err != nil {
 			return first, last, Decode(err)
+		}
+		if err := c.read(slug, before, resp.GetRevision()); err != nil {
+			return first, last, err
 		}
 		if page == 0 {
 			first = resp.GetSectionRevision()
@@ -298,6 +361,7 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	if err != nil {
 		return 0, Decode(err)
 	}
+	c.saw(slug, resp.GetRevision())
 	return resp.GetRevision(), nil
 }
 
@@ -328,6 +392,7 @@ func (c *Client) Acquire(ctx context.Context, slug, owner string, ttl time.Durat
 	if err != nil {
 		return Lease{}, 0, Decode(err)
 	}
+	c.saw(slug, resp.GetRevision())
 	l := leaseFrom(resp.GetLease())
 	l.ReplicasAcked = int(resp.GetReplicasAcked())
 	return l, resp.GetRevision(), nil
@@ -343,6 +408,7 @@ func (c *Client) Renew(ctx context.Context, slug, owner string, epoch int64, ttl
 	if err != nil {
 		return Lease{}, 0, Decode(err)
 	}
+	c.saw(slug, resp.GetRevision())
 	l := leaseFrom(resp.GetLease())
 	l.ReplicasAcked = int(resp.GetReplicasAcked())
 	return l, resp.GetRevision(), nil
@@ -355,15 +421,21 @@ func (c *Client) Release(ctx context.Context, slug, owner string, epoch int64) (
 	if err != nil {
 		return 0, Decode(err)
 	}
+	c.saw(slug, resp.GetRevision())
 	return resp.GetRevision(), nil
 }
 
 // Current reads the swarm's lease (nil when none), whether it is live,
-// Redis's now in ms and the swarm revision.
+// Redis's now in ms and the swarm revision. Errors:
+// ErrRevisionWentBackwards, see Decode.
 func (c *Client) Current(ctx context.Context, slug string) (lease *Lease, live bool, nowMs, revision int64, err error) {
+	before := c.mark(slug)
 	resp, err := c.leases.Current(ctx, &fencedv1.CurrentRequest{Slug: slug})
 	if err != nil {
 		return nil, false, 0, 0, Decode(err)
+	}
+	if err := c.read(slug, before, resp.GetRevision()); err != nil {
+		return nil, false, 0, 0, err
 	}
 	if l := resp.GetLease(); l != nil {
 		v := leaseFrom(l)

@@ -35,6 +35,18 @@ var (
 	// replicas than asked acknowledged it in time. As *ReplicationError;
 	// also matches ErrUnavailable.
 	ErrReplicationTimeout = errors.New("fenced: replication timeout")
+	// ErrRevisionLimit: the batch or lease change would take a revision or
+	// epoch past 2^53-1 (OUT_OF_RANGE, reason REVISION_LIMIT); nothing was
+	// written. Only a swarm whose stored numbers were set by hand gets
+	// there: repair them.
+	ErrRevisionLimit = errors.New("fenced: revision limit")
+	// ErrRevisionWentBackwards: a read showed a swarm revision below one
+	// this client saw before: Redis lost acknowledged writes (a crash, a
+	// failover to a lagging replica, a restored snapshot). Records read or
+	// written since may be gone; fenced never issues those revisions again,
+	// so stale expectations fail as conflicts. As
+	// *RevisionWentBackwardsError.
+	ErrRevisionWentBackwards = errors.New("fenced: swarm revision went backwards")
 	// ErrKeptChanging: Update met a revision conflict on every attempt.
 	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
 )
@@ -125,6 +137,21 @@ func (e *RedisRefusalError) Is(target error) bool { return target == ErrUnavaila
 
 // Unwrap returns the status error.
 func (e *RedisRefusalError) Unwrap() error { return e.Err }
+
+// RevisionWentBackwardsError is ErrRevisionWentBackwards for one swarm.
+type RevisionWentBackwardsError struct {
+	Slug string
+	// Highest is the highest swarm revision the client had seen; Revision
+	// the lower one the read answered.
+	Highest, Revision int64
+}
+
+func (e *RevisionWentBackwardsError) Error() string {
+	return fmt.Sprintf("fenced client: swarm %q revision went backwards from %d to %d: Redis lost acknowledged writes", e.Slug, e.Highest, e.Revision)
+}
+
+// Is matches ErrRevisionWentBackwards.
+func (e *RevisionWentBackwardsError) Is(target error) bool { return target == ErrRevisionWentBackwards }
 
 // FieldViolation is one bad field of a refused request.
 type FieldViolation struct {
@@ -232,6 +259,8 @@ func Decode(err error) error {
 		return &RedisRefusalError{Reason: reason, Err: err}
 	case st.Code() == codes.Unavailable:
 		return &codeError{kind: ErrUnavailable, err: err}
+	case st.Code() == codes.OutOfRange && reason == "REVISION_LIMIT":
+		return &codeError{kind: ErrRevisionLimit, err: err}
 	}
 	return err
 }

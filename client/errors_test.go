@@ -37,7 +37,7 @@ func errorInfo(reason string, md map[string]string) *errdetails.ErrorInfo {
 // status kept for status.Code.
 func TestDecode(t *testing.T) {
 	sentinels := []error{client.ErrLeaseStale, client.ErrLeaseHeld, client.ErrConflict, client.ErrLayoutDocument,
-		client.ErrInvalidArgument, client.ErrUnavailable, client.ErrKeptChanging}
+		client.ErrInvalidArgument, client.ErrUnavailable, client.ErrKeptChanging, client.ErrRevisionLimit}
 	tests := []struct {
 		name string
 		in   error
@@ -61,6 +61,13 @@ func TestDecode(t *testing.T) {
 				{Section: "claims", Key: "T-1", Write: 0, Expected: 12, Actual: 15},
 				{Section: "executions", Key: "a/b", Write: 4, Expected: 0, Actual: 9},
 			}},
+		},
+		{
+			name: "revision limit",
+			in: statusErr(t, codes.OutOfRange, errorInfo("REVISION_LIMIT", map[string]string{
+				"section": "claims", "key": "T-1", "max_revision": "9007199254740991",
+			})),
+			is: client.ErrRevisionLimit,
 		},
 		{
 			name: "lease stale, taken over",

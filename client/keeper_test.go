@@ -104,8 +104,8 @@ func TestKeeperKeepsAndReleases(t *testing.T) {
 		t.Fatalf("Keep(ctl-b) after ctl-a's Close: %v", err)
 	}
 	defer kb.Close(ctx)
-	if kb.Epoch() != first.Epoch+1 {
-		t.Errorf("Keep(ctl-b) epoch %d, want %d", kb.Epoch(), first.Epoch+1)
+	if kb.Epoch() <= first.Epoch {
+		t.Errorf("Keep(ctl-b) epoch %d, want above %d", kb.Epoch(), first.Epoch)
 	}
 }
 
@@ -173,8 +173,8 @@ func TestKeepWaits(t *testing.T) {
 			t.Fatalf("Keep(ctl-b): %v", err)
 		}
 		defer k.Close(ctx)
-		if k.Epoch() != a.Epoch+1 {
-			t.Errorf("Keep(ctl-b) epoch %d, want %d", k.Epoch(), a.Epoch+1)
+		if k.Epoch() <= a.Epoch {
+			t.Errorf("Keep(ctl-b) epoch %d, want above %d", k.Epoch(), a.Epoch)
 		}
 	})
 

@@ -301,8 +301,8 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatalf("FencedBatch(change %s/%s at revision %d, fence tick-1/1): %v", "executions", execKey, rec.revision, err)
 		}
 		changeCost = append(changeCost, d-c)
-		if got.GetRevision() != revision+1 {
-			t.Fatalf("FencedBatch(change %d) revision = %d, want %d", i, got.GetRevision(), revision+1)
+		if got.GetRevision() <= revision {
+			t.Fatalf("FencedBatch(change %d) revision = %d, want above %d", i, got.GetRevision(), revision)
 		}
 		revision = got.GetRevision()
 		rec.value, rec.revision = value, revision

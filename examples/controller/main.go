@@ -3,28 +3,28 @@
 // ({"n":N,"by":owner,"epoch":E}) through client.Update, every write fenced
 // with the lease's epoch. It prints one line per commit:
 //
-//	committed n=12 revision=57 epoch=3 owner=host-4242
+//	committed n=12 revision=1796079180861096 epoch=1796079187256 owner=host-4242
 //
 // It deliberately does not ask its Keeper whether it still holds the lease
 // before writing: the server's fence is the authority. A controller that was
 // paused past its TTL still believes it is the leader when it resumes, and
 // its next write is refused. It then prints
 //
-//	refused: lease stale (holder host-4343 epoch 4)
+//	refused: lease stale (holder host-4343 epoch 1796079190002)
 //
 // and exits with status 3. SIGINT or SIGTERM releases the lease and exits
 // with status 0.
 //
 // The demo, against a running fenced (fenced serve --redis-url ...): run two
 // instances, pause the first (SIGSTOP) for longer than its TTL, watch the
-// second take the lease over at the next epoch, then resume the first
+// second take the lease over at a higher epoch, then resume the first
 // (SIGCONT): its next write is refused. Build the binary first, so that the
 // pid printed at start is the controller's own:
 //
 //	go build -o controller ./examples/controller
 //	./controller --owner a    # terminal 1: takes the lease, prints its pid
 //	./controller --owner b    # terminal 2: waits for the lease
-//	kill -STOP <pid of a>     # terminal 3: after 2 s, b takes over at epoch+1
+//	kill -STOP <pid of a>     # terminal 3: after 2 s, b takes over at a higher epoch
 //	kill -CONT <pid of a>     # a writes once more, is refused, exits 3
 //
 // Flags: --addr (fenced's gRPC address, default localhost:7420), --slug

@@ -39,7 +39,7 @@ func TestRedisKilledMidHistory(t *testing.T) {
 	r1 := startReplica(t, redis.URL(), server.Options{})
 	r2 := startReplica(t, redis.URL(), server.Options{})
 	clients := clientsOver(t, 8, r1, r2)
-	w := newWorkload(t, "crash-redis", clients, envInt(t, "FAULTS_OPS", 200), seed)
+	w := newWorkload(t, redis, "crash-redis", clients, envInt(t, "FAULTS_OPS", 200), seed)
 	w.requestIDs = 100
 	total := int64(len(clients) * w.ops)
 	faultRun(t, redis, w, func() {
@@ -63,7 +63,7 @@ func TestReplicaRestartedMidHistory(t *testing.T) {
 	r1 := startReplica(t, redis.URL(), server.Options{})
 	r2 := startReplica(t, redis.URL(), server.Options{})
 	clients := clientsOver(t, 8, r1, r2)
-	w := newWorkload(t, "crash-replica", clients, envInt(t, "FAULTS_OPS", 200), seed)
+	w := newWorkload(t, redis, "crash-replica", clients, envInt(t, "FAULTS_OPS", 200), seed)
 	w.requestIDs = 100
 	total := int64(len(clients) * w.ops)
 	faultRun(t, redis, w, func() {
@@ -92,7 +92,7 @@ func TestScriptFlushMidHistory(t *testing.T) {
 	r1 := startReplica(t, redis.URL(), server.Options{})
 	r2 := startReplica(t, redis.URL(), server.Options{})
 	clients := clientsOver(t, 8, r1, r2)
-	w := newWorkload(t, "script-flush", clients, envInt(t, "FAULTS_OPS", 200), seed)
+	w := newWorkload(t, redis, "script-flush", clients, envInt(t, "FAULTS_OPS", 200), seed)
 	w.replicaAck = true
 	flusher := redis.Client(t)
 	flushes := 0
@@ -131,7 +131,7 @@ func TestRedisConnectionsCutMidHistory(t *testing.T) {
 	r1 := startReplica(t, "redis://"+proxy.Addr(), server.Options{})
 	r2 := startReplica(t, "redis://"+proxy.Addr(), server.Options{})
 	clients := clientsOver(t, 8, r1, r2)
-	w := newWorkload(t, "cut-connections", clients, envInt(t, "FAULTS_OPS", 200), seed)
+	w := newWorkload(t, redis, "cut-connections", clients, envInt(t, "FAULTS_OPS", 200), seed)
 	w.requestIDs = 100
 	total := int64(len(clients) * w.ops)
 	faultRun(t, redis, w, func() {

@@ -37,7 +37,7 @@ func TestLinearizable(t *testing.T) {
 	rc := redis.Client(t)
 	start := time.Now()
 	for h := 0; h < histories; h++ {
-		w := newWorkload(t, fmt.Sprintf("lin-%d", h), clients, ops, seed+int64(h))
+		w := newWorkload(t, redis, fmt.Sprintf("lin-%d", h), clients, ops, seed+int64(h))
 		w.run(t)
 		log := readLog(t, rc, w.slug)
 		w.check(t, fmt.Sprintf("history %d (seed %d)", h, seed+int64(h)), log)

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -75,10 +77,18 @@ func acquireLease(t testing.TB, c *client.Client, slug, owner string) (epoch, re
 	return l.Epoch, rev
 }
 
-// newWorkload prepares a run on slug: the lease is taken, the clients are
-// the given ones.
-func newWorkload(t *testing.T, slug string, clients []*client.Client, ops int, seed int64) *workload {
+// counterAhead is where newWorkload starts a swarm's revision counter: µs
+// of the year 2223, ahead of Redis's clock, so that every commit is the
+// counter plus one (the floor of the revision rule, not the clock) and the
+// model can predict revisions exactly. The clock part of the rule is tested
+// in internal/store.
+const counterAhead = 8_000_000_000_000_000
+
+// newWorkload prepares a run on slug: the counter is set ahead of the
+// clock, the lease is taken, the clients are the given ones.
+func newWorkload(t *testing.T, redis *redistest.Server, slug string, clients []*client.Client, ops int, seed int64) *workload {
 	t.Helper()
+	redis.Do(t, "SET", prefix+":swarm:{"+slug+"}:fence:revision", strconv.FormatInt(counterAhead, 10))
 	w := &workload{slug: slug, clients: clients, owner: "tick-" + slug, ops: ops, maxTime: 90 * time.Second, seed: seed, rec: newRecorder(), requestIDs: 50}
 	w.epoch, w.initRev = acquireLease(t, clients[0], slug, w.owner)
 	return w

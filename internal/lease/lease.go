@@ -2,8 +2,9 @@
 // atomic scripts: which requests are valid (owner, epoch, TTL bounds) and
 // what "live" means for a lease read from Redis. Grants, renewals and
 // releases themselves run atomically in internal/store (lease.lua) by
-// Redis's clock: a new grant takes an epoch one above every epoch ever
-// granted (kept in meta/epoch, never reset), the live holder acquiring again
+// Redis's clock: a new grant takes an epoch above every epoch ever granted
+// (kept in meta/epoch, never reset) and at least Redis's clock in ms (so
+// that a grant Redis lost is never granted again), the live holder acquiring again
 // keeps its epoch, an expired lease is never renewed, and a release keeps
 // the epoch.
 package lease

@@ -33,6 +33,7 @@ const (
 	ReasonRequestIDReused  = "REQUEST_ID_REUSED"
 	ReasonReplication      = "REPLICATION_TIMEOUT"
 	ReasonSnapshotTooLarge = "SNAPSHOT_TOO_LARGE"
+	ReasonRevisionLimit    = "REVISION_LIMIT"
 	// ReasonTooManyReplicaWaits: the process or the swarm has as many
 	// replica acknowledgement waits in flight as it allows; nothing was
 	// written.
@@ -75,6 +76,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
 	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
 	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
+	{is(store.ErrRevisionLimit), codes.OutOfRange, limitDetails},
 	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
 	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
 	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
@@ -229,6 +231,21 @@ func replicationDetails(err error) []protoadapt.MessageV1 {
 		"replicas_acked":  strconv.Itoa(re.Acked),
 		"replicas_wanted": strconv.Itoa(re.Wanted),
 	})}
+}
+
+// limitDetails names what reached 2^53-1: ErrorInfo metadata "section"
+// and "key" (a record), or "key" alone ("revision", "epoch", or a meta
+// record as "meta/<name>"), and "max_revision".
+func limitDetails(err error) []protoadapt.MessageV1 {
+	md := map[string]string{"max_revision": strconv.FormatInt(store.MaxRevision, 10)}
+	var le *store.LimitError
+	if errors.As(err, &le) {
+		md["key"] = validUTF8(le.Key)
+		if le.Section != "" {
+			md["section"] = validUTF8(le.Section)
+		}
+	}
+	return []protoadapt.MessageV1{info(ReasonRevisionLimit, md)}
 }
 
 func corruptDetails(err error) []protoadapt.MessageV1 {

@@ -122,6 +122,14 @@ func TestErrorTable(t *testing.T) {
 		{"corrupt record", corrupt, codes.DataLoss, []proto.Message{
 			errInfo("RECORD_CORRUPT", map[string]string{"section": "executions", "key": "exec-1"})}},
 		{"corrupt sentinel alone", store.ErrCorruptRecord, codes.DataLoss, []proto.Message{errInfo("RECORD_CORRUPT", map[string]string{})}},
+		{"corrupt revision counter", &store.CorruptError{Key: "revision"}, codes.DataLoss, []proto.Message{
+			errInfo("RECORD_CORRUPT", map[string]string{"section": "", "key": "revision"})}},
+		{"revision limit on a record", &store.LimitError{Section: "claims", Key: "c"}, codes.OutOfRange, []proto.Message{
+			errInfo("REVISION_LIMIT", map[string]string{"section": "claims", "key": "c", "max_revision": "9007199254740991"})}},
+		{"revision limit on the counter", &store.LimitError{Key: "revision"}, codes.OutOfRange, []proto.Message{
+			errInfo("REVISION_LIMIT", map[string]string{"key": "revision", "max_revision": "9007199254740991"})}},
+		{"revision limit sentinel alone", store.ErrRevisionLimit, codes.OutOfRange, []proto.Message{
+			errInfo("REVISION_LIMIT", map[string]string{"max_revision": "9007199254740991"})}},
 		{"unavailable", unavailable, codes.Unavailable, []proto.Message{errInfo("REDIS_UNAVAILABLE", nil)}},
 		{"redis out of memory", fmt.Errorf("store: fenced batch: %w", store.Refusal("OOM command not allowed when used memory > 'maxmemory'.")), codes.ResourceExhausted, []proto.Message{errInfo("REDIS_OUT_OF_MEMORY", nil)}},
 		{"redis failing saves", store.Refusal("MISCONF Redis is configured to save RDB snapshots"), codes.Unavailable, []proto.Message{errInfo("REDIS_WRITE_ERROR", nil)}},
@@ -245,6 +253,7 @@ func TestErrorTableInvalidUTF8(t *testing.T) {
 		reason string
 	}{
 		{"corrupt record key", &store.CorruptError{Section: "intents", Key: "bad\xffkey"}, codes.DataLoss, "RECORD_CORRUPT"},
+		{"revision limit record key", &store.LimitError{Section: "intents", Key: "bad\xffkey"}, codes.OutOfRange, "REVISION_LIMIT"},
 		{"stale lease owner", &store.StaleError{Present: true, Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, codes.FailedPrecondition, "LEASE_STALE"},
 		{"held lease owner", &store.HeldError{Holder: store.Lease{Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, NowMs: 1}, codes.FailedPrecondition, "LEASE_HELD"},
 	}

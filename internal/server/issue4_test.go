@@ -93,7 +93,7 @@ func TestIssue4RequestID(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	const slug = "idem-grpc"
-	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}})
+	seeded := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}})
 	now := redisNowMs(t, srv)
 	setLease(t, srv, slug, "tick-1", 3, now+time.Hour.Milliseconds())
 
@@ -104,15 +104,15 @@ func TestIssue4RequestID(t *testing.T) {
 		Writes: []*fencedv1.RecordWrite{
 			put("intents", "a", 0, `{"n":1}`),
 			put("executions", "e1", 0, `{"name":"agent-1","generation":1}`),
-			chk("intents", "seed", 1),
+			chk("intents", "seed", seeded),
 		},
 	}
 	first, err := e.records.FencedBatch(ctxT(t), req)
 	if err != nil {
 		t.Fatalf("FencedBatch(request_id %q): %v", req.GetRequestId(), err)
 	}
-	if first.GetRevision() != 2 || first.GetReplayed() {
-		t.Fatalf("FencedBatch(request_id %q) = %v, want revision 2, not replayed", req.GetRequestId(), first)
+	if first.GetRevision() <= seeded || first.GetReplayed() {
+		t.Fatalf("FencedBatch(request_id %q) = %v, want a revision above %d, not replayed", req.GetRequestId(), first, seeded)
 	}
 
 	t.Run("replay answers the original revision and writes nothing", func(t *testing.T) {
@@ -167,8 +167,11 @@ func TestIssue4RequestID(t *testing.T) {
 	t.Run("ids are per swarm", func(t *testing.T) {
 		got := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug + "-2", RequestId: req.RequestId,
 			Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
-		if got != 1 {
-			t.Errorf("FencedBatch(other swarm, same id) revision = %d, want 1 (a commit of its own)", got)
+		if got <= 0 {
+			t.Errorf("FencedBatch(other swarm, same id) revision = %d, want a commit of its own", got)
+		}
+		if n := len(i4LogEntries(t, srv, slug+"-2")); n != 1 {
+			t.Errorf("other swarm's log has %d entries, want 1: a commit of its own", n)
 		}
 	})
 
@@ -177,17 +180,17 @@ func TestIssue4RequestID(t *testing.T) {
 		var ids []string
 		for _, fv := range entries {
 			id, ok := fv["request_id"]
-			if fv["revision"] == "2" {
-				want := map[string]string{"revision": "2", "owner": "tick-1", "records": "2", "request_id": req.GetRequestId()}
+			if r := strconv.FormatInt(first.GetRevision(), 10); fv["revision"] == r {
+				want := map[string]string{"revision": r, "owner": "tick-1", "records": "2", "request_id": req.GetRequestId()}
 				if diff := cmp.Diff(want, fv); diff != "" {
-					t.Errorf("log entry of r2 mismatch (-want +got):\n%s", diff)
+					t.Errorf("log entry of r%s mismatch (-want +got):\n%s", r, diff)
 				}
 			} else if ok {
 				ids = append(ids, id)
 			}
 		}
 		if len(entries) != 3 || len(ids) != 0 {
-			t.Errorf("log = %v: want 3 entries, request_id only on r2's", entries)
+			t.Errorf("log = %v: want 3 entries, request_id only on r%d's", entries, first.GetRevision())
 		}
 		if ttl := srv.Do(t, "PTTL", redisKey(slug, "request:"+req.GetRequestId())); ttl == "-1" || ttl == "-2" {
 			t.Errorf("request key PTTL = %s, want the window", ttl)
@@ -244,11 +247,11 @@ func TestIssue4ReplicaAck(t *testing.T) {
 	if err != nil {
 		t.Fatalf("FencedBatch(replica_ack 1): %v", err)
 	}
-	if diff := cmp.Diff(&fencedv1.FencedBatchResponse{Revision: 1, ReplicasAcked: 1}, resp, protocmp.Transform()); diff != "" {
-		t.Errorf("FencedBatch(replica_ack 1) mismatch (-want +got):\n%s", diff)
+	if resp.GetRevision() <= 0 || resp.GetReplicasAcked() != 1 || resp.GetReplayed() {
+		t.Errorf("FencedBatch(replica_ack 1) = %v, want a revision acknowledged by 1", resp)
 	}
 	// Acknowledged: the replica holds it now, no polling.
-	if got, want := replica.Do(t, "HGET", redisKey(slug, "claims"), "a"), `{"r":1,"v":{"by":"one"}}`; got != want {
+	if got, want := replica.Do(t, "HGET", redisKey(slug, "claims"), "a"), fmt.Sprintf(`{"r":%d,"v":{"by":"one"}}`, resp.GetRevision()); got != want {
 		t.Errorf("replica HGET claims a = %q right after the acknowledgement, want %q", got, want)
 	}
 
@@ -258,14 +261,18 @@ func TestIssue4ReplicaAck(t *testing.T) {
 		ReplicaAck: &fencedv1.ReplicaAck{Replicas: 2, TimeoutMs: 50}}
 	_, err = e.records.FencedBatch(ctxT(t), req)
 	d := decode(t, err)
-	wantMD := map[string]string{"revision": "2", "replicas_acked": "1", "replicas_wanted": "2"}
+	second, _ := strconv.ParseInt(d.info.GetMetadata()["revision"], 10, 64)
+	if second <= resp.GetRevision() {
+		t.Errorf("REPLICATION_TIMEOUT revision = %d, want above the first batch's %d", second, resp.GetRevision())
+	}
+	wantMD := map[string]string{"revision": strconv.FormatInt(second, 10), "replicas_acked": "1", "replicas_wanted": "2"}
 	if d.code != codes.Unavailable || d.info.GetReason() != server.ReasonReplication {
 		t.Fatalf("FencedBatch(replica_ack 2 of 1) = %v %q, want UNAVAILABLE %s", d.code, d.info.GetReason(), server.ReasonReplication)
 	}
 	if diff := cmp.Diff(wantMD, d.info.GetMetadata()); diff != "" {
 		t.Errorf("REPLICATION_TIMEOUT metadata mismatch (-want +got):\n%s", diff)
 	}
-	if got, want := primary.Do(t, "HGET", redisKey(slug, "claims"), "b"), `{"r":2,"v":{"by":"two"}}`; got != want {
+	if got, want := primary.Do(t, "HGET", redisKey(slug, "claims"), "b"), fmt.Sprintf(`{"r":%d,"v":{"by":"two"}}`, second); got != want {
 		t.Errorf("primary HGET claims b = %q, want %q: the batch committed", got, want)
 	}
 	before := dumpKeys(t, primary)
@@ -282,14 +289,14 @@ func TestIssue4ReplicaAck(t *testing.T) {
 	if err != nil {
 		t.Fatalf("FencedBatch(same request_id, replica_ack 1): %v", err)
 	}
-	if diff := cmp.Diff(&fencedv1.FencedBatchResponse{Revision: 2, Replayed: true, ReplicasAcked: 1}, resp, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(&fencedv1.FencedBatchResponse{Revision: second, Replayed: true, ReplicasAcked: 1}, resp, protocmp.Transform()); diff != "" {
 		t.Errorf("FencedBatch(same request_id, replica_ack 1) mismatch (-want +got):\n%s", diff)
 	}
 	if after := dumpKeys(t, primary); after != before {
 		t.Errorf("retries of a committed request changed Redis:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if got := primary.Do(t, "GET", redisKey(slug, "revision")); got != "2" {
-		t.Errorf("swarm revision = %s after the retries, want 2", got)
+	if got := primary.Do(t, "GET", redisKey(slug, "revision")); got != strconv.FormatInt(second, 10) {
+		t.Errorf("swarm revision = %s after the retries, want %d", got, second)
 	}
 
 	t.Run("server default applies when replica_ack is unset", func(t *testing.T) {
@@ -309,8 +316,8 @@ func TestIssue4ReplicaAck(t *testing.T) {
 		}
 		_, err = two.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
 			Writes: []*fencedv1.RecordWrite{put("claims", "d", 0, `4`)}})
-		if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != server.ReasonReplication || d.info.GetMetadata()["revision"] != "4" {
-			t.Errorf("FencedBatch(unset, default 2 replicas) = %v %q %v, want UNAVAILABLE %s at revision 4", d.code, d.info.GetReason(), d.info.GetMetadata(), server.ReasonReplication)
+		if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != server.ReasonReplication || !revisionAbove(d.info.GetMetadata()["revision"], resp.GetRevision()) {
+			t.Errorf("FencedBatch(unset, default 2 replicas) = %v %q %v, want UNAVAILABLE %s above revision %d", d.code, d.info.GetReason(), d.info.GetMetadata(), server.ReasonReplication, resp.GetRevision())
 		}
 		// replica_ack{0}: do not wait, whatever the default.
 		for name, ep := range map[string]*endpoint{"default 1": one, "default 2": two} {
@@ -412,7 +419,10 @@ func TestIssue4ScanSection(t *testing.T) {
 	const slug, n = "big-swarm", 5000
 	want := i4Seed(t, st, slug, "intents", n, 16)
 	i4Seed(t, st, slug+"-b", "intents", 10, 0)
-	const rev = 5 // five seed batches of 1000
+	_, rev, err := st.Record(ctxT(t), slug, "intents", "") // the last of five seed batches of 1000
+	if err != nil {
+		t.Fatalf("Record: %v", err)
+	}
 
 	scan := func(t *testing.T, slug, section string, size int32) (map[string]*fencedv1.Record, []*fencedv1.ScanSectionResponse) {
 		t.Helper()
@@ -443,7 +453,7 @@ func TestIssue4ScanSection(t *testing.T) {
 			}
 			for k, v := range want {
 				if r := got[k]; r.GetValue() != v || r.GetRevision() < 1 || r.GetRevision() > rev {
-					t.Errorf("scanned %s = %v, want value %q at revision 1..%d", k, r, v, rev)
+					t.Errorf("scanned %s = %v, want value %q at a revision up to %d", k, r, v, rev)
 				}
 			}
 			largest := 0
@@ -550,3 +560,9 @@ func TestIssue4ScanSection(t *testing.T) {
 
 // i4Message is the message of a call's status.
 func i4Message(err error) string { return status.Convert(err).Message() }
+
+// revisionAbove reports whether the decimal revision s is above r.
+func revisionAbove(s string, r int64) bool {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return err == nil && n > r
+}

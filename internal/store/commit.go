@@ -22,9 +22,10 @@ import (
 // It returns the committed revision, or for a batch of checks alone the
 // current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
 // every mismatch in request order, ErrLayoutDocument, *CorruptError,
-// ErrRequestIDReused, ErrUnavailable (the commit may or may not have been
-// applied), ErrReplicaWaitsExhausted (only when waiting for replicas;
-// nothing sent), context errors, *RedisError. The batch must have passed
+// ErrRequestIDReused, *LimitError (ErrRevisionLimit), ErrUnavailable (the
+// commit may or may not have been applied), ErrReplicaWaitsExhausted (only
+// when waiting for replicas; nothing sent), context errors, *RedisError.
+// The batch must have passed
 // batch.Limits.CheckBatch.
 func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 	c, err := s.CommitDurable(ctx, b, Durability{})
@@ -189,7 +190,9 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 // one-record change sends its value plus under 512 bytes to Redis. Only a
 // batch that puts or deletes in executions runs the by-name variant and
 // sends the executions and by-name keys; any other batch sends neither (a check of executions sends the executions key, as
-// for any section).
+// for any section). Revisions, epochs and now_ms go in base 36 (11
+// characters for a revision of Redis's clock in µs, 9 for an epoch, instead
+// of 16 and 13 decimal digits).
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args []string) {
 	sc = commitScript
 	keys = append(make([]string, 0, 7+len(b.Writes)), k.meta(), k.revision(), k.log())
@@ -211,7 +214,7 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
 	}
 	if f := b.Fence; f != nil {
-		epoch, now, owner = strconv.FormatInt(f.Epoch, 10), strconv.FormatInt(f.NowMs, 10), f.Owner
+		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
 	}
 	args = make([]string, 1, 1+2*len(b.Writes))
 	args[0] = mode + ":" + epoch + ":" + now + ":" + window + ":" + digest + ":" + owner
@@ -223,7 +226,7 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 			ki = len(keys)
 			index[w.Section] = ki
 		}
-		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 10)+":"+w.Key)
+		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 36)+":"+w.Key)
 		if w.Kind == batch.KindPut {
 			args = append(args, w.Value)
 		}
@@ -282,7 +285,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	switch reply[0] {
 	case "OK":
 		if len(reply) == 2 || len(reply) == 3 && (reply[2] == "REPLAYED" || reply[2] == "BYNAME_STALE") {
-			return parseInt(reply[1])
+			return parseRevision(reply[1])
 		}
 	case "REUSED":
 		return 0, ErrRequestIDReused
@@ -294,13 +297,19 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
 		}
-	case "CORRUPT":
+	case "CORRUPT", "LIMIT":
+		if err := swarmRefusal(reply); err != nil {
+			return 0, err
+		}
 		if len(reply) == 2 {
 			i, err := parseInt(reply[1])
 			if err != nil || i < 0 || int(i) >= len(b.Writes) {
 				break
 			}
 			w := &b.Writes[i]
+			if reply[0] == "LIMIT" {
+				return 0, &LimitError{Section: w.Section, Key: w.Key}
+			}
 			return 0, &CorruptError{Section: w.Section, Key: w.Key}
 		}
 	}

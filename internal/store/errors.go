@@ -40,6 +40,12 @@ var (
 	ErrSnapshotTooLarge = errors.New("snapshot too large")
 	// ErrInvalidCursor: a scan cursor that Redis did not hand out.
 	ErrInvalidCursor = errors.New("invalid scan cursor")
+	// ErrRevisionLimit: the batch or lease change would issue a revision or
+	// epoch above MaxRevision (2^53-1), or a BLIND write targets a record
+	// whose stored revision is above it. Nothing was written. Returned as
+	// *LimitError. Only a swarm whose numbers were set by hand gets there
+	// (revisions follow the clock in µs: 2^53 µs is in the 23rd century).
+	ErrRevisionLimit = errors.New("revision limit")
 	// ErrMalformedReply: a script answered something fenced does not
 	// understand (a bug, or a foreign script under the same SHA).
 	ErrMalformedReply = errors.New("malformed script reply")
@@ -128,14 +134,69 @@ func (e *ConflictError) Error() string {
 	return b.String()
 }
 
-// CorruptError names a stored field that is not a record.
+// CorruptError names a stored field that is not a record (by the record
+// grammar of parseRecord, which includes a revision above MaxRevision), or,
+// with Section "" and Key "revision", a swarm revision counter that is not
+// an integer 0..MaxRevision.
 type CorruptError struct {
 	Section string
 	Key     string
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("stored field %s/%s is not a record: want a JSON object with \"r\" and \"v\"", e.Section, e.Key)
+	if e.Section == "" {
+		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)
+	}
+	return fmt.Sprintf("stored field %s/%s is not a record: want a JSON object with \"r\" (an integer from 0 to 2^53-1) and \"v\"", e.Section, e.Key)
+}
+
+// LimitError is ErrRevisionLimit naming what reached the limit: a record
+// (Section/Key), or with Section "" the swarm's "revision" counter or new
+// revision, "epoch" (the new epoch), or a meta record ("meta/epoch",
+// "meta/lease", "meta/section_revisions", "meta/leader_changes").
+type LimitError struct {
+	Section string
+	Key     string
+}
+
+func (e *LimitError) Error() string {
+	what := e.Key
+	if e.Section != "" {
+		what = e.Section + "/" + e.Key
+	}
+	return fmt.Sprintf("revision limit: %s is at or near 2^53-1, above which no revision or epoch is issued; nothing was written (repair the swarm's stored numbers by hand)", what)
+}
+
+// Is makes errors.Is(err, ErrRevisionLimit) true.
+func (e *LimitError) Is(target error) bool { return target == ErrRevisionLimit }
+
+// swarmRefusal decodes the {'CORRUPT', ”, what} and {'LIMIT', ”, what}
+// replies of the committing scripts; nil when reply is neither.
+func swarmRefusal(reply []string) error {
+	if len(reply) != 3 || reply[1] != "" {
+		return nil
+	}
+	section, key, _ := strings.Cut(reply[2], "/")
+	if key == "" {
+		section, key = "", reply[2]
+	}
+	switch reply[0] {
+	case "CORRUPT":
+		return &CorruptError{Section: section, Key: key}
+	case "LIMIT":
+		return &LimitError{Section: section, Key: key}
+	}
+	return nil
+}
+
+// parseRevision reads a swarm revision counter as a script answered it
+// (absent: "0"): *CorruptError unless it is an integer 0..MaxRevision.
+func parseRevision(s string) (int64, error) {
+	n, ok := parseRevisionText(s)
+	if !ok {
+		return 0, &CorruptError{Key: "revision"}
+	}
+	return n, nil
 }
 
 // Is makes errors.Is(err, ErrCorruptRecord) true.

@@ -41,10 +41,10 @@ func (e *HeldError) Error() string {
 func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
 // Acquire grants the swarm's lease to owner for ttlMs by Redis's clock when
-// no live lease exists (absent, expired or released): a new epoch one above
-// meta/epoch, leader_changes raised. The live holder acquiring again extends
-// its lease and keeps its epoch. It answers the lease and the revision the
-// grant committed at.
+// no live lease exists (absent, expired or released): a new epoch above
+// meta/epoch and at least Redis's clock in ms, leader_changes raised. The
+// live holder acquiring again extends its lease and keeps its epoch. It
+// answers the lease and the revision the grant committed at.
 //
 // Under WithLeaseDurability (d.Replicas > 0) a grant is handed out only
 // once d.Replicas replicas acknowledged it (Redis WAIT, within d.Timeout):
@@ -54,8 +54,9 @@ func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 // acquire (acquiring again keeps the epoch and waits again).
 //
 // Errors: *HeldError (ErrLeaseHeld), *ReplicationError, ErrLayoutDocument,
-// ErrUnavailable, context errors, *RedisError. Inputs must be valid (see
-// internal/lease).
+// *CorruptError and *LimitError (ErrRevisionLimit: the new epoch or revision
+// would pass MaxRevision), ErrUnavailable, context errors, *RedisError.
+// Inputs must be valid (see internal/lease).
 func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (Lease, int64, error) {
 	l, rev, err := s.leaseOp(ctx, slug, "acquire", owner, 0, ttlMs)
 	if err != nil {
@@ -136,6 +137,10 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 			e.Err = err
 			return e, 0
 		}
+		if nums[0] < 0 || nums[0] > MaxRevision || nums[1] < 0 || nums[1] > MaxRevision {
+			e.Err = fmt.Errorf("%w: revision or epoch out of range: %q", ErrMalformedReply, reply)
+			return e, 0
+		}
 		e.Lease, e.Granted = Lease{Owner: reply[2], Epoch: nums[1], ExpiresAtMs: nums[2]}, reply[5] == "1"
 		if reply[7] != "" {
 			old, err := parseInts(reply[7], reply[8])
@@ -156,6 +161,9 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 		return e, 0
 	case reply[0] == "STALE" && len(reply) == 4:
 		e.Err = staleError(reply[1:])
+		return e, 0
+	case swarmRefusal(reply) != nil:
+		e.Err = swarmRefusal(reply)
 		return e, 0
 	}
 	e.Err = fmt.Errorf("%w: %q", ErrMalformedReply, reply)
@@ -193,7 +201,9 @@ func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, no
 	var nums [2]int64
 	for i := range nums {
 		str, err := arr[i].ToString()
-		if err == nil {
+		if err == nil && i == 1 {
+			nums[i], err = parseRevision(str)
+		} else if err == nil {
 			nums[i], err = parseInt(str)
 		}
 		if err != nil {
@@ -225,7 +235,8 @@ func parseLease(raw string) (Lease, bool) {
 		Epoch     *int64  `json:"epoch"`
 		ExpiresAt *int64  `json:"expires_at"`
 	}
-	if err := json.Unmarshal([]byte(rec.Value), &v); err != nil || v.Owner == nil || v.Epoch == nil || v.ExpiresAt == nil {
+	if err := json.Unmarshal([]byte(rec.Value), &v); err != nil || v.Owner == nil || v.Epoch == nil || v.ExpiresAt == nil ||
+		*v.Epoch < 0 || *v.Epoch > MaxRevision || *v.ExpiresAt > MaxRevision {
 		return Lease{}, false
 	}
 	return Lease{Owner: *v.Owner, Epoch: *v.Epoch, ExpiresAtMs: *v.ExpiresAt}, true

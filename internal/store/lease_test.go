@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -36,59 +37,60 @@ func TestLeaseLifecycle(t *testing.T) {
 	ctx := context.Background()
 
 	a, rev1, err := st.Acquire(ctx, "ls", "tick-a", 100)
-	if err != nil || a.Owner != "tick-a" || a.Epoch != 1 || rev1 != 1 {
-		t.Fatalf("first Acquire = %+v r%d, %v; want tick-a epoch 1 at r1", a, rev1, err)
+	if err != nil || a.Owner != "tick-a" || a.Epoch < a.ExpiresAtMs-100 || rev1/1000 < a.Epoch {
+		t.Fatalf("first Acquire = %+v r%d, %v; want tick-a at an epoch of Redis's clock in ms, at a revision of its clock in µs", a, rev1, err)
 	}
-	if got := srv.Do(t, "HGET", key("ls", "meta"), "leader_changes"); got != `{"r":1,"v":1}` {
+	e1 := a.Epoch
+	if got := srv.Do(t, "HGET", key("ls", "meta"), "leader_changes"); got != fmt.Sprintf(`{"r":%d,"v":1}`, rev1) {
 		t.Errorf("leader_changes = %q", got)
 	}
 	again, _, err := st.Acquire(ctx, "ls", "tick-a", 60_000)
-	if err != nil || again.Epoch != 1 {
-		t.Fatalf("holder's Acquire = %+v, %v; want the same epoch 1", again, err)
+	if err != nil || again.Epoch != e1 {
+		t.Fatalf("holder's Acquire = %+v, %v; want the same epoch %d", again, err, e1)
 	}
 	_, _, err = st.Acquire(ctx, "ls", "tick-b", 1000)
 	var he *store.HeldError
-	if !errors.As(err, &he) || he.Holder.Owner != "tick-a" || he.Holder.Epoch != 1 || he.Holder.ExpiresAtMs <= he.NowMs {
-		t.Fatalf("other owner's Acquire = %v, want *HeldError naming tick-a epoch 1", err)
+	if !errors.As(err, &he) || he.Holder.Owner != "tick-a" || he.Holder.Epoch != e1 || he.Holder.ExpiresAtMs <= he.NowMs {
+		t.Fatalf("other owner's Acquire = %v, want *HeldError naming tick-a epoch %d", err, e1)
 	}
-	renewed, _, err := st.Renew(ctx, "ls", "tick-a", 1, 100)
-	if err != nil || renewed.Epoch != 1 {
+	renewed, _, err := st.Renew(ctx, "ls", "tick-a", e1, 100)
+	if err != nil || renewed.Epoch != e1 {
 		t.Fatalf("Renew = %+v, %v", renewed, err)
 	}
 	waitExpired(t, st, "ls")
-	if _, _, err := st.Renew(ctx, "ls", "tick-a", 1, 1000); !errors.Is(err, store.ErrLeaseStale) {
+	if _, _, err := st.Renew(ctx, "ls", "tick-a", e1, 1000); !errors.Is(err, store.ErrLeaseStale) {
 		t.Errorf("Renew of an expired lease = %v, want ErrLeaseStale (never revived)", err)
 	}
 	b, revB, err := st.Acquire(ctx, "ls", "tick-b", 60_000)
-	if err != nil || b.Epoch != 2 {
-		t.Fatalf("takeover Acquire = %+v, %v; want epoch 2", b, err)
+	if err != nil || b.Epoch <= e1 {
+		t.Fatalf("takeover Acquire = %+v, %v; want an epoch above %d", b, err, e1)
 	}
 	// The old holder is refused everywhere.
-	if _, _, err := st.Renew(ctx, "ls", "tick-a", 1, 1000); !errors.Is(err, store.ErrLeaseStale) {
+	if _, _, err := st.Renew(ctx, "ls", "tick-a", e1, 1000); !errors.Is(err, store.ErrLeaseStale) {
 		t.Errorf("old holder's Renew = %v, want ErrLeaseStale", err)
 	}
-	if _, err := st.Release(ctx, "ls", "tick-a", 1); !errors.Is(err, store.ErrLeaseStale) {
+	if _, err := st.Release(ctx, "ls", "tick-a", e1); !errors.Is(err, store.ErrLeaseStale) {
 		t.Errorf("old holder's Release = %v, want ErrLeaseStale", err)
 	}
-	if _, err := commit(t, st, &batch.Batch{Slug: "ls", Fence: &batch.Fence{Owner: "tick-a", Epoch: 1}, Writes: []batch.Write{put("claims", "x", batch.Blind, `1`)}}); !errors.Is(err, store.ErrLeaseStale) {
+	if _, err := commit(t, st, &batch.Batch{Slug: "ls", Fence: &batch.Fence{Owner: "tick-a", Epoch: e1}, Writes: []batch.Write{put("claims", "x", batch.Blind, `1`)}}); !errors.Is(err, store.ErrLeaseStale) {
 		t.Errorf("old holder's batch = %v, want ErrLeaseStale", err)
 	}
-	revRel, err := st.Release(ctx, "ls", "tick-b", 2)
-	if err != nil || revRel != revB+1 {
-		t.Fatalf("Release = r%d, %v; want r%d", revRel, err, revB+1)
+	revRel, err := st.Release(ctx, "ls", "tick-b", b.Epoch)
+	if err != nil || revRel <= revB {
+		t.Fatalf("Release = r%d, %v; want above r%d", revRel, err, revB)
 	}
 	if l, _, _, _ := st.CurrentLease(ctx, "ls"); l != nil {
 		t.Errorf("CurrentLease after release = %+v, want none", l)
 	}
 	c, _, err := st.Acquire(ctx, "ls", "tick-c", 1000)
-	if err != nil || c.Epoch != 3 {
-		t.Fatalf("Acquire after release = %+v, %v; want epoch 3", c, err)
+	if err != nil || c.Epoch <= b.Epoch {
+		t.Fatalf("Acquire after release = %+v, %v; want an epoch above %d", c, err, b.Epoch)
 	}
 	// Deleting meta/lease by hand does not reset epochs.
 	srv.Do(t, "HDEL", key("ls", "meta"), "lease")
 	d, _, err := st.Acquire(ctx, "ls", "tick-d", 1000)
-	if err != nil || d.Epoch != 4 {
-		t.Fatalf("Acquire after meta/lease was deleted = %+v, %v; want epoch 4", d, err)
+	if err != nil || d.Epoch <= c.Epoch {
+		t.Fatalf("Acquire after meta/lease was deleted = %+v, %v; want an epoch above %d", d, err, c.Epoch)
 	}
 	if got, want := srv.Do(t, "HGET", key("ls", "meta"), "leader_changes"), `{"r":`+srv.Do(t, "GET", key("ls", "revision"))+`,"v":4}`; got != want {
 		t.Errorf("leader_changes = %q, want 4 at the last revision", got)
@@ -122,19 +124,21 @@ func TestLeaseFenceWithCallerClock(t *testing.T) {
 }
 
 // A lease written by another writer (meta/epoch absent) must not let a later
-// grant go below its epoch, whether it is released or renewed first.
+// grant go below its epoch, whether it is released or renewed first: one
+// ahead of the clock (hand), so that the epoch rule, not the clock, decides.
 func TestHandWrittenLeaseEpochIsKept(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	ctx := context.Background()
 	far := redisNowMs(t, srv) + 600_000
+	const hand = 5_000_000_000_000 // ms: the year 2128
 	for _, tc := range []struct {
 		name  string
 		first func(slug string) error
 	}{
-		{"released", func(slug string) error { _, err := st.Release(ctx, slug, "tick-b", 7); return err }},
+		{"released", func(slug string) error { _, err := st.Release(ctx, slug, "tick-b", hand); return err }},
 		{"renewed, then the lease record lost", func(slug string) error {
-			if _, _, err := st.Renew(ctx, slug, "tick-b", 7, 100); err != nil {
+			if _, _, err := st.Renew(ctx, slug, "tick-b", hand, 100); err != nil {
 				return err
 			}
 			srv.Do(t, "HDEL", key(slug, "meta"), "lease")
@@ -143,16 +147,16 @@ func TestHandWrittenLeaseEpochIsKept(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			slug := "hand-" + strings.ReplaceAll(tc.name[:7], " ", "")
-			setLease(t, srv, slug, "tick-b", 7, far)
+			setLease(t, srv, slug, "tick-b", hand, far)
 			if err := tc.first(slug); err != nil {
 				t.Fatal(err)
 			}
-			if got := srv.Do(t, "HGET", key(slug, "meta"), "epoch"); !strings.HasSuffix(got, `,"v":7}`) {
-				t.Errorf("meta/epoch = %q, want 7 recorded", got)
+			if got := srv.Do(t, "HGET", key(slug, "meta"), "epoch"); !strings.HasSuffix(got, fmt.Sprintf(`,"v":%d}`, int64(hand))) {
+				t.Errorf("meta/epoch = %q, want %d recorded", got, int64(hand))
 			}
 			l, _, err := st.Acquire(ctx, slug, "tick-a", 1000)
-			if err != nil || l.Epoch != 8 {
-				t.Errorf("Acquire after a hand-written lease at epoch 7 = %+v, %v; want epoch 8", l, err)
+			if err != nil || l.Epoch != hand+1 {
+				t.Errorf("Acquire after a hand-written lease at epoch %d = %+v, %v; want epoch %d", int64(hand), l, err, int64(hand+1))
 			}
 		})
 	}

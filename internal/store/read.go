@@ -38,7 +38,7 @@ func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Rec
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w: revision: %w", ErrMalformedReply, err)
 	}
-	if revision, err = parseInt(revs); err != nil {
+	if revision, err = parseRevision(revs); err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w", err)
 	}
 	if arr[1].IsNil() {
@@ -109,7 +109,7 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 		Sections:         make(map[string]map[string]Record, len(names)),
 		SectionRevisions: make(map[string]int64, len(names)),
 	}
-	if snap.Revision, err = parseInt(revs); err != nil {
+	if snap.Revision, err = parseRevision(revs); err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", err)
 	}
 	all, err := parseSectionRevisions(arr[1])
@@ -140,6 +140,11 @@ func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
 	var revs map[string]int64
 	if !ok || json.Unmarshal([]byte(rec.Value), &revs) != nil {
 		return nil, &CorruptError{Section: "meta", Key: "section_revisions"}
+	}
+	for _, r := range revs {
+		if r < 0 || r > MaxRevision {
+			return nil, &CorruptError{Section: "meta", Key: "section_revisions"}
+		}
 	}
 	return revs, nil
 }
@@ -298,7 +303,7 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}
-	if p.Revision, err = parseInt(revs); err != nil {
+	if p.Revision, err = parseRevision(revs); err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}
 	sectionRevs, err := parseSectionRevisions(arr[1])

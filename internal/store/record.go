@@ -1,9 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
-	"regexp"
 	"strconv"
+	"unicode/utf8"
 )
 
 // Record is one stored record: the revision that last wrote it and its JSON
@@ -15,71 +16,147 @@ type Record struct {
 	Value string
 }
 
-// recordHead is the start of every field fenced writes: {"r":N,"v":VALUE}.
-const recordHead = `{"r":`
+// MaxRevision is 2^53-1, the largest revision or epoch fenced writes or
+// compares: the largest integer that Lua numbers (doubles), which the
+// scripts compute with, and most JSON parsers keep exact. A stored revision
+// above it is not a record (*CorruptError); a batch or lease grant whose new
+// revision or epoch would pass it is refused (*LimitError).
+const MaxRevision = 1<<53 - 1
 
-// revisionPattern is the anchored pattern of lib.lua's record_revision:
-// readers take the revision from a leading "r" member when there is one,
-// so that Go and the scripts agree on it even for a field that names "r"
-// twice.
-var revisionPattern = regexp.MustCompile(`^[ \t\n\r]*\{[ \t\n\r]*"r"[ \t\n\r]*:[ \t\n\r]*([0-9]+)[ \t\n\r]*,`)
+// MaxRecordDepth is the most arrays and objects a stored field may nest,
+// the field's own object counting 1: cjson's limit, which the scripts
+// decode with.
+const MaxRecordDepth = 1000
 
-// parseRecord reads a stored field of a swarm's hashes. fenced's own form,
-// {"r":N,"v":VALUE} without spaces, is read by slicing; anything else (older
-// writers put spaces after ':' and ',', other writers may order or add
-// fields) is decoded, keeping the raw bytes of "v". ok is false when the
-// field is not one JSON text, an object with an integer "r" >= 0 (a number,
-// not a string) and a "v". The revision is that of a leading "r" member
-// when the field starts with one (as the scripts read it), else of the "r"
-// member.
+// recordHead and recordMid frame fenced's own form, {"r":N,"v":VALUE}.
+const (
+	recordHead = `{"r":`
+	recordMid  = `,"v":`
+)
+
+// parseRecord reads a stored field of a swarm's hashes by the record
+// grammar (docs/design.md §2.2), which lib.lua's
+// parse_record applies identically: the field is one JSON text (RFC 8259,
+// JSON whitespace only, valid UTF-8, nesting at most MaxRecordDepth), an
+// object naming "r" once and "v" once, whose "r" is written as an integer
+// 0..MaxRevision without sign, leading zero, fraction or exponent. The
+// value is the bytes of "v" as stored. fenced's own form is read by
+// slicing; anything else (older writers' spacing, other order, other
+// members) by a scan. ok is false when the field is not a record.
 func parseRecord(raw string) (rec Record, ok bool) {
-	if rec, ok = parseCompact(raw); ok {
-		return rec, true
+	if rec, ok, own := parseCompact(raw); own {
+		return rec, ok
 	}
-	if !json.Valid([]byte(raw)) {
+	if !validJSON(raw, MaxRecordDepth) {
 		return Record{}, false
 	}
-	// A map, not a struct: encoding/json matches struct fields without
-	// regard to case, and "V" is not "v" to the scripts (cjson).
-	var loose map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(raw), &loose); err != nil || loose["v"] == nil || loose["r"] == nil {
+	dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return Record{}, false
 	}
-	digits := string(loose["r"])
-	if m := revisionPattern.FindStringSubmatch(raw); m != nil {
-		digits = m[1]
+	var r, v json.RawMessage
+	var rs, vs int
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return Record{}, false
+		}
+		var member json.RawMessage
+		if err := dec.Decode(&member); err != nil {
+			return Record{}, false
+		}
+		switch tok {
+		case "r":
+			r, rs = member, rs+1
+		case "v":
+			v, vs = member, vs+1
+		}
 	}
-	if digits == "" || digits[0] < '0' || digits[0] > '9' || (digits[0] == '0' && len(digits) > 1) {
-		return Record{}, false // a string, a sign, a leading zero
+	if rs != 1 || vs != 1 {
+		return Record{}, false
 	}
-	r, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil {
-		return Record{}, false // a fraction, an exponent, past 2^63-1
+	rev, ok := parseRevisionText(string(r))
+	if !ok {
+		return Record{}, false
 	}
-	return Record{Revision: r, Value: string(loose["v"])}, true
+	return Record{Revision: rev, Value: string(v)}, true
 }
 
-// parseCompact slices {"r":N,"v":VALUE}. The remainder must be exactly one
-// JSON text, so a field with more members after "v" falls through to the
-// decoder rather than being misread; so does a revision with a leading zero
-// (not JSON).
-func parseCompact(raw string) (Record, bool) {
+// parseCompact slices fenced's own form {"r":N,"v":VALUE}. own is false
+// when raw does not have that shape (the caller scans it instead); when it
+// does, ok tells whether VALUE is one JSON value (nesting at most
+// MaxRecordDepth-1) and N a revision in range.
+func parseCompact(raw string) (rec Record, ok, own bool) {
 	if len(raw) < len(recordHead) || raw[:len(recordHead)] != recordHead || raw[len(raw)-1] != '}' {
-		return Record{}, false
+		return Record{}, false, false
 	}
 	i := len(recordHead)
 	j := i
 	for j < len(raw) && raw[j] >= '0' && raw[j] <= '9' {
 		j++
 	}
-	const mid = `,"v":`
-	if j == i || j-i > 18 || (raw[i] == '0' && j-i > 1) || len(raw) < j+len(mid)+1 || raw[j:j+len(mid)] != mid {
-		return Record{}, false
+	if j == i || (raw[i] == '0' && j-i > 1) || len(raw) < j+len(recordMid)+1 || raw[j:j+len(recordMid)] != recordMid {
+		return Record{}, false, false
 	}
-	value := raw[j+len(mid) : len(raw)-1]
-	if !json.Valid([]byte(value)) {
-		return Record{}, false
+	value := raw[j+len(recordMid) : len(raw)-1]
+	if !validJSON(value, MaxRecordDepth-1) {
+		return Record{}, false, false
 	}
-	r, _ := strconv.ParseInt(raw[i:j], 10, 64) // at most 18 digits: fits
-	return Record{Revision: r, Value: value}, true
+	r, ok := parseRevisionText(raw[i:j])
+	if !ok {
+		return Record{}, false, true
+	}
+	return Record{Revision: r, Value: value}, true, true
+}
+
+// parseRevisionText reads a revision as the grammar writes it: decimal
+// digits, no sign, no leading zero, at most MaxRevision.
+func parseRevisionText(s string) (int64, bool) {
+	if s == "" || (s[0] == '0' && len(s) > 1) {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n > MaxRevision {
+		return 0, false
+	}
+	return n, true
+}
+
+// validJSON reports whether s is one JSON text (RFC 8259) in valid UTF-8
+// nesting at most depth arrays and objects.
+func validJSON(s string, depth int) bool {
+	return utf8.ValidString(s) && json.Valid([]byte(s)) && nesting(s) <= depth
+}
+
+// nesting is the deepest nesting of arrays and objects in s, a JSON text.
+func nesting(s string) int {
+	depth, deepest := 0, 0
+	inString := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			depth++
+			deepest = max(deepest, depth)
+		case '}', ']':
+			depth--
+		}
+	}
+	return deepest
 }

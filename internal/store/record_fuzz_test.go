@@ -7,19 +7,22 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // revisionToken is a JSON number that is a revision: a non-negative
 // integer without sign, fraction or exponent.
 var revisionToken = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 
-// referenceRecord reads a stored field by DESIGN §2 alone, independently of
-// parseRecord: the whole field is one JSON text (RFC 8259) and an object
-// whose "r" is an integer revision (0 to 2^63-1) and which has a "v"; the
-// value is the bytes of "v" as stored. Members are found with the
-// tokenizer, so whitespace, order and other members are allowed.
+// referenceRecord reads a stored field by the record grammar
+// (docs/design.md §2.2) with the standard library alone, independently of
+// parseRecord's slicing: the whole field is one JSON text (RFC 8259) in
+// valid UTF-8 nesting at most MaxRecordDepth, an object naming "r" and "v"
+// once each, whose "r" is an integer revision (0 to 2^53-1); the value is
+// the bytes of "v" as stored. Members are found with the tokenizer, so
+// whitespace, order and other members are allowed.
 func referenceRecord(raw string) (Record, bool) {
-	if !json.Valid([]byte(raw)) {
+	if !json.Valid([]byte(raw)) || !utf8.ValidString(raw) || nesting(raw) > MaxRecordDepth || duplicateMember(raw) {
 		return Record{}, false
 	}
 	var members map[string]json.RawMessage
@@ -32,7 +35,7 @@ func referenceRecord(raw string) (Record, bool) {
 		return Record{}, false
 	}
 	rev, err := strconv.ParseInt(string(r), 10, 64)
-	if err != nil {
+	if err != nil || rev > MaxRevision {
 		return Record{}, false
 	}
 	return Record{Revision: rev, Value: string(v)}, true
@@ -41,9 +44,7 @@ func referenceRecord(raw string) (Record, bool) {
 func trimJSONSpace(s string) string { return strings.Trim(s, " \t\n\r") }
 
 // duplicateMember reports whether raw, a JSON object, names "r" or "v" more
-// than once. DESIGN §2 does not say which one counts: parseRecord takes a
-// leading "r" as the scripts' anchored pattern does, and the last "v" as
-// decoders do; the reference is not asked.
+// than once: by the grammar, such a field is not a record.
 func duplicateMember(raw string) bool {
 	dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -71,7 +72,7 @@ func duplicateMember(raw string) bool {
 // FuzzParseRecord feeds parseRecord stored fields as fenced and other
 // writers leave them (spaced, reordered, extra members) and as nobody
 // should (truncated, not JSON, wrong types). It never panics; when it
-// accepts a field, the field is a record by DESIGN §2 (referenceRecord
+// accepts a field, the field is a record by the grammar (referenceRecord
 // agrees on revision and value bytes), the value is valid JSON, and fenced's
 // own form {"r":N,"v":VALUE} of it reads back the same; it refuses exactly
 // the fields that are not records.
@@ -115,8 +116,8 @@ func FuzzParseRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw string) {
 		rec, ok := parseRecord(raw)
 		ref, refOK := referenceRecord(raw)
-		if ok != refOK && !duplicateMember(raw) {
-			t.Fatalf("parseRecord(%q) ok = %v, want %v (DESIGN §2: one JSON object with an integer \"r\" >= 0 and a \"v\")", raw, ok, refOK)
+		if ok != refOK {
+			t.Fatalf("parseRecord(%q) ok = %v, want %v (the record grammar: one JSON object with an integer \"r\" 0..2^53-1 and a \"v\")", raw, ok, refOK)
 		}
 		if !ok {
 			if rec != (Record{}) {
@@ -126,7 +127,7 @@ func FuzzParseRecord(f *testing.F) {
 		}
 		// Whitespace around the value is kept when fenced wrote it (its
 		// writer's bytes, spliced in unchanged) and dropped by the decoder.
-		if !duplicateMember(raw) && (rec.Revision != ref.Revision || trimJSONSpace(rec.Value) != ref.Value) {
+		if rec.Revision != ref.Revision || trimJSONSpace(rec.Value) != ref.Value {
 			t.Fatalf("parseRecord(%q) = %+v, want %+v (the bytes of \"v\" as stored)", raw, rec, ref)
 		}
 		if !json.Valid([]byte(rec.Value)) {
@@ -143,8 +144,9 @@ func FuzzParseRecord(f *testing.F) {
 // TestParseRecordLikeTheScripts pins what the fuzz target found: a field
 // with bytes after its object, a revision written as a string or with a
 // leading zero is not a record (the scripts refuse a string revision, and
-// none of them is JSON or a number); a field naming "r" twice has the
-// revision of the first, as the scripts' anchored pattern reads it.
+// none of them is JSON or a number); neither is a field naming "r" twice,
+// one whose revision is above 2^53-1, nor one with bytes that are not
+// UTF-8 (TestRecordGrammarSameInLuaAndGo holds the scripts to the same).
 func TestParseRecordLikeTheScripts(t *testing.T) {
 	for _, tc := range []struct {
 		raw  string
@@ -158,8 +160,12 @@ func TestParseRecordLikeTheScripts(t *testing.T) {
 		{`{"v":1,"r":"7"}`, Record{}, false},
 		{`{"r":01,"v":1}`, Record{}, false},
 		{`{"r":-0,"v":1}`, Record{}, false},
-		{`{"r":1,"r":2,"v":3}`, Record{1, "3"}, true},
-		{`{ "r" : 4 , "r" : 5 , "v" : [] }`, Record{4, "[]"}, true},
+		{`{"r":1,"r":2,"v":3}`, Record{}, false},
+		{`{ "r" : 4 , "r" : 5 , "v" : [] }`, Record{}, false},
+		{`{"r":9007199254740993,"v":1}`, Record{}, false},
+		{`{"r":9007199254740991,"v":1}`, Record{9007199254740991, "1"}, true},
+		{"\f{\"r\":5,\"v\":1}", Record{}, false},
+		{"{\"r\":1,\"v\":\"\xff\"}", Record{}, false},
 		{`{"v":[],"r":4}`, Record{4, "[]"}, true},
 		{`{"r": 3, "v": {"a": 1}}`, Record{3, `{"a": 1}`}, true},
 		{`{"r":2,"v": 1 }`, Record{2, " 1 "}, true},

@@ -17,14 +17,16 @@
 --         's' when standalone (stamp the last key), 'l' when the caller
 --         checked the document layout (Cluster), 'r' with a request key,
 --         '-' for none. epoch: the fence's, '' for an unfenced batch.
---         now_ms: the caller's clock, '0' when unknown. window_ms and
+--         now_ms: the caller's clock, '0' when unknown (epoch and now_ms
+--         in base 36: revisions and epochs follow the clock, 16 and 13
+--         decimal digits, and every byte is sent on every commit). window_ms and
 --         digest: how long the request key is kept, and the request's
 --         digest ('' without a request key). owner: the fence's ('' = any;
 --         last, so it may hold ':').
 -- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
 -- (put), 'd' (delete), 'c' (check) or 'S' (check a section's revision; key
 -- empty), key index points into KEYS at its section, expected is the
--- revision it was read at (-1 = BLIND) and key (last) is the record's key;
+-- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
 -- a put is followed by one more argument, its value.
 -- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
 -- packed because every byte is sent on every commit.
@@ -42,13 +44,32 @@
 --   {'LAYOUT_DOCUMENT'}
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
+--   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions') is
+--                        not a revision
+--   {'LIMIT', index}     a BLIND write on a record whose revision is above
+--                        2^53-1 (REV_MAX): nothing can be issued above it
+--   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
+--                        'meta/lease') holds a number above REV_MAX, or the
+--                        new revision would be above it
 local META, REV, LOG = 1, 2, 3
 local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
 
 local slug = string.match(KEYS[META], '{(.-)}')
 local mode, fence_epoch, caller_now, window, digest, fence_owner =
-  string.match(ARGV[1], '^([slr-]+):(%d*):(%d+):(%d*):(%x*):(.*)$')
+  string.match(ARGV[1], '^([slr-]+):(%w*):(%w+):(%d*):(%x*):(.*)$')
+-- base36 reads a number the caller wrote in base 36 ('-' first when
+-- negative: tonumber's base conversion takes no sign); exact below 2^53.
+local function base36(s)
+  if string.sub(s, 1, 1) == '-' then
+    return -tonumber(string.sub(s, 2), 36)
+  end
+  return tonumber(s, 36)
+end
+if fence_epoch ~= '' then
+  fence_epoch = base36(fence_epoch)
+end
+caller_now = base36(caller_now)
 local stamp = string.find(mode, 's', 1, true) ~= nil
 local layout_checked = string.find(mode, 'l', 1, true) ~= nil
 local request_key = nil
@@ -63,9 +84,9 @@ local n = 0
 do
   local a = 2
   while a <= #ARGV do
-    local kind, ki, expected, key = string.match(ARGV[a], '^([pdcS])(%d+):(-?%d+):(.*)$')
+    local kind, ki, expected, key = string.match(ARGV[a], '^([pdcS])(%d+):(-?%w+):(.*)$')
     n = n + 1
-    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, tonumber(expected)
+    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
     if kind == 'p' then
       a = a + 1
       values[n] = ARGV[a]
@@ -91,8 +112,10 @@ if request_key then
       -- Rewrite the key as it is (value and TTL) so that the call
       -- propagates: from Redis 7.2 a connection's WAIT offset moves only
       -- with commands that propagate, and a WAIT after a replay must cover
-      -- the original commit, whichever connection ran it.
-      redis.call('SET', request_key, prior, 'KEEPTTL')
+      -- the original commit, whichever connection ran it. pcall: the answer
+      -- is known whatever Redis says (SET is refused when Redis is out of
+      -- memory, or read-only); then the replay writes nothing at all.
+      redis.pcall('SET', request_key, prior, 'KEEPTTL')
       return { 'OK', rev, 'REPLAYED' }
     end
     return { 'REUSED' }
@@ -103,12 +126,15 @@ end
 -- caller's, and name the fence's epoch (and owner, when given).
 local log_owner = ''
 if fence_epoch ~= '' then
-  local lease = read_lease(KEYS[META])
-  local now = now_ms()
-  if tonumber(caller_now) > now then
-    now = tonumber(caller_now)
+  local lease, over = read_lease(KEYS[META])
+  if over then
+    return { 'LIMIT', '', 'meta/lease' }
   end
-  if lease == nil or lease.epoch ~= tonumber(fence_epoch) or lease.expires_at <= now
+  local now = now_ms()
+  if caller_now > now then
+    now = caller_now
+  end
+  if lease == nil or lease.epoch ~= fence_epoch or lease.expires_at <= now
       or (fence_owner ~= '' and lease.owner ~= fence_owner) then
     if lease then
       return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
@@ -118,8 +144,12 @@ if fence_epoch ~= '' then
   log_owner = lease.owner
 end
 
--- 3. Revisions: collect every mismatch, in request order.
-local highest = 0 -- the highest stored revision among the written records
+-- 3. Revisions: the swarm's floors must be revisions (and in range); then
+-- collect every mismatch, in request order.
+local highest, refused = swarm_floor() -- then also the written records' revisions
+if refused then
+  return refused
+end
 local conflicts = { 'CONFLICT' }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
@@ -135,11 +165,17 @@ for i = 1, n do
   else
     local raw = redis.call('HGET', KEYS[ki], key)
     if raw then
-      actual = record_revision(raw)
+      local over
+      actual, over = record_revision(raw)
       if actual == nil then
-        -- A field that is not a record can only be overwritten blind (repair).
+        -- A field that is not a record can only be overwritten blind
+        -- (repair); one whose revision is above REV_MAX not even so: its
+        -- next revision would have to be above it.
         if expected ~= -1 or kind == 'c' then
           return { 'CORRUPT', int(i - 1) }
+        end
+        if over then
+          return { 'LIMIT', int(i - 1) }
         end
         actual = 0
       end
@@ -167,7 +203,10 @@ if not mutates then
 end
 
 -- 4. Commit.
-local rev = next_revision(highest)
+local rev, limit = next_revision(highest)
+if limit then
+  return limit
+end
 local head = '{"r":' .. rev .. ',"v":'
 
 local records = 0

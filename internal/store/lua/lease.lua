@@ -23,6 +23,10 @@
 --   {'STALE', owner, epoch, expires_at_ms}         renew, release: not the
 --                                                 caller's live lease ('' when none)
 --   {'LAYOUT_DOCUMENT'}, {'LAYOUT_UNKNOWN'}        as commit.lua
+--   {'CORRUPT', '', what}, {'LIMIT', '', what}      as commit.lua; what may
+--                                                 also be 'meta/epoch', or
+--                                                 'epoch' when the new epoch
+--                                                 would be above 2^53-1
 local slug = string.match(KEYS[1], '{(.-)}')
 local mode, op, owner = ARGV[1], ARGV[2], ARGV[3]
 local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -34,7 +38,14 @@ if refusal then
 end
 
 local now = now_ms()
-local lease = read_lease(KEYS[1])
+local lease, over = read_lease(KEYS[1])
+if over then
+  return { 'LIMIT', '', 'meta/lease' }
+end
+local floor, refused = swarm_floor()
+if refused then
+  return refused
+end
 local live = lease ~= nil and lease.expires_at > now
 local function stale()
   if lease then
@@ -43,13 +54,27 @@ local function stale()
   return { 'STALE', '', '', '' }
 end
 
--- stored(field) is the decoded value and the revision of a meta record.
+-- stored(field) is the decoded value and the revision of a meta record;
+-- nil, nil when its revision is above REV_MAX.
 local function stored(field)
   local raw = redis.call('HGET', KEYS[1], field)
   if not raw then
     return nil, 0
   end
-  return record_value(raw), record_revision(raw) or 0
+  local rev, over = record_revision(raw)
+  if over then
+    return nil, nil
+  end
+  return record_value(raw), rev or 0
+end
+
+-- meta/epoch, the last epoch granted: a number, or a refusal.
+local last_epoch, epoch_rev = stored('epoch')
+if epoch_rev == nil or (type(last_epoch) == 'number' and last_epoch > REV_MAX) then
+  return { 'LIMIT', '', 'meta/epoch' }
+end
+if type(last_epoch) ~= 'number' then
+  last_epoch = 0
 end
 
 local new_epoch, expires = nil, nil
@@ -62,15 +87,20 @@ if op == 'acquire' then
     new_epoch = lease.epoch -- the holder again: extend, keep the epoch
   else
     -- A new grant: one above every epoch ever granted, kept in meta/epoch
-    -- so that losing or deleting meta/lease never resets it.
-    local last = stored('epoch')
-    if type(last) ~= 'number' then
-      last = 0
-    end
+    -- so that losing or deleting meta/lease never resets it, and at least
+    -- Redis's clock in ms, so that an epoch granted before Redis lost
+    -- acknowledged writes is never granted again (as next_revision).
+    local last = last_epoch
     if lease and lease.epoch > last then
       last = lease.epoch
     end
     new_epoch, granted = last + 1, true
+    if now > new_epoch then
+      new_epoch = now
+    end
+    if new_epoch > REV_MAX then
+      return { 'LIMIT', '', 'epoch' }
+    end
   end
   expires = now + ttl
 elseif op == 'renew' then
@@ -90,21 +120,26 @@ end
 -- meta/epoch must never lag the lease it kept: a lease written by another
 -- writer (or before meta/epoch existed) records its epoch here on its
 -- first renewal or release, so that no later grant can go below it.
-local last_epoch, epoch_rev = stored('epoch')
-if type(last_epoch) ~= 'number' then
-  last_epoch = 0
-end
 local record_epoch = granted or new_epoch > last_epoch
 local _, highest = stored('lease')
+if highest == nil then
+  return { 'LIMIT', '', 'meta/lease' }
+end
 local changes, changes_rev = nil, 0
 if record_epoch then
   highest = math.max(highest, epoch_rev)
 end
 if granted then
   changes, changes_rev = stored('leader_changes')
+  if changes_rev == nil then
+    return { 'LIMIT', '', 'meta/leader_changes' }
+  end
   highest = math.max(highest, changes_rev)
 end
-local rev = next_revision(highest)
+local rev, limit = next_revision(math.max(highest, floor))
+if limit then
+  return limit
+end
 local head = '{"r":' .. rev .. ',"v":'
 local records = 1
 if op == 'release' then

@@ -4,32 +4,286 @@
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
 
--- record_revision reads the revision of a stored record field: an anchored
--- pattern first (fenced's own form and the spaced form of older writers),
--- a decode only when it misses. nil when the field is not a record, which
--- includes an "r" that is not an integer >= 0 (a negative or fractional
--- revision would be reported as a conflict no rerun can resolve).
-local function record_revision(raw)
-  local r = string.match(raw, '^%s*{%s*"r"%s*:%s*(%d+)%s*,')
-  if r then
-    return tonumber(r)
+-- The record grammar (docs/design.md §2.2; Go:
+-- internal/store/record.go parseRecord accepts exactly the same fields). A
+-- stored field is a record when it is one JSON text (RFC 8259: JSON
+-- whitespace only, valid UTF-8, at most MAX_DEPTH nested arrays/objects,
+-- the field's own object counting 1) that is an object naming "r" exactly
+-- once and "v" exactly once, whose "r" is written as a non-negative integer
+-- without sign, leading zero, fraction or exponent. Its revision is that
+-- integer, in range when at most REV_MAX; its value is the bytes of "v".
+local MAX_DEPTH = 1000
+-- REV_MAX is 2^53-1, the largest integer Lua numbers (doubles) and JSON
+-- parsers keep exact: no revision or epoch above it is written or compared.
+local REV_MAX = 9007199254740991
+local REV_MAX_TEXT = '9007199254740991'
+
+local find, gsub, sub = string.find, string.gsub, string.sub
+
+-- digits_in_range: d (canonical decimal digits) is at most REV_MAX,
+-- compared as text so that no digit is lost.
+local function digits_in_range(d)
+  return #d < #REV_MAX_TEXT or (#d == #REV_MAX_TEXT and d <= REV_MAX_TEXT)
+end
+
+-- canonical_digits: s is a JSON integer >= 0 (no sign, no leading zero).
+local function canonical_digits(s)
+  return s ~= nil and (s == '0' or find(s, '^[1-9]%d*$') ~= nil)
+end
+
+-- json_exact reports whether s is one JSON text (RFC 8259, valid UTF-8)
+-- nesting at most depth_limit arrays/objects. Exact but slower than cjson:
+-- each step is one gsub over the text (numbers and literals: a Lua call per
+-- token). Strings become \1, other scalars \2, then rounds reduce innermost
+-- containers until one value is left; the number of rounds is the nesting
+-- depth (time: depth x length, ~45 ms for a text nested 999 deep).
+local function json_exact(s, depth_limit)
+  -- Control characters: only JSON whitespace, and never inside a string.
+  if find(s, '[%z\1-\8\11\12\14-\31]') then
+    return false
   end
-  local ok, rec = pcall(cjson.decode, raw)
-  if ok and type(rec) == 'table' and type(rec.r) == 'number' and rec.r >= 0
-      and rec.r == math.floor(rec.r) and rec.v ~= nil then
-    return rec.r
+  local t = s
+  -- UTF-8 (Unicode table 3-7: no overlongs, no surrogates, <= U+10FFFF).
+  -- Each well-formed sequence becomes '~' (never valid outside a string),
+  -- so that removing one cannot join its neighbours into another.
+  if find(t, '[\128-\255]') then
+    t = gsub(t, '[\194-\223][\128-\191]', '~')
+    t = gsub(t, '\224[\160-\191][\128-\191]', '~')
+    t = gsub(t, '[\225-\236\238\239][\128-\191][\128-\191]', '~')
+    t = gsub(t, '\237[\128-\159][\128-\191]', '~')
+    t = gsub(t, '\240[\144-\191][\128-\191][\128-\191]', '~')
+    t = gsub(t, '[\241-\243][\128-\191][\128-\191][\128-\191]', '~')
+    t = gsub(t, '\244[\128-\143][\128-\191][\128-\191]', '~')
+    if find(t, '[\128-\255]') then
+      return false
+    end
+  end
+  -- Escapes (left to right, so '\\\\' is consumed before what follows).
+  t = gsub(t, '\\["\\/bfnrt]', '~')
+  t = gsub(t, '\\u%x%x%x%x', '~')
+  if find(t, '\\', 1, true) then
+    return false
+  end
+  -- Strings: no raw control character inside.
+  t = gsub(t, '"[^"%z\1-\31]*"', '\1')
+  if find(t, '"', 1, true) then
+    return false
+  end
+  -- Numbers and literals: every maximal run of their characters (a greedy
+  -- gsub match is one) must be one token. (No %f frontier: the embedded
+  -- Redis's Lua lacks it.)
+  local bad = false
+  t = gsub(t, '[%w%.%+%-]+', function(w)
+    if w == 'true' or w == 'false' or w == 'null' then
+      return '\2'
+    end
+    local int, rest = string.match(w, '^%-?(%d+)(.*)$')
+    if int and not (#int > 1 and sub(int, 1, 1) == '0') and (rest == '' or find(rest, '^%.%d+$')
+        or find(rest, '^%.%d+[eE][%+%-]?%d+$') or find(rest, '^[eE][%+%-]?%d+$')) then
+      return '\2'
+    end
+    bad = true
+    return w
+  end)
+  if bad then
+    return false
+  end
+  if find(t, '[^{}%[%],:\1\2 \t\n\r]') then
+    return false
+  end
+  -- Structure: \3 is a member, \4 a container reduced this round. One
+  -- value at the top: a scalar, or one container spanning the whole text
+  -- (%b), so that every comma is inside a container; within one, the array
+  -- rule can only merge elements (in an object it leaves the round stuck).
+  t = gsub(t, '[ \t\n\r]+', '')
+  if not (t == '\1' or t == '\2' or find(t, '^%b[]$') or find(t, '^%b{}$')) then
+    return false
+  end
+  local depth, n = 0, 0
+  while true do
+    if t == '\1' or t == '\2' then
+      return depth <= depth_limit
+    end
+    local before = t
+    t = gsub(t, '\1:[\1\2]', '\3')
+    repeat
+      t, n = gsub(t, '\3,\3', '\3')
+    until n == 0
+    repeat
+      t, n = gsub(t, '[\1\2],[\1\2]', '\2')
+    until n == 0
+    t = gsub(t, '{\3?}', '\4')
+    t = gsub(t, '%[[\1\2]?%]', '\4')
+    t = gsub(t, '\4', '\2')
+    if t == before then
+      return false
+    end
+    depth = depth + 1
+  end
+end
+
+-- json_valid is json_exact, answered by cjson when that is sound. cjson
+-- also accepts non-JSON numbers (01, +1, 1., -.5, 0x10, inf, nan), raw
+-- control characters in strings and invalid UTF-8, and refuses valid texts
+-- (deep ones, lone surrogate escapes), and stops at a NUL byte; so cjson
+-- answers only for a text whose strings are plain printable ASCII and
+-- whose other characters (a few, once the strings are cut out: one C-speed
+-- gsub) are printable ASCII or JSON whitespace, cannot hold such a number,
+-- nest no deeper than depth_limit and decode; json_exact decides the rest.
+-- Lua 5.1 patterns cost 2-10 ns a byte a pass, so the text itself is
+-- scanned once (twice with escapes) before cjson reads it. (A variant that
+-- checks the structure left after the strings in Lua instead of calling
+-- cjson was faster for string-only values, slower for values with numbers
+-- or escapes, as executions values have: 38 against 32 us for 1 KB.)
+local function json_valid(s, depth_limit)
+  local t = s
+  if find(t, '\\', 1, true) then
+    t = gsub(t, '\\.', '') -- escapes (cjson checks them); then no quote is escaped
+  end
+  t = gsub(t, '"[ !#-~]*"', 'S')
+  if not (find(t, '"', 1, true) or find(t, '[^ -~\t\n\r]') or find(t, '[%+iINxX]') or find(t, 'n[^u]') or find(t, '[^%d%.]0%d')
+      or find(t, '^0%d') or find(t, '%.[^%d]') or find(t, '%.$') or find(t, '[^%d]%.') or find(t, '^%.')) then
+    -- Fewer brackets than the limit cannot nest deeper than it; cjson's
+    -- own limit (1000) is not relied on (the embedded Redis has another).
+    -- A nil answer is not trusted either: the embedded Redis's cjson
+    -- answers nil for what it cannot decode.
+    local _, brackets = gsub(t, '[%[{]', '')
+    if brackets <= depth_limit then
+      local ok, v = pcall(cjson.decode, s)
+      if ok and v ~= nil then
+        return true
+      end
+    end
+  end
+  return json_exact(s, depth_limit)
+end
+
+-- string_end: the index of the quote closing the JSON string at s[p].
+local function string_end(s, p)
+  local q = p + 1
+  while true do
+    local e = find(s, '["\\]', q)
+    if sub(s, e, e) == '"' then
+      return e
+    end
+    q = e + 2
+  end
+end
+
+-- value_end: the index of the last byte of the JSON value at s[p] (s is
+-- valid JSON).
+local function value_end(s, p)
+  local c = sub(s, p, p)
+  if c == '"' then
+    return string_end(s, p)
+  end
+  if c == '{' or c == '[' then
+    local depth, q = 0, p
+    while true do
+      local e = find(s, '[%[%]{}"]', q)
+      local ch = sub(s, e, e)
+      if ch == '"' then
+        e = string_end(s, e)
+      elseif ch == '{' or ch == '[' then
+        depth = depth + 1
+      else
+        depth = depth - 1
+        if depth == 0 then
+          return e
+        end
+      end
+      q = e + 1
+    end
+  end
+  local e = find(s, '[ \t\n\r,%]}]', p)
+  if e then
+    return e - 1
+  end
+  return #s
+end
+
+-- parse_record reads a stored field by the record grammar: its revision (a
+-- number) and the text of its value; nil when the field is not a record;
+-- nil, 'over' when it is one but for a revision above REV_MAX. fenced's own
+-- form {"r":N,"v":VALUE} is read by an anchored match and a check of VALUE;
+-- anything else (other writers' spacing, order, members) by a scan.
+local function parse_record(raw)
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and canonical_digits(digits) and sub(raw, -1) == '}' then
+    local value = sub(raw, #digits + 11, -2) -- after {"r":N,"v":
+    if json_valid(value, MAX_DEPTH - 1) then
+      if not digits_in_range(digits) then
+        return nil, 'over'
+      end
+      return tonumber(digits), value
+    end
+  end
+  if not json_valid(raw, MAX_DEPTH) then
+    return nil
+  end
+  local p = find(raw, '[^ \t\n\r]')
+  if sub(raw, p, p) ~= '{' then
+    return nil
+  end
+  local rtext, value, rs, vs = nil, nil, 0, 0
+  p = p + 1
+  while true do
+    p = find(raw, '[^ \t\n\r,]', p)
+    if sub(raw, p, p) == '}' then
+      break
+    end
+    local ke = string_end(raw, p)
+    local key = sub(raw, p + 1, ke - 1)
+    if find(key, '\\', 1, true) then
+      local ok, k = pcall(cjson.decode, sub(raw, p, ke))
+      key = ok and k or ''
+    end
+    local s = find(raw, '[^ \t\n\r:]', ke + 1)
+    local e = value_end(raw, s)
+    if key == 'r' then
+      rtext, rs = sub(raw, s, e), rs + 1
+    elseif key == 'v' then
+      value, vs = sub(raw, s, e), vs + 1
+    end
+    p = e + 1
+  end
+  if rs ~= 1 or vs ~= 1 or not canonical_digits(rtext) then
+    return nil
+  end
+  if not digits_in_range(rtext) then
+    return nil, 'over'
+  end
+  return tonumber(rtext), value
+end
+
+-- record_revision is the revision of a stored record field; nil when the
+-- field is not a record, nil, 'over' when its revision is above REV_MAX.
+local function record_revision(raw)
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil, value == 'over'
+  end
+  return rev, false
+end
+
+-- record_value decodes the value of a stored record field, nil when the
+-- field is not a record or cjson cannot decode the value. Decoding only:
+-- values are never re-encoded.
+local function record_value(raw)
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil
+  end
+  local ok, v = pcall(cjson.decode, value)
+  if ok then
+    return v
   end
   return nil
 end
 
--- record_value decodes the value of a stored record field, nil on failure.
--- Decoding only: values are never re-encoded.
-local function record_value(raw)
-  local ok, rec = pcall(cjson.decode, raw)
-  if ok and type(rec) == 'table' then
-    return rec.v
-  end
-  return nil
+-- in_range: n is an integer in 0..REV_MAX (a decoded JSON number).
+local function in_range(n)
+  return type(n) == 'number' and n >= 0 and n <= REV_MAX and n == math.floor(n)
 end
 
 -- json_string encodes s as a JSON string the way Go and Python do for
@@ -53,8 +307,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- now_us is Redis's clock in microseconds since 1970 (below 2^53 until the
+-- 23rd century: exact in a Lua number).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- read_lease decodes meta/lease: a table with owner, epoch and expires_at,
--- or nil when absent or not a valid lease.
+-- or nil when absent or not a valid lease; nil, 'over' when its epoch or
+-- expiry is above REV_MAX (then no fence may be compared with it).
 local function read_lease(meta)
   local raw = redis.call('HGET', meta, 'lease')
   if not raw then
@@ -63,6 +325,9 @@ local function read_lease(meta)
   local lease = record_value(raw)
   if type(lease) == 'table' and type(lease.owner) == 'string'
       and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number' then
+    if lease.epoch > REV_MAX or lease.expires_at > REV_MAX then
+      return nil, 'over'
+    end
     return lease
   end
   return nil
@@ -102,38 +367,82 @@ end
 
 -- section_revisions decodes meta/section_revisions: section name -> the
 -- swarm revision of the last batch that put or deleted anything in it.
--- Decoded once per script; finish_commit updates the same table.
+-- Decoded once per script (swarm_floor first); finish_commit updates the
+-- same table.
 local section_revs_decoded = nil
 local function section_revisions()
   if section_revs_decoded == nil then
-    local raw = section_revisions_field()
-    local revs = raw and record_value(raw)
-    if type(revs) ~= 'table' then
-      revs = {}
-    end
-    section_revs_decoded = revs
+    section_revs_decoded = {}
   end
   return section_revs_decoded
 end
 
--- next_revision is one above the swarm counter and above every revision in
--- touched (the stored revisions of the records a commit writes), so
--- revisions never go backwards even after the counter was lost or restored
--- from an older snapshot. It sets the counter and answers the new revision
--- as a decimal string.
+-- swarm_floor reads what every commit checks before it writes: the swarm
+-- counter and meta/section_revisions (its record revision and every section
+-- revision in it; meta/section_revisions is rewritten by every commit, so
+-- its revision is a floor that survives a lost counter). It answers the
+-- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
+-- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+local function swarm_floor()
+  local highest = 0
+  local counter = redis.call('GET', KEYS[2])
+  if counter then
+    if not canonical_digits(counter) then
+      return nil, { 'CORRUPT', '', 'revision' }
+    end
+    if not digits_in_range(counter) then
+      return nil, { 'LIMIT', '', 'revision' }
+    end
+    highest = tonumber(counter)
+  end
+  local raw = section_revisions_field()
+  local revs = {}
+  if raw then
+    local r, over = record_revision(raw)
+    if over then
+      return nil, { 'LIMIT', '', 'meta/section_revisions' }
+    end
+    revs = r and record_value(raw)
+    if type(revs) ~= 'table' then
+      return nil, { 'CORRUPT', '', 'meta/section_revisions' }
+    end
+    for name, v in pairs(revs) do
+      if type(name) ~= 'string' or type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
+        return nil, { 'CORRUPT', '', 'meta/section_revisions' }
+      end
+      if v > REV_MAX then
+        return nil, { 'LIMIT', '', 'meta/section_revisions' }
+      end
+      if v > highest then
+        highest = v
+      end
+    end
+    if r > highest then
+      highest = r
+    end
+  end
+  section_revs_decoded = revs
+  return highest
+end
+
+-- next_revision answers the revision of a commit as a decimal string and
+-- sets the swarm counter to it: above highest (the floors: swarm_floor's
+-- and the stored revisions of the records the commit writes) and at least
+-- Redis's clock in microseconds, so that no revision is issued twice even
+-- after Redis lost acknowledged writes (a crash, a failover to a lagging
+-- replica, a restored snapshot): whatever was issued before the loss is
+-- below the clock after it (docs/design.md §5).
+-- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
 local function next_revision(highest)
-  local counter = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if counter > highest then
-    highest = counter
+  local rev = highest + 1
+  local now = now_us()
+  if now > rev then
+    rev = now
   end
-  -- meta/section_revisions is rewritten by every commit: its revision is a
-  -- floor that survives a lost counter for records the batch does not touch.
-  local sections = section_revisions_field()
-  local floor = sections and record_revision(sections)
-  if floor and floor > highest then
-    highest = floor
+  if rev > REV_MAX then
+    return nil, { 'LIMIT', '', 'revision' }
   end
-  local rev = int(highest + 1)
+  rev = int(rev)
   redis.call('SET', KEYS[2], rev)
   return rev
 end

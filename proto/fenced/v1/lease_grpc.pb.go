@@ -42,8 +42,9 @@ const (
 // refused with FAILED_PRECONDITION + LEASE_STALE.
 type LeaseServiceClient interface {
 	// Acquire grants the lease to `owner` when no live lease exists (absent,
-	// expired or released), with a new epoch one above every epoch ever
-	// granted. The live holder acquiring again extends its lease and keeps its
+	// expired or released), with a new epoch above every epoch ever granted
+	// and at least Redis's clock in ms (so that no epoch is granted twice,
+	// even after Redis lost acknowledged writes). The live holder acquiring again extends its lease and keeps its
 	// epoch. Errors: FAILED_PRECONDITION + LEASE_HELD when another owner holds
 	// a live lease (ErrorInfo metadata owner, epoch, expires_at_ms; RetryInfo
 	// with the time left), INVALID_ARGUMENT, UNAVAILABLE.
@@ -136,8 +137,9 @@ func (c *leaseServiceClient) Current(ctx context.Context, in *CurrentRequest, op
 // refused with FAILED_PRECONDITION + LEASE_STALE.
 type LeaseServiceServer interface {
 	// Acquire grants the lease to `owner` when no live lease exists (absent,
-	// expired or released), with a new epoch one above every epoch ever
-	// granted. The live holder acquiring again extends its lease and keeps its
+	// expired or released), with a new epoch above every epoch ever granted
+	// and at least Redis's clock in ms (so that no epoch is granted twice,
+	// even after Redis lost acknowledged writes). The live holder acquiring again extends its lease and keeps its
 	// epoch. Errors: FAILED_PRECONDITION + LEASE_HELD when another owner holds
 	// a live lease (ErrorInfo metadata owner, epoch, expires_at_ms; RetryInfo
 	// with the time left), INVALID_ARGUMENT, UNAVAILABLE.

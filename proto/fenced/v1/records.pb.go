@@ -1,10 +1,14 @@
 // fenced: fenced, per-record writes to a swarm's fencing state in Redis.
 //
-// Vocabulary (see DESIGN.md §1): a swarm (named by its slug) holds records
+// Vocabulary (see docs/design.md §1): a swarm (named by its slug) holds records
 // grouped in sections. Every record is a JSON value stamped with the revision
 // of the batch that last wrote it. The swarm revision is raised once per
-// committed batch. A controller holds the swarm's lease (owner, epoch,
-// expires_at); the epoch is the fencing token.
+// committed batch: a revision is larger than every one issued before it
+// (larger is later), and is at least the commit's time by Redis's clock in
+// microseconds since 1970, so that no revision is issued twice even after
+// Redis lost acknowledged writes. Revisions and epochs are at most 2^53-1. A
+// controller holds the swarm's lease (owner, epoch, expires_at); the epoch is
+// the fencing token.
 //
 // Errors are gRPC status codes chosen by what the caller should do next, with
 // machine-readable google.rpc details (never parse the message text):
@@ -27,6 +31,10 @@
 //                        by page with ScanSection. TOO_MANY_REPLICA_WAITS:
 //                        too many batches are waiting for replicas; nothing
 //                        was written, retry later.
+//   OUT_OF_RANGE         REVISION_LIMIT: the new revision or epoch would pass
+//                        2^53-1 (only numbers set by hand get there); nothing
+//                        was written.
+//   DATA_LOSS            RECORD_CORRUPT: a stored field is not a record.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
 //   INTERNAL             anything else; the message carries Redis's text.

@@ -1,0 +1,207 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/agentihooks/fenced/internal/redistest"
+)
+
+// luaParseScript wraps lib.lua's parse_record: for each ARGV it answers
+// "ok:<revision>:<value>", "over" (a record but for a revision above
+// 2^53-1) or "no".
+var luaParseScript = mustScript("lib.lua") + `
+local out = {}
+for i = 1, #ARGV do
+  local rev, value = parse_record(ARGV[i])
+  if rev then
+    out[i] = 'ok:' .. string.format('%d', rev) .. ':' .. value
+  elseif value == 'over' then
+    out[i] = 'over'
+  else
+    out[i] = 'no'
+  end
+end
+return out
+`
+
+// goParse is parseRecord's answer in the form of luaParseScript's.
+func goParse(raw string) string {
+	rec, ok := parseRecord(raw)
+	if !ok {
+		return "no"
+	}
+	return "ok:" + strconv.FormatInt(rec.Revision, 10) + ":" + rec.Value
+}
+
+// grammarCorpus is the committed fuzz corpus of FuzzParseRecord, the
+// reported examples and the edges of each rule of the grammar.
+func grammarCorpus(t *testing.T) []string {
+	t.Helper()
+	var corpus []string
+	files, err := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzParseRecord", "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("fuzz corpus: %v (%d files)", err, len(files))
+	}
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(fh)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "string(") && strings.HasSuffix(line, ")") {
+				s, err := strconv.Unquote(line[len("string(") : len(line)-1])
+				if err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				corpus = append(corpus, s)
+			}
+		}
+		fh.Close()
+	}
+	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	corpus = append(corpus,
+		// The reported examples.
+		"\f{\"r\":5,\"v\":1}", `{"r":9007199254740993,"v":1}`,
+		// Whitespace: JSON's four only.
+		"\v{\"r\":5,\"v\":1}", "{\"r\":5,\"v\":1}\f", " {\"r\":5,\"v\":1} ", "\t{\r\n\"r\" :\t5 ,\n\"v\" : 1 }\n",
+		`{ "r":5,"v":1}`, `{"r": 5, "v": 1}`, "{\"r\":5,\"v\":\u00a01}",
+		// Revisions: range, spelling.
+		`{"r":9007199254740991,"v":1}`, `{"r":9007199254740992,"v":1}`, `{"r":99999999999999999999,"v":1}`,
+		`{"v":1,"r":9007199254740991}`, `{"v":1,"r":9007199254740992}`, `{"r":0,"v":0}`, `{"r":00,"v":0}`,
+		`{"r":1.0,"v":1}`, `{"v":1,"r":1.0}`, `{"v":1,"r":1e3}`, `{"v":1,"r":-0}`, `{"v":1,"r":+1}`, `{"v":1,"r":0x10}`,
+		`{"r":true,"v":1}`, `{"r":null,"v":1}`, `{"r":[1],"v":1}`, `{"\u0072":3,"v":1}`, `{"r":3,"\u0076":[]}`,
+		`{"R":3,"v":1}`, `{"r":3,"V":1}`,
+		// Members: duplicates, others, order.
+		`{"r":1,"r":2,"v":3}`, `{"r":1,"v":1,"v":2}`, `{"v":1,"r":1,"r":1}`, `{"r":1,"v":1,"x":{"r":2,"v":3}}`,
+		`{"x":{"r":2},"v":[1,{"v":2}],"r":7}`, `{"r":4,"\ud800":1,"v":2}`,
+		// Values: cjson's non-JSON numbers, literals, strings, escapes.
+		`{"r":1,"v":01}`, `{"r":1,"v":1.}`, `{"r":1,"v":-.5}`, `{"r":1,"v":.5}`, `{"r":1,"v":+1}`, `{"r":1,"v":0x10}`,
+		`{"r":1,"v":inf}`, `{"r":1,"v":-Infinity}`, `{"r":1,"v":NaN}`, `{"r":1,"v":[nan]}`, `{"r":1,"v":1.e5}`,
+		`{"r":1,"v":[1,-0,0.5,-1.5e-3,2E+10,0e0]}`, `{"r":1,"v":nul}`, `{"r":1,"v":nulll}`, `{"r":1,"v":[true,false,null]}`,
+		`{"r":1,"v":true1}`, `{"r":1,"v":1 2}`, `{"r":1,"v":[1,]}`, `{"r":1,"v":{"a":1,}}`, `{"r":1,"v":{1:2}}`,
+		`{"r":1,"v":{"a"}}`, `{"r":1,"v":{"a":}}`, `{"r":1,"v":[,1]}`, `{"r":1,"v":{"a":1 "b":2}}`, `{"r":1,"v":[[]]]}`,
+		"{\"r\":1,\"v\":\"a\tb\"}", "{\"r\":1,\"v\":\"a\nb\"}", "{\"r\":1,\"v\":\"a\x01b\"}", "{\"r\":1,\"v\":\"a\x7fb\"}",
+		"{\"r\":1,\"v\":\"a\x00b\"}", `{"r":1,"v":"\ud800"}`, `{"r":1,"v":"\ud83d\ude00"}`, `{"r":1,"v":"\u00"}`,
+		`{"r":1,"v":"\x"}`, `{"r":1,"v":"\'"}`, `{"r":1,"v":"\/\\\"\b\f\n\r\t"}`, `{"r":1,"v":"\\"}`, `{"r":1,"v":"\\\"}`,
+		`{"r":1,"v":"a\"b"}`, `{"r":1,"v":"\\u0041"}`, `{"r":1,"v":"\U0041"}`,
+		// UTF-8: well formed, overlong, surrogate, past U+10FFFF, truncated.
+		"{\"r\":1,\"v\":\"é\"}", "{\"r\":1,\"v\":\"\xc3\"}", "{\"r\":1,\"v\":\"\xc0\xaf\"}", "{\"r\":1,\"v\":\"\xed\xa0\x80\"}",
+		"{\"r\":1,\"v\":\"\xf4\x90\x80\x80\"}", "{\"r\":1,\"v\":\"\xe2\x82\"}", "{\"r\":1,\"v\":\"\xf0\x9f\x98\x80\"}",
+		"{\"r\":1,\"v\":\"\xe1\xc3\xa9\x80\"}", "{\"r\":1,\"v\":1}\xc3\xa9", "{\"r\":1,\"v\":\"a\",\"\xff\":1}",
+		// Nesting: the field's object counts 1, at most 1000 in all.
+		`{"r":1,"v":`+deep(999)+`}`, `{"r":1,"v":`+deep(1000)+`}`, `{"v":`+deep(999)+`,"r":1}`, `{"v":`+deep(1000)+`,"r":1}`,
+		` {"r":1,"v":`+deep(999)+`}`, `{"r":1,"v":`+deep(998)+`,"x":1}`, `{"r":1,"v":`+deep(999)+`,"x":1}`,
+		`{"r":1,"v":[`+strings.Repeat(`{"a":1,"b":[2,"x"]},`, 200)+`0]}`,
+		// A NUL byte ends cjson's input: what follows must still count.
+		"{\"r\":1,\"v\":1}\x00garbage", "{\"r\":1,\"v\":[1\x00]}", "{\"r\":1,\"v\":\"\\\\\"\x00}",
+		// Not objects, not JSON.
+		`[{"r":1,"v":1}]`, `"{\"r\":1,\"v\":1}"`, `{"r":1,"v":1}{}`, `{"r":1,"v":1},`, `{}`, `{"r":1,"v"}`, ``, ` `,
+	)
+	return corpus
+}
+
+// mutations derives n inputs from corpus by deterministic random edits
+// (insert, delete, replace, duplicate a span) with JSON's own characters,
+// so that the two parsers meet inputs nobody wrote by hand (short ones:
+// the deep texts are run as written, once each).
+func mutations(corpus []string, n int) []string {
+	rng := rand.New(rand.NewSource(1))
+	alphabet := []string{"{", "}", "[", "]", ",", ":", `"`, `\`, " ", "\t", "\n", "\f", "0", "1", "9", "-", "+", ".", "e",
+		"E", "x", "n", "u", "l", "t", "r", "v", `"r"`, `"v"`, "\xc3", "\xa9", "\x00", "\x01", "I", "N", "true", "null",
+		"\x7f", "X", "i", "a", "f", "s", `\u`, "0x", "E+", ".5", "-.", `\ud800`, "\xed\xa0\x80", "\xf4\x90"}
+	out := make([]string, 0, n)
+	for len(out) < n {
+		s := corpus[rng.Intn(len(corpus))]
+		if len(s) > 600 {
+			continue
+		}
+		for edits := 1 + rng.Intn(3); edits > 0; edits-- {
+			i := 0
+			if len(s) > 0 {
+				i = rng.Intn(len(s) + 1)
+			}
+			switch rng.Intn(4) {
+			case 0:
+				s = s[:i] + alphabet[rng.Intn(len(alphabet))] + s[i:]
+			case 1:
+				if i < len(s) {
+					s = s[:i] + s[i+1:]
+				}
+			case 2:
+				if i < len(s) {
+					s = s[:i] + alphabet[rng.Intn(len(alphabet))] + s[i+1:]
+				}
+			case 3:
+				if j := i + rng.Intn(8); j <= len(s) {
+					s = s[:i] + s[i:j] + s[i:]
+				}
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestRecordGrammarSameInLuaAndGo runs one corpus (the fuzz corpus, the
+// reported examples, the edges of every rule, and deterministic mutations
+// of them) through lib.lua's parse_record on a real redis-server and
+// through parseRecord, and requires the same answer for every input: not a
+// record, or the same revision and the same value bytes. A record whose
+// revision is above 2^53-1 is no record to Go and "over" to Lua.
+func TestRecordGrammarSameInLuaAndGo(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	corpus := grammarCorpus(t)
+	inputs := append(append([]string{}, corpus...), mutations(corpus, 20000)...)
+	var accepted, refused, over int
+	for start := 0; start < len(inputs); start += 500 {
+		chunk := inputs[start:min(start+500, len(inputs))]
+		got, err := c.Do(ctx, c.B().Eval().Script(luaParseScript).Numkeys(0).Arg(chunk...).Build()).AsStrSlice()
+		if err != nil {
+			t.Fatalf("EVAL parse_record: %v", err)
+		}
+		if len(got) != len(chunk) {
+			t.Fatalf("EVAL parse_record: %d answers for %d inputs", len(got), len(chunk))
+		}
+		for i, raw := range chunk {
+			lua, gop := got[i], goParse(raw)
+			if lua == "over" {
+				over++
+				lua = "no"
+			}
+			if lua != gop {
+				t.Errorf("field %q: Lua parse_record = %q, Go parseRecord = %q; want the same", raw, lua, gop)
+				continue
+			}
+			if gop == "no" {
+				refused++
+			} else {
+				accepted++
+			}
+		}
+	}
+	t.Logf("%d inputs: %d records, %d refused (%d of them for a revision above 2^53-1)", len(inputs), accepted, refused, over)
+	for _, tc := range []struct{ raw, want string }{
+		{"\f{\"r\":5,\"v\":1}", "no"},
+		{`{"r":9007199254740993,"v":1}`, "no"},
+		{`{"r":9007199254740991,"v":1}`, "ok:9007199254740991:1"},
+		{`{"r":1,"r":2,"v":3}`, "no"},
+		{`{"r":2,"v": 1 }`, "ok:2: 1 "},
+		{`{"v":[],"r":4}`, "ok:4:[]"},
+	} {
+		if got := goParse(tc.raw); got != tc.want {
+			t.Errorf("parseRecord(%q) = %q, want %q", tc.raw, got, tc.want)
+		}
+	}
+}
