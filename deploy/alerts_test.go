@@ -205,12 +205,8 @@ func TestAlertsFireOnLiveScrapes(t *testing.T) {
 	f.stopRedis()
 	waitNotServing(t, f.grpcAddr)
 	_, down := scrape(t, f.metricsURL)
-	// Redis down: FencedRedisNotServing once fenced exports
-	// fenced_redis_ready (pendingMetrics); until then, no alert.
-	var redisDown []string
-	if _, ok := down["fenced_redis_ready"]; ok || !slices.Contains(pendingMetrics, "fenced_redis_ready") {
-		redisDown = []string{"FencedRedisNotServing"}
-	}
+	// Redis down: fenced_redis_ready 0, FencedRedisNotServing fires.
+	redisDown := []string{"FencedRedisNotServing"}
 
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	tests := []struct {
