@@ -51,5 +51,8 @@ def test_twin_refuses_features_proto3_cannot_mirror() -> None:
     assert 'syntax = "proto3";' in twin.twin(src, "x.proto")
     got = twin.twin('edition = "2023";\nmessage M {\n  int64 a = 1 [features.field_presence = EXPLICIT];\n}\n', "x.proto")
     assert "  optional int64 a = 1;" in got
+    got = twin.twin('// header\nedition = "2023";\n\n// A message.\nmessage M {\n  // a field\n  string a = 1;  // trailing\n}\n'
+                    'option go_package = "x//y";\n', "x.proto")
+    assert got == 'syntax = "proto3";\n\nmessage M {\n  string a = 1;\n}\noption go_package = "x//y";\n', got
     with pytest.raises(ValueError, match="cannot mirror"):
         twin.twin('edition = "2023";\noption features.enum_type = CLOSED;\n', "x.proto")

@@ -12,6 +12,10 @@ Unicode) are dropped, and a field-level explicit presence becomes proto3's
 `optional`. Any other feature stops the generation with an error, so a change
 to proto/ that proto3 cannot mirror is noticed, never silently lost.
 
+Comments are left out (proto/ is the documentation): the twin, and the stubs
+compiled from it, change only when the wire format or a name does, so that a
+comment-only change to proto/ does not make the committed twin stale.
+
 Usage: twin.py SRC_DIR DST_DIR (every *.proto of SRC_DIR; DST_DIR is replaced).
 """
 
@@ -34,12 +38,38 @@ DROPPED = {
 FIELD_EXPLICIT = re.compile(r"^(\s*)([\w.]+\s+\w+\s*=\s*\d+)\s*\[features\.field_presence\s*=\s*EXPLICIT\]\s*;")
 
 
+def strip_comment(line: str) -> str:
+    """line without its // comment (a // inside a string literal is kept)."""
+    quote = ""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif line.startswith("//", i):
+            return line[:i].rstrip()
+        i += 1
+    return line.rstrip()
+
+
 def twin(text: str, name: str) -> str:
     """Return the proto3 form of one edition-2023 file; raise ValueError on anything it cannot mirror."""
     out = []
     saw_edition = False
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = strip_comment(raw)
+        if "/*" in line:
+            raise ValueError(f"{name}:{n}: block comments are not supported; use //")
         stripped = line.strip()
+        if not stripped:
+            if out and out[-1] != "" and not raw.strip().startswith("//"):
+                out.append("")
+            continue
         if stripped == 'edition = "2023";':
             out.append('syntax = "proto3";')
             saw_edition = True
@@ -50,11 +80,13 @@ def twin(text: str, name: str) -> str:
         if m:
             out.append(f"{m.group(1)}optional {m.group(2)};")
             continue
-        if "features." in stripped and not stripped.startswith("//"):
+        if "features." in stripped:
             raise ValueError(f"{name}:{n}: feature proto3 cannot mirror: {stripped}")
         out.append(line)
     if not saw_edition:
         raise ValueError(f'{name}: no `edition = "2023";` line')
+    while out and out[-1] == "":
+        out.pop()
     return "\n".join(out) + "\n"
 
 

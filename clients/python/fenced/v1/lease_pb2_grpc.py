@@ -6,16 +6,7 @@ from fenced.v1 import lease_pb2 as fenced_dot_v1_dot_lease__pb2
 
 
 class LeaseServiceStub(object):
-    """LeaseService grants, renews and releases a swarm's lease. Time is Redis's
-    own clock (TIME, in ms): a lease is live while expires_at_ms is after it.
-    Every grant, renewal and release is a committed batch on the swarm's
-    `meta` section: it raises the swarm revision and appends a log entry
-    naming the owner.
-
-    Pass the lease's owner and epoch as the LeaseFence of every FencedBatch:
-    once another controller holds the swarm, the old holder's batches are
-    refused with FAILED_PRECONDITION + LEASE_STALE.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -46,64 +37,28 @@ class LeaseServiceStub(object):
 
 
 class LeaseServiceServicer(object):
-    """LeaseService grants, renews and releases a swarm's lease. Time is Redis's
-    own clock (TIME, in ms): a lease is live while expires_at_ms is after it.
-    Every grant, renewal and release is a committed batch on the swarm's
-    `meta` section: it raises the swarm revision and appends a log entry
-    naming the owner.
-
-    Pass the lease's owner and epoch as the LeaseFence of every FencedBatch:
-    once another controller holds the swarm, the old holder's batches are
-    refused with FAILED_PRECONDITION + LEASE_STALE.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def Acquire(self, request, context):
-        """Acquire grants the lease to `owner` when no live lease exists (absent,
-        expired or released), with a new epoch above every epoch ever granted
-        and at least Redis's clock in ms (so that no epoch is granted twice,
-        even after Redis lost acknowledged writes). The live holder acquiring again extends its lease and keeps its
-        epoch. Errors: FAILED_PRECONDITION + LEASE_HELD when another owner holds
-        a live lease (ErrorInfo metadata owner, epoch, expires_at_ms; RetryInfo
-        with the time left), INVALID_ARGUMENT, UNAVAILABLE.
-
-        When the server requires replica acknowledgements (--wait-replicas N), a
-        grant that fewer than N replicas acknowledged in time is not handed out:
-        UNAVAILABLE + REPLICATION_TIMEOUT (ErrorInfo metadata revision,
-        replicas_acked, replicas_wanted; no epoch), so that no caller holds an
-        epoch a failover could grant again. The grant did commit on the primary:
-        until it expires only this owner can acquire; acquiring again keeps its
-        epoch and waits again.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Renew(self, request, context):
-        """Renew extends the live lease of that owner and epoch to ttl_ms from
-        now. An expired lease is never revived, even when nobody took over:
-        acquire again (a new epoch). Errors: FAILED_PRECONDITION + LEASE_STALE
-        (expired, taken over or released: stop writing). With --wait-replicas N,
-        a renewal fewer than N replicas acknowledged in time is not a renewal:
-        UNAVAILABLE + REPLICATION_TIMEOUT; count the lease from the last
-        acknowledged renewal and retry.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Release ends the live lease of that owner and epoch. The epoch is kept:
-        the next grant is one higher. Errors: FAILED_PRECONDITION + LEASE_STALE
-        when it is not that owner's live lease (nothing changes).
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Current(self, request, context):
-        """Current reads the lease record, whether it is live, Redis's now and the
-        swarm revision together. Read-only.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -139,16 +94,7 @@ def add_LeaseServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class LeaseService(object):
-    """LeaseService grants, renews and releases a swarm's lease. Time is Redis's
-    own clock (TIME, in ms): a lease is live while expires_at_ms is after it.
-    Every grant, renewal and release is a committed batch on the swarm's
-    `meta` section: it raises the swarm revision and appends a log entry
-    naming the owner.
-
-    Pass the lease's owner and epoch as the LeaseFence of every FencedBatch:
-    once another controller holds the swarm, the old holder's batches are
-    refused with FAILED_PRECONDITION + LEASE_STALE.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def Acquire(request,

@@ -6,10 +6,7 @@ from fenced.v1 import records_pb2 as fenced_dot_v1_dot_records__pb2
 
 
 class RecordsServiceStub(object):
-    """RecordsService reads and writes one swarm's records. Every call names the
-    swarm by slug: 1-128 characters of [A-Za-z0-9._-], starting with a letter or
-    digit. Any replica of fenced answers any call; all state lives in Redis.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -45,65 +42,34 @@ class RecordsServiceStub(object):
 
 
 class RecordsServiceServicer(object):
-    """RecordsService reads and writes one swarm's records. Every call names the
-    swarm by slug: 1-128 characters of [A-Za-z0-9._-], starting with a letter or
-    digit. Any replica of fenced answers any call; all state lives in Redis.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def Layout(self, request, context):
-        """Layout tells how a swarm's fencing state is stored. Read-only.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Sections(self, request, context):
-        """Sections reads whole sections and the swarm revision as one consistent
-        snapshot (one atomic read in Redis). Read-only. Errors:
-        RESOURCE_EXHAUSTED when the snapshot would hold more records or bytes
-        than the server's limits: read such a section with ScanSection.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ScanSection(self, request, context):
-        """ScanSection reads one section page by page, for sections too large for
-        one message. Each page is read atomically with the swarm and section
-        revisions, but pages are not one snapshot: a record may appear on two
-        pages if the section changes during the scan, and every record present
-        for the whole scan appears on at least one. Compare the first and last
-        pages' section_revision (or fence on the first one with
-        WRITE_KIND_CHECK_SECTION) to know whether the section changed. Read-only.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Record(self, request, context):
-        """Record reads one record and the swarm revision as one consistent
-        snapshot. Read-only. An absent record is not an error: `record` is unset.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FencedBatch(self, request, context):
-        """FencedBatch checks the lease fence and the revision of every write, then
-        commits all of the writes or none of them, atomically, in one Redis
-        script. On commit the swarm revision is raised (above every revision
-        before it and to at least Redis's clock in µs) and every put is stamped
-        with it. A batch of checks alone commits nothing and
-        answers the current swarm revision.
-
-        Errors: INVALID_ARGUMENT (BadRequest; REQUEST_ID_REUSED), ABORTED +
-        REVISION_CONFLICT
-        (PreconditionFailure, one violation per conflicting record, in request
-        order), FAILED_PRECONDITION + LEASE_STALE (ErrorInfo metadata: the current
-        holder's owner, epoch and expires_at_ms; empty when there is no lease) or
-        LAYOUT_DOCUMENT, UNAVAILABLE (REPLICATION_TIMEOUT: committed, but not
-        acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,10 +110,7 @@ def add_RecordsServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RecordsService(object):
-    """RecordsService reads and writes one swarm's records. Every call names the
-    swarm by slug: 1-128 characters of [A-Za-z0-9._-], starting with a letter or
-    digit. Any replica of fenced answers any call; all state lives in Redis.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def Layout(request,
