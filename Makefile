@@ -35,6 +35,8 @@ test: redis-server test-deploy test-python ## Run every test with -race against 
 
 .PHONY: test-python
 test-python: redis-server ## Test the Python client (clients/python) against a live fenced (built here) and redis-server.
+	@$(PYTHON) -c 'import grpc, google.protobuf, pytest' 2>/dev/null || { \
+	  echo "the Python client's tests need Debian's python3-grpcio python3-protobuf python3-pytest (apt-get install -y ...)" >&2; exit 1; }
 	$(PYTHON) -m pytest -q $(PY)
 
 .PHONY: test-deploy
