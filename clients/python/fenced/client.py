@@ -127,7 +127,7 @@ class Client:
         insecure_token: also send ``token`` over plaintext (a connection
             encrypted by other means: a mesh's mTLS, loopback, tests).
         timeout: each call's deadline in seconds, unless the call is given one.
-        options: extra gRPC channel options, applied after the defaults.
+        options: extra gRPC channel options; each replaces the default of the same name.
 
     Raises:
         ValueError: a token over plaintext without ``insecure_token``.
@@ -154,7 +154,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         options: Sequence[tuple[str, Union[int, str]]] = (),
     ) -> None:
-        opts = list(CHANNEL_OPTIONS) + list(options)
+        opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
         if tls:
             creds = grpc.ssl_channel_credentials() if tls is True else tls
             channel = grpc.secure_channel(target, creds, options=opts)  # type: ignore[arg-type]

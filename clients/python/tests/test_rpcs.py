@@ -121,6 +121,31 @@ def test_client_options(server: Fenced) -> None:
     assert dict(fenced.CHANNEL_OPTIONS)["grpc.max_receive_message_length"] == 64 << 20
 
 
+def test_tls_with_a_bearer_token(start_fenced, tmp_path) -> None:
+    """Over TLS the token needs no insecure_token; without it, a call is UNAUTHENTICATED."""
+    import subprocess
+
+    import grpc
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+         "-subj", "/CN=fenced-test", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text('{"tokens": [{"name": "py", "token": "tls-token-for-python-tests", "slugs": ["py-*"], "access": "write"}]}')
+    f, _ = start_fenced("--tls-cert", str(cert), "--tls-key", str(key), "--auth-tokens-file", str(tokens))
+    creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with fenced.Client(f.addr, tls=creds, token="tls-token-for-python-tests") as c:
+        assert c.fenced_batch("py-tls", [fenced.Put("claims", "a", 0, "1")]).revision > 0
+        assert c.record("py-tls", "claims", "a").value == "1"  # type: ignore[union-attr]
+    with fenced.Client(f.addr, tls=creds) as anon, pytest.raises(fenced.FencedError) as e:
+        anon.record("py-tls", "claims", "a")
+    assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_bearer_token_is_sent(start_fenced, tmp_path) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text('{"tokens": [{"name": "py", "token": "s3cret-token-for-python-tests", "slugs": ["*"], "access": "write"}]}')
