@@ -11,7 +11,9 @@
 // the fencing token.
 //
 // Errors are gRPC status codes chosen by what the caller should do next, with
-// machine-readable google.rpc details (never parse the message text):
+// machine-readable google.rpc details (never parse the message text). Every
+// ErrorInfo.reason is a value of ErrorReason.Reason (errors.proto), which
+// lists each one's code and metadata keys:
 //
 //   INVALID_ARGUMENT     fix the request; BadRequest names every bad field.
 //                        Nothing reached Redis.
