@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import importlib
-import pkgutil
 from typing import Callable, Mapping, Optional, Sequence
 
 import grpc
 
 from . import _rpc_pb2 as rpc
+from .v1 import errors_pb2
 from .model import Lease
 
 __all__ = [
@@ -352,6 +351,19 @@ def _limit(err: RevisionLimit, d: _Details) -> None:
 
 _Filler = Callable[[FencedError, _Details], None]
 
+# The reason names come from the enum declared in proto/fenced/v1/errors.proto
+# (ErrorInfo.reason carries a value's name, never its number).
+_Reasons = errors_pb2.ErrorReason.Reason
+
+
+def _r(value: int) -> str:
+    return _Reasons.Name(value)
+
+
+# Redis's refusals: every reason with this prefix but REDIS_UNAVAILABLE (the
+# Go client's redisRefusalPrefix; a newer server's reason with it is one too).
+_REDIS_REFUSAL = "REDIS_*"
+
 
 @dataclasses.dataclass(frozen=True)
 class Reason:
@@ -372,44 +384,29 @@ class Reason:
 
 # REASONS is the one table of decoded errors, first match wins: exact names
 # before the patterns they would also match, fallbacks (reason "") last. The
-# reason names are fenced's ErrorInfo reasons (internal/server/errors.go and
-# store's ReasonRedis*), the rows those of the Go client's Decode.
+# names are fenced.v1.ErrorReason.Reason's; the rows those of the Go
+# client's Decode.
 REASONS: Sequence[Reason] = (
-    Reason(grpc.StatusCode.ABORTED, "REVISION_CONFLICT", RevisionConflict, _conflict),  # type: ignore[arg-type]
-    Reason(grpc.StatusCode.FAILED_PRECONDITION, "LEASE_STALE", StaleLease, _stale),  # type: ignore[arg-type]
-    Reason(grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD", LeaseHeld, _held),  # type: ignore[arg-type]
-    Reason(grpc.StatusCode.FAILED_PRECONDITION, "LAYOUT_DOCUMENT", LayoutDocument),
-    Reason(grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED", RequestIdReused, _invalid),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.ABORTED, _r(_Reasons.REVISION_CONFLICT), RevisionConflict, _conflict),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LEASE_STALE), StaleLease, _stale),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LEASE_HELD), LeaseHeld, _held),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LAYOUT_DOCUMENT), LayoutDocument),
+    Reason(grpc.StatusCode.INVALID_ARGUMENT, _r(_Reasons.REQUEST_ID_REUSED), RequestIdReused, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.INVALID_ARGUMENT, "", InvalidArgument, _invalid),  # type: ignore[arg-type]
-    Reason(grpc.StatusCode.UNAVAILABLE, "REPLICATION_TIMEOUT", ReplicationTimeout, _replication),  # type: ignore[arg-type]
-    Reason(grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE", Unavailable),
-    Reason(grpc.StatusCode.UNAVAILABLE, "REDIS_*", RedisRefusal),
+    Reason(grpc.StatusCode.UNAVAILABLE, _r(_Reasons.REPLICATION_TIMEOUT), ReplicationTimeout, _replication),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.UNAVAILABLE, _r(_Reasons.REDIS_UNAVAILABLE), Unavailable),
+    Reason(grpc.StatusCode.UNAVAILABLE, _REDIS_REFUSAL, RedisRefusal),
     Reason(grpc.StatusCode.UNAVAILABLE, "", Unavailable),
-    Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "REDIS_*", RedisRefusal),
+    Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _REDIS_REFUSAL, RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
-    Reason(grpc.StatusCode.OUT_OF_RANGE, "REVISION_LIMIT", RevisionLimit, _limit),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_LIMIT), RevisionLimit, _limit),  # type: ignore[arg-type]
 )
 
 def declared_reasons() -> frozenset[str]:
-    """The ErrorInfo reason names declared by an ``ErrorReason`` enum of
-    proto/fenced/v1 (its generated stubs in fenced.v1), with the enum's
-    ``ERROR_REASON_`` prefix and its zero value left out; empty while proto/
-    declares none. Every reason name in :data:`REASONS` must be one of them
-    once it exists (a test checks)."""
-    from . import v1
-
-    names: set[str] = set()
-    for mod in pkgutil.iter_modules(v1.__path__):
-        if not mod.name.endswith("_pb2"):
-            continue
-        fd = importlib.import_module(f"{v1.__name__}.{mod.name}").DESCRIPTOR
-        enum = fd.enum_types_by_name.get("ErrorReason")
-        if enum is None:
-            continue
-        for v in enum.values:
-            if v.number != 0:
-                names.add(v.name[len("ERROR_REASON_"):] if v.name.startswith("ERROR_REASON_") else v.name)
-    return frozenset(names)
+    """Every ErrorInfo reason fenced declares: the names of
+    ``fenced.v1.ErrorReason.Reason`` (proto/fenced/v1/errors.proto) but its
+    zero value."""
+    return frozenset(n for n, v in _Reasons.items() if v != 0)
 
 
 _DETAIL_TYPES = {

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from conftest import PYCLIENT
-from fenced.v1 import lease_pb2, records_pb2
+from fenced.v1 import errors_pb2, lease_pb2, records_pb2
 
 sys.path.insert(0, str(PYCLIENT / "tools"))
 import twin  # noqa: E402
@@ -39,11 +39,14 @@ def shape(fd: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
 
 def test_twin_matches_the_go_descriptors(go_interop: pathlib.Path) -> None:
     raw = subprocess.run([str(go_interop), "descriptors"], check=True, capture_output=True, timeout=60).stdout
-    go_set = descriptor_pb2.FileDescriptorSet.FromString(raw)
-    for go_file, module in zip(go_set.file, (records_pb2, lease_pb2)):
+    go_files = {f.name: f for f in descriptor_pb2.FileDescriptorSet.FromString(raw).file}
+    twins = {m.DESCRIPTOR.name: m for m in (records_pb2, lease_pb2, errors_pb2)}
+    assert sorted(go_files) == sorted(twins) == sorted(
+        "fenced/v1/" + p.name for p in (PYCLIENT.parents[1] / "proto" / "fenced" / "v1").glob("*.proto"))
+    for name, module in twins.items():
         py_file = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(py_file)
-        assert shape(py_file) == shape(go_file), go_file.name
+        assert shape(py_file) == shape(go_files[name]), name
 
 
 def test_twin_refuses_features_proto3_cannot_mirror() -> None:
@@ -51,8 +54,13 @@ def test_twin_refuses_features_proto3_cannot_mirror() -> None:
     assert 'syntax = "proto3";' in twin.twin(src, "x.proto")
     got = twin.twin('edition = "2023";\nmessage M {\n  int64 a = 1 [features.field_presence = EXPLICIT];\n}\n', "x.proto")
     assert "  optional int64 a = 1;" in got
-    got = twin.twin('// header\nedition = "2023";\n\n// A message.\nmessage M {\n  // a field\n  string a = 1;  // trailing\n}\n'
+    got = twin.twin('// header\nedition = "2023";\noption features.field_presence = IMPLICIT;\n\n// A message.\nmessage M {\n  // a field\n  string a = 1;  // trailing\n}\n'
                     'option go_package = "x//y";\n', "x.proto")
     assert got == 'syntax = "proto3";\n\nmessage M {\n  string a = 1;\n}\noption go_package = "x//y";\n', got
+    # Edition 2023's default is explicit presence: singular fields become optional.
+    got = twin.twin('edition = "2023";\nmessage M {\n  int64 a = 1;\n  repeated string b = 2;\n  map<string, M> c = 3;\n'
+                    '  M d = 4;\n  enum E {\n    E_UNSPECIFIED = 0;\n  }\n}\n', "x.proto")
+    assert got == ('syntax = "proto3";\nmessage M {\n  optional int64 a = 1;\n  repeated string b = 2;\n'
+                   '  map<string, M> c = 3;\n  optional M d = 4;\n  enum E {\n    E_UNSPECIFIED = 0;\n  }\n}\n'), got
     with pytest.raises(ValueError, match="cannot mirror"):
         twin.twin('edition = "2023";\noption features.enum_type = CLOSED;\n', "x.proto")

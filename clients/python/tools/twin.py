@@ -8,8 +8,9 @@ names, numbers and types, hence the same wire format. The transformation is
 strict: `edition = "2023";` becomes `syntax = "proto3";`, the file-level
 features proto3 already has (implicit presence) or that Python's str cannot
 express otherwise (utf8_validation = NONE: a Python str is always valid
-Unicode) are dropped, and a field-level explicit presence becomes proto3's
-`optional`. Any other feature stops the generation with an error, so a change
+Unicode) are dropped, and explicit presence (a field's feature, or edition
+2023's default in a file that does not ask for implicit presence) becomes
+proto3's `optional` on singular fields. Any other feature stops the generation with an error, so a change
 to proto/ that proto3 cannot mirror is noticed, never silently lost.
 
 Comments are left out (proto/ is the documentation): the twin, and the stubs
@@ -36,6 +37,10 @@ DROPPED = {
 }
 
 FIELD_EXPLICIT = re.compile(r"^(\s*)([\w.]+\s+\w+\s*=\s*\d+)\s*\[features\.field_presence\s*=\s*EXPLICIT\]\s*;")
+# A singular field: a type, a name, a number (not `repeated`, not a map, not
+# an enum value, which has no type).
+SINGULAR_FIELD = re.compile(r"^(\s*)((?!repeated\b|optional\b|map\b|option\b|reserved\b|rpc\b)[\w.]+\s+\w+\s*=\s*\d+\s*(\[[^\]]*\])?\s*;)")
+IMPLICIT_FILE = 'option features.field_presence = IMPLICIT;'
 
 
 def strip_comment(line: str) -> str:
@@ -61,6 +66,7 @@ def twin(text: str, name: str) -> str:
     """Return the proto3 form of one edition-2023 file; raise ValueError on anything it cannot mirror."""
     out = []
     saw_edition = False
+    explicit = IMPLICIT_FILE not in (strip_comment(l).strip() for l in text.splitlines())
     for n, raw in enumerate(text.splitlines(), 1):
         line = strip_comment(raw)
         if "/*" in line:
@@ -82,6 +88,12 @@ def twin(text: str, name: str) -> str:
             continue
         if "features." in stripped:
             raise ValueError(f"{name}:{n}: feature proto3 cannot mirror: {stripped}")
+        if explicit:
+            if re.match(r"oneof\b", stripped):
+                raise ValueError(f"{name}:{n}: oneof in a file with explicit presence: not mirrored")
+            m = SINGULAR_FIELD.match(line)
+            if m:
+                line = f"{m.group(1)}optional {m.group(2)}"
         out.append(line)
     if not saw_edition:
         raise ValueError(f'{name}: no `edition = "2023";` line')

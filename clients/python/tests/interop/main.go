@@ -34,6 +34,7 @@ func run(args []string) error {
 		set := &descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{
 			protodesc.ToFileDescriptorProto(fencedv1.File_fenced_v1_records_proto),
 			protodesc.ToFileDescriptorProto(fencedv1.File_fenced_v1_lease_proto),
+			protodesc.ToFileDescriptorProto(fencedv1.File_fenced_v1_errors_proto),
 		}}
 		b, err := proto.Marshal(set)
 		if err != nil {
