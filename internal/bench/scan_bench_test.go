@@ -1,6 +1,6 @@
 package bench
 
-// Issue 4, part 4: no read or commit may run as one long script over a
+// No read or commit may run as one long script over a
 // large section.
 //
 // BenchmarkBatchDuringScan measures FencedBatch latency on one swarm (A:
