@@ -445,7 +445,7 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 		}
 	}
 
-	for _, size := range []int32{0, 10, 700, server.MaxPageSize} {
+	for _, size := range []int32{0, 10, 700, batch.MaxPageSize} {
 		t.Run(fmt.Sprintf("page_size=%d", size), func(t *testing.T) {
 			got, pages := scan(t, slug, "intents", size)
 			if len(got) != n {
@@ -466,7 +466,7 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 			// page_size is a maximum (AIP-158).
 			limit := int(size)
 			if limit == 0 {
-				limit = server.DefaultPageSize
+				limit = batch.DefaultPageSize
 			}
 			if largest > limit || len(pages) < n/limit {
 				t.Errorf("page_size %d: %d pages, largest %d records; want pages of at most %d", size, len(pages), largest, limit)
@@ -495,7 +495,7 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 		fields []string
 	}{
 		{"page_size -1", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageSize: -1}, []string{"page_size"}},
-		{"page_size 10001", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageSize: server.MaxPageSize + 1}, []string{"page_size"}},
+		{"page_size 10001", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageSize: batch.MaxPageSize + 1}, []string{"page_size"}},
 		{"token of another slug", &fencedv1.ScanSectionRequest{Slug: slug + "-b", Section: "intents", PageToken: first.GetNextPageToken()}, []string{"page_token"}},
 		{"token of another section", &fencedv1.ScanSectionRequest{Slug: slug, Section: "claims", PageToken: first.GetNextPageToken()}, []string{"page_token"}},
 		{"garbage token", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: "not a token!"}, []string{"page_token"}},
