@@ -66,20 +66,7 @@ func TestByNameMatchesAFullScanAfterManyPutsInOneBatch(t *testing.T) {
 		}
 		return out
 	}
-	gotByName := func() map[string]string {
-		kv := srv.DoArray(t, "HGETALL", key(slug, "by-name"))
-		out := map[string]string{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			var rec struct {
-				V string `json:"v"`
-			}
-			if err := json.Unmarshal([]byte(kv[i+1]), &rec); err != nil {
-				t.Fatalf("by-name[%s] = %q: %v", kv[i], kv[i+1], err)
-			}
-			out[kv[i]] = rec.V
-		}
-		return out
-	}
+	gotByName := func() map[string]string { return byNameOf(t, srv, slug) }
 	steps := []struct {
 		name   string
 		writes func(i int) batch.Write // for i in 0..1023
