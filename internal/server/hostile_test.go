@@ -1,0 +1,87 @@
+package server_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc/codes"
+)
+
+// nested is a JSON array nested depth levels deep.
+func nested(depth int) string { return strings.Repeat("[", depth) + strings.Repeat("]", depth) }
+
+// TestValueNestedBeyondTheRecordGrammarIsRefused: a stored record nests its
+// value once more ({"r":N,"v":VALUE}), and the record grammar (cjson's
+// limit) allows 1000 levels, so a value may nest at most 999. A put nesting
+// 999 commits and reads back; one nesting 1000 (in claims, and in
+// executions, whose cjson rule alone allowed 1000) is INVALID_ARGUMENT on
+// writes[0].value and writes nothing. Before: fenced committed the
+// 1000-deep value and then read its own record as DATA_LOSS
+// RECORD_CORRUPT, and every later batch naming its revision was refused.
+func TestValueNestedBeyondTheRecordGrammarIsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	const slug = "deep"
+	rev := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "ok", 0, nested(999))}})
+	resp, err := e.records.Record(ctxT(t), &fencedv1.RecordRequest{Slug: slug, Section: "claims", Key: "ok"})
+	if err != nil || resp.GetRecord().GetRevision() != rev || resp.GetRecord().GetValue() != nested(999) {
+		t.Fatalf("Record(claims/ok) = revision %d, %d bytes, %v; want revision %d, the 999-deep value", resp.GetRecord().GetRevision(), len(resp.GetRecord().GetValue()), err, rev)
+	}
+	for _, section := range []string{"claims", "executions"} {
+		_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
+			Writes: []*fencedv1.RecordWrite{put(section, "deep", 0, nested(1000))}})
+		d := decode(t, err)
+		if d.code != codes.InvalidArgument || !slices.Contains(d.fields(), "writes[0].value") {
+			t.Errorf("FencedBatch(%s: 1000 levels) = %v fields %v (%v), want INVALID_ARGUMENT on writes[0].value", section, d.code, d.fields(), err)
+		}
+		if got := srv.Do(t, "HEXISTS", redisKey(slug, section), "deep"); got != "0" {
+			t.Errorf("HEXISTS %s deep = %s after a refused batch, want 0", section, got)
+		}
+	}
+}
+
+// TestWritesRefusedWhileRedisMayEvict: once the health probe finds that
+// Redis may evict keys (maxmemory set and an evicting policy, changed while
+// fenced serves), batches and lease grants answer UNAVAILABLE
+// REDIS_MAY_EVICT and write nothing, as the guarantee table says ("Redis
+// never evicts fenced's keys, or fenced does not serve"); back to
+// noeviction, they commit again. Before: health turned NOT_SERVING, but
+// batches committed and Acquire granted epochs on the evicting Redis (whose
+// eviction of meta or a request key can grant an epoch or commit a
+// request twice).
+func TestWritesRefusedWhileRedisMayEvict(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	const slug = "evicting"
+	awaitHealth(t, e, "fenced", serving)
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "100mb")
+	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+	awaitHealth(t, e, "fenced", notServing)
+	revBefore := srv.Do(t, "GET", redisKey(slug, "revision"))
+	_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
+		Writes: []*fencedv1.RecordWrite{put("intents", "b", 0, `2`)}})
+	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != store.ReasonRedisMayEvict {
+		t.Errorf("FencedBatch = %v %q (%v), want UNAVAILABLE %s", d.code, d.info.GetReason(), err, store.ReasonRedisMayEvict)
+	}
+	_, err = fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctxT(t), &fencedv1.AcquireRequest{Slug: slug, Owner: "o-1", TtlMs: 60000})
+	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != store.ReasonRedisMayEvict {
+		t.Errorf("Acquire = %v %q (%v), want UNAVAILABLE %s", d.code, d.info.GetReason(), err, store.ReasonRedisMayEvict)
+	}
+	if got := srv.Do(t, "GET", redisKey(slug, "revision")); got != revBefore {
+		t.Errorf("swarm revision %s after refused calls, want %s (nothing written)", got, revBefore)
+	}
+	if got := srv.Do(t, "HEXISTS", redisKey(slug, "meta"), "lease"); got != "0" {
+		t.Errorf("HEXISTS meta lease = %s, want 0 (no grant on an evicting Redis)", got)
+	}
+	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	awaitHealth(t, e, "fenced", serving)
+	awaitCommit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "c", 0, `3`)}})
+}
