@@ -110,8 +110,15 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 // connection, once a slot of s.waits is taken (none free:
 // ErrReplicaWaitsExhausted, before anything is sent). It answers the
 // script's reply and the replicas that acknowledged; ErrLayoutDocument,
-// ErrUnavailable, context errors, *RedisError.
+// ErrUnavailable, context errors, *RedisError; *EvictionError (before
+// anything is sent) while the last health probe found that Redis may evict.
 func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	if e := s.evicting.Load(); e != nil {
+		// The last health probe found a Redis that may evict keys: an
+		// evicted request key or meta would let a request commit or an
+		// epoch be granted twice.
+		return nil, 0, e
+	}
 	if d.Replicas > 0 {
 		release, err := s.waits.acquire(k.slug)
 		if err != nil {
