@@ -1,8 +1,10 @@
 package server_test
 
 import (
+	"context"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,4 +86,66 @@ func TestWritesRefusedWhileRedisMayEvict(t *testing.T) {
 	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
 	awaitHealth(t, e, "fenced", serving)
 	awaitCommit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "c", 0, `3`)}})
+}
+
+// TestCallsAnswerUnavailableWhileRedisIsPaused: Redis stopped with SIGSTOP
+// (connections stay open; nothing answers, as a hung host or a long
+// DEBUG SLEEP). Every call sent without a client deadline answers
+// UNAVAILABLE REDIS_UNAVAILABLE, round after round, while fenced's client
+// reconnects underneath. Before: some batches and Acquires answered
+// DEADLINE_EXCEEDED ("redis unavailable: context deadline exceeded", no
+// reason), well before the Redis timeout: a connection's handshake timing
+// out inside rueidis surfaced as the caller's own deadline.
+func TestCallsAnswerUnavailableWhileRedisIsPaused(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	e := serve(t, st, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	const slug = "paused"
+	awaitHealth(t, e, "fenced", serving)
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP redis: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(srv.Pid(), syscall.SIGCONT) })
+	calls := []struct {
+		rpc  string
+		call func(ctx context.Context) error
+	}{
+		{"FencedBatch", func(ctx context.Context) error {
+			_, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "b", -1, `2`)}})
+			return err
+		}},
+		{"Acquire", func(ctx context.Context) error {
+			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o-1", TtlMs: 60000})
+			return err
+		}},
+		{"Layout", func(ctx context.Context) error {
+			_, err := e.records.Layout(ctx, &fencedv1.LayoutRequest{Slug: slug})
+			return err
+		}},
+	}
+	for round := range 6 {
+		for _, c := range calls {
+			// No deadline on the call; the test alone gives up.
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- c.call(ctx) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(waitLimit):
+				cancel()
+				t.Fatalf("round %d: %s with Redis paused and no deadline: no answer within %v", round, c.rpc, waitLimit)
+			}
+			cancel()
+			if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != server.ReasonRedisUnavailable {
+				t.Errorf("round %d: %s with Redis paused = %v %q (%v), want UNAVAILABLE REDIS_UNAVAILABLE", round, c.rpc, d.code, d.info.GetReason(), err)
+			}
+		}
+	}
 }

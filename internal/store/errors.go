@@ -375,6 +375,14 @@ func classify(ctx context.Context, err error) error {
 	if errors.As(err, &already) || errors.As(err, &refusedAlready) || errors.Is(err, ErrUnavailable) {
 		return err
 	}
+	// A deadline that is not ctx's (ctx.Err() is nil and its deadline, if
+	// any, has not passed): one of rueidis's own, such as a new connection's
+	// handshake to a Redis that accepts but does not answer. Redis did not
+	// answer; it is not the caller's deadline, so the error must not match
+	// context.DeadlineExceeded (the caller would see DEADLINE_EXCEEDED).
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w (%v)", ErrUnavailable, errRedisTimeout, err)
+	}
 	// rueidis returns net errors, io.EOF, ErrClosing and the like for a
 	// connection that failed: all of them mean "unreachable now".
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
