@@ -149,3 +149,58 @@ func TestCallsAnswerUnavailableWhileRedisIsPaused(t *testing.T) {
 		}
 	}
 }
+
+// TestLongReplicaWaitsOverManySwarmsLeaveServerWaits: under
+// --wait-replicas 1 (a linked replica), callers fill every process slot
+// for replica waits with replica_ack waits that cannot end (2 replicas,
+// 60 s), spread over swarms so that no swarm's bound stops them. Other
+// swarms' batches and lease grants, which wait for the server's own
+// replica and timeout, still commit: such waits keep a reserve that longer
+// waits never take. Before: they answered RESOURCE_EXHAUSTED
+// TOO_MANY_REPLICA_WAITS for as long as the long waits lasted (up to
+// --max-ack-timeout, 5 min by default).
+func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
+	const perProcess, perSwarm = 4, 2
+	srv := redistest.Start(t)
+	replica := redistest.StartReplica(t, srv)
+	awaitLinked(t, replica)
+	own := store.Durability{Replicas: 1, Timeout: 5 * time.Second}
+	st, err := store.Open(srv.URL(), prefix, store.WithReplicaWaitLimits(perProcess, perSwarm), store.WithLeaseDurability(own))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	e := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{Durability: own}})
+	waitCtx, stopWaits := context.WithCancel(context.Background())
+	defer stopWaits()
+	done := make(chan error, perProcess)
+	for i := range perProcess {
+		slug := "attacker-" + string(rune('a'+i/perSwarm))
+		go func() {
+			_, err := e.records.FencedBatch(waitCtx, &fencedv1.FencedBatchRequest{Slug: slug,
+				Writes:     []*fencedv1.RecordWrite{put("claims", "w"+string(rune('0'+i)), batch.Blind, "1")},
+				ReplicaAck: &fencedv1.ReplicaAck{Replicas: 2, TimeoutMs: 60_000}})
+			done <- err
+		}()
+	}
+	await(t, "the long waits blocked in Redis", func() bool { return blockedClients(t, srv) >= perProcess })
+	resp, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: "victim-a",
+		Writes: []*fencedv1.RecordWrite{put("claims", "v", 0, "1")}})
+	if err != nil || resp.GetReplicasAcked() != 1 {
+		t.Errorf("FencedBatch(victim-a) while long waits fill the process = %v, acked %d; want committed, acked 1", err, resp.GetReplicasAcked())
+	}
+	if _, err := fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctxT(t), &fencedv1.AcquireRequest{Slug: "victim-a", Owner: "tick", TtlMs: 10_000}); err != nil {
+		t.Errorf("Acquire(victim-a) while long waits fill the process: %v", err)
+	}
+	// One more long wait is still refused: the reserve is not theirs.
+	_, err = e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: "attacker-z",
+		Writes:     []*fencedv1.RecordWrite{put("claims", "w", 0, "1")},
+		ReplicaAck: &fencedv1.ReplicaAck{Replicas: 2, TimeoutMs: 60_000}})
+	if d := decode(t, err); d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonTooManyReplicaWaits {
+		t.Errorf("one more long wait = %v %q (%v), want RESOURCE_EXHAUSTED %s", d.code, d.info.GetReason(), err, server.ReasonTooManyReplicaWaits)
+	}
+	stopWaits()
+	for range perProcess {
+		<-done
+	}
+}

@@ -120,7 +120,9 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 		return nil, 0, e
 	}
 	if d.Replicas > 0 {
-		release, err := s.waits.acquire(k.slug)
+		// Longer than the server's own wait (--wait-timeout, which lease
+		// changes and batches without replica_ack use): a caller's choice.
+		release, err := s.waits.acquire(k.slug, d.wait() > s.leaseDurability.wait())
 		if err != nil {
 			return nil, 0, err
 		}
