@@ -306,7 +306,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
 		}
-	case "CORRUPT", "LIMIT":
+	case "CORRUPT", "LIMIT", "WRONGTYPE":
 		if err := swarmRefusal(reply); err != nil {
 			return 0, err
 		}
