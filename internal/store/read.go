@@ -225,7 +225,8 @@ type Page struct {
 // exactly those (same fingerprint); when they are not (records added or
 // removed there, or the hash resized, so that the cursor now covers other
 // buckets), it answers the batch from its start again: duplicates, which
-// HSCAN allows, never a record left out.
+// HSCAN allows, never a record left out. When the batch was the whole
+// section, the fingerprint is wholeHash instead (see there).
 
 // ValidScanPosition reports whether p is a scan position ScanSection could
 // have handed out ("" and "0" start a scan).
@@ -246,7 +247,7 @@ func parseScanPosition(p string) (cursor, fingerprint, after string, ok bool) {
 	case 1:
 		return parts[0], "", "", true
 	case 3:
-		if len(parts[1]) != 16 || strings.Trim(parts[1], "0123456789abcdef") != "" ||
+		if (parts[1] != wholeHash && (len(parts[1]) != 16 || strings.Trim(parts[1], "0123456789abcdef") != "")) ||
 			parts[2] == "" || len(parts[2]) > batch.MaxKeyBytes || !utf8.ValidString(parts[2]) {
 			return "", "", "", false
 		}
@@ -254,6 +255,17 @@ func parseScanPosition(p string) (cursor, fingerprint, after string, ok bool) {
 	}
 	return "", "", "", false
 }
+
+// wholeHash stands for the fingerprint in a position cut inside an HSCAN
+// reply that held the whole section (cursor 0 answered with next cursor 0).
+// When the next read holds the whole section again, the page resumes after
+// the position's key whatever changed before it: every record present
+// since the first page and sorting before that key was on an earlier page
+// (each page of such a chain holds the first records above the previous
+// page's last, of a whole, sorted section). Otherwise a section whose
+// records before the position keep changing (one writer inserting and
+// deleting) never finished: each changed fingerprint restarted the batch.
+const wholeHash = "whole"
 
 // keysFingerprint is 16 hex digits of the SHA-256 of keys, each length-
 // prefixed.
@@ -313,13 +325,14 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	p.SectionRevision = sectionRevs[section]
 
 	keys := slices.Sorted(maps.Keys(batchRecords))
+	whole := cursor == "0" && next == "0"
 	from := 0
 	if after != "" {
 		done, _ := slices.BinarySearch(keys, after)
 		if done < len(keys) && keys[done] == after {
 			done++
 		}
-		if keysFingerprint(keys[:done]) == fingerprint {
+		if fingerprint == wholeHash && whole || keysFingerprint(keys[:done]) == fingerprint {
 			from = done
 		}
 	}
@@ -329,6 +342,8 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 		p.Records[key] = batchRecords[key]
 	}
 	switch {
+	case to < len(keys) && whole:
+		p.Next = cursor + ":" + wholeHash + ":" + keys[to-1]
 	case to < len(keys):
 		p.Next = cursor + ":" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
 	case next != "0":
