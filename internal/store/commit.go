@@ -112,10 +112,19 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 // connection, once a slot of s.waits is taken (none free:
 // ErrReplicaWaitsExhausted, before anything is sent). It answers the
 // script's reply and the replicas that acknowledged; ErrLayoutDocument,
-// ErrUnavailable, context errors, *RedisError.
+// ErrUnavailable, context errors, *RedisError; *EvictionError (before
+// anything is sent) while the last health probe found that Redis may evict.
 func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	if e := s.evicting.Load(); e != nil {
+		// The last health probe found a Redis that may evict keys: an
+		// evicted request key or meta would let a request commit or an
+		// epoch be granted twice.
+		return nil, 0, e
+	}
 	if d.Replicas > 0 {
-		release, err := s.waits.acquire(k.slug)
+		// Longer than the server's own wait (--wait-timeout, which lease
+		// changes and batches without replica_ack use): a caller's choice.
+		release, err := s.waits.acquire(k.slug, d.wait() > s.leaseDurability.wait())
 		if err != nil {
 			return nil, 0, err
 		}
@@ -302,7 +311,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
 		}
-	case protocol.ReplyCorrupt, protocol.ReplyLimit:
+	case protocol.ReplyCorrupt, protocol.ReplyLimit, protocol.ReplyWrongType:
 		if err := swarmRefusal(reply); err != nil {
 			return 0, err
 		}

@@ -224,7 +224,19 @@ type Page struct {
 // exactly those (same fingerprint); when they are not (records added or
 // removed there, or the hash resized, so that the cursor now covers other
 // buckets), it answers the batch from its start again: duplicates, which
-// HSCAN allows, never a record left out.
+// HSCAN allows, never a record left out. When the batch was the whole
+// section, the fingerprint is wholeHash instead (see there).
+
+// wholeHash stands for the fingerprint in a position cut inside an HSCAN
+// reply that held the whole section (cursor 0 answered with next cursor 0).
+// When the next read holds the whole section again, the page resumes after
+// the position's key whatever changed before it: every record present
+// since the first page and sorting before that key was on an earlier page
+// (each page of such a chain holds the first records above the previous
+// page's last, of a whole, sorted section). Otherwise a section whose
+// records before the position keep changing (one writer inserting and
+// deleting) never finished: each changed fingerprint restarted the batch.
+const wholeHash = batch.WholeSectionFingerprint
 
 // keysFingerprint is 16 hex digits of the SHA-256 of keys, each length-
 // prefixed.
@@ -284,13 +296,14 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	p.SectionRevision = sectionRevs[section]
 
 	keys := slices.Sorted(maps.Keys(batchRecords))
+	whole := cursor == "0" && next == "0"
 	from := 0
 	if after != "" {
 		done, _ := slices.BinarySearch(keys, after)
 		if done < len(keys) && keys[done] == after {
 			done++
 		}
-		if keysFingerprint(keys[:done]) == fingerprint {
+		if fingerprint == wholeHash && whole || keysFingerprint(keys[:done]) == fingerprint {
 			from = done
 		}
 	}
@@ -300,6 +313,8 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 		p.Records[key] = batchRecords[key]
 	}
 	switch {
+	case to < len(keys) && whole:
+		p.Next = cursor + ":" + wholeHash + ":" + keys[to-1]
 	case to < len(keys):
 		p.Next = cursor + ":" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
 	case next != "0":

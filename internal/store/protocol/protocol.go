@@ -115,7 +115,10 @@ const (
 	ReplyLayoutUnknown  = "LAYOUT_UNKNOWN"
 	ReplyCorrupt        = "CORRUPT"
 	ReplyLimit          = "LIMIT"
-	ReplyTooLarge       = "TOO_LARGE"
+	// ReplyWrongType: a key the commit writes without reading it first
+	// holds another Redis type: {WRONGTYPE, name, type, want}.
+	ReplyWrongType = "WRONGTYPE"
+	ReplyTooLarge  = "TOO_LARGE"
 	// ReplyBusy: another rebuild holds the by-name claim.
 	ReplyBusy  = "BUSY"
 	ReplyClean = "CLEAN"
@@ -215,6 +218,7 @@ var entries = []struct{ name, value string }{
 	{"REPLY_LAYOUT_UNKNOWN", ReplyLayoutUnknown},
 	{"REPLY_CORRUPT", ReplyCorrupt},
 	{"REPLY_LIMIT", ReplyLimit},
+	{"REPLY_WRONGTYPE", ReplyWrongType},
 	{"REPLY_TOO_LARGE", ReplyTooLarge},
 	{"REPLY_BUSY", ReplyBusy},
 	{"REPLY_CLEAN", ReplyClean},
