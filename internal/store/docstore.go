@@ -732,3 +732,20 @@ func jsonString(s string) string {
 func joinComma(parts []string) string { return strings.Join(parts, ",") }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// DocumentSlugs answers the slugs of every swarm with a document in
+// P:state:fencing:current (moved ones included: Migrate writes nothing for
+// those), sorted. Fields that are not slugs (the <slug>:records stamps)
+// are left out. Errors: ErrUnavailable, context errors, *RedisError.
+func (s *Store) DocumentSlugs(ctx context.Context) ([]string, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	c := s.c()
+	fields, err := c.Do(ctx, c.B().Hkeys().Key(s.CurrentKey()).Build()).AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("store: document slugs: %w", s.classify(ctx, err))
+	}
+	slugs := slices.DeleteFunc(fields, func(f string) bool { return batch.CheckSlug(f) != nil })
+	slices.Sort(slugs)
+	return slugs, nil
+}
