@@ -366,6 +366,7 @@ func planDocumentBatch(doc *document, b *batch.Batch, counter, nowUs, nowMs int6
 	}
 	changed := map[string]object{}
 	meta := doc.meta
+	var metaChanged *object
 	for i := range b.Writes {
 		w := &b.Writes[i]
 		if w.Kind != batch.KindPut && w.Kind != batch.KindDelete {
@@ -383,12 +384,12 @@ func planDocumentBatch(doc *document, b *batch.Batch, counter, nowUs, nowMs int6
 			o = o.del(w.Key)
 		}
 		if w.Section == batch.MetaSection {
-			meta = o
+			meta, metaChanged = o, &meta
 		} else {
 			sections[w.Section], changed[w.Section] = o, o
 		}
 	}
-	return doc.rewrite(rev, changed, meta), rev, nil
+	return doc.rewrite(rev, changed, metaChanged), rev, nil
 }
 
 // leaseDocument runs a lease operation on a swarm still on the document
@@ -495,7 +496,7 @@ func planDocumentLease(doc *document, op, owner string, epoch, ttlMs, counter, n
 		}
 	}
 	e.Granted = granted
-	return e, doc.rewrite(rev, nil, meta), rev, nil
+	return e, doc.rewrite(rev, nil, &meta), rev, nil
 }
 
 // SectionPlan is what a migration writes for one section.

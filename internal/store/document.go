@@ -206,10 +206,10 @@ func (d *document) metaInt(key string) int64 {
 	return n
 }
 
-// rewrite answers the document with revision rev, meta and the sections
-// named in changed replaced by what the caller set on d, every other
-// member kept byte for byte.
-func (d *document) rewrite(rev int64, changed map[string]object, meta object) []byte {
+// rewrite answers the document with revision rev, the sections named in
+// changed and meta (when not nil) replaced, every other member kept byte
+// for byte.
+func (d *document) rewrite(rev int64, changed map[string]object, meta *object) []byte {
 	sections := slices.Clone(d.sections)
 	for name, o := range changed {
 		if len(o) == 0 {
@@ -219,7 +219,9 @@ func (d *document) rewrite(rev int64, changed map[string]object, meta object) []
 		}
 	}
 	top := d.top.set("revision", []byte(strconv.FormatInt(rev, 10)))
-	top = top.set("meta", meta.bytes())
+	if meta != nil {
+		top = top.set("meta", meta.bytes())
+	}
 	if len(changed) > 0 || d.top.get("sections") != nil {
 		top = top.set("sections", sections.bytes())
 	}
@@ -265,9 +267,11 @@ func parseObject(b []byte) (object, error) {
 		if ke < 0 || b[ks] != '"' {
 			return nil, fmt.Errorf("bad key at %d", ks)
 		}
-		var key string
-		if err := json.Unmarshal(b[ks:ke], &key); err != nil {
-			return nil, err
+		key := string(b[ks+1 : ke-1])
+		if bytes.IndexByte(b[ks:ke], '\\') >= 0 {
+			if err := json.Unmarshal(b[ks:ke], &key); err != nil {
+				return nil, err
+			}
 		}
 		i = skipSpace(b, ke)
 		if i >= len(b) || b[i] != ':' {
