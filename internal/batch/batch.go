@@ -69,7 +69,7 @@ type Write struct {
 	Value string
 }
 
-// Fence is a batch's condition on the swarm's lease (DESIGN §3): the batch
+// Fence is a batch's condition on the swarm's lease (docs/design.md §3.2): the batch
 // commits only while meta/lease names this epoch (and owner, when set) and
 // expires after the later of NowMs and Redis's clock.
 type Fence struct {
@@ -114,7 +114,7 @@ type Violation struct {
 }
 
 // ValidationError is returned for a request that breaks the names or limits
-// of DESIGN §2-§3. It lists every violation found (at most MaxViolations).
+// of docs/design.md §2.4 and §3.1. It lists every violation found (at most MaxViolations).
 // internal/server maps it to INVALID_ARGUMENT with a BadRequest detail.
 type ValidationError struct {
 	Violations []Violation

@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// Defaults for Limits (DESIGN §2, issue #2).
+// Defaults for Limits (docs/design.md §3.1).
 const (
 	DefaultMaxWrites          = 1024
 	DefaultMaxValueBytes      = 1 << 20 // 1 MiB
@@ -23,7 +23,7 @@ const (
 	MaxSafeInteger = 1<<53 - 1
 )
 
-// DefaultSections are the sections of a swarm besides MetaSection (DESIGN §1).
+// DefaultSections are the sections of a swarm besides MetaSection (docs/design.md §1).
 var DefaultSections = []string{
 	"executions", "archive", "intents", "orphans", "grants",
 	"registrations", "claims", "journals", "fences", "operations",
@@ -38,7 +38,7 @@ var LeaseOwnedKeys = []string{"lease", "epoch", "leader_changes", "layout", "sec
 const MaxRequestIDLen = 128
 
 // reservedNames cannot be configured as sections: they name the swarm's other
-// keys (DESIGN §2), so a section of that name would overwrite them.
+// keys (docs/design.md §2.1), so a section of that name would overwrite them.
 var reservedNames = []string{MetaSection, "by-name", "by-name-index", "revision", "log"}
 
 // Limits are the names and bounds a request must keep. The zero value is not

@@ -1,6 +1,6 @@
 package store
 
-// swarmKeys are the Redis keys of one swarm (DESIGN §2). Every one but
+// swarmKeys are the Redis keys of one swarm (docs/design.md §2.1). Every one but
 // current carries the slug as its hash tag, so that one script can touch
 // all of them on Redis Cluster.
 type swarmKeys struct {

@@ -203,7 +203,7 @@ func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
 // Layout is how a swarm's fencing state is stored.
 type Layout int
 
-// The layouts of DESIGN §1.
+// The layouts of docs/design.md §2.5.
 const (
 	// LayoutNone: the swarm has no fencing state.
 	LayoutNone Layout = iota

@@ -1,5 +1,5 @@
--- lease.lua: grant, renew or release a swarm's lease (DESIGN §1-§2, issue
--- #3), by Redis's clock, as one committed batch on meta: the swarm revision
+-- lease.lua: grant, renew or release a swarm's lease (docs/design.md §4),
+-- by Redis's clock, as one committed batch on meta: the swarm revision
 -- is raised, the changed meta records are stamped with it, and one log entry
 -- names the owner. Every check comes before the first write.
 --

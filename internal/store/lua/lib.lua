@@ -4,7 +4,7 @@
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
 
--- The record grammar (docs/design-notes.md, "Record grammar"; Go:
+-- The record grammar (docs/design.md §2.2; Go:
 -- internal/store/record.go parseRecord accepts exactly the same fields). A
 -- stored field is a record when it is one JSON text (RFC 8259: JSON
 -- whitespace only, valid UTF-8, at most MAX_DEPTH nested arrays/objects,
@@ -431,7 +431,7 @@ end
 -- Redis's clock in microseconds, so that no revision is issued twice even
 -- after Redis lost acknowledged writes (a crash, a failover to a lagging
 -- replica, a restored snapshot): whatever was issued before the loss is
--- below the clock after it (docs/design-notes.md, "Revisions and epochs").
+-- below the clock after it (docs/design.md §5).
 -- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
 local function next_revision(highest)
   local rev = highest + 1
