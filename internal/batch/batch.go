@@ -7,6 +7,8 @@ package batch
 import (
 	"fmt"
 	"strings"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // Kind is what a Write does to its record.
@@ -52,7 +54,7 @@ const (
 // MetaSection is the section that holds the swarm's own records (the lease,
 // epochs, layout and any other swarm-wide record). It exists in every swarm
 // whatever the configured sections are.
-const MetaSection = "meta"
+const MetaSection = protocol.KeyMeta
 
 // Write is one put, delete or check of the record at (Section, Key).
 type Write struct {

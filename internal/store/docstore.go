@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -48,14 +49,14 @@ const MaxTransactionAttempts = 16
 // ARGV[1] slug   ARGV[2] the new document; or ARGV[2] ” and ARGV[3] the
 // byte offset (1-based) of the document's closing '}', before which
 // ',"moved_to":"records"' is spliced (Migrate).
-const docWriteScript = `local old = redis.call('HGET', KEYS[1], ARGV[1])
+var docWriteScript = `local old = redis.call('HGET', KEYS[1], ARGV[1])
 local new = ARGV[2]
 if old then
   redis.call('LPUSH', KEYS[2], old)
-  redis.call('LTRIM', KEYS[2], 0, 1)
+  redis.call('LTRIM', KEYS[2], 0, ` + strconv.Itoa(protocol.HistoryCopies-1) + `)
   if new == '' then
     local at = tonumber(ARGV[3])
-    new = string.sub(old, 1, at - 1) .. ',"moved_to":"records"' .. string.sub(old, at)
+    new = string.sub(old, 1, at - 1) .. ',"moved_to":"` + protocol.LayoutRecords + `"' .. string.sub(old, at)
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], new)
@@ -63,7 +64,7 @@ return 1`
 
 // history is P:state:fencing:history:<slug>.
 func (k swarmKeys) history() string {
-	return k.current[:len(k.current)-len("current")] + "history:" + k.slug
+	return k.current[:len(k.current)-len(protocol.CurrentKey)] + protocol.HistoryKeyPrefix + k.slug
 }
 
 // errMoved: the document says the swarm moved to the records (or vanished)
@@ -170,7 +171,7 @@ func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
 			res := dc.DoMulti(ctx,
 				dc.B().Watch().Key(k.current, k.meta(), k.revision()).Build(),
 				dc.B().Hget().Key(k.current).Field(k.slug).Build(),
-				dc.B().Hget().Key(k.meta()).Field("layout").Build(),
+				dc.B().Hget().Key(k.meta()).Field(protocol.FieldLayout).Build(),
 				dc.B().Get().Key(k.revision()).Build(),
 				dc.B().Time().Build())
 			for _, r := range res {
@@ -443,11 +444,11 @@ func planDocumentLease(doc *document, op, owner string, epoch, ttlMs, counter, n
 		}
 		return &StaleError{Present: true, Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
 	}
-	lastEpoch := doc.metaInt("epoch")
+	lastEpoch := doc.metaInt(protocol.FieldEpoch)
 	var newEpoch, expires int64
 	granted := false
 	switch op {
-	case "acquire":
+	case protocol.LeaseAcquire:
 		if live && l.Owner != owner {
 			return e, nil, 0, &HeldError{Holder: *l, NowMs: nowMs}
 		}
@@ -464,12 +465,12 @@ func planDocumentLease(doc *document, op, owner string, epoch, ttlMs, counter, n
 			}
 		}
 		expires = nowMs + ttlMs
-	case "renew", "release":
+	case protocol.LeaseRenew, protocol.LeaseRelease:
 		if !live || l.Owner != owner || l.Epoch != epoch {
 			return e, nil, 0, stale()
 		}
 		newEpoch, expires = epoch, nowMs+ttlMs
-		if op == "release" {
+		if op == protocol.LeaseRelease {
 			expires = nowMs
 		}
 	default:
@@ -480,16 +481,16 @@ func planDocumentLease(doc *document, op, owner string, epoch, ttlMs, counter, n
 	}
 	meta := doc.meta
 	e.Lease = Lease{Owner: owner, Epoch: newEpoch, ExpiresAtMs: expires}
-	if op == "release" {
-		meta = meta.del("lease")
+	if op == protocol.LeaseRelease {
+		meta = meta.del(protocol.FieldLease)
 	} else {
-		meta = meta.set("lease", leaseValue(e.Lease))
+		meta = meta.set(protocol.FieldLease, leaseValue(e.Lease))
 	}
 	if granted || newEpoch > lastEpoch {
-		meta = meta.set("epoch", []byte(strconv.FormatInt(newEpoch, 10)))
+		meta = meta.set(protocol.FieldEpoch, []byte(strconv.FormatInt(newEpoch, 10)))
 	}
 	if granted {
-		meta = meta.set("leader_changes", []byte(strconv.FormatInt(doc.metaInt("leader_changes")+1, 10)))
+		meta = meta.set(protocol.FieldLeaderChanges, []byte(strconv.FormatInt(doc.metaInt(protocol.FieldLeaderChanges)+1, 10)))
 		if l != nil && l.Owner != owner {
 			old := *l
 			e.Replaced = &old
@@ -643,7 +644,7 @@ func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(ru
 	}
 	meta := SectionPlan{Name: batch.MetaSection}
 	h := hset{key: k.meta()}
-	seen := map[string]bool{"layout": true, "section_revisions": true}
+	seen := map[string]bool{protocol.FieldLayout: true, protocol.FieldSectionRevisions: true}
 	for i := len(doc.meta) - 1; i >= 0; i-- {
 		mb := doc.meta[i]
 		if seen[mb.key] {
@@ -654,16 +655,16 @@ func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(ru
 		meta.Records++
 		meta.Bytes += len(mb.value)
 	}
-	h.fields = append(h.fields, "layout", head+`"records"}`)
+	h.fields = append(h.fields, protocol.FieldLayout, head+`"`+protocol.LayoutRecords+`"}`)
 	meta.Records++
-	meta.Bytes += len(`"records"`)
+	meta.Bytes += len(protocol.LayoutRecords) + 2
 	slices.Sort(sectionNames)
 	revs := make([]string, len(sectionNames))
 	for i, n := range sectionNames {
 		revs[i] = jsonString(n) + ":" + strconv.FormatInt(rev, 10)
 	}
 	if len(revs) > 0 {
-		h.fields = append(h.fields, "section_revisions", head+"{"+joinComma(revs)+"}}")
+		h.fields = append(h.fields, protocol.FieldSectionRevisions, head+"{"+joinComma(revs)+"}}")
 	}
 	sets = append(sets, h)
 	m.Sections = append(m.Sections, meta)
@@ -690,23 +691,20 @@ func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(ru
 			cmds = append(cmds, fv.Build())
 		}
 		if len(byName) > 0 {
-			cmds = append(cmds, dc.B().Zincrby().Key(k.byNameIndex()).Increment(1).Member(byNameStale).Build())
+			cmds = append(cmds, dc.B().Zincrby().Key(k.byNameIndex()).Increment(1).Member(protocol.FlagStale).Build())
 		}
 		r := strconv.FormatInt(rev, 10)
 		cmds = append(cmds,
 			dc.B().Set().Key(k.revision()).Value(r).Build(),
-			dc.B().Xadd().Key(k.log()).Maxlen().Exact().Threshold("1000").Id("*").
+			dc.B().Xadd().Key(k.log()).Maxlen().Exact().Threshold(strconv.Itoa(protocol.LogCap)).Id("*").
 				FieldValue().FieldValue("revision", r).FieldValue("owner", "").
 				FieldValue("records", strconv.Itoa(records)).Build(),
-			dc.B().Hset().Key(k.current).FieldValue().FieldValue(k.slug+":records", r).Build(),
+			dc.B().Hset().Key(k.current).FieldValue().FieldValue(k.slug+protocol.StampSuffix, r).Build(),
 			dc.B().Eval().Script(docWriteScript).Numkeys(2).Key(k.current, k.history()).
 				Arg(k.slug, "", strconv.Itoa(closing)).Build())
 		return cmds
 	}, nil
 }
-
-// byNameStale is byname.lua's flag member of the by-name index.
-const byNameStale = "~stale"
 
 // agentOf reads the top-level "name" (a string) and "generation" (a
 // number; else 0) of an executions value, as byname.lua does.

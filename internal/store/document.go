@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // The document layout (docs/design-notes.md, "The document layout"): older
@@ -145,7 +147,7 @@ func parseDocument(raw []byte) (*document, error) {
 // section answers the members of a section ("meta": the meta records);
 // nil when absent. Errors: *CorruptError when it is not an object.
 func (d *document) section(name string) (object, error) {
-	if name == "meta" {
+	if name == protocol.KeyMeta {
 		return d.meta, nil
 	}
 	v := d.sections.get(name)
@@ -185,13 +187,13 @@ func (d *document) sectionNames() []string {
 
 // lease answers the lease in meta (nil when none). Errors: *CorruptError.
 func (d *document) lease() (*Lease, error) {
-	v := d.meta.get("lease")
+	v := d.meta.get(protocol.FieldLease)
 	if v == nil || string(v) == "null" {
 		return nil, nil
 	}
 	l, ok := parseLeaseValue(v)
 	if !ok {
-		return nil, &CorruptError{Section: "meta", Key: "lease"}
+		return nil, &CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldLease}
 	}
 	return &l, nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // Record is one stored record: the revision that last wrote it and its JSON
@@ -21,7 +23,7 @@ type Record struct {
 // scripts compute with, and most JSON parsers keep exact. A stored revision
 // above it is not a record (*CorruptError); a batch or lease grant whose new
 // revision or epoch would pass it is refused (*LimitError).
-const MaxRevision = 1<<53 - 1
+const MaxRevision = protocol.RevMax
 
 // MaxRecordDepth is the most arrays and objects a stored field may nest,
 // the field's own object counting 1: cjson's limit, which the scripts

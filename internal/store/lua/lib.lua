@@ -1,6 +1,12 @@
 -- lib.lua: helpers shared by the scripts that commit to a swarm. fenced
 -- prepends this file to each of them (see store.go); it returns nothing.
 --
+-- Every script starts with the prelude generated from
+-- internal/store/protocol: `local P`, the values the scripts share with Go
+-- (reply tags P.REPLY_*, key names P.KEY_*, meta fields P.FIELD_*, write
+-- kinds P.KIND_*, mode letters P.MODE_*, P.LOG_CAP, P.REV_MAX...). A script
+-- never spells one of them: a test (protocol_test.go) fails if it does.
+--
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
 
@@ -14,9 +20,10 @@
 -- integer, in range when at most REV_MAX; its value is the bytes of "v".
 local MAX_DEPTH = 1000
 -- REV_MAX is 2^53-1, the largest integer Lua numbers (doubles) and JSON
--- parsers keep exact: no revision or epoch above it is written or compared.
-local REV_MAX = 9007199254740991
-local REV_MAX_TEXT = '9007199254740991'
+-- parsers keep exact: no revision or epoch above it is written or compared
+-- (from the prelude: internal/store/protocol RevMax).
+local REV_MAX = P.REV_MAX
+local REV_MAX_TEXT = P.REV_MAX_TEXT
 
 local find, gsub, sub = string.find, string.gsub, string.sub
 
@@ -318,7 +325,7 @@ end
 -- or nil when absent or not a valid lease; nil, 'over' when its epoch or
 -- expiry is above REV_MAX (then no fence may be compared with it).
 local function read_lease(meta)
-  local raw = redis.call('HGET', meta, 'lease')
+  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
   if not raw then
     return nil
   end
@@ -339,17 +346,17 @@ end
 -- document key has another slot, so the caller looks and calls again with
 -- mode 'l'.
 local function check_layout(stamp, layout_checked, slug)
-  local layout = redis.call('HGET', KEYS[1], 'layout')
+  local layout = redis.call('HGET', KEYS[1], P.FIELD_LAYOUT)
   if layout then
-    if record_value(layout) == 'document' then
-      return layout, { 'LAYOUT_DOCUMENT' }
+    if record_value(layout) == P.LAYOUT_DOCUMENT then
+      return layout, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif stamp then
     if redis.call('HEXISTS', KEYS[#KEYS], slug) == 1 then
-      return nil, { 'LAYOUT_DOCUMENT' }
+      return nil, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif not layout_checked then
-    return nil, { 'LAYOUT_UNKNOWN' }
+    return nil, { P.REPLY_LAYOUT_UNKNOWN }
   end
   return layout, nil
 end
@@ -360,7 +367,7 @@ end
 local section_revisions_raw = nil
 local function section_revisions_field()
   if section_revisions_raw == nil then
-    section_revisions_raw = redis.call('HGET', KEYS[1], 'section_revisions') or false
+    section_revisions_raw = redis.call('HGET', KEYS[1], P.FIELD_SECTION_REVISIONS) or false
   end
   return section_revisions_raw
 end
@@ -383,15 +390,16 @@ end
 -- its revision is a floor that survives a lost counter). It answers the
 -- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
   if counter then
     if not canonical_digits(counter) then
-      return nil, { 'CORRUPT', '', 'revision' }
+      return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
     end
     if not digits_in_range(counter) then
-      return nil, { 'LIMIT', '', 'revision' }
+      return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
     end
     highest = tonumber(counter)
   end
@@ -400,18 +408,18 @@ local function swarm_floor()
   if raw then
     local r, over = record_revision(raw)
     if over then
-      return nil, { 'LIMIT', '', 'meta/section_revisions' }
+      return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
     end
     revs = r and record_value(raw)
     if type(revs) ~= 'table' then
-      return nil, { 'CORRUPT', '', 'meta/section_revisions' }
+      return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
     end
     for name, v in pairs(revs) do
       if type(name) ~= 'string' or type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
-        return nil, { 'CORRUPT', '', 'meta/section_revisions' }
+        return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
       end
       if v > REV_MAX then
-        return nil, { 'LIMIT', '', 'meta/section_revisions' }
+        return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
       end
       if v > highest then
         highest = v
@@ -440,7 +448,7 @@ local function next_revision(highest)
     rev = now
   end
   if rev > REV_MAX then
-    return nil, { 'LIMIT', '', 'revision' }
+    return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
   end
   rev = int(rev)
   redis.call('SET', KEYS[2], rev)
@@ -450,7 +458,7 @@ end
 -- finish_commit does what every commit ends with: the section revisions of
 -- the sections the batch changed (a set of names; nil: none) raised to rev,
 -- meta/layout set to records when absent, the standalone stamp, and one log
--- entry (the log keeps exactly the last 1000; request_id only when given).
+-- entry (the log keeps exactly the last P.LOG_CAP; request_id only when given).
 local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id)
   local head = '{"r":' .. rev .. ',"v":'
   if changed and next(changed) then
@@ -469,19 +477,20 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
     for i, name in ipairs(names) do
       parts[i] = json_string(name) .. ':' .. int(revs[name])
     end
-    redis.call('HSET', KEYS[1], 'section_revisions', head .. '{' .. table.concat(parts, ',') .. '}}')
+    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, head .. '{' .. table.concat(parts, ',') .. '}}')
   end
   if not layout then
-    redis.call('HSET', KEYS[1], 'layout', head .. '"records"}')
+    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
   end
   if stamp then
-    redis.call('HSET', KEYS[#KEYS], slug .. ':records', rev)
+    redis.call('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
   end
   if request_id then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
-      'revision', rev, 'owner', owner, 'records', int(records), 'request_id', request_id)
+    redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*',
+      P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records),
+      P.LOG_FIELD_REQUEST_ID, request_id)
   else
-    redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
-      'revision', rev, 'owner', owner, 'records', int(records))
+    redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*',
+      P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records))
   end
 end

@@ -10,9 +10,9 @@ for i = 3, #KEYS do
   total = total + redis.call('HLEN', KEYS[i])
 end
 if total > tonumber(ARGV[1]) then
-  return { 'TOO_LARGE', string.format('%d', total) }
+  return { P.REPLY_TOO_LARGE, string.format('%d', total) }
 end
-local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], 'section_revisions') }
+local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) }
 for i = 3, #KEYS do
   out[i] = redis.call('HGETALL', KEYS[i])
 end

@@ -11,7 +11,9 @@
 // the fencing token.
 //
 // Errors are gRPC status codes chosen by what the caller should do next, with
-// machine-readable google.rpc details (never parse the message text):
+// machine-readable google.rpc details (never parse the message text). Every
+// ErrorInfo.reason is a value of ErrorReason.Reason (errors.proto), which
+// lists each one's code and metadata keys:
 //
 //   INVALID_ARGUMENT     fix the request; BadRequest names every bad field.
 //                        Nothing reached Redis.
@@ -20,7 +22,8 @@
 //                        PreconditionFailure lists every conflicting record.
 //   FAILED_PRECONDITION  LEASE_STALE: your lease is gone; do not retry, stop
 //                        writing. LAYOUT_DOCUMENT: the swarm is still stored
-//                        as one document and must be migrated first.
+//                        as one document and the server talks to a Redis
+//                        Cluster; migrate it on its standalone Redis.
 //   UNAVAILABLE          Redis is unreachable, busy or failing over; retry
 //                        later. A FencedBatch answered UNAVAILABLE may or may
 //                        not have committed: retry it with the same
