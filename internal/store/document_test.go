@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -392,4 +393,54 @@ func TestDocumentScanPagesEveryRecordOnce(t *testing.T) {
 		}
 	}
 	sameValues(t, "scan", map[string]map[string]string{"executions": got}, map[string]map[string]string{"executions": want["executions"]})
+}
+
+// Writers racing on one document record, each expecting the revision they
+// read: exactly one commits, every other answers a conflict naming the
+// document's new revision, and the document holds the winner's value.
+func TestConcurrentDocumentWritesOneWinsTheRestConflict(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "doc-race"
+	srv.Do(t, "HSET", bucket, slug, `{"revision":5,"meta":{},"sections":{"claims":{"c":0}}}`)
+	const writers = 8
+	type outcome struct {
+		rev int64
+		err error
+	}
+	out := make(chan outcome, writers)
+	for i := range writers {
+		go func() {
+			rev, err := st.Commit(context.Background(), &batch.Batch{Slug: slug,
+				Writes: []batch.Write{put("claims", "c", 5, strconv.Itoa(i+1))}})
+			out <- outcome{rev, err}
+		}()
+	}
+	var won int64
+	conflicts := 0
+	for range writers {
+		o := <-out
+		var ce *store.ConflictError
+		switch {
+		case o.err == nil:
+			if won != 0 {
+				t.Fatalf("two writers expecting revision 5 both committed (%d and %d)", won, o.rev)
+			}
+			won = o.rev
+		case errors.As(o.err, &ce):
+			if len(ce.Conflicts) != 1 || ce.Conflicts[0].Expected != 5 || ce.Conflicts[0].Actual <= 5 {
+				t.Errorf("conflict = %+v; want expected 5, actual the new revision", ce.Conflicts)
+			}
+			conflicts++
+		default:
+			t.Errorf("racing document write: %v, want committed or *ConflictError", o.err)
+		}
+	}
+	if won == 0 || conflicts != writers-1 {
+		t.Fatalf("racing document writes: winner at %d, %d conflicts; want one winner and %d conflicts", won, conflicts, writers-1)
+	}
+	rec, rev, err := st.Record(context.Background(), slug, "claims", "c")
+	if err != nil || rec == nil || rev != won || rec.Revision != won {
+		t.Fatalf("claims/c after the race = %+v at %d, %v; want the winner's revision %d", rec, rev, err, won)
+	}
 }
