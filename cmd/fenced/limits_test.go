@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentihooks/fenced/internal/fencedtest"
 )
 
 // TestConnectionLimitBelowFileLimit starts fenced with a soft open-file
@@ -29,7 +31,7 @@ func TestConnectionLimitBelowFileLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			log := &syncBuffer{}
+			log := &fencedtest.LogBuffer{}
 			cmd := exec.Command("sh", "-c", "ulimit -S -n 256 && ulimit -H -n 2048 && exec "+bin+
 				" serve --listen 127.0.0.1:0 --metrics-listen '' "+tt.args)
 			cmd.Stdout, cmd.Stderr = log, log

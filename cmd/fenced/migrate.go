@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 )
 
@@ -33,7 +32,7 @@ type migrateCmd struct {
 
 func (c *migrateCmd) Run(e *env) error {
 	if !c.WritersUpgraded {
-		return errors.New(server.WritersNotUpgraded)
+		return errors.New(batch.WritersNotUpgraded)
 	}
 	if c.All == (c.Slug != "") {
 		return errors.New("name one swarm or pass --all")

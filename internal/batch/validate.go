@@ -221,16 +221,14 @@ func (l Limits) CheckRecordRef(slug, section, key string) error {
 	return vs.err()
 }
 
-// CheckSectionRef validates the (slug, section) of a one-section read.
-func (l Limits) CheckSectionRef(slug, section string) error {
-	var vs violations
+// checkSectionRef checks the (slug, section) of a one-section read.
+func (l Limits) checkSectionRef(vs *violations, slug, section string) {
 	if why := ValidSlug(slug); why != "" {
 		vs.add("slug", "%s", why)
 	}
 	if why := l.validSection(section); why != "" {
 		vs.add("section", "%s", why)
 	}
-	return vs.err()
 }
 
 // CheckSections validates the slug and section names of a Sections read and

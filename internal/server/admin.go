@@ -13,11 +13,6 @@ type Migrator interface {
 	Migrate(ctx context.Context, slug string, dryRun bool) (*store.Migration, error)
 }
 
-// WritersNotUpgraded is the refusal of a migration the caller did not
-// confirm (the CLI prints it too): older readers read only the document,
-// so they would stop seeing the swarm's changes once it moved.
-const WritersNotUpgraded = "upgrade every live fencing reader and writer before migrating to per record keys"
-
 // AdminService implements fencedv1.AdminServiceServer over a Migrator.
 type AdminService struct {
 	fencedv1.UnimplementedAdminServiceServer
@@ -29,11 +24,8 @@ func NewAdminService(m Migrator) *AdminService { return &AdminService{m: m} }
 
 // Migrate moves one swarm from the document layout onto the records.
 func (a *AdminService) Migrate(ctx context.Context, req *fencedv1.MigrateRequest) (*fencedv1.MigrateResponse, error) {
-	if err := batch.CheckSlug(req.GetSlug()); err != nil {
+	if err := batch.CheckMigrate(req.GetSlug(), req.GetWritersUpgraded()); err != nil {
 		return nil, toStatus(err)
-	}
-	if !req.GetWritersUpgraded() {
-		return nil, toStatus(&batch.ValidationError{Violations: []batch.Violation{{Field: "writers_upgraded", Description: WritersNotUpgraded}}})
 	}
 	m, err := a.m.Migrate(ctx, req.GetSlug(), req.GetDryRun())
 	if err != nil {

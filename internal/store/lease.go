@@ -28,6 +28,10 @@ type Lease struct {
 	ReplicasAcked int
 }
 
+// LiveAt reports whether l is a lease that expires after nowMs (Redis's
+// clock, in ms); a nil l (no lease) is not live.
+func (l *Lease) LiveAt(nowMs int64) bool { return l != nil && l.ExpiresAtMs > nowMs }
+
 // HeldError is ErrLeaseHeld with the live lease and Redis's now.
 type HeldError struct {
 	Holder Lease
@@ -58,7 +62,7 @@ func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 // Errors: *HeldError (ErrLeaseHeld), *ReplicationError, ErrLayoutDocument,
 // *CorruptError and *LimitError (ErrRevisionLimit: the new epoch or revision
 // would pass MaxRevision), ErrUnavailable, context errors, *RedisError.
-// Inputs must be valid (see internal/lease).
+// Inputs must be valid (see batch.LeaseBounds.CheckAcquire).
 func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (Lease, int64, error) {
 	l, rev, err := s.leaseOp(ctx, slug, protocol.LeaseAcquire, owner, 0, ttlMs)
 	if err != nil {

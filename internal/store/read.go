@@ -11,8 +11,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store/protocol"
@@ -279,34 +277,6 @@ type Page struct {
 // buckets), it answers the batch from its start again: duplicates, which
 // HSCAN allows, never a record left out.
 
-// ValidScanPosition reports whether p is a scan position ScanSection could
-// have handed out ("" and "0" start a scan).
-func ValidScanPosition(p string) bool {
-	_, _, _, ok := parseScanPosition(p)
-	return ok
-}
-
-func parseScanPosition(p string) (cursor, fingerprint, after string, ok bool) {
-	if p == "" {
-		return "0", "", "", true
-	}
-	parts := strings.SplitN(p, ":", 3)
-	if _, err := strconv.ParseUint(parts[0], 10, 64); err != nil {
-		return "", "", "", false
-	}
-	switch len(parts) {
-	case 1:
-		return parts[0], "", "", true
-	case 3:
-		if len(parts[1]) != 16 || strings.Trim(parts[1], "0123456789abcdef") != "" ||
-			parts[2] == "" || len(parts[2]) > batch.MaxKeyBytes || !utf8.ValidString(parts[2]) {
-			return "", "", "", false
-		}
-		return parts[0], parts[1], parts[2], true
-	}
-	return "", "", "", false
-}
-
 // keysFingerprint is 16 hex digits of the SHA-256 of keys, each length-
 // prefixed.
 func keysFingerprint(keys []string) string {
@@ -326,13 +296,13 @@ func keysFingerprint(keys []string) string {
 // section. HSCAN's COUNT is only a hint (a small hash, stored as a
 // listpack, answers whole at once; a hashtable answers whole buckets), so
 // a batch larger than count is cut in key order and the next position
-// resumes inside it (see ValidScanPosition). A page may hold fewer than
+// resumes inside it (the position grammar is batch.ParseScanPosition). A page may hold fewer than
 // count records, even none, before the end. Errors: ErrInvalidCursor,
 // *CorruptError, ErrUnavailable, context errors, *RedisError.
 func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*Page, error) {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
-	cursor, fingerprint, after, ok := parseScanPosition(position)
+	cursor, fingerprint, after, ok := batch.ParseScanPosition(position)
 	if !ok || count < 1 {
 		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
 	}
