@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -86,6 +87,20 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	k := s.keys(b.Slug)
 	sc, keys, args := s.commitArgs(k, b)
 	reply, acked, err := s.execCommitting(ctx, k, sc, keys, args, d)
+	if errors.Is(err, ErrLayoutDocument) && s.stamp {
+		var moved bool
+		if c, moved, err = s.commitDocument(ctx, k, b, d); !moved {
+			if err != nil {
+				return Committed{}, fmt.Errorf("store: fenced batch: document: %w", err)
+			}
+			if d.Replicas > 0 && c.ReplicasAcked < d.Replicas {
+				return c, fmt.Errorf("store: fenced batch: %w", &ReplicationError{Revision: c.Revision, Acked: c.ReplicasAcked, Wanted: d.Replicas})
+			}
+			return c, nil
+		}
+		_, keys, args = s.commitArgs(k, b)
+		reply, acked, err = s.execCommitting(ctx, k, sc, keys, args, d)
+	}
 	if err != nil {
 		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
@@ -136,7 +151,7 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 		var exists bool
 		if exists, err = s.documentExists(ctx, k); err == nil {
 			if exists {
-				return nil, 0, ErrLayoutDocument
+				return nil, 0, ErrDocumentOnCluster
 			}
 			args[0] = protocol.ModeLayoutChecked + args[0][len(protocol.ModeNone):]
 			reply, acked, err = s.execWait(ctx, sc, keys, args, d)

@@ -25,6 +25,26 @@ func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Rec
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
+	rec, doc, err := documentRead(ctx, s, k, func() (*Record, int64, error) {
+		r, rev, err := s.readRecord(ctx, k, section, key)
+		revision = rev
+		return r, rev, err
+	})
+	if err != nil || doc == nil {
+		return rec, revision, err
+	}
+	o, err := doc.section(section)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: read record: %w", err)
+	}
+	if v := o.get(key); v != nil {
+		return &Record{Revision: doc.Revision, Value: string(v)}, doc.Revision, nil
+	}
+	return nil, doc.Revision, nil
+}
+
+// readRecord is Record on the records layout.
+func (s *Store) readRecord(ctx context.Context, k swarmKeys, section, key string) (rec *Record, revision int64, err error) {
 	arr, err := s.exec(ctx, readRecordScript,
 		[]string{k.revision(), k.section(section)}, []string{key}).ToArray()
 	if err != nil {
@@ -78,6 +98,37 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
+	snap, doc, err := documentRead(ctx, s, k, func() (*Snapshot, int64, error) {
+		snap, err := s.readSections(ctx, k, names)
+		if err != nil {
+			return nil, 0, err
+		}
+		return snap, snap.Revision, nil
+	})
+	if err != nil || doc == nil {
+		return snap, err
+	}
+	snap = &Snapshot{
+		Revision:         doc.Revision,
+		Sections:         make(map[string]map[string]Record, len(names)),
+		SectionRevisions: make(map[string]int64, len(names)),
+	}
+	n := 0
+	for _, name := range names {
+		if snap.Sections[name], err = doc.records(name); err != nil {
+			return nil, fmt.Errorf("store: read sections: %w", err)
+		}
+		n += len(snap.Sections[name])
+		snap.SectionRevisions[name] = doc.Revision
+	}
+	if n > s.maxSnapshotRecords {
+		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(n), Max: s.maxSnapshotRecords})
+	}
+	return snap, nil
+}
+
+// readSections is Sections on the records layout.
+func (s *Store) readSections(ctx context.Context, k swarmKeys, names []string) (*Snapshot, error) {
 	keys := make([]string, 0, 2+len(names))
 	keys = append(keys, k.revision(), k.meta())
 	for _, n := range names {
@@ -268,6 +319,44 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
 	}
 	k := s.keys(slug)
+	p, doc, err := documentRead(ctx, s, k, func() (*Page, int64, error) {
+		p, err := s.scanSection(ctx, k, section, cursor, fingerprint, after, count)
+		if err != nil {
+			return nil, 0, err
+		}
+		return p, p.Revision, nil
+	})
+	if err != nil || doc == nil {
+		return p, err
+	}
+	// A document is paged in key order (compared as bytes): each page
+	// resumes after the last key of the one before, so that a record
+	// present for the whole scan is never left out.
+	records, err := doc.records(section)
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	keys := slices.Sorted(maps.Keys(records))
+	from := 0
+	if after != "" {
+		from, _ = slices.BinarySearch(keys, after)
+		if from < len(keys) && keys[from] == after {
+			from++
+		}
+	}
+	to := min(from+count, len(keys))
+	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
+	for _, key := range keys[from:to] {
+		p.Records[key] = records[key]
+	}
+	if to < len(keys) {
+		p.Next = "0:" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
+	}
+	return p, nil
+}
+
+// scanSection is ScanSection on the records layout.
+func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
 	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
 		[]string{cursor, strconv.Itoa(count)}).ToArray()
 	if err != nil {

@@ -168,8 +168,10 @@ class RevisionConflict(FencedError):
 
 
 class LayoutDocument(FencedError):
-    """FAILED_PRECONDITION + LAYOUT_DOCUMENT: the swarm is still stored as one
-    document and must be migrated before fenced writes it."""
+    """FAILED_PRECONDITION + LAYOUT_DOCUMENT: the swarm is stored as one
+    document, which fenced serves on standalone Redis only: on Redis Cluster
+    it must be moved onto records (fenced migrate, on the standalone Redis it
+    lives on)."""
 
 
 class InvalidArgument(FencedError):

@@ -56,7 +56,8 @@ class Layout(enum.IntEnum):
     RECORDS = 1
     """One Redis hash per section, one field per record (what fenced writes)."""
     DOCUMENT = 2
-    """One JSON document for the whole swarm: fenced refuses to write it (LayoutDocument)."""
+    """One JSON document for the whole swarm (older writers): served through the
+    same calls on standalone Redis, refused on Redis Cluster (LayoutDocument)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,12 +55,13 @@ def swarm_key(slug: str, name: str) -> str:
 class Redis:
     """A redis-server on 127.0.0.1, nothing persisted."""
 
-    def __init__(self, workdir: pathlib.Path) -> None:
+    def __init__(self, workdir: pathlib.Path, *args: str) -> None:
         if shutil.which("redis-server") is None:
             pytest.fail("redis-server not found: apt-get install -y redis-server")
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         self.dir = workdir
+        self.args = args
         self.log = workdir / f"redis-{self.port}.log"
         self._start()
 
@@ -74,7 +75,7 @@ class Redis:
         workdir = self.dir
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir), "--logfile", str(self.log)],
+             "--dir", str(workdir), "--logfile", str(self.log), *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )
         wait_until(lambda: self._ping() or self.proc.poll() is not None, "redis-server to answer PING")
@@ -187,9 +188,15 @@ def start_fenced(fenced_bin: pathlib.Path, workdir: pathlib.Path) -> Iterator[Ca
     """Start another fenced with its own redis-server (stopped at session end)."""
     started: list[object] = []
 
-    def start(*args: str) -> tuple[Fenced, Redis]:
-        r = Redis(workdir / f"redis-extra-{len(started)}")
+    def start(
+        *args: str, redis_args: tuple[str, ...] = (), prepare: Optional[Callable[[Redis], None]] = None
+    ) -> tuple[Fenced, Redis]:
+        """fenced serve with args, on a new redis-server with redis_args, which
+        prepare (if given) sets up before fenced starts."""
+        r = Redis(workdir / f"redis-extra-{len(started)}", *redis_args)
         started.append(r)
+        if prepare is not None:
+            prepare(r)
         f = Fenced(fenced_bin, r, workdir, *args)
         started.append(f)
         return f, r
@@ -197,6 +204,17 @@ def start_fenced(fenced_bin: pathlib.Path, workdir: pathlib.Path) -> Iterator[Ca
     yield start
     for p in reversed(started):
         p.stop()  # type: ignore[attr-defined]
+
+
+def one_node_cluster(r: Redis) -> None:
+    """Make a redis-server started with cluster_args() a Redis Cluster of one node holding every slot."""
+    r.cli("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+    wait_until(lambda: "cluster_state:ok" in r.cli("CLUSTER", "INFO"), "the one-node cluster to be ok")
+
+
+def cluster_args() -> tuple[str, ...]:
+    """redis-server arguments of a Redis Cluster node (its bus on a free port)."""
+    return ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", str(free_port()))
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 import fenced
-from conftest import KEY_PREFIX, WAIT_S, Redis, swarm_key, wait_until
+from conftest import KEY_PREFIX, WAIT_S, Redis, cluster_args, one_node_cluster, swarm_key, wait_until
 
 
 def test_revision_conflict_lists_every_conflict(client: fenced.Client, slug: str) -> None:
@@ -99,12 +99,27 @@ def test_replication_timeout_carries_the_committed_revision(client: fenced.Clien
     assert rec is not None and rec.revision == err.revision  # it did commit
 
 
-def test_layout_document(client: fenced.Client, redis: Redis, slug: str) -> None:
+def test_document_swarm_is_served_on_standalone(client: fenced.Client, redis: Redis, slug: str) -> None:
     redis.cli("HSET", f"{KEY_PREFIX}:swarm:state:fencing:current", slug, "{}")
     assert client.layout(slug) == fenced.Layout.DOCUMENT
-    with pytest.raises(fenced.LayoutDocument) as e:
-        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
-    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and e.value.reason == "LAYOUT_DOCUMENT"
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '{"by":"py"}')]).revision
+    assert client.record(slug, "claims", "a") == fenced.Record(rev, '{"by":"py"}')
+    assert client.layout(slug) == fenced.Layout.DOCUMENT
+
+
+def test_layout_document_on_cluster(start_fenced) -> None:
+    """On Redis Cluster a document swarm is refused: FAILED_PRECONDITION + LAYOUT_DOCUMENT."""
+    f, r = start_fenced(redis_args=cluster_args(), prepare=one_node_cluster)
+    r.cli("HSET", f"{KEY_PREFIX}:swarm:state:fencing:current", "py-doc", "{}")
+    with fenced.Client(f.addr) as c:
+        assert c.layout("py-doc") == fenced.Layout.DOCUMENT
+        with pytest.raises(fenced.LayoutDocument) as e:
+            c.fenced_batch("py-doc", [fenced.Put("claims", "a", 0, "1")])
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and e.value.reason == "LAYOUT_DOCUMENT"
+        with pytest.raises(fenced.LayoutDocument):
+            c.acquire("py-doc", "hive-a", ttl_ms=1000)
+        # A swarm on the records layout is served on the same cluster.
+        assert c.fenced_batch("py-records", [fenced.Put("claims", "a", 0, "1")]).revision > 0
 
 
 def test_unavailable_when_redis_is_down(start_fenced) -> None:

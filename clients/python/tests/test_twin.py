@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import pathlib
+import pkgutil
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from conftest import PYCLIENT
-from fenced.v1 import errors_pb2, lease_pb2, records_pb2
+import fenced.v1
 
 sys.path.insert(0, str(PYCLIENT / "tools"))
 import twin  # noqa: E402
@@ -40,7 +42,9 @@ def shape(fd: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
 def test_twin_matches_the_go_descriptors(go_interop: pathlib.Path) -> None:
     raw = subprocess.run([str(go_interop), "descriptors"], check=True, capture_output=True, timeout=60).stdout
     go_files = {f.name: f for f in descriptor_pb2.FileDescriptorSet.FromString(raw).file}
-    twins = {m.DESCRIPTOR.name: m for m in (records_pb2, lease_pb2, errors_pb2)}
+    modules = [importlib.import_module("fenced.v1." + m.name) for m in pkgutil.iter_modules(fenced.v1.__path__)
+               if m.name.endswith("_pb2")]
+    twins = {m.DESCRIPTOR.name: m for m in modules}
     assert sorted(go_files) == sorted(twins) == sorted(
         "fenced/v1/" + p.name for p in (PYCLIENT.parents[1] / "proto" / "fenced" / "v1").glob("*.proto"))
     for name, module in twins.items():

@@ -54,6 +54,12 @@ const (
 	// StampSuffix follows the slug in the CurrentKey field that a standalone
 	// commit stamps with its revision.
 	StampSuffix = ":records"
+	// HistoryKeyPrefix is, after "<prefix>:swarm:", what precedes the slug
+	// in the key of a document swarm's history list (the last
+	// HistoryCopies whole documents, newest first; no hash tag).
+	HistoryKeyPrefix = "state:fencing:history:"
+	// HistoryCopies is how many whole documents the history list keeps.
+	HistoryCopies = 2
 )
 
 // Meta records that only fenced writes (a client batch may check them, never

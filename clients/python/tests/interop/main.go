@@ -5,7 +5,7 @@
 //
 //	interop ADDR SLUG put SECTION KEY VALUE   prints the committed revision
 //	interop ADDR SLUG get SECTION KEY         prints {"revision":N,"value":"..."} or null
-//	interop descriptors                       writes the FileDescriptorSet of proto/fenced/v1 (binary)
+//	interop descriptors                       writes the FileDescriptorSet of package fenced.v1 (binary)
 package main
 
 import (
@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
-	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	_ "github.com/agentihooks/fenced/proto/fenced/v1" // registers the fenced.v1 files
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 )
 
@@ -31,11 +33,12 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 1 && args[0] == "descriptors" {
-		set := &descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{
-			protodesc.ToFileDescriptorProto(fencedv1.File_fenced_v1_records_proto),
-			protodesc.ToFileDescriptorProto(fencedv1.File_fenced_v1_lease_proto),
-			protodesc.ToFileDescriptorProto(fencedv1.File_fenced_v1_errors_proto),
-		}}
+		// Every file of package fenced.v1 (all registered by importing fencedv1).
+		set := &descriptorpb.FileDescriptorSet{}
+		protoregistry.GlobalFiles.RangeFilesByPackage("fenced.v1", func(fd protoreflect.FileDescriptor) bool {
+			set.File = append(set.File, protodesc.ToFileDescriptorProto(fd))
+			return true
+		})
 		b, err := proto.Marshal(set)
 		if err != nil {
 			return err
