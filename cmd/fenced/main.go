@@ -294,7 +294,7 @@ func (c *serveCmd) Run(e *env) error {
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
 		Records: server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes,
-			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout},
+			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch()},
 		Security:  sec,
 		Telemetry: obs.telemetry(),
 		Transport: c.limitFlags.transport(maxConns),

@@ -163,7 +163,12 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			recovery.StreamServerInterceptor(onPanic),
 		),
 	)...)
-	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits, opts.Records))
+	svc := NewService(core, limits, opts.Records)
+	svc.limitsObs = s.limits
+	if wo, ok := s.limits.(WatchObserver); ok {
+		svc.watchObs = wo
+	}
+	fencedv1.RegisterRecordsServiceServer(s.grpc, svc)
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(lease.NewManager(core, opts.LeaseBounds)))
 	healthpb.RegisterHealthServer(s.grpc, s.bounded)
 	reflection.Register(s.grpc) // v1 and v1alpha

@@ -142,14 +142,18 @@ if limit then
 end
 local head = '{"r":' .. rev .. ',"v":'
 local records = 1
+local log_changes = {}
 if op == 'release' then
   redis.call('HDEL', KEYS[1], 'lease')
+  log_change(log_changes, 'd', 'meta', 'lease')
 else
+  log_change(log_changes, 'p', 'meta', 'lease')
   redis.call('HSET', KEYS[1], 'lease', head .. '{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
 end
 if record_epoch then
   redis.call('HSET', KEYS[1], 'epoch', head .. int(new_epoch) .. '}')
+  log_change(log_changes, 'p', 'meta', 'epoch')
   records = records + 1
 end
 if granted then
@@ -157,9 +161,10 @@ if granted then
     changes = 0
   end
   redis.call('HSET', KEYS[1], 'leader_changes', head .. int(changes + 1) .. '}')
+  log_change(log_changes, 'p', 'meta', 'leader_changes')
   records = records + 1
 end
-finish_commit(rev, layout, stamp, slug, owner, records, { meta = true })
+finish_commit(rev, layout, stamp, slug, owner, records, { meta = true }, nil, log_changes)
 local replaced = { '', '', '' }
 if granted and lease and lease.owner ~= owner then
   replaced = { lease.owner, int(lease.epoch), int(lease.expires_at) }

@@ -447,11 +447,28 @@ local function next_revision(highest)
   return rev
 end
 
+-- LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
+-- the log keeps 1000 entries, so a swarm's log stays under ~16 MB whatever
+-- its batches (1024 writes of 1 KiB keys would be 1 MB an entry). A batch
+-- over it logs `sections` instead (docs/design-notes.md, "Watch").
+local LOG_CHANGES_MAX = 16384
+
+-- log_change appends one change to a log entry's list (changes): op 'p'
+-- (put) or 'd' (delete), then '<section>:<key length in bytes>:<key>', so
+-- that any key (':' and NUL included) is read back exactly. Built here from
+-- what the script already has: nothing more is sent to Redis per batch.
+local function log_change(changes, op, section, key)
+  changes[#changes + 1] = op .. section .. ':' .. #key .. ':' .. key
+end
+
 -- finish_commit does what every commit ends with: the section revisions of
 -- the sections the batch changed (a set of names; nil: none) raised to rev,
 -- meta/layout set to records when absent, the standalone stamp, and one log
--- entry (the log keeps exactly the last 1000; request_id only when given).
-local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id)
+-- entry (the log keeps exactly the last 1000; request_id only when given):
+-- revision, owner, records, [request_id], then changes (log_change's
+-- items, concatenated) or, over LOG_CHANGES_MAX, sections (the changed
+-- sections' names, sorted, joined by ',').
+local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id, changes)
   local head = '{"r":' .. rev .. ',"v":'
   if changed and next(changed) then
     local revs = section_revisions()
@@ -477,11 +494,23 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
   if stamp then
     redis.call('HSET', KEYS[#KEYS], slug .. ':records', rev)
   end
+  local entry = { 'revision', rev, 'owner', owner, 'records', int(records) }
   if request_id then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
-      'revision', rev, 'owner', owner, 'records', int(records), 'request_id', request_id)
-  else
-    redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*',
-      'revision', rev, 'owner', owner, 'records', int(records))
+    entry[#entry + 1] = 'request_id'
+    entry[#entry + 1] = request_id
   end
+  local text = table.concat(changes)
+  if #text <= LOG_CHANGES_MAX then
+    entry[#entry + 1] = 'changes'
+    entry[#entry + 1] = text
+  else
+    local names = {}
+    for name in pairs(changed) do
+      names[#names + 1] = name
+    end
+    table.sort(names)
+    entry[#entry + 1] = 'sections'
+    entry[#entry + 1] = table.concat(names, ',')
+  end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*', unpack(entry))
 end
