@@ -94,6 +94,10 @@ type Event struct {
 	Truncated bool
 	// Sections are the sections a truncated batch changed.
 	Sections []string
+	// prev is the swarm revision before the batch (the log entry's prev;
+	// hasPrev false for entries of writers that do not write it).
+	prev    int64
+	hasPrev bool
 }
 
 // parseChanges reads a log entry's `changes` field (lib.lua log_change):
@@ -135,6 +139,11 @@ func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
 		return nil, false, nil
 	}
 	ev = &Event{ID: e.ID, Revision: rev, Owner: e.FieldValues["owner"], RequestID: e.FieldValues["request_id"]}
+	if p, has := e.FieldValues["prev"]; has {
+		if ev.prev, perr = strconv.ParseInt(p, 10, 64); perr == nil {
+			ev.hasPrev = true
+		}
+	}
 	if ch, has := e.FieldValues["changes"]; has {
 		if ev.Changes, err = parseChanges(ch); err != nil {
 			return nil, false, err
@@ -213,9 +222,10 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 
 // backlog reads the batches of slug's log with revision above after and
 // stream id at most upTo, oldest first, with their records. It reads
-// backwards in chunks until it meets a revision at or below after; when it
-// reaches the log's start first and the log is full (LogCap entries: it has
-// dropped older ones), batches after `after` may be gone: *CompactedError.
+// backwards in chunks until it meets a revision at or below after, or an
+// entry whose prev is; when it reaches the log's start first and the log is
+// full (LogCap entries: it has dropped older ones), batches after `after`
+// may be gone: *CompactedError.
 func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo string) ([]*Event, error) {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
@@ -224,7 +234,8 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 	var events []*Event
 	end := upTo
 	found := false
-	var oldest int64
+	var oldest, oldestPrev int64
+	hasPrev := false
 	for !found {
 		entries, err := c.Do(ctx, c.B().Xrevrange().Key(key).End(end).Start("-").Count(watchChunk).Build()).AsXRange()
 		if err != nil && !rueidis.IsRedisNil(err) {
@@ -245,12 +256,18 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 				break
 			}
 			oldest = ev.Revision
+			oldestPrev, hasPrev = ev.prev, ev.hasPrev
 			events = append(events, ev)
 		}
 		if found || len(entries) < watchChunk {
 			break
 		}
 		end = "(" + entries[len(entries)-1].ID
+	}
+	// The oldest entry read says which revision preceded it: nothing is
+	// missing when that is at or below after.
+	if !found && hasPrev && oldestPrev <= after {
+		found = true
 	}
 	if !found {
 		n, err := c.Do(ctx, c.B().Xlen().Key(key).Build()).AsInt64()

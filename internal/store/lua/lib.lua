@@ -383,10 +383,12 @@ end
 -- its revision is a floor that survives a lost counter). It answers the
 -- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
 local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
   if counter then
+    prior_revision = counter
     if not canonical_digits(counter) then
       return nil, { 'CORRUPT', '', 'revision' }
     end
@@ -467,7 +469,10 @@ end
 -- entry (the log keeps exactly the last 1000; request_id only when given):
 -- revision, owner, records, [request_id], then changes (log_change's
 -- items, concatenated) or, over LOG_CHANGES_MAX, sections (the changed
--- sections' names, sorted, joined by ',').
+-- sections' names, sorted, joined by ','), then prev: the swarm revision
+-- before this commit (the previous entry's revision), so that a reader
+-- resuming after revision r knows nothing between r and the oldest entry
+-- left the log when prev <= r.
 local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id, changes)
   local head = '{"r":' .. rev .. ',"v":'
   if changed and next(changed) then
@@ -512,5 +517,7 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
     entry[#entry + 1] = 'sections'
     entry[#entry + 1] = table.concat(names, ',')
   end
+  entry[#entry + 1] = 'prev'
+  entry[#entry + 1] = prior_revision
   redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*', unpack(entry))
 end
