@@ -139,7 +139,13 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		defer s.calls.Add(-1)
 		return h(ctx, req)
 	}
-	countStream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod == fencedv1.RecordsService_Watch_FullMethodName {
+			// Like health Watch, a Watch stream never ends by itself:
+			// Shutdown cuts it once the other calls drained (its client
+			// resumes elsewhere from its last revision).
+			return h(srv, ss)
+		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
 		return h(srv, ss)
@@ -307,8 +313,9 @@ func (s *Server) ServeHealth(lis net.Listener) error {
 
 // Shutdown turns every health service NOT_SERVING, then stops gracefully:
 // no new calls are taken, in-flight calls finish until ctx is done (after
-// which the rest are cancelled), and open health Watch streams, which never
-// end by themselves, are cut once the other calls have drained.
+// which the rest are cancelled), and open health and RecordsService Watch
+// streams, which never end by themselves, are cut once the other calls have
+// drained (UNAVAILABLE).
 func (s *Server) Shutdown(ctx context.Context) {
 	s.Drain()
 	defer func() {
