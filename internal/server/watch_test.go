@@ -254,5 +254,3 @@ func TestWatchNeedsAValidRequest(t *testing.T) {
 		t.Errorf("Watch(bad slug, -1, unknown section) = %v, fields %q; want INVALID_ARGUMENT naming slug, start_revision, sections[0]", err, fields)
 	}
 }
-
-

@@ -188,7 +188,7 @@ func TestStaleControllerRacingTakeover(t *testing.T) {
 		t.Errorf("new holder's write = %q", raw)
 	}
 	last := srv.DoArray(t, "XREVRANGE", key("race", "log"), "+", "-", "COUNT", "1")
-	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "tick-b", "records", "1"}; !slices.Equal(last[1:], want) {
+	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "tick-b", "records", "1", "changes", "pclaims:2:c1"}; !slices.Equal(last[1:9], want) {
 		t.Errorf("last log entry = %q, want id then %q", last, want)
 	}
 }
