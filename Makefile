@@ -17,8 +17,9 @@ help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: run
-run: ## Serve gRPC on :7420; Redis from FENCED_REDIS_URL, else an embedded in-memory one.
-	go run ./cmd/fenced serve
+run: ## Development mode: serve gRPC on 127.0.0.1:7420 (FENCED_LISTEN or ARGS=--listen=... to change); Redis from FENCED_REDIS_URL, else an embedded in-memory one.
+	FENCED_LISTEN="$${FENCED_LISTEN:-127.0.0.1:7420}" FENCED_METRICS_LISTEN="$${FENCED_METRICS_LISTEN-127.0.0.1:7421}" \
+	  go run ./cmd/fenced serve $(ARGS)
 
 .PHONY: build
 build: ## Build ./fenced.
@@ -44,10 +45,13 @@ bench: redis-server ## Benchmarks: commit script direct vs bare gRPC forwarder v
 	go test -run='^$$' -bench=. -benchtime=1x -timeout=20m ./internal/bench/isolation/
 
 .PHONY: tools
-tools: ## Install the pinned tools (buf, protoc plugins, grpcurl) into ./bin.
+tools: grpcurl ## Install the pinned tools (buf, protoc plugins, grpcurl) into ./bin.
 	GOBIN=$(BIN) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	GOBIN=$(BIN) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(BIN) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+.PHONY: grpcurl
+grpcurl: ## Install the pinned grpcurl alone into ./bin (all the README's tour needs).
 	GOBIN=$(BIN) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 
 .PHONY: generate

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -211,8 +212,9 @@ func Decode(err error) error {
 	}
 	reason := info.GetReason()
 	md := info.GetMetadata()
+	is := func(r fencedv1.ErrorReason_Reason) bool { return reason == r.String() }
 	switch {
-	case st.Code() == codes.Aborted && reason == "REVISION_CONFLICT":
+	case st.Code() == codes.Aborted && is(fencedv1.ErrorReason_REVISION_CONFLICT):
 		ce := &ConflictError{Err: err}
 		ce.Total, _ = strconv.Atoi(md["conflicts"])
 		for i, v := range pf.GetViolations() {
@@ -225,9 +227,9 @@ func Decode(err error) error {
 			ce.Conflicts = append(ce.Conflicts, c)
 		}
 		return ce
-	case st.Code() == codes.FailedPrecondition && (reason == "LEASE_STALE" || reason == "LEASE_HELD"):
+	case st.Code() == codes.FailedPrecondition && (is(fencedv1.ErrorReason_LEASE_STALE) || is(fencedv1.ErrorReason_LEASE_HELD)):
 		le := &LeaseError{Kind: ErrLeaseStale, Err: err}
-		if reason == "LEASE_HELD" {
+		if is(fencedv1.ErrorReason_LEASE_HELD) {
 			le.Kind = ErrLeaseHeld
 		}
 		if owner, ok := md["owner"]; ok {
@@ -240,7 +242,7 @@ func Decode(err error) error {
 			le.RetryAfter = retry.GetRetryDelay().AsDuration()
 		}
 		return le
-	case st.Code() == codes.FailedPrecondition && reason == "LAYOUT_DOCUMENT":
+	case st.Code() == codes.FailedPrecondition && is(fencedv1.ErrorReason_LAYOUT_DOCUMENT):
 		return &codeError{kind: ErrLayoutDocument, err: err}
 	case st.Code() == codes.InvalidArgument:
 		ie := &InvalidArgumentError{Err: err}
@@ -248,22 +250,27 @@ func Decode(err error) error {
 			ie.Violations = append(ie.Violations, FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
 		}
 		return ie
-	case st.Code() == codes.Unavailable && reason == "REPLICATION_TIMEOUT":
+	case st.Code() == codes.Unavailable && is(fencedv1.ErrorReason_REPLICATION_TIMEOUT):
 		re := &ReplicationError{Err: err}
 		re.Revision, _ = strconv.ParseInt(md["revision"], 10, 64)
 		re.Acked, _ = strconv.Atoi(md["replicas_acked"])
 		re.Wanted, _ = strconv.Atoi(md["replicas_wanted"])
 		return re
 	case (st.Code() == codes.Unavailable || st.Code() == codes.ResourceExhausted) &&
-		strings.HasPrefix(reason, "REDIS_") && reason != "REDIS_UNAVAILABLE":
+		strings.HasPrefix(reason, redisRefusalPrefix) && !is(fencedv1.ErrorReason_REDIS_UNAVAILABLE):
 		return &RedisRefusalError{Reason: reason, Err: err}
 	case st.Code() == codes.Unavailable:
 		return &codeError{kind: ErrUnavailable, err: err}
-	case st.Code() == codes.OutOfRange && reason == "REVISION_LIMIT":
+	case st.Code() == codes.OutOfRange && is(fencedv1.ErrorReason_REVISION_LIMIT):
 		return &codeError{kind: ErrRevisionLimit, err: err}
 	}
 	return err
 }
 
 // errorf wraps err with the client's prefix.
+// redisRefusalPrefix starts the reasons of Redis's refusals
+// (fencedv1.ErrorReason_REDIS_OUT_OF_MEMORY ... REDIS_MAY_EVICT; a reason of
+// a newer server with this prefix is one too), REDIS_UNAVAILABLE excepted.
+const redisRefusalPrefix = "REDIS_"
+
 func errorf(format string, args ...any) error { return fmt.Errorf("fenced client: "+format, args...) }

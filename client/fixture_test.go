@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// prefix is the key prefix of every test store (DESIGN §2).
+// prefix is the key prefix of every test store (docs/design.md §2.1).
 const prefix = "agentihooks"
 
 // waitLimit bounds every wait for an event (a lease expiring, a keeper

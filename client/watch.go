@@ -171,7 +171,7 @@ func resumable(err error) bool {
 	case codes.Unavailable:
 		return true
 	case codes.ResourceExhausted:
-		return reasonOf(st) == "WATCHER_TOO_SLOW"
+		return reasonOf(st) == fencedv1.ErrorReason_WATCHER_TOO_SLOW.String()
 	}
 	return false
 }
@@ -188,7 +188,7 @@ func reasonOf(st *status.Status) string {
 // decodeWatch is Decode, with REVISION_COMPACTED as *CompactedError.
 func decodeWatch(err error, from int64) error {
 	st, ok := status.FromError(err)
-	if ok && st.Code() == codes.OutOfRange && reasonOf(st) == "REVISION_COMPACTED" {
+	if ok && st.Code() == codes.OutOfRange && reasonOf(st) == fencedv1.ErrorReason_REVISION_COMPACTED.String() {
 		ce := &CompactedError{From: from, Err: err}
 		for _, d := range st.Details() {
 			if info, ok := d.(*errdetails.ErrorInfo); ok {

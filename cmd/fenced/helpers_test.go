@@ -18,7 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// keyPrefix is the default key prefix (--key-prefix, DESIGN §2).
+// keyPrefix is the default key prefix (--key-prefix, docs/design.md §2.1).
 const keyPrefix = "agentihooks"
 
 // waitFor bounds every poll in these tests. It guards against a hang; no test
@@ -119,7 +119,7 @@ func waitServing(t *testing.T, conn *grpc.ClientConn, alive func() error, logs f
 	}
 }
 
-// fenceKey is the Redis key of one of a swarm's hashes (DESIGN §2).
+// fenceKey is the Redis key of one of a swarm's hashes (docs/design.md §2.1).
 func fenceKey(slug, name string) string {
 	return keyPrefix + ":swarm:{" + slug + "}:fence:" + name
 }

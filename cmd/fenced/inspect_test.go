@@ -430,3 +430,43 @@ func (r *inspection) sectionNames() []string {
 	}
 	return names
 }
+
+// TestInspectCallsTheEmbeddedRedisStandalone: the embedded Redis of
+// `fenced serve` answers CLUSTER SLOTS as a one-node cluster, yet it is a
+// standalone Redis whose stamp fenced keeps: inspect pointed at it (the
+// embedded_redis address fenced logs) says standalone and checks the stamp.
+func TestInspectCallsTheEmbeddedRedisStandalone(t *testing.T) {
+	clearConfigEnv(t)
+	emb, err := store.StartEmbedded()
+	if err != nil {
+		t.Fatalf("StartEmbedded: %v", err)
+	}
+	t.Cleanup(emb.Close)
+	st, err := emb.Open(keyPrefix)
+	if err != nil {
+		t.Fatalf("embedded Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	rev, err := st.Commit(t.Context(), &batch.Batch{Slug: "demo-swarm", Writes: []batch.Write{
+		{Kind: batch.KindPut, Section: "claims", Key: "T-1", Expected: 0, Value: `{"by":"engineer-1"}`}}})
+	if err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	url := "redis://" + emb.Addr()
+	out := runInspect(t, "demo-swarm", "--redis-url", url)
+	for _, w := range []string{
+		`(?m)^swarm +demo-swarm  \(standalone Redis, key prefix agentihooks\)$`,
+		`(?m)^stamp +` + itoa(rev) + `: agrees  \(agentihooks:swarm:state:fencing:current field demo-swarm:records\)$`,
+	} {
+		if !regexp.MustCompile(w).MatchString(out) {
+			t.Errorf("inspect on the embedded Redis does not match %s:\n%s", w, out)
+		}
+	}
+	var got inspection
+	if err := json.Unmarshal([]byte(runInspect(t, "demo-swarm", "--redis-url", url, "--json")), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Topology != "standalone" || !got.Stamp.Kept || got.Stamp.Status != "agrees" {
+		t.Errorf("inspect --json on the embedded Redis: topology %q, stamp %+v; want standalone, kept, agrees", got.Topology, got.Stamp)
+	}
+}

@@ -147,7 +147,7 @@ func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*st
 	if err != nil {
 		return nil, err
 	}
-	client, err := connect(opt, f.ConnectTimeout)
+	client, err := connect(&opt, f.ConnectTimeout)
 	if err != nil {
 		who := ""
 		if opt.Username != "" {
@@ -173,9 +173,11 @@ func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*st
 // connect creates the rueidis client, retrying for up to timeout while
 // Redis cannot be reached (it may start after fenced, or be failing over);
 // an error reply of Redis (a wrong password, an ACL refusal) fails at once.
-func connect(opt rueidis.ClientOption, timeout time.Duration) (rueidis.Client, error) {
+// store.NewClient may set opt.ForceSingleClient (a server that only mimics
+// Cluster, such as the embedded Redis).
+func connect(opt *rueidis.ClientOption, timeout time.Duration) (rueidis.Client, error) {
 	return backoff.Retry(context.Background(), func() (rueidis.Client, error) {
-		client, err := rueidis.NewClient(opt)
+		client, err := store.NewClient(opt)
 		if err != nil && refused(err) {
 			return nil, backoff.Permanent(err)
 		}

@@ -43,23 +43,24 @@ var OpenServices = []string{
 	reflectionv1alpha.ServerReflection_ServiceDesc.ServiceName,
 }
 
-// ErrorInfo reasons of refused calls (domain "fenced").
-const (
+// ErrorInfo reasons of refused calls (domain "fenced"), declared in
+// proto/fenced/v1/errors.proto (ErrorReason.Reason).
+var (
 	// ReasonTokenMissing (UNAUTHENTICATED): no "authorization: Bearer ..."
 	// metadata.
-	ReasonTokenMissing = "TOKEN_MISSING"
+	ReasonTokenMissing = fencedv1.ErrorReason_TOKEN_MISSING.String()
 	// ReasonTokenUnknown (UNAUTHENTICATED): the token is not in the token
 	// file.
-	ReasonTokenUnknown = "TOKEN_UNKNOWN"
+	ReasonTokenUnknown = fencedv1.ErrorReason_TOKEN_UNKNOWN.String()
 	// ReasonSlugDenied (PERMISSION_DENIED): the token's slug patterns do not
 	// match the request's slug. Metadata: token (its name), slug.
-	ReasonSlugDenied = "SLUG_NOT_PERMITTED"
+	ReasonSlugDenied = fencedv1.ErrorReason_SLUG_NOT_PERMITTED.String()
 	// ReasonReadOnly (PERMISSION_DENIED): a read token called a write RPC.
 	// Metadata: token, slug.
-	ReasonReadOnly = "WRITE_NOT_PERMITTED"
+	ReasonReadOnly = fencedv1.ErrorReason_WRITE_NOT_PERMITTED.String()
 	// ReasonMethodDenied (PERMISSION_DENIED): the RPC is not classified in
 	// MethodAccess. Metadata: token, method.
-	ReasonMethodDenied = "METHOD_NOT_PERMITTED"
+	ReasonMethodDenied = fencedv1.ErrorReason_METHOD_NOT_PERMITTED.String()
 )
 
 // domain is the ErrorInfo domain of every fenced error.

@@ -7,6 +7,8 @@ package batch
 import (
 	"fmt"
 	"strings"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // Kind is what a Write does to its record.
@@ -52,7 +54,7 @@ const (
 // MetaSection is the section that holds the swarm's own records (the lease,
 // epochs, layout and any other swarm-wide record). It exists in every swarm
 // whatever the configured sections are.
-const MetaSection = "meta"
+const MetaSection = protocol.KeyMeta
 
 // Write is one put, delete or check of the record at (Section, Key).
 type Write struct {
@@ -69,7 +71,7 @@ type Write struct {
 	Value string
 }
 
-// Fence is a batch's condition on the swarm's lease (DESIGN §3): the batch
+// Fence is a batch's condition on the swarm's lease (docs/design.md §3.2): the batch
 // commits only while meta/lease names this epoch (and owner, when set) and
 // expires after the later of NowMs and Redis's clock.
 type Fence struct {
@@ -114,7 +116,7 @@ type Violation struct {
 }
 
 // ValidationError is returned for a request that breaks the names or limits
-// of DESIGN §2-§3. It lists every violation found (at most MaxViolations).
+// of docs/design.md §2.4 and §3.1. It lists every violation found (at most MaxViolations).
 // internal/server maps it to INVALID_ARGUMENT with a BadRequest detail.
 type ValidationError struct {
 	Violations []Violation

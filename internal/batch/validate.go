@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
-// Defaults for Limits (DESIGN §2, issue #2).
+// Defaults for Limits (docs/design.md §3.1).
 const (
 	DefaultMaxWrites          = 1024
 	DefaultMaxValueBytes      = 1 << 20 // 1 MiB
@@ -20,10 +22,10 @@ const (
 	MaxOwnerBytes = 1024
 	// MaxSafeInteger (2^53 - 1) bounds revisions, epochs and times: Redis's
 	// Lua holds numbers as doubles, exact only up to it.
-	MaxSafeInteger = 1<<53 - 1
+	MaxSafeInteger = protocol.RevMax
 )
 
-// DefaultSections are the sections of a swarm besides MetaSection (DESIGN §1).
+// DefaultSections are the sections of a swarm besides MetaSection (docs/design.md §1).
 var DefaultSections = []string{
 	"executions", "archive", "intents", "orphans", "grants",
 	"registrations", "claims", "journals", "fences", "operations",
@@ -32,14 +34,14 @@ var DefaultSections = []string{
 // LeaseOwnedKeys are the meta records that only fenced itself writes (the
 // lease service, the layout, the section revisions); a client batch may
 // check them but never put or delete them.
-var LeaseOwnedKeys = []string{"lease", "epoch", "leader_changes", "layout", "section_revisions"}
+var LeaseOwnedKeys = protocol.MetaFields
 
 // MaxRequestIDLen is the longest request id, in characters (printable ASCII).
 const MaxRequestIDLen = 128
 
 // reservedNames cannot be configured as sections: they name the swarm's other
-// keys (DESIGN §2), so a section of that name would overwrite them.
-var reservedNames = []string{MetaSection, "by-name", "by-name-index", "revision", "log"}
+// keys (docs/design.md §2.1), so a section of that name would overwrite them.
+var reservedNames = []string{MetaSection, protocol.KeyByName, protocol.KeyByNameIndex, protocol.KeyRevision, protocol.KeyLog}
 
 // Limits are the names and bounds a request must keep. The zero value is not
 // usable; start from DefaultLimits.
@@ -184,7 +186,7 @@ func (l Limits) validSection(name string) string {
 	switch {
 	case name == "":
 		return "required"
-	case name == "by-name":
+	case name == protocol.KeyByName:
 		return `"by-name" is derived from executions and cannot be named`
 	case !l.HasSection(name):
 		if !utf8.ValidString(name) {

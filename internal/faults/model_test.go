@@ -155,7 +155,7 @@ func apply(s mState, in *mInput) mState {
 	return s
 }
 
-// step is the sequential specification of fenced (DESIGN §3-§4).
+// step is the sequential specification of fenced (docs/design.md §3-§6).
 func step(s mState, in *mInput, out *mOutput) (bool, mState) {
 	switch in.op {
 	case opRecord:

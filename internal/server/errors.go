@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/protoadapt"
@@ -19,25 +20,28 @@ import (
 // Domain is the ErrorInfo domain of every error fenced answers.
 const Domain = "fenced"
 
-// ErrorInfo reasons. Clients switch on these, never on message text.
-// Redis refusals add store's ReasonRedis* (REDIS_OUT_OF_MEMORY,
-// REDIS_READ_ONLY, REDIS_WRITE_ERROR, ...).
-const (
-	ReasonRevisionConflict = "REVISION_CONFLICT"
-	ReasonLeaseStale       = "LEASE_STALE"
-	ReasonLeaseHeld        = "LEASE_HELD"
-	ReasonLayoutDocument   = "LAYOUT_DOCUMENT"
-	ReasonRecordCorrupt    = "RECORD_CORRUPT"
-	ReasonRedisUnavailable = "REDIS_UNAVAILABLE"
-	ReasonInvalidArgument  = "INVALID_ARGUMENT"
-	ReasonRequestIDReused  = "REQUEST_ID_REUSED"
-	ReasonReplication      = "REPLICATION_TIMEOUT"
-	ReasonSnapshotTooLarge = "SNAPSHOT_TOO_LARGE"
-	ReasonRevisionLimit    = "REVISION_LIMIT"
+// ErrorInfo reasons. Clients switch on these, never on message text. They
+// are declared once, in proto/fenced/v1/errors.proto (ErrorReason.Reason,
+// with each reason's code and metadata keys); these are the names the
+// server's code uses for them. Redis refusals add store's ReasonRedis*
+// (REDIS_OUT_OF_MEMORY, REDIS_READ_ONLY, REDIS_WRITE_ERROR, ...), which a
+// test pins to the same enum.
+var (
+	ReasonRevisionConflict = fencedv1.ErrorReason_REVISION_CONFLICT.String()
+	ReasonLeaseStale       = fencedv1.ErrorReason_LEASE_STALE.String()
+	ReasonLeaseHeld        = fencedv1.ErrorReason_LEASE_HELD.String()
+	ReasonLayoutDocument   = fencedv1.ErrorReason_LAYOUT_DOCUMENT.String()
+	ReasonRecordCorrupt    = fencedv1.ErrorReason_RECORD_CORRUPT.String()
+	ReasonRedisUnavailable = fencedv1.ErrorReason_REDIS_UNAVAILABLE.String()
+	ReasonInvalidArgument  = fencedv1.ErrorReason_INVALID_ARGUMENT.String()
+	ReasonRequestIDReused  = fencedv1.ErrorReason_REQUEST_ID_REUSED.String()
+	ReasonReplication      = fencedv1.ErrorReason_REPLICATION_TIMEOUT.String()
+	ReasonSnapshotTooLarge = fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE.String()
+	ReasonRevisionLimit    = fencedv1.ErrorReason_REVISION_LIMIT.String()
 	// ReasonTooManyReplicaWaits: the process or the swarm has as many
 	// replica acknowledgement waits in flight as it allows; nothing was
 	// written.
-	ReasonTooManyReplicaWaits = "TOO_MANY_REPLICA_WAITS"
+	ReasonTooManyReplicaWaits = fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS.String()
 )
 
 // MaxConflictDetails and MaxConflictDetailBytes (of subjects, section/key)

@@ -31,10 +31,10 @@ const prefix = "agentihooks"
 // line). It is a failure bound, never a measurement.
 const waitLimit = 15 * time.Second
 
-// redisKey is the Redis key of a swarm's hash or string (DESIGN §2).
+// redisKey is the Redis key of a swarm's hash or string (docs/design.md §2.1).
 func redisKey(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
 
-// currentKey is P:state:fencing:current (DESIGN §2).
+// currentKey is P:state:fencing:current (docs/design.md §2.1).
 const currentKey = prefix + ":swarm:state:fencing:current"
 
 // openStore opens a Store on srv, closed when the test ends.

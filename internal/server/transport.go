@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -86,8 +87,9 @@ const (
 )
 
 // ReasonTooManyHealthWatchers is the ErrorInfo reason of a Watch refused
-// over Transport.MaxHealthWatchers.
-const ReasonTooManyHealthWatchers = "TOO_MANY_HEALTH_WATCHERS"
+// over Transport.MaxHealthWatchers
+// (declared in proto/fenced/v1/errors.proto).
+var ReasonTooManyHealthWatchers = fencedv1.ErrorReason_TOO_MANY_HEALTH_WATCHERS.String()
 
 // LimitObserver is told how full the bounded resources are, for metrics
 // (internal/metrics implements it). Methods must be cheap and safe for

@@ -45,18 +45,18 @@ const (
 	DefaultWatchProgressInterval    = 30 * time.Second
 )
 
-// ErrorInfo reasons of Watch.
-const (
+// ErrorInfo reasons of Watch (declared in proto/fenced/v1/errors.proto).
+var (
 	// ReasonRevisionCompacted (OUT_OF_RANGE): batches after start_revision
 	// have left the log. Metadata oldest_revision.
-	ReasonRevisionCompacted = "REVISION_COMPACTED"
+	ReasonRevisionCompacted = fencedv1.ErrorReason_REVISION_COMPACTED.String()
 	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process or the
 	// connection has as many Watch streams as it allows. Metadata limit:
 	// "process" or "connection".
-	ReasonTooManyWatchers = "TOO_MANY_WATCHERS"
+	ReasonTooManyWatchers = fencedv1.ErrorReason_TOO_MANY_WATCHERS.String()
 	// ReasonWatcherTooSlow (RESOURCE_EXHAUSTED): the caller fell too far
 	// behind and was dropped. Metadata last_revision.
-	ReasonWatcherTooSlow = "WATCHER_TOO_SLOW"
+	ReasonWatcherTooSlow = fencedv1.ErrorReason_WATCHER_TOO_SLOW.String()
 )
 
 // LimitWatchers names the Watch streams bound in fenced_limit_refusals_total.

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // by-name and its index (byname.lua holds the rule and the index layout).
@@ -99,14 +101,14 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 		if time.Since(claimed) < rebuildClaimRenew {
 			return nil
 		}
-		reply, err := call(ctx, "claim", claim, ttl)
+		reply, err := call(ctx, protocol.RebuildClaim, claim, ttl)
 		if err != nil {
 			return fmt.Errorf("store: rebuild by-name of %s: claim: %w", slug, s.classify(ctx, err))
 		}
-		if len(reply) != 1 || reply[0] != "OK" && reply[0] != "BUSY" {
+		if len(reply) != 1 || reply[0] != protocol.ReplyOK && reply[0] != protocol.ReplyBusy {
 			return fmt.Errorf("store: rebuild by-name of %s: claim: %w: %q", slug, ErrMalformedReply, reply)
 		}
-		if reply[0] == "BUSY" {
+		if reply[0] == protocol.ReplyBusy {
 			r.Busy = true
 			return errBusy
 		}
@@ -124,7 +126,7 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 		// other rebuilds off until it expires.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		if _, rerr := call(rctx, "release", claim, "0"); rerr != nil && err == nil {
+		if _, rerr := call(rctx, protocol.RebuildRelease, claim, "0"); rerr != nil && err == nil {
 			err = fmt.Errorf("store: rebuild by-name of %s: release: %w", slug, classify(rctx, rerr))
 		}
 		if errors.Is(err, errBusy) {
@@ -168,27 +170,27 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 	}
 	for r.Rounds < maxRebuildRounds {
 		r.Rounds++
-		flag, _, err := step("start", "")
+		flag, _, err := step(protocol.RebuildStart, "")
 		if err != nil {
 			return r, err
 		}
-		if err := pages("add", "0", "0", &r.Scanned); err != nil {
+		if err := pages(protocol.RebuildAdd, "0", "0", &r.Scanned); err != nil {
 			return r, err
 		}
-		if err := pages("verify", "", "", &r.Removed); err != nil {
+		if err := pages(protocol.RebuildVerify, "", "", &r.Removed); err != nil {
 			return r, err
 		}
-		if err := pages("names", "", "", &r.Fixed); err != nil {
+		if err := pages(protocol.RebuildNames, "", "", &r.Fixed); err != nil {
 			return r, err
 		}
-		if err := pages("extras", "0", "0", &r.Extra); err != nil {
+		if err := pages(protocol.RebuildExtras, "0", "0", &r.Extra); err != nil {
 			return r, err
 		}
-		done, _, err := step("finish", flag)
+		done, _, err := step(protocol.RebuildFinish, flag)
 		if err != nil {
 			return r, err
 		}
-		if done == "CLEAN" {
+		if done == protocol.ReplyClean {
 			r.Clean = true
 			return r, nil
 		}

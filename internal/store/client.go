@@ -1,7 +1,10 @@
 package store
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -33,7 +36,7 @@ func Open(url, prefix string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := rueidis.NewClient(opt)
+	client, err := NewClient(&opt)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect to redis: %w", err)
 	}
@@ -44,6 +47,45 @@ func Open(url, prefix string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// NewClient connects with rueidis.NewClient(*opt), then checks rueidis's
+// choice of topology: a client in cluster mode whose server is not a Redis
+// Cluster (clusterEnabled) is closed and made again as a single client, and
+// opt.ForceSingleClient is set so that later connections made from *opt
+// agree. Without this, a Store over the embedded Redis reached by its URL
+// would call itself Cluster, skip the standalone stamp and ask for the
+// layout outside the script. Errors are rueidis's, unwrapped.
+func NewClient(opt *rueidis.ClientOption) (rueidis.Client, error) {
+	client, err := rueidis.NewClient(*opt)
+	if err != nil || client.Mode() != rueidis.ClientModeCluster || clusterEnabled(client) {
+		return client, err
+	}
+	client.Close()
+	opt.ForceSingleClient = true
+	return rueidis.NewClient(*opt)
+}
+
+// clusterEnabled reports whether a client rueidis put in cluster mode talks
+// to a Redis Cluster. rueidis picks cluster mode for any server that answers
+// CLUSTER SLOTS, and miniredis answers it as a one-node cluster although it
+// is a standalone Redis. A Redis Cluster node says cluster_enabled:1 in INFO
+// cluster; a server that answers INFO cluster without it, or refuses the
+// section (miniredis: "section (cluster) is not supported"), is not one.
+// When the question cannot be answered (NOPERM for an ACL user, a network
+// error) rueidis's choice stands.
+func clusterEnabled(client rueidis.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := client.Do(ctx, client.B().Info().Section("cluster").Build()).ToString()
+	if err != nil {
+		var re *rueidis.RedisError
+		if errors.As(err, &re) && !strings.HasPrefix(re.Error(), "NOPERM") {
+			return false
+		}
+		return true
+	}
+	return strings.Contains(info, "cluster_enabled:1")
 }
 
 // Embedded is an in-memory Redis (miniredis) inside the process, on a

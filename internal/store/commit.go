@@ -7,17 +7,19 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
-// Commit runs a batch as one atomic script (DESIGN §3): the layout, the
+// Commit runs a batch as one atomic script (docs/design.md §3): the layout, the
 // lease fence and every revision are checked before the first write; then
 // the swarm revision is raised once, every put is stamped with it, by-name
 // follows executions, meta/layout is set, the standalone stamp is written
-// and one log entry is appended (the log keeps exactly the last 1000).
+// and one log entry is appended (the log keeps exactly the last protocol.LogCap).
 //
 // It returns the committed revision, or for a batch of checks alone the
 // current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
@@ -91,8 +93,8 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	if err != nil {
 		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
-	c = Committed{Revision: rev, Replayed: len(reply) == 3 && reply[2] == "REPLAYED", ReplicasAcked: acked,
-		ByNameStale: len(reply) == 3 && reply[2] == "BYNAME_STALE"}
+	c = Committed{Revision: rev, Replayed: len(reply) == 3 && reply[2] == protocol.ReplyReplayed, ReplicasAcked: acked,
+		ByNameStale: len(reply) == 3 && reply[2] == protocol.ReplyByNameStale}
 	if c.ByNameStale {
 		s.rebuildInBackground(b.Slug)
 	}
@@ -103,8 +105,8 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 }
 
 // execCommitting runs a script built on lib.lua, whose first argument
-// starts with the mode character. When the script answers LAYOUT_UNKNOWN
-// (Cluster, and a swarm with no meta/layout yet: the document layout lives
+// starts with its mode letters (protocol.Mode*). When the script answers
+// LAYOUT_UNKNOWN (Cluster, and a swarm with no meta/layout yet: the document layout lives
 // in a key of another slot), it looks here and calls again in mode 'l'.
 // With d.Replicas > 0 the script is followed by WAIT on the same
 // connection, once a slot of s.waits is taken (none free:
@@ -120,13 +122,14 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 		defer release()
 	}
 	reply, acked, err := s.execWait(ctx, sc, keys, args, d)
-	if err == nil && len(reply) == 1 && reply[0] == "LAYOUT_UNKNOWN" && !s.stamp && args[0][0] == '-' {
+	if err == nil && len(reply) == 1 && reply[0] == protocol.ReplyLayoutUnknown && !s.stamp &&
+		strings.HasPrefix(args[0], protocol.ModeNone) {
 		var exists bool
 		if exists, err = s.documentExists(ctx, k); err == nil {
 			if exists {
 				return nil, 0, ErrLayoutDocument
 			}
-			args[0] = "l" + args[0][1:]
+			args[0] = protocol.ModeLayoutChecked + args[0][len(protocol.ModeNone):]
 			reply, acked, err = s.execWait(ctx, sc, keys, args, d)
 		}
 	}
@@ -136,7 +139,7 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 	if len(reply) == 0 {
 		return nil, 0, fmt.Errorf("%w: empty reply", ErrMalformedReply)
 	}
-	if reply[0] == "LAYOUT_DOCUMENT" {
+	if reply[0] == protocol.ReplyLayoutDocument {
 		return nil, 0, ErrLayoutDocument
 	}
 	return reply, acked, nil
@@ -204,12 +207,12 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 		keys = append(keys, k.section(executions), k.byName())
 		index[executions] = len(keys) - 1
 	}
-	mode, epoch, now, window, digest, owner := "-", "", "0", "", "", ""
+	mode, epoch, now, window, digest, owner := protocol.ModeNone, "", "0", "", "", ""
 	if s.stamp {
-		mode = "s"
+		mode = protocol.ModeStamp
 	}
 	if b.RequestID != "" {
-		mode += "r"
+		mode += protocol.ModeRequest
 		keys = append(keys, k.request(b.RequestID))
 		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
 	}
@@ -278,26 +281,28 @@ func requestDigest(b *batch.Batch) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-var kindArg = map[batch.Kind]string{batch.KindPut: "p", batch.KindDelete: "d", batch.KindCheck: "c", batch.KindCheckSection: "S"}
+// kindArg is the protocol letter of each write kind.
+var kindArg = map[batch.Kind]string{batch.KindPut: protocol.KindPut, batch.KindDelete: protocol.KindDelete,
+	batch.KindCheck: protocol.KindCheck, batch.KindCheckSection: protocol.KindCheckSection}
 
 // commitResult decodes commit.lua's reply.
 func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	switch reply[0] {
-	case "OK":
-		if len(reply) == 2 || len(reply) == 3 && (reply[2] == "REPLAYED" || reply[2] == "BYNAME_STALE") {
+	case protocol.ReplyOK:
+		if len(reply) == 2 || len(reply) == 3 && (reply[2] == protocol.ReplyReplayed || reply[2] == protocol.ReplyByNameStale) {
 			return parseRevision(reply[1])
 		}
-	case "REUSED":
+	case protocol.ReplyReused:
 		return 0, ErrRequestIDReused
-	case "CONFLICT":
+	case protocol.ReplyConflict:
 		if len(reply)%2 == 1 && len(reply) > 1 {
 			return 0, conflictError(b, reply[1:])
 		}
-	case "STALE":
+	case protocol.ReplyStale:
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
 		}
-	case "CORRUPT", "LIMIT":
+	case protocol.ReplyCorrupt, protocol.ReplyLimit:
 		if err := swarmRefusal(reply); err != nil {
 			return 0, err
 		}
@@ -307,7 +312,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 				break
 			}
 			w := &b.Writes[i]
-			if reply[0] == "LIMIT" {
+			if reply[0] == protocol.ReplyLimit {
 				return 0, &LimitError{Section: w.Section, Key: w.Key}
 			}
 			return 0, &CorruptError{Section: w.Section, Key: w.Key}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -181,9 +182,9 @@ func swarmRefusal(reply []string) error {
 		section, key = "", reply[2]
 	}
 	switch reply[0] {
-	case "CORRUPT":
+	case protocol.ReplyCorrupt:
 		return &CorruptError{Section: section, Key: key}
-	case "LIMIT":
+	case protocol.ReplyLimit:
 		return &LimitError{Section: section, Key: key}
 	}
 	return nil
@@ -194,7 +195,7 @@ func swarmRefusal(reply []string) error {
 func parseRevision(s string) (int64, error) {
 	n, ok := parseRevisionText(s)
 	if !ok {
-		return 0, &CorruptError{Key: "revision"}
+		return 0, &CorruptError{Key: protocol.KeyRevision}
 	}
 	return n, nil
 }

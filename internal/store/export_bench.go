@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // CommitScriptArgs returns the KEYS and ARGV that Commit sends to the commit
@@ -32,7 +33,7 @@ func (s *Store) ExecCommitScript(ctx context.Context, keys, args []string) (int6
 	if err != nil {
 		return 0, fmt.Errorf("store: commit script: %w", classify(ctx, err))
 	}
-	if len(reply) < 2 || reply[0] != "OK" {
+	if len(reply) < 2 || reply[0] != protocol.ReplyOK {
 		return 0, fmt.Errorf("store: commit script answered %q", reply)
 	}
 	return parseInt(reply[1])

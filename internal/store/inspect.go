@@ -8,13 +8,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
 // The reads of `fenced inspect`: read-only, each one short (O(1) per key,
 // or one HSCAN page), so that inspecting a large swarm never blocks Redis.
 
-var inspectScript = newScript(ScriptInspect, mustScript("inspect.lua"))
+var inspectScript = newScript(ScriptInspect, source("inspect.lua"))
 
 // Overview is what an operator asks first of a swarm, read at one instant
 // (but Layout, read just before).
@@ -89,12 +90,12 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	for _, name := range sections {
 		keys = append(keys, k.section(name))
 	}
-	mode := "-"
+	mode := protocol.ModeNone
 	if s.stamp {
-		mode = "s"
+		mode = protocol.ModeStamp
 		keys = append(keys, k.current)
 	}
-	arr, err := s.exec(ctx, inspectScript, keys, []string{mode, slug + ":records"}).ToArray()
+	arr, err := s.exec(ctx, inspectScript, keys, []string{mode, slug + protocol.StampSuffix}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: inspect: %w", s.classify(ctx, err))
 	}
@@ -150,7 +151,7 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 		rec, ok := parseRecord(raw[i])
 		n, err := strconv.ParseInt(rec.Value, 10, 64)
 		if !ok || err != nil {
-			o.Problems = append(o.Problems, fmt.Sprintf("meta/%s: not a record of an integer", []string{"", "epoch", "leader_changes"}[i]))
+			o.Problems = append(o.Problems, fmt.Sprintf("meta/%s: not a record of an integer", []string{"", protocol.FieldEpoch, protocol.FieldLeaderChanges}[i]))
 			continue
 		}
 		*dst = n
@@ -233,9 +234,10 @@ func (s *Store) LogEntries(ctx context.Context, slug string, n int) ([]LogEntry,
 	}
 	out := make([]LogEntry, len(entries))
 	for i, e := range entries {
-		rev, _ := strconv.ParseInt(e.FieldValues["revision"], 10, 64)
-		recs, _ := strconv.ParseInt(e.FieldValues["records"], 10, 64)
-		out[i] = LogEntry{ID: e.ID, Revision: rev, Owner: e.FieldValues["owner"], Records: recs, RequestID: e.FieldValues["request_id"]}
+		rev, _ := strconv.ParseInt(e.FieldValues[protocol.LogFieldRevision], 10, 64)
+		recs, _ := strconv.ParseInt(e.FieldValues[protocol.LogFieldRecords], 10, 64)
+		out[i] = LogEntry{ID: e.ID, Revision: rev, Owner: e.FieldValues[protocol.LogFieldOwner], Records: recs,
+			RequestID: e.FieldValues[protocol.LogFieldRequestID]}
 	}
 	return out, nil
 }
@@ -325,10 +327,10 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 				return nil, fmt.Errorf("store: check by-name: %w: %q %q", ErrMalformedReply, flags, m)
 			}
 			r.Executions++
-			if flags[0] == 'u' {
+			if flags[:1] == protocol.CheckNotRecord {
 				r.Unreadable = append(r.Unreadable, "executions/"+id)
 			}
-			if flags[1] == 'm' {
+			if flags[1:] == protocol.CheckMissing {
 				r.IndexMissing++
 			}
 			if named && m > want[name] {
@@ -388,7 +390,7 @@ func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*By
 // record without a name) into the name and the record id; named is false
 // for the second form, ok false when m is neither.
 func parseMember(m string) (name, id string, named, ok bool) {
-	if rest, found := strings.CutPrefix(m, "-"); found {
+	if rest, found := strings.CutPrefix(m, protocol.MemberUnnamed); found {
 		return "", rest, false, true
 	}
 	if len(m) < 8 {

@@ -1,6 +1,8 @@
 package store
 
-// swarmKeys are the Redis keys of one swarm (DESIGN §2). Every one but
+import "github.com/agentihooks/fenced/internal/store/protocol"
+
+// swarmKeys are the Redis keys of one swarm (docs/design.md §2.1). Every one but
 // current carries the slug as its hash tag, so that one script can touch
 // all of them on Redis Cluster.
 type swarmKeys struct {
@@ -14,20 +16,20 @@ type swarmKeys struct {
 func (s *Store) keys(slug string) swarmKeys {
 	return swarmKeys{
 		slug:    slug,
-		base:    s.prefix + ":{" + slug + "}:fence:",
-		current: s.prefix + ":state:fencing:current",
+		base:    s.prefix + ":{" + slug + protocol.FenceInfix,
+		current: s.prefix + ":" + protocol.CurrentKey,
 	}
 }
 
 func (k swarmKeys) section(name string) string { return k.base + name }
-func (k swarmKeys) meta() string               { return k.base + "meta" }
-func (k swarmKeys) revision() string           { return k.base + "revision" }
-func (k swarmKeys) log() string                { return k.base + "log" }
-func (k swarmKeys) byName() string             { return k.base + "by-name" }
+func (k swarmKeys) meta() string               { return k.base + protocol.KeyMeta }
+func (k swarmKeys) revision() string           { return k.base + protocol.KeyRevision }
+func (k swarmKeys) log() string                { return k.base + protocol.KeyLog }
+func (k swarmKeys) byName() string             { return k.base + protocol.KeyByName }
 
 // byNameIndex is the sorted set that orders each agent name's executions
 // by generation (byname.lua).
-func (k swarmKeys) byNameIndex() string { return k.base + "by-name-index" }
+func (k swarmKeys) byNameIndex() string { return k.base + protocol.KeyByNameIndex }
 
 // request is the key that remembers a committed batch's request id.
-func (k swarmKeys) request(id string) string { return k.base + "request:" + id }
+func (k swarmKeys) request(id string) string { return k.base + protocol.KeyRequestPrefix + id }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // ErrLeaseHeld: another owner holds a live lease on the swarm. Returned as
@@ -58,7 +60,7 @@ func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 // would pass MaxRevision), ErrUnavailable, context errors, *RedisError.
 // Inputs must be valid (see internal/lease).
 func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (Lease, int64, error) {
-	l, rev, err := s.leaseOp(ctx, slug, "acquire", owner, 0, ttlMs)
+	l, rev, err := s.leaseOp(ctx, slug, protocol.LeaseAcquire, owner, 0, ttlMs)
 	if err != nil {
 		return Lease{}, 0, fmt.Errorf("store: acquire lease: %w", err)
 	}
@@ -72,7 +74,7 @@ func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (L
 // acknowledged renewal. Errors: *StaleError (ErrLeaseStale) when the lease
 // is not that owner's and epoch's live lease, and those of Acquire.
 func (s *Store) Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (Lease, int64, error) {
-	l, rev, err := s.leaseOp(ctx, slug, "renew", owner, epoch, ttlMs)
+	l, rev, err := s.leaseOp(ctx, slug, protocol.LeaseRenew, owner, epoch, ttlMs)
 	if err != nil {
 		return Lease{}, 0, fmt.Errorf("store: renew lease: %w", err)
 	}
@@ -85,7 +87,7 @@ func (s *Store) Renew(ctx context.Context, slug, owner string, epoch, ttlMs int6
 // lost in a failover only leaves the lease to expire. Errors: as Renew,
 // never *ReplicationError.
 func (s *Store) Release(ctx context.Context, slug, owner string, epoch int64) (int64, error) {
-	_, rev, err := s.leaseOp(ctx, slug, "release", owner, epoch, 0)
+	_, rev, err := s.leaseOp(ctx, slug, protocol.LeaseRelease, owner, epoch, 0)
 	if err != nil {
 		return 0, fmt.Errorf("store: release lease: %w", err)
 	}
@@ -106,9 +108,9 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 	e.Op = op
 	k := s.keys(slug)
 	keys := []string{k.meta(), k.revision(), k.log()}
-	mode := "-"
+	mode := protocol.ModeNone
 	if s.stamp {
-		mode = "s"
+		mode = protocol.ModeStamp
 		keys = append(keys, k.current)
 	}
 	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10)}
@@ -122,7 +124,7 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 		// A grant or renewal that too few replicas acknowledged is not
 		// handed out: a failover to a replica without it could grant its
 		// epoch again.
-		if e.Err == nil && op != "release" && d.Replicas > 0 && acked < d.Replicas {
+		if e.Err == nil && op != protocol.LeaseRelease && d.Replicas > 0 && acked < d.Replicas {
 			e = LeaseEvent{Op: op, Err: &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas}}
 			rev = 0
 		}
@@ -131,7 +133,7 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 		}
 	}()
 	switch {
-	case reply[0] == "OK" && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
+	case reply[0] == protocol.ReplyOK && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
 		nums, err := parseInts(reply[1], reply[3], reply[4])
 		if err != nil {
 			e.Err = err
@@ -151,7 +153,7 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 			e.Replaced = &Lease{Owner: reply[6], Epoch: old[0], ExpiresAtMs: old[1]}
 		}
 		return e, nums[0]
-	case reply[0] == "HELD" && len(reply) == 5:
+	case reply[0] == protocol.ReplyHeld && len(reply) == 5:
 		nums, err := parseInts(reply[2], reply[3], reply[4])
 		if err != nil {
 			e.Err = err
@@ -159,7 +161,7 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 		}
 		e.Err = &HeldError{Holder: Lease{Owner: reply[1], Epoch: nums[0], ExpiresAtMs: nums[1]}, NowMs: nums[2]}
 		return e, 0
-	case reply[0] == "STALE" && len(reply) == 4:
+	case reply[0] == protocol.ReplyStale && len(reply) == 4:
 		e.Err = staleError(reply[1:])
 		return e, 0
 	case swarmRefusal(reply) != nil:
@@ -219,7 +221,7 @@ func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, no
 	}
 	l, ok := parseLease(raw)
 	if !ok {
-		return nil, 0, 0, fmt.Errorf("store: read lease: %w", &CorruptError{Section: "meta", Key: "lease"})
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w", &CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldLease})
 	}
 	return &l, nums[0], nums[1], nil
 }

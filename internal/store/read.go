@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -89,7 +90,7 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 		return nil, fmt.Errorf("store: read sections: %w", s.classify(ctx, err))
 	}
 	if len(arr) == 2 {
-		if tag, _ := arr[0].ToString(); tag == "TOO_LARGE" {
+		if tag, _ := arr[0].ToString(); tag == protocol.ReplyTooLarge {
 			n, _ := arr[1].ToString()
 			records, err := parseInt(n)
 			if err != nil {
@@ -139,11 +140,11 @@ func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
 	rec, ok := parseRecord(raw)
 	var revs map[string]int64
 	if !ok || json.Unmarshal([]byte(rec.Value), &revs) != nil {
-		return nil, &CorruptError{Section: "meta", Key: "section_revisions"}
+		return nil, &CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldSectionRevisions}
 	}
 	for _, r := range revs {
 		if r < 0 || r > MaxRevision {
-			return nil, &CorruptError{Section: "meta", Key: "section_revisions"}
+			return nil, &CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldSectionRevisions}
 		}
 	}
 	return revs, nil
@@ -152,7 +153,7 @@ func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
 // Layout is how a swarm's fencing state is stored.
 type Layout int
 
-// The layouts of DESIGN §1.
+// The layouts of docs/design.md §2.5.
 const (
 	// LayoutNone: the swarm has no fencing state.
 	LayoutNone Layout = iota
@@ -172,7 +173,7 @@ func (s *Store) Layout(ctx context.Context, slug string) (Layout, error) {
 	k := s.keys(slug)
 	c := s.c()
 	res := c.DoMulti(ctx,
-		c.B().Hget().Key(k.meta()).Field("layout").Build(),
+		c.B().Hget().Key(k.meta()).Field(protocol.FieldLayout).Build(),
 		c.B().Exists().Key(k.revision()).Build(),
 		c.B().Hexists().Key(k.current).Field(slug).Build())
 	for _, r := range res {

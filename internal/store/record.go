@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // Record is one stored record: the revision that last wrote it and its JSON
@@ -21,7 +23,7 @@ type Record struct {
 // scripts compute with, and most JSON parsers keep exact. A stored revision
 // above it is not a record (*CorruptError); a batch or lease grant whose new
 // revision or epoch would pass it is refused (*LimitError).
-const MaxRevision = 1<<53 - 1
+const MaxRevision = protocol.RevMax
 
 // MaxRecordDepth is the most arrays and objects a stored field may nest,
 // the field's own object counting 1: cjson's limit, which the scripts
@@ -35,7 +37,7 @@ const (
 )
 
 // parseRecord reads a stored field of a swarm's hashes by the record
-// grammar (docs/design-notes.md, "Record grammar"), which lib.lua's
+// grammar (docs/design.md §2.2), which lib.lua's
 // parse_record applies identically: the field is one JSON text (RFC 8259,
 // JSON whitespace only, valid UTF-8, nesting at most MaxRecordDepth), an
 // object naming "r" once and "v" once, whose "r" is written as an integer

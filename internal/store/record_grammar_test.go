@@ -16,7 +16,7 @@ import (
 // luaParseScript wraps lib.lua's parse_record: for each ARGV it answers
 // "ok:<revision>:<value>", "over" (a record but for a revision above
 // 2^53-1) or "no".
-var luaParseScript = mustScript("lib.lua") + `
+var luaParseScript = source("lib.lua") + `
 local out = {}
 for i = 1, #ARGV do
   local rev, value = parse_record(ARGV[i])

@@ -1,5 +1,5 @@
 // Package store is everything of fenced that talks to Redis: the key names of
-// a swarm (DESIGN §2), the embedded Lua scripts, the reads, the fenced batch
+// a swarm (docs/design.md §2), the embedded Lua scripts, the reads, the fenced batch
 // commit, and client construction (standalone, Cluster, Sentinel, embedded).
 // No other package issues Redis commands.
 //
@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -34,14 +35,25 @@ func mustScript(name string) string {
 	return string(b)
 }
 
+// source is the text of a script made of the named files in order, after
+// protocol.Prelude (the `local P` table of every value the scripts share with
+// Go): deterministic, so a script's SHA-1 is the same in every fenced.
+func source(names ...string) string {
+	var b strings.Builder
+	b.WriteString(protocol.Prelude)
+	for _, n := range names {
+		b.WriteString("\n")
+		b.WriteString(mustScript(n))
+	}
+	return b.String()
+}
+
 // committing prepends lib.lua, the helpers every committing script shares.
-func committing(name string) string { return mustScript("lib.lua") + "\n" + mustScript(name) }
+func committing(name string) string { return source("lib.lua", name) }
 
 // withByName prepends lib.lua and byname.lua (the by-name rule and its
 // index) to a script.
-func withByName(name string) string {
-	return mustScript("lib.lua") + "\n" + mustScript("byname.lua") + "\n" + mustScript(name)
-}
+func withByName(name string) string { return source("lib.lua", "byname.lua", name) }
 
 // The scripts are called by SHA, with EVAL as the fallback on NOSCRIPT
 // (after a restart, failover or SCRIPT FLUSH); LoadScripts loads them ahead
@@ -51,13 +63,13 @@ var (
 	// commitScript is a batch that puts or deletes no execution: it runs
 	// without the by-name code (byname = nil) and is sent neither the
 	// by-name nor the executions key; commitByNameScript is any other.
-	commitScript       = newScript(ScriptCommit, mustScript("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua"))
+	commitScript       = newScript(ScriptCommit, source("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua"))
 	commitByNameScript = newScript(ScriptCommit, withByName("commit.lua"))
 	leaseScript        = newScript(ScriptLease, committing("lease.lua"))
-	readSectionsScript = newScript(ScriptReadSections, mustScript("read_sections.lua"))
-	readRecordScript   = newScript(ScriptReadRecord, mustScript("read_record.lua"))
-	readLeaseScript    = newScript(ScriptReadLease, mustScript("read_lease.lua"))
-	readScanScript     = newScript(ScriptScanSection, mustScript("scan_section.lua"))
+	readSectionsScript = newScript(ScriptReadSections, source("read_sections.lua"))
+	readRecordScript   = newScript(ScriptReadRecord, source("read_record.lua"))
+	readLeaseScript    = newScript(ScriptReadLease, source("read_lease.lua"))
+	readScanScript     = newScript(ScriptScanSection, source("scan_section.lua"))
 
 	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript}
 )

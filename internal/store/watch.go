@@ -11,13 +11,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
-// LogCap is the number of entries a swarm's log keeps (XADD MAXLEN = 1000 in
+// LogCap is the number of entries a swarm's log keeps (XADD MAXLEN = in
 // lib.lua finish_commit): a Watch can resume from any revision whose next
 // batches are still among them.
-const LogCap = 1000
+const LogCap = protocol.LogCap
 
 // Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
 const (
@@ -100,13 +101,13 @@ type Event struct {
 	hasPrev bool
 }
 
-// parseChanges reads a log entry's `changes` field (lib.lua log_change):
-// items '<p|d><section>:<key length>:<key>', concatenated.
+// parseChanges reads a log entry's changes field (lib.lua log_change):
+// items '<KindPut|KindDelete><section>:<key length>:<key>', concatenated.
 func parseChanges(s string) ([]Change, error) {
 	var out []Change
 	for len(s) > 0 {
-		op := s[0]
-		if op != 'p' && op != 'd' {
+		op := s[:1]
+		if op != protocol.KindPut && op != protocol.KindDelete {
 			return nil, fmt.Errorf("%w: log changes: kind %q", ErrMalformedReply, op)
 		}
 		s = s[1:]
@@ -125,7 +126,7 @@ func parseChanges(s string) ([]Change, error) {
 			return nil, fmt.Errorf("%w: log changes: key length %q", ErrMalformedReply, s[:j])
 		}
 		s = s[j+1:]
-		out = append(out, Change{Section: section, Key: s[:n], Delete: op == 'd'})
+		out = append(out, Change{Section: section, Key: s[:n], Delete: op == protocol.KindDelete})
 		s = s[n:]
 	}
 	return out, nil
@@ -134,25 +135,25 @@ func parseChanges(s string) ([]Change, error) {
 // eventOf reads one log entry. ok is false for an entry without a usable
 // revision (written by hand): it is skipped.
 func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
-	rev, perr := strconv.ParseInt(e.FieldValues["revision"], 10, 64)
+	rev, perr := strconv.ParseInt(e.FieldValues[protocol.LogFieldRevision], 10, 64)
 	if perr != nil || rev <= 0 {
 		return nil, false, nil
 	}
-	ev = &Event{ID: e.ID, Revision: rev, Owner: e.FieldValues["owner"], RequestID: e.FieldValues["request_id"]}
-	if p, has := e.FieldValues["prev"]; has {
+	ev = &Event{ID: e.ID, Revision: rev, Owner: e.FieldValues[protocol.LogFieldOwner], RequestID: e.FieldValues[protocol.LogFieldRequestID]}
+	if p, has := e.FieldValues[protocol.LogFieldPrev]; has {
 		if ev.prev, perr = strconv.ParseInt(p, 10, 64); perr == nil {
 			ev.hasPrev = true
 		}
 	}
-	if ch, has := e.FieldValues["changes"]; has {
+	if ch, has := e.FieldValues[protocol.LogFieldChanges]; has {
 		if ev.Changes, err = parseChanges(ch); err != nil {
 			return nil, false, err
 		}
 	} else {
 		// Truncated by lib.lua, or written by a writer that logs no keys.
 		ev.Truncated = true
-		if secs := e.FieldValues["sections"]; secs != "" {
-			ev.Sections = strings.Split(secs, ",")
+		if secs := e.FieldValues[protocol.LogFieldSections]; secs != "" {
+			ev.Sections = strings.Split(secs, protocol.LogSectionsSeparator)
 		}
 	}
 	return ev, true, nil
@@ -488,7 +489,7 @@ func (h *hub) start(ctx context.Context, s *Store) error {
 	h.lastID = "0-0"
 	if len(entries) == 1 {
 		h.lastID = entries[0].ID
-		h.lastRev, _ = strconv.ParseInt(entries[0].FieldValues["revision"], 10, 64)
+		h.lastRev, _ = strconv.ParseInt(entries[0].FieldValues[protocol.LogFieldRevision], 10, 64)
 	}
 	rctx, rcancel := context.WithCancel(context.Background())
 	h.feeds.mu.Lock()

@@ -46,10 +46,10 @@ local byname = {}
 byname.EXEC, byname.NAMES = 4, 5
 byname.FIXED_KEYS = 5
 function byname.index_key(names_key)
-  return names_key .. '-index'
+  return string.sub(names_key, 1, #names_key - #P.KEY_BY_NAME) .. P.KEY_BY_NAME_INDEX
 end
 
-local STALE = '~stale'
+local STALE = P.FLAG_STALE
 
 -- agent reads the "name" (a string) and "generation" of an executions
 -- value (JSON text) as cjson would: {name=, generation=} or nil when the
@@ -167,7 +167,7 @@ byname.prefix = prefix
 -- (agent's answer, or nil).
 local function member(id, a)
   if a == nil then
-    return '-' .. id
+    return P.MEMBER_UNNAMED .. id
   end
   return prefix(a.name) .. generation_key(a.generation) .. id
 end
@@ -176,8 +176,8 @@ byname.member = member
 -- member_id is the record id of a member (nil when m is not one: nothing
 -- fenced writes, but the index is a key other writers can reach).
 local function member_id(m)
-  if string.sub(m, 1, 1) == '-' then
-    return string.sub(m, 2)
+  if string.sub(m, 1, #P.MEMBER_UNNAMED) == P.MEMBER_UNNAMED then
+    return string.sub(m, #P.MEMBER_UNNAMED + 1)
   end
   local len = tonumber(string.sub(m, 1, 8), 16)
   if not len or not string.find(string.sub(m, 1, 8), '^%x+$') or #m < 8 + len + 16 then
@@ -276,7 +276,7 @@ byname.set_holder = set_holder
 -- indexed_count is the number of records the index at key holds (its
 -- members less the flags, which start with '~'). O(log n).
 local function indexed_count(key)
-  return redis.call('ZCARD', key) - redis.call('ZLEXCOUNT', key, '[~', '+')
+  return redis.call('ZCARD', key) - redis.call('ZLEXCOUNT', key, '[' .. P.FLAG_PREFIX, '+')
 end
 byname.indexed_count = indexed_count
 

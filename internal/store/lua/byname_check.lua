@@ -16,14 +16,14 @@ local fields = page[2]
 for i = 1, #fields, 2 do
   local raw = fields[i + 1]
   local m = byname.member(fields[i], byname.stored_agent(raw))
-  local flags = 'r'
+  local flags = P.CHECK_RECORD
   if record_revision(raw) == nil then
-    flags = 'u'
+    flags = P.CHECK_NOT_RECORD
   end
   if redis.call('ZSCORE', KEYS[2], m) then
-    flags = flags .. 'i'
+    flags = flags .. P.CHECK_INDEXED
   else
-    flags = flags .. 'm'
+    flags = flags .. P.CHECK_MISSING
   end
   out[#out + 1] = flags
   out[#out + 1] = m

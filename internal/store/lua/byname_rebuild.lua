@@ -37,33 +37,35 @@ local step, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- Claims are flags (they start with '~', score 0: byte order stays the
 -- set's order, '~stale' with its count above them).
-local CLAIM = '~rebuilding:'
-if step == 'claim' or step == 'release' then
+local CLAIM = P.FLAG_CLAIM
+local CLAIM_END = string.sub(CLAIM, 1, -2) .. string.char(string.byte(CLAIM, -1) + 1)
+local CLAIM_PATTERN = '^' .. string.gsub(CLAIM, '%p', '%%%0') .. '(%d+):(.*)$'
+if step == P.REBUILD_CLAIM or step == P.REBUILD_RELEASE then
   local now = now_ms()
-  local claims = redis.call('ZRANGEBYLEX', INDEX, '[' .. CLAIM, '(~rebuilding;', 'LIMIT', 0, 16)
+  local claims = redis.call('ZRANGEBYLEX', INDEX, '[' .. CLAIM, '(' .. CLAIM_END, 'LIMIT', 0, 16)
   for _, c in ipairs(claims) do
-    local expires, token = string.match(c, '^~rebuilding:(%d+):(.*)$')
-    if step == 'claim' and token ~= cursor and tonumber(expires or '0') > now then
-      return { 'BUSY' }
+    local expires, token = string.match(c, CLAIM_PATTERN)
+    if step == P.REBUILD_CLAIM and token ~= cursor and tonumber(expires or '0') > now then
+      return { P.REPLY_BUSY }
     end
   end
   for _, c in ipairs(claims) do
-    local expires, token = string.match(c, '^~rebuilding:(%d+):(.*)$')
+    local expires, token = string.match(c, CLAIM_PATTERN)
     if token == cursor or tonumber(expires or '0') <= now then
       redis.call('ZREM', INDEX, c)
     end
   end
-  if step == 'claim' then
+  if step == P.REBUILD_CLAIM then
     redis.call('ZADD', INDEX, 0, CLAIM .. int(now + count) .. ':' .. cursor)
   end
-  return { 'OK' }
+  return { P.REPLY_OK }
 end
 
-if step == 'start' then
+if step == P.REBUILD_START then
   return { byname.stale_count(INDEX) }
 end
 
-if step == 'add' then
+if step == P.REBUILD_ADD then
   local page = redis.call('HSCAN', EXEC, cursor, 'COUNT', count)
   local fields = page[2]
   for i = 1, #fields, 2 do
@@ -72,7 +74,7 @@ if step == 'add' then
   return { page[1], string.format('%d', #fields / 2) }
 end
 
-if step == 'verify' then
+if step == P.REBUILD_VERIFY then
   local from = '-'
   if cursor ~= '' then
     from = '(' .. cursor
@@ -80,7 +82,7 @@ if step == 'verify' then
   local members = redis.call('ZRANGEBYLEX', INDEX, from, '+', 'LIMIT', 0, count)
   local removed = 0
   for _, m in ipairs(members) do
-    if string.sub(m, 1, 1) == '~' then
+    if string.sub(m, 1, #P.FLAG_PREFIX) == P.FLAG_PREFIX then
       if m ~= byname.STALE and string.sub(m, 1, #CLAIM) ~= CLAIM then -- no flag fenced sets
         redis.call('ZREM', INDEX, m)
         removed = removed + 1
@@ -101,7 +103,7 @@ if step == 'verify' then
   return { after, string.format('%d', removed) }
 end
 
-if step == 'names' then
+if step == P.REBUILD_NAMES then
   local head = '{"r":' .. (redis.call('GET', REV) or '0') .. ',"v":'
   -- Named members start with the 8 hex digits of their name's length:
   -- at or after '0', before '~' (the flags).
@@ -111,7 +113,7 @@ if step == 'names' then
   end
   local fixed, done, last = 0, 0, ''
   while done < count do
-    local first = redis.call('ZRANGEBYLEX', INDEX, from, '(~', 'LIMIT', 0, 1)[1]
+    local first = redis.call('ZRANGEBYLEX', INDEX, from, '(' .. P.FLAG_PREFIX, 'LIMIT', 0, 1)[1]
     if first == nil then
       return { '', string.format('%d', fixed) }
     end
@@ -142,7 +144,7 @@ if step == 'names' then
   return { last, string.format('%d', fixed) }
 end
 
-if step == 'extras' then
+if step == P.REBUILD_EXTRAS then
   local page = redis.call('HSCAN', NAMES, cursor, 'COUNT', count)
   local fields = page[2]
   local removed = 0
@@ -155,12 +157,12 @@ if step == 'extras' then
   return { page[1], string.format('%d', removed) }
 end
 
-if step == 'finish' then
+if step == P.REBUILD_FINISH then
   if byname.stale_count(INDEX) == cursor and byname.indexed_count(INDEX) == redis.call('HLEN', EXEC) then
     redis.call('ZREM', INDEX, byname.STALE)
-    return { 'CLEAN' }
+    return { P.REPLY_CLEAN }
   end
-  return { 'AGAIN' }
+  return { P.REPLY_AGAIN }
 end
 
 return redis.error_reply('byname_rebuild: unknown step ' .. tostring(step))

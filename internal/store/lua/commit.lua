@@ -1,4 +1,4 @@
--- commit.lua: the fenced batch (DESIGN §3). Checks the layout, the lease
+-- commit.lua: the fenced batch (docs/design.md §3). Checks the layout, the lease
 -- fence and every revision, then writes all of the batch or nothing. No
 -- write happens before every check has passed: Redis has no rollback.
 --
@@ -55,9 +55,9 @@ local META, REV, LOG = 1, 2, 3
 local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
 
-local slug = string.match(KEYS[META], '{(.-)}')
+local slug = string.match(KEYS[META], P.SLUG_PATTERN)
 local mode, fence_epoch, caller_now, window, digest, fence_owner =
-  string.match(ARGV[1], '^([slr-]+):(%w*):(%w+):(%d*):(%x*):(.*)$')
+  string.match(ARGV[1], '^(' .. P.MODE_PATTERN .. '+):(%w*):(%w+):(%d*):(%x*):(.*)$')
 -- base36 reads a number the caller wrote in base 36 ('-' first when
 -- negative: tonumber's base conversion takes no sign); exact below 2^53.
 local function base36(s)
@@ -70,10 +70,10 @@ if fence_epoch ~= '' then
   fence_epoch = base36(fence_epoch)
 end
 caller_now = base36(caller_now)
-local stamp = string.find(mode, 's', 1, true) ~= nil
-local layout_checked = string.find(mode, 'l', 1, true) ~= nil
+local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
+local layout_checked = string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil
 local request_key = nil
-if string.find(mode, 'r', 1, true) then
+if string.find(mode, P.MODE_REQUEST, 1, true) then
   request_key = KEYS[fixed_keys + 1]
 end
 
@@ -84,10 +84,10 @@ local n = 0
 do
   local a = 2
   while a <= #ARGV do
-    local kind, ki, expected, key = string.match(ARGV[a], '^([pdcS])(%d+):(-?%w+):(.*)$')
+    local kind, ki, expected, key = string.match(ARGV[a], '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$')
     n = n + 1
     kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
-    if kind == 'p' then
+    if kind == P.KIND_PUT then
       a = a + 1
       values[n] = ARGV[a]
     end
@@ -104,7 +104,7 @@ end
 -- A retried request: answer the revision it committed at, write nothing.
 local request_id = nil
 if request_key then
-  request_id = string.match(request_key, ':request:(.*)$')
+  request_id = string.match(request_key, P.REQUEST_PATTERN)
   local prior = redis.call('GET', request_key)
   if prior then
     local rev, prior_digest = string.match(prior, '^(%d+):(%x+)$')
@@ -116,9 +116,9 @@ if request_key then
       -- is known whatever Redis says (SET is refused when Redis is out of
       -- memory, or read-only); then the replay writes nothing at all.
       redis.pcall('SET', request_key, prior, 'KEEPTTL')
-      return { 'OK', rev, 'REPLAYED' }
+      return { P.REPLY_OK, rev, P.REPLY_REPLAYED }
     end
-    return { 'REUSED' }
+    return { P.REPLY_REUSED }
   end
 end
 
@@ -128,7 +128,7 @@ local log_owner = ''
 if fence_epoch ~= '' then
   local lease, over = read_lease(KEYS[META])
   if over then
-    return { 'LIMIT', '', 'meta/lease' }
+    return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
   end
   local now = now_ms()
   if caller_now > now then
@@ -137,9 +137,9 @@ if fence_epoch ~= '' then
   if lease == nil or lease.epoch ~= fence_epoch or lease.expires_at <= now
       or (fence_owner ~= '' and lease.owner ~= fence_owner) then
     if lease then
-      return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
+      return { P.REPLY_STALE, lease.owner, int(lease.epoch), int(lease.expires_at) }
     end
-    return { 'STALE', '', '', '' }
+    return { P.REPLY_STALE, '', '', '' }
   end
   log_owner = lease.owner
 end
@@ -150,15 +150,15 @@ local highest, refused = swarm_floor() -- then also the written records' revisio
 if refused then
   return refused
 end
-local conflicts = { 'CONFLICT' }
+local conflicts = { P.REPLY_CONFLICT }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
 for i = 1, n do
   local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
   local actual = 0
-  if kind == 'S' then
+  if kind == P.KIND_CHECK_SECTION then
     local revs = section_revisions()
-    local name = string.match(KEYS[ki], '}:fence:(.*)$')
+    local name = string.match(KEYS[ki], P.SECTION_PATTERN)
     if type(revs[name]) == 'number' then
       actual = revs[name]
     end
@@ -171,11 +171,11 @@ for i = 1, n do
         -- A field that is not a record can only be overwritten blind
         -- (repair); one whose revision is above REV_MAX not even so: its
         -- next revision would have to be above it.
-        if expected ~= -1 or kind == 'c' then
-          return { 'CORRUPT', int(i - 1) }
+        if expected ~= -1 or kind == P.KIND_CHECK then
+          return { P.REPLY_CORRUPT, int(i - 1) }
         end
         if over then
-          return { 'LIMIT', int(i - 1) }
+          return { P.REPLY_LIMIT, int(i - 1) }
         end
         actual = 0
       end
@@ -183,7 +183,7 @@ for i = 1, n do
     if actual > highest then
       highest = actual
     end
-    if kind ~= 'c' then
+    if kind ~= P.KIND_CHECK then
       mutates = true
       if ki == EXEC then
         old_exec[i] = raw or false
@@ -199,7 +199,7 @@ if #conflicts > 1 then
   return conflicts
 end
 if not mutates then
-  return { 'OK', redis.call('GET', KEYS[REV]) or '0' }
+  return { P.REPLY_OK, redis.call('GET', KEYS[REV]) or '0' }
 end
 
 -- 4. Commit.
@@ -215,14 +215,14 @@ local log_changes = {} -- the log entry's changes (log_change)
 local exec_writes = {} -- executions writes, for byname.commit
 for i = 1, n do
   local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
-  if kind == 'p' then
+  if kind == P.KIND_PUT then
     redis.call('HSET', KEYS[ki], key, head .. value .. '}')
-  elseif kind == 'd' then
+  elseif kind == P.KIND_DELETE then
     redis.call('HDEL', KEYS[ki], key)
   end
-  if kind == 'p' or kind == 'd' then
+  if kind == P.KIND_PUT or kind == P.KIND_DELETE then
     records = records + 1
-    local section = string.match(KEYS[ki], '}:fence:(.*)$')
+    local section = string.match(KEYS[ki], P.SECTION_PATTERN)
     changed[section] = true
     log_change(log_changes, kind, section, key)
     if ki == EXEC then
@@ -242,6 +242,6 @@ if request_key then
 end
 finish_commit(rev, layout, stamp, slug, log_owner, records, changed, request_id, log_changes)
 if byname_stale then
-  return { 'OK', rev, 'BYNAME_STALE' }
+  return { P.REPLY_OK, rev, P.REPLY_BYNAME_STALE }
 end
-return { 'OK', rev }
+return { P.REPLY_OK, rev }

@@ -16,16 +16,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local last = #KEYS
 local stamp = false
-if ARGV[1] == 's' then
+if ARGV[1] == P.MODE_STAMP then
   stamp = redis.call('HGET', KEYS[last], ARGV[2])
   last = last - 1
 end
-local meta = redis.call('HMGET', KEYS[1], 'lease', 'epoch', 'leader_changes', 'layout', 'section_revisions')
+local meta = redis.call('HMGET', KEYS[1], P.FIELD_LEASE, P.FIELD_EPOCH, P.FIELD_LEADER_CHANGES, P.FIELD_LAYOUT,
+  P.FIELD_SECTION_REVISIONS)
 local out = { string.format('%d', now), redis.call('GET', KEYS[2]),
   meta[1], meta[2], meta[3], meta[4], meta[5], stamp,
   redis.call('XLEN', KEYS[3]), redis.call('HLEN', KEYS[4]),
-  redis.call('ZCARD', KEYS[5]) - redis.call('ZLEXCOUNT', KEYS[5], '[~', '+'),
-  redis.call('ZSCORE', KEYS[5], '~stale') }
+  redis.call('ZCARD', KEYS[5]) - redis.call('ZLEXCOUNT', KEYS[5], '[' .. P.FLAG_PREFIX, '+'),
+  redis.call('ZSCORE', KEYS[5], P.FLAG_STALE) }
 for i = 6, last do
   out[#out + 1] = redis.call('HLEN', KEYS[i])
 end

@@ -1,5 +1,5 @@
--- lease.lua: grant, renew or release a swarm's lease (DESIGN §1-§2, issue
--- #3), by Redis's clock, as one committed batch on meta: the swarm revision
+-- lease.lua: grant, renew or release a swarm's lease (docs/design.md §4),
+-- by Redis's clock, as one committed batch on meta: the swarm revision
 -- is raised, the changed meta records are stamped with it, and one log entry
 -- names the owner. Every check comes before the first write.
 --
@@ -27,12 +27,12 @@
 --                                                 also be 'meta/epoch', or
 --                                                 'epoch' when the new epoch
 --                                                 would be above 2^53-1
-local slug = string.match(KEYS[1], '{(.-)}')
+local slug = string.match(KEYS[1], P.SLUG_PATTERN)
 local mode, op, owner = ARGV[1], ARGV[2], ARGV[3]
 local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local stamp = string.find(mode, 's', 1, true) ~= nil
+local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
 
-local layout, refusal = check_layout(stamp, string.find(mode, 'l', 1, true) ~= nil, slug)
+local layout, refusal = check_layout(stamp, string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil, slug)
 if refusal then
   return refusal
 end
@@ -40,7 +40,7 @@ end
 local now = now_ms()
 local lease, over = read_lease(KEYS[1])
 if over then
-  return { 'LIMIT', '', 'meta/lease' }
+  return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
 end
 local floor, refused = swarm_floor()
 if refused then
@@ -49,9 +49,9 @@ end
 local live = lease ~= nil and lease.expires_at > now
 local function stale()
   if lease then
-    return { 'STALE', lease.owner, int(lease.epoch), int(lease.expires_at) }
+    return { P.REPLY_STALE, lease.owner, int(lease.epoch), int(lease.expires_at) }
   end
-  return { 'STALE', '', '', '' }
+  return { P.REPLY_STALE, '', '', '' }
 end
 
 -- stored(field) is the decoded value and the revision of a meta record;
@@ -69,9 +69,9 @@ local function stored(field)
 end
 
 -- meta/epoch, the last epoch granted: a number, or a refusal.
-local last_epoch, epoch_rev = stored('epoch')
+local last_epoch, epoch_rev = stored(P.FIELD_EPOCH)
 if epoch_rev == nil or (type(last_epoch) == 'number' and last_epoch > REV_MAX) then
-  return { 'LIMIT', '', 'meta/epoch' }
+  return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_EPOCH }
 end
 if type(last_epoch) ~= 'number' then
   last_epoch = 0
@@ -79,9 +79,9 @@ end
 
 local new_epoch, expires = nil, nil
 local granted = false
-if op == 'acquire' then
+if op == P.LEASE_ACQUIRE then
   if live and lease.owner ~= owner then
-    return { 'HELD', lease.owner, int(lease.epoch), int(lease.expires_at), int(now) }
+    return { P.REPLY_HELD, lease.owner, int(lease.epoch), int(lease.expires_at), int(now) }
   end
   if live then
     new_epoch = lease.epoch -- the holder again: extend, keep the epoch
@@ -99,16 +99,16 @@ if op == 'acquire' then
       new_epoch = now
     end
     if new_epoch > REV_MAX then
-      return { 'LIMIT', '', 'epoch' }
+      return { P.REPLY_LIMIT, '', P.FIELD_EPOCH }
     end
   end
   expires = now + ttl
-elseif op == 'renew' then
+elseif op == P.LEASE_RENEW then
   if not live or lease.owner ~= owner or lease.epoch ~= epoch then
     return stale()
   end
   new_epoch, expires = epoch, now + ttl
-elseif op == 'release' then
+elseif op == P.LEASE_RELEASE then
   if not live or lease.owner ~= owner or lease.epoch ~= epoch then
     return stale()
   end
@@ -121,18 +121,18 @@ end
 -- writer (or before meta/epoch existed) records its epoch here on its
 -- first renewal or release, so that no later grant can go below it.
 local record_epoch = granted or new_epoch > last_epoch
-local _, highest = stored('lease')
+local _, highest = stored(P.FIELD_LEASE)
 if highest == nil then
-  return { 'LIMIT', '', 'meta/lease' }
+  return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
 end
 local changes, changes_rev = nil, 0
 if record_epoch then
   highest = math.max(highest, epoch_rev)
 end
 if granted then
-  changes, changes_rev = stored('leader_changes')
+  changes, changes_rev = stored(P.FIELD_LEADER_CHANGES)
   if changes_rev == nil then
-    return { 'LIMIT', '', 'meta/leader_changes' }
+    return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEADER_CHANGES }
   end
   highest = math.max(highest, changes_rev)
 end
@@ -143,31 +143,31 @@ end
 local head = '{"r":' .. rev .. ',"v":'
 local records = 1
 local log_changes = {}
-if op == 'release' then
-  redis.call('HDEL', KEYS[1], 'lease')
-  log_change(log_changes, 'd', 'meta', 'lease')
+if op == P.LEASE_RELEASE then
+  redis.call('HDEL', KEYS[1], P.FIELD_LEASE)
+  log_change(log_changes, P.KIND_DELETE, P.KEY_META, P.FIELD_LEASE)
 else
-  log_change(log_changes, 'p', 'meta', 'lease')
-  redis.call('HSET', KEYS[1], 'lease', head .. '{"owner":' .. json_string(owner)
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEASE)
+  redis.call('HSET', KEYS[1], P.FIELD_LEASE, head .. '{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
 end
 if record_epoch then
-  redis.call('HSET', KEYS[1], 'epoch', head .. int(new_epoch) .. '}')
-  log_change(log_changes, 'p', 'meta', 'epoch')
+  redis.call('HSET', KEYS[1], P.FIELD_EPOCH, head .. int(new_epoch) .. '}')
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_EPOCH)
   records = records + 1
 end
 if granted then
   if type(changes) ~= 'number' then
     changes = 0
   end
-  redis.call('HSET', KEYS[1], 'leader_changes', head .. int(changes + 1) .. '}')
-  log_change(log_changes, 'p', 'meta', 'leader_changes')
+  redis.call('HSET', KEYS[1], P.FIELD_LEADER_CHANGES, head .. int(changes + 1) .. '}')
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEADER_CHANGES)
   records = records + 1
 end
-finish_commit(rev, layout, stamp, slug, owner, records, { meta = true }, nil, log_changes)
+finish_commit(rev, layout, stamp, slug, owner, records, { [P.KEY_META] = true }, nil, log_changes)
 local replaced = { '', '', '' }
 if granted and lease and lease.owner ~= owner then
   replaced = { lease.owner, int(lease.epoch), int(lease.expires_at) }
 end
-return { 'OK', rev, owner, int(new_epoch), int(expires), granted and '1' or '0',
+return { P.REPLY_OK, rev, owner, int(new_epoch), int(expires), granted and '1' or '0',
   replaced[1], replaced[2], replaced[3] }

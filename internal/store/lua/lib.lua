@@ -1,10 +1,16 @@
 -- lib.lua: helpers shared by the scripts that commit to a swarm. fenced
 -- prepends this file to each of them (see store.go); it returns nothing.
 --
+-- Every script starts with the prelude generated from
+-- internal/store/protocol: `local P`, the values the scripts share with Go
+-- (reply tags P.REPLY_*, key names P.KEY_*, meta fields P.FIELD_*, write
+-- kinds P.KIND_*, mode letters P.MODE_*, P.LOG_CAP, P.REV_MAX...). A script
+-- never spells one of them: a test (protocol_test.go) fails if it does.
+--
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
 
--- The record grammar (docs/design-notes.md, "Record grammar"; Go:
+-- The record grammar (docs/design.md §2.2; Go:
 -- internal/store/record.go parseRecord accepts exactly the same fields). A
 -- stored field is a record when it is one JSON text (RFC 8259: JSON
 -- whitespace only, valid UTF-8, at most MAX_DEPTH nested arrays/objects,
@@ -14,9 +20,10 @@
 -- integer, in range when at most REV_MAX; its value is the bytes of "v".
 local MAX_DEPTH = 1000
 -- REV_MAX is 2^53-1, the largest integer Lua numbers (doubles) and JSON
--- parsers keep exact: no revision or epoch above it is written or compared.
-local REV_MAX = 9007199254740991
-local REV_MAX_TEXT = '9007199254740991'
+-- parsers keep exact: no revision or epoch above it is written or compared
+-- (from the prelude: internal/store/protocol RevMax).
+local REV_MAX = P.REV_MAX
+local REV_MAX_TEXT = P.REV_MAX_TEXT
 
 local find, gsub, sub = string.find, string.gsub, string.sub
 
@@ -318,7 +325,7 @@ end
 -- or nil when absent or not a valid lease; nil, 'over' when its epoch or
 -- expiry is above REV_MAX (then no fence may be compared with it).
 local function read_lease(meta)
-  local raw = redis.call('HGET', meta, 'lease')
+  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
   if not raw then
     return nil
   end
@@ -339,17 +346,17 @@ end
 -- document key has another slot, so the caller looks and calls again with
 -- mode 'l'.
 local function check_layout(stamp, layout_checked, slug)
-  local layout = redis.call('HGET', KEYS[1], 'layout')
+  local layout = redis.call('HGET', KEYS[1], P.FIELD_LAYOUT)
   if layout then
-    if record_value(layout) == 'document' then
-      return layout, { 'LAYOUT_DOCUMENT' }
+    if record_value(layout) == P.LAYOUT_DOCUMENT then
+      return layout, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif stamp then
     if redis.call('HEXISTS', KEYS[#KEYS], slug) == 1 then
-      return nil, { 'LAYOUT_DOCUMENT' }
+      return nil, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif not layout_checked then
-    return nil, { 'LAYOUT_UNKNOWN' }
+    return nil, { P.REPLY_LAYOUT_UNKNOWN }
   end
   return layout, nil
 end
@@ -360,7 +367,7 @@ end
 local section_revisions_raw = nil
 local function section_revisions_field()
   if section_revisions_raw == nil then
-    section_revisions_raw = redis.call('HGET', KEYS[1], 'section_revisions') or false
+    section_revisions_raw = redis.call('HGET', KEYS[1], P.FIELD_SECTION_REVISIONS) or false
   end
   return section_revisions_raw
 end
@@ -383,6 +390,7 @@ end
 -- its revision is a floor that survives a lost counter). It answers the
 -- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
 local function swarm_floor()
   local highest = 0
@@ -390,10 +398,10 @@ local function swarm_floor()
   if counter then
     prior_revision = counter
     if not canonical_digits(counter) then
-      return nil, { 'CORRUPT', '', 'revision' }
+      return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
     end
     if not digits_in_range(counter) then
-      return nil, { 'LIMIT', '', 'revision' }
+      return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
     end
     highest = tonumber(counter)
   end
@@ -402,18 +410,18 @@ local function swarm_floor()
   if raw then
     local r, over = record_revision(raw)
     if over then
-      return nil, { 'LIMIT', '', 'meta/section_revisions' }
+      return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
     end
     revs = r and record_value(raw)
     if type(revs) ~= 'table' then
-      return nil, { 'CORRUPT', '', 'meta/section_revisions' }
+      return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
     end
     for name, v in pairs(revs) do
       if type(name) ~= 'string' or type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
-        return nil, { 'CORRUPT', '', 'meta/section_revisions' }
+        return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
       end
       if v > REV_MAX then
-        return nil, { 'LIMIT', '', 'meta/section_revisions' }
+        return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
       end
       if v > highest then
         highest = v
@@ -433,7 +441,7 @@ end
 -- Redis's clock in microseconds, so that no revision is issued twice even
 -- after Redis lost acknowledged writes (a crash, a failover to a lagging
 -- replica, a restored snapshot): whatever was issued before the loss is
--- below the clock after it (docs/design-notes.md, "Revisions and epochs").
+-- below the clock after it (docs/design.md §5).
 -- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
 local function next_revision(highest)
   local rev = highest + 1
@@ -442,21 +450,20 @@ local function next_revision(highest)
     rev = now
   end
   if rev > REV_MAX then
-    return nil, { 'LIMIT', '', 'revision' }
+    return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
   end
   rev = int(rev)
   redis.call('SET', KEYS[2], rev)
   return rev
 end
 
--- LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
--- the log keeps 1000 entries, so a swarm's log stays under ~16 MB whatever
--- its batches (1024 writes of 1 KiB keys would be 1 MB an entry). A batch
--- over it logs `sections` instead (docs/design-notes.md, "Watch").
-local LOG_CHANGES_MAX = 16384
+-- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
+-- the log keeps P.LOG_CAP entries, so a swarm's log stays under ~16 MB
+-- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
+-- A batch over it logs `sections` instead (docs/design-notes.md, "Watch").
 
--- log_change appends one change to a log entry's list (changes): op 'p'
--- (put) or 'd' (delete), then '<section>:<key length in bytes>:<key>', so
+-- log_change appends one change to a log entry's list (changes): op
+-- P.KIND_PUT or P.KIND_DELETE, then '<section>:<key length in bytes>:<key>', so
 -- that any key (':' and NUL included) is read back exactly. Built here from
 -- what the script already has: nothing more is sent to Redis per batch.
 local function log_change(changes, op, section, key)
@@ -466,13 +473,13 @@ end
 -- finish_commit does what every commit ends with: the section revisions of
 -- the sections the batch changed (a set of names; nil: none) raised to rev,
 -- meta/layout set to records when absent, the standalone stamp, and one log
--- entry (the log keeps exactly the last 1000; request_id only when given):
--- revision, owner, records, [request_id], then changes (log_change's
--- items, concatenated) or, over LOG_CHANGES_MAX, sections (the changed
--- sections' names, sorted, joined by ','), then prev: the swarm revision
--- before this commit (the previous entry's revision), so that a reader
--- resuming after revision r knows nothing between r and the oldest entry
--- left the log when prev <= r.
+-- entry (the log keeps exactly the last P.LOG_CAP; request_id only when
+-- given): revision, owner, records, [request_id], then changes (log_change's
+-- items, concatenated) or, over P.LOG_CHANGES_MAX bytes, sections (the
+-- changed sections' names, sorted, joined by ','), then prev: the swarm
+-- revision before this commit (the previous entry's revision), so that a
+-- reader resuming after revision r knows nothing between r and the oldest
+-- entry left the log when prev <= r.
 local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id, changes)
   local head = '{"r":' .. rev .. ',"v":'
   if changed and next(changed) then
@@ -491,22 +498,22 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
     for i, name in ipairs(names) do
       parts[i] = json_string(name) .. ':' .. int(revs[name])
     end
-    redis.call('HSET', KEYS[1], 'section_revisions', head .. '{' .. table.concat(parts, ',') .. '}}')
+    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, head .. '{' .. table.concat(parts, ',') .. '}}')
   end
   if not layout then
-    redis.call('HSET', KEYS[1], 'layout', head .. '"records"}')
+    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
   end
   if stamp then
-    redis.call('HSET', KEYS[#KEYS], slug .. ':records', rev)
+    redis.call('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
   end
-  local entry = { 'revision', rev, 'owner', owner, 'records', int(records) }
+  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
   if request_id then
-    entry[#entry + 1] = 'request_id'
+    entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
     entry[#entry + 1] = request_id
   end
   local text = table.concat(changes)
-  if #text <= LOG_CHANGES_MAX then
-    entry[#entry + 1] = 'changes'
+  if #text <= tonumber(P.LOG_CHANGES_MAX) then
+    entry[#entry + 1] = P.LOG_FIELD_CHANGES
     entry[#entry + 1] = text
   else
     local names = {}
@@ -514,10 +521,10 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
       names[#names + 1] = name
     end
     table.sort(names)
-    entry[#entry + 1] = 'sections'
-    entry[#entry + 1] = table.concat(names, ',')
+    entry[#entry + 1] = P.LOG_FIELD_SECTIONS
+    entry[#entry + 1] = table.concat(names, P.LOG_SECTIONS_SEPARATOR)
   end
-  entry[#entry + 1] = 'prev'
+  entry[#entry + 1] = P.LOG_FIELD_PREV
   entry[#entry + 1] = prior_revision
-  redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*', unpack(entry))
+  redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*', unpack(entry))
 end

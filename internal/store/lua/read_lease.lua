@@ -3,4 +3,4 @@
 -- Reply: { now_ms, revision, raw meta/lease field or nil }.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return { string.format('%d', now), redis.call('GET', KEYS[2]) or '0', redis.call('HGET', KEYS[1], 'lease') }
+return { string.format('%d', now), redis.call('GET', KEYS[2]) or '0', redis.call('HGET', KEYS[1], P.FIELD_LEASE) }

@@ -1,4 +1,4 @@
--- read_sections.lua: one consistent snapshot of whole sections (DESIGN §4).
+-- read_sections.lua: one consistent snapshot of whole sections (docs/design.md §6).
 -- KEYS[1] revision, KEYS[2] meta, KEYS[3..] the section hashes.
 -- ARGV[1] the most records one snapshot may hold: counted first (HLEN, cheap),
 -- so that a section too large for one read is refused before it is read.
@@ -10,9 +10,9 @@ for i = 3, #KEYS do
   total = total + redis.call('HLEN', KEYS[i])
 end
 if total > tonumber(ARGV[1]) then
-  return { 'TOO_LARGE', string.format('%d', total) }
+  return { P.REPLY_TOO_LARGE, string.format('%d', total) }
 end
-local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], 'section_revisions') }
+local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) }
 for i = 3, #KEYS do
   out[i] = redis.call('HGETALL', KEYS[i])
 end

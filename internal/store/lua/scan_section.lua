@@ -6,4 +6,4 @@
 -- Reply: { revision, meta/section_revisions field or nil, next cursor
 --          ('0' at the end), {field, raw, field, raw, ...} }.
 local page = redis.call('HSCAN', KEYS[3], ARGV[1], 'COUNT', ARGV[2])
-return { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], 'section_revisions'), page[1], page[2] }
+return { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), page[1], page[2] }

@@ -1,6 +1,6 @@
 // fenced: fenced, per-record writes to a swarm's fencing state in Redis.
 //
-// Vocabulary (see DESIGN.md §1): a swarm (named by its slug) holds records
+// Vocabulary (see docs/design.md §1): a swarm (named by its slug) holds records
 // grouped in sections. Every record is a JSON value stamped with the revision
 // of the batch that last wrote it. The swarm revision is raised once per
 // committed batch: a revision is larger than every one issued before it
@@ -11,7 +11,9 @@
 // the fencing token.
 //
 // Errors are gRPC status codes chosen by what the caller should do next, with
-// machine-readable google.rpc details (never parse the message text):
+// machine-readable google.rpc details (never parse the message text). Every
+// ErrorInfo.reason is a value of ErrorReason.Reason (errors.proto), which
+// lists each one's code and metadata keys:
 //
 //   INVALID_ARGUMENT     fix the request; BadRequest names every bad field.
 //                        Nothing reached Redis.

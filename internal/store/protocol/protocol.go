@@ -1,0 +1,371 @@
+// Package protocol is the one home of every value that fenced's Go code and
+// its Lua scripts (internal/store/lua) must agree on: the key layout of a
+// swarm, the meta records only fenced writes, the write kinds and mode
+// letters of a commit's arguments, the reply tags of every script, the step
+// names of the by-name rebuild, the log cap and the largest revision.
+//
+// The Go side uses the constants below. The Lua side never spells them: each
+// script is prefixed with Prelude, a `local P = {...}` table generated here
+// at init (sorted, so a script's text and SHA-1 are deterministic), and the
+// scripts say P.REPLY_OK, P.FIELD_LEASE, P.KIND_PATTERN... A test in
+// internal/store fails when a script names a P entry that Prelude lacks, or
+// spells one of these values as a literal, or when Go code of the store
+// decodes a reply tag by its literal.
+//
+// To add a value: declare the constant, add it to entries (with its Lua
+// name), use P.<NAME> in the Lua.
+package protocol
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Key layout of one swarm (docs/design.md §2.1). Every key of a
+// swarm but Current is "<prefix>:swarm:{<slug>}" + FenceInfix + a name:
+// a section's name, or one of the Key* names below.
+const (
+	// FenceInfix separates a key's hash tag from its name; the Lua reads a
+	// section's name back out of its key after it (SectionPattern).
+	FenceInfix = "}:fence:"
+	// KeyMeta is the meta section: a hash of the swarm's own records.
+	KeyMeta = "meta"
+	// KeyRevision is the swarm's revision counter (a string of decimal
+	// digits).
+	KeyRevision = "revision"
+	// KeyLog is the commit log, a stream capped at LogCap entries.
+	KeyLog = "log"
+	// KeyByName is the hash agent name -> executions id, derived from
+	// executions.
+	KeyByName = "by-name"
+	// KeyByNameIndex is the sorted set that orders each agent name's
+	// executions by generation. The scripts derive it from the by-name key
+	// (same hash tag) instead of receiving it.
+	KeyByNameIndex = "by-name-index"
+	// KeyRequestPrefix starts the key that remembers a committed request
+	// id: KeyRequestPrefix + id.
+	KeyRequestPrefix = "request:"
+	// CurrentKey is the key, after "<prefix>:swarm:", that holds the document
+	// layout and the standalone stamp (no hash tag).
+	CurrentKey = "state:fencing:current"
+	// StampSuffix follows the slug in the CurrentKey field that a standalone
+	// commit stamps with its revision.
+	StampSuffix = ":records"
+)
+
+// Meta records that only fenced writes (a client batch may check them, never
+// put or delete them): MetaFields lists them.
+const (
+	FieldLease            = "lease"
+	FieldEpoch            = "epoch"
+	FieldLeaderChanges    = "leader_changes"
+	FieldLayout           = "layout"
+	FieldSectionRevisions = "section_revisions"
+)
+
+// MetaFields are the meta records that only fenced writes.
+var MetaFields = []string{FieldLease, FieldEpoch, FieldLeaderChanges, FieldLayout, FieldSectionRevisions}
+
+// Values of the layout record.
+const (
+	// LayoutRecords: the swarm is stored one record per field.
+	LayoutRecords = "records"
+	// LayoutDocument: the swarm is still one JSON document.
+	LayoutDocument = "document"
+)
+
+// Write kinds: the first character of a commit's write argument.
+const (
+	KindPut          = "p"
+	KindDelete       = "d"
+	KindCheck        = "c"
+	KindCheckSection = "S"
+)
+
+// Mode letters: the first field of a commit's (and the lease script's)
+// first argument is made of these.
+const (
+	// ModeStamp: standalone Redis; stamp CurrentKey (the last key).
+	ModeStamp = "s"
+	// ModeLayoutChecked: the caller checked the document layout (Cluster,
+	// after a ReplyLayoutUnknown).
+	ModeLayoutChecked = "l"
+	// ModeRequest: the batch carries a request key.
+	ModeRequest = "r"
+	// ModeNone: none of the above (alone, or replaced by ModeLayoutChecked
+	// on the second call).
+	ModeNone = "-"
+)
+
+// Reply tags: the first element of a script's reply (or, for ReplyReplayed
+// and ReplyByNameStale, the third of an OK). Each script's header lists its
+// replies and their shapes.
+const (
+	ReplyOK             = "OK"
+	ReplyReplayed       = "REPLAYED"
+	ReplyByNameStale    = "BYNAME_STALE"
+	ReplyReused         = "REUSED"
+	ReplyConflict       = "CONFLICT"
+	ReplyStale          = "STALE"
+	ReplyHeld           = "HELD"
+	ReplyLayoutDocument = "LAYOUT_DOCUMENT"
+	ReplyLayoutUnknown  = "LAYOUT_UNKNOWN"
+	ReplyCorrupt        = "CORRUPT"
+	ReplyLimit          = "LIMIT"
+	ReplyTooLarge       = "TOO_LARGE"
+	// ReplyBusy: another rebuild holds the by-name claim.
+	ReplyBusy  = "BUSY"
+	ReplyClean = "CLEAN"
+	ReplyAgain = "AGAIN"
+)
+
+// Lease operations (lease.lua's second argument).
+const (
+	LeaseAcquire = "acquire"
+	LeaseRenew   = "renew"
+	LeaseRelease = "release"
+)
+
+// Steps of the by-name rebuild (byname_rebuild.lua's first argument).
+const (
+	RebuildClaim   = "claim"
+	RebuildRelease = "release"
+	RebuildStart   = "start"
+	RebuildAdd     = "add"
+	RebuildVerify  = "verify"
+	RebuildNames   = "names"
+	RebuildExtras  = "extras"
+	RebuildFinish  = "finish"
+)
+
+// Flags of the by-name index: members that start with FlagPrefix are never
+// records.
+const (
+	FlagPrefix = "~"
+	// FlagStale: the index may not reflect executions (score: a count of
+	// detections).
+	FlagStale = "~stale"
+	// MemberUnnamed starts the index member of an executions record
+	// without a name: MemberUnnamed + id.
+	MemberUnnamed = "-"
+	// FlagClaim starts a rebuild's claim: FlagClaim + expires_ms + ":" + token.
+	FlagClaim = "~rebuilding:"
+)
+
+// Fields of a log entry.
+const (
+	LogFieldRevision  = "revision"
+	LogFieldOwner     = "owner"
+	LogFieldRecords   = "records"
+	LogFieldRequestID = "request_id"
+	// LogFieldChanges holds the records the batch put or deleted: per
+	// record KindPut or KindDelete, then "<section>:<key length>:<key>",
+	// concatenated (Watch reads it).
+	LogFieldChanges = "changes"
+	// LogFieldSections replaces LogFieldChanges when those would pass
+	// LogChangesMax bytes: the changed sections joined by
+	// LogSectionsSeparator.
+	LogFieldSections     = "sections"
+	LogSectionsSeparator = ","
+	// LogFieldPrev is the swarm revision before the batch.
+	LogFieldPrev = "prev"
+)
+
+// LogChangesMax bounds a log entry's changes field, in bytes: with LogCap
+// entries a swarm's log stays under ~16 MB whatever its batches.
+const LogChangesMax = 16384
+
+// Flags of byname_check.lua's answer: two characters per executions field,
+// CheckRecord or CheckNotRecord, then CheckIndexed or CheckMissing.
+const (
+	CheckRecord    = "r"
+	CheckNotRecord = "u"
+	CheckIndexed   = "i"
+	CheckMissing   = "m"
+)
+
+// LogCap is how many entries the log keeps (XADD MAXLEN =).
+const LogCap = 1000
+
+// RevMax (2^53-1) is the largest revision, epoch or time fenced writes or
+// compares: Redis's Lua numbers are doubles, exact up to it.
+const RevMax = 1<<53 - 1
+
+// entries are the Lua names of the values above, as Prelude defines them.
+var entries = []struct{ name, value string }{
+	{"FENCE_INFIX", FenceInfix},
+	{"KEY_META", KeyMeta},
+	{"KEY_REVISION", KeyRevision},
+	{"KEY_LOG", KeyLog},
+	{"KEY_BY_NAME", KeyByName},
+	{"KEY_BY_NAME_INDEX", KeyByNameIndex},
+	{"KEY_REQUEST_PREFIX", KeyRequestPrefix},
+	{"STAMP_SUFFIX", StampSuffix},
+	{"FIELD_LEASE", FieldLease},
+	{"FIELD_EPOCH", FieldEpoch},
+	{"FIELD_LEADER_CHANGES", FieldLeaderChanges},
+	{"FIELD_LAYOUT", FieldLayout},
+	{"FIELD_SECTION_REVISIONS", FieldSectionRevisions},
+	{"LAYOUT_RECORDS", LayoutRecords},
+	{"LAYOUT_DOCUMENT", LayoutDocument},
+	{"KIND_PUT", KindPut},
+	{"KIND_DELETE", KindDelete},
+	{"KIND_CHECK", KindCheck},
+	{"KIND_CHECK_SECTION", KindCheckSection},
+	{"MODE_STAMP", ModeStamp},
+	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
+	{"MODE_REQUEST", ModeRequest},
+	{"MODE_NONE", ModeNone},
+	{"REPLY_OK", ReplyOK},
+	{"REPLY_REPLAYED", ReplyReplayed},
+	{"REPLY_BYNAME_STALE", ReplyByNameStale},
+	{"REPLY_REUSED", ReplyReused},
+	{"REPLY_CONFLICT", ReplyConflict},
+	{"REPLY_STALE", ReplyStale},
+	{"REPLY_HELD", ReplyHeld},
+	{"REPLY_LAYOUT_DOCUMENT", ReplyLayoutDocument},
+	{"REPLY_LAYOUT_UNKNOWN", ReplyLayoutUnknown},
+	{"REPLY_CORRUPT", ReplyCorrupt},
+	{"REPLY_LIMIT", ReplyLimit},
+	{"REPLY_TOO_LARGE", ReplyTooLarge},
+	{"REPLY_BUSY", ReplyBusy},
+	{"REPLY_CLEAN", ReplyClean},
+	{"REPLY_AGAIN", ReplyAgain},
+	{"LEASE_ACQUIRE", LeaseAcquire},
+	{"LEASE_RENEW", LeaseRenew},
+	{"LEASE_RELEASE", LeaseRelease},
+	{"REBUILD_CLAIM", RebuildClaim},
+	{"REBUILD_RELEASE", RebuildRelease},
+	{"REBUILD_START", RebuildStart},
+	{"REBUILD_ADD", RebuildAdd},
+	{"REBUILD_VERIFY", RebuildVerify},
+	{"REBUILD_NAMES", RebuildNames},
+	{"REBUILD_EXTRAS", RebuildExtras},
+	{"REBUILD_FINISH", RebuildFinish},
+	{"FLAG_PREFIX", FlagPrefix},
+	{"FLAG_STALE", FlagStale},
+	{"FLAG_CLAIM", FlagClaim},
+	{"MEMBER_UNNAMED", MemberUnnamed},
+	{"LOG_FIELD_REVISION", LogFieldRevision},
+	{"LOG_FIELD_OWNER", LogFieldOwner},
+	{"LOG_FIELD_RECORDS", LogFieldRecords},
+	{"LOG_FIELD_REQUEST_ID", LogFieldRequestID},
+	{"LOG_FIELD_CHANGES", LogFieldChanges},
+	{"LOG_FIELD_SECTIONS", LogFieldSections},
+	{"LOG_SECTIONS_SEPARATOR", LogSectionsSeparator},
+	{"LOG_FIELD_PREV", LogFieldPrev},
+	{"LOG_CHANGES_MAX", strconv.Itoa(LogChangesMax)},
+	{"LOG_CAP", strconv.Itoa(LogCap)},
+	{"CHECK_RECORD", CheckRecord},
+	{"CHECK_NOT_RECORD", CheckNotRecord},
+	{"CHECK_INDEXED", CheckIndexed},
+	{"CHECK_MISSING", CheckMissing},
+	{"REV_MAX_TEXT", strconv.FormatInt(RevMax, 10)},
+	// Patterns the scripts match with, built from the values above.
+	// KIND_PATTERN / MODE_PATTERN: one character class of every kind / mode
+	// letter. SECTION_PATTERN captures a section's name out of its key;
+	// REQUEST_PATTERN a request id out of its request key; SLUG_PATTERN the
+	// slug out of any key of the swarm.
+	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection)},
+	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeNone)},
+	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
+	{"REQUEST_PATTERN", luaPatternQuote(FenceInfix+KeyRequestPrefix) + "(.*)$"},
+	{"SLUG_PATTERN", "{(.-)" + luaPatternQuote(FenceInfix)},
+}
+
+// Prelude is the Lua prepended to every script: `local P = {...}` holding
+// every value of this package under its Lua name (upper case), and
+// P.REV_MAX, the number. Generated once, sorted by name.
+var Prelude = prelude()
+
+// Names are the Lua names Prelude defines, sorted.
+var Names = names()
+
+// Values maps each Lua name of Prelude to its value.
+func Values() map[string]string {
+	m := make(map[string]string, len(entries))
+	for _, e := range entries {
+		m[e.name] = e.value
+	}
+	return m
+}
+
+func names() []string {
+	out := make([]string, 0, len(entries)+1)
+	for _, e := range entries {
+		out = append(out, e.name)
+	}
+	out = append(out, "REV_MAX")
+	slices.Sort(out)
+	return out
+}
+
+func prelude() string {
+	sorted := slices.Clone(entries)
+	slices.SortFunc(sorted, func(a, b struct{ name, value string }) int { return strings.Compare(a.name, b.name) })
+	var b strings.Builder
+	b.WriteString("-- Generated from internal/store/protocol (Go): the values the scripts\n")
+	b.WriteString("-- share with fenced's Go code. Do not spell them in a script: use P.<NAME>.\n")
+	b.WriteString("local P = {\n")
+	for i, e := range sorted {
+		if i > 0 && e.name == sorted[i-1].name {
+			panic("protocol: duplicate Lua name " + e.name)
+		}
+		if !regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`).MatchString(e.name) {
+			panic("protocol: bad Lua name " + e.name)
+		}
+		fmt.Fprintf(&b, "  %s = %s,\n", e.name, luaQuote(e.value))
+	}
+	b.WriteString("}\n")
+	b.WriteString("P.REV_MAX = tonumber(P.REV_MAX_TEXT)\n")
+	return b.String()
+}
+
+// luaQuote writes s as a Lua string literal (single quotes, escaped).
+func luaQuote(s string) string {
+	var b strings.Builder
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\'' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c >= 0x7f:
+			fmt.Fprintf(&b, "\\%d", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
+}
+
+// luaPatternQuote escapes Lua's pattern magic characters in s.
+func luaPatternQuote(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte("^$()%.[]*+-?", s[i]) >= 0 {
+			b.WriteByte('%')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// charClass is a Lua character class of the one-character values vs.
+func charClass(vs ...string) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for _, v := range vs {
+		if len(v) != 1 {
+			panic("protocol: not one character: " + v)
+		}
+		b.WriteString(luaPatternQuote(v))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
