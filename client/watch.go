@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"strconv"
 	"time"
 
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -185,19 +184,15 @@ func reasonOf(st *status.Status) string {
 	return ""
 }
 
-// decodeWatch is Decode, with REVISION_COMPACTED as *CompactedError.
+// decodeWatch is Decode, with the revision the watch was to resume from
+// in a *CompactedError.
 func decodeWatch(err error, from int64) error {
-	st, ok := status.FromError(err)
-	if ok && st.Code() == codes.OutOfRange && reasonOf(st) == fencedv1.ErrorReason_REVISION_COMPACTED.String() {
-		ce := &CompactedError{From: from, Err: err}
-		for _, d := range st.Details() {
-			if info, ok := d.(*errdetails.ErrorInfo); ok {
-				ce.Oldest, _ = strconv.ParseInt(info.GetMetadata()["oldest_revision"], 10, 64)
-			}
-		}
+	d := Decode(err)
+	if ce, ok := d.(*CompactedError); ok {
+		ce.From = from
 		return ce
 	}
-	if d := Decode(err); d != err {
+	if d != err {
 		return d
 	}
 	return fmt.Errorf("fenced client: watch: %w", err)

@@ -229,15 +229,25 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		w.MarkSent(w.Last())
 		s.watchObs.WatchEventsSent(1)
 	}
+	every := s.opts.Watch.ProgressInterval
+	lastSend := time.Now()
+	progress := func() error {
+		if err := stream.Send(&fencedv1.WatchResponse{Revision: w.Last(), Progress: true}); err != nil {
+			return err
+		}
+		w.MarkSent(w.Last())
+		s.watchObs.WatchEventsSent(1)
+		lastSend = time.Now()
+		return nil
+	}
 	for {
-		nctx, cancel := context.WithTimeout(ctx, s.opts.Watch.ProgressInterval)
+		nctx, cancel := context.WithTimeout(ctx, every-time.Since(lastSend))
 		ev, err := w.Next(nctx)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			if err := stream.Send(&fencedv1.WatchResponse{Revision: w.Last(), Progress: true}); err != nil {
+			if err := progress(); err != nil {
 				return err
 			}
-			s.watchObs.WatchEventsSent(1)
 			continue
 		}
 		if err != nil {
@@ -245,6 +255,13 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		}
 		resp, ok := eventProto(ev, sections)
 		if !ok {
+			// Filtered out: a stream of other sections' batches still
+			// gets its progress events.
+			if time.Since(lastSend) >= every {
+				if err := progress(); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if err := stream.Send(resp); err != nil {
@@ -252,6 +269,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		}
 		w.MarkSent(ev.Revision)
 		s.watchObs.WatchEventsSent(1)
+		lastSend = time.Now()
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -252,5 +253,32 @@ func TestWatchNeedsAValidRequest(t *testing.T) {
 	}
 	if status.Code(err) != codes.InvalidArgument || strings.Join(fields, ",") != "slug,start_revision,sections[0]" {
 		t.Errorf("Watch(bad slug, -1, unknown section) = %v, fields %q; want INVALID_ARGUMENT naming slug, start_revision, sections[0]", err, fields)
+	}
+}
+
+func TestWatchSendsProgressOnAQuietOrFilteredStream(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
+		Records: server.ServiceOptions{Watch: server.WatchOptions{ProgressInterval: 100 * time.Millisecond}}})
+	r0 := commitPut(t, e, "quiet", "claims", "c", `0`)
+	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "quiet", StartRevision: r0, Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	if ev, err := stream.Recv(); err != nil || !ev.GetProgress() || ev.GetRevision() != r0 {
+		t.Fatalf("first answer on a quiet stream = %v, %v; want progress at %d", ev, err, r0)
+	}
+	// A batch the filter leaves out moves the progress revision on.
+	r1 := commitPut(t, e, "quiet", "grants", "g", `1`)
+	for {
+		ev, err := stream.Recv()
+		if err != nil || !ev.GetProgress() {
+			t.Fatalf("answer after a filtered-out batch = %v, %v; want progress events only", ev, err)
+		}
+		if ev.GetRevision() == r1 {
+			break
+		}
+		if ev.GetRevision() != r0 {
+			t.Fatalf("progress revision = %d, want %d then %d", ev.GetRevision(), r0, r1)
+		}
 	}
 }
