@@ -129,14 +129,16 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 					break
 				}
 				wait.Reset()
-				from = max(from, resp.GetRevision())
-				if resp.GetProgress() && !cfg.progress {
-					continue
-				}
-				c.saw(slug, resp.GetRevision())
-				if !yield(eventFrom(resp), nil) {
-					cancel()
-					return
+				for _, e := range resp.GetEvents() {
+					from = max(from, e.GetRevision())
+					if e.GetProgress() && !cfg.progress {
+						continue
+					}
+					c.saw(slug, e.GetRevision())
+					if !yield(eventFrom(e), nil) {
+						cancel()
+						return
+					}
 				}
 			}
 			cancel()
@@ -198,7 +200,7 @@ func decodeWatch(err error, from int64) error {
 	return fmt.Errorf("fenced client: watch: %w", err)
 }
 
-func eventFrom(resp *fencedv1.WatchResponse) Event {
+func eventFrom(resp *fencedv1.WatchEvent) Event {
 	ev := Event{
 		Revision:  resp.GetRevision(),
 		Owner:     resp.GetOwner(),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 )
 
@@ -218,31 +220,46 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	}
 }
 
+// Coalescing: a watcher that is behind gets the events it has in one
+// message, up to these bounds (passed by at most one read of the swarm's
+// reader: at most 128 events), so that a busy swarm costs fewer messages
+// rather than more.
+const (
+	maxEventsPerMessage = 256
+	maxBytesPerMessage  = 1 << 20
+)
+
 // sendEvents sends w's events (filtered by sections) until an error, with
 // a progress event first for a watch from now and after every quiet
 // ProgressInterval.
 func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService_WatchServer, w *store.Watch, fromNow bool, sections []string) error {
-	if fromNow {
-		if err := stream.Send(&fencedv1.WatchResponse{Revision: w.Last(), Progress: true}); err != nil {
-			return err
-		}
-		w.MarkSent(w.Last())
-		s.watchObs.WatchEventsSent(1)
-	}
 	every := s.opts.Watch.ProgressInterval
 	lastSend := time.Now()
-	progress := func() error {
-		if err := stream.Send(&fencedv1.WatchResponse{Revision: w.Last(), Progress: true}); err != nil {
+	send := func(parts [][]byte, n int, last int64) error {
+		if err := stream.SendMsg(&preEncoded{parts: parts}); err != nil {
 			return err
 		}
-		w.MarkSent(w.Last())
-		s.watchObs.WatchEventsSent(1)
+		w.MarkSent(last)
+		s.watchObs.WatchEventsSent(n)
 		lastSend = time.Now()
 		return nil
 	}
+	progress := func() error {
+		b, err := proto.Marshal(&fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{{Revision: w.Last(), Progress: true}}})
+		if err != nil {
+			return err
+		}
+		return send([][]byte{b}, 1, w.Last())
+	}
+	if fromNow {
+		if err := progress(); err != nil {
+			return err
+		}
+	}
+	filter := strings.Join(sections, ",")
 	for {
 		nctx, cancel := context.WithTimeout(ctx, every-time.Since(lastSend))
-		ev, err := w.Next(nctx)
+		b, err := w.NextBatch(nctx)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			if err := progress(); err != nil {
@@ -253,8 +270,22 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		if err != nil {
 			return err
 		}
-		resp, ok := eventProto(ev, sections)
-		if !ok {
+		var parts [][]byte
+		size := 0
+		for b != nil {
+			// One encoding per read and filter, shared by the watchers
+			// handed the same read.
+			ps, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).([][]byte)
+			for _, p := range ps {
+				parts = append(parts, p)
+				size += len(p)
+			}
+			if len(parts) >= maxEventsPerMessage || size >= maxBytesPerMessage {
+				break
+			}
+			b = w.TryNextBatch()
+		}
+		if len(parts) == 0 {
 			// Filtered out: a stream of other sections' batches still
 			// gets its progress events.
 			if time.Since(lastSend) >= every {
@@ -264,19 +295,43 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 			}
 			continue
 		}
-		if err := stream.Send(resp); err != nil {
+		if err := send(parts, len(parts), w.Last()); err != nil {
 			return err
 		}
-		w.MarkSent(ev.Revision)
-		s.watchObs.WatchEventsSent(1)
-		lastSend = time.Now()
 	}
 }
 
-// eventProto is ev as a WatchResponse with only the changes in sections
+// encodeBatch is each event of b (filtered by sections) in the wire form
+// of a WatchResponse holding it alone; events the filter empties are left
+// out.
+func encodeBatch(b *store.Batch, sections []string) [][]byte {
+	var out [][]byte
+	for _, ev := range b.Events {
+		if p := encodeEvent(ev, sections); p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// encodeEvent is ev (filtered by sections) in the wire form of a
+// WatchResponse holding it alone; nil when the filter leaves nothing.
+func encodeEvent(ev *store.Event, sections []string) []byte {
+	pe, ok := eventProto(ev, sections)
+	if !ok {
+		return nil
+	}
+	b, err := proto.Marshal(&fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
+	if err != nil {
+		return nil // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
+	}
+	return b
+}
+
+// eventProto is ev as a WatchEvent with only the changes in sections
 // (nil: all); ok is false when none is left.
-func eventProto(ev *store.Event, sections []string) (*fencedv1.WatchResponse, bool) {
-	resp := &fencedv1.WatchResponse{Revision: ev.Revision, Owner: validUTF8(ev.Owner), RequestId: ev.RequestID, Truncated: ev.Truncated}
+func eventProto(ev *store.Event, sections []string) (*fencedv1.WatchEvent, bool) {
+	resp := &fencedv1.WatchEvent{Revision: ev.Revision, Owner: validUTF8(ev.Owner), RequestId: ev.RequestID, Truncated: ev.Truncated}
 	if ev.Truncated {
 		for _, sec := range ev.Sections {
 			if sections == nil || slices.Contains(sections, sec) {

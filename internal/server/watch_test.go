@@ -60,6 +60,25 @@ func commitPut(t *testing.T, e *endpoint, slug, section, key, value string) int6
 	return resp.GetRevision()
 }
 
+// events reads a Watch stream event by event (a message may carry several).
+type events struct {
+	stream fencedv1.RecordsService_WatchClient
+	buf    []*fencedv1.WatchEvent
+}
+
+func (e *events) Recv() (*fencedv1.WatchEvent, error) {
+	for len(e.buf) == 0 {
+		resp, err := e.stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		e.buf = resp.GetEvents()
+	}
+	ev := e.buf[0]
+	e.buf = e.buf[1:]
+	return ev, nil
+}
+
 func errorInfoOf(err error) *errdetails.ErrorInfo {
 	for _, d := range status.Convert(err).Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
@@ -73,10 +92,11 @@ func TestWatchStreamsBatchesFilteredBySection(t *testing.T) {
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
 	ctx := ctxT(t)
 	r0 := commitPut(t, e, "filtered", "claims", "T-0", `{"n":0}`)
-	stream, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: "filtered", StartRevision: r0, Sections: []string{"claims"}})
+	raw, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: "filtered", StartRevision: r0, Sections: []string{"claims"}})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
+	stream := &events{stream: raw}
 	commitPut(t, e, "filtered", "grants", "G-1", `1`) // filtered out
 	r2 := commitPut(t, e, "filtered", "claims", "T-1", `{"n":1}`)
 	resp, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "filtered", RequestId: "del-1", Writes: []*fencedv1.RecordWrite{
@@ -86,7 +106,7 @@ func TestWatchStreamsBatchesFilteredBySection(t *testing.T) {
 		t.Fatalf("FencedBatch: %v", err)
 	}
 	r3 := resp.GetRevision()
-	want := []*fencedv1.WatchResponse{
+	want := []*fencedv1.WatchEvent{
 		{Revision: r2, Changes: []*fencedv1.Change{{Section: "claims", Key: "T-1", Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT, Record: &fencedv1.Record{Revision: r2, Value: `{"n":1}`}}}},
 		{Revision: r3, RequestId: "del-1", Changes: []*fencedv1.Change{{Section: "claims", Key: "T-0", Kind: fencedv1.ChangeKind_CHANGE_KIND_DELETE}}},
 	}
@@ -104,10 +124,11 @@ func TestWatchStreamsBatchesFilteredBySection(t *testing.T) {
 func TestWatchFromNowStartsWithProgress(t *testing.T) {
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
 	r0 := commitPut(t, e, "fromnow", "claims", "a", `1`)
-	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "fromnow"})
+	raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "fromnow"})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
+	stream := &events{stream: raw}
 	first, err := stream.Recv()
 	if err != nil || !first.GetProgress() || first.GetRevision() != r0 {
 		t.Fatalf("first Watch answer = %v, %v; want a progress event at %d", first, err, r0)
@@ -189,15 +210,17 @@ func TestWatchDropsAWatcherThatNeverReads(t *testing.T) {
 	r0 := commitPut(t, e, "slow", "claims", "c", `0`)
 	// The idle watcher's connection keeps a fixed 64 KiB window: it fills
 	// after a few 16 KB events, then the server's buffer of 4.
-	idle, err := dialConn(t, e.addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)).
+	rawIdle, err := dialConn(t, e.addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)).
 		Watch(ctx, &fencedv1.WatchRequest{Slug: "slow", StartRevision: r0})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
-	reader, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: "slow", StartRevision: r0})
+	idle := &events{stream: rawIdle}
+	rawReader, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: "slow", StartRevision: r0})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
+	reader := &events{stream: rawReader}
 	value := `"` + strings.Repeat("x", 16<<10) + `"`
 	var revs []int64
 	for i := 0; counts.drops.Load() == 0; i++ {
@@ -260,10 +283,11 @@ func TestWatchSendsProgressOnAQuietOrFilteredStream(t *testing.T) {
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
 		Records: server.ServiceOptions{Watch: server.WatchOptions{ProgressInterval: 100 * time.Millisecond}}})
 	r0 := commitPut(t, e, "quiet", "claims", "c", `0`)
-	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "quiet", StartRevision: r0, Sections: []string{"claims"}})
+	raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "quiet", StartRevision: r0, Sections: []string{"claims"}})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
+	stream := &events{stream: raw}
 	if ev, err := stream.Recv(); err != nil || !ev.GetProgress() || ev.GetRevision() != r0 {
 		t.Fatalf("first answer on a quiet stream = %v, %v; want progress at %d", ev, err, r0)
 	}

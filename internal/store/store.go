@@ -199,7 +199,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		timeout:            DefaultRedisTimeout,
 		log:                slog.Default(),
 		waits:              newWaitSlots(),
-		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock},
+		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce},
 	}
 	s.client.Store(&client)
 	for _, o := range opts {

@@ -22,10 +22,10 @@ const LogCap = protocol.LogCap
 
 // Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
 const (
-	// DefaultWatchBuffer is how many events one watcher may fall behind the
-	// swarm's reader before it is dropped (ErrWatcherTooSlow). An event
-	// holds the records its batch put, so a watcher's buffer can hold up to
-	// this many batches' values.
+	// DefaultWatchBuffer is how many reads of the swarm's reader (each
+	// every batch committed since the previous one, at most 128) one
+	// watcher may fall behind before it is dropped (ErrWatcherTooSlow).
+	// Reads are shared between watchers: a buffer holds pointers.
 	DefaultWatchBuffer = 256
 	// DefaultWatchBlock is how long the swarm's reader blocks in one XREAD
 	// (BLOCK) before it asks again; an event arrives as soon as it is
@@ -33,6 +33,13 @@ const (
 	// last watcher left keeps its connection, and every call stays under
 	// --redis-timeout + this.
 	DefaultWatchBlock = time.Second
+	// DefaultWatchCoalesce is the shortest time between two fan-outs of
+	// one swarm's reader: a batch committed after a quiet spell goes out
+	// at once, but under a stream of commits each fan-out carries every
+	// batch since the last one, so the cost of watching (one message per
+	// watcher per fan-out) stays bounded whatever the write rate
+	// (BenchmarkWatch measures the trade; docs/design-notes.md, "Watch").
+	DefaultWatchCoalesce = 50 * time.Millisecond
 )
 
 // watchChunk is how many log entries one XREAD or XREVRANGE step reads.
@@ -99,6 +106,27 @@ type Event struct {
 	// hasPrev false for entries of writers that do not write it).
 	prev    int64
 	hasPrev bool
+}
+
+// Batch is events handed out together: one read of a swarm's reader, the
+// same *Batch to every watcher that had seen none of them, or a watcher's
+// own (its backlog, or the part of a read it had not seen).
+type Batch struct {
+	// Events in increasing revision order; never empty.
+	Events []*Event
+	// memo holds what callers derived from the batch (Memo).
+	memo sync.Map
+}
+
+// Memo answers the value build makes of the batch for key, built once per
+// batch and key (safe for concurrent use): the watchers handed one *Batch
+// share one encoding of it.
+func (b *Batch) Memo(key string, build func() any) any {
+	if v, ok := b.memo.Load(key); ok {
+		return v
+	}
+	v, _ := b.memo.LoadOrStore(key, build())
+	return v
 }
 
 // parseChanges reads a log entry's changes field (lib.lua log_change):
@@ -292,12 +320,14 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 // methods are for one goroutine, but Dropped may be waited on from another.
 type Watch struct {
 	hub *hub
-	// ch receives the swarm reader's events; closed never (dropped says
+	// ch receives the swarm reader's reads; closed never (dropped says
 	// when the reader gave up on this watcher).
-	ch      chan *Event
+	ch      chan *Batch
 	dropped chan struct{}
 	backlog []*Event
-	// last is the revision of the last event Next returned (or the start).
+	// pending are the events of the last batch Next has not answered yet.
+	pending []*Event
+	// last is the revision of the last event answered (or the start).
 	last int64
 	// sent is the revision of the last event its consumer delivered
 	// (MarkSent), readable from any goroutine.
@@ -327,27 +357,39 @@ func (w *Watch) Dropped() <-chan struct{} { return w.dropped }
 // order, each once; it waits until one is committed or ctx ends. Errors:
 // ErrWatcherTooSlow (dropped), ctx's error.
 func (w *Watch) Next(ctx context.Context) (*Event, error) {
-	for len(w.backlog) > 0 {
-		ev := w.backlog[0]
-		w.backlog = w.backlog[1:]
-		if ev.Revision > w.last {
-			w.last = ev.Revision
-			return ev, nil
+	if len(w.pending) == 0 {
+		b, err := w.NextBatch(ctx)
+		if err != nil {
+			return nil, err
 		}
+		w.pending = b.Events
+	}
+	ev := w.pending[0]
+	w.pending = w.pending[1:]
+	return ev, nil
+}
+
+// NextBatch answers the next events after the last ones answered (Next's
+// included), in revision order, each once: the backlog first, then each
+// read of the swarm's reader (shared with the other watchers when it holds
+// nothing this one has seen). It waits until there is one or ctx ends.
+// Errors: ErrWatcherTooSlow (dropped), ctx's error.
+func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
+	if b := w.ready(); b != nil {
+		return b, nil
 	}
 	for {
-		// Buffered events first: a dropped watcher still has them, but
-		// the stream is cut as soon as it is dropped.
+		// A dropped watcher may still have reads buffered, but its stream
+		// is cut as soon as it is dropped.
 		select {
 		case <-w.dropped:
 			return nil, ErrWatcherTooSlow
 		default:
 		}
 		select {
-		case ev := <-w.ch:
-			if ev.Revision > w.last {
-				w.last = ev.Revision
-				return ev, nil
+		case b := <-w.ch:
+			if b = w.unseen(b); b != nil {
+				return b, nil
 			}
 		case <-w.dropped:
 			return nil, ErrWatcherTooSlow
@@ -355,6 +397,63 @@ func (w *Watch) Next(ctx context.Context) (*Event, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// TryNextBatch is NextBatch without waiting: nil when nothing is ready (or
+// the watcher was dropped: NextBatch then says so).
+func (w *Watch) TryNextBatch() *Batch {
+	if b := w.ready(); b != nil {
+		return b
+	}
+	for {
+		select {
+		case <-w.dropped:
+			return nil
+		default:
+		}
+		select {
+		case b := <-w.ch:
+			if b = w.unseen(b); b != nil {
+				return b
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// ready answers what is already at hand: events of a batch Next began, or
+// the backlog (nil when none).
+func (w *Watch) ready() *Batch {
+	evs := append(w.pending, w.backlog...)
+	w.pending, w.backlog = nil, nil
+	if len(evs) == 0 {
+		return nil
+	}
+	return w.unseen(&Batch{Events: evs})
+}
+
+// unseen is b when all of it is after last, else a batch of its events
+// after last (nil when none); last moves to its end.
+func (w *Watch) unseen(b *Batch) *Batch {
+	evs := b.Events
+	if len(evs) == 0 {
+		return nil
+	}
+	if evs[0].Revision <= w.last {
+		var after []*Event
+		for _, ev := range evs {
+			if ev.Revision > w.last {
+				after = append(after, ev)
+			}
+		}
+		if len(after) == 0 {
+			return nil
+		}
+		b = &Batch{Events: after}
+	}
+	w.last = b.Events[len(b.Events)-1].Revision
+	return b
 }
 
 // Close leaves the swarm's reader (which stops with its last watcher).
@@ -372,7 +471,7 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 	if err != nil {
 		return nil, err
 	}
-	w := &Watch{hub: h, ch: make(chan *Event, s.feeds.buffer), dropped: make(chan struct{})}
+	w := &Watch{hub: h, ch: make(chan *Batch, s.feeds.buffer), dropped: make(chan struct{})}
 	h.mu.Lock()
 	lastID, lastRev := h.lastID, h.lastRev
 	h.watchers[w] = struct{}{}
@@ -398,17 +497,28 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 type feeds struct {
 	mu     sync.Mutex
 	hubs   map[string]*hub
-	buffer int
-	block  time.Duration
-	closed bool
+	buffer   int
+	block    time.Duration
+	coalesce time.Duration
+	closed   bool
 }
 
-// WithWatchBuffer sets how many events a watcher may fall behind before it
-// is dropped (at least 1; default DefaultWatchBuffer).
+// WithWatchBuffer sets how many reads of the swarm's reader a watcher may
+// fall behind before it is dropped (at least 1; default DefaultWatchBuffer).
 func WithWatchBuffer(n int) Option {
 	return func(s *Store) {
 		if n >= 1 {
 			s.feeds.buffer = n
+		}
+	}
+}
+
+// WithWatchCoalesce sets the shortest time between two fan-outs of one
+// swarm's reader (0: none; default DefaultWatchCoalesce).
+func WithWatchCoalesce(d time.Duration) Option {
+	return func(s *Store) {
+		if d >= 0 {
+			s.feeds.coalesce = d
 		}
 	}
 }
@@ -531,7 +641,17 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	}
 	block := h.feeds.block
 	backoff := 50 * time.Millisecond
+	var lastFanout time.Time
 	for ctx.Err() == nil {
+		// Coalesce: under a stream of commits, wait out the rest of the
+		// interval so that the next read takes every batch since.
+		if wait := h.feeds.coalesce - time.Since(lastFanout); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
 		h.mu.Lock()
 		lastID := h.lastID
 		h.mu.Unlock()
@@ -550,17 +670,19 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		if len(events) > 0 {
+			lastFanout = time.Now()
+		}
 		h.mu.Lock()
 		if newLast != "" {
 			h.lastID = newLast
 		}
-		for _, ev := range events {
-			if ev.Revision > h.lastRev {
-				h.lastRev = ev.Revision
-			}
+		if len(events) > 0 {
+			h.lastRev = max(h.lastRev, events[len(events)-1].Revision)
+			b := &Batch{Events: events}
 			for w := range h.watchers {
 				select {
-				case w.ch <- ev:
+				case w.ch <- b:
 				default:
 					delete(h.watchers, w)
 					close(w.dropped)

@@ -1220,7 +1220,7 @@ type WatchRequest struct {
 	// The swarm's slug. Required.
 	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
 	// Stream the batches committed after this swarm revision: the revision of
-	// a Sections read, or the last WatchResponse's revision. 0: from now (the
+	// a Sections read, or the last WatchEvent's revision. 0: from now (the
 	// newest batch in the log when the stream opens; the first event sent is
 	// a progress event carrying that revision). Negative is INVALID_ARGUMENT.
 	StartRevision int64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision" json:"start_revision,omitempty"`
@@ -1360,33 +1360,14 @@ func (x *Change) GetRecord() *Record {
 	return nil
 }
 
-// WatchResponse is one event: one committed batch, or a progress note.
+// WatchResponse carries the next events of a Watch stream, in revision
+// order. Usually one; when the caller is behind, the server sends the events
+// it has in one message (at most 256 events, and past 1 MiB only the first),
+// so that a busy swarm costs fewer messages, not more.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The swarm revision the batch committed at. Events of one stream come in
-	// increasing revision order, each batch once. For a progress event: the
-	// revision up to which the stream has sent every batch.
-	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
-	// The lease owner that fenced the batch; empty for an unfenced batch.
-	// Lease grants, renewals and releases name their owner.
-	Owner string `protobuf:"bytes,2,opt,name=owner" json:"owner,omitempty"`
-	// The batch's request_id, when it had one.
-	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId" json:"request_id,omitempty"`
-	// The records the batch put or deleted (in the batch's order; filtered by
-	// WatchRequest.sections). Lease changes appear as `meta` records (lease,
-	// epoch, leader_changes). Empty when truncated.
-	Changes []*Change `protobuf:"bytes,4,rep,name=changes" json:"changes,omitempty"`
-	// True when the batch changed too many record keys for the log to keep
-	// them (over 16 KiB of keys): `changes` is empty and `sections` names the
-	// sections it changed; read them again.
-	Truncated bool `protobuf:"varint,5,opt,name=truncated" json:"truncated,omitempty"`
-	// For a truncated batch: the sections it changed (filtered).
-	Sections []string `protobuf:"bytes,6,rep,name=sections" json:"sections,omitempty"`
-	// A progress event: no batch, only `revision`. Sent when the stream opens
-	// from now (start_revision 0) and after every quiet interval of the
-	// server's --watch-progress-interval (default 30 s), so that proxies
-	// do not cut a quiet stream and a caller knows how far it is.
-	Progress      bool `protobuf:"varint,7,opt,name=progress" json:"progress,omitempty"`
+	// The events, in increasing revision order; never empty.
+	Events        []*WatchEvent `protobuf:"bytes,1,rep,name=events" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1421,49 +1402,117 @@ func (*WatchResponse) Descriptor() ([]byte, []int) {
 	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
 }
 
-func (x *WatchResponse) GetRevision() int64 {
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// WatchEvent is one committed batch, or a progress note.
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The swarm revision the batch committed at. Events of one stream come in
+	// increasing revision order, each batch once. For a progress event: the
+	// revision up to which the stream has sent every batch.
+	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
+	// The lease owner that fenced the batch; empty for an unfenced batch.
+	// Lease grants, renewals and releases name their owner.
+	Owner string `protobuf:"bytes,2,opt,name=owner" json:"owner,omitempty"`
+	// The batch's request_id, when it had one.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId" json:"request_id,omitempty"`
+	// The records the batch put or deleted (in the batch's order; filtered by
+	// WatchRequest.sections). Lease changes appear as `meta` records (lease,
+	// epoch, leader_changes). Empty when truncated.
+	Changes []*Change `protobuf:"bytes,4,rep,name=changes" json:"changes,omitempty"`
+	// True when the batch changed too many record keys for the log to keep
+	// them (over 16 KiB of keys): `changes` is empty and `sections` names the
+	// sections it changed; read them again.
+	Truncated bool `protobuf:"varint,5,opt,name=truncated" json:"truncated,omitempty"`
+	// For a truncated batch: the sections it changed (filtered).
+	Sections []string `protobuf:"bytes,6,rep,name=sections" json:"sections,omitempty"`
+	// A progress event: no batch, only `revision`. Sent when the stream opens
+	// from now (start_revision 0) and after every quiet interval of the
+	// server's --watch-progress-interval (default 30 s), so that proxies
+	// do not cut a quiet stream and a caller knows how far it is.
+	Progress      bool `protobuf:"varint,7,opt,name=progress" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchEvent) GetRevision() int64 {
 	if x != nil {
 		return x.Revision
 	}
 	return 0
 }
 
-func (x *WatchResponse) GetOwner() string {
+func (x *WatchEvent) GetOwner() string {
 	if x != nil {
 		return x.Owner
 	}
 	return ""
 }
 
-func (x *WatchResponse) GetRequestId() string {
+func (x *WatchEvent) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
 	}
 	return ""
 }
 
-func (x *WatchResponse) GetChanges() []*Change {
+func (x *WatchEvent) GetChanges() []*Change {
 	if x != nil {
 		return x.Changes
 	}
 	return nil
 }
 
-func (x *WatchResponse) GetTruncated() bool {
+func (x *WatchEvent) GetTruncated() bool {
 	if x != nil {
 		return x.Truncated
 	}
 	return false
 }
 
-func (x *WatchResponse) GetSections() []string {
+func (x *WatchEvent) GetSections() []string {
 	if x != nil {
 		return x.Sections
 	}
 	return nil
 }
 
-func (x *WatchResponse) GetProgress() bool {
+func (x *WatchEvent) GetProgress() bool {
 	if x != nil {
 		return x.Progress
 	}
@@ -1554,8 +1603,11 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\asection\x18\x01 \x01(\tR\asection\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x15.fenced.v1.ChangeKindR\x04kind\x12)\n" +
-	"\x06record\x18\x04 \x01(\v2\x11.fenced.v1.RecordR\x06record\"\xe3\x01\n" +
-	"\rWatchResponse\x12\x1a\n" +
+	"\x06record\x18\x04 \x01(\v2\x11.fenced.v1.RecordR\x06record\">\n" +
+	"\rWatchResponse\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.fenced.v1.WatchEventR\x06events\"\xe0\x01\n" +
+	"\n" +
+	"WatchEvent\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +
@@ -1600,7 +1652,7 @@ func file_fenced_v1_records_proto_rawDescGZIP() []byte {
 }
 
 var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_fenced_v1_records_proto_goTypes = []any{
 	(Layout)(0),                 // 0: fenced.v1.Layout
 	(WriteKind)(0),              // 1: fenced.v1.WriteKind
@@ -1623,15 +1675,16 @@ var file_fenced_v1_records_proto_goTypes = []any{
 	(*WatchRequest)(nil),        // 18: fenced.v1.WatchRequest
 	(*Change)(nil),              // 19: fenced.v1.Change
 	(*WatchResponse)(nil),       // 20: fenced.v1.WatchResponse
-	nil,                         // 21: fenced.v1.Section.RecordsEntry
-	nil,                         // 22: fenced.v1.SectionsResponse.SectionsEntry
-	nil,                         // 23: fenced.v1.ScanSectionResponse.RecordsEntry
+	(*WatchEvent)(nil),          // 21: fenced.v1.WatchEvent
+	nil,                         // 22: fenced.v1.Section.RecordsEntry
+	nil,                         // 23: fenced.v1.SectionsResponse.SectionsEntry
+	nil,                         // 24: fenced.v1.ScanSectionResponse.RecordsEntry
 }
 var file_fenced_v1_records_proto_depIdxs = []int32{
 	0,  // 0: fenced.v1.LayoutResponse.layout:type_name -> fenced.v1.Layout
-	21, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
-	22, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
-	23, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
+	22, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
+	23, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
+	24, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
 	5,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
 	1,  // 5: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
 	13, // 6: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
@@ -1639,27 +1692,28 @@ var file_fenced_v1_records_proto_depIdxs = []int32{
 	16, // 8: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
 	2,  // 9: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
 	5,  // 10: fenced.v1.Change.record:type_name -> fenced.v1.Record
-	19, // 11: fenced.v1.WatchResponse.changes:type_name -> fenced.v1.Change
-	5,  // 12: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
-	6,  // 13: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
-	5,  // 14: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
-	3,  // 15: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
-	7,  // 16: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
-	9,  // 17: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
-	11, // 18: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
-	15, // 19: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
-	18, // 20: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
-	4,  // 21: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
-	8,  // 22: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
-	10, // 23: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
-	12, // 24: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
-	17, // 25: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
-	20, // 26: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	21, // 11: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
+	19, // 12: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
+	5,  // 13: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
+	6,  // 14: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
+	5,  // 15: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
+	3,  // 16: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
+	7,  // 17: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
+	9,  // 18: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
+	11, // 19: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
+	15, // 20: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
+	18, // 21: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
+	4,  // 22: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
+	8,  // 23: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
+	10, // 24: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
+	12, // 25: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
+	17, // 26: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
+	20, // 27: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fenced_v1_records_proto_init() }
@@ -1673,7 +1727,7 @@ func file_fenced_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_records_proto_rawDesc), len(file_fenced_v1_records_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -112,7 +112,7 @@ type RecordsServiceClient interface {
 	// acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(ctx context.Context, in *FencedBatchRequest, opts ...grpc.CallOption) (*FencedBatchResponse, error)
 	// Watch streams the swarm's committed batches after start_revision, one
-	// WatchResponse per batch, in revision order, none twice, until the caller
+	// WatchEvent per batch, in revision order, none twice, until the caller
 	// cancels or the stream fails. The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
@@ -252,7 +252,7 @@ type RecordsServiceServer interface {
 	// acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(context.Context, *FencedBatchRequest) (*FencedBatchResponse, error)
 	// Watch streams the swarm's committed batches after start_revision, one
-	// WatchResponse per batch, in revision order, none twice, until the caller
+	// WatchEvent per batch, in revision order, none twice, until the caller
 	// cancels or the stream fails. The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
