@@ -495,8 +495,8 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 
 // feeds are the swarm readers of one Store, by slug.
 type feeds struct {
-	mu     sync.Mutex
-	hubs   map[string]*hub
+	mu       sync.Mutex
+	hubs     map[string]*hub
 	buffer   int
 	block    time.Duration
 	coalesce time.Duration
