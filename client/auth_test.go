@@ -1,22 +1,17 @@
 package client_test
 
 import (
-	"context"
 	"crypto/tls"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/auth"
-	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/certtest"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -46,26 +41,7 @@ func startSecure(t *testing.T, tlsCert *certtest.Leaf) string {
 		}
 		sec.TLS = st.Config()
 	}
-	srv := redistest.Start(t)
-	s, err := store.Open(srv.URL(), prefix)
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	t.Cleanup(s.Close)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := server.New(s, batch.DefaultLimits(), server.Options{Logger: slog.New(slog.DiscardHandler), Security: sec})
-	served := make(chan error, 1)
-	go func() { served <- g.Serve(context.Background(), lis) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		g.Shutdown(ctx)
-		<-served
-	})
-	return lis.Addr().String()
+	return fencedtest.Serve(t, fencedtest.Open(t, redistest.Start(t)), fencedtest.Config{Options: server.Options{Security: sec}}).Addr
 }
 
 func dialT(t *testing.T, addr string, opts ...grpc.DialOption) *client.Client {

@@ -2,8 +2,6 @@ package client_test
 
 import (
 	"context"
-	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -11,9 +9,8 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
-	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
@@ -21,7 +18,7 @@ import (
 )
 
 // prefix is the key prefix of every test store (docs/design.md §2.1).
-const prefix = "agentihooks"
+const prefix = fencedtest.Prefix
 
 // waitLimit bounds every wait for an event (a lease expiring, a keeper
 // noticing a takeover). It is a failure bound, never a measurement.
@@ -35,8 +32,8 @@ type fixture struct {
 	c     *client.Client
 }
 
-// start starts redis-server, fenced (server.New on 127.0.0.1:0, default
-// limits and lease bounds) and a client; all are stopped when the test ends.
+// start starts redis-server, fenced (fencedtest.Start: default limits and
+// lease bounds) and a client; all are stopped when the test ends.
 func start(t *testing.T) *fixture {
 	t.Helper()
 	return startOn(t, redistest.Start(t))
@@ -46,27 +43,7 @@ func start(t *testing.T) *fixture {
 // replicas, say), with the store options given.
 func startOn(t *testing.T, srv *redistest.Server, opts ...store.Option) *fixture {
 	t.Helper()
-	st, err := store.Open(srv.URL(), prefix, opts...)
-	if err != nil {
-		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
-	}
-	t.Cleanup(st.Close)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	s := server.New(st, batch.DefaultLimits(), server.Options{Logger: slog.New(slog.DiscardHandler)})
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(context.Background(), lis) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-		if err := <-served; err != nil {
-			t.Errorf("Serve returned %v after Shutdown, want nil", err)
-		}
-	})
-	f := &fixture{redis: srv, addr: lis.Addr().String()}
+	f := &fixture{redis: srv, addr: fencedtest.Start(t, srv, opts...).Addr}
 	f.c = f.dial(t)
 	return f
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/protobuf/proto"
@@ -74,7 +75,7 @@ func fencedBinary(t *testing.T) string {
 // process is a `fenced serve` subprocess.
 type process struct {
 	cmd    *exec.Cmd
-	log    *syncBuffer // stdout and stderr
+	log    *fencedtest.LogBuffer // stdout and stderr
 	exited chan struct{}
 	err    error // Wait's result, once exited is closed
 }
@@ -95,7 +96,7 @@ func (p *process) alive() error {
 func startFenced(t *testing.T, args ...string) *process {
 	t.Helper()
 	bin := fencedBinary(t)
-	p := &process{log: &syncBuffer{}, exited: make(chan struct{})}
+	p := &process{log: &fencedtest.LogBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"serve"}, args...)...)
 	p.cmd.Stdout = p.log
 	p.cmd.Stderr = p.log

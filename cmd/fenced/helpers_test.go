@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,25 +41,6 @@ func clearConfigEnv(t *testing.T) {
 		t.Setenv(name, "")
 		os.Unsetenv(name)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers:
-// the log of a fenced running in a goroutine or a subprocess.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // freeAddr returns a 127.0.0.1 address whose port was free a moment ago.

@@ -287,15 +287,26 @@ func inspect(ctx context.Context, st *store.Store, slug string, sections []strin
 // the by-name check and the newest log entries, each aligned.
 func (r *inspection) writeText(out io.Writer) error {
 	var b strings.Builder
+	r.writeFacts(&b)
+	r.writeSections(&b)
+	r.writeByName(&b)
+	r.writeLog(&b)
+	_, err := io.WriteString(out, b.String())
+	return err
+}
+
+// writeFacts writes the block of facts: the swarm, its layout, revision,
+// stamp and lease, and the problems found.
+func (r *inspection) writeFacts(b *strings.Builder) {
 	p := func(label, format string, args ...any) {
-		fmt.Fprintf(&b, "%-10s%s\n", label, fmt.Sprintf(format, args...))
+		fmt.Fprintf(b, "%-10s%s\n", label, fmt.Sprintf(format, args...))
 	}
 	p("swarm", "%s  (%s Redis, key prefix %s)", r.Slug, r.Topology, r.Prefix)
 	switch r.Layout {
 	case "none":
 		p("layout", "none  (no fencing state: nothing was ever committed)")
 	case "document":
-		p("layout", "document  (still one JSON document of older writers: migrate it before fenced writes it)")
+		p("layout", "document  (one JSON document of older writers: fenced serves it whole; fenced migrate moves it onto per record keys)")
 	default:
 		p("layout", "%s", r.Layout)
 	}
@@ -325,27 +336,36 @@ func (r *inspection) writeText(out io.Writer) error {
 	for _, pr := range r.Problems {
 		p("PROBLEM", "%s", pr)
 	}
+}
 
+// writeSections writes the section table: each section's record count and
+// revision, and by-name's entries.
+func (r *inspection) writeSections(b *strings.Builder) {
 	nameW, countW := len("section"), len("records")
 	for _, s := range r.Sections {
 		nameW = max(nameW, len(s.Name))
 		countW = max(countW, len(strconv.FormatInt(s.Records, 10)))
 	}
-	fmt.Fprintf(&b, "\n%-*s  %*s  %s\n", nameW, "section", countW, "records", "revision")
+	fmt.Fprintf(b, "\n%-*s  %*s  %s\n", nameW, "section", countW, "records", "revision")
 	for _, s := range r.Sections {
-		fmt.Fprintf(&b, "%-*s  %*d  %s\n", nameW, s.Name, countW, s.Records, dash(strconv.FormatInt(s.Revision, 10)))
+		fmt.Fprintf(b, "%-*s  %*d  %s\n", nameW, s.Name, countW, s.Records, dash(strconv.FormatInt(s.Revision, 10)))
 	}
-	fmt.Fprintf(&b, "%-*s  %*d  %s\n", nameW, "by-name", countW, r.ByName.Entries, "(derived from executions)")
+	fmt.Fprintf(b, "%-*s  %*d  %s\n", nameW, "by-name", countW, r.ByName.Entries, "(derived from executions)")
+}
 
+// writeByName writes the by-name check: whether by-name agrees with
+// executions, the first mismatches, its index, a repair's outcome and the
+// fields that are not records.
+func (r *inspection) writeByName(b *strings.Builder) {
 	bn := r.ByName
 	summary := fmt.Sprintf("%d entries; executions: %d records, %d names", bn.Entries, bn.Executions, bn.Expected)
 	if bn.Consistent {
-		fmt.Fprintf(&b, "\nby-name   consistent with executions  (%s)\n", summary)
+		fmt.Fprintf(b, "\nby-name   consistent with executions  (%s)\n", summary)
 	} else {
-		fmt.Fprintf(&b, "\nby-name   %d MISMATCH(ES) with executions  (%s)\n", len(bn.Mismatches), summary)
+		fmt.Fprintf(b, "\nby-name   %d MISMATCH(ES) with executions  (%s)\n", len(bn.Mismatches), summary)
 	}
 	if bn.ChangedDuringCheck {
-		fmt.Fprintf(&b, "          the swarm changed during the check: rerun before trusting a mismatch\n")
+		fmt.Fprintf(b, "          the swarm changed during the check: rerun before trusting a mismatch\n")
 	}
 	if len(bn.Mismatches) > 0 {
 		rows := [][]string{{"name", "problem", "want", "got"}}
@@ -355,9 +375,9 @@ func (r *inspection) writeText(out io.Writer) error {
 			}
 			rows = append(rows, []string{m.Name, m.Problem, dash(m.Want), dash(m.Got)})
 		}
-		table(&b, rows)
+		table(b, rows)
 		if n := len(bn.Mismatches) - maxMismatchLines; n > 0 {
-			fmt.Fprintf(&b, "          ... and %d more (--json lists all)\n", n)
+			fmt.Fprintf(b, "          ... and %d more (--json lists all)\n", n)
 		}
 	}
 	index := fmt.Sprintf("index   %d records, %d executions records missing", bn.IndexEntries, bn.IndexMissing)
@@ -369,23 +389,26 @@ func (r *inspection) writeText(out io.Writer) error {
 	default:
 		index += ", consistent"
 	}
-	fmt.Fprintf(&b, "          %s\n", index)
-	if r := bn.Repair; r != nil {
+	fmt.Fprintf(b, "          %s\n", index)
+	if rp := bn.Repair; rp != nil {
 		status := "clean"
 		switch {
-		case r.Busy:
+		case rp.Busy:
 			status = "NOT DONE: another rebuild (fenced in the background) holds the swarm's claim; try again shortly"
-		case !r.Clean:
+		case !rp.Clean:
 			status = "NOT CLEAN: batches kept finding it stale (a writer keeps bypassing fenced)"
 		}
-		fmt.Fprintf(&b, "          repaired: %s; %d rounds, %d steps, %d records scanned, %d index members removed, %d entries set, %d removed\n",
-			status, r.Rounds, r.Steps, r.Scanned, r.MembersRemoved, r.EntriesFixed, r.EntriesRemoved)
+		fmt.Fprintf(b, "          repaired: %s; %d rounds, %d steps, %d records scanned, %d index members removed, %d entries set, %d removed\n",
+			status, rp.Rounds, rp.Steps, rp.Scanned, rp.MembersRemoved, rp.EntriesFixed, rp.EntriesRemoved)
 	}
 	if len(bn.Unreadable) > 0 {
-		fmt.Fprintf(&b, "          not records (skipped): %s\n", strings.Join(bn.Unreadable, ", "))
+		fmt.Fprintf(b, "          not records (skipped): %s\n", strings.Join(bn.Unreadable, ", "))
 	}
+}
 
-	fmt.Fprintf(&b, "\nlog       newest %d of %d entries\n", len(r.Log.Entries), r.Log.Length)
+// writeLog writes the newest log entries.
+func (r *inspection) writeLog(b *strings.Builder) {
+	fmt.Fprintf(b, "\nlog       newest %d of %d entries\n", len(r.Log.Entries), r.Log.Length)
 	if len(r.Log.Entries) > 0 {
 		rows := [][]string{{"revision", "owner", "records", "request_id", "id"}}
 		for _, e := range r.Log.Entries {
@@ -395,10 +418,8 @@ func (r *inspection) writeText(out io.Writer) error {
 			}
 			rows = append(rows, []string{strconv.FormatInt(e.Revision, 10), owner, strconv.FormatInt(e.Records, 10), dash(e.RequestID), e.ID})
 		}
-		table(&b, rows)
+		table(b, rows)
 	}
-	_, err := io.WriteString(out, b.String())
-	return err
 }
 
 // table writes rows as columns, indented under the labels, each column as

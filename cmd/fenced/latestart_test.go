@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 )
 
@@ -21,7 +22,7 @@ func TestRedisStartsAfterFenced(t *testing.T) {
 	srv.Kill(t) // its address is known and nothing answers there
 
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
+	r := &running{log: &fencedtest.LogBuffer{}, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		r.err = run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--redis-url", srv.URL(), "--redis-connect-timeout", "60s"}, io.Discard, r.log)

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/lease"
 	"github.com/agentihooks/fenced/internal/lograte"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
@@ -43,6 +42,7 @@ func main() {
 type cli struct {
 	Serve   serveCmd   `cmd:"" help:"Serve the gRPC API."`
 	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only (but --repair): layout, revision and stamp, lease, record counts, by-name and its index's consistency, newest log entries."`
+	Migrate migrateCmd `cmd:"" help:"Move swarms from the document layout onto per record keys (one transaction per swarm; needs --writers-upgraded)."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }
 
@@ -224,26 +224,14 @@ func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store,
 	return st, func() { st.Close(); emb.Close() }, nil
 }
 
+// Run serves until e.ctx is cancelled: check the configuration, open what
+// the server needs (security, observability, the store), listen, serve,
+// then drain and shut down.
 func (c *serveCmd) Run(e *env) error {
 	log := c.logger(e.stderr)
 	slog.SetDefault(log)
-	limits, err := c.limits()
+	limits, err := c.checkConfig()
 	if err != nil {
-		return err
-	}
-	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
-		return fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
-	}
-	if c.ByNameRebuildPage < 0 {
-		return fmt.Errorf("configuration: --by-name-rebuild-page must be >= 0")
-	}
-	if c.DrainDelay < 0 {
-		return fmt.Errorf("configuration: --drain-delay must be >= 0")
-	}
-	if c.RedisTimeout < time.Millisecond {
-		return fmt.Errorf("configuration: --redis-timeout must be at least 1ms")
-	}
-	if err := c.limitFlags.check(c.WaitReplicas, c.WaitTimeout); err != nil {
 		return err
 	}
 	fileLimit, err := raiseFileLimit()
@@ -262,6 +250,60 @@ func (c *serveCmd) Run(e *env) error {
 	}
 	defer obs.stop()
 	durable := store.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
+	st, closeStore, err := c.startStore(e.ctx, log, obs, durable)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	lis, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv, err := c.newServer(st, limits, log, durable, sec, obs, maxConns)
+	if err == nil {
+		err = c.serveBeside(log, obs, srv)
+	}
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	log.Info("serving gRPC", "addr", lis.Addr().String(), "redis", redactURL(c.redisURL()), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix,
+		"max_connections", maxConns, "file_limit", fileLimit)
+	if c.ready != nil {
+		c.ready(lis.Addr())
+	}
+	return c.serve(e.ctx, log, srv, lis)
+}
+
+// checkConfig checks the flags that kong's types do not and answers the
+// batch limits.
+func (c *serveCmd) checkConfig() (batch.Limits, error) {
+	limits, err := c.limits()
+	if err != nil {
+		return limits, err
+	}
+	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
+		return limits, fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
+	}
+	if c.ByNameRebuildPage < 0 {
+		return limits, fmt.Errorf("configuration: --by-name-rebuild-page must be >= 0")
+	}
+	if c.DrainDelay < 0 {
+		return limits, fmt.Errorf("configuration: --drain-delay must be >= 0")
+	}
+	if c.RedisTimeout < time.Millisecond {
+		return limits, fmt.Errorf("configuration: --redis-timeout must be at least 1ms")
+	}
+	if err := c.limitFlags.check(c.WaitReplicas, c.WaitTimeout); err != nil {
+		return limits, err
+	}
+	return limits, nil
+}
+
+// startStore opens the store with the flags' options (the configured Redis
+// or the embedded one) and refuses a Redis that may evict keys; the
+// returned func closes what was opened.
+func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observability, durable store.Durability) (*store.Store, func(), error) {
 	opts := []store.Option{obs.storeOption(),
 		store.WithRequestIDWindow(c.RequestIDWindow),
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
@@ -275,21 +317,22 @@ func (c *serveCmd) Run(e *env) error {
 	}
 	st, closeStore, err := c.open(log, opts...)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer closeStore()
-	if err := st.CheckEviction(e.ctx); err != nil {
-		return fmt.Errorf("refusing to start: %w", err)
+	if err := st.CheckEviction(ctx); err != nil {
+		closeStore()
+		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
-	lis, err := net.Listen("tcp", c.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	bounds := lease.Bounds{MinTTLMs: c.LeaseMinTTL.Milliseconds(), MaxTTLMs: c.LeaseMaxTTL.Milliseconds()}
+	return st, closeStore, nil
+}
+
+// newServer builds the gRPC server over st from the flags.
+func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Logger, durable store.Durability, sec server.Security, obs *observability, maxConns int) (*server.Server, error) {
+	bounds := batch.LeaseBounds{MinTTLMs: c.LeaseMinTTL.Milliseconds(), MaxTTLMs: c.LeaseMaxTTL.Milliseconds()}
 	if err := bounds.Check(); err != nil {
-		return fmt.Errorf("configuration: %w", err)
+		return nil, fmt.Errorf("configuration: %w", err)
 	}
-	srv := server.New(st, limits, server.Options{
+	return server.New(st, limits, server.Options{
 		Logger:         log,
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
@@ -298,35 +341,40 @@ func (c *serveCmd) Run(e *env) error {
 		Security:  sec,
 		Telemetry: obs.telemetry(),
 		Transport: c.limitFlags.transport(maxConns),
-	})
+	}), nil
+}
+
+// serveBeside starts what is served beside gRPC: metrics (when
+// configured) and the plaintext health listener (--health-listen).
+func (c *serveCmd) serveBeside(log *slog.Logger, obs *observability, srv *server.Server) error {
 	if err := obs.serve(srv); err != nil {
-		lis.Close()
 		return err
 	}
-	if c.HealthListen != "" {
-		hlis, err := net.Listen("tcp", c.HealthListen)
-		if err != nil {
-			lis.Close()
-			return fmt.Errorf("--health-listen: %w", err)
+	if c.HealthListen == "" {
+		return nil
+	}
+	hlis, err := net.Listen("tcp", c.HealthListen)
+	if err != nil {
+		return fmt.Errorf("--health-listen: %w", err)
+	}
+	go func() {
+		if err := srv.ServeHealth(hlis); err != nil {
+			log.Error("health listener stopped", "err", err)
 		}
-		go func() {
-			if err := srv.ServeHealth(hlis); err != nil {
-				log.Error("health listener stopped", "err", err)
-			}
-		}()
-		log.Info("serving health alone, in plaintext", "addr", hlis.Addr().String())
-	}
-	log.Info("serving gRPC", "addr", lis.Addr().String(), "redis", redactURL(c.redisURL()), "cluster", st.Cluster(), "key_prefix", c.KeyPrefix,
-		"max_connections", maxConns, "file_limit", fileLimit)
-	if c.ready != nil {
-		c.ready(lis.Addr())
-	}
+	}()
+	log.Info("serving health alone, in plaintext", "addr", hlis.Addr().String())
+	return nil
+}
+
+// serve serves on lis until ctx is cancelled, then drains (--drain-delay)
+// and shuts down within --shutdown-timeout.
+func (c *serveCmd) serve(ctx context.Context, log *slog.Logger, srv *server.Server, lis net.Listener) error {
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(e.ctx, lis) }()
+	go func() { served <- srv.Serve(ctx, lis) }()
 	select {
 	case err := <-served:
 		return err
-	case <-e.ctx.Done():
+	case <-ctx.Done():
 	}
 	if c.DrainDelay > 0 {
 		log.Info("draining: health NOT_SERVING, still serving calls (signal again to stop at once)", "delay", c.DrainDelay)

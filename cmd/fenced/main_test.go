@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"google.golang.org/grpc"
 	"io"
 	"os"
 	"regexp"
@@ -13,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc"
 )
 
 // runOnce runs run(args) to completion with a context that is already
@@ -114,7 +115,7 @@ func TestBadCommandLine(t *testing.T) {
 // running is a `fenced serve` run in-process, in a goroutine.
 type running struct {
 	addr   string
-	log    *syncBuffer
+	log    *fencedtest.LogBuffer
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run has returned
 	err    error         // what run returned, once done is closed
@@ -161,7 +162,7 @@ func serve(t *testing.T, args ...string) *running {
 func serveWith(t *testing.T, dialOpts []grpc.DialOption, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{log: &syncBuffer{}, cancel: cancel, done: make(chan struct{})}
+	r := &running{log: &fencedtest.LogBuffer{}, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		r.err = run(ctx, append([]string{"serve"}, args...), io.Discard, r.log)

@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -229,34 +228,17 @@ func TestMetricsListen(t *testing.T) {
 // when the call carries W3C trace context; health checks make none.
 func TestTracing(t *testing.T) {
 	clearObservabilityEnv(t)
-	redis := redistest.Start(t)
-	st, err := store.Open(redis.URL(), keyPrefix)
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	t.Cleanup(st.Close)
+	st := fencedtest.Open(t, redistest.Start(t))
 	exp := tracetest.NewInMemoryExporter()
 	tr, err := newTracing(t.Context(), "", exp)
 	if err != nil {
 		t.Fatalf("newTracing(in-memory exporter): %v", err)
 	}
-	srv := server.New(st, batch.DefaultLimits(), server.Options{
+	f := fencedtest.Serve(t, st, fencedtest.Config{Options: server.Options{
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Telemetry: server.Telemetry{StatsHandler: tr.statsHandler()},
-	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(t.Context(), lis) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-served
-	})
-	conn := dial(t, lis.Addr().String())
+	}})
+	conn := f.Conn
 	records := fencedv1.NewRecordsServiceClient(conn)
 	ctx := t.Context()
 
@@ -365,7 +347,7 @@ func TestStructuredLogs(t *testing.T) {
 	clearObservabilityEnv(t)
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	log := &syncBuffer{}
+	log := &fencedtest.LogBuffer{}
 	var runErr error
 	done := make(chan struct{})
 	go func() {

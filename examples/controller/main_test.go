@@ -4,7 +4,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,11 +15,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 )
 
@@ -47,30 +46,12 @@ func build(t *testing.T, dir, name, pkg string) string {
 	return out
 }
 
-// syncBuffer is an io.Writer safe for a process's output and the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // proc is a started subprocess.
 type proc struct {
 	name   string
 	cmd    *exec.Cmd
-	stdout *syncBuffer
-	stderr *syncBuffer
+	stdout *fencedtest.LogBuffer
+	stderr *fencedtest.LogBuffer
 	exited chan struct{}
 	err    error // Wait's answer, once exited is closed
 }
@@ -79,7 +60,7 @@ type proc struct {
 // still runs, and its output is logged when the test failed.
 func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &proc{name: name, stdout: &fencedtest.LogBuffer{}, stderr: &fencedtest.LogBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	// fenced's own environment must not change what the flags say.

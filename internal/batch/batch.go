@@ -1,7 +1,12 @@
-// Package batch is the domain model of a fenced batch: its writes, their
-// kinds, the lease fence, the limits a batch must keep, and the pure
-// validation of all of them. It talks to nothing; internal/store commits what
-// it accepts and internal/server maps its errors to gRPC.
+// Package batch is the domain model of a fenced batch (its writes, their
+// kinds, the lease fence, the limits a batch must keep) and the one home of
+// every request check: batches and their replica_ack (CheckFencedBatch),
+// reads (CheckSlug, CheckRecordRef, CheckSections), scans and their page
+// tokens (CheckScan), and lease requests (LeaseBounds). Each check is a pure
+// function answering a *ValidationError that names every bad field. It
+// talks to nothing; internal/server converts a request, checks it here,
+// calls the store and maps the error to gRPC, and internal/store commits
+// what it accepts.
 package batch
 
 import (

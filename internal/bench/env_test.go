@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
@@ -325,21 +326,6 @@ func startBare(b *testing.B, e *env) fencedv1.RecordsServiceClient {
 // nowhere: successful calls log at Debug and are dropped, as in production.
 func startFenced(b *testing.B, e *env) fencedv1.RecordsServiceClient {
 	b.Helper()
-	lis := listen(b)
 	logger := slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	srv := server.New(e.st, batch.DefaultLimits(), server.Options{Logger: logger})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(context.Background(), lis); err != nil {
-			b.Errorf("fenced Serve: %v", err)
-		}
-	}()
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-	})
-	return dial(b, lis.Addr().String())
+	return dial(b, fencedtest.Serve(b, e.st, fencedtest.Config{Options: server.Options{Logger: logger}}).Addr)
 }

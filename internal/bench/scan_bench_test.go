@@ -1,6 +1,6 @@
 package bench
 
-// Issue 4, part 4: no read or commit may run as one long script over a
+// No read or commit may run as one long script over a
 // large section.
 //
 // BenchmarkBatchDuringScan measures FencedBatch latency on one swarm (A:
@@ -35,7 +35,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"runtime"
 	"slices"
 	"strconv"
@@ -46,6 +45,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
@@ -84,26 +84,8 @@ const (
 // production logger writing nowhere, until b ends. It answers the address.
 func scanServer(b *testing.B, st *store.Store) string {
 	b.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatalf("listen: %v", err)
-	}
 	logger := slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	srv := server.New(st, batch.DefaultLimits(), server.Options{Logger: logger})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(context.Background(), lis); err != nil {
-			b.Errorf("fenced Serve: %v", err)
-		}
-	}()
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-	})
-	return lis.Addr().String()
+	return fencedtest.Serve(b, st, fencedtest.Config{Options: server.Options{Logger: logger}}).Addr
 }
 
 // scanClient is a RecordsService client on its own connection to addr,

@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/agentihooks/fenced/client"
-	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -22,7 +21,7 @@ import (
 )
 
 // prefix is the key prefix of every test store (docs/design.md §2.1).
-const prefix = "agentihooks"
+const prefix = fencedtest.Prefix
 
 // callTimeout bounds every single call a test makes: a failure bound, never
 // a measurement.
@@ -35,9 +34,9 @@ func key(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fenc
 // report.
 var quiet = slog.New(slog.DiscardHandler)
 
-// replica is one in-process fenced (server.New over its own store.Open
-// client) on a loopback port that can be stopped and started again on the
-// same port.
+// replica is one in-process fenced (fencedtest.Serve over its own
+// store.Open client) on a loopback port that can be stopped and started
+// again on the same port.
 type replica struct {
 	t        testing.TB
 	redisURL string
@@ -46,8 +45,7 @@ type replica struct {
 	addr     string
 
 	st     *store.Store
-	srv    *server.Server
-	served chan error
+	fenced *fencedtest.Fenced
 }
 
 // startReplica starts fenced over the Redis at redisURL on 127.0.0.1 at a
@@ -73,43 +71,28 @@ func (r *replica) start() {
 	if err != nil {
 		r.t.Fatalf("store.Open(%s): %v", r.redisURL, err)
 	}
-	var lis net.Listener
-	for attempt := 0; ; attempt++ {
-		if lis, err = net.Listen("tcp", r.addr); err == nil {
-			break
-		}
-		if attempt == 50 {
-			st.Close()
-			r.t.Fatalf("listen %s: %v", r.addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	r.addr = lis.Addr().String()
 	r.st = st
-	r.srv = server.New(st, batch.DefaultLimits(), r.opts)
-	r.served = make(chan error, 1)
-	srv, served := r.srv, r.served
-	go func() { served <- srv.Serve(context.Background(), lis) }()
+	r.fenced = fencedtest.Serve(r.t, st, fencedtest.Config{Options: r.opts, Addr: r.addr})
+	r.addr = r.fenced.Addr
 }
 
 // stop shuts the replica down: gracefully (in-flight calls finish), or at
 // once (in-flight calls are cut, as when the process dies), then closes its
 // Redis client. Stopping a stopped replica does nothing.
 func (r *replica) stop(graceful bool) {
-	if r.srv == nil {
+	if r.fenced == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if !graceful {
 		cancel()
 	}
-	r.srv.Shutdown(ctx)
-	cancel()
-	if err := <-r.served; err != nil {
+	if err := r.fenced.Stop(ctx); err != nil {
 		r.t.Errorf("Serve returned %v after Shutdown, want nil", err)
 	}
+	cancel()
 	r.st.Close()
-	r.srv, r.st = nil, nil
+	r.fenced, r.st = nil, nil
 }
 
 // dialOptions make test clients reconnect within ms, not grpc's default of

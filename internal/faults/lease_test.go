@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
-	"github.com/agentihooks/fenced/internal/lease"
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/redis/rueidis"
@@ -239,7 +239,7 @@ func TestLeaseRaces(t *testing.T) {
 	races := envInt(t, "FAULTS_LEASE_RACES", 1000)
 	const swarms = 8
 	redis := redistest.Start(t)
-	opts := server.Options{LeaseBounds: lease.Bounds{MinTTLMs: 1, MaxTTLMs: 60_000}}
+	opts := server.Options{LeaseBounds: batch.LeaseBounds{MinTTLMs: 1, MaxTTLMs: 60_000}}
 	r1 := startReplica(t, redis.URL(), opts)
 	r2 := startReplica(t, redis.URL(), opts)
 	holder, _ := dial(t, r1.addr)

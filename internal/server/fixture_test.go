@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
@@ -19,13 +19,12 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
 // prefix is the key prefix every test store uses.
-const prefix = "agentihooks"
+const prefix = fencedtest.Prefix
 
 // waitLimit bounds every wait for an event (a health transition, a log
 // line). It is a failure bound, never a measurement.
@@ -40,79 +39,46 @@ const currentKey = prefix + ":swarm:state:fencing:current"
 // openStore opens a Store on srv, closed when the test ends.
 func openStore(t *testing.T, srv *redistest.Server) *store.Store {
 	t.Helper()
-	st, err := store.Open(srv.URL(), prefix)
-	if err != nil {
-		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
-	}
-	t.Cleanup(st.Close)
-	return st
+	return fencedtest.Open(t, srv)
 }
 
 // endpoint is a fenced server serving on a loopback port and a client
 // connected to it.
 type endpoint struct {
+	fenced  *fencedtest.Fenced
 	server  *server.Server
 	addr    string
 	conn    *grpc.ClientConn
 	records fencedv1.RecordsServiceClient
 	health  healthpb.HealthClient
 	logs    *logSink
-
-	serveErr  chan error
-	shutOnce  sync.Once
-	serveDone error
 }
 
 // serve starts server.New(core, limits, opts) on 127.0.0.1:0 and connects a
-// client. opts.Logger, when nil, becomes a sink the test can read. The
-// server is shut down and the client closed when the test ends.
+// client (fencedtest.Serve). opts.Logger, when nil, becomes a sink the test
+// can read. The server is shut down and the client closed when the test
+// ends.
 func serve(t *testing.T, core server.Core, limits batch.Limits, opts server.Options) *endpoint {
 	t.Helper()
 	logs := &logSink{changed: make(chan struct{})}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(&sinkHandler{sink: logs})
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	e := &endpoint{
-		server:   server.New(core, limits, opts),
-		addr:     lis.Addr().String(),
-		logs:     logs,
-		serveErr: make(chan error, 1),
-	}
-	go func() { e.serveErr <- e.server.Serve(context.Background(), lis) }()
-	t.Cleanup(func() { // runs last: after the shutdown below
+	t.Cleanup(func() { // runs last: after fencedtest's shutdown
 		if t.Failed() {
 			logs.dump(t)
 		}
 	})
-	t.Cleanup(func() {
-		if err := e.shutdown(5 * time.Second); err != nil {
-			t.Errorf("Serve returned %v after Shutdown, want nil", err)
-		}
-	})
-	e.conn, err = grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatalf("grpc.NewClient(%s): %v", e.addr, err)
-	}
-	t.Cleanup(func() { e.conn.Close() })
-	e.records = fencedv1.NewRecordsServiceClient(e.conn)
-	e.health = healthpb.NewHealthClient(e.conn)
-	return e
+	f := fencedtest.Serve(t, core, fencedtest.Config{Limits: limits, Options: opts})
+	return &endpoint{fenced: f, server: f.Server, addr: f.Addr, conn: f.Conn, records: f.Records, health: f.Health, logs: logs}
 }
 
 // shutdown shuts the server down (once) within grace and returns what
 // Serve returned.
 func (e *endpoint) shutdown(grace time.Duration) error {
-	e.shutOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		defer cancel()
-		e.server.Shutdown(ctx)
-		e.serveDone = <-e.serveErr
-	})
-	return e.serveDone
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return e.fenced.Stop(ctx)
 }
 
 // serveRedis starts a fenced server over a Store on srv.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/lease"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -38,7 +37,7 @@ var (
 // *store.Store implements it.
 type Core interface {
 	Records
-	lease.Store
+	Leases
 	Ping(ctx context.Context) error
 	LoadScripts(ctx context.Context) error
 }
@@ -55,8 +54,8 @@ type Options struct {
 	// HealthInterval is how often Redis is pinged for health. Default 1 s.
 	HealthInterval time.Duration
 	// LeaseBounds are the TTLs leases may be granted for. Default
-	// lease.DefaultBounds().
-	LeaseBounds lease.Bounds
+	// batch.DefaultLeaseBounds().
+	LeaseBounds batch.LeaseBounds
 	// Records are the RecordsService settings (default durability, the
 	// Sections byte limit).
 	Records ServiceOptions
@@ -109,8 +108,8 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	if opts.HealthInterval == 0 {
 		opts.HealthInterval = time.Second
 	}
-	if opts.LeaseBounds == (lease.Bounds{}) {
-		opts.LeaseBounds = lease.DefaultBounds()
+	if opts.LeaseBounds == (batch.LeaseBounds{}) {
+		opts.LeaseBounds = batch.DefaultLeaseBounds()
 	}
 	logger := opts.Logger
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
@@ -176,7 +175,10 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		svc.watchObs = wo
 	}
 	fencedv1.RegisterRecordsServiceServer(s.grpc, svc)
-	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(lease.NewManager(core, opts.LeaseBounds)))
+	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(core, opts.LeaseBounds))
+	if m, ok := core.(Migrator); ok {
+		fencedv1.RegisterAdminServiceServer(s.grpc, NewAdminService(m))
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.bounded)
 	reflection.Register(s.grpc) // v1 and v1alpha
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)

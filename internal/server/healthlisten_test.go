@@ -6,26 +6,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 func TestHealthAloneOnItsOwnListener(t *testing.T) {
-	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), "agentihooks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	s := server.New(st, batch.DefaultLimits(), server.Options{HealthInterval: 20 * time.Millisecond})
-	main, _ := net.Listen("tcp", "127.0.0.1:0")
+	f := fencedtest.Serve(t, fencedtest.Open(t, redistest.Start(t)), fencedtest.Config{Options: server.Options{HealthInterval: 20 * time.Millisecond}})
+	s := f.Server
 	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	go s.Serve(context.Background(), main)
 	healthDone := make(chan error, 1)
 	go func() { healthDone <- s.ServeHealth(hl) }()
 
@@ -57,7 +49,9 @@ func TestHealthAloneOnItsOwnListener(t *testing.T) {
 	if err := conn.Invoke(ctx, "/fenced.v1.RecordsService/Layout", &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{}); err == nil {
 		t.Error("RecordsService answered on the health-only listener")
 	}
-	s.Shutdown(ctx)
+	if err := f.Stop(ctx); err != nil {
+		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
 	if err := <-healthDone; err != nil {
 		t.Errorf("ServeHealth after Shutdown = %v, want nil", err)
 	}

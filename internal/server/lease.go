@@ -3,19 +3,39 @@ package server
 import (
 	"context"
 
-	"github.com/agentihooks/fenced/internal/lease"
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 )
 
-// LeaseService implements fencedv1.LeaseServiceServer over a lease.Manager.
-type LeaseService struct {
-	fencedv1.UnimplementedLeaseServiceServer
-	leases *lease.Manager
+// Leases is the core the LeaseService handlers call: *store.Store
+// implements it. Grants, renewals and releases run atomically in the store
+// (lease.lua) by Redis's clock: a new grant takes an epoch above every
+// epoch ever granted (kept in meta/epoch, never reset) and at least Redis's
+// clock in ms (so that a grant Redis lost is never granted again), the live
+// holder acquiring again keeps its epoch, an expired lease is never
+// renewed, and a release keeps the epoch.
+type Leases interface {
+	Acquire(ctx context.Context, slug, owner string, ttlMs int64) (store.Lease, int64, error)
+	Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (store.Lease, int64, error)
+	Release(ctx context.Context, slug, owner string, epoch int64) (int64, error)
+	CurrentLease(ctx context.Context, slug string) (*store.Lease, int64, int64, error)
 }
 
-// NewLeaseService returns the LeaseService handlers over m.
-func NewLeaseService(m *lease.Manager) *LeaseService { return &LeaseService{leases: m} }
+// LeaseService implements fencedv1.LeaseServiceServer over a Leases core.
+// Each handler checks the request (batch.LeaseBounds: nothing reaches
+// Redis when it fails), calls the core and maps its error.
+type LeaseService struct {
+	fencedv1.UnimplementedLeaseServiceServer
+	leases Leases
+	bounds batch.LeaseBounds
+}
+
+// NewLeaseService returns the LeaseService handlers over leases, granting
+// TTLs within bounds (which must pass batch.LeaseBounds.Check).
+func NewLeaseService(leases Leases, bounds batch.LeaseBounds) *LeaseService {
+	return &LeaseService{leases: leases, bounds: bounds}
+}
 
 func leaseProto(l store.Lease) *fencedv1.Lease {
 	return &fencedv1.Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
@@ -25,6 +45,9 @@ func leaseProto(l store.Lease) *fencedv1.Lease {
 // acknowledged is the store's *ReplicationError: UNAVAILABLE +
 // REPLICATION_TIMEOUT, no lease in the answer.
 func (s *LeaseService) Acquire(ctx context.Context, req *fencedv1.AcquireRequest) (*fencedv1.AcquireResponse, error) {
+	if err := s.bounds.CheckAcquire(req.GetSlug(), req.GetOwner(), req.GetTtlMs()); err != nil {
+		return nil, toStatus(err)
+	}
 	l, rev, err := s.leases.Acquire(ctx, req.GetSlug(), req.GetOwner(), req.GetTtlMs())
 	if err != nil {
 		return nil, toStatus(err)
@@ -34,6 +57,9 @@ func (s *LeaseService) Acquire(ctx context.Context, req *fencedv1.AcquireRequest
 
 // Renew extends the caller's live lease.
 func (s *LeaseService) Renew(ctx context.Context, req *fencedv1.RenewRequest) (*fencedv1.RenewResponse, error) {
+	if err := s.bounds.CheckRenew(req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs()); err != nil {
+		return nil, toStatus(err)
+	}
 	l, rev, err := s.leases.Renew(ctx, req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs())
 	if err != nil {
 		return nil, toStatus(err)
@@ -43,6 +69,9 @@ func (s *LeaseService) Renew(ctx context.Context, req *fencedv1.RenewRequest) (*
 
 // Release ends the caller's live lease.
 func (s *LeaseService) Release(ctx context.Context, req *fencedv1.ReleaseRequest) (*fencedv1.ReleaseResponse, error) {
+	if err := s.bounds.CheckRelease(req.GetSlug(), req.GetOwner(), req.GetEpoch()); err != nil {
+		return nil, toStatus(err)
+	}
 	rev, err := s.leases.Release(ctx, req.GetSlug(), req.GetOwner(), req.GetEpoch())
 	if err != nil {
 		return nil, toStatus(err)
@@ -50,15 +79,19 @@ func (s *LeaseService) Release(ctx context.Context, req *fencedv1.ReleaseRequest
 	return &fencedv1.ReleaseResponse{Revision: rev}, nil
 }
 
-// Current reads the swarm's lease as Redis sees it now.
+// Current reads the swarm's lease as Redis sees it now: live when it
+// expires after Redis's clock.
 func (s *LeaseService) Current(ctx context.Context, req *fencedv1.CurrentRequest) (*fencedv1.CurrentResponse, error) {
-	c, err := s.leases.Current(ctx, req.GetSlug())
+	if err := batch.CheckSlug(req.GetSlug()); err != nil {
+		return nil, toStatus(err)
+	}
+	l, now, rev, err := s.leases.CurrentLease(ctx, req.GetSlug())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &fencedv1.CurrentResponse{Live: c.Live, NowMs: c.NowMs, Revision: c.Revision}
-	if c.Lease != nil {
-		resp.Lease = leaseProto(*c.Lease)
+	resp := &fencedv1.CurrentResponse{Live: l.LiveAt(now), NowMs: now, Revision: rev}
+	if l != nil {
+		resp.Lease = leaseProto(*l)
 	}
 	return resp, nil
 }

@@ -84,6 +84,12 @@ func TestDemotedPrimaryBehindProxyIsLeft(t *testing.T) {
 	const slug = "failover"
 	awaitHealth(t, e, "fenced", serving)
 	rev := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
+	// B must hold the commit before it is promoted: otherwise the
+	// failover loses it (asynchronous replication) and A, resyncing
+	// from B, loses it too.
+	if n := a.Do(t, "WAIT", "1", "10000"); n != "1" {
+		t.Fatalf("WAIT 1 on A = %s, want B to acknowledge the commit", n)
+	}
 
 	replicaOf(t, b, nil)
 	replicaOf(t, a, b)

@@ -1,15 +1,12 @@
-// Package server is fenced's gRPC surface: the RecordsService handlers (each
-// validates the request, calls the store, and maps the error through one
-// table), the interceptor chain, health that follows Redis, and reflection.
+// Package server is fenced's gRPC surface: the RecordsService and
+// LeaseService handlers (each converts the request, checks it with
+// internal/batch, calls the store, and maps the error through one table),
+// the interceptor chain, health that follows Redis, and reflection.
 package server
 
 import (
 	"context"
-	"encoding/base64"
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -58,15 +55,6 @@ const (
 // DefaultMaxSnapshotBytes keeps a Sections answer under gRPC's default 4 MiB
 // receive limit of most clients, with room for framing.
 const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
-
-// Page sizes of ScanSection. Each page is one script, during which Redis
-// serves nobody else: at 1000 records (about 2 ms of Redis time for 200-byte
-// values) other swarms' p99 write latency rose 6.6x in the scan benchmark, at
-// 100 it rose 1.9x.
-const (
-	DefaultPageSize = 200
-	MaxPageSize     = 10000
-)
 
 // Service implements fencedv1.RecordsServiceServer over a Records core.
 type Service struct {
@@ -158,72 +146,19 @@ func (e *snapshotBytesError) Is(target error) bool { return target == store.ErrS
 
 // ScanSection answers one page of a section.
 func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequest) (*fencedv1.ScanSectionResponse, error) {
-	var vs []batch.Violation
-	if err := s.limits.CheckSectionRef(req.GetSlug(), req.GetSection()); err != nil {
-		var ve *batch.ValidationError
-		errors.As(err, &ve)
-		vs = append(vs, ve.Violations...)
+	scan, err := s.limits.CheckScan(req.GetSlug(), req.GetSection(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, toStatus(err)
 	}
-	size := int(req.GetPageSize())
-	switch {
-	case size == 0:
-		size = DefaultPageSize
-	case size < 0 || size > MaxPageSize:
-		vs = append(vs, batch.Violation{Field: "page_size", Description: fmt.Sprintf("must be 0 (default %d) to %d, got %d", DefaultPageSize, MaxPageSize, size)})
-	}
-	position, ok := decodePageToken(req.GetPageToken(), req.GetSlug(), req.GetSection())
-	if !ok {
-		vs = append(vs, batch.Violation{Field: "page_token", Description: "not a next_page_token of a scan of this slug and section"})
-	}
-	if len(vs) > 0 {
-		return nil, toStatus(&batch.ValidationError{Violations: vs})
-	}
-	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), position, size)
+	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), scan.Position, scan.PageSize)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	resp := &fencedv1.ScanSectionResponse{Records: recordsProto(page.Records), Revision: page.Revision, SectionRevision: page.SectionRevision}
 	if page.Next != "" {
-		resp.NextPageToken = encodePageToken(req.GetSlug(), req.GetSection(), page.Next)
+		resp.NextPageToken = batch.EncodePageToken(req.GetSlug(), req.GetSection(), page.Next)
 	}
 	return resp, nil
-}
-
-// Page tokens are opaque to clients: base64url of "v2", the slug, the
-// section and the store's scan position (store.ValidScanPosition: an HSCAN
-// cursor, and where a page was cut inside an HSCAN batch, the last key
-// returned), NUL-separated, so that a token is only accepted for the scan
-// that issued it. The position is last: a record key may hold NUL. "v1"
-// tokens (a bare cursor) are still accepted.
-func encodePageToken(slug, section, position string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("v2\x00" + slug + "\x00" + section + "\x00" + position))
-}
-
-func decodePageToken(token, slug, section string) (position string, ok bool) {
-	if token == "" {
-		return "", true
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil {
-		return "", false
-	}
-	parts := strings.SplitN(string(raw), "\x00", 4)
-	if len(parts) != 4 || parts[1] != slug || parts[2] != section || parts[3] == "" {
-		return "", false
-	}
-	switch parts[0] {
-	case "v1":
-		if _, err := strconv.ParseUint(parts[3], 10, 64); err != nil {
-			return "", false
-		}
-	case "v2":
-		if !store.ValidScanPosition(parts[3]) {
-			return "", false
-		}
-	default:
-		return "", false
-	}
-	return parts[3], true
 }
 
 // Record answers one record and the swarm revision.
@@ -244,33 +179,33 @@ func (s *Service) Record(ctx context.Context, req *fencedv1.RecordRequest) (*fen
 
 // FencedBatch validates a batch and commits it all or none.
 func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequest) (*fencedv1.FencedBatchResponse, error) {
-	b := BatchFromProto(req)
-	var vs []batch.Violation
-	if err := s.limits.CheckBatch(b); err != nil {
-		var ve *batch.ValidationError
-		if !errors.As(err, &ve) {
-			return nil, toStatus(err)
-		}
-		vs = ve.Violations
+	b, ack := BatchFromProto(req), replicaAckFromProto(req.GetReplicaAck())
+	bounds := batch.AckBounds{MaxReplicas: s.opts.MaxAckReplicas, MaxTimeout: s.opts.MaxAckTimeout}
+	if err := s.limits.CheckFencedBatch(b, ack, bounds); err != nil {
+		return nil, toStatus(err)
 	}
-	d := s.opts.Durability
-	if ack := req.GetReplicaAck(); ack != nil {
-		d = store.Durability{Replicas: int(ack.GetReplicas()), Timeout: time.Duration(ack.GetTimeoutMs()) * time.Millisecond}
-		if n := ack.GetReplicas(); n < 0 || int64(n) > int64(s.opts.MaxAckReplicas) {
-			vs = append(vs, batch.Violation{Field: "replica_ack.replicas", Description: fmt.Sprintf("must be 0 to %d (the server's limit, --max-ack-replicas), got %d", s.opts.MaxAckReplicas, n)})
-		}
-		if ms, limit := ack.GetTimeoutMs(), s.opts.MaxAckTimeout.Milliseconds(); ms < 0 || ms > limit {
-			vs = append(vs, batch.Violation{Field: "replica_ack.timeout_ms", Description: fmt.Sprintf("must be 0 (the server's default) to %d ms (the server's limit, --max-ack-timeout), got %d", limit, ms)})
-		}
-	}
-	if len(vs) > 0 {
-		return nil, toStatus(&batch.ValidationError{Violations: vs})
-	}
-	c, err := s.records.CommitDurable(ctx, b, d)
+	c, err := s.records.CommitDurable(ctx, b, s.durability(ack))
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &fencedv1.FencedBatchResponse{Revision: c.Revision, Replayed: c.Replayed, ReplicasAcked: int32(c.ReplicasAcked)}, nil
+}
+
+// replicaAckFromProto converts a batch's replica_ack; nil when unset.
+func replicaAckFromProto(ack *fencedv1.ReplicaAck) *batch.ReplicaAck {
+	if ack == nil {
+		return nil
+	}
+	return &batch.ReplicaAck{Replicas: ack.GetReplicas(), TimeoutMs: ack.GetTimeoutMs()}
+}
+
+// durability is what a checked batch waits for: its own replica_ack, else
+// the server's default.
+func (s *Service) durability(ack *batch.ReplicaAck) store.Durability {
+	if ack == nil {
+		return s.opts.Durability
+	}
+	return store.Durability{Replicas: int(ack.Replicas), Timeout: time.Duration(ack.TimeoutMs) * time.Millisecond}
 }
 
 // BatchFromProto converts a request into the domain batch, unvalidated. The

@@ -85,6 +85,28 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	if err != nil {
 		return nil, err
 	}
+	reply, err := s.runInspect(ctx, slug, sections)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Layout: layout, StampKept: s.stamp, Records: make(map[string]int64, len(sections)), SectionRevisions: map[string]int64{}}
+	if err := reply.head(o); err != nil {
+		return nil, err
+	}
+	if err := reply.meta(o); err != nil {
+		return nil, err
+	}
+	if err := reply.counts(o, sections); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// runInspect runs inspect.lua over the swarm's meta, revision, log,
+// by-name, by-name index and each section's keys (and, where the stamp is
+// kept, P:state:fencing:current) and checks the reply's length: 12
+// elements, then one record count per section.
+func (s *Store) runInspect(ctx context.Context, slug string, sections []string) (inspectReply, error) {
 	k := s.keys(slug)
 	keys := append(make([]string, 0, 6+len(sections)), k.meta(), k.revision(), k.log(), k.byName(), k.byNameIndex())
 	for _, name := range sections {
@@ -102,39 +124,66 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 	if len(arr) != 12+len(sections) {
 		return nil, fmt.Errorf("store: inspect: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(sections))
 	}
-	str := func(i int) (string, bool, error) {
-		if arr[i].IsNil() {
-			return "", false, nil
-		}
-		v, err := arr[i].ToString()
-		if err != nil {
-			return "", false, fmt.Errorf("store: inspect: %w: element %d: %w", ErrMalformedReply, i, err)
-		}
-		return v, true, nil
+	return inspectReply(arr), nil
+}
+
+// inspectReply is inspect.lua's reply: [0] Redis's clock in ms, [1] the
+// swarm revision, [2..6] meta lease, epoch, leader_changes, layout and
+// section_revisions, [7] the stamp, [8] the log's length, [9] by-name's
+// size, [10] its index's size, [11] the index's stale flag, [12..] each
+// section's record count.
+type inspectReply []rueidis.RedisMessage
+
+// str answers element i as a string, and false when it is nil.
+func (r inspectReply) str(i int) (string, bool, error) {
+	if r[i].IsNil() {
+		return "", false, nil
 	}
-	num := func(i int) (int64, error) {
-		n, err := arr[i].AsInt64()
-		if err != nil {
-			return 0, fmt.Errorf("store: inspect: %w: element %d: %w", ErrMalformedReply, i, err)
-		}
-		return n, nil
+	v, err := r[i].ToString()
+	if err != nil {
+		return "", false, fmt.Errorf("store: inspect: %w: element %d: %w", ErrMalformedReply, i, err)
 	}
-	o := &Overview{Layout: layout, StampKept: s.stamp, Records: make(map[string]int64, len(sections)), SectionRevisions: map[string]int64{}}
-	if o.NowMs, err = num(0); err != nil {
-		return nil, err
+	return v, true, nil
+}
+
+// num answers element i as an integer.
+func (r inspectReply) num(i int) (int64, error) {
+	n, err := r[i].AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("store: inspect: %w: element %d: %w", ErrMalformedReply, i, err)
 	}
-	if rev, ok, err := str(1); err != nil {
-		return nil, err
-	} else if ok {
+	return n, nil
+}
+
+// head reads Redis's clock and the swarm revision into o; a revision that
+// is not an integer is a problem, not an error.
+func (r inspectReply) head(o *Overview) error {
+	var err error
+	if o.NowMs, err = r.num(0); err != nil {
+		return err
+	}
+	rev, ok, err := r.str(1)
+	if err != nil {
+		return err
+	}
+	if ok {
 		if o.Revision, err = strconv.ParseInt(rev, 10, 64); err != nil {
 			o.Problems = append(o.Problems, fmt.Sprintf("revision: %q is not an integer", clipped(rev)))
 		}
 	}
+	return nil
+}
+
+// meta reads the meta records (lease, epoch, leader_changes, layout,
+// section_revisions) into o; each one that cannot be read is listed in
+// o.Problems, sorted.
+func (r inspectReply) meta(o *Overview) error {
 	var raw [5]string
 	var present [5]bool
 	for i := range raw {
-		if raw[i], present[i], err = str(2 + i); err != nil {
-			return nil, err
+		var err error
+		if raw[i], present[i], err = r.str(2 + i); err != nil {
+			return err
 		}
 	}
 	if present[0] {
@@ -169,27 +218,30 @@ func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*
 		}
 	}
 	slices.Sort(o.Problems)
-	if o.Stamp, o.StampPresent, err = str(7); err != nil {
-		return nil, err
+	return nil
+}
+
+// counts reads the stamp, the log's length, by-name's and its index's
+// sizes, the index's stale flag and each section's record count into o.
+func (r inspectReply) counts(o *Overview, sections []string) error {
+	var err error
+	if o.Stamp, o.StampPresent, err = r.str(7); err != nil {
+		return err
 	}
-	if o.LogEntries, err = num(8); err != nil {
-		return nil, err
-	}
-	if o.ByName, err = num(9); err != nil {
-		return nil, err
-	}
-	if o.ByNameIndex, err = num(10); err != nil {
-		return nil, err
-	}
-	if _, o.ByNameIndexStale, err = str(11); err != nil {
-		return nil, err
-	}
-	for i, name := range sections {
-		if o.Records[name], err = num(12 + i); err != nil {
-			return nil, err
+	for i, dst := range []*int64{&o.LogEntries, &o.ByName, &o.ByNameIndex} {
+		if *dst, err = r.num(8 + i); err != nil {
+			return err
 		}
 	}
-	return o, nil
+	if _, o.ByNameIndexStale, err = r.str(11); err != nil {
+		return err
+	}
+	for i, name := range sections {
+		if o.Records[name], err = r.num(12 + i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // clipped shortens text quoted in a problem.

@@ -1,6 +1,6 @@
 package server_test
 
-// Issue 4 over real gRPC and a real redis-server: idempotent batches
+// Over real gRPC and a real redis-server: idempotent batches
 // (request_id), durable acknowledgements (replica_ack, WAIT), section
 // revisions with WRITE_KIND_CHECK_SECTION, and ScanSection with the
 // Sections size limits.
@@ -83,13 +83,13 @@ func i4Seed(t *testing.T, st *store.Store, slug, section string, n, pad int) map
 	return want
 }
 
-// TestIssue4RequestID: the same request_id with the same request answers the
+// TestRequestIDReplaysTheSameRequestAndRefusesAnother: the same request_id with the same request answers the
 // original revision (replayed) and writes nothing, even after its expected
 // revisions stopped matching and with a later fence.now_ms; the same id with
 // another request is INVALID_ARGUMENT + REQUEST_ID_REUSED with a BadRequest
 // on request_id; ids are per swarm; the log entry carries the id; malformed
 // ids never reach Redis.
-func TestIssue4RequestID(t *testing.T) {
+func TestRequestIDReplaysTheSameRequestAndRefusesAnother(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	const slug = "idem-grpc"
@@ -228,14 +228,14 @@ func TestIssue4RequestID(t *testing.T) {
 	})
 }
 
-// TestIssue4ReplicaAck: with a replica started by the test helper,
+// TestReplicaAckWaitsOrAnswersReplicationTimeout: with a replica started by the test helper,
 // replica_ack{1} answers replicas_acked 1 and the replica holds the batch;
 // replica_ack{2} with one replica is UNAVAILABLE + REPLICATION_TIMEOUT with
 // the committed revision, the batch is on the primary, and the same
 // request_id answers replayed at that revision. The server's default
 // (--wait-replicas) applies when replica_ack is unset; replica_ack{0}
 // overrides it and sends no WAIT.
-func TestIssue4ReplicaAck(t *testing.T) {
+func TestReplicaAckWaitsOrAnswersReplicationTimeout(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st := openStore(t, primary)
@@ -336,11 +336,11 @@ func TestIssue4ReplicaAck(t *testing.T) {
 	})
 }
 
-// TestIssue4SectionRevisions: Sections returns each section's revision (the
+// TestCheckSectionRefusesABatchAfterAnInsert: Sections returns each section's revision (the
 // revision of the last batch that put or deleted in it; checks raise
 // nothing), and WRITE_KIND_CHECK_SECTION refuses a batch after any insert
 // into the section, with one violation naming the section.
-func TestIssue4SectionRevisions(t *testing.T) {
+func TestCheckSectionRefusesABatchAfterAnInsert(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
 	const slug = "section-revs"
@@ -405,11 +405,11 @@ func secChk(section string, expected int64) *fencedv1.RecordWrite {
 	return &fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_SECTION, Section: section, Expected: expected}
 }
 
-// TestIssue4ScanSection: ScanSection pages cover a 5,000-record section
+// TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots: ScanSection pages cover a 5,000-record section
 // exactly; the page size and token are validated; Sections refuses
 // snapshots over the record and byte limits with RESOURCE_EXHAUSTED +
 // SNAPSHOT_TOO_LARGE pointing to ScanSection.
-func TestIssue4ScanSection(t *testing.T) {
+func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) {
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), prefix, store.WithMaxSnapshotRecords(1000))
 	if err != nil {
@@ -446,7 +446,7 @@ func TestIssue4ScanSection(t *testing.T) {
 		}
 	}
 
-	for _, size := range []int32{0, 10, 700, server.MaxPageSize} {
+	for _, size := range []int32{0, 10, 700, batch.MaxPageSize} {
 		t.Run(fmt.Sprintf("page_size=%d", size), func(t *testing.T) {
 			got, pages := scan(t, slug, "intents", size)
 			if len(got) != n {
@@ -467,7 +467,7 @@ func TestIssue4ScanSection(t *testing.T) {
 			// page_size is a maximum (AIP-158).
 			limit := int(size)
 			if limit == 0 {
-				limit = server.DefaultPageSize
+				limit = batch.DefaultPageSize
 			}
 			if largest > limit || len(pages) < n/limit {
 				t.Errorf("page_size %d: %d pages, largest %d records; want pages of at most %d", size, len(pages), largest, limit)
@@ -496,7 +496,7 @@ func TestIssue4ScanSection(t *testing.T) {
 		fields []string
 	}{
 		{"page_size -1", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageSize: -1}, []string{"page_size"}},
-		{"page_size 10001", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageSize: server.MaxPageSize + 1}, []string{"page_size"}},
+		{"page_size 10001", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageSize: batch.MaxPageSize + 1}, []string{"page_size"}},
 		{"token of another slug", &fencedv1.ScanSectionRequest{Slug: slug + "-b", Section: "intents", PageToken: first.GetNextPageToken()}, []string{"page_token"}},
 		{"token of another section", &fencedv1.ScanSectionRequest{Slug: slug, Section: "claims", PageToken: first.GetNextPageToken()}, []string{"page_token"}},
 		{"garbage token", &fencedv1.ScanSectionRequest{Slug: slug, Section: "intents", PageToken: "not a token!"}, []string{"page_token"}},

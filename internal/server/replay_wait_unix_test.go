@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 )
 
-// TestIssue4ReplayWaitsForTheOriginalCommit: a batch answered
+// TestReplayWaitsForTheOriginalCommit: a batch answered
 // REPLICATION_TIMEOUT is retried under its request_id through another
 // fenced replica (a fresh Redis connection) while the Redis replica still
 // lags (stopped with SIGSTOP: connected, acknowledging nothing). The replay
@@ -26,7 +26,7 @@ import (
 // to cover the commit, not only what the retry's connection wrote before.
 // Once the replica runs again, the retry answers replayed, acknowledged,
 // and the replica holds the batch.
-func TestIssue4ReplayWaitsForTheOriginalCommit(t *testing.T) {
+func TestReplayWaitsForTheOriginalCommit(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	pid := replica.Pid()

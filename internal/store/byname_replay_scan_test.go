@@ -1,6 +1,6 @@
 package store_test
 
-// Issue 4 at the store: by-name stays right for the largest executions
+// At the store: by-name stays right for the largest executions
 // batches, a replayed request keeps its window, and every ScanSection page
 // holds the records of one section revision while writers move it on.
 
@@ -20,12 +20,12 @@ import (
 	"github.com/agentihooks/fenced/internal/store"
 )
 
-// TestIssue4ByNameManyPutsInOneBatch: batches of hundreds of executions
+// TestByNameMatchesAFullScanAfterManyPutsInOneBatch: batches of hundreds of executions
 // puts, many per agent name (generations tied and not, holders overwritten
 // lower, renamed and deleted), leave by-name exactly as a full scan of
 // executions says: each name maps to the id of its record with the highest
 // generation, ties going to the greater id.
-func TestIssue4ByNameManyPutsInOneBatch(t *testing.T) {
+func TestByNameMatchesAFullScanAfterManyPutsInOneBatch(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	ctx := context.Background()
@@ -66,20 +66,7 @@ func TestIssue4ByNameManyPutsInOneBatch(t *testing.T) {
 		}
 		return out
 	}
-	gotByName := func() map[string]string {
-		kv := srv.DoArray(t, "HGETALL", key(slug, "by-name"))
-		out := map[string]string{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			var rec struct {
-				V string `json:"v"`
-			}
-			if err := json.Unmarshal([]byte(kv[i+1]), &rec); err != nil {
-				t.Fatalf("by-name[%s] = %q: %v", kv[i], kv[i+1], err)
-			}
-			out[kv[i]] = rec.V
-		}
-		return out
-	}
+	gotByName := func() map[string]string { return byNameOf(t, srv, slug) }
 	steps := []struct {
 		name   string
 		writes func(i int) batch.Write // for i in 0..1023
@@ -126,10 +113,10 @@ func TestIssue4ByNameManyPutsInOneBatch(t *testing.T) {
 	}
 }
 
-// TestIssue4ReplayKeepsTheWindow: answering a replay rewrites nothing
+// TestReplayKeepsTheRequestWindow: answering a replay rewrites nothing
 // visible: the request key keeps its value and its expiry (the window is
 // counted from the commit, not extended by retries).
-func TestIssue4ReplayKeepsTheWindow(t *testing.T) {
+func TestReplayKeepsTheRequestWindow(t *testing.T) {
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), prefix, store.WithRequestIDWindow(time.Hour))
 	if err != nil {
@@ -160,11 +147,11 @@ func seedArchive(t *testing.T, st *store.Store, slug string, n int) {
 	}
 }
 
-// TestIssue4ScanPageHoldsOneSectionRevision: while a writer keeps
+// TestScanPageHoldsOneSectionRevision: while a writer keeps
 // overwriting records of the section, every page of large scans holds only
 // records at or below the page's section revision (the page and its
 // revisions are one read), and each full scan sees every key.
-func TestIssue4ScanPageHoldsOneSectionRevision(t *testing.T) {
+func TestScanPageHoldsOneSectionRevision(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	ctx := context.Background()

@@ -1,6 +1,6 @@
 package client_test
 
-// Issue 4 through the Go client: Update fences a section read whole with one
+// Through the Go client: Update fences a section read whole with one
 // WRITE_KIND_CHECK_SECTION whatever its size and reruns on a phantom; Update
 // resends a batch whose reply was lost under the same request id;
 // replication timeouts decode to *ReplicationError; ScanSection reports
@@ -88,13 +88,13 @@ func seedSection(t *testing.T, c *client.Client, slug, section string, n int) ma
 	return want
 }
 
-// TestIssue4UpdateFencesWholeSectionWithOneCheck: a change that counts a
+// TestUpdateFencesWholeSectionWithOneCheck: a change that counts a
 // 500-record section conflicts with a concurrent insert of a new record into
 // it (a phantom, which per-record checks cannot catch), and its rerun
 // commits the new count. Each batch it sends holds exactly one
 // WRITE_KIND_CHECK_SECTION for that section, at the section revision read,
 // and no per-record check of it: two writes, whatever the section's size.
-func TestIssue4UpdateFencesWholeSectionWithOneCheck(t *testing.T) {
+func TestUpdateFencesWholeSectionWithOneCheck(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	rec := &batchRecorder{}
@@ -180,11 +180,11 @@ func TestIssue4UpdateFencesWholeSectionWithOneCheck(t *testing.T) {
 	}
 }
 
-// TestIssue4UpdateResendsLostReply: the reply to Update's commit is lost
+// TestUpdateResendsLostReplyUnderItsRequestID: the reply to Update's commit is lost
 // (UNAVAILABLE after the commit). Update resends the same batch under the
 // same request id; fenced answers the original revision, so the change is
 // applied once: one log entry, carrying the id, and the change ran once.
-func TestIssue4UpdateResendsLostReply(t *testing.T) {
+func TestUpdateResendsLostReplyUnderItsRequestID(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	rec := &batchRecorder{loseReply: func(n int) bool { return n == 0 }}
@@ -220,10 +220,10 @@ func TestIssue4UpdateResendsLostReply(t *testing.T) {
 	}
 }
 
-// TestIssue4BatchRequestID: Batch under a request id replays the original
+// TestBatchRequestIDReplaysAndRefusesAnotherRequest: Batch under a request id replays the original
 // revision; the same id on another request is ErrInvalidArgument naming
 // request_id.
-func TestIssue4BatchRequestID(t *testing.T) {
+func TestBatchRequestIDReplaysAndRefusesAnotherRequest(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
@@ -251,11 +251,11 @@ func TestIssue4BatchRequestID(t *testing.T) {
 	}
 }
 
-// TestIssue4ReplicationError: with one replica, WithReplicaAck(1) commits;
+// TestReplicaAckShortfallIsAReplicationErrorNotResent: with one replica, WithReplicaAck(1) commits;
 // WithReplicaAck(2) answers *ReplicationError (ErrReplicationTimeout and
 // ErrUnavailable) with the committed revision; Update does not resend it
 // (it committed) and answers the same error, the batch applied once.
-func TestIssue4ReplicationError(t *testing.T) {
+func TestReplicaAckShortfallIsAReplicationErrorNotResent(t *testing.T) {
 	t.Parallel()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
@@ -299,11 +299,11 @@ func TestIssue4ReplicationError(t *testing.T) {
 	}
 }
 
-// TestIssue4ScanSection: ScanSection visits every record of a 3,000-record
+// TestScanSectionReportsWhetherTheSectionChanged: ScanSection visits every record of a 3,000-record
 // section; its first and last section revisions are equal when nothing
 // changed, and differ when a write lands in the section mid-scan; an error
 // of the callback stops the scan.
-func TestIssue4ScanSection(t *testing.T) {
+func TestScanSectionReportsWhetherTheSectionChanged(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
