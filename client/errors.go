@@ -261,6 +261,10 @@ func Decode(err error) error {
 		return &RedisRefusalError{Reason: reason, Err: err}
 	case st.Code() == codes.Unavailable:
 		return &codeError{kind: ErrUnavailable, err: err}
+	case st.Code() == codes.OutOfRange && is(fencedv1.ErrorReason_REVISION_COMPACTED):
+		ce := &CompactedError{Err: err}
+		ce.Oldest, _ = strconv.ParseInt(md["oldest_revision"], 10, 64)
+		return ce
 	case st.Code() == codes.OutOfRange && is(fencedv1.ErrorReason_REVISION_LIMIT):
 		return &codeError{kind: ErrRevisionLimit, err: err}
 	}

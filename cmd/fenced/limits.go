@@ -39,6 +39,13 @@ type limitFlags struct {
 	// MaxReplicaWaits and MaxReplicaWaitsPerSwarm bound waits in flight.
 	MaxReplicaWaits         int `name:"max-replica-waits" env:"FENCED_MAX_REPLICA_WAITS" default:"512" help:"Most commits and lease changes waiting for replicas (Redis WAIT, each on a dedicated Redis connection) at once in this process; more are refused RESOURCE_EXHAUSTED before anything is written. Waits no longer than --wait-timeout (lease changes, batches without replica_ack) may take a quarter more, which longer replica_ack waits never use. Keep it and that quarter below the Redis client's blocking pool (1024)."`
 	MaxReplicaWaitsPerSwarm int `name:"max-replica-waits-per-swarm" env:"FENCED_MAX_REPLICA_WAITS_PER_SWARM" default:"64" help:"Most of those waits for one swarm, so that one swarm cannot take them all."`
+	// MaxWatchers and MaxWatchersPerConnection bound RecordsService Watch
+	// streams; WatchBuffer and WatchProgressInterval shape each one.
+	MaxWatchers              int           `name:"max-watchers" env:"FENCED_MAX_WATCHERS" default:"10000" help:"Most RecordsService Watch streams open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS. Watchers of one swarm share one Redis reader."`
+	MaxWatchersPerConnection int           `name:"max-watchers-per-connection" env:"FENCED_MAX_WATCHERS_PER_CONNECTION" default:"1000" help:"Most Watch streams open at once on one client connection (also bounded by --max-concurrent-streams, which queues instead of refusing)."`
+	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, at most 128) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
+	WatchCoalesce            time.Duration `name:"watch-coalesce" env:"FENCED_WATCH_COALESCE" default:"50ms" help:"Shortest time between two fan-outs of one swarm's Watch reader: a batch after a quiet spell goes out at once; under a stream of commits each fan-out carries every batch since the last, so watching costs one message per watcher per interval whatever the write rate (0: no coalescing)."`
+	WatchProgressInterval    time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
 }
 
 // connectionReserve is the file descriptors kept for everything but gRPC
@@ -71,6 +78,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --wait-timeout %v is over --max-ack-timeout %v", waitTimeout, l.MaxAckTimeout)
 	case l.MaxReplicaWaits < 1 || l.MaxReplicaWaitsPerSwarm < 1:
 		return fmt.Errorf("configuration: --max-replica-waits and --max-replica-waits-per-swarm must be >= 1")
+	case l.MaxWatchers < 1 || l.MaxWatchersPerConnection < 1 || l.WatchBuffer < 1 || l.WatchProgressInterval < 100*time.Millisecond || l.WatchCoalesce < 0:
+		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce >= 0")
 	}
 	return nil
 }
@@ -108,7 +117,15 @@ func (l *limitFlags) transport(maxConnections int) server.Transport {
 	}
 }
 
-// storeOption bounds the store's replica waits.
+// storeOption bounds the store's replica waits and sets its watch buffer.
 func (l *limitFlags) storeOption() store.Option {
-	return store.WithReplicaWaitLimits(l.MaxReplicaWaits, l.MaxReplicaWaitsPerSwarm)
+	waits := store.WithReplicaWaitLimits(l.MaxReplicaWaits, l.MaxReplicaWaitsPerSwarm)
+	buffer := store.WithWatchBuffer(l.WatchBuffer)
+	coalesce := store.WithWatchCoalesce(l.WatchCoalesce)
+	return func(s *store.Store) { waits(s); buffer(s); coalesce(s) }
+}
+
+// watch is the server's WatchOptions for these flags.
+func (l *limitFlags) watch() server.WatchOptions {
+	return server.WatchOptions{Max: l.MaxWatchers, MaxPerConnection: l.MaxWatchersPerConnection, ProgressInterval: l.WatchProgressInterval}
 }

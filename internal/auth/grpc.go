@@ -26,6 +26,7 @@ var MethodAccess = map[string]Access{
 	fencedv1.RecordsService_Sections_FullMethodName:    Read,
 	fencedv1.RecordsService_ScanSection_FullMethodName: Read,
 	fencedv1.RecordsService_Record_FullMethodName:      Read,
+	fencedv1.RecordsService_Watch_FullMethodName:       Read,
 	fencedv1.LeaseService_Current_FullMethodName:       Read,
 	fencedv1.RecordsService_FencedBatch_FullMethodName: Write,
 	fencedv1.LeaseService_Acquire_FullMethodName:       Write,

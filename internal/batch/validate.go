@@ -386,3 +386,32 @@ func checkDuplicates(vs *violations, ws []Write) {
 		seen[r] = i
 	}
 }
+
+// CheckWatch validates a Watch request: the slug, start_revision (0 = from
+// now, else 1 to 2^53-1) and the section names to filter by (as
+// CheckSections; none = every section, not only the ones Sections reads
+// by default). It returns the names, nil for all.
+func (l Limits) CheckWatch(slug string, start int64, sections []string) ([]string, error) {
+	var vs violations
+	if why := ValidSlug(slug); why != "" {
+		vs.add("slug", "%s", why)
+	}
+	if start < 0 || start > MaxSafeInteger {
+		vs.add("start_revision", "must be a revision 1 to 2^53-1, or 0 (from now), got %d", start)
+	}
+	for i, n := range sections {
+		field := fmt.Sprintf("sections[%d]", i)
+		if why := l.validSection(n); why != "" {
+			vs.add(field, "%s", why)
+		} else if slices.Index(sections, n) != i {
+			vs.add(field, "%q is named twice", clip(n))
+		}
+	}
+	if err := vs.err(); err != nil {
+		return nil, err
+	}
+	if len(sections) == 0 {
+		return nil, nil
+	}
+	return sections, nil
+}

@@ -112,11 +112,17 @@ type Metrics struct {
 	healthWatchers     prometheus.Gauge
 	connections        prometheus.Gauge
 	limitRefusals      *prometheus.CounterVec
+	watchers           prometheus.Gauge
+	watchReaders       prometheus.Gauge
+	watchEvents        prometheus.Counter
+	watchDrops         prometheus.Counter
 }
 
 var (
 	_ store.Observer       = (*Metrics)(nil)
+	_ store.ReaderObserver = (*Metrics)(nil)
 	_ server.LimitObserver = (*Metrics)(nil)
+	_ server.WatchObserver = (*Metrics)(nil)
 )
 
 // New returns Metrics on a new private registry.
@@ -194,15 +200,32 @@ func New() *Metrics {
 		}),
 		limitRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenced_limit_refusals_total",
-			Help: "Refusals over a bound, by limit: health_watchers (Watch refused RESOURCE_EXHAUSTED), connections (closed at accept), replica_waits (batch or lease change refused RESOURCE_EXHAUSTED before writing), header_size (not countable: grpc-go resets such streams itself; stays 0).",
+			Help: "Refusals over a bound, by limit: health_watchers (Watch refused RESOURCE_EXHAUSTED), connections (closed at accept), replica_waits (batch or lease change refused RESOURCE_EXHAUSTED before writing), header_size (not countable: grpc-go resets such streams itself; stays 0), watchers (RecordsService Watch refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS).",
 		}, []string{"limit"}),
+		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenced_watchers",
+			Help: "RecordsService Watch streams open (bounded by --max-watchers and --max-watchers-per-connection).",
+		}),
+		watchReaders: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fenced_watch_readers",
+			Help: "Swarm log readers running: one per swarm with at least one watcher in this process (each one blocking XREAD on Redis).",
+		}),
+		watchEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_watch_events_sent_total",
+			Help: "Events sent on Watch streams (committed batches and progress events).",
+		}),
+		watchDrops: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_watch_drops_total",
+			Help: "Watchers dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW) for falling more than --watch-buffer events behind.",
+		}),
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f(m.GRPC)
 	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
 		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
-		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals} {
+		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals,
+		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
@@ -213,7 +236,7 @@ func New() *Metrics {
 	for _, r := range store.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
 	}
-	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize} {
+	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers} {
 		m.limitRefusals.WithLabelValues(l)
 	}
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
@@ -354,3 +377,15 @@ func (m *Metrics) HealthWatchers(delta int) { m.healthWatchers.Add(float64(delta
 
 // Refused implements server.LimitObserver.
 func (m *Metrics) Refused(limit string) { m.limitRefusals.WithLabelValues(limit).Inc() }
+
+// Watchers implements server.WatchObserver.
+func (m *Metrics) Watchers(delta int) { m.watchers.Add(float64(delta)) }
+
+// WatchEventsSent implements server.WatchObserver.
+func (m *Metrics) WatchEventsSent(n int) { m.watchEvents.Add(float64(n)) }
+
+// WatchDropped implements server.WatchObserver.
+func (m *Metrics) WatchDropped() { m.watchDrops.Inc() }
+
+// WatchReaders implements store.ReaderObserver.
+func (m *Metrics) WatchReaders(delta int) { m.watchReaders.Add(float64(delta)) }

@@ -234,3 +234,35 @@ func TestLimitMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchMetrics: the Watch series exist at 0 from the start and follow
+// what the server and the store report.
+func TestWatchMetrics(t *testing.T) {
+	m := metrics.New()
+	start := scrape(t, m)
+	for _, name := range []string{"fenced_watchers", "fenced_watch_readers", "fenced_watch_events_sent_total", "fenced_watch_drops_total", "fenced_limit_refusals_total{watchers}"} {
+		if g, ok := start[name]; !ok || g != 0 {
+			t.Errorf("%s at start = %v (present %v), want 0", name, g, ok)
+		}
+	}
+	m.Watchers(3)
+	m.Watchers(-1)
+	m.WatchReaders(2)
+	m.WatchEventsSent(5)
+	m.WatchEventsSent(1)
+	m.WatchDropped()
+	m.Refused(server.LimitWatchers)
+	want := map[string]float64{
+		"fenced_watchers":                       2,
+		"fenced_watch_readers":                  2,
+		"fenced_watch_events_sent_total":        6,
+		"fenced_watch_drops_total":              1,
+		"fenced_limit_refusals_total{watchers}": 1,
+	}
+	got := scrape(t, m)
+	for name, w := range want {
+		if g, ok := got[name]; !ok || g != w {
+			t.Errorf("%s = %v (present %v), want %v", name, g, ok, w)
+		}
+	}
+}

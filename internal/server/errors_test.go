@@ -133,6 +133,14 @@ func TestErrorTable(t *testing.T) {
 			errInfo("REVISION_LIMIT", map[string]string{"key": "revision", "max_revision": "9007199254740991"})}},
 		{"revision limit sentinel alone", store.ErrRevisionLimit, codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_LIMIT", map[string]string{"max_revision": "9007199254740991"})}},
+		{"revision compacted", fmt.Errorf("store: watch: %w", &store.CompactedError{Start: 5, Oldest: 9}), codes.OutOfRange, []proto.Message{
+			errInfo("REVISION_COMPACTED", map[string]string{"oldest_revision": "9"})}},
+		{"too many watchers", &tooManyWatchersError{limit: "connection"}, codes.ResourceExhausted, []proto.Message{
+			errInfo("TOO_MANY_WATCHERS", map[string]string{"limit": "connection"})}},
+		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, []proto.Message{
+			errInfo("WATCHER_TOO_SLOW", map[string]string{"last_revision": "7"})}},
+		{"watcher too slow sentinel alone", store.ErrWatcherTooSlow, codes.ResourceExhausted, []proto.Message{
+			errInfo("WATCHER_TOO_SLOW", map[string]string{})}},
 		{"unavailable", unavailable, codes.Unavailable, []proto.Message{errInfo("REDIS_UNAVAILABLE", nil)}},
 		{"redis out of memory", fmt.Errorf("store: fenced batch: %w", store.Refusal("OOM command not allowed when used memory > 'maxmemory'.")), codes.ResourceExhausted, []proto.Message{errInfo("REDIS_OUT_OF_MEMORY", nil)}},
 		{"redis failing saves", store.Refusal("MISCONF Redis is configured to save RDB snapshots"), codes.Unavailable, []proto.Message{errInfo("REDIS_WRITE_ERROR", nil)}},

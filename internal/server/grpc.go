@@ -138,13 +138,20 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		defer s.calls.Add(-1)
 		return h(ctx, req)
 	}
-	countStream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod == fencedv1.RecordsService_Watch_FullMethodName {
+			// Like health Watch, a Watch stream never ends by itself:
+			// Shutdown cuts it once the other calls drained (its client
+			// resumes elsewhere from its last revision).
+			return h(srv, ss)
+		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
 		return h(srv, ss)
 	}
 	s.grpc = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
+		grpc.ForceServerCodecV2(newCodec()),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
 		grpc.ChainUnaryInterceptor(
@@ -162,7 +169,12 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			recovery.StreamServerInterceptor(onPanic),
 		),
 	)...)
-	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits, opts.Records))
+	svc := NewService(core, limits, opts.Records)
+	svc.limitsObs = s.limits
+	if wo, ok := s.limits.(WatchObserver); ok {
+		svc.watchObs = wo
+	}
+	fencedv1.RegisterRecordsServiceServer(s.grpc, svc)
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(core, opts.LeaseBounds))
 	if m, ok := core.(Migrator); ok {
 		fencedv1.RegisterAdminServiceServer(s.grpc, NewAdminService(m))
@@ -304,8 +316,9 @@ func (s *Server) ServeHealth(lis net.Listener) error {
 
 // Shutdown turns every health service NOT_SERVING, then stops gracefully:
 // no new calls are taken, in-flight calls finish until ctx is done (after
-// which the rest are cancelled), and open health Watch streams, which never
-// end by themselves, are cut once the other calls have drained.
+// which the rest are cancelled), and open health and RecordsService Watch
+// streams, which never end by themselves, are cut once the other calls have
+// drained (UNAVAILABLE).
 func (s *Server) Shutdown(ctx context.Context) {
 	s.Drain()
 	defer func() {

@@ -148,6 +148,14 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 				t.Errorf("client.Decode = %T %v; want ErrUnavailable, not a refusal", got, got)
 			}
 		}},
+		{"revision compacted", &store.CompactedError{Start: 5, Oldest: 9}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_COMPACTED, func(t *testing.T, got error) {
+			var ce *client.CompactedError
+			if !errors.As(got, &ce) || !errors.Is(got, client.ErrRevisionCompacted) || ce.Oldest != 9 {
+				t.Errorf("client.Decode = %T %v; want *client.CompactedError with Oldest 9", got, got)
+			}
+		}},
+		{"too many watchers", &tooManyWatchersError{limit: "process"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_WATCHERS, same},
+		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, fencedv1.ErrorReason_WATCHER_TOO_SLOW, same},
 		{"unknown", errors.New("something else"), codes.Internal, fencedv1.ErrorReason_REASON_UNSPECIFIED, same},
 	}
 	// One per Redis refusal (store's refusal table), OOM apart.
@@ -235,6 +243,7 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		store.ReasonRedisBusy, store.ReasonRedisLoading, store.ReasonRedisMasterDown, store.ReasonRedisTryAgain,
 		store.ReasonRedisClusterDown, store.ReasonRedisNoScript, store.ReasonRedisNotPermitted, store.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
+		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {

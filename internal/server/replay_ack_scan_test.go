@@ -181,7 +181,8 @@ func TestRequestIDReplaysTheSameRequestAndRefusesAnother(t *testing.T) {
 		for _, fv := range entries {
 			id, ok := fv["request_id"]
 			if r := strconv.FormatInt(first.GetRevision(), 10); fv["revision"] == r {
-				want := map[string]string{"revision": r, "owner": "tick-1", "records": "2", "request_id": req.GetRequestId()}
+				want := map[string]string{"revision": r, "owner": "tick-1", "records": "2", "request_id": req.GetRequestId(),
+					"changes": fv["changes"], "prev": fv["prev"]} // what Watch reads: pinned in the store's tests
 				if diff := cmp.Diff(want, fv); diff != "" {
 					t.Errorf("log entry of r%s mismatch (-want +got):\n%s", r, diff)
 				}

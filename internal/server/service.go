@@ -40,6 +40,8 @@ type ServiceOptions struct {
 	// MaxAckTimeout bounds replica_ack.timeout_ms, likewise. Zero:
 	// DefaultMaxAckTimeout.
 	MaxAckTimeout time.Duration
+	// Watch bounds Watch streams (watch.go).
+	Watch WatchOptions
 }
 
 // Defaults of ServiceOptions' replica_ack bounds: a Redis primary seldom
@@ -60,6 +62,11 @@ type Service struct {
 	records Records
 	limits  batch.Limits
 	opts    ServiceOptions
+	// watchSlots counts open Watch streams; limitsObs and watchObs are told
+	// of them (set by New from Telemetry.Limits).
+	watchSlots *watchSlots
+	limitsObs  LimitObserver
+	watchObs   WatchObserver
 }
 
 // NewService returns the RecordsService handlers over records, enforcing
@@ -74,7 +81,9 @@ func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Serv
 	if opts.MaxAckTimeout <= 0 {
 		opts.MaxAckTimeout = DefaultMaxAckTimeout
 	}
-	return &Service{records: records, limits: limits, opts: opts}
+	opts.Watch = opts.Watch.withDefaults()
+	return &Service{records: records, limits: limits, opts: opts,
+		watchSlots: &watchSlots{byConn: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{}}
 }
 
 var layouts = map[store.Layout]fencedv1.Layout{

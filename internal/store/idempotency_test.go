@@ -43,9 +43,9 @@ func TestRequestIDMakesARetrySafe(t *testing.T) {
 		t.Errorf("Commit reusing the id = %v, want ErrRequestIDReused", err)
 	}
 	// The log entry carries the id; the request key has the hash tag.
-	entry := srv.DoArray(t, "XRANGE", key("idem", "log"), "-", "+")
-	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "", "records", "2", "request_id", "req-1 /{x}"}; len(entry) != 9 || !slices.Equal(entry[1:], want) {
-		t.Errorf("log = %q, want one entry %q", entry, want)
+	entries := logEntries(t, srv, "idem")
+	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "", "records", "2", "request_id", "req-1 /{x}", "changes", "pclaims:1:cpexecutions:1:e", "prev", "0"}; len(entries) != 1 || !slices.Equal(entries[0], want) {
+		t.Errorf("log = %q, want one entry %q", entries, want)
 	}
 	if ttl := srv.Do(t, "PTTL", key("idem", "request:req-1 /{x}")); ttl == "-2" || ttl == "-1" {
 		t.Errorf("request key PTTL = %s, want a window", ttl)

@@ -139,6 +139,8 @@ type Store struct {
 	rebuilds *rebuilds
 	// waits bounds the replica waits in flight (waits.go).
 	waits *waitSlots
+	// feeds are the swarms' log readers of Watch (watch.go).
+	feeds *feeds
 }
 
 // DefaultMaxSnapshotRecords is the most records one Sections read holds by
@@ -201,6 +203,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		timeout:            DefaultRedisTimeout,
 		log:                slog.Default(),
 		waits:              newWaitSlots(),
+		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce},
 	}
 	s.client.Store(&client)
 	for _, o := range opts {
@@ -239,6 +242,7 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 // stops reconnecting).
 func (s *Store) Close() {
 	s.rebuilds.stop()
+	s.feeds.close()
 	s.redial.Lock()
 	defer s.redial.Unlock()
 	s.closed = true

@@ -188,7 +188,7 @@ func TestStaleControllerRacingTakeover(t *testing.T) {
 		t.Errorf("new holder's write = %q", raw)
 	}
 	last := srv.DoArray(t, "XREVRANGE", key("race", "log"), "+", "-", "COUNT", "1")
-	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "tick-b", "records", "1"}; !slices.Equal(last[1:], want) {
+	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "tick-b", "records", "1", "changes", "pclaims:2:c1"}; !slices.Equal(last[1:9], want) {
 		t.Errorf("last log entry = %q, want id then %q", last, want)
 	}
 }
@@ -390,7 +390,7 @@ func TestLogKeepsExactly1000Entries(t *testing.T) {
 		t.Errorf("XLEN log = %s, want 1000", got)
 	}
 	first := srv.DoArray(t, "XRANGE", key("logged", "log"), "-", "+", "COUNT", "1")
-	if want := []string{"revision", strconv.FormatInt(revs[3], 10), "owner", "", "records", "1"}; !slices.Equal(first[1:], want) {
+	if want := []string{"revision", strconv.FormatInt(revs[3], 10), "owner", "", "records", "1", "changes", "pjournals:1:j", "prev", strconv.FormatInt(revs[2], 10)}; !slices.Equal(first[1:], want) {
 		t.Errorf("oldest entry = %q, want id then %q", first, want)
 	}
 }

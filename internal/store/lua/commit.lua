@@ -226,6 +226,7 @@ local head = '{"r":' .. rev .. ',"v":'
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
+local log_changes = {} -- the log entry's changes (log_change)
 local exec_writes = {} -- executions writes, for byname.commit
 for i = 1, n do
   local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
@@ -236,7 +237,9 @@ for i = 1, n do
   end
   if kind == P.KIND_PUT or kind == P.KIND_DELETE then
     records = records + 1
-    changed[string.match(KEYS[ki], P.SECTION_PATTERN)] = true
+    local section = string.match(KEYS[ki], P.SECTION_PATTERN)
+    changed[section] = true
+    log_change(log_changes, kind, section, key)
     if ki == EXEC then
       exec_writes[#exec_writes + 1] = { id = key, old = old_exec[i], new = value }
     end
@@ -252,7 +255,7 @@ end
 if request_key then
   redis.call('SET', request_key, rev .. ':' .. digest, 'PX', window)
 end
-finish_commit(rev, layout, stamp, slug, log_owner, records, changed, request_id)
+finish_commit(rev, layout, stamp, slug, log_owner, records, changed, request_id, log_changes)
 if byname_stale then
   return { P.REPLY_OK, rev, P.REPLY_BYNAME_STALE }
 end

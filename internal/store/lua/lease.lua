@@ -147,14 +147,18 @@ if limit then
 end
 local head = '{"r":' .. rev .. ',"v":'
 local records = 1
+local log_changes = {}
 if op == P.LEASE_RELEASE then
   redis.call('HDEL', KEYS[1], P.FIELD_LEASE)
+  log_change(log_changes, P.KIND_DELETE, P.KEY_META, P.FIELD_LEASE)
 else
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEASE)
   redis.call('HSET', KEYS[1], P.FIELD_LEASE, head .. '{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
 end
 if record_epoch then
   redis.call('HSET', KEYS[1], P.FIELD_EPOCH, head .. int(new_epoch) .. '}')
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_EPOCH)
   records = records + 1
 end
 if granted then
@@ -162,9 +166,10 @@ if granted then
     changes = 0
   end
   redis.call('HSET', KEYS[1], P.FIELD_LEADER_CHANGES, head .. int(changes + 1) .. '}')
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEADER_CHANGES)
   records = records + 1
 end
-finish_commit(rev, layout, stamp, slug, owner, records, { [P.KEY_META] = true })
+finish_commit(rev, layout, stamp, slug, owner, records, { [P.KEY_META] = true }, nil, log_changes)
 local replaced = { '', '', '' }
 if granted and lease and lease.owner ~= owner then
   replaced = { lease.owner, int(lease.epoch), int(lease.expires_at) }

@@ -391,10 +391,12 @@ end
 -- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
+local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
 local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
   if counter then
+    prior_revision = counter
     if not canonical_digits(counter) then
       return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
     end
@@ -455,6 +457,19 @@ local function next_revision(highest)
   return rev
 end
 
+-- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
+-- the log keeps P.LOG_CAP entries, so a swarm's log stays under ~16 MB
+-- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
+-- A batch over it logs `sections` instead (docs/design-notes.md, "Watch").
+
+-- log_change appends one change to a log entry's list (changes): op
+-- P.KIND_PUT or P.KIND_DELETE, then '<section>:<key length in bytes>:<key>', so
+-- that any key (':' and NUL included) is read back exactly. Built here from
+-- what the script already has: nothing more is sent to Redis per batch.
+local function log_change(changes, op, section, key)
+  changes[#changes + 1] = op .. section .. ':' .. #key .. ':' .. key
+end
+
 -- wrong_type answers {'WRONGTYPE', name, type, want} for the first entry
 -- {key, want, name} of list whose key exists as another Redis type than
 -- want; nil when every key is absent or of its type.
@@ -490,8 +505,14 @@ end
 -- finish_commit does what every commit ends with: the section revisions of
 -- the sections the batch changed (a set of names; nil: none) raised to rev,
 -- meta/layout set to records when absent, the standalone stamp, and one log
--- entry (the log keeps exactly the last P.LOG_CAP; request_id only when given).
-local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id)
+-- entry (the log keeps exactly the last P.LOG_CAP; request_id only when
+-- given): revision, owner, records, [request_id], then changes (log_change's
+-- items, concatenated) or, over P.LOG_CHANGES_MAX bytes, sections (the
+-- changed sections' names, sorted, joined by ','), then prev: the swarm
+-- revision before this commit (the previous entry's revision), so that a
+-- reader resuming after revision r knows nothing between r and the oldest
+-- entry left the log when prev <= r.
+local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id, changes)
   local head = '{"r":' .. rev .. ',"v":'
   if changed and next(changed) then
     local revs = section_revisions()
@@ -517,12 +538,25 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
   if stamp then
     redis.call('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
   end
+  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
   if request_id then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*',
-      P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records),
-      P.LOG_FIELD_REQUEST_ID, request_id)
-  else
-    redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*',
-      P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records))
+    entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
+    entry[#entry + 1] = request_id
   end
+  local text = table.concat(changes)
+  if #text <= tonumber(P.LOG_CHANGES_MAX) then
+    entry[#entry + 1] = P.LOG_FIELD_CHANGES
+    entry[#entry + 1] = text
+  else
+    local names = {}
+    for name in pairs(changed) do
+      names[#names + 1] = name
+    end
+    table.sort(names)
+    entry[#entry + 1] = P.LOG_FIELD_SECTIONS
+    entry[#entry + 1] = table.concat(names, P.LOG_SECTIONS_SEPARATOR)
+  end
+  entry[#entry + 1] = P.LOG_FIELD_PREV
+  entry[#entry + 1] = prior_revision
+  redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*', unpack(entry))
 end

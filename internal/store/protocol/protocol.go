@@ -170,7 +170,22 @@ const (
 	LogFieldOwner     = "owner"
 	LogFieldRecords   = "records"
 	LogFieldRequestID = "request_id"
+	// LogFieldChanges holds the records the batch put or deleted: per
+	// record KindPut or KindDelete, then "<section>:<key length>:<key>",
+	// concatenated (Watch reads it).
+	LogFieldChanges = "changes"
+	// LogFieldSections replaces LogFieldChanges when those would pass
+	// LogChangesMax bytes: the changed sections joined by
+	// LogSectionsSeparator.
+	LogFieldSections     = "sections"
+	LogSectionsSeparator = ","
+	// LogFieldPrev is the swarm revision before the batch.
+	LogFieldPrev = "prev"
 )
+
+// LogChangesMax bounds a log entry's changes field, in bytes: with LogCap
+// entries a swarm's log stays under ~16 MB whatever its batches.
+const LogChangesMax = 16384
 
 // Flags of byname_check.lua's answer: two characters per executions field,
 // CheckRecord or CheckNotRecord, then CheckIndexed or CheckMissing.
@@ -248,6 +263,11 @@ var entries = []struct{ name, value string }{
 	{"LOG_FIELD_OWNER", LogFieldOwner},
 	{"LOG_FIELD_RECORDS", LogFieldRecords},
 	{"LOG_FIELD_REQUEST_ID", LogFieldRequestID},
+	{"LOG_FIELD_CHANGES", LogFieldChanges},
+	{"LOG_FIELD_SECTIONS", LogFieldSections},
+	{"LOG_SECTIONS_SEPARATOR", LogSectionsSeparator},
+	{"LOG_FIELD_PREV", LogFieldPrev},
+	{"LOG_CHANGES_MAX", strconv.Itoa(LogChangesMax)},
 	{"LOG_CAP", strconv.Itoa(LogCap)},
 	{"CHECK_RECORD", CheckRecord},
 	{"CHECK_NOT_RECORD", CheckNotRecord},

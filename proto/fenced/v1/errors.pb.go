@@ -121,6 +121,19 @@ const (
 	// PERMISSION_DENIED: the RPC is not classified for authorization.
 	// Metadata: "token", "method".
 	ErrorReason_METHOD_NOT_PERMITTED ErrorReason_Reason = 30
+	// OUT_OF_RANGE: batches after the Watch's start_revision have left the
+	// swarm's log (it keeps the last 1000); read with Sections and watch
+	// from its revision. Metadata: "oldest_revision" (the oldest batch the
+	// log still holds).
+	ErrorReason_REVISION_COMPACTED ErrorReason_Reason = 31
+	// RESOURCE_EXHAUSTED: the process or the connection has as many Watch
+	// streams open as it allows; nothing was started. Metadata: "limit"
+	// ("process" or "connection").
+	ErrorReason_TOO_MANY_WATCHERS ErrorReason_Reason = 32
+	// RESOURCE_EXHAUSTED: the watcher fell too far behind and was dropped;
+	// watch again from the last revision received. Metadata:
+	// "last_revision" (the last event handed to the stream).
+	ErrorReason_WATCHER_TOO_SLOW ErrorReason_Reason = 33
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -157,6 +170,9 @@ var (
 		28: "SLUG_NOT_PERMITTED",
 		29: "WRITE_NOT_PERMITTED",
 		30: "METHOD_NOT_PERMITTED",
+		31: "REVISION_COMPACTED",
+		32: "TOO_MANY_WATCHERS",
+		33: "WATCHER_TOO_SLOW",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -190,6 +206,9 @@ var (
 		"SLUG_NOT_PERMITTED":       28,
 		"WRITE_NOT_PERMITTED":      29,
 		"METHOD_NOT_PERMITTED":     30,
+		"REVISION_COMPACTED":       31,
+		"TOO_MANY_WATCHERS":        32,
+		"WATCHER_TOO_SLOW":         33,
 	}
 )
 
@@ -276,8 +295,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xcb\x05\n" +
-	"\vErrorReason\"\xbb\x05\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\x90\x06\n" +
+	"\vErrorReason\"\x80\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -312,7 +331,10 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\rTOKEN_UNKNOWN\x10\x1b\x12\x16\n" +
 	"\x12SLUG_NOT_PERMITTED\x10\x1c\x12\x17\n" +
 	"\x13WRITE_NOT_PERMITTED\x10\x1d\x12\x18\n" +
-	"\x14METHOD_NOT_PERMITTED\x10\x1eB8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x14METHOD_NOT_PERMITTED\x10\x1e\x12\x16\n" +
+	"\x12REVISION_COMPACTED\x10\x1f\x12\x15\n" +
+	"\x11TOO_MANY_WATCHERS\x10 \x12\x14\n" +
+	"\x10WATCHER_TOO_SLOW\x10!B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

@@ -189,6 +189,59 @@ func (WriteKind) EnumDescriptor() ([]byte, []int) {
 	return file_fenced_v1_records_proto_rawDescGZIP(), []int{1}
 }
 
+// ChangeKind is what a batch did to one record.
+type ChangeKind int32
+
+const (
+	// Never sent.
+	ChangeKind_CHANGE_KIND_UNSPECIFIED ChangeKind = 0
+	// The batch put the record.
+	ChangeKind_CHANGE_KIND_PUT ChangeKind = 1
+	// The batch deleted the record.
+	ChangeKind_CHANGE_KIND_DELETE ChangeKind = 2
+)
+
+// Enum value maps for ChangeKind.
+var (
+	ChangeKind_name = map[int32]string{
+		0: "CHANGE_KIND_UNSPECIFIED",
+		1: "CHANGE_KIND_PUT",
+		2: "CHANGE_KIND_DELETE",
+	}
+	ChangeKind_value = map[string]int32{
+		"CHANGE_KIND_UNSPECIFIED": 0,
+		"CHANGE_KIND_PUT":         1,
+		"CHANGE_KIND_DELETE":      2,
+	}
+)
+
+func (x ChangeKind) Enum() *ChangeKind {
+	p := new(ChangeKind)
+	*p = x
+	return p
+}
+
+func (x ChangeKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ChangeKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_fenced_v1_records_proto_enumTypes[2].Descriptor()
+}
+
+func (ChangeKind) Type() protoreflect.EnumType {
+	return &file_fenced_v1_records_proto_enumTypes[2]
+}
+
+func (x ChangeKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ChangeKind.Descriptor instead.
+func (ChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{2}
+}
+
 // LayoutRequest names the swarm.
 type LayoutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1164,6 +1217,311 @@ func (x *FencedBatchResponse) GetReplicasAcked() int32 {
 	return 0
 }
 
+// WatchRequest names the swarm and where to start.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The swarm's slug. Required.
+	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
+	// Stream the batches committed after this swarm revision: the revision of
+	// a Sections read, or the last WatchEvent's revision. 0: from now (the
+	// newest batch in the log when the stream opens; the first event sent is
+	// a progress event carrying that revision). Negative is INVALID_ARGUMENT.
+	StartRevision int64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision" json:"start_revision,omitempty"`
+	// Only batches that changed one of these sections, with only those
+	// changes. Names as in SectionsRequest.names (configured sections and
+	// `meta`); empty: every section. Progress events are sent regardless.
+	Sections      []string `protobuf:"bytes,3,rep,name=sections" json:"sections,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchRequest) GetSlug() string {
+	if x != nil {
+		return x.Slug
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStartRevision() int64 {
+	if x != nil {
+		return x.StartRevision
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetSections() []string {
+	if x != nil {
+		return x.Sections
+	}
+	return nil
+}
+
+// Change is one record a batch put or deleted.
+type Change struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The record's section.
+	Section string `protobuf:"bytes,1,opt,name=section" json:"section,omitempty"`
+	// The record's key.
+	Key string `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
+	// Put or delete.
+	Kind ChangeKind `protobuf:"varint,3,opt,name=kind,enum=fenced.v1.ChangeKind" json:"kind,omitempty"`
+	// For a put: the record as it stands when the event is read (not
+	// necessarily as the batch wrote it): its revision equals the event's
+	// revision when nothing overwrote it since, is larger when a later batch
+	// did (that batch's event follows). Unset when the record was deleted
+	// since, or for a delete.
+	Record        *Record `protobuf:"bytes,4,opt,name=record" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Change) Reset() {
+	*x = Change{}
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Change) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Change) ProtoMessage() {}
+
+func (x *Change) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Change.ProtoReflect.Descriptor instead.
+func (*Change) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Change) GetSection() string {
+	if x != nil {
+		return x.Section
+	}
+	return ""
+}
+
+func (x *Change) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Change) GetKind() ChangeKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ChangeKind_CHANGE_KIND_UNSPECIFIED
+}
+
+func (x *Change) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+// WatchResponse carries the next events of a Watch stream, in revision
+// order. Usually one; when the caller is behind, the server sends the events
+// it has in one message (at most 256 events, and past 1 MiB only the first),
+// so that a busy swarm costs fewer messages, not more.
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in increasing revision order; never empty.
+	Events        []*WatchEvent `protobuf:"bytes,1,rep,name=events" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// WatchEvent is one committed batch, or a progress note.
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The swarm revision the batch committed at. Events of one stream come in
+	// increasing revision order, each batch once. For a progress event: the
+	// revision up to which the stream has sent every batch.
+	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
+	// The lease owner that fenced the batch; empty for an unfenced batch.
+	// Lease grants, renewals and releases name their owner.
+	Owner string `protobuf:"bytes,2,opt,name=owner" json:"owner,omitempty"`
+	// The batch's request_id, when it had one.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId" json:"request_id,omitempty"`
+	// The records the batch put or deleted (in the batch's order; filtered by
+	// WatchRequest.sections). Lease changes appear as `meta` records (lease,
+	// epoch, leader_changes). Empty when truncated.
+	Changes []*Change `protobuf:"bytes,4,rep,name=changes" json:"changes,omitempty"`
+	// True when the batch changed too many record keys for the log to keep
+	// them (over 16 KiB of keys): `changes` is empty and `sections` names the
+	// sections it changed; read them again.
+	Truncated bool `protobuf:"varint,5,opt,name=truncated" json:"truncated,omitempty"`
+	// For a truncated batch: the sections it changed (filtered).
+	Sections []string `protobuf:"bytes,6,rep,name=sections" json:"sections,omitempty"`
+	// A progress event: no batch, only `revision`. Sent when the stream opens
+	// from now (start_revision 0) and after every quiet interval of the
+	// server's --watch-progress-interval (default 30 s), so that proxies
+	// do not cut a quiet stream and a caller knows how far it is.
+	Progress      bool `protobuf:"varint,7,opt,name=progress" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchEvent) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetChanges() []*Change {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *WatchEvent) GetSections() []string {
+	if x != nil {
+		return x.Sections
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
 var File_fenced_v1_records_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_records_proto_rawDesc = "" +
@@ -1239,7 +1597,28 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x13FencedBatchResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\breplayed\x18\x02 \x01(\bR\breplayed\x12%\n" +
-	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked*I\n" +
+	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"e\n" +
+	"\fWatchRequest\x12\x12\n" +
+	"\x04slug\x18\x01 \x01(\tR\x04slug\x12%\n" +
+	"\x0estart_revision\x18\x02 \x01(\x03R\rstartRevision\x12\x1a\n" +
+	"\bsections\x18\x03 \x03(\tR\bsections\"\x8a\x01\n" +
+	"\x06Change\x12\x18\n" +
+	"\asection\x18\x01 \x01(\tR\asection\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x15.fenced.v1.ChangeKindR\x04kind\x12)\n" +
+	"\x06record\x18\x04 \x01(\v2\x11.fenced.v1.RecordR\x06record\">\n" +
+	"\rWatchResponse\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.fenced.v1.WatchEventR\x06events\"\xe0\x01\n" +
+	"\n" +
+	"WatchEvent\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12+\n" +
+	"\achanges\x18\x04 \x03(\v2\x11.fenced.v1.ChangeR\achanges\x12\x1c\n" +
+	"\ttruncated\x18\x05 \x01(\bR\ttruncated\x12\x1a\n" +
+	"\bsections\x18\x06 \x03(\tR\bsections\x12\x1a\n" +
+	"\bprogress\x18\a \x01(\bR\bprogress*I\n" +
 	"\x06Layout\x12\x16\n" +
 	"\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n" +
@@ -1249,13 +1628,19 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x0eWRITE_KIND_PUT\x10\x01\x12\x15\n" +
 	"\x11WRITE_KIND_DELETE\x10\x02\x12\x14\n" +
 	"\x10WRITE_KIND_CHECK\x10\x03\x12\x1c\n" +
-	"\x18WRITE_KIND_CHECK_SECTION\x10\x042\xef\x02\n" +
+	"\x18WRITE_KIND_CHECK_SECTION\x10\x04*V\n" +
+	"\n" +
+	"ChangeKind\x12\x1b\n" +
+	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fCHANGE_KIND_PUT\x10\x01\x12\x16\n" +
+	"\x12CHANGE_KIND_DELETE\x10\x022\xad\x03\n" +
 	"\x0eRecordsService\x12=\n" +
 	"\x06Layout\x12\x18.fenced.v1.LayoutRequest\x1a\x19.fenced.v1.LayoutResponse\x12C\n" +
 	"\bSections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12L\n" +
 	"\vScanSection\x12\x1d.fenced.v1.ScanSectionRequest\x1a\x1e.fenced.v1.ScanSectionResponse\x12=\n" +
 	"\x06Record\x12\x18.fenced.v1.RecordRequest\x1a\x19.fenced.v1.RecordResponse\x12L\n" +
-	"\vFencedBatch\x12\x1d.fenced.v1.FencedBatchRequest\x1a\x1e.fenced.v1.FencedBatchResponseB?Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1\x92\x03\x04\b\x02 \x03b\beditionsp\xe8\a"
+	"\vFencedBatch\x12\x1d.fenced.v1.FencedBatchRequest\x1a\x1e.fenced.v1.FencedBatchResponse\x12<\n" +
+	"\x05Watch\x12\x17.fenced.v1.WatchRequest\x1a\x18.fenced.v1.WatchResponse0\x01B?Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1\x92\x03\x04\b\x02 \x03b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_records_proto_rawDescOnce sync.Once
@@ -1269,58 +1654,69 @@ func file_fenced_v1_records_proto_rawDescGZIP() []byte {
 	return file_fenced_v1_records_proto_rawDescData
 }
 
-var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_fenced_v1_records_proto_goTypes = []any{
 	(Layout)(0),                 // 0: fenced.v1.Layout
 	(WriteKind)(0),              // 1: fenced.v1.WriteKind
-	(*LayoutRequest)(nil),       // 2: fenced.v1.LayoutRequest
-	(*LayoutResponse)(nil),      // 3: fenced.v1.LayoutResponse
-	(*Record)(nil),              // 4: fenced.v1.Record
-	(*Section)(nil),             // 5: fenced.v1.Section
-	(*SectionsRequest)(nil),     // 6: fenced.v1.SectionsRequest
-	(*SectionsResponse)(nil),    // 7: fenced.v1.SectionsResponse
-	(*ScanSectionRequest)(nil),  // 8: fenced.v1.ScanSectionRequest
-	(*ScanSectionResponse)(nil), // 9: fenced.v1.ScanSectionResponse
-	(*RecordRequest)(nil),       // 10: fenced.v1.RecordRequest
-	(*RecordResponse)(nil),      // 11: fenced.v1.RecordResponse
-	(*RecordWrite)(nil),         // 12: fenced.v1.RecordWrite
-	(*LeaseFence)(nil),          // 13: fenced.v1.LeaseFence
-	(*FencedBatchRequest)(nil),  // 14: fenced.v1.FencedBatchRequest
-	(*ReplicaAck)(nil),          // 15: fenced.v1.ReplicaAck
-	(*FencedBatchResponse)(nil), // 16: fenced.v1.FencedBatchResponse
-	nil,                         // 17: fenced.v1.Section.RecordsEntry
-	nil,                         // 18: fenced.v1.SectionsResponse.SectionsEntry
-	nil,                         // 19: fenced.v1.ScanSectionResponse.RecordsEntry
+	(ChangeKind)(0),             // 2: fenced.v1.ChangeKind
+	(*LayoutRequest)(nil),       // 3: fenced.v1.LayoutRequest
+	(*LayoutResponse)(nil),      // 4: fenced.v1.LayoutResponse
+	(*Record)(nil),              // 5: fenced.v1.Record
+	(*Section)(nil),             // 6: fenced.v1.Section
+	(*SectionsRequest)(nil),     // 7: fenced.v1.SectionsRequest
+	(*SectionsResponse)(nil),    // 8: fenced.v1.SectionsResponse
+	(*ScanSectionRequest)(nil),  // 9: fenced.v1.ScanSectionRequest
+	(*ScanSectionResponse)(nil), // 10: fenced.v1.ScanSectionResponse
+	(*RecordRequest)(nil),       // 11: fenced.v1.RecordRequest
+	(*RecordResponse)(nil),      // 12: fenced.v1.RecordResponse
+	(*RecordWrite)(nil),         // 13: fenced.v1.RecordWrite
+	(*LeaseFence)(nil),          // 14: fenced.v1.LeaseFence
+	(*FencedBatchRequest)(nil),  // 15: fenced.v1.FencedBatchRequest
+	(*ReplicaAck)(nil),          // 16: fenced.v1.ReplicaAck
+	(*FencedBatchResponse)(nil), // 17: fenced.v1.FencedBatchResponse
+	(*WatchRequest)(nil),        // 18: fenced.v1.WatchRequest
+	(*Change)(nil),              // 19: fenced.v1.Change
+	(*WatchResponse)(nil),       // 20: fenced.v1.WatchResponse
+	(*WatchEvent)(nil),          // 21: fenced.v1.WatchEvent
+	nil,                         // 22: fenced.v1.Section.RecordsEntry
+	nil,                         // 23: fenced.v1.SectionsResponse.SectionsEntry
+	nil,                         // 24: fenced.v1.ScanSectionResponse.RecordsEntry
 }
 var file_fenced_v1_records_proto_depIdxs = []int32{
 	0,  // 0: fenced.v1.LayoutResponse.layout:type_name -> fenced.v1.Layout
-	17, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
-	18, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
-	19, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
-	4,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
+	22, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
+	23, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
+	24, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
+	5,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
 	1,  // 5: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
-	12, // 6: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
-	13, // 7: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
-	15, // 8: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
-	4,  // 9: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
-	5,  // 10: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
-	4,  // 11: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
-	2,  // 12: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
-	6,  // 13: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
-	8,  // 14: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
-	10, // 15: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
-	14, // 16: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
-	3,  // 17: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
-	7,  // 18: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
-	9,  // 19: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
-	11, // 20: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
-	16, // 21: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 6: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
+	14, // 7: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
+	16, // 8: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
+	2,  // 9: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
+	5,  // 10: fenced.v1.Change.record:type_name -> fenced.v1.Record
+	21, // 11: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
+	19, // 12: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
+	5,  // 13: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
+	6,  // 14: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
+	5,  // 15: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
+	3,  // 16: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
+	7,  // 17: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
+	9,  // 18: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
+	11, // 19: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
+	15, // 20: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
+	18, // 21: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
+	4,  // 22: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
+	8,  // 23: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
+	10, // 24: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
+	12, // 25: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
+	17, // 26: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
+	20, // 27: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fenced_v1_records_proto_init() }
@@ -1333,8 +1729,8 @@ func file_fenced_v1_records_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_records_proto_rawDesc), len(file_fenced_v1_records_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   18,
+			NumEnums:      3,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

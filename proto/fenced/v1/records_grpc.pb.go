@@ -68,6 +68,7 @@ const (
 	RecordsService_ScanSection_FullMethodName = "/fenced.v1.RecordsService/ScanSection"
 	RecordsService_Record_FullMethodName      = "/fenced.v1.RecordsService/Record"
 	RecordsService_FencedBatch_FullMethodName = "/fenced.v1.RecordsService/FencedBatch"
+	RecordsService_Watch_FullMethodName       = "/fenced.v1.RecordsService/Watch"
 )
 
 // RecordsServiceClient is the client API for RecordsService service.
@@ -111,6 +112,26 @@ type RecordsServiceClient interface {
 	// LAYOUT_DOCUMENT, UNAVAILABLE (REPLICATION_TIMEOUT: committed, but not
 	// acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(ctx context.Context, in *FencedBatchRequest, opts ...grpc.CallOption) (*FencedBatchResponse, error)
+	// Watch streams the swarm's committed batches after start_revision, one
+	// WatchEvent per batch, in revision order, none twice, until the caller
+	// cancels or the stream fails. The list-then-watch pattern: read with
+	// Sections (its `revision` is the snapshot's), then Watch from that
+	// revision; resume a broken stream from the last event's revision. Events
+	// come from the swarm's log, which keeps its last 1000 batches. Read-only
+	// (a read token suffices).
+	//
+	// Errors: OUT_OF_RANGE + REVISION_COMPACTED when batches after
+	// start_revision have left the log (ErrorInfo metadata oldest_revision:
+	// the oldest batch the log still holds): read again with Sections and
+	// watch from its revision. RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS when the
+	// server or this connection has as many Watch streams open as it allows
+	// (metadata limit: "process" or "connection"); RESOURCE_EXHAUSTED +
+	// WATCHER_TOO_SLOW when the caller did not read events as fast as they
+	// came and the server's buffer for it filled (metadata last_revision: the
+	// last event sent; resume from it). UNAVAILABLE (Redis unreachable, the
+	// server shutting down: resume from the last revision seen),
+	// INVALID_ARGUMENT, DEADLINE_EXCEEDED, CANCELED.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
 type recordsServiceClient struct {
@@ -171,6 +192,25 @@ func (c *recordsServiceClient) FencedBatch(ctx context.Context, in *FencedBatchR
 	return out, nil
 }
 
+func (c *recordsServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RecordsService_ServiceDesc.Streams[0], RecordsService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RecordsService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
+
 // RecordsServiceServer is the server API for RecordsService service.
 // All implementations must embed UnimplementedRecordsServiceServer
 // for forward compatibility.
@@ -212,6 +252,26 @@ type RecordsServiceServer interface {
 	// LAYOUT_DOCUMENT, UNAVAILABLE (REPLICATION_TIMEOUT: committed, but not
 	// acknowledged by enough replicas), DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(context.Context, *FencedBatchRequest) (*FencedBatchResponse, error)
+	// Watch streams the swarm's committed batches after start_revision, one
+	// WatchEvent per batch, in revision order, none twice, until the caller
+	// cancels or the stream fails. The list-then-watch pattern: read with
+	// Sections (its `revision` is the snapshot's), then Watch from that
+	// revision; resume a broken stream from the last event's revision. Events
+	// come from the swarm's log, which keeps its last 1000 batches. Read-only
+	// (a read token suffices).
+	//
+	// Errors: OUT_OF_RANGE + REVISION_COMPACTED when batches after
+	// start_revision have left the log (ErrorInfo metadata oldest_revision:
+	// the oldest batch the log still holds): read again with Sections and
+	// watch from its revision. RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS when the
+	// server or this connection has as many Watch streams open as it allows
+	// (metadata limit: "process" or "connection"); RESOURCE_EXHAUSTED +
+	// WATCHER_TOO_SLOW when the caller did not read events as fast as they
+	// came and the server's buffer for it filled (metadata last_revision: the
+	// last event sent; resume from it). UNAVAILABLE (Redis unreachable, the
+	// server shutting down: resume from the last revision seen),
+	// INVALID_ARGUMENT, DEADLINE_EXCEEDED, CANCELED.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedRecordsServiceServer()
 }
 
@@ -236,6 +296,9 @@ func (UnimplementedRecordsServiceServer) Record(context.Context, *RecordRequest)
 }
 func (UnimplementedRecordsServiceServer) FencedBatch(context.Context, *FencedBatchRequest) (*FencedBatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FencedBatch not implemented")
+}
+func (UnimplementedRecordsServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedRecordsServiceServer) mustEmbedUnimplementedRecordsServiceServer() {}
 func (UnimplementedRecordsServiceServer) testEmbeddedByValue()                        {}
@@ -348,6 +411,17 @@ func _RecordsService_FencedBatch_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RecordsService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RecordsServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RecordsService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
+
 // RecordsService_ServiceDesc is the grpc.ServiceDesc for RecordsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -376,6 +450,12 @@ var RecordsService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _RecordsService_FencedBatch_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _RecordsService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "fenced/v1/records.proto",
 }

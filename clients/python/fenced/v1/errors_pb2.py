@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65nced/v1/errors.proto\x12\tfenced.v1\"\xcb\x05\n\x0b\x45rrorReason\"\xbb\x05\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11REVISION_CONFLICT\x10\x01\x12\x0f\n\x0bLEASE_STALE\x10\x02\x12\x0e\n\nLEASE_HELD\x10\x03\x12\x13\n\x0fLAYOUT_DOCUMENT\x10\x04\x12\x12\n\x0eRECORD_CORRUPT\x10\x05\x12\x15\n\x11REDIS_UNAVAILABLE\x10\x06\x12\x14\n\x10INVALID_ARGUMENT\x10\x07\x12\x15\n\x11REQUEST_ID_REUSED\x10\x08\x12\x17\n\x13REPLICATION_TIMEOUT\x10\t\x12\x16\n\x12SNAPSHOT_TOO_LARGE\x10\n\x12\x12\n\x0eREVISION_LIMIT\x10\x0b\x12\x1a\n\x16TOO_MANY_REPLICA_WAITS\x10\x0c\x12\x1c\n\x18TOO_MANY_HEALTH_WATCHERS\x10\r\x12\x17\n\x13REDIS_OUT_OF_MEMORY\x10\x0e\x12\x15\n\x11REDIS_WRITE_ERROR\x10\x0f\x12\x13\n\x0fREDIS_READ_ONLY\x10\x10\x12\x15\n\x11REDIS_NO_REPLICAS\x10\x11\x12\x0e\n\nREDIS_BUSY\x10\x12\x12\x11\n\rREDIS_LOADING\x10\x13\x12\x15\n\x11REDIS_MASTER_DOWN\x10\x14\x12\x13\n\x0fREDIS_TRY_AGAIN\x10\x15\x12\x16\n\x12REDIS_CLUSTER_DOWN\x10\x16\x12\x13\n\x0fREDIS_NO_SCRIPT\x10\x17\x12\x17\n\x13REDIS_NOT_PERMITTED\x10\x18\x12\x13\n\x0fREDIS_MAY_EVICT\x10\x19\x12\x11\n\rTOKEN_MISSING\x10\x1a\x12\x11\n\rTOKEN_UNKNOWN\x10\x1b\x12\x16\n\x12SLUG_NOT_PERMITTED\x10\x1c\x12\x17\n\x13WRITE_NOT_PERMITTED\x10\x1d\x12\x18\n\x14METHOD_NOT_PERMITTED\x10\x1e\x42\x38Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65nced/v1/errors.proto\x12\tfenced.v1\"\x90\x06\n\x0b\x45rrorReason\"\x80\x06\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11REVISION_CONFLICT\x10\x01\x12\x0f\n\x0bLEASE_STALE\x10\x02\x12\x0e\n\nLEASE_HELD\x10\x03\x12\x13\n\x0fLAYOUT_DOCUMENT\x10\x04\x12\x12\n\x0eRECORD_CORRUPT\x10\x05\x12\x15\n\x11REDIS_UNAVAILABLE\x10\x06\x12\x14\n\x10INVALID_ARGUMENT\x10\x07\x12\x15\n\x11REQUEST_ID_REUSED\x10\x08\x12\x17\n\x13REPLICATION_TIMEOUT\x10\t\x12\x16\n\x12SNAPSHOT_TOO_LARGE\x10\n\x12\x12\n\x0eREVISION_LIMIT\x10\x0b\x12\x1a\n\x16TOO_MANY_REPLICA_WAITS\x10\x0c\x12\x1c\n\x18TOO_MANY_HEALTH_WATCHERS\x10\r\x12\x17\n\x13REDIS_OUT_OF_MEMORY\x10\x0e\x12\x15\n\x11REDIS_WRITE_ERROR\x10\x0f\x12\x13\n\x0fREDIS_READ_ONLY\x10\x10\x12\x15\n\x11REDIS_NO_REPLICAS\x10\x11\x12\x0e\n\nREDIS_BUSY\x10\x12\x12\x11\n\rREDIS_LOADING\x10\x13\x12\x15\n\x11REDIS_MASTER_DOWN\x10\x14\x12\x13\n\x0fREDIS_TRY_AGAIN\x10\x15\x12\x16\n\x12REDIS_CLUSTER_DOWN\x10\x16\x12\x13\n\x0fREDIS_NO_SCRIPT\x10\x17\x12\x17\n\x13REDIS_NOT_PERMITTED\x10\x18\x12\x13\n\x0fREDIS_MAY_EVICT\x10\x19\x12\x11\n\rTOKEN_MISSING\x10\x1a\x12\x11\n\rTOKEN_UNKNOWN\x10\x1b\x12\x16\n\x12SLUG_NOT_PERMITTED\x10\x1c\x12\x17\n\x13WRITE_NOT_PERMITTED\x10\x1d\x12\x18\n\x14METHOD_NOT_PERMITTED\x10\x1e\x12\x16\n\x12REVISION_COMPACTED\x10\x1f\x12\x15\n\x11TOO_MANY_WATCHERS\x10 \x12\x14\n\x10WATCHER_TOO_SLOW\x10!B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fenced.v1.errors_pb2', globals())
@@ -22,7 +22,7 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1'
   _ERRORREASON._serialized_start=38
-  _ERRORREASON._serialized_end=753
+  _ERRORREASON._serialized_end=822
   _ERRORREASON_REASON._serialized_start=54
-  _ERRORREASON_REASON._serialized_end=753
+  _ERRORREASON_REASON._serialized_end=822
 # @@protoc_insertion_point(module_scope)

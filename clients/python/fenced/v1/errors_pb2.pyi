@@ -31,6 +31,7 @@ class ErrorReason(_message.Message):
     REDIS_WRITE_ERROR: ErrorReason.Reason
     REPLICATION_TIMEOUT: ErrorReason.Reason
     REQUEST_ID_REUSED: ErrorReason.Reason
+    REVISION_COMPACTED: ErrorReason.Reason
     REVISION_CONFLICT: ErrorReason.Reason
     REVISION_LIMIT: ErrorReason.Reason
     SLUG_NOT_PERMITTED: ErrorReason.Reason
@@ -39,5 +40,7 @@ class ErrorReason(_message.Message):
     TOKEN_UNKNOWN: ErrorReason.Reason
     TOO_MANY_HEALTH_WATCHERS: ErrorReason.Reason
     TOO_MANY_REPLICA_WAITS: ErrorReason.Reason
+    TOO_MANY_WATCHERS: ErrorReason.Reason
+    WATCHER_TOO_SLOW: ErrorReason.Reason
     WRITE_NOT_PERMITTED: ErrorReason.Reason
     def __init__(self) -> None: ...

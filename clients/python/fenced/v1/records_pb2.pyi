@@ -4,6 +4,9 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+CHANGE_KIND_DELETE: ChangeKind
+CHANGE_KIND_PUT: ChangeKind
+CHANGE_KIND_UNSPECIFIED: ChangeKind
 DESCRIPTOR: _descriptor.FileDescriptor
 LAYOUT_DOCUMENT: Layout
 LAYOUT_RECORDS: Layout
@@ -13,6 +16,18 @@ WRITE_KIND_CHECK_SECTION: WriteKind
 WRITE_KIND_DELETE: WriteKind
 WRITE_KIND_PUT: WriteKind
 WRITE_KIND_UNSPECIFIED: WriteKind
+
+class Change(_message.Message):
+    __slots__ = ["key", "kind", "record", "section"]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    SECTION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    kind: ChangeKind
+    record: Record
+    section: str
+    def __init__(self, section: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., record: _Optional[_Union[Record, _Mapping]] = ...) -> None: ...
 
 class FencedBatchRequest(_message.Message):
     __slots__ = ["fence", "replica_ack", "request_id", "slug", "writes"]
@@ -177,8 +192,45 @@ class SectionsResponse(_message.Message):
     sections: _containers.MessageMap[str, Section]
     def __init__(self, sections: _Optional[_Mapping[str, Section]] = ..., revision: _Optional[int] = ...) -> None: ...
 
+class WatchEvent(_message.Message):
+    __slots__ = ["changes", "owner", "progress", "request_id", "revision", "sections", "truncated"]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    owner: str
+    progress: bool
+    request_id: str
+    revision: int
+    sections: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    def __init__(self, revision: _Optional[int] = ..., owner: _Optional[str] = ..., request_id: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., truncated: bool = ..., sections: _Optional[_Iterable[str]] = ..., progress: bool = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ["sections", "slug", "start_revision"]
+    SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    START_REVISION_FIELD_NUMBER: _ClassVar[int]
+    sections: _containers.RepeatedScalarFieldContainer[str]
+    slug: str
+    start_revision: int
+    def __init__(self, slug: _Optional[str] = ..., start_revision: _Optional[int] = ..., sections: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ["events"]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[WatchEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[WatchEvent, _Mapping]]] = ...) -> None: ...
+
 class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class WriteKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -39,6 +39,11 @@ class RecordsServiceStub(object):
                 request_serializer=fenced_dot_v1_dot_records__pb2.FencedBatchRequest.SerializeToString,
                 response_deserializer=fenced_dot_v1_dot_records__pb2.FencedBatchResponse.FromString,
                 )
+        self.Watch = channel.unary_stream(
+                '/fenced.v1.RecordsService/Watch',
+                request_serializer=fenced_dot_v1_dot_records__pb2.WatchRequest.SerializeToString,
+                response_deserializer=fenced_dot_v1_dot_records__pb2.WatchResponse.FromString,
+                )
 
 
 class RecordsServiceServicer(object):
@@ -74,6 +79,12 @@ class RecordsServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecordsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -101,6 +112,11 @@ def add_RecordsServiceServicer_to_server(servicer, server):
                     servicer.FencedBatch,
                     request_deserializer=fenced_dot_v1_dot_records__pb2.FencedBatchRequest.FromString,
                     response_serializer=fenced_dot_v1_dot_records__pb2.FencedBatchResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=fenced_dot_v1_dot_records__pb2.WatchRequest.FromString,
+                    response_serializer=fenced_dot_v1_dot_records__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -194,5 +210,22 @@ class RecordsService(object):
         return grpc.experimental.unary_unary(request, target, '/fenced.v1.RecordsService/FencedBatch',
             fenced_dot_v1_dot_records__pb2.FencedBatchRequest.SerializeToString,
             fenced_dot_v1_dot_records__pb2.FencedBatchResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/fenced.v1.RecordsService/Watch',
+            fenced_dot_v1_dot_records__pb2.WatchRequest.SerializeToString,
+            fenced_dot_v1_dot_records__pb2.WatchResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,0 +1,220 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/cenkalti/backoff/v5"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ErrRevisionCompacted: batches after the revision a Watch was to resume
+// from have left the swarm's log (it keeps the last 1000). Read the swarm
+// again (Snapshot) and watch from that snapshot's revision. As
+// *CompactedError.
+var ErrRevisionCompacted = errors.New("fenced: revision compacted")
+
+// CompactedError is ErrRevisionCompacted with the oldest batch the log
+// still holds.
+type CompactedError struct {
+	// From is the revision the watch asked to start after.
+	From int64
+	// Oldest is the revision of the oldest batch the log still holds.
+	Oldest int64
+	Err    error
+}
+
+func (e *CompactedError) Error() string { return e.Err.Error() }
+
+// Is matches ErrRevisionCompacted.
+func (e *CompactedError) Is(target error) bool { return target == ErrRevisionCompacted }
+
+// Unwrap returns the status error.
+func (e *CompactedError) Unwrap() error { return e.Err }
+
+// Change is one record a batch put or deleted.
+type Change struct {
+	// Section and Key name the record.
+	Section, Key string
+	// Delete: the batch deleted the record; else it put it.
+	Delete bool
+	// Record is, for a put, the record as it stood when fenced read the
+	// event: Record.Revision above the event's means a later batch
+	// overwrote it (its event follows). nil when deleted since, or for a
+	// delete.
+	Record *Record
+}
+
+// Event is one committed batch of a watched swarm.
+type Event struct {
+	// Revision the batch committed at; events come in increasing order.
+	Revision int64
+	// Owner is the lease owner that fenced the batch ("" when unfenced).
+	Owner string
+	// RequestID is the batch's request id, when it had one.
+	RequestID string
+	// Changes are the records the batch put or deleted (filtered by
+	// WatchSections); empty when Truncated.
+	Changes []Change
+	// Truncated: the batch named too many keys for the log; Sections names
+	// the sections it changed: read them again.
+	Truncated bool
+	Sections  []string
+	// Progress: no batch, only how far the stream is (Revision); yielded
+	// only with WatchProgress.
+	Progress bool
+}
+
+type watchConfig struct {
+	sections []string
+	progress bool
+}
+
+// WatchOption configures Watch.
+type WatchOption func(*watchConfig)
+
+// WatchSections yields only batches that changed these sections, with only
+// those changes (default: every section).
+func WatchSections(names ...string) WatchOption {
+	return func(c *watchConfig) { c.sections = names }
+}
+
+// WatchProgress also yields progress events: the stream's revision when it
+// opens from now, and after every quiet interval of the server's.
+func WatchProgress() WatchOption { return func(c *watchConfig) { c.progress = true } }
+
+// Watch follows a swarm's committed batches after revision from (0: from
+// now), in revision order, each once, until ctx ends or an error that a
+// reconnect cannot mend. A broken stream (fenced restarting, a connection
+// lost, Redis unreachable for a while, the server dropping a watcher that
+// read too slowly) is reopened from the last revision seen, with backoff
+// (50 ms to 5 s), without yielding anything. The list-then-watch pattern:
+//
+//	snap, err := c.Snapshot(ctx, slug)
+//	for ev, err := range c.Watch(ctx, slug, snap.Revision) {
+//		if errors.Is(err, client.ErrRevisionCompacted) { /* Snapshot again, watch from it */ }
+//		...
+//	}
+//
+// The iteration ends after yielding an error: *CompactedError
+// (ErrRevisionCompacted), the TOO_MANY_WATCHERS refusal
+// (RESOURCE_EXHAUSTED), an invalid request, a permission error, or ctx's
+// error (as a status: codes.Canceled / DeadlineExceeded).
+func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...WatchOption) iter.Seq2[Event, error] {
+	cfg := watchConfig{}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return func(yield func(Event, error) bool) {
+		wait := &backoff.ExponentialBackOff{
+			InitialInterval:     50 * time.Millisecond,
+			RandomizationFactor: 0.5,
+			Multiplier:          2,
+			MaxInterval:         5 * time.Second,
+		}
+		wait.Reset()
+		for {
+			sctx, cancel := context.WithCancel(ctx)
+			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections})
+			for err == nil {
+				var resp *fencedv1.WatchResponse
+				if resp, err = stream.Recv(); err != nil {
+					break
+				}
+				wait.Reset()
+				for _, e := range resp.GetEvents() {
+					from = max(from, e.GetRevision())
+					if e.GetProgress() && !cfg.progress {
+						continue
+					}
+					c.saw(slug, e.GetRevision())
+					if !yield(eventFrom(e), nil) {
+						cancel()
+						return
+					}
+				}
+			}
+			cancel()
+			if ctx.Err() != nil {
+				yield(Event{}, status.FromContextError(ctx.Err()).Err())
+				return
+			}
+			if !resumable(err) {
+				yield(Event{}, decodeWatch(err, from))
+				return
+			}
+			select {
+			case <-ctx.Done():
+				yield(Event{}, status.FromContextError(ctx.Err()).Err())
+				return
+			case <-time.After(wait.NextBackOff()):
+			}
+		}
+	}
+}
+
+// resumable: the stream broke for a reason a reopen from the last revision
+// mends (UNAVAILABLE: fenced or Redis away, a server shutting down, a
+// connection lost; WATCHER_TOO_SLOW).
+func resumable(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return true // io errors of a broken transport
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return true
+	case codes.ResourceExhausted:
+		return reasonOf(st) == fencedv1.ErrorReason_WATCHER_TOO_SLOW.String()
+	}
+	return false
+}
+
+func reasonOf(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// decodeWatch is Decode, with the revision the watch was to resume from
+// in a *CompactedError.
+func decodeWatch(err error, from int64) error {
+	d := Decode(err)
+	if ce, ok := d.(*CompactedError); ok {
+		ce.From = from
+		return ce
+	}
+	if d != err {
+		return d
+	}
+	return fmt.Errorf("fenced client: watch: %w", err)
+}
+
+func eventFrom(resp *fencedv1.WatchEvent) Event {
+	ev := Event{
+		Revision:  resp.GetRevision(),
+		Owner:     resp.GetOwner(),
+		RequestID: resp.GetRequestId(),
+		Truncated: resp.GetTruncated(),
+		Sections:  resp.GetSections(),
+		Progress:  resp.GetProgress(),
+	}
+	for _, ch := range resp.GetChanges() {
+		c := Change{Section: ch.GetSection(), Key: ch.GetKey(), Delete: ch.GetKind() == fencedv1.ChangeKind_CHANGE_KIND_DELETE}
+		if r := ch.GetRecord(); r != nil {
+			c.Record = &Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+		}
+		ev.Changes = append(ev.Changes, c)
+	}
+	return ev
+}

@@ -1,0 +1,356 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+)
+
+// Watcher is the core Watch needs: *store.Store implements it. A core
+// without it answers Watch UNIMPLEMENTED.
+type Watcher interface {
+	Watch(ctx context.Context, slug string, after int64) (*store.Watch, error)
+}
+
+// WatchOptions bound RecordsService Watch streams. Zero fields take the
+// defaults named.
+type WatchOptions struct {
+	// Max bounds the Watch streams open at once in the process; one more is
+	// RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS (limit "process"). Default
+	// DefaultMaxWatchers.
+	Max int
+	// MaxPerConnection bounds the Watch streams open at once on one client
+	// connection (limit "connection"). Default DefaultMaxWatchersPerConnection.
+	MaxPerConnection int
+	// ProgressInterval: a stream quiet for this long gets a progress event,
+	// so that proxies with idle timeouts do not cut it. Default
+	// DefaultWatchProgressInterval.
+	ProgressInterval time.Duration
+}
+
+// Watch defaults. A watcher costs two goroutines and its buffer of events
+// (store.DefaultWatchBuffer); the swarm's reader is shared.
+const (
+	DefaultMaxWatchers              = 10000
+	DefaultMaxWatchersPerConnection = 1000
+	DefaultWatchProgressInterval    = 30 * time.Second
+)
+
+// ErrorInfo reasons of Watch (declared in proto/fenced/v1/errors.proto).
+var (
+	// ReasonRevisionCompacted (OUT_OF_RANGE): batches after start_revision
+	// have left the log. Metadata oldest_revision.
+	ReasonRevisionCompacted = fencedv1.ErrorReason_REVISION_COMPACTED.String()
+	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process or the
+	// connection has as many Watch streams as it allows. Metadata limit:
+	// "process" or "connection".
+	ReasonTooManyWatchers = fencedv1.ErrorReason_TOO_MANY_WATCHERS.String()
+	// ReasonWatcherTooSlow (RESOURCE_EXHAUSTED): the caller fell too far
+	// behind and was dropped. Metadata last_revision.
+	ReasonWatcherTooSlow = fencedv1.ErrorReason_WATCHER_TOO_SLOW.String()
+)
+
+// LimitWatchers names the Watch streams bound in fenced_limit_refusals_total.
+const LimitWatchers = "watchers"
+
+// WatchObserver is told of Watch streams, for metrics (internal/metrics
+// implements it; Telemetry.Limits is asked for it). Methods must be cheap
+// and safe for concurrent use.
+type WatchObserver interface {
+	// Watchers reports a change of the open Watch streams (+1, -1).
+	Watchers(delta int)
+	// WatchEventsSent reports events sent on Watch streams (progress
+	// events included).
+	WatchEventsSent(n int)
+	// WatchDropped reports one watcher dropped for being too slow.
+	WatchDropped()
+}
+
+type nopWatch struct{}
+
+func (nopWatch) Watchers(int)        {}
+func (nopWatch) WatchEventsSent(int) {}
+func (nopWatch) WatchDropped()       {}
+
+func (o WatchOptions) withDefaults() WatchOptions {
+	if o.Max <= 0 {
+		o.Max = DefaultMaxWatchers
+	}
+	if o.MaxPerConnection <= 0 {
+		o.MaxPerConnection = DefaultMaxWatchersPerConnection
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = DefaultWatchProgressInterval
+	}
+	return o
+}
+
+// watchSlots counts the open Watch streams, in all and per connection
+// (keyed by the peer's address: one per TCP connection).
+type watchSlots struct {
+	mu     sync.Mutex
+	open   int
+	byConn map[string]int
+}
+
+func (w *watchSlots) acquire(conn string, o WatchOptions) (release func(), limit string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.open >= o.Max {
+		return nil, "process"
+	}
+	if w.byConn[conn] >= o.MaxPerConnection {
+		return nil, "connection"
+	}
+	w.open++
+	w.byConn[conn]++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.open--
+		if w.byConn[conn]--; w.byConn[conn] == 0 {
+			delete(w.byConn, conn)
+		}
+	}, ""
+}
+
+// tooManyWatchersError is a Watch refused over a bound.
+type tooManyWatchersError struct{ limit string }
+
+func (e *tooManyWatchersError) Error() string {
+	return "too many Watch streams open on this " + e.limit + "; close one, or retry later"
+}
+
+// tooSlowError is a watcher dropped for falling behind.
+type tooSlowError struct{ last int64 }
+
+func (e *tooSlowError) Error() string {
+	return "watcher too slow: dropped after falling behind; resume from revision " + strconv.FormatInt(e.last, 10)
+}
+
+func (e *tooSlowError) Unwrap() error { return store.ErrWatcherTooSlow }
+
+func compactedDetails(err error) []protoadapt.MessageV1 {
+	var ce *store.CompactedError
+	if !errors.As(err, &ce) {
+		return []protoadapt.MessageV1{info(ReasonRevisionCompacted, nil)}
+	}
+	return []protoadapt.MessageV1{info(ReasonRevisionCompacted, map[string]string{
+		"oldest_revision": strconv.FormatInt(ce.Oldest, 10),
+	})}
+}
+
+func tooManyWatchersDetails(err error) []protoadapt.MessageV1 {
+	var te *tooManyWatchersError
+	errors.As(err, &te)
+	return []protoadapt.MessageV1{info(ReasonTooManyWatchers, map[string]string{"limit": te.limit})}
+}
+
+func tooSlowDetails(err error) []protoadapt.MessageV1 {
+	md := map[string]string{}
+	var te *tooSlowError
+	if errors.As(err, &te) {
+		md["last_revision"] = strconv.FormatInt(te.last, 10)
+	}
+	return []protoadapt.MessageV1{info(ReasonWatcherTooSlow, md)}
+}
+
+// Watch streams the swarm's committed batches after start_revision
+// (proto/fenced/v1/records.proto). The swarm's reader is shared by every
+// watcher of the process; this handler only filters and sends.
+func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsService_WatchServer) error {
+	sections, err := s.limits.CheckWatch(req.GetSlug(), req.GetStartRevision(), req.GetSections())
+	if err != nil {
+		return toStatus(err)
+	}
+	core, ok := s.records.(Watcher)
+	if !ok {
+		return fitTrailers(codes.Unimplemented, "watch is not served by this core", nil).Err()
+	}
+	ctx := stream.Context()
+	conn := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		conn = p.Addr.String()
+	}
+	release, limit := s.watchSlots.acquire(conn, s.opts.Watch)
+	if release == nil {
+		s.limitsObs.Refused(LimitWatchers)
+		return toStatus(&tooManyWatchersError{limit: limit})
+	}
+	defer release()
+	s.watchObs.Watchers(1)
+	defer s.watchObs.Watchers(-1)
+
+	w, err := core.Watch(ctx, req.GetSlug(), req.GetStartRevision())
+	if err != nil {
+		return toStatus(err)
+	}
+	defer w.Close()
+
+	// The sender may block in Send (flow control) on a caller that does
+	// not read; the handler returns on a drop regardless, which ends the
+	// stream and unblocks it (as etcd's watch server does).
+	sendCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() { sent <- s.sendEvents(sendCtx, stream, w, req.GetStartRevision() == 0, sections) }()
+	select {
+	case err := <-sent:
+		if errors.Is(err, store.ErrWatcherTooSlow) {
+			s.watchObs.WatchDropped()
+			return toStatus(&tooSlowError{last: w.LastSent()})
+		}
+		return toStatus(err)
+	case <-w.Dropped():
+		s.watchObs.WatchDropped()
+		// w.Last() belongs to the sender; what the caller has is at
+		// most what was last sent, which the sender's error would give.
+		return toStatus(&tooSlowError{last: w.LastSent()})
+	}
+}
+
+// Coalescing: a watcher that is behind gets the events it has in one
+// message, up to these bounds (passed by at most one read of the swarm's
+// reader: at most 128 events), so that a busy swarm costs fewer messages
+// rather than more.
+const (
+	maxEventsPerMessage = 256
+	maxBytesPerMessage  = 1 << 20
+)
+
+// sendEvents sends w's events (filtered by sections) until an error, with
+// a progress event first for a watch from now and after every quiet
+// ProgressInterval.
+func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService_WatchServer, w *store.Watch, fromNow bool, sections []string) error {
+	every := s.opts.Watch.ProgressInterval
+	lastSend := time.Now()
+	send := func(parts [][]byte, n int, last int64) error {
+		if err := stream.SendMsg(&preEncoded{parts: parts}); err != nil {
+			return err
+		}
+		w.MarkSent(last)
+		s.watchObs.WatchEventsSent(n)
+		lastSend = time.Now()
+		return nil
+	}
+	progress := func() error {
+		b, err := proto.Marshal(&fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{{Revision: w.Last(), Progress: true}}})
+		if err != nil {
+			return err
+		}
+		return send([][]byte{b}, 1, w.Last())
+	}
+	if fromNow {
+		if err := progress(); err != nil {
+			return err
+		}
+	}
+	filter := strings.Join(sections, ",")
+	for {
+		nctx, cancel := context.WithTimeout(ctx, every-time.Since(lastSend))
+		b, err := w.NextBatch(nctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			if err := progress(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var parts [][]byte
+		size := 0
+		for b != nil {
+			// One encoding per read and filter, shared by the watchers
+			// handed the same read.
+			ps, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).([][]byte)
+			for _, p := range ps {
+				parts = append(parts, p)
+				size += len(p)
+			}
+			if len(parts) >= maxEventsPerMessage || size >= maxBytesPerMessage {
+				break
+			}
+			b = w.TryNextBatch()
+		}
+		if len(parts) == 0 {
+			// Filtered out: a stream of other sections' batches still
+			// gets its progress events.
+			if time.Since(lastSend) >= every {
+				if err := progress(); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err := send(parts, len(parts), w.Last()); err != nil {
+			return err
+		}
+	}
+}
+
+// encodeBatch is each event of b (filtered by sections) in the wire form
+// of a WatchResponse holding it alone; events the filter empties are left
+// out.
+func encodeBatch(b *store.Batch, sections []string) [][]byte {
+	var out [][]byte
+	for _, ev := range b.Events {
+		if p := encodeEvent(ev, sections); p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// encodeEvent is ev (filtered by sections) in the wire form of a
+// WatchResponse holding it alone; nil when the filter leaves nothing.
+func encodeEvent(ev *store.Event, sections []string) []byte {
+	pe, ok := eventProto(ev, sections)
+	if !ok {
+		return nil
+	}
+	b, err := proto.Marshal(&fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
+	if err != nil {
+		return nil // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
+	}
+	return b
+}
+
+// eventProto is ev as a WatchEvent with only the changes in sections
+// (nil: all); ok is false when none is left.
+func eventProto(ev *store.Event, sections []string) (*fencedv1.WatchEvent, bool) {
+	resp := &fencedv1.WatchEvent{Revision: ev.Revision, Owner: validUTF8(ev.Owner), RequestId: ev.RequestID, Truncated: ev.Truncated}
+	if ev.Truncated {
+		for _, sec := range ev.Sections {
+			if sections == nil || slices.Contains(sections, sec) {
+				resp.Sections = append(resp.Sections, sec)
+			}
+		}
+		return resp, len(resp.Sections) > 0 || (sections == nil && len(ev.Sections) == 0)
+	}
+	for _, c := range ev.Changes {
+		if sections != nil && !slices.Contains(sections, c.Section) {
+			continue
+		}
+		pc := &fencedv1.Change{Section: c.Section, Key: c.Key, Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT}
+		if c.Delete {
+			pc.Kind = fencedv1.ChangeKind_CHANGE_KIND_DELETE
+		} else if c.Record != nil {
+			pc.Record = &fencedv1.Record{Revision: c.Record.Revision, Value: c.Record.Value}
+		}
+		resp.Changes = append(resp.Changes, pc)
+	}
+	return resp, len(resp.Changes) > 0
+}

@@ -1,0 +1,308 @@
+package server_test
+
+import (
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+)
+
+// watchCounts is a LimitObserver and WatchObserver that counts.
+type watchCounts struct {
+	watchers, sent, drops atomic.Int64
+	refused               atomic.Int64
+}
+
+func (w *watchCounts) Connections(int)    {}
+func (w *watchCounts) HealthWatchers(int) {}
+func (w *watchCounts) Refused(limit string) {
+	if limit == server.LimitWatchers {
+		w.refused.Add(1)
+	}
+}
+func (w *watchCounts) Watchers(d int)        { w.watchers.Add(int64(d)) }
+func (w *watchCounts) WatchEventsSent(n int) { w.sent.Add(int64(n)) }
+func (w *watchCounts) WatchDropped()         { w.drops.Add(1) }
+
+func dialConn(t *testing.T, addr string, opts ...grpc.DialOption) fencedv1.RecordsServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		t.Fatalf("grpc.NewClient(%s): %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return fencedv1.NewRecordsServiceClient(conn)
+}
+
+func commitPut(t *testing.T, e *endpoint, slug, section, key, value string) int64 {
+	t.Helper()
+	resp, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{
+		{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: section, Key: key, Expected: -1, Value: value}}})
+	if err != nil {
+		t.Fatalf("FencedBatch(%s %s/%s): %v", slug, section, key, err)
+	}
+	return resp.GetRevision()
+}
+
+// events reads a Watch stream event by event (a message may carry several).
+type events struct {
+	stream fencedv1.RecordsService_WatchClient
+	buf    []*fencedv1.WatchEvent
+}
+
+func (e *events) Recv() (*fencedv1.WatchEvent, error) {
+	for len(e.buf) == 0 {
+		resp, err := e.stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		e.buf = resp.GetEvents()
+	}
+	ev := e.buf[0]
+	e.buf = e.buf[1:]
+	return ev, nil
+}
+
+func errorInfoOf(err error) *errdetails.ErrorInfo {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info
+		}
+	}
+	return nil
+}
+
+func TestWatchStreamsBatchesFilteredBySection(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	ctx := ctxT(t)
+	r0 := commitPut(t, e, "filtered", "claims", "T-0", `{"n":0}`)
+	raw, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: "filtered", StartRevision: r0, Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	commitPut(t, e, "filtered", "grants", "G-1", `1`) // filtered out
+	r2 := commitPut(t, e, "filtered", "claims", "T-1", `{"n":1}`)
+	resp, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "filtered", RequestId: "del-1", Writes: []*fencedv1.RecordWrite{
+		{Kind: fencedv1.WriteKind_WRITE_KIND_DELETE, Section: "claims", Key: "T-0", Expected: r0},
+		{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: "grants", Key: "G-2", Value: "2"}}})
+	if err != nil {
+		t.Fatalf("FencedBatch: %v", err)
+	}
+	r3 := resp.GetRevision()
+	want := []*fencedv1.WatchEvent{
+		{Revision: r2, Changes: []*fencedv1.Change{{Section: "claims", Key: "T-1", Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT, Record: &fencedv1.Record{Revision: r2, Value: `{"n":1}`}}}},
+		{Revision: r3, RequestId: "del-1", Changes: []*fencedv1.Change{{Section: "claims", Key: "T-0", Kind: fencedv1.ChangeKind_CHANGE_KIND_DELETE}}},
+	}
+	for i, w := range want {
+		got, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Recv %d: %v", i, err)
+		}
+		if diff := cmp.Diff(w, got, protocmp.Transform()); diff != "" {
+			t.Errorf("Watch event %d (-want +got):\n%s", i, diff)
+		}
+	}
+}
+
+func TestWatchFromNowStartsWithProgress(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	r0 := commitPut(t, e, "fromnow", "claims", "a", `1`)
+	raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "fromnow"})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	first, err := stream.Recv()
+	if err != nil || !first.GetProgress() || first.GetRevision() != r0 {
+		t.Fatalf("first Watch answer = %v, %v; want a progress event at %d", first, err, r0)
+	}
+	r1 := commitPut(t, e, "fromnow", "claims", "b", `2`)
+	if ev, err := stream.Recv(); err != nil || ev.GetRevision() != r1 {
+		t.Fatalf("Watch event = %v, %v; want revision %d", ev, err, r1)
+	}
+}
+
+func TestWatchFromACompactedRevisionIsOutOfRange(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	var revs []int64
+	for i := range store.LogCap + 2 {
+		revs = append(revs, commitPut(t, e, "gone", "journals", "j", strconv.Itoa(i)))
+	}
+	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "gone", StartRevision: revs[0]})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	info := errorInfoOf(err)
+	if status.Code(err) != codes.OutOfRange || info.GetReason() != server.ReasonRevisionCompacted ||
+		info.GetMetadata()["oldest_revision"] != strconv.FormatInt(revs[2], 10) {
+		t.Errorf("Watch(after %d) = %v (%v), want OUT_OF_RANGE REVISION_COMPACTED oldest_revision %d", revs[0], err, info, revs[2])
+	}
+}
+
+func TestWatchRefusesOverTheWatcherBounds(t *testing.T) {
+	counts := &watchCounts{}
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
+		Records:   server.ServiceOptions{Watch: server.WatchOptions{Max: 3, MaxPerConnection: 2}},
+		Telemetry: server.Telemetry{Limits: counts},
+	})
+	open := func(c fencedv1.RecordsServiceClient) error {
+		stream, err := c.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "bounded"})
+		if err != nil {
+			return err
+		}
+		_, err = stream.Recv() // the progress event, or the refusal
+		return err
+	}
+	a := dialConn(t, e.addr)
+	for i := range 2 {
+		if err := open(a); err != nil {
+			t.Fatalf("Watch %d on one connection: %v", i, err)
+		}
+	}
+	err := open(a)
+	if info := errorInfoOf(err); status.Code(err) != codes.ResourceExhausted || info.GetReason() != server.ReasonTooManyWatchers || info.GetMetadata()["limit"] != "connection" {
+		t.Errorf("third Watch on one connection = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit connection", err, info)
+	}
+	b := dialConn(t, e.addr)
+	if err := open(b); err != nil {
+		t.Fatalf("Watch on another connection: %v", err)
+	}
+	err = open(b)
+	if info := errorInfoOf(err); status.Code(err) != codes.ResourceExhausted || info.GetMetadata()["limit"] != "process" {
+		t.Errorf("fourth Watch in the process = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit process", err, info)
+	}
+	if got := counts.refused.Load(); got != 2 {
+		t.Errorf("refusals counted under %q = %d, want 2", server.LimitWatchers, got)
+	}
+	if got := counts.watchers.Load(); got != 3 {
+		t.Errorf("watchers open = %d, want 3", got)
+	}
+}
+
+func TestWatchDropsAWatcherThatNeverReads(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := store.Open(srv.URL(), prefix, store.WithWatchBuffer(4))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	counts := &watchCounts{}
+	e := serve(t, st, batch.DefaultLimits(), server.Options{Telemetry: server.Telemetry{Limits: counts}})
+	ctx := ctxT(t)
+	r0 := commitPut(t, e, "slow", "claims", "c", `0`)
+	// The idle watcher's connection keeps a fixed 64 KiB window: it fills
+	// after a few 16 KB events, then the server's buffer of 4.
+	rawIdle, err := dialConn(t, e.addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)).
+		Watch(ctx, &fencedv1.WatchRequest{Slug: "slow", StartRevision: r0})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	idle := &events{stream: rawIdle}
+	rawReader, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: "slow", StartRevision: r0})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	reader := &events{stream: rawReader}
+	value := `"` + strings.Repeat("x", 16<<10) + `"`
+	var revs []int64
+	for i := 0; counts.drops.Load() == 0; i++ {
+		if i == 200 {
+			t.Fatalf("after 200 batches of 16 KB, the watcher that never reads was not dropped")
+		}
+		revs = append(revs, commitPut(t, e, "slow", "claims", "c", value))
+		ev, err := reader.Recv()
+		if err != nil || ev.GetRevision() != revs[i] {
+			t.Fatalf("the reading watcher's event %d = %v, %v; want revision %d", i, ev, err, revs[i])
+		}
+	}
+	// The reading watcher goes on.
+	last := commitPut(t, e, "slow", "claims", "c", `1`)
+	if ev, err := reader.Recv(); err != nil || ev.GetRevision() != last {
+		t.Fatalf("the reading watcher after the drop: %v, %v; want revision %d", ev, err, last)
+	}
+	// The idle one finds what was sent, then the drop.
+	var got int64
+	for {
+		ev, err := idle.Recv()
+		if err != nil {
+			info := errorInfoOf(err)
+			if status.Code(err) != codes.ResourceExhausted || info.GetReason() != server.ReasonWatcherTooSlow {
+				t.Fatalf("idle watcher's end = %v (%v), want RESOURCE_EXHAUSTED WATCHER_TOO_SLOW", err, info)
+			}
+			lr, _ := strconv.ParseInt(info.GetMetadata()["last_revision"], 10, 64)
+			if lr < got {
+				t.Errorf("last_revision = %d, below the last event received %d", lr, got)
+			}
+			break
+		}
+		if errors.Is(err, io.EOF) {
+			t.Fatal("idle watcher's stream ended without an error")
+		}
+		got = ev.GetRevision()
+	}
+}
+
+func TestWatchNeedsAValidRequest(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "bad{", StartRevision: -1, Sections: []string{"nope"}})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	var fields []string
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				fields = append(fields, v.GetField())
+			}
+		}
+	}
+	if status.Code(err) != codes.InvalidArgument || strings.Join(fields, ",") != "slug,start_revision,sections[0]" {
+		t.Errorf("Watch(bad slug, -1, unknown section) = %v, fields %q; want INVALID_ARGUMENT naming slug, start_revision, sections[0]", err, fields)
+	}
+}
+
+func TestWatchSendsProgressOnAQuietOrFilteredStream(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
+		Records: server.ServiceOptions{Watch: server.WatchOptions{ProgressInterval: 100 * time.Millisecond}}})
+	r0 := commitPut(t, e, "quiet", "claims", "c", `0`)
+	raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "quiet", StartRevision: r0, Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	if ev, err := stream.Recv(); err != nil || !ev.GetProgress() || ev.GetRevision() != r0 {
+		t.Fatalf("first answer on a quiet stream = %v, %v; want progress at %d", ev, err, r0)
+	}
+	// A batch the filter leaves out moves the progress revision on.
+	r1 := commitPut(t, e, "quiet", "grants", "g", `1`)
+	for {
+		ev, err := stream.Recv()
+		if err != nil || !ev.GetProgress() {
+			t.Fatalf("answer after a filtered-out batch = %v, %v; want progress events only", ev, err)
+		}
+		if ev.GetRevision() == r1 {
+			break
+		}
+		if ev.GetRevision() != r0 {
+			t.Fatalf("progress revision = %d, want %d then %d", ev.GetRevision(), r0, r1)
+		}
+	}
+}

@@ -1,0 +1,741 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/redis/rueidis"
+)
+
+// LogCap is the number of entries a swarm's log keeps (XADD MAXLEN = in
+// lib.lua finish_commit): a Watch can resume from any revision whose next
+// batches are still among them.
+const LogCap = protocol.LogCap
+
+// Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
+const (
+	// DefaultWatchBuffer is how many reads of the swarm's reader (each
+	// every batch committed since the previous one, at most 128) one
+	// watcher may fall behind before it is dropped (ErrWatcherTooSlow).
+	// Reads are shared between watchers: a buffer holds pointers.
+	DefaultWatchBuffer = 256
+	// DefaultWatchBlock is how long the swarm's reader blocks in one XREAD
+	// (BLOCK) before it asks again; an event arrives as soon as it is
+	// committed whatever this is. It only bounds how long a reader whose
+	// last watcher left keeps its connection, and every call stays under
+	// --redis-timeout + this.
+	DefaultWatchBlock = time.Second
+	// DefaultWatchCoalesce is the shortest time between two fan-outs of
+	// one swarm's reader: a batch committed after a quiet spell goes out
+	// at once, but under a stream of commits each fan-out carries every
+	// batch since the last one, so the cost of watching (one message per
+	// watcher per fan-out) stays bounded whatever the write rate
+	// (BenchmarkWatch measures the trade; docs/design-notes.md, "Watch").
+	DefaultWatchCoalesce = 50 * time.Millisecond
+)
+
+// watchChunk is how many log entries one XREAD or XREVRANGE step reads.
+const watchChunk = 128
+
+var (
+	// ErrRevisionCompacted: batches after the revision a Watch starts from
+	// have left the log (it keeps LogCap entries). Returned as
+	// *CompactedError. Read again (Sections) and watch from that snapshot's
+	// revision.
+	ErrRevisionCompacted = errors.New("revision compacted")
+	// ErrWatcherTooSlow: a watcher fell more than the Store's watch buffer
+	// behind its swarm's reader and was dropped, so that its events are not
+	// buffered without bound. Resume from the last event it received.
+	ErrWatcherTooSlow = errors.New("watcher too slow")
+)
+
+// CompactedError is ErrRevisionCompacted with what the log still holds.
+type CompactedError struct {
+	// Start is the revision the watch asked to start after.
+	Start int64
+	// Oldest is the revision of the oldest batch the log still holds.
+	Oldest int64
+}
+
+func (e *CompactedError) Error() string {
+	return fmt.Sprintf("%v: batches after revision %d have left the log; the oldest it holds is %d", ErrRevisionCompacted, e.Start, e.Oldest)
+}
+
+// Unwrap makes errors.Is(err, ErrRevisionCompacted) hold.
+func (e *CompactedError) Unwrap() error { return ErrRevisionCompacted }
+
+// Change is one record a logged batch put or deleted.
+type Change struct {
+	// Section and Key name the record.
+	Section, Key string
+	// Delete: the batch deleted the record; else it put it.
+	Delete bool
+	// Record is, for a put, the record as it stood when the event was read
+	// (its Revision is above the event's when a later batch overwrote it);
+	// nil when it was deleted since, is not a record, or for a delete.
+	Record *Record
+}
+
+// Event is one committed batch, read from the swarm's log.
+type Event struct {
+	// ID is the log entry's stream id.
+	ID string
+	// Revision the batch committed at.
+	Revision int64
+	// Owner is the fence's owner; "" when the batch was unfenced.
+	Owner string
+	// RequestID is the batch's request id; "" when it had none.
+	RequestID string
+	// Changes are the records the batch put or deleted, in its order.
+	// Empty when Truncated.
+	Changes []Change
+	// Truncated: the batch's keys did not fit the log entry (over 16 KiB);
+	// Sections names the sections it changed.
+	Truncated bool
+	// Sections are the sections a truncated batch changed.
+	Sections []string
+	// prev is the swarm revision before the batch (the log entry's prev;
+	// hasPrev false for entries of writers that do not write it).
+	prev    int64
+	hasPrev bool
+}
+
+// Batch is events handed out together: one read of a swarm's reader, the
+// same *Batch to every watcher that had seen none of them, or a watcher's
+// own (its backlog, or the part of a read it had not seen).
+type Batch struct {
+	// Events in increasing revision order; never empty.
+	Events []*Event
+	// memo holds what callers derived from the batch (Memo).
+	memo sync.Map
+}
+
+// Memo answers the value build makes of the batch for key, built once per
+// batch and key (safe for concurrent use): the watchers handed one *Batch
+// share one encoding of it.
+func (b *Batch) Memo(key string, build func() any) any {
+	if v, ok := b.memo.Load(key); ok {
+		return v
+	}
+	v, _ := b.memo.LoadOrStore(key, build())
+	return v
+}
+
+// parseChanges reads a log entry's changes field (lib.lua log_change):
+// items '<KindPut|KindDelete><section>:<key length>:<key>', concatenated.
+func parseChanges(s string) ([]Change, error) {
+	var out []Change
+	for len(s) > 0 {
+		op := s[:1]
+		if op != protocol.KindPut && op != protocol.KindDelete {
+			return nil, fmt.Errorf("%w: log changes: kind %q", ErrMalformedReply, op)
+		}
+		s = s[1:]
+		i := strings.IndexByte(s, ':')
+		if i <= 0 {
+			return nil, fmt.Errorf("%w: log changes: section", ErrMalformedReply)
+		}
+		section := s[:i]
+		s = s[i+1:]
+		j := strings.IndexByte(s, ':')
+		if j <= 0 {
+			return nil, fmt.Errorf("%w: log changes: key length", ErrMalformedReply)
+		}
+		n, err := strconv.Atoi(s[:j])
+		if err != nil || n < 0 || n > len(s)-j-1 {
+			return nil, fmt.Errorf("%w: log changes: key length %q", ErrMalformedReply, s[:j])
+		}
+		s = s[j+1:]
+		out = append(out, Change{Section: section, Key: s[:n], Delete: op == protocol.KindDelete})
+		s = s[n:]
+	}
+	return out, nil
+}
+
+// eventOf reads one log entry. ok is false for an entry without a usable
+// revision (written by hand): it is skipped.
+func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
+	rev, perr := strconv.ParseInt(e.FieldValues[protocol.LogFieldRevision], 10, 64)
+	if perr != nil || rev <= 0 {
+		return nil, false, nil
+	}
+	ev = &Event{ID: e.ID, Revision: rev, Owner: e.FieldValues[protocol.LogFieldOwner], RequestID: e.FieldValues[protocol.LogFieldRequestID]}
+	if p, has := e.FieldValues[protocol.LogFieldPrev]; has {
+		if ev.prev, perr = strconv.ParseInt(p, 10, 64); perr == nil {
+			ev.hasPrev = true
+		}
+	}
+	if ch, has := e.FieldValues[protocol.LogFieldChanges]; has {
+		if ev.Changes, err = parseChanges(ch); err != nil {
+			return nil, false, err
+		}
+	} else {
+		// Truncated by lib.lua, or written by a writer that logs no keys.
+		ev.Truncated = true
+		if secs := e.FieldValues[protocol.LogFieldSections]; secs != "" {
+			ev.Sections = strings.Split(secs, protocol.LogSectionsSeparator)
+		}
+	}
+	return ev, true, nil
+}
+
+// fillRecords reads, in one round trip, the records events' puts name as
+// they stand now (HMGET per section and event).
+func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) error {
+	k := s.keys(slug)
+	c := s.c()
+	type ref struct{ ev, ch int }
+	var cmds rueidis.Commands
+	var refs [][]ref
+	for ei, ev := range events {
+		bySection := map[string][]int{}
+		var order []string
+		for ci, ch := range ev.Changes {
+			if ch.Delete {
+				continue
+			}
+			if _, seen := bySection[ch.Section]; !seen {
+				order = append(order, ch.Section)
+			}
+			bySection[ch.Section] = append(bySection[ch.Section], ci)
+		}
+		for _, sec := range order {
+			idx := bySection[sec]
+			fields := make([]string, len(idx))
+			r := make([]ref, len(idx))
+			for i, ci := range idx {
+				fields[i] = ev.Changes[ci].Key
+				r[i] = ref{ei, ci}
+			}
+			cmds = append(cmds, c.B().Hmget().Key(k.section(sec)).Field(fields...).Build())
+			refs = append(refs, r)
+		}
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	for i, res := range c.DoMulti(ctx, cmds...) {
+		arr, err := res.ToArray()
+		if err != nil {
+			err = s.classify(ctx, err)
+			s.observe.RedisFailed("watch", err)
+			return fmt.Errorf("store: watch: read records: %w", err)
+		}
+		if len(arr) != len(refs[i]) {
+			return fmt.Errorf("store: watch: read records: %w: %d fields", ErrMalformedReply, len(arr))
+		}
+		for j, m := range arr {
+			if m.IsNil() {
+				continue
+			}
+			raw, err := m.ToString()
+			if err != nil {
+				continue
+			}
+			if rec, ok := parseRecord(raw); ok {
+				r := refs[i][j]
+				events[r.ev].Changes[r.ch].Record = &rec
+			}
+		}
+	}
+	return nil
+}
+
+// backlog reads the batches of slug's log with revision above after and
+// stream id at most upTo, oldest first, with their records. It reads
+// backwards in chunks until it meets a revision at or below after, or an
+// entry whose prev is; when it reaches the log's start first and the log is
+// full (LogCap entries: it has dropped older ones), batches after `after`
+// may be gone: *CompactedError.
+func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo string) ([]*Event, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	c := s.c()
+	key := s.keys(slug).log()
+	var events []*Event
+	end := upTo
+	found := false
+	var oldest, oldestPrev int64
+	hasPrev := false
+	for !found {
+		entries, err := c.Do(ctx, c.B().Xrevrange().Key(key).End(end).Start("-").Count(watchChunk).Build()).AsXRange()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			err = s.classify(ctx, err)
+			s.observe.RedisFailed("watch", err)
+			return nil, fmt.Errorf("store: watch: read log: %w", err)
+		}
+		for _, e := range entries {
+			ev, ok, err := eventOf(e)
+			if err != nil {
+				return nil, fmt.Errorf("store: watch: %w", err)
+			}
+			if !ok {
+				continue
+			}
+			if ev.Revision <= after {
+				found = true
+				break
+			}
+			oldest = ev.Revision
+			oldestPrev, hasPrev = ev.prev, ev.hasPrev
+			events = append(events, ev)
+		}
+		if found || len(entries) < watchChunk {
+			break
+		}
+		end = "(" + entries[len(entries)-1].ID
+	}
+	// The oldest entry read says which revision preceded it: nothing is
+	// missing when that is at or below after.
+	if !found && hasPrev && oldestPrev <= after {
+		found = true
+	}
+	if !found {
+		n, err := c.Do(ctx, c.B().Xlen().Key(key).Build()).AsInt64()
+		if err != nil {
+			err = s.classify(ctx, err)
+			s.observe.RedisFailed("watch", err)
+			return nil, fmt.Errorf("store: watch: read log: %w", err)
+		}
+		if n >= LogCap {
+			return nil, fmt.Errorf("store: watch: %w", &CompactedError{Start: after, Oldest: oldest})
+		}
+	}
+	slices.Reverse(events)
+	if err := s.fillRecords(ctx, slug, events); err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+// Watch is one watcher of a swarm's committed batches (Store.Watch). Its
+// methods are for one goroutine, but Dropped may be waited on from another.
+type Watch struct {
+	hub *hub
+	// ch receives the swarm reader's reads; closed never (dropped says
+	// when the reader gave up on this watcher).
+	ch      chan *Batch
+	dropped chan struct{}
+	backlog []*Event
+	// pending are the events of the last batch Next has not answered yet.
+	pending []*Event
+	// last is the revision of the last event answered (or the start).
+	last int64
+	// sent is the revision of the last event its consumer delivered
+	// (MarkSent), readable from any goroutine.
+	sent      atomic.Int64
+	closeOnce sync.Once
+}
+
+// MarkSent records that the events up to rev were delivered (sent on the
+// stream); LastSent answers it, from any goroutine: where a dropped watcher
+// resumes.
+func (w *Watch) MarkSent(rev int64) { w.sent.Store(rev) }
+
+// LastSent is the revision MarkSent last recorded; before that, the
+// revision the watch started after.
+func (w *Watch) LastSent() int64 { return w.sent.Load() }
+
+// Last is the revision of the last event Next answered; before the first,
+// the revision the watch started after: the one asked for, or for a watch
+// from now, the newest batch's in the log when it opened.
+func (w *Watch) Last() int64 { return w.last }
+
+// Dropped is closed when the watcher fell too far behind and was dropped;
+// Next then answers ErrWatcherTooSlow.
+func (w *Watch) Dropped() <-chan struct{} { return w.dropped }
+
+// Next answers the next batch after the last one it answered, in revision
+// order, each once; it waits until one is committed or ctx ends. Errors:
+// ErrWatcherTooSlow (dropped), ctx's error.
+func (w *Watch) Next(ctx context.Context) (*Event, error) {
+	if len(w.pending) == 0 {
+		b, err := w.NextBatch(ctx)
+		if err != nil {
+			return nil, err
+		}
+		w.pending = b.Events
+	}
+	ev := w.pending[0]
+	w.pending = w.pending[1:]
+	return ev, nil
+}
+
+// NextBatch answers the next events after the last ones answered (Next's
+// included), in revision order, each once: the backlog first, then each
+// read of the swarm's reader (shared with the other watchers when it holds
+// nothing this one has seen). It waits until there is one or ctx ends.
+// Errors: ErrWatcherTooSlow (dropped), ctx's error.
+func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
+	if b := w.ready(); b != nil {
+		return b, nil
+	}
+	for {
+		// A dropped watcher may still have reads buffered, but its stream
+		// is cut as soon as it is dropped.
+		select {
+		case <-w.dropped:
+			return nil, ErrWatcherTooSlow
+		default:
+		}
+		select {
+		case b := <-w.ch:
+			if b = w.unseen(b); b != nil {
+				return b, nil
+			}
+		case <-w.dropped:
+			return nil, ErrWatcherTooSlow
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// TryNextBatch is NextBatch without waiting: nil when nothing is ready (or
+// the watcher was dropped: NextBatch then says so).
+func (w *Watch) TryNextBatch() *Batch {
+	if b := w.ready(); b != nil {
+		return b
+	}
+	for {
+		select {
+		case <-w.dropped:
+			return nil
+		default:
+		}
+		select {
+		case b := <-w.ch:
+			if b = w.unseen(b); b != nil {
+				return b
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// ready answers what is already at hand: events of a batch Next began, or
+// the backlog (nil when none).
+func (w *Watch) ready() *Batch {
+	evs := append(w.pending, w.backlog...)
+	w.pending, w.backlog = nil, nil
+	if len(evs) == 0 {
+		return nil
+	}
+	return w.unseen(&Batch{Events: evs})
+}
+
+// unseen is b when all of it is after last, else a batch of its events
+// after last (nil when none); last moves to its end.
+func (w *Watch) unseen(b *Batch) *Batch {
+	evs := b.Events
+	if len(evs) == 0 {
+		return nil
+	}
+	if evs[0].Revision <= w.last {
+		var after []*Event
+		for _, ev := range evs {
+			if ev.Revision > w.last {
+				after = append(after, ev)
+			}
+		}
+		if len(after) == 0 {
+			return nil
+		}
+		b = &Batch{Events: after}
+	}
+	w.last = b.Events[len(b.Events)-1].Revision
+	return b
+}
+
+// Close leaves the swarm's reader (which stops with its last watcher).
+func (w *Watch) Close() {
+	w.closeOnce.Do(func() { w.hub.leave(w) })
+}
+
+// Watch starts following slug's committed batches after revision after (0:
+// from now). All watchers of one swarm in this process share one reader
+// (one XREAD BLOCK at a time on its own connection, fanned out in memory).
+// Errors: *CompactedError (OUT_OF_RANGE), ErrUnavailable, context errors,
+// *RedisError. Close the Watch when done.
+func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, error) {
+	h, err := s.feeds.join(ctx, s, slug)
+	if err != nil {
+		return nil, err
+	}
+	w := &Watch{hub: h, ch: make(chan *Batch, s.feeds.buffer), dropped: make(chan struct{})}
+	h.mu.Lock()
+	lastID, lastRev := h.lastID, h.lastRev
+	h.watchers[w] = struct{}{}
+	h.mu.Unlock()
+	if after == 0 || after >= lastRev {
+		if after == 0 {
+			after = lastRev
+		}
+		w.last = after
+		w.sent.Store(after)
+		return w, nil
+	}
+	w.last = after
+	w.sent.Store(after)
+	if w.backlog, err = s.backlog(ctx, slug, after, lastID); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// feeds are the swarm readers of one Store, by slug.
+type feeds struct {
+	mu       sync.Mutex
+	hubs     map[string]*hub
+	buffer   int
+	block    time.Duration
+	coalesce time.Duration
+	closed   bool
+}
+
+// WithWatchBuffer sets how many reads of the swarm's reader a watcher may
+// fall behind before it is dropped (at least 1; default DefaultWatchBuffer).
+func WithWatchBuffer(n int) Option {
+	return func(s *Store) {
+		if n >= 1 {
+			s.feeds.buffer = n
+		}
+	}
+}
+
+// WithWatchCoalesce sets the shortest time between two fan-outs of one
+// swarm's reader (0: none; default DefaultWatchCoalesce).
+func WithWatchCoalesce(d time.Duration) Option {
+	return func(s *Store) {
+		if d >= 0 {
+			s.feeds.coalesce = d
+		}
+	}
+}
+
+// WithWatchBlock sets how long one XREAD of a swarm's reader blocks (at
+// least 10 ms; default DefaultWatchBlock).
+func WithWatchBlock(d time.Duration) Option {
+	return func(s *Store) {
+		if d >= 10*time.Millisecond {
+			s.feeds.block = d
+		}
+	}
+}
+
+// ReaderObserver is implemented by an Observer that counts the swarm
+// readers running (fenced_watch_readers): Readers(+1) when one starts,
+// Readers(-1) when it stops.
+type ReaderObserver interface {
+	WatchReaders(delta int)
+}
+
+// hub is the reader of one swarm's log and its watchers.
+type hub struct {
+	slug string
+	key  string
+	// init reads the log's newest entry once, before any watcher uses
+	// lastID; initErr is its outcome.
+	init    sync.Once
+	initErr error
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	// lastID and lastRev: the newest entry read (or present at the start).
+	lastID   string
+	lastRev  int64
+	watchers map[*Watch]struct{}
+	refs     int
+	feeds    *feeds
+}
+
+// join finds or starts slug's hub and counts one more user in it.
+func (f *feeds) join(ctx context.Context, s *Store, slug string) (*hub, error) {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil, fmt.Errorf("store: watch: %w: store closed", ErrUnavailable)
+	}
+	h := f.hubs[slug]
+	if h == nil {
+		h = &hub{slug: slug, key: s.keys(slug).log(), watchers: map[*Watch]struct{}{}, feeds: f}
+		f.hubs[slug] = h
+	}
+	h.refs++
+	f.mu.Unlock()
+	h.init.Do(func() { h.initErr = h.start(ctx, s) })
+	if h.initErr != nil {
+		f.mu.Lock()
+		h.refs--
+		if f.hubs[slug] == h {
+			delete(f.hubs, slug) // the next Watch tries again
+		}
+		f.mu.Unlock()
+		return nil, h.initErr
+	}
+	return h, nil
+}
+
+// start reads the log's newest entry, then runs the reader.
+func (h *hub) start(ctx context.Context, s *Store) error {
+	bctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	c := s.c()
+	entries, err := c.Do(bctx, c.B().Xrevrange().Key(h.key).End("+").Start("-").Count(1).Build()).AsXRange()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		err = s.classify(bctx, err)
+		s.observe.RedisFailed("watch", err)
+		return fmt.Errorf("store: watch: read log: %w", err)
+	}
+	h.lastID = "0-0"
+	if len(entries) == 1 {
+		h.lastID = entries[0].ID
+		h.lastRev, _ = strconv.ParseInt(entries[0].FieldValues[protocol.LogFieldRevision], 10, 64)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	h.feeds.mu.Lock()
+	h.cancel = rcancel
+	if h.feeds.closed {
+		rcancel()
+	}
+	h.feeds.mu.Unlock()
+	go h.run(rctx, s)
+	return nil
+}
+
+// leave removes w; the last one out stops the reader.
+func (h *hub) leave(w *Watch) {
+	h.mu.Lock()
+	delete(h.watchers, w)
+	h.mu.Unlock()
+	f := h.feeds
+	f.mu.Lock()
+	h.refs--
+	if h.refs == 0 {
+		if f.hubs[h.slug] == h {
+			delete(f.hubs, h.slug)
+		}
+		if h.cancel != nil {
+			h.cancel()
+		}
+	}
+	f.mu.Unlock()
+}
+
+// run reads the log after lastID until ctx ends (XREAD BLOCK, bounded),
+// reads the records each batch put, and hands every event to every
+// watcher; a watcher whose buffer is full is dropped.
+func (h *hub) run(ctx context.Context, s *Store) {
+	if o, ok := s.observe.(ReaderObserver); ok {
+		o.WatchReaders(1)
+		defer o.WatchReaders(-1)
+	}
+	block := h.feeds.block
+	backoff := 50 * time.Millisecond
+	var lastFanout time.Time
+	for ctx.Err() == nil {
+		// Coalesce: under a stream of commits, wait out the rest of the
+		// interval so that the next read takes every batch since.
+		if wait := h.feeds.coalesce - time.Since(lastFanout); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		h.mu.Lock()
+		lastID := h.lastID
+		h.mu.Unlock()
+		events, newLast, err := h.read(ctx, s, lastID, block)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Debug("watch: reading the log failed; trying again", "slug", h.slug, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		if len(events) > 0 {
+			lastFanout = time.Now()
+		}
+		h.mu.Lock()
+		if newLast != "" {
+			h.lastID = newLast
+		}
+		if len(events) > 0 {
+			h.lastRev = max(h.lastRev, events[len(events)-1].Revision)
+			b := &Batch{Events: events}
+			for w := range h.watchers {
+				select {
+				case w.ch <- b:
+				default:
+					delete(h.watchers, w)
+					close(w.dropped)
+				}
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// read is one XREAD BLOCK after lastID, then the records of the events
+// read; newLast is the last entry's id ("" when none).
+func (h *hub) read(ctx context.Context, s *Store, lastID string, block time.Duration) (events []*Event, newLast string, err error) {
+	bctx, cancel := s.bound(ctx, block)
+	defer cancel()
+	c := s.c()
+	res, err := c.Do(bctx, c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()).AsXRead()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nil, "", nil // BLOCK timed out: nothing new
+		}
+		err = s.classify(bctx, err)
+		s.observe.RedisFailed("watch", err)
+		return nil, "", fmt.Errorf("store: watch: read log: %w", err)
+	}
+	entries := res[h.key]
+	if len(entries) == 0 {
+		return nil, "", nil
+	}
+	for _, e := range entries {
+		ev, ok, err := eventOf(e)
+		if err != nil {
+			s.log.Warn("watch: skipping a malformed log entry", "slug", h.slug, "id", e.ID, "err", err)
+			continue
+		}
+		if ok {
+			events = append(events, ev)
+		}
+	}
+	if err := s.fillRecords(bctx, h.slug, events); err != nil {
+		return nil, "", err
+	}
+	return events, entries[len(entries)-1].ID, nil
+}
+
+// close stops every reader and refuses new watches.
+func (f *feeds) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	for _, h := range f.hubs {
+		if h.cancel != nil {
+			h.cancel()
+		}
+	}
+}

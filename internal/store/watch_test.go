@@ -1,0 +1,328 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// logEntries reads a swarm's log, oldest first, one entry at a time: the
+// fields of each entry, without its id.
+func logEntries(t *testing.T, srv *redistest.Server, slug string) [][]string {
+	t.Helper()
+	var out [][]string
+	start := "-"
+	for {
+		e := srv.DoArray(t, "XRANGE", key(slug, "log"), start, "+", "COUNT", "1")
+		if len(e) == 0 {
+			return out
+		}
+		out = append(out, e[1:])
+		start = "(" + e[0]
+	}
+}
+
+// next waits (bounded) for w's next event.
+func next(t *testing.T, w *store.Watch) *store.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ev, err := w.Next(ctx)
+	if err != nil {
+		t.Fatalf("Watch.Next: %v", err)
+	}
+	return ev
+}
+
+func TestLogEntryNamesTheKeysABatchChanged(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	r1 := mustCommit(t, st, &batch.Batch{Slug: "named", RequestID: "req-1", Writes: []batch.Write{
+		put("claims", "T:1", 0, `{"a":1}`), put("executions", "exe-1", 0, `{"name":"n"}`)}})
+	r2 := mustCommit(t, st, &batch.Batch{Slug: "named", Writes: []batch.Write{
+		del("claims", "T:1", r1), check("executions", "exe-1", r1), put("grants", "ключ", 0, `1`)}})
+	if _, _, err := st.Acquire(ctx, "named", "tick-a", 10000); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	got := logEntries(t, srv, "named")
+	want := [][]string{
+		{"revision", strconv.FormatInt(r1, 10), "owner", "", "records", "2", "request_id", "req-1", "changes", "pclaims:3:T:1pexecutions:5:exe-1", "prev", "0"},
+		{"revision", strconv.FormatInt(r2, 10), "owner", "", "records", "2", "changes", "dclaims:3:T:1pgrants:8:ключ", "prev", strconv.FormatInt(r1, 10)},
+	}
+	if len(got) != 3 {
+		t.Fatalf("log = %q, want 3 entries", got)
+	}
+	for i, w := range want {
+		if !slices.Equal(got[i], w) {
+			t.Errorf("log entry %d = %q, want %q", i, got[i], w)
+		}
+	}
+	if g := got[2]; g[3] != "tick-a" || g[len(g)-4] != "changes" || g[len(g)-3] != "pmeta:5:leasepmeta:5:epochpmeta:14:leader_changes" || g[len(g)-1] != strconv.FormatInt(r2, 10) {
+		t.Errorf("lease grant's log entry = %q, want owner tick-a and changes meta lease, epoch, leader_changes", g)
+	}
+}
+
+func TestLogEntryOverTheKeyBudgetNamesSectionsOnly(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	var writes []batch.Write
+	for i := range 20 {
+		writes = append(writes, put("claims", fmt.Sprintf("%0900d", i), 0, "1"))
+	}
+	writes = append(writes, put("grants", "g", 0, "1"))
+	rev := mustCommit(t, st, &batch.Batch{Slug: "wide", Writes: writes})
+	got := logEntries(t, srv, "wide")
+	if want := []string{"revision", strconv.FormatInt(rev, 10), "owner", "", "records", "21", "sections", "claims,grants", "prev", "0"}; len(got) != 1 || !slices.Equal(got[0], want) {
+		t.Errorf("log of a batch of 21 writes with 18 KB of keys = %q, want one entry %q", got, want)
+	}
+	w, err := st.Watch(context.Background(), "wide", rev-1)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close()
+	ev := next(t, w)
+	if !ev.Truncated || !slices.Equal(ev.Sections, []string{"claims", "grants"}) || len(ev.Changes) != 0 {
+		t.Errorf("event = %+v, want truncated with sections claims, grants", ev)
+	}
+}
+
+func TestWatchSeesExactlyTheBatchesAfterItsStartInOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	var revs []int64
+	for i := range 5 {
+		revs = append(revs, mustCommit(t, st, &batch.Batch{Slug: "seen", Writes: []batch.Write{put("claims", "k"+strconv.Itoa(i), 0, strconv.Itoa(i))}}))
+	}
+	w, err := st.Watch(context.Background(), "seen", revs[1])
+	if err != nil {
+		t.Fatalf("Watch(after %d): %v", revs[1], err)
+	}
+	defer w.Close()
+	for i := 5; i < 8; i++ {
+		revs = append(revs, mustCommit(t, st, &batch.Batch{Slug: "seen", Writes: []batch.Write{put("claims", "k"+strconv.Itoa(i), 0, strconv.Itoa(i))}}))
+	}
+	// k2 is overwritten: its event shows the record as it stands.
+	over := mustCommit(t, st, &batch.Batch{Slug: "seen", Writes: []batch.Write{put("claims", "k2", revs[2], `"again"`)}})
+	revs = append(revs, over)
+	for _, want := range revs[2:] {
+		ev := next(t, w)
+		if ev.Revision != want {
+			t.Fatalf("event revision = %d, want %d (events after %d in order, none twice)", ev.Revision, want, revs[1])
+		}
+		if len(ev.Changes) != 1 || ev.Changes[0].Section != "claims" || ev.Changes[0].Delete || ev.Changes[0].Record == nil {
+			t.Fatalf("event %d changes = %+v, want one put in claims with its record", ev.Revision, ev.Changes)
+		}
+	}
+	// The backlog read k2 before or after the overwrite: either way its
+	// record's revision tells. After the overwrite, it must be the new one.
+	fresh, err := st.Watch(context.Background(), "seen", revs[1])
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer fresh.Close()
+	ev := next(t, fresh)
+	if c := ev.Changes[0]; ev.Revision != revs[2] || c.Key != "k2" || c.Record.Revision != over || c.Record.Value != `"again"` {
+		t.Errorf("first event after %d = rev %d %+v record %+v, want rev %d, k2 as it stands (rev %d, \"again\")", revs[1], ev.Revision, c, c.Record, revs[2], over)
+	}
+}
+
+func TestWatchFromBeforeTheLogIsCompacted(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	revs := make([]int64, store.LogCap+3)
+	for i := range revs {
+		revs[i] = mustCommit(t, st, &batch.Batch{Slug: "compacted", Writes: []batch.Write{put("journals", "j", batch.Blind, strconv.Itoa(i))}})
+	}
+	// The log holds revs[3:]: from revs[1], revs[2] is gone.
+	_, err := st.Watch(context.Background(), "compacted", revs[1])
+	var ce *store.CompactedError
+	if !errors.As(err, &ce) || !errors.Is(err, store.ErrRevisionCompacted) || ce.Oldest != revs[3] {
+		t.Fatalf("Watch(after %d) = %v, want *CompactedError with Oldest %d", revs[1], err, revs[3])
+	}
+	// From revs[2], every later batch is still there.
+	w, err := st.Watch(context.Background(), "compacted", revs[2])
+	if err != nil {
+		t.Fatalf("Watch(after %d): %v", revs[2], err)
+	}
+	defer w.Close()
+	if ev := next(t, w); ev.Revision != revs[3] {
+		t.Errorf("first event after %d = %d, want %d", revs[2], ev.Revision, revs[3])
+	}
+}
+
+// xreaders counts Redis connections whose last command was XREAD, and how
+// many of them are blocked in it now.
+func xreaders(t *testing.T, srv *redistest.Server) (all, blocked int) {
+	t.Helper()
+	for _, line := range strings.Split(srv.Do(t, "CLIENT", "LIST"), "\n") {
+		if !strings.Contains(line, " cmd=xread ") {
+			continue
+		}
+		all++
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "flags="); ok && strings.Contains(v, "b") {
+				blocked++
+			}
+		}
+	}
+	return all, blocked
+}
+
+func TestWatchersShareOneReaderPerSwarm(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	type watcher struct {
+		slug string
+		w    *store.Watch
+	}
+	var ws []watcher
+	add := func(slug string, n int) {
+		for range n {
+			w, err := st.Watch(ctx, slug, 0)
+			if err != nil {
+				t.Fatalf("Watch(%s): %v", slug, err)
+			}
+			t.Cleanup(w.Close)
+			ws = append(ws, watcher{slug, w})
+		}
+	}
+	add("crowded", 1000)
+	slugs := []string{"crowded"}
+	for i := range 100 {
+		slug := "swarm-" + strconv.Itoa(i)
+		slugs = append(slugs, slug)
+		add(slug, 10)
+	}
+	// A watcher that never reads, on the crowded swarm.
+	idle, err := st.Watch(ctx, "crowded", 0)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer idle.Close()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		all, blocked := xreaders(t, srv)
+		if blocked == len(slugs) && all == len(slugs) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis sees %d XREAD connections (%d blocked), want %d: one per watched swarm", all, blocked, len(slugs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	want := map[string][]int64{}
+	for _, slug := range slugs {
+		want[slug] = append(want[slug], mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", batch.Blind, "1")}}))
+	}
+	// Every watcher but the idle one sees its swarm's batch.
+	var wg sync.WaitGroup
+	errs := make(chan error, len(ws))
+	var got atomic.Int64
+	crowdedN := store.DefaultWatchBuffer + 10
+	for _, x := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 1
+			if x.slug == "crowded" {
+				n = crowdedN
+			}
+			cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			var last int64
+			for i := range n {
+				ev, err := x.w.Next(cctx)
+				if err != nil {
+					errs <- fmt.Errorf("%s: event %d: %w", x.slug, i, err)
+					return
+				}
+				if ev.Revision <= last {
+					errs <- fmt.Errorf("%s: revision %d after %d", x.slug, ev.Revision, last)
+					return
+				}
+				last = ev.Revision
+				if i == 0 && ev.Revision != want[x.slug][0] {
+					errs <- fmt.Errorf("%s: first event %d, want %d", x.slug, ev.Revision, want[x.slug][0])
+					return
+				}
+				got.Add(1)
+			}
+		}()
+	}
+	// Then enough batches on the crowded swarm to overflow the idle
+	// watcher's buffer (store.DefaultWatchBuffer); the others read each
+	// before the next is committed, so only the idle one falls behind.
+	wantGot := int64(len(ws))
+	for range crowdedN - 1 {
+		waitUntil(t, func() bool { return got.Load() >= wantGot }, "every reading watcher got its events")
+		mustCommit(t, st, &batch.Batch{Slug: "crowded", Writes: []batch.Write{put("claims", "c", batch.Blind, "2")}})
+		wantGot += 1000
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	select {
+	case <-idle.Dropped():
+	default:
+		t.Errorf("a watcher that never read %d events was not dropped", crowdedN)
+	}
+	if _, err := idle.Next(ctx); !errors.Is(err, store.ErrWatcherTooSlow) {
+		t.Errorf("idle.Next = %v, want ErrWatcherTooSlow", err)
+	}
+}
+
+func TestWatchOnClusterFollowsEachSwarm(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	st, err := store.Open(cl.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", cl.URL(), err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	slugs := []string{"alpha", "beta", "gamma", "delta", "epsilon"}
+	ws := map[string]*store.Watch{}
+	for _, slug := range slugs {
+		w, err := st.Watch(ctx, slug, 0)
+		if err != nil {
+			t.Fatalf("Watch(%s): %v", slug, err)
+		}
+		t.Cleanup(w.Close)
+		ws[slug] = w
+	}
+	for _, slug := range slugs {
+		rev := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", 0, `"`+slug+`"`)}})
+		ev := next(t, ws[slug])
+		if ev.Revision != rev || ev.Changes[0].Record == nil || ev.Changes[0].Record.Value != `"`+slug+`"` {
+			t.Errorf("%s: event %+v, want revision %d with its record", slug, ev, rev)
+		}
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 60 s.
+func waitUntil(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting: %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
