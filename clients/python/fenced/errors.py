@@ -22,6 +22,7 @@ UNAVAILABLE            REDIS_* (others)     :class:`RedisRefusal`
 UNAVAILABLE            (any other)          :class:`Unavailable`
 RESOURCE_EXHAUSTED     REDIS_*              :class:`RedisRefusal`
 RESOURCE_EXHAUSTED     (any other)          :class:`ResourceExhausted`
+OUT_OF_RANGE           REVISION_COMPACTED   :class:`RevisionCompacted`
 OUT_OF_RANGE           REVISION_LIMIT       :class:`RevisionLimit`
 (any other)            (any)                :class:`FencedError`
 =====================  ===================  ==================================
@@ -60,6 +61,7 @@ __all__ = [
     "RequestIdReused",
     "ReplicationTimeout",
     "ResourceExhausted",
+    "RevisionCompacted",
     "RevisionConflict",
     "RevisionLimit",
     "RevisionWentBackwards",
@@ -241,6 +243,20 @@ class RevisionLimit(FencedError):
     max_revision: int = 0
 
 
+class RevisionCompacted(FencedError):
+    """OUT_OF_RANGE + REVISION_COMPACTED: batches after the revision a watch was
+    to resume from have left the swarm's log (it keeps the last 1000). Read
+    the swarm again (sections) and watch from that snapshot's revision.
+
+    Attributes:
+        from_revision: the revision the watch asked to start after.
+        oldest: the revision of the oldest batch the log still holds.
+    """
+
+    from_revision: int = 0
+    oldest: int = 0
+
+
 class RevisionWentBackwards(FencedError):
     """A read showed a swarm revision below one this Client saw before (from a
     read, a commit or a lease change): Redis lost acknowledged writes (a crash,
@@ -346,6 +362,10 @@ def _replication(err: ReplicationTimeout, d: _Details) -> None:
     err.revision, err.acked, err.wanted = _int(md, "revision"), _int(md, "replicas_acked"), _int(md, "replicas_wanted")
 
 
+def _compacted(err: RevisionCompacted, d: _Details) -> None:
+    err.oldest = _int(err.metadata, "oldest_revision")
+
+
 def _limit(err: RevisionLimit, d: _Details) -> None:
     md = err.metadata
     err.section, err.key, err.max_revision = md.get("section", ""), md.get("key", ""), _int(md, "max_revision")
@@ -401,6 +421,7 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.UNAVAILABLE, "", Unavailable),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _REDIS_REFUSAL, RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
+    Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_COMPACTED), RevisionCompacted, _compacted),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_LIMIT), RevisionLimit, _limit),  # type: ignore[arg-type]
 )
 

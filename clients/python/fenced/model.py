@@ -11,10 +11,12 @@ from typing import Any, Mapping, Optional, Union
 __all__ = [
     "BLIND",
     "BatchResult",
+    "Change",
     "Check",
     "CheckSection",
     "Current",
     "Delete",
+    "Event",
     "Layout",
     "Lease",
     "LeaseFence",
@@ -241,3 +243,46 @@ class Current:
     live: bool
     now_ms: int
     revision: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One record a watched batch put or deleted.
+
+    Attributes:
+        section: the record's section.
+        key: the record's key.
+        delete: True when the batch deleted it; else it put it.
+        record: for a put, the record as it stood when fenced read the event
+            (a revision above the event's means a later batch overwrote it:
+            its event follows); None when deleted since, or for a delete.
+    """
+
+    section: str
+    key: str
+    delete: bool
+    record: Optional[Record]
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One committed batch of a watched swarm (:meth:`fenced.Client.watch`).
+
+    Attributes:
+        revision: the revision it committed at; events come in increasing order.
+        owner: the lease owner that fenced it ("" when unfenced).
+        request_id: its request id, when it had one.
+        changes: the records it put or deleted (only the watched sections'); empty when truncated.
+        truncated: it named too many keys for the log: read ``sections`` again.
+        sections: for a truncated event, the sections it changed.
+        progress: no batch, only how far the stream is (``revision``); yielded
+            only with ``progress=True``.
+    """
+
+    revision: int
+    owner: str = ""
+    request_id: str = ""
+    changes: tuple[Change, ...] = ()
+    truncated: bool = False
+    sections: tuple[str, ...] = ()
+    progress: bool = False

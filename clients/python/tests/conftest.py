@@ -116,12 +116,13 @@ _SERVING = re.compile(r'msg="serving gRPC" addr=(\S+)')
 class Fenced:
     """A `fenced serve` on 127.0.0.1, port picked by the kernel."""
 
-    def __init__(self, binary: pathlib.Path, redis: Redis, workdir: pathlib.Path, *args: str) -> None:
+    def __init__(self, binary: pathlib.Path, redis: Redis, workdir: pathlib.Path, *args: str,
+                 listen: str = "127.0.0.1:0") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCED_", "AGENTIHOOKS_", "OTEL_"))}
         self.log = workdir / f"fenced-{redis.port}-{time.monotonic_ns()}.log"
         self._logf = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            [str(binary), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "0s",
+            [str(binary), "serve", "--listen", listen, "--metrics-listen", "", "--drain-delay", "0s",
              "--redis-url", redis.url, *args],
             stdin=subprocess.DEVNULL, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
         )
