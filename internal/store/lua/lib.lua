@@ -460,7 +460,7 @@ end
 -- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
 -- the log keeps P.LOG_CAP entries, so a swarm's log stays under ~16 MB
 -- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
--- A batch over it logs `sections` instead (docs/design-notes.md, "Watch").
+-- A batch over it logs `sections` instead (docs/design.md §6.1).
 
 -- log_change appends one change to a log entry's list (changes): op
 -- P.KIND_PUT or P.KIND_DELETE, then '<section>:<key length in bytes>:<key>', so
