@@ -300,6 +300,22 @@ local function canonical_in_range(s)
   return canonical_digits(s) and digits_in_range(s)
 end
 
+-- section_revisions_general reads meta/section_revisions as a record: its
+-- revision and its value decoded by cjson (nil when it does not decode);
+-- nil, nil when it is not a record; nil, 'over' when its revision is above
+-- REV_MAX.
+local function section_revisions_general(raw)
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil, value
+  end
+  local ok, v = pcall(cjson.decode, value)
+  if ok then
+    return rev, v
+  end
+  return rev, nil
+end
+
 -- section_revisions_record reads meta/section_revisions as parse_record
 -- and cjson would: its revision and decoded value (nil, nil when it is not
 -- a record or its value does not decode; nil, 'over' when its revision is
@@ -322,15 +338,7 @@ local function section_revisions_record(raw)
       return tonumber(r), revs
     end
   end
-  local rev, value = parse_record(raw)
-  if rev == nil then
-    return nil, value
-  end
-  local ok, v = pcall(cjson.decode, value)
-  if ok then
-    return rev, v
-  end
-  return rev, nil
+  return section_revisions_general(raw)
 end
 
 -- in_range: n is an integer in 0..REV_MAX (a decoded JSON number).
@@ -366,21 +374,10 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- read_lease decodes meta/lease: a table with owner, epoch and expires_at,
--- or nil when absent or not a valid lease; nil, 'over' when its epoch or
--- expiry is above REV_MAX (then no fence may be compared with it).
-local function read_lease(meta)
-  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
-  if not raw then
-    return nil
-  end
-  -- The form the lease script writes (a plain owner, canonical in-range
-  -- numbers) by patterns alone; any other text as a record, by cjson.
-  local r, owner, epoch, expires = string.match(raw,
-    '^{"r":(%d+),"v":{"owner":"([] -!#-[^-~]*)","epoch":(%d+),"expires_at":(%d+)}}$')
-  if r and canonical_in_range(r) and canonical_in_range(epoch) and canonical_in_range(expires) then
-    return { owner = owner, epoch = tonumber(epoch), expires_at = tonumber(expires) }
-  end
+-- lease_general decodes a meta/lease field as a record: a table with
+-- owner, epoch and expires_at, or nil when it is not a valid lease; nil,
+-- 'over' when its epoch or expiry is above REV_MAX.
+local function lease_general(raw)
   local lease = record_value(raw)
   if type(lease) == 'table' and type(lease.owner) == 'string'
       and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number' then
@@ -392,6 +389,38 @@ local function read_lease(meta)
   return nil
 end
 
+-- lease_of is lease_general, answered by patterns alone for the form the
+-- lease script writes (a plain printable-ASCII owner, canonical in-range
+-- numbers): a commit reads the lease on every fenced batch.
+local function lease_of(raw)
+  local r, owner, epoch, expires = string.match(raw,
+    '^{"r":(%d+),"v":{"owner":"([] -!#-[^-~]*)","epoch":(%d+),"expires_at":(%d+)}}$')
+  if r and canonical_in_range(r) and canonical_in_range(epoch) and canonical_in_range(expires) then
+    return { owner = owner, epoch = tonumber(epoch), expires_at = tonumber(expires) }
+  end
+  return lease_general(raw)
+end
+
+-- read_lease decodes meta/lease (lease_of); nil when absent.
+local function read_lease(meta)
+  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
+  if not raw then
+    return nil
+  end
+  return lease_of(raw)
+end
+
+-- layout_is_document: the stored meta/layout field names the document
+-- layout. The form finish_commit writes ({"r":N,"v":"records"}) is told by
+-- a pattern; any other text is decoded as a record.
+local function layout_is_document(raw)
+  local r = string.match(raw, '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$')
+  if r and canonical_in_range(r) then
+    return false
+  end
+  return record_value(raw) == P.LAYOUT_DOCUMENT
+end
+
 -- check_layout refuses a swarm still stored as one document. It answers the
 -- stored meta/layout field (nil when absent) and an error reply (nil when
 -- the batch may go on). Standalone: looked up here, atomically. Cluster: the
@@ -400,11 +429,7 @@ end
 local function check_layout(stamp, layout_checked, slug)
   local layout = redis.call('HGET', KEYS[1], P.FIELD_LAYOUT)
   if layout then
-    local r = string.match(layout, '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$')
-    if r and canonical_in_range(r) then
-      return layout, nil -- the form finish_commit writes: not a document
-    end
-    if record_value(layout) == P.LAYOUT_DOCUMENT then
+    if layout_is_document(layout) then
       return layout, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif stamp then
