@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // luaMetaFormsScript answers, for each ARGV (a kind letter, ':', a stored
@@ -14,7 +13,7 @@ import (
 // (lease_of, lease_general), 's' meta/section_revisions
 // (section_revisions_record, section_revisions_general), 'y' meta/layout
 // (layout_is_document, record_value).
-var luaMetaFormsScript = source("lib.lua") + protocol.Inline(`
+var luaMetaFormsScript = source("lib.lua") + `
 local function lease_text(l, over)
   if l == nil then return tostring(over) end
   return l.owner .. '|' .. int(l.epoch) .. '|' .. int(l.expires_at)
@@ -48,7 +47,7 @@ for i = 1, #ARGV do
   out[i] = 'fast=' .. fast .. ' general=' .. general
 end
 return out
-`)
+`
 
 // TestMetaFieldsReadByPatternAsByTheRecordGrammar: the commit script reads
 // meta/lease, meta/section_revisions and meta/layout by anchored patterns

@@ -6,7 +6,6 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -166,53 +165,17 @@ func TestGoDecodesByProtocolConstants(t *testing.T) {
 	}
 }
 
-// TestEveryScriptHasTheProtocolValuesInlined: each script fenced loads
-// begins with protocol.Header and names no P.<NAME> any more (each is
-// written as its value, protocol.Inline), and its text (so its SHA-1) is
-// the same however often it is built.
-func TestEveryScriptHasTheProtocolValuesInlined(t *testing.T) {
-	left := regexp.MustCompile(`(^|[^A-Za-z0-9_.])P\.[A-Z][A-Z0-9_]*[A-Z0-9]($|[^A-Za-z0-9_])`)
+// TestEveryScriptStartsWithThePrelude: each script fenced loads begins with
+// protocol.Prelude, and its text (so its SHA-1) is the same however often
+// it is built.
+func TestEveryScriptStartsWithThePrelude(t *testing.T) {
 	for _, sc := range append(slices.Clone(allScripts), inspectScript) {
-		if !strings.HasPrefix(sc.src, protocol.Header) {
-			t.Errorf("script %s does not start with protocol.Header", sc.name)
-		}
-		if m := left.FindString(sc.src); m != "" {
-			t.Errorf("script %s still names %q", sc.name, m)
+		if !strings.HasPrefix(sc.src, protocol.Prelude) {
+			t.Errorf("script %s does not start with protocol.Prelude", sc.name)
 		}
 	}
 	if a, b := source("lib.lua", "commit.lua"), source("lib.lua", "commit.lua"); a != b {
 		t.Errorf("source(lib.lua, commit.lua) differs between two builds")
-	}
-}
-
-// TestInlinedValuesAreWhatLuaSees: every value protocol.Inline writes in
-// place of P.<NAME> reads back in Redis's Lua as Go declared it, P.REV_MAX
-// (a number) too.
-func TestInlinedValuesAreWhatLuaSees(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
-	want := protocol.Values()
-	names := slices.Sorted(maps.Keys(want))
-	var b strings.Builder
-	b.WriteString("return {")
-	for _, n := range names {
-		b.WriteString("P." + n + ", ")
-	}
-	b.WriteString("string.format('%d', P.REV_MAX)}")
-	got, err := c.Do(context.Background(), c.B().Eval().Script(protocol.Inline(b.String())).Numkeys(0).Build()).AsStrSlice()
-	if err != nil {
-		t.Fatalf("EVAL inlined values: %v", err)
-	}
-	if len(got) != len(names)+1 {
-		t.Fatalf("EVAL inlined values: %d answers for %d names", len(got), len(names))
-	}
-	for i, n := range names {
-		if got[i] != want[n] {
-			t.Errorf("inlined P.%s = %q in Lua; want %q", n, got[i], want[n])
-		}
-	}
-	if got[len(names)] != strconv.FormatInt(protocol.RevMax, 10) {
-		t.Errorf("inlined P.REV_MAX = %s; want %d", got[len(names)], int64(protocol.RevMax))
 	}
 }
 

@@ -36,16 +36,14 @@ func mustScript(name string) string {
 }
 
 // source is the text of a script made of the named files in order, after
-// protocol.Header, each P.<NAME> replaced by its value (protocol.Inline: the
-// values the scripts share with Go, written in place so that no table of
-// them is built on every call): deterministic, so a script's SHA-1 is the
-// same in every fenced.
+// protocol.Prelude (the `local P` table of every value the scripts share with
+// Go): deterministic, so a script's SHA-1 is the same in every fenced.
 func source(names ...string) string {
 	var b strings.Builder
-	b.WriteString(protocol.Header)
+	b.WriteString(protocol.Prelude)
 	for _, n := range names {
 		b.WriteString("\n")
-		b.WriteString(protocol.Inline(mustScript(n)))
+		b.WriteString(mustScript(n))
 	}
 	return b.String()
 }
@@ -65,7 +63,7 @@ var (
 	// commitScript is a batch that puts or deletes no execution: it runs
 	// without the by-name code (byname = nil) and is sent neither the
 	// by-name nor the executions key; commitByNameScript is any other.
-	commitScript       = newScript(ScriptCommit, source("lib.lua")+"\nlocal byname = nil\n"+protocol.Inline(mustScript("commit.lua")))
+	commitScript       = newScript(ScriptCommit, source("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua"))
 	commitByNameScript = newScript(ScriptCommit, withByName("commit.lua"))
 	leaseScript        = newScript(ScriptLease, committing("lease.lua"))
 	readSectionsScript = newScript(ScriptReadSections, source("read_sections.lua"))

@@ -4,12 +4,10 @@
 // letters of a commit's arguments, the reply tags of every script, the step
 // names of the by-name rebuild, the log cap and the largest revision.
 //
-// The Go side uses the constants below. The Lua side never spells them: the
-// scripts say P.REPLY_OK, P.FIELD_LEASE, P.KIND_PATTERN..., and each script
-// is built with Inline, which writes each value in place of its P.<NAME>
-// (Prelude, a `local P = {...}` table of them, sorted, documents them and
-// is what Inline reads; building it on every call cost Redis ~6 µs per
-// commit). A test in
+// The Go side uses the constants below. The Lua side never spells them: each
+// script is prefixed with Prelude, a `local P = {...}` table generated here
+// at init (sorted, so a script's text and SHA-1 are deterministic), and the
+// scripts say P.REPLY_OK, P.FIELD_LEASE, P.KIND_PATTERN... A test in
 // internal/store fails when a script names a P entry that Prelude lacks, or
 // spells one of these values as a literal, or when Go code of the store
 // decodes a reply tag by its literal.
@@ -262,37 +260,6 @@ var entries = []struct{ name, value string }{
 // every value of this package under its Lua name (upper case), and
 // P.REV_MAX, the number. Generated once, sorted by name.
 var Prelude = prelude()
-
-// Header starts every script fenced loads: the scripts' P.<NAME> are
-// replaced by their values when the script is built (Inline), so that no
-// table of them is built on every call (a `local P = {...}` of every value
-// cost Redis about 6 µs per script call, on every commit).
-const Header = "-- Built from internal/store/lua with the values of internal/store/protocol (Go)\n" +
-	"-- written in place of each P.<NAME>: edit the .lua files, not this text.\n"
-
-var inlineRef = regexp.MustCompile(`(^|[^A-Za-z0-9_.])P\.([A-Z][A-Z0-9_]*)`)
-
-// Inline replaces every P.<NAME> of the Lua text src by the value Prelude
-// gives it: a quoted Lua string, or the number 2^53-1 for P.REV_MAX. It
-// panics on a name Prelude does not define (a script is built at init);
-// a name ending in '_' (a family in a comment, P.REPLY_*) is left as is.
-func Inline(src string) string {
-	values := Values()
-	return inlineRef.ReplaceAllStringFunc(src, func(m string) string {
-		sub := inlineRef.FindStringSubmatch(m)
-		if sub[2] == "REV_MAX" {
-			return sub[1] + strconv.FormatInt(RevMax, 10)
-		}
-		if strings.HasSuffix(sub[2], "_") {
-			return m // a family named in a comment: P.REPLY_*
-		}
-		v, ok := values[sub[2]]
-		if !ok {
-			panic("protocol: a script names P." + sub[2] + ", which Prelude does not define")
-		}
-		return sub[1] + luaQuote(v)
-	})
-}
 
 // Names are the Lua names Prelude defines, sorted.
 var Names = names()
