@@ -306,7 +306,7 @@ func (r *inspection) writeFacts(b *strings.Builder) {
 	case "none":
 		p("layout", "none  (no fencing state: nothing was ever committed)")
 	case "document":
-		p("layout", "document  (still one JSON document of older writers: migrate it before fenced writes it)")
+		p("layout", "document  (one JSON document of older writers: fenced serves it whole; fenced migrate moves it onto per record keys)")
 	default:
 		p("layout", "%s", r.Layout)
 	}

@@ -37,7 +37,7 @@ type limitFlags struct {
 	MaxAckReplicas int           `name:"max-ack-replicas" env:"FENCED_MAX_ACK_REPLICAS" default:"8" help:"Largest replica_ack.replicas a batch may ask for; more is INVALID_ARGUMENT before anything is written."`
 	MaxAckTimeout  time.Duration `name:"max-ack-timeout" env:"FENCED_MAX_ACK_TIMEOUT" default:"5m" help:"Longest replica_ack.timeout_ms a batch may ask for; longer is INVALID_ARGUMENT before anything is written."`
 	// MaxReplicaWaits and MaxReplicaWaitsPerSwarm bound waits in flight.
-	MaxReplicaWaits         int `name:"max-replica-waits" env:"FENCED_MAX_REPLICA_WAITS" default:"512" help:"Most commits and lease changes waiting for replicas (Redis WAIT, each on a dedicated Redis connection) at once in this process; more are refused RESOURCE_EXHAUSTED before anything is written. Keep it below the Redis client's blocking pool (1024)."`
+	MaxReplicaWaits         int `name:"max-replica-waits" env:"FENCED_MAX_REPLICA_WAITS" default:"512" help:"Most commits and lease changes waiting for replicas (Redis WAIT, each on a dedicated Redis connection) at once in this process; more are refused RESOURCE_EXHAUSTED before anything is written. Waits no longer than --wait-timeout (lease changes, batches without replica_ack) may take a quarter more, which longer replica_ack waits never use. Keep it and that quarter below the Redis client's blocking pool (1024)."`
 	MaxReplicaWaitsPerSwarm int `name:"max-replica-waits-per-swarm" env:"FENCED_MAX_REPLICA_WAITS_PER_SWARM" default:"64" help:"Most of those waits for one swarm, so that one swarm cannot take them all."`
 }
 
@@ -46,7 +46,9 @@ type limitFlags struct {
 // connections (rueidis: one pipelined connection per node plus up to
 // --max-replica-waits dedicated ones), the listeners, /metrics, TLS and token
 // files.
-func (l *limitFlags) connectionReserve() int { return l.MaxReplicaWaits + 256 }
+func (l *limitFlags) connectionReserve() int {
+	return l.MaxReplicaWaits + store.ReplicaWaitReserve(l.MaxReplicaWaits) + 256
+}
 
 // maxDerivedConnections caps a --max-connections derived from a large file
 // limit.

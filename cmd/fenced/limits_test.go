@@ -15,8 +15,9 @@ import (
 
 // TestConnectionLimitBelowFileLimit starts fenced with a soft open-file
 // limit of 256 under a hard limit of 2048: it raises the soft limit to 2048
-// and derives --max-connections from it (2048 less --max-replica-waits 512
-// and 256: 1280); a --max-connections over that is lowered, with a warning.
+// and derives --max-connections from it (2048 less --max-replica-waits 512,
+// its quarter 128 and 256: 1152); a --max-connections over that is lowered,
+// with a warning.
 func TestConnectionLimitBelowFileLimit(t *testing.T) {
 	bin := fencedBinary(t)
 	tests := []struct {
@@ -25,8 +26,8 @@ func TestConnectionLimitBelowFileLimit(t *testing.T) {
 		want  []string
 		warns bool
 	}{
-		{"derived", "", []string{"max_connections=1280", "file_limit=2048"}, false},
-		{"too high lowered", "--max-connections 5000", []string{"max_connections=1280", "file_limit=2048"}, true},
+		{"derived", "", []string{"max_connections=1152", "file_limit=2048"}, false},
+		{"too high lowered", "--max-connections 5000", []string{"max_connections=1152", "file_limit=2048"}, true},
 		{"below kept", "--max-connections 100", []string{"max_connections=100", "file_limit=2048"}, false},
 	}
 	for _, tt := range tests {

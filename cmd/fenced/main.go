@@ -42,6 +42,7 @@ func main() {
 type cli struct {
 	Serve   serveCmd   `cmd:"" help:"Serve the gRPC API."`
 	Inspect inspectCmd `cmd:"" help:"Show one swarm's state, read-only (but --repair): layout, revision and stamp, lease, record counts, by-name and its index's consistency, newest log entries."`
+	Migrate migrateCmd `cmd:"" help:"Move swarms from the document layout onto per record keys (one transaction per swarm; needs --writers-upgraded)."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }
 

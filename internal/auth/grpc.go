@@ -31,6 +31,8 @@ var MethodAccess = map[string]Access{
 	fencedv1.LeaseService_Acquire_FullMethodName:       Write,
 	fencedv1.LeaseService_Renew_FullMethodName:         Write,
 	fencedv1.LeaseService_Release_FullMethodName:       Write,
+	// Migrate rewrites the swarm's whole state: a write to its slug.
+	fencedv1.AdminService_Migrate_FullMethodName: Write,
 }
 
 // OpenServices are the services every caller may use without a token:

@@ -148,6 +148,7 @@ func TestMethodAccessComplete(t *testing.T) {
 	}{
 		{fencedv1.RecordsService_ServiceDesc.ServiceName, methodNames(fencedv1.RecordsService_ServiceDesc.Methods, fencedv1.RecordsService_ServiceDesc.Streams)},
 		{fencedv1.LeaseService_ServiceDesc.ServiceName, methodNames(fencedv1.LeaseService_ServiceDesc.Methods, fencedv1.LeaseService_ServiceDesc.Streams)},
+		{fencedv1.AdminService_ServiceDesc.ServiceName, methodNames(fencedv1.AdminService_ServiceDesc.Methods, fencedv1.AdminService_ServiceDesc.Streams)},
 	} {
 		for _, m := range sd.methods {
 			full := "/" + sd.name + "/" + m
@@ -159,6 +160,7 @@ func TestMethodAccessComplete(t *testing.T) {
 	writes := []string{
 		fencedv1.RecordsService_FencedBatch_FullMethodName, fencedv1.LeaseService_Acquire_FullMethodName,
 		fencedv1.LeaseService_Renew_FullMethodName, fencedv1.LeaseService_Release_FullMethodName,
+		fencedv1.AdminService_Migrate_FullMethodName,
 	}
 	for m, a := range auth.MethodAccess {
 		want := auth.Read

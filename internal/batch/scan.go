@@ -86,6 +86,11 @@ func decodePageToken(token, slug, section string) (position string, ok bool) {
 	return parts[3], true
 }
 
+// WholeSectionFingerprint stands for the fingerprint in a scan position cut
+// inside an HSCAN reply that held the whole section (the store resumes after
+// the position's key whatever changed before it).
+const WholeSectionFingerprint = "whole"
+
 // ParseScanPosition splits a scan position (see internal/store's
 // ScanSection) into its HSCAN cursor and, where the last page was cut
 // inside an HSCAN batch, the fingerprint (16 lowercase hex digits) of the
@@ -103,7 +108,7 @@ func ParseScanPosition(p string) (cursor, fingerprint, after string, ok bool) {
 	case 1:
 		return parts[0], "", "", true
 	case 3:
-		if len(parts[1]) != 16 || strings.Trim(parts[1], "0123456789abcdef") != "" ||
+		if (parts[1] != WholeSectionFingerprint && (len(parts[1]) != 16 || strings.Trim(parts[1], "0123456789abcdef") != "")) ||
 			parts[2] == "" || len(parts[2]) > MaxKeyBytes || !utf8.ValidString(parts[2]) {
 			return "", "", "", false
 		}

@@ -8,6 +8,43 @@ import "fmt"
 // with "Found too many nested data structures (1001)".
 const MaxScriptJSONDepth = 1000
 
+// MaxValueDepth is the deepest nesting of arrays and objects a put's value
+// may have: the stored record {"r":N,"v":VALUE} nests it once more, and the
+// record grammar (internal/store MaxRecordDepth, lib.lua MAX_DEPTH) allows
+// MaxScriptJSONDepth levels, the record's own object included. A deeper
+// value would be written and then read as not a record (RECORD_CORRUPT).
+const MaxValueDepth = MaxScriptJSONDepth - 1
+
+// tooDeep answers the byte offset in value (valid JSON) of the first '['
+// or '{' that opens a level deeper than limit, or -1 when there is none.
+func tooDeep(value string, limit int) int {
+	depth := 0
+	inString := false
+	for i := 0; i < len(value); i++ {
+		c := value[i]
+		if inString {
+			switch c {
+			case '"':
+				inString = false
+			case '\\':
+				i++ // the escaped character (a \u escape's digits hold no quote)
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			if depth++; depth > limit {
+				return i
+			}
+		case ']', '}':
+			depth--
+		}
+	}
+	return -1
+}
+
 // ScriptUndecodable reports why the scripts cannot decode value, one valid
 // JSON text (RFC 8259; check json.Valid first), or "" when they can. It is
 // the rule of Redis's Lua cjson.decode, stated once here for both sides of

@@ -354,6 +354,8 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 			vs.add(field("value"), "not valid UTF-8")
 		case !json.Valid([]byte(w.Value)):
 			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
+		case tooDeep(w.Value, MaxValueDepth) >= 0:
+			vs.add(field("value"), "nests deeper than %d arrays and objects (byte %d): the stored record {\"r\":N,\"v\":VALUE} nests it once more, and a record may nest at most %d", MaxValueDepth, tooDeep(w.Value, MaxValueDepth), MaxScriptJSONDepth)
 		case w.Section == "executions":
 			// by-name indexes executions values as the script decodes them:
 			// one the script cannot decode would be left out of it.

@@ -349,19 +349,26 @@ func TestCheckBatchRefusesExecutionsValuesTheScriptCannotDecode(t *testing.T) {
 	for _, tt := range []struct {
 		name, value string
 		refused     bool
+		// everySection: refused in every section, not only executions: a
+		// value nesting deeper than MaxValueDepth makes a stored record
+		// nest deeper than the record grammar allows.
+		everySection bool
 	}{
-		{"name with a lone high surrogate", `{"name":"w\ud800","generation":1}`, true},
-		{"lone low surrogate", `{"name":"w","x":"\udc00"}`, true},
-		{"high surrogate then a non-surrogate escape", `{"name":"w","x":"\ud800\u0041"}`, true},
-		{"two high surrogates", `{"name":"w","x":"\ud800\ud800"}`, true},
-		{"lone surrogate in an object name", `{"\uDBFF":1}`, true},
-		{"nesting 1200 deep", `{"name":"w","v":` + nested(1199) + `}`, true},
-		{"arrays 1001 deep", strings.Repeat("[", 1001) + strings.Repeat("]", 1001), true},
-		{"surrogate pair", `{"name":"w\ud83d\ude00"}`, false},
-		{"escaped backslash before u", `{"name":"\\ud800"}`, false},
-		{"nesting 1000 deep", nested(1000), false},
-		{"arrays 1000 deep", strings.Repeat("[", 1000) + strings.Repeat("]", 1000), false},
-		{"brackets inside strings", `{"name":"` + strings.Repeat("[", 2000) + `"}`, false},
+		{"name with a lone high surrogate", `{"name":"w\ud800","generation":1}`, true, false},
+		{"lone low surrogate", `{"name":"w","x":"\udc00"}`, true, false},
+		{"high surrogate then a non-surrogate escape", `{"name":"w","x":"\ud800\u0041"}`, true, false},
+		{"two high surrogates", `{"name":"w","x":"\ud800\ud800"}`, true, false},
+		{"lone surrogate in an object name", `{"\uDBFF":1}`, true, false},
+		{"nesting 1200 deep", `{"name":"w","v":` + nested(1199) + `}`, true, true},
+		{"arrays 1001 deep", strings.Repeat("[", 1001) + strings.Repeat("]", 1001), true, true},
+		{"nesting 1000 deep", nested(1000), true, true},
+		{"arrays 1000 deep", strings.Repeat("[", 1000) + strings.Repeat("]", 1000), true, true},
+		{"surrogate pair", `{"name":"w\ud83d\ude00"}`, false, false},
+		{"escaped backslash before u", `{"name":"\\ud800"}`, false, false},
+		{"nesting 999 deep", nested(999), false, false},
+		{"arrays 999 deep", strings.Repeat("[", 999) + strings.Repeat("]", 999), false, false},
+		{"brackets inside strings", `{"name":"` + strings.Repeat("[", 2000) + `"}`, false, false},
+		{"escaped quote then brackets inside strings", `{"name":"\"` + strings.Repeat("[", 2000) + `"}`, false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := DefaultLimits().CheckBatch(fenced(put("executions", "e1", Blind, tt.value)))
@@ -375,7 +382,12 @@ func TestCheckBatchRefusesExecutionsValuesTheScriptCannotDecode(t *testing.T) {
 			if want := []string{"writes[0].value"}; !slices.Equal(got, want) {
 				t.Errorf("CheckBatch(executions put %.80q) violation fields = %q, want %q", tt.value, got, want)
 			}
-			if err := DefaultLimits().CheckBatch(fenced(put("claims", "c1", Blind, tt.value))); err != nil {
+			err = DefaultLimits().CheckBatch(fenced(put("claims", "c1", Blind, tt.value)))
+			if tt.everySection {
+				if got := violationFields(t, "CheckBatch", err); !slices.Equal(got, []string{"writes[0].value"}) {
+					t.Errorf("CheckBatch(claims put %.80q) violation fields = %q, want writes[0].value", tt.value, got)
+				}
+			} else if err != nil {
 				t.Errorf("CheckBatch(claims put %.80q) = %v, want nil: only executions values are decoded", tt.value, err)
 			}
 		})

@@ -76,6 +76,10 @@ var errorTable = []errorMapping{
 	{is(context.DeadlineExceeded), codes.DeadlineExceeded, nil},
 	{as[*batch.ValidationError](), codes.InvalidArgument, badRequest},
 	{as[*store.ConflictError](), codes.Aborted, conflictDetails},
+	// A document write or a migration that lost its WATCH on every
+	// attempt: nothing was written; read again and rerun.
+	{is(store.ErrDocumentContended), codes.Aborted, reason(ReasonRevisionConflict)},
+	{is(store.ErrMigrationContended), codes.Aborted, reason(ReasonRevisionConflict)},
 	{is(store.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
 	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
 	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},

@@ -119,6 +119,9 @@ func TestErrorTable(t *testing.T) {
 		{"held past its expiry waits zero", heldPast, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", heldMD), &errdetails.RetryInfo{RetryDelay: durationpb.New(0)}}},
 		{"held sentinel alone", store.ErrLeaseHeld, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", nil)}},
 		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"document on cluster", store.ErrDocumentOnCluster, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"document kept changing", store.ErrDocumentContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
+		{"migration kept changing", store.ErrMigrationContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
 		{"corrupt record", corrupt, codes.DataLoss, []proto.Message{
 			errInfo("RECORD_CORRUPT", map[string]string{"section": "executions", "key": "exec-1"})}},
 		{"corrupt sentinel alone", store.ErrCorruptRecord, codes.DataLoss, []proto.Message{errInfo("RECORD_CORRUPT", map[string]string{})}},

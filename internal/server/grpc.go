@@ -164,6 +164,9 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	)...)
 	fencedv1.RegisterRecordsServiceServer(s.grpc, NewService(core, limits, opts.Records))
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(core, opts.LeaseBounds))
+	if m, ok := core.(Migrator); ok {
+		fencedv1.RegisterAdminServiceServer(s.grpc, NewAdminService(m))
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.bounded)
 	reflection.Register(s.grpc) // v1 and v1alpha
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)

@@ -118,6 +118,8 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 				}
 			}},
 		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, fencedv1.ErrorReason_LAYOUT_DOCUMENT, is(client.ErrLayoutDocument)},
+		{"document kept changing", store.ErrDocumentContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
+		{"migration kept changing", store.ErrMigrationContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
 		{"corrupt", &store.CorruptError{Section: "claims", Key: "a"}, codes.DataLoss, fencedv1.ErrorReason_RECORD_CORRUPT, same},
 		{"revision limit", &store.LimitError{Key: "revision"}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_LIMIT, is(client.ErrRevisionLimit)},
 		{"request id reused", store.ErrRequestIDReused, codes.InvalidArgument, fencedv1.ErrorReason_REQUEST_ID_REUSED, func(t *testing.T, got error) {

@@ -50,20 +50,41 @@ func TestLayout(t *testing.T) {
 		})
 	}
 
-	t.Run("batch on the document layout", func(t *testing.T) {
-		before := snapshot(t, srv)
-		_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{
-			Slug: "doc", Writes: []*fencedv1.RecordWrite{put("intents", "a", batch.Blind, `1`)}})
-		d := decode(t, err)
-		want := &errdetails.ErrorInfo{Reason: "LAYOUT_DOCUMENT", Domain: "fenced"}
-		if d.code != codes.FailedPrecondition {
-			t.Errorf("FencedBatch(doc) code = %v, want %v", d.code, codes.FailedPrecondition)
+	t.Run("a document swarm is read, written and moved through the same RPCs", func(t *testing.T) {
+		ctx := ctxT(t)
+		resp, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{
+			Slug: "doc", Writes: []*fencedv1.RecordWrite{put("intents", "a", batch.Blind, `{"b":[]}`)}})
+		if err != nil {
+			t.Fatalf("FencedBatch(doc) = %v, want committed into the document", err)
 		}
-		if diff := cmp.Diff(want, d.info, protocmp.Transform()); diff != "" {
-			t.Errorf("FencedBatch(doc) ErrorInfo mismatch (-want +got):\n%s", diff)
+		if got := srv.Do(t, "HGET", currentKey, "doc"); !strings.Contains(got, `"intents":{"a":{"b":[]}}`) {
+			t.Fatalf("document after FencedBatch(doc) = %s", got)
+		}
+		snap, err := e.records.Sections(ctx, &fencedv1.SectionsRequest{Slug: "doc", Names: []string{"intents"}})
+		if err != nil || snap.GetRevision() != resp.GetRevision() ||
+			string(snap.GetSections()["intents"].GetRecords()["a"].GetValue()) != `{"b":[]}` {
+			t.Fatalf("Sections(doc) = %v, %v; want intents/a at revision %d", snap, err, resp.GetRevision())
+		}
+		admin := fencedv1.NewAdminServiceClient(e.conn)
+		before := snapshot(t, srv)
+		_, err = admin.Migrate(ctx, &fencedv1.MigrateRequest{Slug: "doc"})
+		if d := decode(t, err); d.code != codes.InvalidArgument || !slices.Equal(d.fields(), []string{"writers_upgraded"}) {
+			t.Fatalf("Migrate without writers_upgraded = %v, want INVALID_ARGUMENT naming writers_upgraded", err)
 		}
 		if after := dumpKeys(t, srv); after != before.keys {
-			t.Errorf("FencedBatch(doc) changed Redis:\nbefore:\n%s\nafter:\n%s", before.keys, after)
+			t.Fatal("a refused Migrate changed Redis")
+		}
+		m, err := admin.Migrate(ctx, &fencedv1.MigrateRequest{Slug: "doc", WritersUpgraded: true})
+		if err != nil || m.GetRecords() != 2 || m.GetRevision() <= resp.GetRevision() {
+			t.Fatalf("Migrate(doc) = %v, %v; want 2 records (intents/a, the layout marker)", m, err)
+		}
+		m, err = admin.Migrate(ctx, &fencedv1.MigrateRequest{Slug: "doc", WritersUpgraded: true})
+		if err != nil || m.GetRecords() != 0 || !m.GetAlreadyMoved() {
+			t.Fatalf("second Migrate(doc) = %v, %v; want 0 records, already moved", m, err)
+		}
+		l, err := e.records.Layout(ctx, &fencedv1.LayoutRequest{Slug: "doc"})
+		if err != nil || l.GetLayout() != fencedv1.Layout_LAYOUT_RECORDS {
+			t.Fatalf("Layout(doc) after the move = %v, %v", l, err)
 		}
 	})
 }

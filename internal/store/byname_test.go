@@ -644,3 +644,29 @@ func TestRebuildClaimsTheSwarm(t *testing.T) {
 		t.Errorf("flags left in the index after the rebuild: %q, want none", got)
 	}
 }
+
+// TestByNameReadsOtherWritersRecordsByTheRecordGrammar: a record written
+// by another writer in fenced's compact form but with members after "v"
+// ({"r":5,"v":{"name":"a"},"generation":7,"z":0}) has, by the record
+// grammar (and Store.Record), the value {"name":"a"}: name "a",
+// generation 0. The rebuilt index and by-name must read it so: here "a" is
+// held by e2 (generation 3), and "b" by e3 (generation 0). Before: by-name's
+// reader took everything after "v": up to the last '}' as the value, so
+// e1 ranked at generation 7 and took "a", and e3 counted as unnamed ("b"
+// missing).
+func TestByNameReadsOtherWritersRecordsByTheRecordGrammar(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "foreign-members"
+	srv.Do(t, "HSET", key(slug, "executions"),
+		"e1", `{"r":5,"v":{"name":"a"},"generation":7,"z":0}`,
+		"e2", `{"r":6,"v":{"name":"a","generation":3}}`,
+		"e3", `{"r":5,"v":{"name":"b"},"generation":7}`)
+	if _, err := st.RebuildByName(context.Background(), slug, 100); err != nil {
+		t.Fatalf("RebuildByName: %v", err)
+	}
+	diffByName(t, "after the rebuild", byNameOf(t, srv, slug), map[string]string{"a": "e2", "b": "e3"})
+	// A batch deleting e2 names the next holder of "a" from the index: e1.
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{del("executions", "e2", -1)}})
+	diffByName(t, "after deleting e2", byNameOf(t, srv, slug), map[string]string{"a": "e1", "b": "e3"})
+}

@@ -102,7 +102,7 @@ func TestClusterBatchesOnEveryMaster(t *testing.T) {
 	}
 }
 
-func TestClusterDocumentLayoutRefused(t *testing.T) {
+func TestClusterRefusesDocumentSwarms(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), prefix)
 	if err != nil {
@@ -120,5 +120,19 @@ func TestClusterDocumentLayoutRefused(t *testing.T) {
 	}
 	if l, err := st.Layout(context.Background(), "docswarm"); err != nil || l != store.LayoutDocument {
 		t.Errorf("Layout = %v, %v; want LayoutDocument", l, err)
+	}
+	// Reads, leases and the move are refused too (the bucket key has no
+	// hash tag): never an empty answer.
+	if _, err := st.Sections(context.Background(), "docswarm", []string{"claims"}); !errors.Is(err, store.ErrDocumentOnCluster) {
+		t.Errorf("Sections of a document swarm on Cluster = %v, want ErrDocumentOnCluster", err)
+	}
+	if _, _, err := st.Record(context.Background(), "docswarm", "claims", "a"); !errors.Is(err, store.ErrDocumentOnCluster) {
+		t.Errorf("Record of a document swarm on Cluster = %v, want ErrDocumentOnCluster", err)
+	}
+	if _, _, err := st.Acquire(context.Background(), "docswarm", "hive-a", 1000); !errors.Is(err, store.ErrLayoutDocument) {
+		t.Errorf("Acquire on a document swarm on Cluster = %v, want ErrLayoutDocument", err)
+	}
+	if _, err := st.Migrate(context.Background(), "docswarm", false); !errors.Is(err, store.ErrDocumentOnCluster) {
+		t.Errorf("Migrate on Cluster = %v, want ErrDocumentOnCluster", err)
 	}
 }

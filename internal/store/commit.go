@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -86,6 +87,20 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	k := s.keys(b.Slug)
 	sc, keys, args := s.commitArgs(k, b)
 	reply, acked, err := s.execCommitting(ctx, k, sc, keys, args, d)
+	if errors.Is(err, ErrLayoutDocument) && s.stamp {
+		var moved bool
+		if c, moved, err = s.commitDocument(ctx, k, b, d); !moved {
+			if err != nil {
+				return Committed{}, fmt.Errorf("store: fenced batch: document: %w", err)
+			}
+			if d.Replicas > 0 && c.ReplicasAcked < d.Replicas {
+				return c, fmt.Errorf("store: fenced batch: %w", &ReplicationError{Revision: c.Revision, Acked: c.ReplicasAcked, Wanted: d.Replicas})
+			}
+			return c, nil
+		}
+		_, keys, args = s.commitArgs(k, b)
+		reply, acked, err = s.execCommitting(ctx, k, sc, keys, args, d)
+	}
 	if err != nil {
 		return Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
@@ -112,10 +127,19 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 // connection, once a slot of s.waits is taken (none free:
 // ErrReplicaWaitsExhausted, before anything is sent). It answers the
 // script's reply and the replicas that acknowledged; ErrLayoutDocument,
-// ErrUnavailable, context errors, *RedisError.
+// ErrUnavailable, context errors, *RedisError; *EvictionError (before
+// anything is sent) while the last health probe found that Redis may evict.
 func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	if e := s.evicting.Load(); e != nil {
+		// The last health probe found a Redis that may evict keys: an
+		// evicted request key or meta would let a request commit or an
+		// epoch be granted twice.
+		return nil, 0, e
+	}
 	if d.Replicas > 0 {
-		release, err := s.waits.acquire(k.slug)
+		// Longer than the server's own wait (--wait-timeout, which lease
+		// changes and batches without replica_ack use): a caller's choice.
+		release, err := s.waits.acquire(k.slug, d.wait() > s.leaseDurability.wait())
 		if err != nil {
 			return nil, 0, err
 		}
@@ -127,7 +151,7 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 		var exists bool
 		if exists, err = s.documentExists(ctx, k); err == nil {
 			if exists {
-				return nil, 0, ErrLayoutDocument
+				return nil, 0, ErrDocumentOnCluster
 			}
 			args[0] = protocol.ModeLayoutChecked + args[0][len(protocol.ModeNone):]
 			reply, acked, err = s.execWait(ctx, sc, keys, args, d)
@@ -302,7 +326,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 		if len(reply) == 4 {
 			return 0, staleError(reply[1:])
 		}
-	case protocol.ReplyCorrupt, protocol.ReplyLimit:
+	case protocol.ReplyCorrupt, protocol.ReplyLimit, protocol.ReplyWrongType:
 		if err := swarmRefusal(reply); err != nil {
 			return 0, err
 		}

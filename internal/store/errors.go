@@ -139,12 +139,22 @@ func (e *ConflictError) Error() string {
 // grammar of parseRecord, which includes a revision above MaxRevision), or,
 // with Section "" and Key "revision", a swarm revision counter that is not
 // an integer 0..MaxRevision.
+//
+// With Type set, Key names a swarm key fenced writes without reading it
+// first (log, by-name, by-name-index, state:fencing:current) that holds
+// another Redis type (Type, where Want was expected): the commit or lease
+// change was refused before writing anything.
 type CorruptError struct {
 	Section string
 	Key     string
+	Type    string
+	Want    string
 }
 
 func (e *CorruptError) Error() string {
+	if e.Type != "" {
+		return fmt.Sprintf("swarm key %s holds a Redis %s, not a %s; nothing was written (repair the key by hand)", e.Key, e.Type, e.Want)
+	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)
 	}
@@ -174,6 +184,9 @@ func (e *LimitError) Is(target error) bool { return target == ErrRevisionLimit }
 // swarmRefusal decodes the {'CORRUPT', ”, what} and {'LIMIT', ”, what}
 // replies of the committing scripts; nil when reply is neither.
 func swarmRefusal(reply []string) error {
+	if len(reply) == 4 && reply[0] == protocol.ReplyWrongType {
+		return &CorruptError{Key: reply[1], Type: reply[2], Want: reply[3]}
+	}
 	if len(reply) != 3 || reply[1] != "" {
 		return nil
 	}
@@ -375,6 +388,14 @@ func classify(ctx context.Context, err error) error {
 	var refusedAlready *RefusalError
 	if errors.As(err, &already) || errors.As(err, &refusedAlready) || errors.Is(err, ErrUnavailable) {
 		return err
+	}
+	// A deadline that is not ctx's (ctx.Err() is nil and its deadline, if
+	// any, has not passed): one of rueidis's own, such as a new connection's
+	// handshake to a Redis that accepts but does not answer. Redis did not
+	// answer; it is not the caller's deadline, so the error must not match
+	// context.DeadlineExceeded (the caller would see DEADLINE_EXCEEDED).
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w (%v)", ErrUnavailable, errRedisTimeout, err)
 	}
 	// rueidis returns net errors, io.EOF, ErrClosing and the like for a
 	// connection that failed: all of them mean "unreachable now".

@@ -125,7 +125,8 @@ var writeProbe = rueidis.NewLuaScript("#!lua\nreturn 1")
 // primary would take a commit; else ErrUnavailable (unreachable, timed
 // out), *RefusalError (the refusal a commit would get; a standalone node
 // that answers ROLE as a replica is REDIS_READ_ONLY), or *EvictionError
-// (ErrRedisMayEvict, unless WithAllowEviction). A node found unable to take
+// (ErrRedisMayEvict, unless WithAllowEviction; commits and lease changes
+// then answer it too, until a probe finds no such node). A node found unable to take
 // writes for a reason that a new connection may fix (a demoted primary) is
 // dropped and dialled again in the background (WithDial).
 //
@@ -146,6 +147,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		mayEvict = mayEvict || evicts != nil
 		if evicts != nil && !s.allowEviction {
 			s.observe.EvictionChecked(true)
+			s.evicting.Store(evicts)
 			return evicts
 		}
 		if evicts != nil {
@@ -153,6 +155,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		}
 	}
 	s.observe.EvictionChecked(mayEvict)
+	s.evicting.Store(nil)
 	return nil
 }
 

@@ -120,22 +120,18 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10)}
 	d := s.leaseDurability
 	reply, acked, err := s.execCommitting(ctx, k, leaseScript, keys, args, d)
+	if errors.Is(err, ErrLayoutDocument) && s.stamp {
+		var moved bool
+		if e, rev, acked, moved = s.leaseDocument(ctx, k, op, owner, epoch, ttlMs); !moved {
+			return durableLease(e, rev, acked, op, d)
+		}
+		reply, acked, err = s.execCommitting(ctx, k, leaseScript, keys, args, d)
+	}
 	if err != nil {
 		e.Err = err
 		return e, 0
 	}
-	defer func() {
-		// A grant or renewal that too few replicas acknowledged is not
-		// handed out: a failover to a replica without it could grant its
-		// epoch again.
-		if e.Err == nil && op != protocol.LeaseRelease && d.Replicas > 0 && acked < d.Replicas {
-			e = LeaseEvent{Op: op, Err: &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas}}
-			rev = 0
-		}
-		if e.Err == nil {
-			e.Lease.ReplicasAcked = acked
-		}
-	}()
+	defer func() { e, rev = durableLease(e, rev, acked, op, d) }()
 	switch {
 	case reply[0] == protocol.ReplyOK && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
 		nums, err := parseInts(reply[1], reply[3], reply[4])
@@ -176,6 +172,19 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 	return e, 0
 }
 
+// durableLease applies the replica rule to a lease operation's outcome: a
+// grant or renewal that too few replicas acknowledged is not handed out (a
+// failover to a replica without it could grant its epoch again).
+func durableLease(e LeaseEvent, rev int64, acked int, op string, d Durability) (LeaseEvent, int64) {
+	if e.Err == nil && op != protocol.LeaseRelease && d.Replicas > 0 && acked < d.Replicas {
+		return LeaseEvent{Op: op, Err: &ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas}}, 0
+	}
+	if e.Err == nil {
+		e.Lease.ReplicasAcked = acked
+	}
+	return e, rev
+}
+
 func parseInts(ss ...string) ([]int64, error) {
 	out := make([]int64, len(ss))
 	for i, s := range ss {
@@ -197,6 +206,22 @@ func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, no
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
+	lease, doc, err := documentRead(ctx, s, k, func() (*Lease, int64, error) {
+		var l *Lease
+		l, nowMs, revision, err = s.currentLease(ctx, k)
+		return l, revision, err
+	})
+	if err != nil || doc == nil {
+		return lease, nowMs, revision, err
+	}
+	if lease, err = doc.lease(); err != nil {
+		return nil, 0, 0, fmt.Errorf("store: read lease: %w", err)
+	}
+	return lease, nowMs, doc.Revision, nil
+}
+
+// currentLease is CurrentLease on the records layout.
+func (s *Store) currentLease(ctx context.Context, k swarmKeys) (lease *Lease, nowMs, revision int64, err error) {
 	arr, err := s.exec(ctx, readLeaseScript, []string{k.meta(), k.revision()}, nil).ToArray()
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("store: read lease: %w", s.classify(ctx, err))

@@ -25,6 +25,26 @@ func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Rec
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
+	rec, doc, err := documentRead(ctx, s, k, func() (*Record, int64, error) {
+		r, rev, err := s.readRecord(ctx, k, section, key)
+		revision = rev
+		return r, rev, err
+	})
+	if err != nil || doc == nil {
+		return rec, revision, err
+	}
+	o, err := doc.section(section)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: read record: %w", err)
+	}
+	if v := o.get(key); v != nil {
+		return &Record{Revision: doc.Revision, Value: string(v)}, doc.Revision, nil
+	}
+	return nil, doc.Revision, nil
+}
+
+// readRecord is Record on the records layout.
+func (s *Store) readRecord(ctx context.Context, k swarmKeys, section, key string) (rec *Record, revision int64, err error) {
 	arr, err := s.exec(ctx, readRecordScript,
 		[]string{k.revision(), k.section(section)}, []string{key}).ToArray()
 	if err != nil {
@@ -78,6 +98,37 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
+	snap, doc, err := documentRead(ctx, s, k, func() (*Snapshot, int64, error) {
+		snap, err := s.readSections(ctx, k, names)
+		if err != nil {
+			return nil, 0, err
+		}
+		return snap, snap.Revision, nil
+	})
+	if err != nil || doc == nil {
+		return snap, err
+	}
+	snap = &Snapshot{
+		Revision:         doc.Revision,
+		Sections:         make(map[string]map[string]Record, len(names)),
+		SectionRevisions: make(map[string]int64, len(names)),
+	}
+	n := 0
+	for _, name := range names {
+		if snap.Sections[name], err = doc.records(name); err != nil {
+			return nil, fmt.Errorf("store: read sections: %w", err)
+		}
+		n += len(snap.Sections[name])
+		snap.SectionRevisions[name] = doc.Revision
+	}
+	if n > s.maxSnapshotRecords {
+		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(n), Max: s.maxSnapshotRecords})
+	}
+	return snap, nil
+}
+
+// readSections is Sections on the records layout.
+func (s *Store) readSections(ctx context.Context, k swarmKeys, names []string) (*Snapshot, error) {
 	keys := make([]string, 0, 2+len(names))
 	keys = append(keys, k.revision(), k.meta())
 	for _, n := range names {
@@ -224,7 +275,19 @@ type Page struct {
 // exactly those (same fingerprint); when they are not (records added or
 // removed there, or the hash resized, so that the cursor now covers other
 // buckets), it answers the batch from its start again: duplicates, which
-// HSCAN allows, never a record left out.
+// HSCAN allows, never a record left out. When the batch was the whole
+// section, the fingerprint is wholeHash instead (see there).
+
+// wholeHash stands for the fingerprint in a position cut inside an HSCAN
+// reply that held the whole section (cursor 0 answered with next cursor 0).
+// When the next read holds the whole section again, the page resumes after
+// the position's key whatever changed before it: every record present
+// since the first page and sorting before that key was on an earlier page
+// (each page of such a chain holds the first records above the previous
+// page's last, of a whole, sorted section). Otherwise a section whose
+// records before the position keep changing (one writer inserting and
+// deleting) never finished: each changed fingerprint restarted the batch.
+const wholeHash = batch.WholeSectionFingerprint
 
 // keysFingerprint is 16 hex digits of the SHA-256 of keys, each length-
 // prefixed.
@@ -256,6 +319,44 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 		return nil, fmt.Errorf("store: scan section: %w", ErrInvalidCursor)
 	}
 	k := s.keys(slug)
+	p, doc, err := documentRead(ctx, s, k, func() (*Page, int64, error) {
+		p, err := s.scanSection(ctx, k, section, cursor, fingerprint, after, count)
+		if err != nil {
+			return nil, 0, err
+		}
+		return p, p.Revision, nil
+	})
+	if err != nil || doc == nil {
+		return p, err
+	}
+	// A document is paged in key order (compared as bytes): each page
+	// resumes after the last key of the one before, so that a record
+	// present for the whole scan is never left out.
+	records, err := doc.records(section)
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	keys := slices.Sorted(maps.Keys(records))
+	from := 0
+	if after != "" {
+		from, _ = slices.BinarySearch(keys, after)
+		if from < len(keys) && keys[from] == after {
+			from++
+		}
+	}
+	to := min(from+count, len(keys))
+	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
+	for _, key := range keys[from:to] {
+		p.Records[key] = records[key]
+	}
+	if to < len(keys) {
+		p.Next = "0:" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
+	}
+	return p, nil
+}
+
+// scanSection is ScanSection on the records layout.
+func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
 	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
 		[]string{cursor, strconv.Itoa(count)}).ToArray()
 	if err != nil {
@@ -284,13 +385,14 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	p.SectionRevision = sectionRevs[section]
 
 	keys := slices.Sorted(maps.Keys(batchRecords))
+	whole := cursor == "0" && next == "0"
 	from := 0
 	if after != "" {
 		done, _ := slices.BinarySearch(keys, after)
 		if done < len(keys) && keys[done] == after {
 			done++
 		}
-		if keysFingerprint(keys[:done]) == fingerprint {
+		if fingerprint == wholeHash && whole || keysFingerprint(keys[:done]) == fingerprint {
 			from = done
 		}
 	}
@@ -300,6 +402,8 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 		p.Records[key] = batchRecords[key]
 	}
 	switch {
+	case to < len(keys) && whole:
+		p.Next = cursor + ":" + wholeHash + ":" + keys[to-1]
 	case to < len(keys):
 		p.Next = cursor + ":" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
 	case next != "0":

@@ -192,3 +192,47 @@ func TestScanSectionKeepsHSCANGuaranteesUnderChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestScanSectionEndsWhileRecordsBeforeItsPositionChange: a small section
+// (a listpack, which HSCAN answers whole) of 50 records scanned 10 at a
+// time while, between every two pages, a writer adds or deletes a record
+// sorting before all of them. The scan ends after 5 or 6 pages (the
+// churning record may take one place) and reads each of the 50 records
+// exactly once. Before: every change before the position changed the
+// batch's fingerprint and restarted it, so the scan never ended (after 60
+// pages it had read the first 10 records, again and again).
+func TestScanSectionEndsWhileRecordsBeforeItsPositionChange(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "churn"
+	stable := fillSection(t, st, slug, "claims", "keep", 50)
+	seen := map[string]int{}
+	position := ""
+	pages := 0
+	for ; pages < 60; pages++ {
+		p, err := st.ScanSection(context.Background(), slug, "claims", position, 10)
+		if err != nil {
+			t.Fatalf("ScanSection(page %d): %v", pages, err)
+		}
+		for k := range p.Records {
+			seen[k]++
+		}
+		if p.Next == "" {
+			break
+		}
+		position = p.Next
+		w := put("claims", "a-churn", batch.Blind, `1`)
+		if pages%2 == 1 {
+			w = del("claims", "a-churn", batch.Blind)
+		}
+		mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{w}})
+	}
+	if pages > 6 {
+		t.Errorf("the scan took %d pages (60: never ended), want at most 6", pages+1)
+	}
+	for _, k := range stable {
+		if seen[k] != 1 {
+			t.Errorf("record %s read %d times, want once", k, seen[k])
+		}
+	}
+}

@@ -111,6 +111,10 @@ type Store struct {
 	timeout time.Duration
 	// allowEviction: serve on a Redis that may evict keys (WithAllowEviction).
 	allowEviction bool
+	// evicting is the *EvictionError of the last health probe that found a
+	// Redis that may evict keys (without allowEviction); nil once a probe
+	// finds none. Commits and lease changes are refused while it is set.
+	evicting atomic.Pointer[EvictionError]
 	// configRefused is set once CONFIG GET was refused (warned once).
 	configRefused atomic.Bool
 	// roleRefused is set once ROLE was refused (warned once).

@@ -511,7 +511,7 @@ func TestScriptFlushIsInvisible(t *testing.T) {
 	}
 }
 
-func TestDocumentLayoutRefused(t *testing.T) {
+func TestDocumentSwarmCommitsToItsDocumentOnly(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	srv.Do(t, "HSET", prefix+":swarm:state:fencing:current", "docswarm", `{"executions":{}}`)
@@ -519,13 +519,15 @@ func TestDocumentLayoutRefused(t *testing.T) {
 	if err != nil || l != store.LayoutDocument {
 		t.Fatalf("Layout = %v, %v; want LayoutDocument", l, err)
 	}
-	before := dumpSwarm(t, srv)
 	_, err = commit(t, st, &batch.Batch{Slug: "docswarm", Writes: []batch.Write{put("claims", "a", 0, `1`)}})
-	if !errors.Is(err, store.ErrLayoutDocument) {
-		t.Fatalf("Commit = %v, want ErrLayoutDocument", err)
+	if err != nil {
+		t.Fatalf("Commit on a document swarm = %v", err)
 	}
-	if after := dumpSwarm(t, srv); after != before {
-		t.Errorf("refused batch changed Redis")
+	if got := srv.Do(t, "KEYS", prefix+":swarm:{docswarm}*"); got != "" {
+		t.Errorf("a document batch wrote record keys: %s", got)
+	}
+	if got := srv.Do(t, "HGET", prefix+":swarm:state:fencing:current", "docswarm"); !strings.Contains(got, `"sections":{"claims":{"a":1}}`) {
+		t.Errorf("document after the batch = %s, want claims/a in it", got)
 	}
 	if l, _ := st.Layout(context.Background(), "fresh"); l != store.LayoutNone {
 		t.Errorf("Layout(fresh) = %v, want LayoutNone", l)
@@ -647,5 +649,49 @@ func TestByNameReadsValuesAsADecoderWould(t *testing.T) {
 	mustCommit(t, st, &batch.Batch{Slug: "dec", Writes: []batch.Write{del("executions", "g-high", rec.Revision)}})
 	if raw := srv.Do(t, "HGET", key("dec", "by-name"), "g"); !strings.HasSuffix(raw, `,"v":"g-low"}`) {
 		t.Errorf("by-name[g] after deleting its holder = %q, want g-low", raw)
+	}
+}
+
+// TestKeyOfAnotherTypeRefusedBeforeAnyWrite: a key a commit or lease change
+// writes without reading it first (the log, by-name, its index, the
+// standalone stamp) holding another Redis type (another writer's or an
+// operator's mistake) is refused before the first write: ErrCorruptRecord
+// naming the key, and every key unchanged. Before: Redis refused the write
+// to it mid-script (WRONGTYPE, answered INTERNAL) after the records and the
+// revision counter were written, and Redis does not undo a script's
+// writes: the batch was half applied, with no log entry, no section
+// revisions and no request key.
+func TestKeyOfAnotherTypeRefusedBeforeAnyWrite(t *testing.T) {
+	for _, tc := range []struct{ name, key string }{
+		{"log", key("wrongtype", "log")},
+		{"by-name", key("wrongtype", "by-name")},
+		{"by-name-index", key("wrongtype", "by-name-index")},
+		{"state:fencing:current", prefix + ":swarm:state:fencing:current"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			st := open(t, srv)
+			const slug = "wrongtype"
+			rev := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{
+				put("executions", "e1", 0, `{"name":"n1","generation":1}`)}})
+			srv.Do(t, "DEL", tc.key)
+			srv.Do(t, "SET", tc.key, "not of its type")
+			before := dumpSwarm(t, srv)
+			_, err := st.CommitDurable(context.Background(), &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{
+				put("executions", "e2", 0, `{"name":"n1","generation":2}`), put("claims", "c1", 0, `1`), del("executions", "e1", rev)}},
+				store.Durability{})
+			var ce *store.CorruptError
+			if !errors.Is(err, store.ErrCorruptRecord) || !errors.As(err, &ce) || ce.Key != tc.name {
+				t.Errorf("Commit with %s of another type = %v, want ErrCorruptRecord naming %s", tc.name, err, tc.name)
+			}
+			if tc.name == "log" || tc.name == "state:fencing:current" {
+				if _, _, err := st.Acquire(context.Background(), slug, "o-1", 10_000); !errors.Is(err, store.ErrCorruptRecord) {
+					t.Errorf("Acquire with %s of another type = %v, want ErrCorruptRecord", tc.name, err)
+				}
+			}
+			if after := dumpSwarm(t, srv); after != before {
+				t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
 	}
 }

@@ -104,17 +104,17 @@ local function agent(text)
 end
 byname.agent = agent
 
--- stored_agent is agent of a stored executions field {"r":N,"v":VALUE}.
+-- stored_agent is agent of the value of a stored executions field, read by
+-- the record grammar (parse_record): nil when the field is not a record (a
+-- revision above REV_MAX included). Not by a match of {"r":N,"v":(.*)}:
+-- another writer's compact record with members after "v" would lend them
+-- to the value.
 local function stored_agent(raw)
-  local value = string.match(raw, '^{"r":%d+,"v":(.*)}$')
-  if value then
-    return agent(value)
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil
   end
-  local v = record_value(raw)
-  if type(v) == 'table' and type(v.name) == 'string' then
-    return { name = v.name, generation = v.generation }
-  end
-  return nil
+  return agent(value)
 end
 byname.stored_agent = stored_agent
 

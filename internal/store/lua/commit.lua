@@ -48,6 +48,9 @@
 --                        not a revision
 --   {'LIMIT', index}     a BLIND write on a record whose revision is above
 --                        2^53-1 (REV_MAX): nothing can be issued above it
+--   {'WRONGTYPE', name, type, want}  a key the commit writes without
+--                        reading it first (log, by-name, by-name-index,
+--                        state:fencing:current) holds another Redis type
 --   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
 --                        'meta/lease') holds a number above REV_MAX, or the
 --                        new revision would be above it
@@ -200,6 +203,18 @@ if #conflicts > 1 then
 end
 if not mutates then
   return { P.REPLY_OK, redis.call('GET', KEYS[REV]) or '0' }
+end
+
+-- Keys written below without having been read above must not hold
+-- another type: Redis would refuse the write half way through.
+local extra = nil
+if byname then
+  extra = { { KEYS[byname.NAMES], 'hash', P.KEY_BY_NAME },
+    { byname.index_key(KEYS[byname.NAMES]), 'zset', P.KEY_BY_NAME_INDEX } }
+end
+local wrong = written_keys_refusal(stamp, extra)
+if wrong then
+  return wrong
 end
 
 -- 4. Commit.

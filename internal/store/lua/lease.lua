@@ -23,7 +23,8 @@
 --   {'STALE', owner, epoch, expires_at_ms}         renew, release: not the
 --                                                 caller's live lease ('' when none)
 --   {'LAYOUT_DOCUMENT'}, {'LAYOUT_UNKNOWN'}        as commit.lua
---   {'CORRUPT', '', what}, {'LIMIT', '', what}      as commit.lua; what may
+--   {'CORRUPT', '', what}, {'LIMIT', '', what}, {'WRONGTYPE', name, type, want}
+--                                                 as commit.lua; what may
 --                                                 also be 'meta/epoch', or
 --                                                 'epoch' when the new epoch
 --                                                 would be above 2^53-1
@@ -135,6 +136,10 @@ if granted then
     return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEADER_CHANGES }
   end
   highest = math.max(highest, changes_rev)
+end
+local wrong = written_keys_refusal(stamp)
+if wrong then
+  return wrong
 end
 local rev, limit = next_revision(math.max(highest, floor))
 if limit then

@@ -536,6 +536,38 @@ local function next_revision(highest)
   return rev
 end
 
+-- wrong_type answers {'WRONGTYPE', name, type, want} for the first entry
+-- {key, want, name} of list whose key exists as another Redis type than
+-- want; nil when every key is absent or of its type.
+local function wrong_type(list)
+  for _, k in ipairs(list) do
+    local t = redis.call('TYPE', k[1])
+    if type(t) == 'table' then
+      t = t.ok
+    end
+    if t ~= 'none' and t ~= k[2] then
+      return { P.REPLY_WRONGTYPE, k[3], t, k[2] }
+    end
+  end
+  return nil
+end
+
+-- written_keys_refusal is wrong_type of the keys finish_commit writes
+-- without reading them first: the log, and the standalone stamp. Called
+-- before a commit's first write (with extra entries for other such keys):
+-- Redis refuses a write to a key of another type mid-script (WRONGTYPE),
+-- after the script's earlier writes, which it does not undo.
+local function written_keys_refusal(stamp, extra)
+  local list = { { KEYS[3], 'stream', P.KEY_LOG } }
+  if stamp then
+    list[#list + 1] = { KEYS[#KEYS], 'hash', 'state:fencing:current' }
+  end
+  for _, k in ipairs(extra or {}) do
+    list[#list + 1] = k
+  end
+  return wrong_type(list)
+end
+
 -- finish_commit does what every commit ends with: the section revisions of
 -- the sections the batch changed (a set of names; nil: none) raised to rev,
 -- meta/layout set to records when absent, the standalone stamp, and one log

@@ -54,6 +54,12 @@ const (
 	// StampSuffix follows the slug in the CurrentKey field that a standalone
 	// commit stamps with its revision.
 	StampSuffix = ":records"
+	// HistoryKeyPrefix is, after "<prefix>:swarm:", what precedes the slug
+	// in the key of a document swarm's history list (the last
+	// HistoryCopies whole documents, newest first; no hash tag).
+	HistoryKeyPrefix = "state:fencing:history:"
+	// HistoryCopies is how many whole documents the history list keeps.
+	HistoryCopies = 2
 )
 
 // Meta records that only fenced writes (a client batch may check them, never
@@ -115,7 +121,10 @@ const (
 	ReplyLayoutUnknown  = "LAYOUT_UNKNOWN"
 	ReplyCorrupt        = "CORRUPT"
 	ReplyLimit          = "LIMIT"
-	ReplyTooLarge       = "TOO_LARGE"
+	// ReplyWrongType: a key the commit writes without reading it first
+	// holds another Redis type: {WRONGTYPE, name, type, want}.
+	ReplyWrongType = "WRONGTYPE"
+	ReplyTooLarge  = "TOO_LARGE"
 	// ReplyBusy: another rebuild holds the by-name claim.
 	ReplyBusy  = "BUSY"
 	ReplyClean = "CLEAN"
@@ -215,6 +224,7 @@ var entries = []struct{ name, value string }{
 	{"REPLY_LAYOUT_UNKNOWN", ReplyLayoutUnknown},
 	{"REPLY_CORRUPT", ReplyCorrupt},
 	{"REPLY_LIMIT", ReplyLimit},
+	{"REPLY_WRONGTYPE", ReplyWrongType},
 	{"REPLY_TOO_LARGE", ReplyTooLarge},
 	{"REPLY_BUSY", ReplyBusy},
 	{"REPLY_CLEAN", ReplyClean},

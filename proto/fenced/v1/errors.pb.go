@@ -35,7 +35,9 @@ const (
 	// (subject "section/key", or the section alone for a section check).
 	// Metadata: "conflicts" (the full count) and, for the i-th violation
 	// listed, "write_<i>" (its index in the request), "expected_<i>" and
-	// "actual_<i>" (revisions).
+	// "actual_<i>" (revisions). A write to a document-layout swarm, or a
+	// migration, whose WATCH kept failing answers it without
+	// PreconditionFailure or metadata.
 	ErrorReason_REVISION_CONFLICT ErrorReason_Reason = 1
 	// FAILED_PRECONDITION: the batch's fence names a lease that is not
 	// live, or not the caller's; stop writing. Metadata: "lease" ("absent"
@@ -46,8 +48,10 @@ const (
 	// Metadata: "owner", "epoch", "expires_at_ms" (the holder's lease);
 	// RetryInfo: when it expires.
 	ErrorReason_LEASE_HELD ErrorReason_Reason = 3
-	// FAILED_PRECONDITION: the swarm is still stored as one JSON document;
-	// migrate it first. No metadata.
+	// FAILED_PRECONDITION: the swarm is still stored as one JSON document
+	// and the server talks to a Redis Cluster, where that layout does not
+	// exist (on standalone Redis such a swarm is served); migrate it on its
+	// standalone Redis (AdminService.Migrate). No metadata.
 	ErrorReason_LAYOUT_DOCUMENT ErrorReason_Reason = 4
 	// DATA_LOSS: a stored field is not a record. Metadata: "section" and
 	// "key" (section "" and key "revision" for the swarm's counter, key

@@ -22,7 +22,8 @@
 //                        PreconditionFailure lists every conflicting record.
 //   FAILED_PRECONDITION  LEASE_STALE: your lease is gone; do not retry, stop
 //                        writing. LAYOUT_DOCUMENT: the swarm is still stored
-//                        as one document and must be migrated first.
+//                        as one document and the server talks to a Redis
+//                        Cluster; migrate it on its standalone Redis.
 //   UNAVAILABLE          Redis is unreachable, busy or failing over; retry
 //                        later. A FencedBatch answered UNAVAILABLE may or may
 //                        not have committed: retry it with the same
@@ -73,9 +74,11 @@ const (
 	Layout_LAYOUT_UNSPECIFIED Layout = 0
 	// One Redis hash per section, one field per record (this service).
 	Layout_LAYOUT_RECORDS Layout = 1
-	// One JSON document for the whole swarm, written by older writers. fenced
-	// reads its layout but refuses to write it (FAILED_PRECONDITION +
-	// LAYOUT_DOCUMENT) until the swarm is migrated.
+	// One JSON document for the whole swarm, written by older writers. On
+	// standalone Redis every RPC serves it (records read at the document's
+	// revision; writes rewrite the document whole) until
+	// AdminService.Migrate moves it onto records; on Redis Cluster it is
+	// refused (FAILED_PRECONDITION + LAYOUT_DOCUMENT).
 	Layout_LAYOUT_DOCUMENT Layout = 2
 )
 

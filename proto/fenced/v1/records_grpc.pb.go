@@ -22,7 +22,8 @@
 //                        PreconditionFailure lists every conflicting record.
 //   FAILED_PRECONDITION  LEASE_STALE: your lease is gone; do not retry, stop
 //                        writing. LAYOUT_DOCUMENT: the swarm is still stored
-//                        as one document and must be migrated first.
+//                        as one document and the server talks to a Redis
+//                        Cluster; migrate it on its standalone Redis.
 //   UNAVAILABLE          Redis is unreachable, busy or failing over; retry
 //                        later. A FencedBatch answered UNAVAILABLE may or may
 //                        not have committed: retry it with the same

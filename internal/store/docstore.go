@@ -1,0 +1,750 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/redis/rueidis"
+)
+
+// Swarms on the document layout are served through the same calls as the
+// records layout (docs/design.md §2.6): reads
+// answer the document's records at its revision; batches and lease
+// operations run in Go under WATCH/MULTI/EXEC on the bucket (a records
+// commit's stamp on <slug>:records aborts them too) and write the document
+// back whole, the old copy pushed to the history list. Migrate moves a
+// swarm onto the records in one such transaction.
+
+// ErrDocumentOnCluster: the swarm is on the document layout and the Store
+// talks to a Redis Cluster, where that layout does not exist (its bucket
+// key has no hash tag). errors.Is(err, ErrLayoutDocument) holds too.
+var ErrDocumentOnCluster = fmt.Errorf("%w on Redis Cluster: the document layout is served on standalone Redis only; migrate the swarm there first", ErrLayoutDocument)
+
+// ErrMigrationContended: the swarm's fencing state kept changing during
+// every attempt of a Migrate; nothing was committed.
+var ErrMigrationContended = errors.New("the swarm fencing state kept changing; nothing was committed")
+
+// ErrDocumentContended: a document batch or lease operation lost its
+// WATCH to other writers on every attempt; nothing was written. fenced
+// maps it to ABORTED (re-read and run the change again).
+var ErrDocumentContended = errors.New("the swarm's document kept changing; nothing was written")
+
+// MaxTransactionAttempts bounds the plans of one document write or
+// migration that lost its WATCH (issue 13: 16).
+const MaxTransactionAttempts = 16
+
+// docWriteScript pushes the stored document onto the history list (kept
+// at its last 2 copies) and stores the new one: run inside MULTI, so that
+// the old copy is never sent over the wire.
+//
+// KEYS[1] P:state:fencing:current   KEYS[2] P:state:fencing:history:<slug>
+// ARGV[1] slug   ARGV[2] the new document; or ARGV[2] ” and ARGV[3] the
+// byte offset (1-based) of the document's closing '}', before which
+// ',"moved_to":"records"' is spliced (Migrate).
+var docWriteScript = `local old = redis.call('HGET', KEYS[1], ARGV[1])
+local new = ARGV[2]
+if old then
+  redis.call('LPUSH', KEYS[2], old)
+  redis.call('LTRIM', KEYS[2], 0, ` + strconv.Itoa(protocol.HistoryCopies-1) + `)
+  if new == '' then
+    local at = tonumber(ARGV[3])
+    new = string.sub(old, 1, at - 1) .. ',"moved_to":"` + protocol.LayoutRecords + `"' .. string.sub(old, at)
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], new)
+return 1`
+
+// history is P:state:fencing:history:<slug>.
+func (k swarmKeys) history() string {
+	return k.current[:len(k.current)-len(protocol.CurrentKey)] + protocol.HistoryKeyPrefix + k.slug
+}
+
+// errMoved: the document says the swarm moved to the records (or vanished)
+// between two reads; read the records again.
+var errMoved = errors.New("swarm moved to the records layout")
+
+// readDocument answers the swarm's document when it is still on the
+// document layout; nil when there is none. errMoved when it carries
+// moved_to. On Cluster: ErrDocumentOnCluster when one exists.
+func (s *Store) readDocument(ctx context.Context, k swarmKeys) (*document, error) {
+	c := s.c()
+	if !s.stamp {
+		ok, err := c.Do(ctx, c.B().Hexists().Key(k.current).Field(k.slug).Build()).AsBool()
+		if err != nil {
+			return nil, s.classify(ctx, err)
+		}
+		if ok {
+			return nil, ErrDocumentOnCluster
+		}
+		return nil, nil
+	}
+	raw, err := c.Do(ctx, c.B().Hget().Key(k.current).Field(k.slug).Build()).AsBytes()
+	if rueidis.IsRedisNil(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, s.classify(ctx, err)
+	}
+	d, err := parseDocument(raw)
+	if err != nil {
+		return nil, err
+	}
+	if d.MovedTo != "" {
+		return nil, errMoved
+	}
+	return d, nil
+}
+
+// documentRead runs a records read, and when it found no state (revision
+// 0) serves the document instead (doc non-nil); when the document turned
+// out to have moved meanwhile, reads the records once more.
+func documentRead[T any](ctx context.Context, s *Store, k swarmKeys, read func() (T, int64, error)) (T, *document, error) {
+	for range 2 {
+		v, rev, err := read()
+		if err != nil || rev != 0 {
+			return v, nil, err
+		}
+		d, err := s.readDocument(ctx, k)
+		if errors.Is(err, errMoved) {
+			continue
+		}
+		if err != nil {
+			return v, nil, fmt.Errorf("store: read document: %w", err)
+		}
+		return v, d, nil
+	}
+	return read2(read)
+}
+
+func read2[T any](read func() (T, int64, error)) (T, *document, error) {
+	v, _, err := read()
+	return v, nil, err
+}
+
+// now reads Redis's clock: µs and ms.
+func timeReply(m []rueidis.RedisMessage) (us, ms int64, err error) {
+	if len(m) != 2 {
+		return 0, 0, fmt.Errorf("%w: TIME", ErrMalformedReply)
+	}
+	sec, err1 := m[0].AsInt64()
+	usec, err2 := m[1].AsInt64()
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, 0, fmt.Errorf("%w: TIME: %v", ErrMalformedReply, err)
+	}
+	us = sec*1_000_000 + usec
+	return us, us / 1000, nil
+}
+
+// docTx is one planned document transaction: what it writes (inside
+// MULTI, after the reads under WATCH) and what it answers.
+type docTx struct {
+	cmds func(c rueidis.DedicatedClient) rueidis.Commands
+	// moved: the swarm is on the records layout; nothing planned.
+	moved bool
+}
+
+// watchDocument runs plan under WATCH on the bucket, the swarm's meta and
+// its revision counter, up to MaxTransactionAttempts times while EXEC is
+// aborted. plan gets the document (nil when there is none: the swarm has
+// no state, or moved), whether meta/layout is set, the counter, and
+// Redis's clock. It answers the planned transaction's replies (nil when
+// plan wrote nothing) and whether the swarm is on the records. Errors:
+// contended (after the last attempt), plan's errors, ErrUnavailable,
+// context errors, *RedisError.
+func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
+	plan func(d *document, layout bool, counter, nowUs, nowMs int64) (docTx, error)) (replies []rueidis.RedisMessage, moved bool, err error) {
+	if !s.stamp {
+		return nil, false, ErrDocumentOnCluster
+	}
+	for range MaxTransactionAttempts {
+		aborted := false
+		var planErr error
+		err = s.c().Dedicated(func(dc rueidis.DedicatedClient) error {
+			res := dc.DoMulti(ctx,
+				dc.B().Watch().Key(k.current, k.meta(), k.revision()).Build(),
+				dc.B().Hget().Key(k.current).Field(k.slug).Build(),
+				dc.B().Hget().Key(k.meta()).Field(protocol.FieldLayout).Build(),
+				dc.B().Get().Key(k.revision()).Build(),
+				dc.B().Time().Build())
+			for _, r := range res {
+				if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
+					return err
+				}
+			}
+			var d *document
+			if raw, err := res[1].AsBytes(); err == nil {
+				if d, err = parseDocument(raw); err != nil {
+					return err
+				}
+			}
+			// layout: meta/layout says records (a "document" marker, set
+			// by some older writers, is the document layout).
+			layout := false
+			if raw, err := res[2].ToString(); err == nil {
+				rec, ok := parseRecord(raw)
+				layout = !ok || rec.Value != `"document"`
+			}
+			var counter int64
+			if str, err := res[3].ToString(); err == nil {
+				if counter, err = parseRevision(str); err != nil {
+					return err
+				}
+			}
+			tm, err := res[4].ToArray()
+			if err != nil {
+				return fmt.Errorf("%w: TIME: %w", ErrMalformedReply, err)
+			}
+			us, ms, err := timeReply(tm)
+			if err != nil {
+				return err
+			}
+			tx, err := plan(d, layout, counter, us, ms)
+			if err != nil || tx.cmds == nil {
+				dc.Do(ctx, dc.B().Unwatch().Build())
+				moved, planErr = tx.moved, err
+				return nil
+			}
+			cmds := append(rueidis.Commands{dc.B().Multi().Build()}, tx.cmds(dc)...)
+			cmds = append(cmds, dc.B().Exec().Build())
+			res = dc.DoMulti(ctx, cmds...)
+			for _, r := range res[:len(res)-1] {
+				if err := r.Error(); err != nil {
+					return err
+				}
+			}
+			arr, err := res[len(res)-1].ToArray()
+			if rueidis.IsRedisNil(err) {
+				aborted = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			for _, r := range arr {
+				if err := r.Error(); err != nil {
+					return err
+				}
+			}
+			replies = arr
+			return nil
+		})
+		if planErr != nil {
+			return nil, false, planErr
+		}
+		if err != nil {
+			var corrupt *CorruptError
+			if errors.As(err, &corrupt) || errors.Is(err, ErrMalformedReply) {
+				return nil, false, err
+			}
+			return nil, false, s.classify(ctx, err)
+		}
+		if !aborted {
+			return replies, moved, nil
+		}
+	}
+	return nil, false, contended
+}
+
+// nextDocRevision is the numbering rule of every commit (lib.lua
+// next_revision) applied to a document: above the counter and the
+// document's revision, at least Redis's clock in µs. *LimitError past
+// MaxRevision.
+func nextDocRevision(counter, docRev, nowUs int64) (int64, error) {
+	rev := max(counter, docRev) + 1
+	rev = max(rev, nowUs)
+	if rev > MaxRevision {
+		return 0, &LimitError{Key: "revision"}
+	}
+	return rev, nil
+}
+
+// commitDocument runs a batch on a swarm still on the document layout
+// (DESIGN §3 rules; every record is at the document's revision; a section
+// check compares the document's revision). moved: the swarm is on the
+// records now; run the records commit. Request ids are not remembered on
+// the document layout (a retry of a committed batch answers a conflict).
+func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch, d Durability) (c Committed, moved bool, err error) {
+	var rev int64
+	replies, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
+		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
+			if doc == nil || doc.MovedTo != "" || layout {
+				return docTx{moved: true}, nil
+			}
+			newDoc, r, err := planDocumentBatch(doc, b, counter, nowUs, nowMs)
+			rev = r
+			if err != nil || newDoc == nil {
+				return docTx{}, err
+			}
+			return docTx{cmds: func(dc rueidis.DedicatedClient) rueidis.Commands {
+				cmds := rueidis.Commands{dc.B().Eval().Script(docWriteScript).Numkeys(2).
+					Key(k.current, k.history()).Arg(k.slug, string(newDoc)).Build()}
+				if d.Replicas > 0 {
+					cmds = append(cmds, dc.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build())
+				}
+				return cmds
+			}}, nil
+		})
+	if err != nil || moved {
+		return Committed{}, moved, err
+	}
+	c.Revision = rev
+	if d.Replicas > 0 && len(replies) == 2 {
+		n, _ := replies[1].AsInt64()
+		c.ReplicasAcked = int(n)
+	}
+	return c, false, nil
+}
+
+// planDocumentBatch checks b against doc (fence, then every revision) and
+// answers the rewritten document and its revision; newDoc nil when b
+// writes nothing (rev: the document's).
+func planDocumentBatch(doc *document, b *batch.Batch, counter, nowUs, nowMs int64) (newDoc []byte, rev int64, err error) {
+	if f := b.Fence; f != nil {
+		l, err := doc.lease()
+		if err != nil {
+			return nil, 0, err
+		}
+		now := max(f.NowMs, nowMs)
+		if l == nil {
+			return nil, 0, &StaleError{}
+		}
+		if (f.Owner != "" && l.Owner != f.Owner) || l.Epoch != f.Epoch || l.ExpiresAtMs <= now {
+			return nil, 0, &StaleError{Present: true, Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
+		}
+	}
+	sections := map[string]object{}
+	sectionOf := func(name string) (object, error) {
+		if o, ok := sections[name]; ok {
+			return o, nil
+		}
+		o, err := doc.section(name)
+		if err != nil {
+			return nil, err
+		}
+		sections[name] = o
+		return o, nil
+	}
+	var conflicts []Conflict
+	writes := false
+	for i := range b.Writes {
+		w := &b.Writes[i]
+		if w.Kind == batch.KindPut || w.Kind == batch.KindDelete {
+			writes = true
+		}
+		if w.Expected == batch.Blind {
+			continue
+		}
+		actual := doc.Revision
+		if w.Kind != batch.KindCheckSection {
+			o, err := sectionOf(w.Section)
+			if err != nil {
+				return nil, 0, err
+			}
+			if o.get(w.Key) == nil {
+				actual = 0
+			}
+		}
+		if actual != w.Expected {
+			conflicts = append(conflicts, Conflict{Index: i, Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual})
+		}
+	}
+	if len(conflicts) > 0 {
+		return nil, 0, &ConflictError{Conflicts: conflicts}
+	}
+	if !writes {
+		return nil, doc.Revision, nil
+	}
+	if rev, err = nextDocRevision(counter, doc.Revision, nowUs); err != nil {
+		return nil, 0, err
+	}
+	changed := map[string]object{}
+	meta := doc.meta
+	var metaChanged *object
+	for i := range b.Writes {
+		w := &b.Writes[i]
+		if w.Kind != batch.KindPut && w.Kind != batch.KindDelete {
+			continue
+		}
+		o := meta
+		if w.Section != batch.MetaSection {
+			if o, err = sectionOf(w.Section); err != nil {
+				return nil, 0, err
+			}
+		}
+		if w.Kind == batch.KindPut {
+			o = o.set(w.Key, []byte(w.Value))
+		} else {
+			o = o.del(w.Key)
+		}
+		if w.Section == batch.MetaSection {
+			meta, metaChanged = o, &meta
+		} else {
+			sections[w.Section], changed[w.Section] = o, o
+		}
+	}
+	return doc.rewrite(rev, changed, metaChanged), rev, nil
+}
+
+// leaseDocument runs a lease operation on a swarm still on the document
+// layout, by the rules of lease.lua, on the document's meta.
+func (s *Store) leaseDocument(ctx context.Context, k swarmKeys, op, owner string, epoch, ttlMs int64) (e LeaseEvent, rev int64, acked int, moved bool) {
+	e.Op = op
+	d := s.leaseDurability
+	replies, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
+		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
+			if doc == nil || doc.MovedTo != "" || layout {
+				return docTx{moved: true}, nil
+			}
+			ev, newDoc, r, err := planDocumentLease(doc, op, owner, epoch, ttlMs, counter, nowUs, nowMs)
+			if err != nil {
+				return docTx{}, err
+			}
+			e, rev = ev, r
+			return docTx{cmds: func(dc rueidis.DedicatedClient) rueidis.Commands {
+				cmds := rueidis.Commands{dc.B().Eval().Script(docWriteScript).Numkeys(2).
+					Key(k.current, k.history()).Arg(k.slug, string(newDoc)).Build()}
+				if d.Replicas > 0 {
+					cmds = append(cmds, dc.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build())
+				}
+				return cmds
+			}}, nil
+		})
+	if err != nil {
+		return LeaseEvent{Op: op, Err: err}, 0, 0, false
+	}
+	if moved {
+		return e, 0, 0, true
+	}
+	if d.Replicas > 0 && len(replies) == 2 {
+		n, _ := replies[1].AsInt64()
+		acked = int(n)
+	}
+	return e, rev, acked, false
+}
+
+// planDocumentLease applies lease.lua's rules to a document's meta.
+func planDocumentLease(doc *document, op, owner string, epoch, ttlMs, counter, nowUs, nowMs int64) (e LeaseEvent, newDoc []byte, rev int64, err error) {
+	e.Op = op
+	l, err := doc.lease()
+	if err != nil {
+		return e, nil, 0, err
+	}
+	live := l != nil && l.ExpiresAtMs > nowMs
+	stale := func() error {
+		if l == nil {
+			return &StaleError{}
+		}
+		return &StaleError{Present: true, Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
+	}
+	lastEpoch := doc.metaInt(protocol.FieldEpoch)
+	var newEpoch, expires int64
+	granted := false
+	switch op {
+	case protocol.LeaseAcquire:
+		if live && l.Owner != owner {
+			return e, nil, 0, &HeldError{Holder: *l, NowMs: nowMs}
+		}
+		if live {
+			newEpoch = l.Epoch
+		} else {
+			last := lastEpoch
+			if l != nil && l.Epoch > last {
+				last = l.Epoch
+			}
+			newEpoch, granted = max(last+1, nowMs), true
+			if newEpoch > MaxRevision {
+				return e, nil, 0, &LimitError{Key: "epoch"}
+			}
+		}
+		expires = nowMs + ttlMs
+	case protocol.LeaseRenew, protocol.LeaseRelease:
+		if !live || l.Owner != owner || l.Epoch != epoch {
+			return e, nil, 0, stale()
+		}
+		newEpoch, expires = epoch, nowMs+ttlMs
+		if op == protocol.LeaseRelease {
+			expires = nowMs
+		}
+	default:
+		return e, nil, 0, fmt.Errorf("store: lease: unknown op %q", op)
+	}
+	if rev, err = nextDocRevision(counter, doc.Revision, nowUs); err != nil {
+		return e, nil, 0, err
+	}
+	meta := doc.meta
+	e.Lease = Lease{Owner: owner, Epoch: newEpoch, ExpiresAtMs: expires}
+	if op == protocol.LeaseRelease {
+		meta = meta.del(protocol.FieldLease)
+	} else {
+		meta = meta.set(protocol.FieldLease, leaseValue(e.Lease))
+	}
+	if granted || newEpoch > lastEpoch {
+		meta = meta.set(protocol.FieldEpoch, []byte(strconv.FormatInt(newEpoch, 10)))
+	}
+	if granted {
+		meta = meta.set(protocol.FieldLeaderChanges, []byte(strconv.FormatInt(doc.metaInt(protocol.FieldLeaderChanges)+1, 10)))
+		if l != nil && l.Owner != owner {
+			old := *l
+			e.Replaced = &old
+		}
+	}
+	e.Granted = granted
+	return e, doc.rewrite(rev, nil, &meta), rev, nil
+}
+
+// SectionPlan is what a migration writes for one section.
+type SectionPlan struct {
+	// Name of the section ("meta": the meta records, the layout marker
+	// included).
+	Name string
+	// Records is how many records it writes.
+	Records int
+	// Bytes is the bytes of those records' values (as stored).
+	Bytes int
+}
+
+// Migration reports a Migrate.
+type Migration struct {
+	// Records is how many records were written (a dry run: would be), the
+	// meta records and the layout marker included; 0 when the swarm was
+	// already on the records layout (or has no state).
+	Records int
+	// Revision is the revision every written record carries (0: none).
+	Revision int64
+	// Sections is the plan, one entry per section written, in the
+	// document's order, meta last.
+	Sections []SectionPlan
+	// AlreadyMoved: the swarm was on the records layout already; NoState:
+	// it has no fencing state at all. Both write nothing.
+	AlreadyMoved, NoState bool
+	// Attempts is how many plans it took (a concurrent change makes it
+	// plan again).
+	Attempts int
+}
+
+// Migrate moves a swarm from the document layout onto the records layout
+// in one transaction (WATCH on the bucket, meta and the revision counter;
+// planned again, up to MaxTransactionAttempts times, when another writer
+// changed them): every record of the document (archive included) written
+// as a record with one new revision (lib.lua's numbering rule), meta moved
+// with the lease and epoch kept byte for byte, meta/layout set to records,
+// by-name derived from executions, one log entry, the standalone stamp,
+// and the document rewritten with "moved_to":"records" and otherwise
+// unchanged (its old copy pushed to the history). A swarm already on the
+// records layout writes nothing (Records 0). dryRun plans and writes
+// nothing. Errors: ErrDocumentOnCluster, ErrMigrationContended,
+// *CorruptError (the document cannot be read), *LimitError, ErrUnavailable,
+// context errors, *RedisError.
+func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*Migration, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	k := s.keys(slug)
+	if !s.stamp {
+		if _, err := s.readDocument(ctx, k); err != nil {
+			return nil, fmt.Errorf("store: migrate: %w", err)
+		}
+		return &Migration{AlreadyMoved: true}, nil
+	}
+	m := &Migration{}
+	_, _, err := s.watchDocument(ctx, k, ErrMigrationContended,
+		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
+			*m = Migration{Attempts: m.Attempts + 1}
+			switch {
+			case doc == nil && !layout && counter == 0:
+				m.NoState = true
+				return docTx{}, nil
+			case doc == nil || doc.MovedTo != "" || layout:
+				m.AlreadyMoved = true
+				return docTx{}, nil
+			}
+			rev, err := nextDocRevision(counter, doc.Revision, nowUs)
+			if err != nil {
+				return docTx{}, err
+			}
+			cmds, err := planMigration(k, doc, rev, m)
+			if err != nil || dryRun {
+				return docTx{}, err
+			}
+			m.Revision = rev
+			return docTx{cmds: cmds}, nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("store: migrate: %w", err)
+	}
+	if m.Revision != 0 {
+		// by-name was set in the transaction; its index was flagged stale
+		// there, and is built here (a batch meanwhile sees the flag).
+		if _, err := s.RebuildByName(ctx, slug, 0); err != nil {
+			s.log.Warn("migrate: by-name index rebuild failed; the next batch rebuilds it", "slug", slug, "err", err)
+		}
+	}
+	return m, nil
+}
+
+// planMigration fills m's plan and answers the commands of the move.
+func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(rueidis.DedicatedClient) rueidis.Commands, error) {
+	head := `{"r":` + strconv.FormatInt(rev, 10) + `,"v":`
+	type hset struct {
+		key    string
+		fields []string // field, value, ...
+	}
+	var sets []hset
+	var sectionNames []string
+	byName := map[string]struct {
+		id  string
+		gen float64
+	}{}
+	for _, name := range doc.sectionNames() {
+		if name == batch.MetaSection {
+			return nil, errDocument("sections/meta")
+		}
+		o, err := doc.section(name)
+		if err != nil {
+			return nil, err
+		}
+		if len(o) == 0 {
+			continue
+		}
+		p := SectionPlan{Name: name}
+		h := hset{key: k.section(name)}
+		seen := map[string]bool{}
+		for i := len(o) - 1; i >= 0; i-- { // the last copy of a key wins
+			mb := o[i]
+			if seen[mb.key] {
+				continue
+			}
+			seen[mb.key] = true
+			h.fields = append(h.fields, mb.key, head+string(mb.value)+"}")
+			p.Records++
+			p.Bytes += len(mb.value)
+			if name == executions {
+				if n, gen, ok := agentOf(mb.value); ok {
+					cur, had := byName[n]
+					if !had || gen > cur.gen || (gen == cur.gen && mb.key > cur.id) {
+						byName[n] = struct {
+							id  string
+							gen float64
+						}{mb.key, gen}
+					}
+				}
+			}
+		}
+		sets = append(sets, h)
+		sectionNames = append(sectionNames, name)
+		m.Sections = append(m.Sections, p)
+		m.Records += p.Records
+	}
+	meta := SectionPlan{Name: batch.MetaSection}
+	h := hset{key: k.meta()}
+	seen := map[string]bool{protocol.FieldLayout: true, protocol.FieldSectionRevisions: true}
+	for i := len(doc.meta) - 1; i >= 0; i-- {
+		mb := doc.meta[i]
+		if seen[mb.key] {
+			continue
+		}
+		seen[mb.key] = true
+		h.fields = append(h.fields, mb.key, head+string(mb.value)+"}")
+		meta.Records++
+		meta.Bytes += len(mb.value)
+	}
+	h.fields = append(h.fields, protocol.FieldLayout, head+`"`+protocol.LayoutRecords+`"}`)
+	meta.Records++
+	meta.Bytes += len(protocol.LayoutRecords) + 2
+	slices.Sort(sectionNames)
+	revs := make([]string, len(sectionNames))
+	for i, n := range sectionNames {
+		revs[i] = jsonString(n) + ":" + strconv.FormatInt(rev, 10)
+	}
+	if len(revs) > 0 {
+		h.fields = append(h.fields, protocol.FieldSectionRevisions, head+"{"+joinComma(revs)+"}}")
+	}
+	sets = append(sets, h)
+	m.Sections = append(m.Sections, meta)
+	m.Records += meta.Records
+	if len(byName) > 0 {
+		bn := hset{key: k.byName()}
+		for _, n := range sortedKeys(byName) {
+			bn.fields = append(bn.fields, n, head+jsonString(byName[n].id)+"}")
+		}
+		sets = append(sets, bn)
+	}
+	closing := len(doc.raw)
+	for closing > 0 && doc.raw[closing-1] != '}' {
+		closing--
+	}
+	records := m.Records
+	return func(dc rueidis.DedicatedClient) rueidis.Commands {
+		var cmds rueidis.Commands
+		for _, h := range sets {
+			fv := dc.B().Hset().Key(h.key).FieldValue()
+			for i := 0; i < len(h.fields); i += 2 {
+				fv = fv.FieldValue(h.fields[i], h.fields[i+1])
+			}
+			cmds = append(cmds, fv.Build())
+		}
+		if len(byName) > 0 {
+			cmds = append(cmds, dc.B().Zincrby().Key(k.byNameIndex()).Increment(1).Member(protocol.FlagStale).Build())
+		}
+		r := strconv.FormatInt(rev, 10)
+		cmds = append(cmds,
+			dc.B().Set().Key(k.revision()).Value(r).Build(),
+			dc.B().Xadd().Key(k.log()).Maxlen().Exact().Threshold(strconv.Itoa(protocol.LogCap)).Id("*").
+				FieldValue().FieldValue("revision", r).FieldValue("owner", "").
+				FieldValue("records", strconv.Itoa(records)).Build(),
+			dc.B().Hset().Key(k.current).FieldValue().FieldValue(k.slug+protocol.StampSuffix, r).Build(),
+			dc.B().Eval().Script(docWriteScript).Numkeys(2).Key(k.current, k.history()).
+				Arg(k.slug, "", strconv.Itoa(closing)).Build())
+		return cmds
+	}, nil
+}
+
+// agentOf reads the top-level "name" (a string) and "generation" (a
+// number; else 0) of an executions value, as byname.lua does.
+func agentOf(value []byte) (name string, generation float64, ok bool) {
+	var v struct {
+		Name       *string         `json:"name"`
+		Generation json.RawMessage `json:"generation"`
+	}
+	if json.Unmarshal(value, &v) != nil || v.Name == nil {
+		return "", 0, false
+	}
+	if g, err := strconv.ParseFloat(string(v.Generation), 64); err == nil {
+		generation = g
+	}
+	return *v.Name, generation, true
+}
+
+// jsonString is s as a JSON string.
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func joinComma(parts []string) string { return strings.Join(parts, ",") }
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// DocumentSlugs answers the slugs of every swarm with a document in
+// P:state:fencing:current (moved ones included: Migrate writes nothing for
+// those), sorted. Fields that are not slugs (the <slug>:records stamps)
+// are left out. Errors: ErrUnavailable, context errors, *RedisError.
+func (s *Store) DocumentSlugs(ctx context.Context) ([]string, error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	c := s.c()
+	fields, err := c.Do(ctx, c.B().Hkeys().Key(s.CurrentKey()).Build()).AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("store: document slugs: %w", s.classify(ctx, err))
+	}
+	slugs := slices.DeleteFunc(fields, func(f string) bool { return batch.CheckSlug(f) != nil })
+	slices.Sort(slugs)
+	return slugs, nil
+}
