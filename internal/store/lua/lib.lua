@@ -361,16 +361,27 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- clock is Redis's TIME, read once per script: a script runs atomically,
+-- so one reading serves its lease check and its revision alike (one
+-- redis.call fewer per commit).
+local clock_reply = nil
+local function clock()
+  if clock_reply == nil then
+    clock_reply = redis.call('TIME')
+  end
+  return clock_reply
+end
+
 -- now_ms is Redis's clock in ms.
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = clock()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- now_us is Redis's clock in microseconds since 1970 (below 2^53 until the
 -- 23rd century: exact in a Lua number).
 local function now_us()
-  local t = redis.call('TIME')
+  local t = clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
