@@ -11,6 +11,9 @@ BIN := $(CURDIR)/bin
 export PATH := $(BIN):$(PATH)
 
 BENCHTIME ?= 2s
+# ETCD_DURATION is bench/etcd's time per case; MINIMAL_ROUNDS the paired rounds per case of BenchmarkMinimal.
+ETCD_DURATION ?= 2s
+MINIMAL_ROUNDS ?= 6
 
 .PHONY: help
 help: ## List the targets.
@@ -39,9 +42,15 @@ redis-server: ## Install Debian's redis-server when it is missing (needs root).
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 	  else echo "redis-server not found: sudo apt-get install -y redis-server" >&2; exit 1; fi; }
 
+.PHONY: bench-compare
+bench-compare: redis-server ## fenced vs the minimal gRPC→Lua→Redis path vs etcd 3.6 Txn with fsync, 16/64 swarms × 1/8/64 puts, ratios from one run.
+	@etcd_out=$$(mktemp); trap 'rm -f $$etcd_out' EXIT; \
+	(cd bench/etcd && go run . -duration=$(ETCD_DURATION) -out=$$etcd_out) && \
+	FENCED_BENCH_ETCD=$$etcd_out go test -run='^$$' -bench='^BenchmarkMinimal$$' -benchtime=$(MINIMAL_ROUNDS)x ./internal/bench/
+
 .PHONY: bench
-bench: redis-server ## Benchmarks: commit script direct vs bare gRPC forwarder vs fenced, batch sizes 1/8/64; isolation under floods.
-	go test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -benchmem ./internal/bench/
+bench: bench-compare ## Benchmarks: bench-compare; script direct vs bare forwarder vs fenced, batch sizes 1/8/64; isolation under floods.
+	go test -run='^$$' -bench=. -skip='^BenchmarkMinimal$$' -benchtime=$(BENCHTIME) -benchmem ./internal/bench/
 	go test -run='^$$' -bench=. -benchtime=1x -timeout=20m ./internal/bench/isolation/
 
 .PHONY: tools
