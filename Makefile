@@ -20,7 +20,7 @@ help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: run
-run: ## Development mode: serve gRPC on 127.0.0.1:7420 (FENCED_LISTEN or ARGS=--listen=... to change); Redis from FENCED_REDIS_URL, else an embedded in-memory one.
+run: ## Development mode: serve gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421 (FENCED_LISTEN, FENCED_METRICS_LISTEN or ARGS=... to change); Redis from FENCED_REDIS_URL, else an embedded in-memory one.
 	FENCED_LISTEN="$${FENCED_LISTEN:-127.0.0.1:7420}" FENCED_METRICS_LISTEN="$${FENCED_METRICS_LISTEN-127.0.0.1:7421}" \
 	  go run ./cmd/fenced serve $(ARGS)
 
