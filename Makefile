@@ -11,6 +11,9 @@ BIN := $(CURDIR)/bin
 export PATH := $(BIN):$(PATH)
 
 BENCHTIME ?= 2s
+# ETCD_DURATION is bench/etcd's time per case; MINIMAL_ROUNDS the paired rounds per case of BenchmarkMinimal.
+ETCD_DURATION ?= 2s
+MINIMAL_ROUNDS ?= 6
 
 # The Python client (clients/python): Debian's interpreter and protoc.
 PYTHON ?= /usr/bin/python3
@@ -21,7 +24,7 @@ help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: run
-run: ## Development mode: serve gRPC on 127.0.0.1:7420 (FENCED_LISTEN or ARGS=--listen=... to change); Redis from FENCED_REDIS_URL, else an embedded in-memory one.
+run: ## Development mode: serve gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421 (FENCED_LISTEN, FENCED_METRICS_LISTEN or ARGS=... to change); Redis from FENCED_REDIS_URL, else an embedded in-memory one.
 	FENCED_LISTEN="$${FENCED_LISTEN:-127.0.0.1:7420}" FENCED_METRICS_LISTEN="$${FENCED_METRICS_LISTEN-127.0.0.1:7421}" \
 	  go run ./cmd/fenced serve $(ARGS)
 
@@ -49,9 +52,15 @@ redis-server: ## Install Debian's redis-server when it is missing (needs root).
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 	  else echo "redis-server not found: sudo apt-get install -y redis-server" >&2; exit 1; fi; }
 
+.PHONY: bench-compare
+bench-compare: redis-server ## fenced vs the minimal gRPC→Lua→Redis path vs etcd 3.6 Txn with fsync, 16/64 swarms × 1/8/64 puts, ratios from one run.
+	@etcd_out=$$(mktemp); trap 'rm -f $$etcd_out' EXIT; \
+	(cd bench/etcd && go run . -duration=$(ETCD_DURATION) -out=$$etcd_out) && \
+	FENCED_BENCH_ETCD=$$etcd_out go test -run='^$$' -bench='^BenchmarkMinimal$$' -benchtime=$(MINIMAL_ROUNDS)x ./internal/bench/
+
 .PHONY: bench
-bench: redis-server ## Benchmarks: commit script direct vs bare gRPC forwarder vs fenced, batch sizes 1/8/64; isolation under floods.
-	go test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -benchmem ./internal/bench/
+bench: bench-compare ## Benchmarks: bench-compare; script direct vs bare forwarder vs fenced, batch sizes 1/8/64; isolation under floods.
+	go test -run='^$$' -bench=. -skip='^BenchmarkMinimal$$' -benchtime=$(BENCHTIME) -benchmem ./internal/bench/
 	go test -run='^$$' -bench=. -benchtime=1x -timeout=20m ./internal/bench/isolation/
 
 .PHONY: tools

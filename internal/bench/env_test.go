@@ -80,6 +80,7 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	printSummary(os.Stdout)
+	printMinimal(os.Stdout)
 	owner.close()
 	os.Exit(code)
 }

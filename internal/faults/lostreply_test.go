@@ -162,8 +162,12 @@ func TestSlowRedis(t *testing.T) {
 		}}})
 		took := time.Since(start)
 		cancel()
-		if status.Code(err) != codes.DeadlineExceeded {
-			t.Errorf("batch %d during DEBUG SLEEP: %v (code %s) after %v, want DEADLINE_EXCEEDED", i, err, status.Code(err), took)
+		// DEADLINE_EXCEEDED, or UNAVAILABLE when rueidis answers at once
+		// from a connection an earlier call's deadline already cut (its
+		// error is not this call's deadline): both say "may or may not
+		// have committed; retry with the request id".
+		if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Unavailable {
+			t.Errorf("batch %d during DEBUG SLEEP: %v (code %s) after %v, want DEADLINE_EXCEEDED or UNAVAILABLE", i, err, c, took)
 		}
 		if took > 400*time.Millisecond {
 			t.Errorf("batch %d answered after %v: the 50 ms deadline was not kept", i, took)

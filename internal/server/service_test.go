@@ -454,6 +454,9 @@ func smallLimits() batch.Limits {
 func TestBadInput(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, smallLimits(), server.Options{HealthInterval: noProbes})
+	// SERVING comes after the first probe has loaded the scripts, so that
+	// the snapshots below see no SCRIPT LOAD of its own.
+	awaitHealth(t, e, "fenced", serving)
 	const slug = "bad-input"
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `{"seed":true}`)}})
 

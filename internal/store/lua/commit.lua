@@ -86,8 +86,9 @@ local kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
 local n = 0
 do
   local a = 2
+  local write_pattern = '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$'
   while a <= #ARGV do
-    local kind, ki, expected, key = string.match(ARGV[a], '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$')
+    local kind, ki, expected, key = string.match(ARGV[a], write_pattern)
     n = n + 1
     kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
     if kind == P.KIND_PUT then
@@ -227,22 +228,45 @@ local head = '{"r":' .. rev .. ',"v":'
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
 local log_changes = {} -- the log entry's changes (log_change)
+local section_of = {} -- KEYS index -> section name, once per key
 local exec_writes = {} -- executions writes, for byname.commit
+-- One HSET and one HDEL per section key, each with all of the batch's
+-- fields of that key (a batch names a record at most once, so the order
+-- between them does not matter): a redis.call per record was most of the
+-- per-record cost besides the record grammar check.
+local puts, dels, touched = {}, {}, {}
 for i = 1, n do
   local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
+  if (kind == P.KIND_PUT or kind == P.KIND_DELETE) and not puts[ki] then
+    puts[ki], dels[ki] = {}, {}
+    touched[#touched + 1] = ki
+  end
   if kind == P.KIND_PUT then
-    redis.call('HSET', KEYS[ki], key, head .. value .. '}')
+    local args = puts[ki]
+    args[#args + 1] = key
+    args[#args + 1] = head .. value .. '}'
   elseif kind == P.KIND_DELETE then
-    redis.call('HDEL', KEYS[ki], key)
+    dels[ki][#dels[ki] + 1] = key
   end
   if kind == P.KIND_PUT or kind == P.KIND_DELETE then
     records = records + 1
-    local section = string.match(KEYS[ki], P.SECTION_PATTERN)
-    changed[section] = true
-    log_change(log_changes, kind, section, key)
+    if not section_of[ki] then
+      section_of[ki] = string.match(KEYS[ki], P.SECTION_PATTERN)
+      changed[section_of[ki]] = true
+    end
+    log_change(log_changes, kind, section_of[ki], key)
     if ki == EXEC then
       exec_writes[#exec_writes + 1] = { id = key, old = old_exec[i], new = value }
     end
+  end
+end
+
+for _, ki in ipairs(touched) do
+  if #puts[ki] > 0 then
+    redis.call('HSET', KEYS[ki], unpack(puts[ki]))
+  end
+  if #dels[ki] > 0 then
+    redis.call('HDEL', KEYS[ki], unpack(dels[ki]))
   end
 end
 

@@ -148,7 +148,14 @@ local function json_valid(s, depth_limit)
     t = gsub(t, '\\.', '') -- escapes (cjson checks them); then no quote is escaped
   end
   t = gsub(t, '"[ !#-~]*"', 'S')
-  if not (find(t, '"', 1, true) or find(t, '[^ -~\t\n\r]') or find(t, '[%+iINxX]') or find(t, 'n[^u]') or find(t, '[^%d%.]0%d')
+  -- What most values leave (structure, strings, unsigned integers and
+  -- whitespace) can hold none of the non-JSON numbers below but one with a
+  -- leading zero: one class scan instead of ten.
+  local plain = not find(t, '[^{}%[%],:S%d \t\n\r]')
+  if plain and (find(t, '^0%d') or find(t, '[^%d]0%d')) then
+    return json_exact(s, depth_limit)
+  end
+  if plain or not (find(t, '"', 1, true) or find(t, '[^ -~\t\n\r]') or find(t, '[%+iINxX]') or find(t, 'n[^u]') or find(t, '[^%d%.]0%d')
       or find(t, '^0%d') or find(t, '%.[^%d]') or find(t, '%.$') or find(t, '[^%d]%.') or find(t, '^%.')) then
     -- Fewer brackets than the limit cannot nest deeper than it; cjson's
     -- own limit (1000) is not relied on (the embedded Redis has another).
@@ -288,6 +295,52 @@ local function record_value(raw)
   return nil
 end
 
+-- canonical_in_range: s is canonical decimal digits of at most REV_MAX.
+local function canonical_in_range(s)
+  return canonical_digits(s) and digits_in_range(s)
+end
+
+-- section_revisions_general reads meta/section_revisions as a record: its
+-- revision and its value decoded by cjson (nil when it does not decode);
+-- nil, nil when it is not a record; nil, 'over' when its revision is above
+-- REV_MAX.
+local function section_revisions_general(raw)
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil, value
+  end
+  local ok, v = pcall(cjson.decode, value)
+  if ok then
+    return rev, v
+  end
+  return rev, nil
+end
+
+-- section_revisions_record reads meta/section_revisions as parse_record
+-- and cjson would: its revision and decoded value (nil, nil when it is not
+-- a record or its value does not decode; nil, 'over' when its revision is
+-- above REV_MAX). The form fenced writes ({"r":N,"v":{"name":N,...}},
+-- plain names, canonical in-range numbers) is read by patterns alone; any
+-- other text goes through parse_record and cjson.
+local function section_revisions_record(raw)
+  local r, body = string.match(raw, '^{"r":(%d+),"v":{(.*)}}$')
+  if r and canonical_in_range(r) then
+    local revs, rebuilt, clean = {}, {}, true
+    for name, v in string.gmatch(body, '"([%w_%-]+)":(%d+)') do
+      if not canonical_in_range(v) then
+        clean = false
+        break
+      end
+      rebuilt[#rebuilt + 1] = '"' .. name .. '":' .. v
+      revs[name] = tonumber(v)
+    end
+    if clean and table.concat(rebuilt, ',') == body then
+      return tonumber(r), revs
+    end
+  end
+  return section_revisions_general(raw)
+end
+
 -- in_range: n is an integer in 0..REV_MAX (a decoded JSON number).
 local function in_range(n)
   return type(n) == 'number' and n >= 0 and n <= REV_MAX and n == math.floor(n)
@@ -308,27 +361,34 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- clock is Redis's TIME, read once per script: a script runs atomically,
+-- so one reading serves its lease check and its revision alike (one
+-- redis.call fewer per commit).
+local clock_reply = nil
+local function clock()
+  if clock_reply == nil then
+    clock_reply = redis.call('TIME')
+  end
+  return clock_reply
+end
+
 -- now_ms is Redis's clock in ms.
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = clock()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- now_us is Redis's clock in microseconds since 1970 (below 2^53 until the
 -- 23rd century: exact in a Lua number).
 local function now_us()
-  local t = redis.call('TIME')
+  local t = clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- read_lease decodes meta/lease: a table with owner, epoch and expires_at,
--- or nil when absent or not a valid lease; nil, 'over' when its epoch or
--- expiry is above REV_MAX (then no fence may be compared with it).
-local function read_lease(meta)
-  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
-  if not raw then
-    return nil
-  end
+-- lease_general decodes a meta/lease field as a record: a table with
+-- owner, epoch and expires_at, or nil when it is not a valid lease; nil,
+-- 'over' when its epoch or expiry is above REV_MAX.
+local function lease_general(raw)
   local lease = record_value(raw)
   if type(lease) == 'table' and type(lease.owner) == 'string'
       and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number' then
@@ -340,6 +400,38 @@ local function read_lease(meta)
   return nil
 end
 
+-- lease_of is lease_general, answered by patterns alone for the form the
+-- lease script writes (a plain printable-ASCII owner, canonical in-range
+-- numbers): a commit reads the lease on every fenced batch.
+local function lease_of(raw)
+  local r, owner, epoch, expires = string.match(raw,
+    '^{"r":(%d+),"v":{"owner":"([] -!#-[^-~]*)","epoch":(%d+),"expires_at":(%d+)}}$')
+  if r and canonical_in_range(r) and canonical_in_range(epoch) and canonical_in_range(expires) then
+    return { owner = owner, epoch = tonumber(epoch), expires_at = tonumber(expires) }
+  end
+  return lease_general(raw)
+end
+
+-- read_lease decodes meta/lease (lease_of); nil when absent.
+local function read_lease(meta)
+  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
+  if not raw then
+    return nil
+  end
+  return lease_of(raw)
+end
+
+-- layout_is_document: the stored meta/layout field names the document
+-- layout. The form finish_commit writes ({"r":N,"v":"records"}) is told by
+-- a pattern; any other text is decoded as a record.
+local function layout_is_document(raw)
+  local r = string.match(raw, '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$')
+  if r and canonical_in_range(r) then
+    return false
+  end
+  return record_value(raw) == P.LAYOUT_DOCUMENT
+end
+
 -- check_layout refuses a swarm still stored as one document. It answers the
 -- stored meta/layout field (nil when absent) and an error reply (nil when
 -- the batch may go on). Standalone: looked up here, atomically. Cluster: the
@@ -348,7 +440,7 @@ end
 local function check_layout(stamp, layout_checked, slug)
   local layout = redis.call('HGET', KEYS[1], P.FIELD_LAYOUT)
   if layout then
-    if record_value(layout) == P.LAYOUT_DOCUMENT then
+    if layout_is_document(layout) then
       return layout, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif stamp then
@@ -408,11 +500,11 @@ local function swarm_floor()
   local raw = section_revisions_field()
   local revs = {}
   if raw then
-    local r, over = record_revision(raw)
-    if over then
+    local r, revs_or_over = section_revisions_record(raw)
+    if revs_or_over == 'over' then
       return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
     end
-    revs = r and record_value(raw)
+    revs = revs_or_over
     if type(revs) ~= 'table' then
       return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
     end
@@ -460,7 +552,7 @@ end
 -- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
 -- the log keeps P.LOG_CAP entries, so a swarm's log stays under ~16 MB
 -- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
--- A batch over it logs `sections` instead (docs/design-notes.md, "Watch").
+-- A batch over it logs `sections` instead (docs/design.md §6.1).
 
 -- log_change appends one change to a log entry's list (changes): op
 -- P.KIND_PUT or P.KIND_DELETE, then '<section>:<key length in bytes>:<key>', so
