@@ -444,4 +444,3 @@ func TestConcurrentDocumentWritesOneWinsTheRestConflict(t *testing.T) {
 		t.Fatalf("claims/c after the race = %+v at %d, %v; want the winner's revision %d", rec, rev, err, won)
 	}
 }
-
