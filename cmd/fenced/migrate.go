@@ -32,7 +32,7 @@ type migrateCmd struct {
 
 func (c *migrateCmd) Run(e *env) error {
 	if !c.WritersUpgraded {
-		return errors.New(batch.WritersNotUpgraded)
+		return errors.New("--writers-upgraded not given: " + batch.WritersNotUpgraded)
 	}
 	if c.All == (c.Slug != "") {
 		return errors.New("name one swarm or pass --all")

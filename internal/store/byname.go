@@ -78,8 +78,9 @@ const (
 // since the pass began (then another pass, at most 3 in all). The result
 // says whether it ended clean. One rebuild runs per swarm at a time, across
 // fenced replicas: while another holds the swarm's claim, it answers Busy
-// without rebuilding. Errors: ErrUnavailable, context errors, *RedisError,
-// ErrMalformedReply.
+// without rebuilding. Every step is bounded by the Redis timeout; the
+// whole rebuild by ctx alone. Errors: ErrUnavailable, context errors,
+// *RedisError, ErrMalformedReply.
 func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r *ByNameRebuild, err error) {
 	if pageSize <= 0 {
 		pageSize = DefaultByNamePage
@@ -90,6 +91,10 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 	r = &ByNameRebuild{}
 	call := func(ctx context.Context, name, cursor, n string) ([]string, error) {
 		r.Steps++
+		// Each step is bounded by the Redis timeout on its own: a whole
+		// rebuild may take longer than one call may wait.
+		ctx, cancel := s.bound(ctx, 0)
+		defer cancel()
 		return replyStrings(s.exec(ctx, byNameRebuildScript, keys, []string{name, cursor, n}))
 	}
 	var token [8]byte

@@ -544,6 +544,21 @@ type Migration struct {
 // *CorruptError (the document cannot be read), *LimitError, ErrUnavailable,
 // context errors, *RedisError.
 func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*Migration, error) {
+	m, err := s.migrate(ctx, slug, dryRun)
+	if err == nil && m.Revision != 0 {
+		// by-name was set in the transaction; its index was flagged stale
+		// there, and is built here, step by step, each step bounded on its
+		// own (the move's bound would cut a large swarm's rebuild short);
+		// a batch meanwhile sees the flag.
+		if _, err := s.RebuildByName(ctx, slug, 0); err != nil {
+			s.log.Warn("migrate: by-name index rebuild failed; the next batch rebuilds it", "slug", slug, "err", err)
+		}
+	}
+	return m, err
+}
+
+// migrate is Migrate's move, bounded by the Redis timeout.
+func (s *Store) migrate(ctx context.Context, slug string, dryRun bool) (*Migration, error) {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
@@ -578,13 +593,6 @@ func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*Migrati
 		})
 	if err != nil {
 		return nil, fmt.Errorf("store: migrate: %w", err)
-	}
-	if m.Revision != 0 {
-		// by-name was set in the transaction; its index was flagged stale
-		// there, and is built here (a batch meanwhile sees the flag).
-		if _, err := s.RebuildByName(ctx, slug, 0); err != nil {
-			s.log.Warn("migrate: by-name index rebuild failed; the next batch rebuilds it", "slug", slug, "err", err)
-		}
 	}
 	return m, nil
 }
