@@ -15,6 +15,10 @@ BENCHTIME ?= 2s
 ETCD_DURATION ?= 2s
 MINIMAL_ROUNDS ?= 6
 
+# The Python client (clients/python): Debian's interpreter and protoc.
+PYTHON ?= /usr/bin/python3
+PY     := clients/python
+
 .PHONY: help
 help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -29,8 +33,14 @@ build: ## Build ./fenced.
 	CGO_ENABLED=0 go build -o fenced ./cmd/fenced
 
 .PHONY: test
-test: redis-server test-deploy ## Run every test with -race against a real redis-server (installed if missing).
+test: redis-server test-deploy test-python ## Run every test with -race against a real redis-server (installed if missing), and the Python client's.
 	go test -race -count=1 ./...
+
+.PHONY: test-python
+test-python: redis-server ## Test the Python client (clients/python) against a live fenced (built here) and redis-server.
+	@$(PYTHON) -c 'import grpc, google.protobuf, pytest' 2>/dev/null || { \
+	  echo "the Python client's tests need Debian's python3-grpcio python3-protobuf python3-pytest (apt-get install -y ...)" >&2; exit 1; }
+	$(PYTHON) -m pytest -q $(PY)
 
 .PHONY: test-deploy
 test-deploy: redis-server ## Test the Kubernetes manifests (deploy/, a module of its own), the image's static build, and the monitoring component's queries against a live fenced.
@@ -64,12 +74,21 @@ grpcurl: ## Install the pinned grpcurl alone into ./bin (all the README's tour n
 	GOBIN=$(BIN) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 
 .PHONY: generate
-generate: tools ## Regenerate the Go code of proto/ with buf.
+generate: tools generate-python ## Regenerate the Go code of proto/ with buf, and the Python client's.
 	buf generate
+
+.PHONY: generate-python
+generate-python: ## Regenerate the Python client's proto3 twin of proto/ and its stubs (Debian's protobuf-compiler, protobuf-compiler-grpc).
+	$(PYTHON) $(PY)/tools/twin.py proto/fenced/v1 $(PY)/proto/fenced/v1
+	rm -f $(PY)/fenced/v1/*_pb2*.py* $(PY)/fenced/_rpc_pb2.py*
+	protoc -I$(PY)/proto --python_out=$(PY) --pyi_out=$(PY) --grpc_python_out=$(PY) \
+	  --plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) $(PY)/proto/fenced/v1/*.proto
+	protoc -I$(PY)/proto --python_out=$(PY) --pyi_out=$(PY) $(PY)/proto/fenced/_rpc.proto
 
 .PHONY: check-generate
 check-generate: generate ## Fail when the committed generated code differs from a fresh generation.
-	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
+	@git diff --exit-code -- proto/ $(PY)/proto $(PY)/fenced || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
+	@out=$$(git status --porcelain --untracked-files=all -- $(PY)/proto $(PY)/fenced); if [ -n "$$out" ]; then echo "generated files not committed: $$out" >&2; exit 1; fi
 
 .PHONY: lint
 lint: tools ## gofmt, go vet, buf lint, buf format.

@@ -1,0 +1,470 @@
+"""The fenced client: one channel to fenced, methods mirroring its RPCs."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
+
+import grpc
+
+from . import errors
+from .keeper import LeaseKeeper
+from .model import (
+    BatchResult,
+    Change,
+    Check,
+    CheckSection,
+    Current,
+    Delete,
+    Event,
+    Layout,
+    Lease,
+    LeaseFence,
+    Page,
+    Put,
+    Record,
+    ReplicaAck,
+    Snapshot,
+    Write,
+    new_request_id,
+)
+from .update import Txn
+from .update import update as _update
+from .v1 import lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
+
+__all__ = ["Client", "MAX_MESSAGE_BYTES", "new_request_id"]
+
+MAX_MESSAGE_BYTES = 64 << 20
+"""The largest message the client sends or receives by default (64 MiB): room
+for a whole large swarm (sections) and the largest batch the server's default
+limits allow (8 MiB of values). As the Go client's MaxMessageBytes."""
+
+DEFAULT_TIMEOUT = 30.0
+"""Each call's default deadline, in seconds."""
+
+# The Go client's service config (client/client.go retryReads): read-only RPCs
+# are retried on UNAVAILABLE (4 attempts, 50 ms growing to 1 s); commits and
+# lease changes are never retried by the transport.
+_RETRY_READS = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [
+                    {"service": "fenced.v1.RecordsService", "method": "Layout"},
+                    {"service": "fenced.v1.RecordsService", "method": "Sections"},
+                    {"service": "fenced.v1.RecordsService", "method": "Record"},
+                    {"service": "fenced.v1.LeaseService", "method": "Current"},
+                ],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+# Channel options mirroring the Go client's Dial: keepalive pings every 30 s
+# of idleness with a 10 s timeout, 64 MiB messages both ways, reads retried.
+CHANNEL_OPTIONS: Sequence[tuple[str, Union[int, str]]] = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", _RETRY_READS),
+)
+
+_KINDS = {
+    Put: records_pb2.WRITE_KIND_PUT,
+    Delete: records_pb2.WRITE_KIND_DELETE,
+    Check: records_pb2.WRITE_KIND_CHECK,
+    CheckSection: records_pb2.WRITE_KIND_CHECK_SECTION,
+}
+
+T = TypeVar("T")
+
+
+def _record(r: records_pb2.Record) -> Record:
+    return Record(revision=r.revision, value=r.value)
+
+
+def _lease(l: lease_pb2.Lease, revision: int = 0, replicas_acked: int = 0) -> Lease:
+    return Lease(l.owner, l.epoch, l.expires_at_ms, revision, replicas_acked)
+
+
+def _event(e: records_pb2.WatchEvent) -> Event:
+    return Event(
+        revision=e.revision,
+        owner=e.owner,
+        request_id=e.request_id,
+        changes=tuple(
+            Change(ch.section, ch.key, ch.kind == records_pb2.CHANGE_KIND_DELETE,
+                   _record(ch.record) if ch.HasField("record") else None)
+            for ch in e.changes
+        ),
+        truncated=e.truncated,
+        sections=tuple(e.sections),
+        progress=e.progress,
+    )
+
+
+# Watch's reopen backoff (the Go client's): 50 ms doubling to 5 s, each
+# randomised by +-50 %, reset by every answer.
+_WATCH_BACKOFF_S = (0.05, 2.0, 5.0, 0.5)
+
+
+def _watch_resumable(err: grpc.RpcError) -> bool:
+    """Whether a reopen from the last revision mends a broken watch stream:
+    UNAVAILABLE (fenced or Redis away, a shutdown, a lost connection) and
+    RESOURCE_EXHAUSTED + WATCHER_TOO_SLOW; anything without a status."""
+    code = err.code() if hasattr(err, "code") else None
+    if code is None or code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.decode(err).reason == "WATCHER_TOO_SLOW"
+    return False
+
+
+def _write(w: Write) -> records_pb2.RecordWrite:
+    kind = _KINDS.get(type(w))
+    if kind is None:
+        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check or CheckSection)")
+    return records_pb2.RecordWrite(
+        kind=kind,
+        section=w.section,
+        key=getattr(w, "key", ""),
+        expected=w.expected,
+        value=getattr(w, "value", ""),
+    )
+
+
+class Client:
+    """Calls one fenced deployment. Safe for concurrent use by threads.
+
+    ``Client(target)`` opens a gRPC channel to ``target`` (any gRPC target:
+    ``"host:7420"``, ``"dns:///fenced.ns:7420"``) with the Go client's defaults:
+    keepalive pings every 30 s (10 s timeout), messages up to
+    :data:`MAX_MESSAGE_BYTES` both ways, and transport retries of reads on
+    UNAVAILABLE only. Use it as a context manager, or call :meth:`close`.
+
+    Args:
+        target: where fenced listens.
+        token: a bearer token sent with every call ("authorization: Bearer
+            <token>"), as fenced's --auth-tokens-file checks. Sent over TLS
+            only, unless ``insecure_token`` is True.
+        tls: True for TLS with the system's roots, or grpc.ChannelCredentials
+            (grpc.ssl_channel_credentials(...)) ; None or False: plaintext.
+        insecure_token: also send ``token`` over plaintext (a connection
+            encrypted by other means: a mesh's mTLS, loopback, tests).
+        timeout: each call's deadline in seconds, unless the call is given one.
+        options: extra gRPC channel options; each replaces the default of the same name.
+
+    Raises:
+        ValueError: a token over plaintext without ``insecure_token``.
+
+    It remembers the highest swarm revision it has seen per swarm (from every
+    read, commit and lease change): fenced issues every revision above every
+    earlier one, even after Redis lost acknowledged writes, so a read showing a
+    lower one means Redis lost data this client saw. That read raises
+    :class:`RevisionWentBackwards`, once; the client then goes on from the lower
+    revision.
+
+    Fork safety: a gRPC channel must not be used across ``fork()``. Create the
+    Client (and any LeaseKeeper) in the process that uses it, after forking
+    (multiprocessing with the "fork" start method included).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Union[bool, grpc.ChannelCredentials, None] = None,
+        insecure_token: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        options: Sequence[tuple[str, Union[int, str]]] = (),
+    ) -> None:
+        opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
+        if tls:
+            creds = grpc.ssl_channel_credentials() if tls is True else tls
+            channel = grpc.secure_channel(target, creds, options=opts)  # type: ignore[arg-type]
+        else:
+            if token is not None and not insecure_token:
+                raise ValueError("fenced client: a bearer token is sent over TLS only (pass tls=..., or insecure_token=True)")
+            channel = grpc.insecure_channel(target, options=opts)
+        self._init(channel, token=token, timeout=timeout, owns=True)
+
+    @classmethod
+    def from_channel(
+        cls, channel: grpc.Channel, *, token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> "Client":
+        """A Client over an existing channel (e.g. one with interceptors);
+        :meth:`close` then leaves the channel open."""
+        c = cls.__new__(cls)
+        c._init(channel, token=token, timeout=timeout, owns=False)
+        return c
+
+    def _init(self, channel: grpc.Channel, *, token: Optional[str], timeout: float, owns: bool) -> None:
+        self._channel = channel
+        self._owns = owns
+        self._timeout = timeout
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
+        self._seen: dict[str, int] = {}  # slug -> highest swarm revision seen
+        self._seen_lock = threading.Lock()
+        self._records = records_pb2_grpc.RecordsServiceStub(channel)
+        self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
+
+    def close(self) -> None:
+        """Close the channel the Client opened (not one given to from_channel)."""
+        if self._owns:
+            self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., T], request: object, timeout: Optional[float]) -> T:
+        try:
+            return method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.decode(e) from e
+
+    def _saw(self, slug: str, revision: int) -> None:
+        """Record a swarm revision a commit or lease change answered: it only raises the mark."""
+        with self._seen_lock:
+            if revision > self._seen.get(slug, 0):
+                self._seen[slug] = revision
+
+    def _mark(self, slug: str) -> int:
+        """The highest swarm revision seen so far: a read takes it before it is
+        sent (a commit ending while the read is in flight may rightly be higher)."""
+        with self._seen_lock:
+            return self._seen.get(slug, 0)
+
+    def _read(self, slug: str, before: int, revision: int) -> None:
+        """Check the swarm revision a read answered against the mark taken
+        before it: below it raises RevisionWentBackwards and moves the mark
+        down (unless a later answer raised it meanwhile), so it is said once."""
+        with self._seen_lock:
+            if revision < before:
+                if self._seen.get(slug, 0) == before:
+                    self._seen[slug] = revision
+                raise errors.RevisionWentBackwards(slug, before, revision)
+            if revision > self._seen.get(slug, 0):
+                self._seen[slug] = revision
+
+    # Records.
+
+    def layout(self, slug: str, *, timeout: Optional[float] = None) -> Layout:
+        """How the swarm's fencing state is stored. Raises FencedError."""
+        resp = self._call(self._records.Layout, records_pb2.LayoutRequest(slug=slug), timeout)
+        return Layout(resp.layout)
+
+    def record(self, slug: str, section: str, key: str, *, timeout: Optional[float] = None) -> Optional[Record]:
+        """One record (its revision and JSON text), or None when absent. Raises
+        RevisionWentBackwards, FencedError."""
+        return self.record_at(slug, section, key, timeout=timeout)[0]
+
+    def record_at(
+        self, slug: str, section: str, key: str, *, timeout: Optional[float] = None
+    ) -> tuple[Optional[Record], int]:
+        """One record (None when absent) and the swarm revision, read together.
+        Raises RevisionWentBackwards, FencedError."""
+        before = self._mark(slug)
+        resp = self._call(self._records.Record, records_pb2.RecordRequest(slug=slug, section=section, key=key), timeout)
+        self._read(slug, before, resp.revision)
+        rec = _record(resp.record) if resp.HasField("record") else None
+        return rec, resp.revision
+
+    def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
+        """Whole sections (every section but archive when no names are given)
+        and the swarm revision, as one snapshot. Raises ResourceExhausted for a
+        snapshot over the server's limits (read it with scan_section),
+        RevisionWentBackwards, FencedError."""
+        before = self._mark(slug)
+        resp = self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        self._read(slug, before, resp.revision)
+        return Snapshot(
+            revision=resp.revision,
+            sections={n: {k: _record(r) for k, r in s.records.items()} for n, s in resp.sections.items()},
+            section_revisions={n: s.revision for n, s in resp.sections.items()},
+        )
+
+    def scan_section(
+        self, slug: str, section: str, *, page_size: int = 0, timeout: Optional[float] = None
+    ) -> Iterator[Page]:
+        """Read a section page by page (a generator): at most ``page_size``
+        records a page (0: the server's default). Pages are not one snapshot:
+        a record may appear twice if the section changes during the scan;
+        compare the first and last pages' section_revision. Raises
+        RevisionWentBackwards (a page's swarm revision), FencedError (while
+        iterating)."""
+        token = ""
+        while True:
+            req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
+            before = self._mark(slug)
+            resp = self._call(self._records.ScanSection, req, timeout)
+            self._read(slug, before, resp.revision)
+            yield Page(
+                records={k: _record(r) for k, r in resp.records.items()},
+                revision=resp.revision,
+                section_revision=resp.section_revision,
+                next_page_token=resp.next_page_token,
+            )
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def fenced_batch(
+        self,
+        slug: str,
+        writes: Sequence[Write],
+        *,
+        fence: Optional[LeaseFence] = None,
+        request_id: Optional[str] = None,
+        replica_ack: Optional[ReplicaAck] = None,
+        timeout: Optional[float] = None,
+    ) -> BatchResult:
+        """Commit ``writes`` (Put, Delete, Check, CheckSection) all or none.
+
+        Args:
+            slug: the swarm.
+            writes: applied in order; each names the revision its record was read at.
+            fence: the lease condition (LeaseFence, LeaseKeeper.fence()); None: unfenced.
+            request_id: makes the batch idempotent (1-128 printable ASCII,
+                unique per change; :func:`new_request_id`): sent again inside
+                the server's window it answers the original revision and writes
+                nothing, so a batch whose reply was lost can be resent safely.
+            replica_ack: wait for replicas (ReplicationTimeout when too few).
+
+        Raises:
+            RevisionConflict, StaleLease, LayoutDocument, InvalidArgument,
+            RequestIdReused, ReplicationTimeout, Unavailable (it may or may not
+            have committed: resend with the same request_id), FencedError.
+        """
+        req = records_pb2.FencedBatchRequest(slug=slug, writes=[_write(w) for w in writes], request_id=request_id or "")
+        if fence is not None:
+            req.fence.CopyFrom(records_pb2.LeaseFence(owner=fence.owner, epoch=fence.epoch, now_ms=fence.now_ms))
+        if replica_ack is not None:
+            req.replica_ack.CopyFrom(records_pb2.ReplicaAck(replicas=replica_ack.replicas, timeout_ms=replica_ack.timeout_ms))
+        resp = self._call(self._records.FencedBatch, req, timeout)
+        self._saw(slug, resp.revision)
+        return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
+
+    def watch(
+        self,
+        slug: str,
+        from_revision: int = 0,
+        *,
+        sections: Sequence[str] = (),
+        progress: bool = False,
+    ) -> Iterator[Event]:
+        """Follow a swarm's committed batches after ``from_revision`` (0: from
+        now), in revision order, each once: a generator of :class:`Event`. A
+        broken stream (fenced restarting, a lost connection, Redis away for a
+        while, the server dropping a watcher that read too slowly) is reopened
+        from the last revision seen, with backoff (50 ms to 5 s), yielding
+        nothing meanwhile. Stop by leaving the loop (or ``close()`` on the
+        generator): the stream is cancelled. The list-then-watch pattern::
+
+            snap = c.sections(slug)
+            for ev in c.watch(slug, snap.revision):
+                ...
+
+        Args:
+            sections: only batches that changed these sections, with only
+                those changes (default: every section).
+            progress: also yield progress events (the stream's revision when it
+                opens from now, and after every quiet interval of the server's).
+
+        Raises (while iterating): RevisionCompacted (watch from a fresh
+        snapshot), ResourceExhausted (TOO_MANY_WATCHERS), InvalidArgument,
+        FencedError (permission errors and the rest). As the Go client's Watch.
+        """
+        initial, multiplier, most, spread = _WATCH_BACKOFF_S
+        wait = initial
+        while True:
+            req = records_pb2.WatchRequest(slug=slug, start_revision=from_revision, sections=sections)
+            call = self._records.Watch(req, metadata=self._metadata)
+            err: Optional[grpc.RpcError] = None
+            try:
+                for resp in call:
+                    wait = initial
+                    for e in resp.events:
+                        from_revision = max(from_revision, e.revision)
+                        if e.progress and not progress:
+                            continue
+                        self._saw(slug, e.revision)
+                        yield _event(e)
+            except grpc.RpcError as e:
+                err = e
+            finally:
+                call.cancel()
+            if err is not None and not _watch_resumable(err):
+                out = errors.decode(err)
+                if isinstance(out, errors.RevisionCompacted):
+                    out.from_revision = from_revision
+                raise out from err
+            time.sleep(wait * random.uniform(1 - spread, 1 + spread))
+            wait = min(wait * multiplier, most)
+
+    def update(
+        self,
+        slug: str,
+        change: Callable[[Txn], None],
+        *,
+        fence: Optional[LeaseFence] = None,
+        replica_ack: Optional[ReplicaAck] = None,
+    ) -> int:
+        """Read, change, write as one fenced batch, rerun on conflict; see :func:`fenced.update.update`."""
+        return _update(self, slug, change, fence=fence, replica_ack=replica_ack)
+
+    # Leases.
+
+    def acquire(self, slug: str, owner: str, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+        """Take the swarm's lease for ``ttl_ms`` ms (the live holder acquiring
+        again extends it and keeps its epoch). Raises LeaseHeld (holder,
+        retry_after), ReplicationTimeout (no lease is held: acquire again),
+        InvalidArgument, FencedError."""
+        resp = self._call(self._leases.Acquire, lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms), timeout)
+        self._saw(slug, resp.revision)
+        return _lease(resp.lease, resp.revision, resp.replicas_acked)
+
+    def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+        """Extend the live lease of owner at epoch to ``ttl_ms`` ms from Redis's
+        now. Raises StaleLease (stop writing), ReplicationTimeout (not a
+        renewal), FencedError."""
+        req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
+        resp = self._call(self._leases.Renew, req, timeout)
+        self._saw(slug, resp.revision)
+        return _lease(resp.lease, resp.revision, resp.replicas_acked)
+
+    def release(self, slug: str, owner: str, epoch: int, *, timeout: Optional[float] = None) -> int:
+        """End the live lease of owner at epoch; answers the revision it
+        committed at. Raises StaleLease, FencedError."""
+        req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
+        revision = self._call(self._leases.Release, req, timeout).revision
+        self._saw(slug, revision)
+        return revision
+
+    def current(self, slug: str, *, timeout: Optional[float] = None) -> Current:
+        """The swarm's lease, whether it is live, Redis's now (ms) and the swarm
+        revision. Raises RevisionWentBackwards, FencedError."""
+        before = self._mark(slug)
+        resp = self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug), timeout)
+        self._read(slug, before, resp.revision)
+        lease = _lease(resp.lease) if resp.HasField("lease") else None
+        return Current(lease, resp.live, resp.now_ms, resp.revision)
+
+    def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> LeaseKeeper:
+        """Acquire and keep the swarm's lease: see :class:`fenced.LeaseKeeper`."""
+        return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)

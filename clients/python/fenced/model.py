@@ -1,0 +1,288 @@
+"""The values the fenced client takes and answers: records, writes, leases."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import secrets
+from typing import Any, Mapping, Optional, Union
+
+__all__ = [
+    "BLIND",
+    "BatchResult",
+    "Change",
+    "Check",
+    "CheckSection",
+    "Current",
+    "Delete",
+    "Event",
+    "Layout",
+    "Lease",
+    "LeaseFence",
+    "Page",
+    "Put",
+    "Record",
+    "ReplicaAck",
+    "Snapshot",
+    "Write",
+    "dumps",
+    "new_request_id",
+]
+
+BLIND = -1
+"""The ``expected`` revision that disables a write's check (not allowed for Check)."""
+
+
+def dumps(obj: Any) -> str:
+    """Serialise any JSON-serialisable object as compact JSON text for a put.
+
+    No whitespace between tokens, dict keys in their insertion order, non-ASCII
+    characters kept as they are (UTF-8 on the wire); NaN and infinities are
+    refused (ValueError), as JSON has none. Raises TypeError for objects json
+    cannot serialise.
+    """
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def new_request_id() -> str:
+    """A fresh random request id for fenced_batch: 32 hex digits (128 random bits)."""
+    return secrets.token_hex(16)
+
+
+class Layout(enum.IntEnum):
+    """How a swarm's fencing state is stored in Redis (fenced.v1.Layout)."""
+
+    UNSPECIFIED = 0
+    """No fencing state yet: the first committed batch makes it RECORDS."""
+    RECORDS = 1
+    """One Redis hash per section, one field per record (what fenced writes)."""
+    DOCUMENT = 2
+    """One JSON document for the whole swarm (older writers): served through the
+    same calls on standalone Redis, refused on Redis Cluster (LayoutDocument)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One stored record.
+
+    Attributes:
+        revision: the swarm revision of the batch that last put it (>= 1).
+        value: its JSON text, byte for byte as its writer sent it.
+    """
+
+    revision: int
+    value: str
+
+    def json(self) -> Any:
+        """The value parsed with :func:`json.loads`."""
+        return json.loads(self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Sections read at one instant (:meth:`fenced.Client.sections`).
+
+    Attributes:
+        revision: the swarm revision at the snapshot (0: nothing ever committed).
+        sections: each section's records by key.
+        section_revisions: each section's revision (fence on it with CheckSection).
+    """
+
+    revision: int
+    sections: Mapping[str, Mapping[str, Record]]
+    section_revisions: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """One page of :meth:`fenced.Client.scan_section`.
+
+    Attributes:
+        records: this page's records by key (at most the page size; maybe none).
+        revision: the swarm revision when the page was read.
+        section_revision: the section revision when the page was read; compare
+            the first and last pages' to know whether the section changed.
+        next_page_token: the next page's token; "" on the last page.
+    """
+
+    records: Mapping[str, Record]
+    revision: int
+    section_revision: int
+    next_page_token: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Put:
+    """Store ``value`` (one JSON text, a str: see :func:`dumps`) under
+    (section, key), if the record is at revision ``expected`` (0: absent;
+    BLIND: no check)."""
+
+    section: str
+    key: str
+    expected: int
+    value: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, str):
+            raise TypeError(f"Put {self.section}/{self.key}: value must be JSON text (str); use fenced.dumps(obj)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Delete:
+    """Remove (section, key) if it is at revision ``expected`` (0 or BLIND:
+    deleting an absent record is allowed)."""
+
+    section: str
+    key: str
+    expected: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """Write nothing; only require (section, key) to be at revision ``expected`` (0: absent)."""
+
+    section: str
+    key: str
+    expected: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSection:
+    """Write nothing; require the section's revision to be ``expected``. One
+    check stands for the whole section, and also catches records inserted
+    since it was read."""
+
+    section: str
+    expected: int
+
+
+Write = Union[Put, Delete, Check, CheckSection]
+"""One write of a batch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseFence:
+    """A batch's condition on the swarm's lease: it commits only while the
+    lease is live and has this epoch (and owner, when not empty).
+
+    Attributes:
+        owner: the owner the caller believes it is; "": any owner.
+        epoch: the fencing token (>= 1).
+        now_ms: the caller's clock in ms since the Unix epoch; 0: unknown. It can
+            only make the server's check stricter.
+    """
+
+    owner: str
+    epoch: int
+    now_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaAck:
+    """Ask fenced to wait until ``replicas`` replicas acknowledged a commit
+    (Redis WAIT), at most ``timeout_ms`` ms (0: the server's default).
+    Fewer in time raises ReplicationTimeout (with the committed revision)."""
+
+    replicas: int
+    timeout_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchResult:
+    """A committed batch.
+
+    Attributes:
+        revision: the swarm revision it committed at (for checks alone: the current one).
+        replayed: True when its request_id named a batch committed before (nothing written now).
+        replicas_acked: replicas that acknowledged it, when a wait was asked for.
+    """
+
+    revision: int
+    replayed: bool = False
+    replicas_acked: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A swarm's lease.
+
+    Attributes:
+        owner: the controller holding it.
+        epoch: the fencing token (>= 1).
+        expires_at_ms: when it ends, in ms since the Unix epoch by Redis's clock.
+        revision: the swarm revision the grant or renewal committed at (0 when
+            not from acquire/renew).
+        replicas_acked: replicas that acknowledged the grant or renewal, when the
+            server requires acknowledgements; else 0.
+    """
+
+    owner: str
+    epoch: int
+    expires_at_ms: int
+    revision: int = 0
+    replicas_acked: int = 0
+
+    def fence(self, now_ms: int = 0) -> LeaseFence:
+        """The fence for batches under this lease."""
+        return LeaseFence(self.owner, self.epoch, now_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class Current:
+    """A swarm's lease as Redis sees it now (:meth:`fenced.Client.current`).
+
+    Attributes:
+        lease: the lease record; None when there is none (never granted, or released).
+        live: whether it is live (expires after now_ms).
+        now_ms: Redis's clock, in ms since the Unix epoch.
+        revision: the swarm revision (0: nothing ever committed).
+    """
+
+    lease: Optional[Lease]
+    live: bool
+    now_ms: int
+    revision: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One record a watched batch put or deleted.
+
+    Attributes:
+        section: the record's section.
+        key: the record's key.
+        delete: True when the batch deleted it; else it put it.
+        record: for a put, the record as it stood when fenced read the event
+            (a revision above the event's means a later batch overwrote it:
+            its event follows); None when deleted since, or for a delete.
+    """
+
+    section: str
+    key: str
+    delete: bool
+    record: Optional[Record]
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One committed batch of a watched swarm (:meth:`fenced.Client.watch`).
+
+    Attributes:
+        revision: the revision it committed at; events come in increasing order.
+        owner: the lease owner that fenced it ("" when unfenced).
+        request_id: its request id, when it had one.
+        changes: the records it put or deleted (only the watched sections'); empty when truncated.
+        truncated: it named too many keys for the log: read ``sections`` again.
+        sections: for a truncated event, the sections it changed.
+        progress: no batch, only how far the stream is (``revision``); yielded
+            only with ``progress=True``.
+    """
+
+    revision: int
+    owner: str = ""
+    request_id: str = ""
+    changes: tuple[Change, ...] = ()
+    truncated: bool = False
+    sections: tuple[str, ...] = ()
+    progress: bool = False

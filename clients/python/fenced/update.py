@@ -1,0 +1,317 @@
+"""Update: "read, change, write" as one fenced batch, as the Go client's
+``client.Update`` (client/update.go), with the same semantics."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, MutableMapping, Optional
+
+from . import errors
+from .model import Check, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "update"]
+
+MAX_UPDATE_ATTEMPTS = 16
+"""How many times update runs a change that keeps meeting revision conflicts
+before it raises KeptChanging."""
+
+MAX_LOST_REPLY_RETRIES = 3
+"""How many times update resends a batch answered UNAVAILABLE (its reply may
+be lost after a commit), under the same request id."""
+
+# The sleep before a rerun: uniformly 1-32 ms, the same every attempt.
+_RERUN_SLEEP_S = (0.001, 0.032)
+
+# The Go client resends a lost reply after backoff's default exponential
+# schedule: 0.5 s, times 1.5 each time, each randomised by +-50 %.
+_RESEND_INITIAL_S, _RESEND_MULTIPLIER, _RESEND_RANDOMISATION = 0.5, 1.5, 0.5
+
+_Ref = tuple[str, str]  # (section, key)
+
+
+class _Pending:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Optional[str]) -> None:
+        self.value = value  # None: delete
+
+
+class Txn:
+    """One run of an update's change: reads on demand, records what was read,
+    and buffers writes (read-your-writes). Not safe for use by several threads;
+    valid only inside the change.
+
+    Reading a key (``get``, ``tx.section(s)[key]``, ``key in``) checks that
+    record at commit. Reading a section whole (iterating a
+    :class:`SectionView`, ``len``, ``==``, ``keys``/``items``/``values``,
+    ``copy``) fences the batch with one section check, which also catches
+    records inserted meanwhile.
+    """
+
+    def __init__(self, client: "Client", slug: str) -> None:
+        self._c = client
+        self._slug = slug
+        self._read: dict[_Ref, Record] = {}
+        self._absent: set[_Ref] = set()
+        self._sections: dict[str, dict[str, Record]] = {}
+        self._section_revs: dict[str, int] = {}
+        self._whole: set[str] = set()
+        self._pending: dict[_Ref, _Pending] = {}  # insertion order: first-write order
+        self.seen = 0
+        """The highest swarm revision this Txn read at."""
+
+    def _see(self, rev: int) -> None:
+        self.seen = max(self.seen, rev)
+
+    def _lookup(self, r: _Ref) -> Optional[Record]:
+        if r in self._read:
+            return self._read[r]
+        if r in self._absent:
+            return None
+        sec = self._sections.get(r[0])
+        if sec is not None:
+            rec = sec.get(r[1])
+        else:
+            rec, rev = self._c.record_at(self._slug, r[0], r[1])
+            self._see(rev)
+        if rec is None:
+            self._absent.add(r)
+        else:
+            self._read[r] = rec
+        return rec
+
+    def get(self, section: str, key: str) -> Optional[str]:
+        """One record's JSON text (None when absent), seeing this Txn's own
+        writes. The record is checked at commit. Raises FencedError."""
+        r = (section, key)
+        if r in self._pending:
+            return self._pending[r].value
+        rec = self._lookup(r)
+        return None if rec is None else rec.value
+
+    def get_json(self, section: str, key: str, default: Any = None) -> Any:
+        """``get`` parsed with json.loads; ``default`` when absent."""
+        raw = self.get(section, key)
+        return default if raw is None else json.loads(raw)
+
+    def put(self, section: str, key: str, value: str) -> None:
+        """Store ``value`` (JSON text) at commit, expecting the revision the
+        record was read at (it is read first when this Txn has not read it)."""
+        if not isinstance(value, str):
+            raise TypeError(f"put {section}/{key}: value must be JSON text (str); use put_json or fenced.dumps")
+        self._write((section, key), _Pending(value))
+
+    def put_json(self, section: str, key: str, obj: Any) -> None:
+        """``put`` of :func:`fenced.dumps` (obj)."""
+        self.put(section, key, dumps(obj))
+
+    def delete(self, section: str, key: str) -> None:
+        """Remove (section, key) at commit, expecting the revision it was read at."""
+        self._write((section, key), _Pending(None))
+
+    def _write(self, r: _Ref, p: _Pending) -> None:
+        self._lookup(r)
+        self._pending[r] = p  # a rewrite keeps the first-write position
+
+    def section(self, name: str) -> "SectionView":
+        """Load a whole section (one snapshot, on first use) and return a
+        mutable mapping view of it, with this Txn's writes applied. Raises FencedError."""
+        if name not in self._sections:
+            snap = self._c.sections(self._slug, name)
+            self._see(snap.revision)
+            self._sections[name] = dict(snap.sections.get(name, {}))
+            self._section_revs[name] = snap.section_revisions.get(name, 0)
+        return SectionView(self, name)
+
+    def _current(self, name: str) -> dict[str, str]:
+        """The section as the change sees it; marks it read whole."""
+        self._whole.add(name)
+        out = {k: rec.value for k, rec in self._sections[name].items()}
+        for (section, key), p in self._pending.items():
+            if section != name:
+                continue
+            if p.value is None:
+                out.pop(key, None)
+            else:
+                out[key] = p.value
+        return out
+
+    def _batch(self) -> Optional[list[Write]]:
+        """The diff as writes (puts and deletes expecting their read revisions,
+        then a check of every other record read); None when nothing changes."""
+
+        def expected(r: _Ref) -> int:
+            rec = self._read.get(r)
+            return rec.revision if rec is not None else 0
+
+        writes: list[Write] = []
+        written: set[_Ref] = set()
+        for r, p in self._pending.items():
+            rec = self._read.get(r)
+            if (p.value is None and rec is None) or (p.value is not None and rec is not None and rec.value == p.value):
+                continue  # no change: checked below like any other read
+            if p.value is None:
+                writes.append(Delete(r[0], r[1], expected(r)))
+            else:
+                writes.append(Put(r[0], r[1], expected(r), p.value))
+            written.add(r)
+        if not writes:
+            return None
+        # A section read whole is fenced by one section check, whatever its
+        # size. A record of it read on its own at another revision than the
+        # snapshot's is still checked by itself.
+        for name in sorted(self._whole):
+            writes.append(CheckSection(name, self._section_revs[name]))
+
+        def covered(r: _Ref) -> bool:
+            if r[0] not in self._whole:
+                return False
+            snap = self._sections[r[0]].get(r[1])
+            rec = self._read.get(r)
+            if rec is not None:
+                return snap is not None and snap.revision == rec.revision
+            return snap is None
+
+        checked: set[_Ref] = set()
+        for r in sorted(self._read) + sorted(self._absent):
+            if r in written or r in checked or covered(r):
+                continue
+            checked.add(r)
+            writes.append(Check(r[0], r[1], expected(r)))
+        return writes
+
+
+class SectionView(MutableMapping[str, str]):
+    """A Txn's view of one whole section: key -> JSON text, with the Txn's own
+    writes applied. ``view[key]``, ``get``, ``in`` read one key (checked at
+    commit); ``view[key] = text`` puts, ``del view[key]`` deletes; iterating,
+    ``len``, ``==``, ``keys``/``items``/``values`` and ``copy`` read it whole
+    (one section check at commit). Iteration is in key order."""
+
+    def __init__(self, tx: Txn, name: str) -> None:
+        self._tx = tx
+        self.name = name
+
+    def __getitem__(self, key: str) -> str:
+        v = self._tx.get(self.name, key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._tx.put(self.name, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if self._tx.get(self.name, key) is None:
+            raise KeyError(key)
+        self._tx.delete(self.name, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._tx._current(self.name)))
+
+    def __len__(self) -> int:
+        return len(self._tx._current(self.name))
+
+    def __eq__(self, other: object) -> bool:
+        cur = self._tx._current(self.name)
+        if isinstance(other, SectionView):
+            return cur == other._tx._current(other.name)
+        if isinstance(other, dict):
+            return cur == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def copy(self) -> dict[str, str]:
+        """The section's records as a dict (reads it whole)."""
+        return self._tx._current(self.name)
+
+    def get_json(self, key: str, default: Any = None) -> Any:
+        """The record parsed with json.loads; ``default`` when absent."""
+        return self._tx.get_json(self.name, key, default)
+
+    def put_json(self, key: str, obj: Any) -> None:
+        """Put :func:`fenced.dumps` (obj) under key."""
+        self._tx.put_json(self.name, key, obj)
+
+    def __repr__(self) -> str:
+        return f"<fenced.SectionView {self.name!r}>"
+
+
+def update(
+    client: "Client",
+    slug: str,
+    change: Callable[[Txn], None],
+    *,
+    fence: Optional[LeaseFence] = None,
+    replica_ack: Optional[ReplicaAck] = None,
+) -> int:
+    """Turn "read, change, write" into one fenced batch, as the Go client's Update.
+
+    Runs ``change`` on a fresh :class:`Txn`, which reads records on demand and
+    records what was read: each key, and whether a section was read whole. The
+    result is diffed into puts and deletes expecting the revisions they were
+    read at, plus a check of every record read but not written (one section
+    check for a section read whole), and sent as one batch under ``fence``
+    (None: unfenced). A change that writes nothing sends nothing and answers
+    the highest revision it saw.
+
+    On RevisionConflict it sleeps 1-32 ms at random and reruns ``change``, up
+    to MAX_UPDATE_ATTEMPTS (16) in all, then raises KeptChanging ("the swarm
+    fencing state kept changing; nothing was committed"; its ``__cause__`` is
+    the last conflict). ``change`` may run several times: it must have no side
+    effects outside the Txn. On StaleLease, on any other error and on an
+    exception of ``change`` itself, it stops at once and raises it.
+
+    Every attempt's batch carries a fresh request id; a batch answered
+    UNAVAILABLE (its reply may be lost after the commit) is resent under the
+    same id, up to MAX_LOST_REPLY_RETRIES times, so it is applied at most once.
+
+    Returns the revision the batch committed at.
+    """
+    last: Optional[errors.RevisionConflict] = None
+    for attempt in range(1, MAX_UPDATE_ATTEMPTS + 1):
+        if attempt > 1:
+            time.sleep(random.uniform(*_RERUN_SLEEP_S))
+        tx = Txn(client, slug)
+        change(tx)
+        writes = tx._batch()
+        if writes is None:
+            return tx.seen
+        try:
+            return _commit_resending_lost_replies(client, slug, writes, fence, replica_ack)
+        except errors.RevisionConflict as e:
+            last = e
+    assert last is not None
+    raise errors.KeptChanging(slug, MAX_UPDATE_ATTEMPTS, last) from last
+
+
+def _commit_resending_lost_replies(
+    client: "Client",
+    slug: str,
+    writes: list[Write],
+    fence: Optional[LeaseFence],
+    replica_ack: Optional[ReplicaAck],
+) -> int:
+    """Send one batch under a fresh request id and, while the answer is
+    UNAVAILABLE (but not a replication timeout, which did commit), resend it
+    under the same id: fenced answers a batch that did commit with its
+    original revision."""
+    request_id = new_request_id()
+    delay = _RESEND_INITIAL_S
+    for resend in range(MAX_LOST_REPLY_RETRIES + 1):
+        try:
+            return client.fenced_batch(slug, writes, fence=fence, request_id=request_id, replica_ack=replica_ack).revision
+        except errors.ReplicationTimeout:
+            raise
+        except errors.Unavailable:
+            if resend == MAX_LOST_REPLY_RETRIES:
+                raise
+            time.sleep(delay * random.uniform(1 - _RESEND_RANDOMISATION, 1 + _RESEND_RANDOMISATION))
+            delay *= _RESEND_MULTIPLIER
+    raise AssertionError("unreachable")

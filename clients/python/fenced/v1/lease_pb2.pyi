@@ -1,0 +1,91 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AcquireRequest(_message.Message):
+    __slots__ = ["owner", "slug", "ttl_ms"]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    slug: str
+    ttl_ms: int
+    def __init__(self, slug: _Optional[str] = ..., owner: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class AcquireResponse(_message.Message):
+    __slots__ = ["lease", "replicas_acked", "revision"]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_ACKED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    replicas_acked: int
+    revision: int
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., revision: _Optional[int] = ..., replicas_acked: _Optional[int] = ...) -> None: ...
+
+class CurrentRequest(_message.Message):
+    __slots__ = ["slug"]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    slug: str
+    def __init__(self, slug: _Optional[str] = ...) -> None: ...
+
+class CurrentResponse(_message.Message):
+    __slots__ = ["lease", "live", "now_ms", "revision"]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    live: bool
+    now_ms: int
+    revision: int
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., live: bool = ..., now_ms: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ["epoch", "expires_at_ms", "owner"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    expires_at_ms: int
+    owner: str
+    def __init__(self, owner: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ["epoch", "owner", "slug"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    owner: str
+    slug: str
+    def __init__(self, slug: _Optional[str] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ["revision"]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ["epoch", "owner", "slug", "ttl_ms"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    owner: str
+    slug: str
+    ttl_ms: int
+    def __init__(self, slug: _Optional[str] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ["lease", "replicas_acked", "revision"]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_ACKED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    replicas_acked: int
+    revision: int
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., revision: _Optional[int] = ..., replicas_acked: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,83 @@
+"""LeaseKeeper against a live fenced: renewals, loss, waiting, and a paused controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import fenced
+from conftest import WAIT_S, Fenced, wait_until
+
+
+def test_keeper_renews_and_releases(client: fenced.Client, slug: str) -> None:
+    # Renewals come every 500 ms, a third of the TTL: a slow machine has 1 s of slack.
+    with client.keep(slug, "keeper", ttl_ms=1500) as k:
+        first = client.current(slug).lease
+        assert first is not None and first.epoch == k.epoch and k.held()
+        # Renewed past several of its TTLs: the lease's end keeps moving on.
+        wait_until(lambda: client.current(slug).lease.expires_at_ms > first.expires_at_ms + 900, "two renewals")  # type: ignore[union-attr]
+        assert k.held() and not k.lost.is_set() and k.error is None
+        rev = client.fenced_batch(slug, [fenced.Put("claims", "k", 0, "1")], fence=k.fence()).revision
+        assert rev > 0
+    assert not client.current(slug).live and k.lost.is_set() and not k.held()
+    k.close()  # idempotent
+
+
+def test_keeper_loses_a_taken_over_lease(client: fenced.Client, slug: str) -> None:
+    k = client.keep(slug, "keeper", ttl_ms=600)
+    try:
+        client.release(slug, "keeper", k.epoch)  # someone ends it behind the keeper's back
+        client.acquire(slug, "usurper", ttl_ms=60_000)
+        assert k.lost.wait(WAIT_S), "lost not set"
+        assert isinstance(k.error, fenced.StaleLease) and not k.held()
+        with pytest.raises(fenced.StaleLease):
+            client.fenced_batch(slug, [fenced.Put("claims", "k", 0, "1")], fence=k.fence())
+    finally:
+        k.close()  # a lost lease is not released
+    assert client.current(slug).lease.owner == "usurper"  # type: ignore[union-attr]
+
+
+def test_keep_waits_while_another_owner_holds_the_lease(client: fenced.Client, slug: str) -> None:
+    other = client.acquire(slug, "other", ttl_ms=300)
+    with client.keep(slug, "waiter", ttl_ms=10_000) as k:
+        assert k.epoch > other.epoch and k.held()
+    client.acquire(slug, "holder", ttl_ms=60_000)
+    with pytest.raises(fenced.LeaseHeld) as e:
+        client.keep(slug, "impatient", ttl_ms=1000, wait=0.2)
+    assert e.value.holder is not None and e.value.holder.owner == "holder"
+
+
+def test_paused_controller_is_refused_and_learns_it_lost_the_lease(server: Fenced, client: fenced.Client, slug: str) -> None:
+    """SIGSTOP the process holding the lease past its TTL, let another take
+    over, SIGCONT: its next write is refused and its keeper's lost is set."""
+    script = pathlib.Path(__file__).with_name("paused_controller.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), server.addr, slug, "paused", "1000"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        epoch = json.loads(proc.stdout.readline())["epoch"]
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: not client.current(slug).live, "the paused controller's lease to expire")
+        usurper = client.acquire(slug, "usurper", ttl_ms=60_000)
+        assert usurper.epoch > epoch
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.stdin.write("write\n")
+        proc.stdin.flush()
+        got = json.loads(proc.stdout.readline())
+        assert got == {"held": False, "write": "StaleLease", "lost": True, "error": "StaleLease"}
+        assert proc.wait(timeout=WAIT_S) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    assert client.record(slug, "claims", "paused") is None
+    assert client.current(slug).lease.owner == "usurper"  # type: ignore[union-attr]

@@ -1,0 +1,291 @@
+"""update: read tracking, the diff, checks, reruns and lost replies, against a live fenced."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Callable, Optional
+
+import grpc
+import pytest
+
+import fenced
+from conftest import Fenced, Redis, swarm_key
+from fenced.v1 import records_pb2
+
+
+def log_entries(redis: Redis, slug: str) -> list[dict[str, str]]:
+    """A swarm's whole log stream (XRANGE - +), read straight from Redis."""
+    out: list[dict[str, str]] = []
+    lines = redis.cli("XRANGE", swarm_key(slug, "log"), "-", "+").splitlines()
+    i = 0
+    while i < len(lines):
+        assert re.fullmatch(r"\d+-\d+", lines[i]), lines
+        entry: dict[str, str] = {"id": lines[i]}
+        i += 1
+        while i < len(lines) and not re.fullmatch(r"\d+-\d+", lines[i]):
+            entry[lines[i]] = lines[i + 1]
+            i += 2
+        out.append(entry)
+    return out
+
+
+class _LostReply(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """The error a client sees when fenced's answer is lost on the way."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "reply lost (test)"
+
+    def trailing_metadata(self):  # type: ignore[no-untyped-def]
+        return ()
+
+    def initial_metadata(self):  # type: ignore[no-untyped-def]
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> Optional[float]:
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback) -> bool:  # type: ignore[no-untyped-def]
+        return False
+
+
+class BatchRecorder(grpc.UnaryUnaryClientInterceptor):
+    """Records every FencedBatch sent and, when lose_reply(n) says so, lets the
+    n-th one (from 0) reach fenced but drops its answer."""
+
+    def __init__(self, lose_reply: Callable[[int], bool] = lambda n: False) -> None:
+        self.sent: list[records_pb2.FencedBatchRequest] = []
+        self._lose = lose_reply
+        self._mu = threading.Lock()
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        if not details.method.endswith("/FencedBatch"):
+            return continuation(details, request)
+        with self._mu:
+            n = len(self.sent)
+            copy = records_pb2.FencedBatchRequest()
+            copy.CopyFrom(request)
+            self.sent.append(copy)
+        outcome = continuation(details, request)
+        if self._lose(n):
+            outcome.result()  # the commit happened; its answer is lost
+            raise _LostReply()
+        return outcome
+
+
+@pytest.fixture
+def recorded(server: Fenced):  # type: ignore[no-untyped-def]
+    """A factory of Clients whose FencedBatch calls go through a BatchRecorder."""
+    channels: list[grpc.Channel] = []
+
+    def make(rec: BatchRecorder) -> fenced.Client:
+        ch = grpc.intercept_channel(grpc.insecure_channel(server.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
+        channels.append(ch)
+        return fenced.Client.from_channel(ch)
+
+    yield make
+    for ch in channels:
+        ch.close()
+
+
+def kinds(req: records_pb2.FencedBatchRequest) -> list[tuple[str, str, str, int]]:
+    return [(records_pb2.WriteKind.Name(w.kind), w.section, w.key, w.expected) for w in req.writes]
+
+
+def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced, redis: Redis, slug: str) -> None:
+    callers, each, extra_calls = 8, 10, 20
+    setup = fenced.Client(server.addr)
+    setup.fenced_batch(slug, [fenced.Put("operations", "counter", 0, fenced.dumps({"n": 0, "ids": []}))])
+    before = len(log_entries(redis, slug))
+    failures: list[BaseException] = []
+
+    def caller(i: int) -> None:
+        with fenced.Client(server.addr) as c:
+            extra = extra_calls
+            for j in range(each):
+                change_id = f"{i}.{j}"
+
+                def change(tx: fenced.Txn) -> None:
+                    v = tx.get_json("operations", "counter")
+                    v["n"] += 1
+                    v["ids"].append(change_id)
+                    tx.put_json("operations", "counter", v)
+
+                while True:
+                    try:
+                        c.update(slug, change)
+                        break
+                    except fenced.KeptChanging:
+                        extra -= 1  # nothing committed: run the change again
+                        if extra < 0:
+                            raise
+
+    def run(i: int) -> None:
+        try:
+            caller(i)
+        except BaseException as e:  # noqa: BLE001
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads) and not failures, failures
+    rec = setup.record(slug, "operations", "counter")
+    assert rec is not None
+    v = rec.json()
+    want = sorted(f"{i}.{j}" for i in range(callers) for j in range(each))
+    assert v["n"] == callers * each and sorted(v["ids"]) == want  # each change once, none lost, none twice
+    assert len(log_entries(redis, slug)) - before == callers * each  # one commit per change
+    setup.close()
+
+
+def test_phantom_insert_during_whole_section_read_is_caught(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    rec = BatchRecorder()
+    c = recorded(rec)
+    runs = 0
+
+    def change(tx: fenced.Txn) -> None:
+        nonlocal runs
+        runs += 1
+        claims = tx.section("claims")
+        n = len(claims)  # reads the section whole
+        if runs == 1:  # another writer inserts a record meanwhile
+            client.fenced_batch(slug, [fenced.Put("claims", "phantom", 0, "2")])
+        tx.put_json("operations", "claim-count", n)
+
+    c.update(slug, change)
+    assert runs == 2
+    assert len(rec.sent) == 2
+    assert ("WRITE_KIND_CHECK_SECTION", "claims", "", rec.sent[0].writes[1].expected) in kinds(rec.sent[0])
+    got = client.record(slug, "operations", "claim-count")
+    assert got is not None and got.value == "2"  # the rerun counted the phantom
+
+
+def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    rec = BatchRecorder(lose_reply=lambda n: n == 0)
+    c = recorded(rec)
+    runs = 0
+
+    def change(tx: fenced.Txn) -> None:
+        nonlocal runs
+        runs += 1
+        v = tx.get_json("operations", "counter", {"n": 0})
+        v["n"] += 1
+        tx.put_json("operations", "counter", v)
+
+    rev = c.update(slug, change)
+    assert runs == 1 and len(rec.sent) == 2  # one resend, the change ran once
+    assert rec.sent[0] == rec.sent[1] and rec.sent[0].request_id != ""
+    log = log_entries(redis, slug)
+    assert len(log) == 1 and log[0]["request_id"] == rec.sent[0].request_id
+    got = c.record(slug, "operations", "counter")
+    assert got == fenced.Record(rev, '{"n":1}')
+
+
+def test_reads_are_checked_and_a_whole_read_is_one_section_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    r1 = client.fenced_batch(
+        slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("claims", "b", 0, '"b"'), fenced.Put("intents", "x", 0, "1")]
+    ).revision
+    rec = BatchRecorder()
+    c = recorded(rec)
+
+    def by_key(tx: fenced.Txn) -> None:
+        claims = tx.section("claims")
+        assert claims["a"] == '"a"' and "zzz" not in claims and claims.get("b") == '"b"'
+        assert tx.get("intents", "x") == "1"
+        tx.put("orphans", "o", '"new"')
+
+    c.update(slug, by_key)
+    assert kinds(rec.sent[-1]) == [
+        ("WRITE_KIND_PUT", "orphans", "o", 0),
+        ("WRITE_KIND_CHECK", "claims", "a", r1),
+        ("WRITE_KIND_CHECK", "claims", "b", r1),
+        ("WRITE_KIND_CHECK", "intents", "x", r1),
+        ("WRITE_KIND_CHECK", "claims", "zzz", 0),
+    ]
+
+    for whole in (lambda s: list(s), lambda s: dict(s.items()), lambda s: s == {}, lambda s: s.copy(), len):
+        def change(tx: fenced.Txn) -> None:
+            claims = tx.section("claims")
+            whole(claims)
+            claims["a"] = '"a"'  # unchanged: not a write, covered by the section check
+            claims.put_json("c", [1])
+            del claims["b"]
+
+        sec_rev = client.sections(slug, "claims").section_revisions["claims"]
+        c.update(slug, change)
+        assert kinds(rec.sent[-1]) == [
+            ("WRITE_KIND_PUT", "claims", "c", 0),
+            ("WRITE_KIND_DELETE", "claims", "b", r1),
+            ("WRITE_KIND_CHECK_SECTION", "claims", "", sec_rev),
+        ], whole
+        # Put b back and drop c for the next form of whole read.
+        snap = client.sections(slug, "claims")
+        client.fenced_batch(slug, [fenced.Put("claims", "b", 0, '"b"'), fenced.Delete("claims", "c", snap.sections["claims"]["c"].revision)])
+        r1 = client.record(slug, "claims", "b").revision  # type: ignore[union-attr]
+
+
+def test_update_that_writes_nothing_sends_nothing(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '"a"')]).revision
+    rec = BatchRecorder()
+    c = recorded(rec)
+
+    def same(tx: fenced.Txn) -> None:
+        tx.put("claims", "a", tx.get("claims", "a") or "")
+        tx.delete("claims", "absent")
+
+    assert c.update(slug, same) == rev and rec.sent == []
+
+
+def test_update_gives_up_after_sixteen_attempts(client: fenced.Client, slug: str) -> None:
+    client.fenced_batch(slug, [fenced.Put("claims", "hot", 0, "0")])
+    runs = 0
+
+    def change(tx: fenced.Txn) -> None:
+        nonlocal runs
+        runs += 1
+        n = int(tx.get("claims", "hot") or "0")
+        client.fenced_batch(slug, [fenced.Put("claims", "hot", fenced.BLIND, str(n + 1000))])  # always meddles
+        tx.put("claims", "hot", str(n + 1))
+
+    with pytest.raises(fenced.KeptChanging) as e:
+        client.update(slug, change)
+    assert runs == fenced.MAX_UPDATE_ATTEMPTS == 16 and e.value.attempts == 16
+    assert "the swarm fencing state kept changing; nothing was committed" in str(e.value)
+    assert isinstance(e.value.__cause__, fenced.RevisionConflict) and e.value.last is e.value.__cause__
+    # Also a RevisionConflict, as Go's ErrKeptChanging wraps the last *ConflictError.
+    assert isinstance(e.value, fenced.RevisionConflict) and e.value.conflicts == e.value.last.conflicts
+    assert client.record(slug, "claims", "hot").value == str(16 * 1000)  # type: ignore[union-attr]
+
+
+def test_update_stops_at_once_on_stale_lease_and_on_the_change_s_own_error(client: fenced.Client, slug: str) -> None:
+    runs = 0
+
+    def change(tx: fenced.Txn) -> None:
+        nonlocal runs
+        runs += 1
+        tx.put("claims", "a", "1")
+
+    with pytest.raises(fenced.StaleLease):
+        client.update(slug, change, fence=fenced.LeaseFence("ghost", 7))
+    assert runs == 1
+
+    def boom(tx: fenced.Txn) -> None:
+        tx.put("claims", "a", "1")
+        raise RuntimeError("change failed")
+
+    with pytest.raises(RuntimeError, match="change failed"):
+        client.update(slug, boom)
+    assert client.record(slug, "claims", "a") is None
