@@ -37,9 +37,10 @@ test: redis-server test-deploy test-python ## Run every test with -race against 
 	go test -race -count=1 ./...
 
 .PHONY: test-python
-test-python: redis-server ## Test the Python client (clients/python) against a live fenced (built here) and redis-server.
+test-python: redis-server ## Test the Python client (clients/python) against a live fenced (built here) and redis-server (Debian's Python packages installed if missing).
 	@$(PYTHON) -c 'import grpc, google.protobuf, pytest' 2>/dev/null || { \
-	  echo "the Python client's tests need Debian's python3-grpcio python3-protobuf python3-pytest (apt-get install -y ...)" >&2; exit 1; }
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq python3-grpcio python3-protobuf python3-pytest python3-pip python3-setuptools; \
+	  else echo "the Python client's tests need Debian's python3-grpcio python3-protobuf python3-pytest python3-pip python3-setuptools: sudo apt-get install -y ..." >&2; exit 1; fi; }
 	$(PYTHON) -m pytest -q $(PY)
 
 .PHONY: test-deploy
