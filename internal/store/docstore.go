@@ -147,22 +147,37 @@ func timeReply(m []rueidis.RedisMessage) (us, ms int64, err error) {
 // MULTI, after the reads under WATCH) and what it answers.
 type docTx struct {
 	cmds func(c rueidis.DedicatedClient) rueidis.Commands
+	// wait: after EXEC, WAIT for this many replicas on the same
+	// connection (inside MULTI, WAIT answers at once, before the
+	// transaction's writes have propagated).
+	wait Durability
 	// moved: the swarm is on the records layout; nothing planned.
 	moved bool
+}
+
+// writeDocument is the transaction that stores newDoc as k's document
+// (the old copy pushed to its history by docWriteScript), then waits for
+// replicas as d says.
+func writeDocument(k swarmKeys, newDoc []byte, d Durability) docTx {
+	return docTx{wait: d, cmds: func(dc rueidis.DedicatedClient) rueidis.Commands {
+		return rueidis.Commands{dc.B().Eval().Script(docWriteScript).Numkeys(2).
+			Key(k.current, k.history()).Arg(k.slug, string(newDoc)).Build()}
+	}}
 }
 
 // watchDocument runs plan under WATCH on the bucket, the swarm's meta and
 // its revision counter, up to MaxTransactionAttempts times while EXEC is
 // aborted. plan gets the document (nil when there is none: the swarm has
 // no state, or moved), whether meta/layout is set, the counter, and
-// Redis's clock. It answers the planned transaction's replies (nil when
-// plan wrote nothing) and whether the swarm is on the records. Errors:
+// Redis's clock. It answers how many replicas acknowledged the planned
+// transaction (its docTx.wait; 0 when it waits for none or plan wrote
+// nothing) and whether the swarm is on the records. Errors:
 // contended (after the last attempt), plan's errors, ErrUnavailable,
 // context errors, *RedisError.
 func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
-	plan func(d *document, layout bool, counter, nowUs, nowMs int64) (docTx, error)) (replies []rueidis.RedisMessage, moved bool, err error) {
+	plan func(d *document, layout bool, counter, nowUs, nowMs int64) (docTx, error)) (acked int, moved bool, err error) {
 	if !s.stamp {
-		return nil, false, ErrDocumentOnCluster
+		return 0, false, ErrDocumentOnCluster
 	}
 	for range MaxTransactionAttempts {
 		aborted := false
@@ -233,24 +248,29 @@ func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
 					return err
 				}
 			}
-			replies = arr
+			if w := tx.wait; w.Replicas > 0 {
+				// The transaction committed; only the wait may fail:
+				// then no replica acknowledged.
+				n, _ := dc.Do(ctx, dc.B().Wait().Numreplicas(int64(w.Replicas)).Timeout(w.wait().Milliseconds()).Build()).AsInt64()
+				acked = int(n)
+			}
 			return nil
 		})
 		if planErr != nil {
-			return nil, false, planErr
+			return 0, false, planErr
 		}
 		if err != nil {
 			var corrupt *CorruptError
 			if errors.As(err, &corrupt) || errors.Is(err, ErrMalformedReply) {
-				return nil, false, err
+				return 0, false, err
 			}
-			return nil, false, s.classify(ctx, err)
+			return 0, false, s.classify(ctx, err)
 		}
 		if !aborted {
-			return replies, moved, nil
+			return acked, moved, nil
 		}
 	}
-	return nil, false, contended
+	return 0, false, contended
 }
 
 // nextDocRevision is the numbering rule of every commit (lib.lua
@@ -273,7 +293,7 @@ func nextDocRevision(counter, docRev, nowUs int64) (int64, error) {
 // the document layout (a retry of a committed batch answers a conflict).
 func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch, d Durability) (c Committed, moved bool, err error) {
 	var rev int64
-	replies, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
+	acked, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
 		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
 			if doc == nil || doc.MovedTo != "" || layout {
 				return docTx{moved: true}, nil
@@ -283,23 +303,13 @@ func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch,
 			if err != nil || newDoc == nil {
 				return docTx{}, err
 			}
-			return docTx{cmds: func(dc rueidis.DedicatedClient) rueidis.Commands {
-				cmds := rueidis.Commands{dc.B().Eval().Script(docWriteScript).Numkeys(2).
-					Key(k.current, k.history()).Arg(k.slug, string(newDoc)).Build()}
-				if d.Replicas > 0 {
-					cmds = append(cmds, dc.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build())
-				}
-				return cmds
-			}}, nil
+			return writeDocument(k, newDoc, d), nil
 		})
 	if err != nil || moved {
 		return Committed{}, moved, err
 	}
 	c.Revision = rev
-	if d.Replicas > 0 && len(replies) == 2 {
-		n, _ := replies[1].AsInt64()
-		c.ReplicasAcked = int(n)
-	}
+	c.ReplicasAcked = acked
 	return c, false, nil
 }
 
@@ -398,7 +408,7 @@ func planDocumentBatch(doc *document, b *batch.Batch, counter, nowUs, nowMs int6
 func (s *Store) leaseDocument(ctx context.Context, k swarmKeys, op, owner string, epoch, ttlMs int64) (e LeaseEvent, rev int64, acked int, moved bool) {
 	e.Op = op
 	d := s.leaseDurability
-	replies, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
+	acked, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
 		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
 			if doc == nil || doc.MovedTo != "" || layout {
 				return docTx{moved: true}, nil
@@ -408,24 +418,13 @@ func (s *Store) leaseDocument(ctx context.Context, k swarmKeys, op, owner string
 				return docTx{}, err
 			}
 			e, rev = ev, r
-			return docTx{cmds: func(dc rueidis.DedicatedClient) rueidis.Commands {
-				cmds := rueidis.Commands{dc.B().Eval().Script(docWriteScript).Numkeys(2).
-					Key(k.current, k.history()).Arg(k.slug, string(newDoc)).Build()}
-				if d.Replicas > 0 {
-					cmds = append(cmds, dc.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build())
-				}
-				return cmds
-			}}, nil
+			return writeDocument(k, newDoc, d), nil
 		})
 	if err != nil {
 		return LeaseEvent{Op: op, Err: err}, 0, 0, false
 	}
 	if moved {
 		return e, 0, 0, true
-	}
-	if d.Replicas > 0 && len(replies) == 2 {
-		n, _ := replies[1].AsInt64()
-		acked = int(n)
 	}
 	return e, rev, acked, false
 }

@@ -9,7 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -442,5 +444,41 @@ func TestConcurrentDocumentWritesOneWinsTheRestConflict(t *testing.T) {
 	rec, rev, err := st.Record(context.Background(), slug, "claims", "c")
 	if err != nil || rec == nil || rev != won || rec.Revision != won {
 		t.Fatalf("claims/c after the race = %+v at %d, %v; want the winner's revision %d", rec, rev, err, won)
+	}
+}
+
+// TestDocumentBatchWaitsForReplicasAfterItsTransaction: a document batch
+// asking one replica to acknowledge it is acknowledged only once the
+// replica has the new document. Before: WAIT was queued inside the
+// MULTI, where Redis answers it at once from what replicas had before the
+// transaction, so a replica that never received the batch (here: asleep)
+// counted as having acknowledged it.
+func TestDocumentBatchWaitsForReplicasAfterItsTransaction(t *testing.T) {
+	srv := redistest.Start(t)
+	replica := redistest.StartReplica(t, srv)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "doc-durable"
+	srv.Do(t, "HSET", bucket, slug, `{"revision": 5, "sections": {"claims": {"c1": 1}}}`)
+	if n := srv.Do(t, "WAIT", "1", "5000"); n != "1" {
+		t.Fatalf("WAIT for the replica to hold the document = %s, want 1", n)
+	}
+	b := &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c2", 0, `2`)}}
+	c, err := st.CommitDurable(ctx, b, store.Durability{Replicas: 1, Timeout: 5 * time.Second})
+	if err != nil || c.ReplicasAcked != 1 {
+		t.Fatalf("document batch with a live replica = %+v, %v; want 1 replica acknowledged", c, err)
+	}
+
+	// The replica is stopped (SIGSTOP): a batch waiting 500 ms for it is
+	// committed on the primary but not acknowledged.
+	if err := syscall.Kill(replica.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(replica.Pid(), syscall.SIGCONT)
+	b = &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c3", 0, `3`)}}
+	c, err = st.CommitDurable(ctx, b, store.Durability{Replicas: 1, Timeout: 500 * time.Millisecond})
+	var re *store.ReplicationError
+	if !errors.As(err, &re) || re.Acked != 0 || re.Revision == 0 {
+		t.Errorf("document batch while the replica is stopped = %+v, %v; want *ReplicationError with 0 acknowledged and the committed revision", c, err)
 	}
 }
