@@ -17,8 +17,6 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/annotations"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -243,23 +241,7 @@ func TestAlertsFireOnLiveScrapes(t *testing.T) {
 // NOT_SERVING, for at most waitFor.
 func waitNotServing(t *testing.T, addr string) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatalf("grpc.NewClient(%s): %v", addr, err)
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(waitFor)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: readyService})
-		cancel()
-		if resp.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Health.Check(%q) = %v, %v after %v with Redis stopped, want NOT_SERVING", readyService, resp.GetStatus(), err, waitFor)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if got := awaitHealthStatus(t, addr, readyService, healthpb.HealthCheckResponse_NOT_SERVING); got != "NOT_SERVING" {
+		t.Fatalf("Health.Check(%q) = %s after %v with Redis stopped, want NOT_SERVING", readyService, got, waitFor)
 	}
 }

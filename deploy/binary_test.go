@@ -242,6 +242,12 @@ func startFenced(t *testing.T, env []string) (string, *syncBuffer) {
 // healthStatus polls Health.Check(service) at addr until it answers
 // SERVING or waitFor passes, and returns the last status or error.
 func healthStatus(t *testing.T, addr, service string) string {
+	return awaitHealthStatus(t, addr, service, healthpb.HealthCheckResponse_SERVING)
+}
+
+// awaitHealthStatus polls Health.Check(service) at addr until it answers
+// want, NotFound, or waitFor passes, and returns the last status or error.
+func awaitHealthStatus(t *testing.T, addr, service string, want healthpb.HealthCheckResponse_ServingStatus) string {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -258,7 +264,7 @@ func healthStatus(t *testing.T, addr, service string) string {
 		if err != nil {
 			last = err.Error()
 		}
-		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING || time.Now().After(deadline) || strings.Contains(last, "NotFound") {
+		if resp.GetStatus() == want || time.Now().After(deadline) || strings.Contains(last, "NotFound") {
 			return last
 		}
 		time.Sleep(50 * time.Millisecond)
