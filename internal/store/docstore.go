@@ -172,8 +172,9 @@ func writeDocument(k swarmKeys, newDoc []byte, d Durability) docTx {
 // Redis's clock. It answers how many replicas acknowledged the planned
 // transaction (its docTx.wait; 0 when it waits for none or plan wrote
 // nothing) and whether the swarm is on the records. Errors:
-// contended (after the last attempt), plan's errors, ErrUnavailable,
-// context errors, *RedisError.
+// contended (after the last attempt), plan's errors,
+// ErrReplicaWaitsExhausted (a wait planned and no wait slot free; nothing
+// written), ErrUnavailable, context errors, *RedisError.
 func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
 	plan func(d *document, layout bool, counter, nowUs, nowMs int64) (docTx, error)) (acked int, moved bool, err error) {
 	if !s.stamp {
@@ -226,6 +227,18 @@ func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
 				dc.Do(ctx, dc.B().Unwatch().Build())
 				moved, planErr = tx.moved, err
 				return nil
+			}
+			if w := tx.wait; w.Replicas > 0 {
+				// The replica wait holds this dedicated connection: it
+				// takes a wait slot as a records commit does (none free:
+				// ErrReplicaWaitsExhausted, nothing written).
+				release, err := s.waits.acquire(k.slug, w.wait() > s.leaseDurability.wait())
+				if err != nil {
+					dc.Do(ctx, dc.B().Unwatch().Build())
+					planErr = err
+					return nil
+				}
+				defer release()
 			}
 			cmds := append(rueidis.Commands{dc.B().Multi().Build()}, tx.cmds(dc)...)
 			cmds = append(cmds, dc.B().Exec().Build())

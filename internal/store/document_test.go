@@ -482,3 +482,50 @@ func TestDocumentBatchWaitsForReplicasAfterItsTransaction(t *testing.T) {
 		t.Errorf("document batch while the replica is stopped = %+v, %v; want *ReplicationError with 0 acknowledged and the committed revision", c, err)
 	}
 }
+
+// TestDocumentWaitsTakeReplicaWaitSlots: a document batch waiting for
+// replicas holds a wait slot like a records commit, so a caller cannot
+// hold the Redis client's blocking connections without bound through
+// document swarms. Before: document waits took no slot, and one more
+// was sent at once.
+func TestDocumentWaitsTakeReplicaWaitSlots(t *testing.T) {
+	srv := redistest.Start(t)
+	replica := redistest.StartReplica(t, srv)
+	st, err := store.Open(srv.URL(), prefix, store.WithReplicaWaitLimits(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	const slug = "doc-slots"
+	srv.Do(t, "HSET", bucket, slug, `{"revision": 5, "sections": {"claims": {}}}`)
+	if err := syscall.Kill(replica.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(replica.Pid(), syscall.SIGCONT)
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c1", 0, `1`)}},
+			store.Durability{Replicas: 1, Timeout: 3 * time.Second})
+		waiting <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Do(t, "INFO", "clients"), "blocked_clients:1"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the first document batch's WAIT never blocked in Redis")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	doc := srv.Do(t, "HGET", bucket, slug)
+	_, err = st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c2", 0, `2`)}},
+		store.Durability{Replicas: 1, Timeout: 3 * time.Second})
+	if !errors.Is(err, store.ErrReplicaWaitsExhausted) {
+		t.Errorf("a second document wait with the one slot taken = %v, want ErrReplicaWaitsExhausted", err)
+	}
+	if got := srv.Do(t, "HGET", bucket, slug); got != doc {
+		t.Errorf("the refused document batch changed the document:\n%s\nwant\n%s", got, doc)
+	}
+	var re *store.ReplicationError
+	if err := <-waiting; !errors.As(err, &re) {
+		t.Errorf("the first document batch = %v, want *ReplicationError (the replica is stopped)", err)
+	}
+}
