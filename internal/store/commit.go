@@ -169,35 +169,67 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 	return reply, acked, nil
 }
 
-// execWait runs sc once; with d.Replicas > 0 it pipelines WAIT behind it on
-// one connection (rueidis sends a multi holding a blocking command on a
-// dedicated connection, to the node of the script's slot), so that WAIT
-// covers the script's writes.
+// execWait runs sc once; with d.Replicas > 0 it then sends WAIT on the
+// same (dedicated) connection, so that WAIT covers the script's writes,
+// and on standalone Redis only when the script answered OK: a refused
+// batch wrote nothing to wait for (before Redis 7.2 a WAIT after it would
+// still wait for the replicas to reach the server's whole offset, up to
+// its timeout, and a document batch would wait twice). On Cluster see
+// execWaitPipelined.
 func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d Durability) ([]string, int, error) {
 	if d.Replicas <= 0 {
 		reply, err := replyStrings(s.exec(ctx, sc, keys, args))
 		return reply, 0, err
 	}
-	timeout := d.Timeout
-	if timeout <= 0 {
-		timeout = DefaultReplicaTimeout
-	}
-	c := s.c()
-	wait := func() rueidis.Completed {
-		return c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(timeout.Milliseconds()).Build()
-	}
 	// rueidis runs a call whose context has a deadline synchronously, under
 	// a connection deadline, and no longer watches the context: a caller
 	// that gives up would keep its wait (and its wait slot) until the
-	// deadline. So the pipeline gets a context without a deadline that is
+	// deadline. So the calls get a context without a deadline that is
 	// cancelled when ctx ends (the caller's cancel, or the Redis timeout).
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()
+	if !s.stamp {
+		return s.execWaitPipelined(wctx, ctx, sc, keys, args, d)
+	}
+	var reply []string
+	acked := 0
+	err := s.c().Dedicated(func(dc rueidis.DedicatedClient) error {
+		start := time.Now()
+		res := dc.Do(wctx, dc.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
+			res = dc.Do(wctx, dc.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		}
+		s.observeScript(ctx, sc, start, res.Error())
+		var err error
+		if reply, err = replyStrings(res); err != nil || len(reply) == 0 || reply[0] != protocol.ReplyOK {
+			return err
+		}
+		// The script committed; only the wait may fail: then no replica
+		// acknowledged.
+		if n, err := dc.Do(wctx, dc.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build()).AsInt64(); err == nil {
+			acked = int(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return reply, acked, nil
+}
+
+// execWaitPipelined is execWait on Cluster: the script and WAIT go as one
+// pipeline, which rueidis sends on one dedicated connection and routes by
+// the script's slot, following MOVED and ASK (a dedicated client does not
+// follow them). WAIT follows every script, refused or not.
+func (s *Store) execWaitPipelined(wctx, ctx context.Context, sc *script, keys, args []string, d Durability) ([]string, int, error) {
+	c := s.c()
+	wait := c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build()
 	start := time.Now()
-	res := c.DoMulti(wctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+	res := c.DoMulti(wctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
 	if rerr, ok := rueidis.IsRedisErr(res[0].Error()); ok && rerr.IsNoScript() {
-		res = c.DoMulti(wctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
+		wait = c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build()
+		res = c.DoMulti(wctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
 	}
 	s.observeScript(ctx, sc, start, res[0].Error())
 	reply, err := replyStrings(res[0])

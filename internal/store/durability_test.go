@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,5 +94,31 @@ func TestLeaseGrantsUnacknowledgedByReplicasAreNotHandedOut(t *testing.T) {
 	t.Cleanup(promoted.Close)
 	if c, _, err := promoted.Acquire(ctx, "granted", "tick-c", 60000); err != nil || c.Owner != "tick-c" {
 		t.Fatalf("Acquire(promoted replica) = %+v, %v; want tick-c granted: the replica never had tick-b's grant", c, err)
+	}
+}
+
+// TestRefusedDurableBatchSendsNoWait: a batch refused by the script (a
+// conflict, or a swarm on the document layout that the records script
+// hands over) wrote nothing, so no WAIT follows it. Before: WAIT was
+// pipelined behind every script; on Redis before 7.2 it waited for the
+// replicas to reach the server's whole offset, up to its timeout, and a
+// document batch waited twice.
+func TestRefusedDurableBatchSendsNoWait(t *testing.T) {
+	srv := redistest.Start(t)
+	redistest.StartReplica(t, srv)
+	st := open(t, srv)
+	ctx := context.Background()
+	d := store.Durability{Replicas: 1, Timeout: 10 * time.Second}
+	if _, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "a", 0, `1`)}}, d); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	_, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "a", 0, `2`)}}, d)
+	var conflict *store.ConflictError
+	if !errors.As(err, &conflict) {
+		t.Fatalf("CommitDurable(expected 0 on a stored record) = %v, want *ConflictError", err)
+	}
+	if stats := srv.Do(t, "INFO", "commandstats"); strings.Contains(stats, "cmdstat_wait:") {
+		t.Errorf("a refused durable batch sent WAIT:\n%s", stats)
 	}
 }
