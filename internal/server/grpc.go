@@ -151,6 +151,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	s.grpc = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
+		s.transport.workers(),
 		grpc.ForceServerCodecV2(newCodec()),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
