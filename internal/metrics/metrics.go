@@ -19,8 +19,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 // Redis error kinds, the values of fenced_redis_errors_total's label kind.
@@ -251,7 +253,10 @@ func New() *Metrics {
 // UnaryInterceptor and StreamInterceptor count every call (the standard
 // gRPC server metrics); put them first in the chain, so that they see every
 // call and its final code. A call with a sampled trace gives its
-// histogram observation an exemplar naming the trace (OpenMetrics scrapes).
+// histogram observation an exemplar naming the trace (OpenMetrics scrapes):
+// the span in the call's context when a tracing stats handler put one there,
+// else the caller's W3C traceparent metadata (tracing off: no stats handler
+// runs).
 func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return m.GRPC.UnaryServerInterceptor(grpcprom.WithExemplarFromContext(exemplar))
 }
@@ -262,10 +267,29 @@ func (m *Metrics) StreamInterceptor() grpc.StreamServerInterceptor {
 }
 
 func exemplar(ctx context.Context) prometheus.Labels {
-	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		sc = callerSpanContext(ctx)
+	}
+	if sc.IsSampled() {
 		return prometheus.Labels{"trace_id": sc.TraceID().String()}
 	}
 	return nil
+}
+
+// traceContext reads W3C trace context, as otelgrpc's propagator does.
+var traceContext = propagation.TraceContext{}
+
+// callerSpanContext is the caller's span context from the call's
+// traceparent metadata; invalid when there is none, or it does not parse.
+// It is read only when the call has a traceparent: otelgrpc's stats handler
+// over a no-op tracer did the same for every call at ~0.7 µs.
+func callerSpanContext(ctx context.Context) trace.SpanContext {
+	v := metadata.ValueFromIncomingContext(ctx, "traceparent")
+	if len(v) == 0 {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(traceContext.Extract(ctx, propagation.MapCarrier{"traceparent": v[0]}))
 }
 
 // Handler serves the registry in the Prometheus text format (OpenMetrics
