@@ -104,6 +104,9 @@ type Metrics struct {
 	replicationTimeout prometheus.Counter
 	batchRecords       prometheus.Histogram
 	scriptDuration     *prometheus.HistogramVec
+	// scriptObservers are scriptDuration's series of the known scripts,
+	// looked up once in New (read-only after).
+	scriptObservers map[string]prometheus.Observer
 	redisErrors        *prometheus.CounterVec
 	leaseGrants        prometheus.Counter
 	leaseHeld          prometheus.Counter
@@ -244,8 +247,9 @@ func New() *Metrics {
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
 		m.leaseLosses.WithLabelValues(r)
 	}
+	m.scriptObservers = map[string]prometheus.Observer{}
 	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild} {
-		m.scriptDuration.WithLabelValues(s)
+		m.scriptObservers[s] = m.scriptDuration.WithLabelValues(s)
 	}
 	return m
 }
@@ -303,7 +307,11 @@ func (m *Metrics) Handler() http.Handler {
 
 // ScriptDone implements store.Observer.
 func (m *Metrics) ScriptDone(script string, elapsed time.Duration, err error) {
-	m.scriptDuration.WithLabelValues(script).Observe(elapsed.Seconds())
+	o, ok := m.scriptObservers[script]
+	if !ok {
+		o = m.scriptDuration.WithLabelValues(script)
+	}
+	o.Observe(elapsed.Seconds())
 	if err != nil {
 		m.redisErrors.WithLabelValues(ErrorKind(err)).Inc()
 		m.countRefusal(err)

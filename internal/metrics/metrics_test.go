@@ -266,3 +266,12 @@ func TestWatchMetrics(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkScriptDone: one commit script's observation.
+func BenchmarkScriptDone(b *testing.B) {
+	m := metrics.New()
+	b.ReportAllocs()
+	for b.Loop() {
+		m.ScriptDone(store.ScriptCommit, 100*time.Microsecond, nil)
+	}
+}
