@@ -104,9 +104,6 @@ type Metrics struct {
 	replicationTimeout prometheus.Counter
 	batchRecords       prometheus.Histogram
 	scriptDuration     *prometheus.HistogramVec
-	// scriptObservers are scriptDuration's series of the known scripts,
-	// looked up once in New (read-only after).
-	scriptObservers map[string]prometheus.Observer
 	redisErrors        *prometheus.CounterVec
 	leaseGrants        prometheus.Counter
 	leaseHeld          prometheus.Counter
@@ -121,6 +118,10 @@ type Metrics struct {
 	watchReaders       prometheus.Gauge
 	watchEvents        prometheus.Counter
 	watchDrops         prometheus.Counter
+
+	// scriptObservers are scriptDuration's series of the known scripts,
+	// looked up once in New (read-only after).
+	scriptObservers map[string]prometheus.Observer
 }
 
 var (
