@@ -400,3 +400,65 @@ func TestStructuredLogs(t *testing.T) {
 		t.Errorf("finished call lines = %q, want %q (health checks skipped)", calls, want)
 	}
 }
+
+// TestMetricsExemplarFromCallerTrace: with tracing off (no exporter), a
+// call carrying a sampled W3C traceparent gives its
+// grpc_server_handling_seconds observation an exemplar naming the caller's
+// trace (OpenMetrics scrape); an unsampled traceparent or none gives none.
+func TestMetricsExemplarFromCallerTrace(t *testing.T) {
+	clearConfigEnv(t)
+	clearObservabilityEnv(t)
+	redis := redistest.Start(t)
+	r := serve(t, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL())
+	m := metricsAddr.FindStringSubmatch(r.log.String())
+	if m == nil {
+		t.Fatalf("log names no metrics address:\n%s", r.log)
+	}
+	records := fencedv1.NewRecordsServiceClient(dial(t, r.addr))
+	const sampled, unsampled = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
+	traced := func(traceID, flags string) context.Context {
+		return metadata.AppendToOutgoingContext(t.Context(), "traceparent", "00-"+traceID+"-00f067aa0ba902b7-"+flags)
+	}
+	if _, err := records.Layout(traced(sampled, "01"), &fencedv1.LayoutRequest{Slug: "exemplar"}); err != nil {
+		t.Fatalf("Layout(sampled traceparent): %v", err)
+	}
+	if _, err := records.Record(traced(unsampled, "00"), &fencedv1.RecordRequest{Slug: "exemplar", Section: "claims", Key: "c1"}); err != nil {
+		t.Fatalf("Record(unsampled traceparent): %v", err)
+	}
+	if _, err := records.Sections(t.Context(), &fencedv1.SectionsRequest{Slug: "exemplar"}); err != nil {
+		t.Fatalf("Sections(no traceparent): %v", err)
+	}
+
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+m[1]+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	exemplars := map[string][]string{} // method -> trace ids of its handling-seconds exemplars
+	for line := range strings.Lines(string(body)) {
+		if !strings.HasPrefix(line, "grpc_server_handling_seconds_bucket{") {
+			continue
+		}
+		method := regexp.MustCompile(`grpc_method="([^"]+)"`).FindStringSubmatch(line)
+		if ex := regexp.MustCompile(`# \{trace_id="([0-9a-f]+)"\}`).FindStringSubmatch(line); ex != nil && method != nil {
+			exemplars[method[1]] = append(exemplars[method[1]], ex[1])
+		}
+	}
+	if got := exemplars["Layout"]; !slices.Equal(got, []string{sampled}) {
+		t.Errorf("Layout (sampled traceparent) exemplars = %q, want [%s]", got, sampled)
+	}
+	for _, method := range []string{"Record", "Sections"} {
+		if got := exemplars[method]; len(got) != 0 {
+			t.Errorf("%s (unsampled or no traceparent) exemplars = %q, want none", method, got)
+		}
+	}
+}

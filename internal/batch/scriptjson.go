@@ -1,6 +1,9 @@
 package batch
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // MaxScriptJSONDepth is the deepest nesting of arrays and objects that
 // Redis's Lua JSON decoder (lua-cjson, decode_max_depth 1000 in Redis 7)
@@ -17,7 +20,13 @@ const MaxValueDepth = MaxScriptJSONDepth - 1
 
 // tooDeep answers the byte offset in value (valid JSON) of the first '['
 // or '{' that opens a level deeper than limit, or -1 when there is none.
+// Nesting deeper than limit takes more than limit opening brackets: a value
+// with fewer (nearly every value, counted at memory speed, or shorter than
+// limit bytes) is answered without the scan.
 func tooDeep(value string, limit int) int {
+	if len(value) <= limit || strings.Count(value, "{")+strings.Count(value, "[") <= limit {
+		return -1
+	}
 	depth := 0
 	inString := false
 	for i := 0; i < len(value); i++ {

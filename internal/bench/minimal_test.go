@@ -21,11 +21,6 @@ import (
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/redis/rueidis"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	"go.opentelemetry.io/otel/propagation"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -162,10 +157,11 @@ func startMinimal(b *testing.B, e *env) *grpc.ClientConn {
 }
 
 // startDeployed serves fenced as `fenced serve` deploys it by default:
-// metrics on (store observer and interceptors), authorization off, no
-// trace exporter (otelgrpc's stats handler over a no-op tracer, as
-// cmd/fenced installs it), the production logger (Info, JSON). It has a Store of its own, over
-// the shared Redis, so that the store reports to the metrics.
+// metrics on (store observer and interceptors, whose exemplars read a
+// caller's traceparent), authorization off, no trace exporter (then
+// cmd/fenced installs no stats handler), the production logger (Info,
+// JSON). It has a Store of its own, over the shared Redis, so that the
+// store reports to the metrics.
 func startDeployed(b *testing.B, e *env) fencedv1.RecordsServiceClient {
 	b.Helper()
 	m := metrics.New()
@@ -175,15 +171,7 @@ func startDeployed(b *testing.B, e *env) fencedv1.RecordsServiceClient {
 	}
 	b.Cleanup(st.Close)
 	logger := slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	// fenced serve installs otelgrpc's stats handler with a no-op tracer
-	// when no exporter is configured (cmd/fenced tracing.statsHandler).
-	stats := otelgrpc.NewServerHandler(
-		otelgrpc.WithTracerProvider(tracenoop.NewTracerProvider()),
-		otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
-		otelgrpc.WithPropagators(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
-		otelgrpc.WithFilter(filters.Not(filters.HealthCheck())),
-	)
-	tel := server.Telemetry{Unary: m.UnaryInterceptor(), Stream: m.StreamInterceptor(), Ready: m.SetReady, Limits: m, StatsHandler: stats}
+	tel := server.Telemetry{Unary: m.UnaryInterceptor(), Stream: m.StreamInterceptor(), Ready: m.SetReady, Limits: m}
 	f := fencedtest.Serve(b, st, fencedtest.Config{Options: server.Options{Logger: logger, Telemetry: tel}})
 	m.GRPC.InitializeMetrics(f.Server)
 	return f.Records

@@ -266,3 +266,22 @@ func TestWatchMetrics(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkScriptDone: one commit script's observation.
+func BenchmarkScriptDone(b *testing.B) {
+	m := metrics.New()
+	b.ReportAllocs()
+	for b.Loop() {
+		m.ScriptDone(store.ScriptCommit, 100*time.Microsecond, nil)
+	}
+}
+
+// BenchmarkBatchDone: one committed batch's observation.
+func BenchmarkBatchDone(b *testing.B) {
+	m := metrics.New()
+	bt := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "intents", Key: "k", Value: "1"}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.BatchDone(bt, store.Committed{Revision: 1}, nil)
+	}
+}

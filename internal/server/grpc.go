@@ -115,10 +115,6 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
 		return c.Service != healthpb.Health_ServiceDesc.ServiceName
 	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(callLevel),
-	}
 	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		logger.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
@@ -151,20 +147,21 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	s.grpc = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
+		s.transport.workers(),
 		grpc.ForceServerCodecV2(newCodec()),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
 		grpc.ChainUnaryInterceptor(
 			opts.Telemetry.unary(),
 			selector.UnaryServerInterceptor(countUnary, notHealth),
-			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+			selector.UnaryServerInterceptor(unaryCallLog(logger), notHealth),
 			opts.Security.unary(),
 			recovery.UnaryServerInterceptor(onPanic),
 		),
 		grpc.ChainStreamInterceptor(
 			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
-			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), logOpts...), notHealth),
+			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), callLogOptions...), notHealth),
 			opts.Security.stream(),
 			recovery.StreamServerInterceptor(onPanic),
 		),

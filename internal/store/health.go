@@ -248,7 +248,9 @@ func (s *Store) CheckEviction(ctx context.Context) error {
 // classify is the package's classify, and starts a reconnect when the
 // error says the connection leads to a node that cannot take writes.
 func (s *Store) classify(ctx context.Context, err error) error {
-	err = classify(ctx, err)
+	if err = classify(ctx, err); err == nil {
+		return nil // without the errors.As below: its target escapes, one allocation per call
+	}
 	var r *RefusalError
 	if errors.As(err, &r) && r.reconnect {
 		s.reconnect(r.Message)
