@@ -130,7 +130,7 @@ end
 -- caller's, and name the fence's epoch (and owner, when given).
 local log_owner = ''
 if fence_epoch ~= '' then
-  local lease, over = read_lease(KEYS[META])
+  local lease, over = read_lease()
   if over then
     return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
   end

@@ -39,7 +39,7 @@ if refusal then
 end
 
 local now = now_ms()
-local lease, over = read_lease(KEYS[1])
+local lease, over = read_lease()
 if over then
   return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
 end
