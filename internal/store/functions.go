@@ -66,7 +66,7 @@ func codeHash(code string) string {
 // library with no global but `redis` in reach (not even string or
 // tonumber), and the files use them at their top level.
 func register(name, main string) string {
-	return fmt.Sprintf("\nredis.register_function('%s', function(keys, args)\n  if impl == nil then impl = init() end\n  impl.begin(keys, args)\n  return impl.%s()\nend)\n", name, main)
+	return fmt.Sprintf("\nredis.register_function('%s', function(keys, args)\n  if impl == nil then impl = init() end\n  impl.begin(keys, args, true)\n  return impl.%s()\nend)\n", name, main)
 }
 
 // functionsState is whether this Store calls the committing scripts as

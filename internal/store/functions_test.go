@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"strconv"
 	"strings"
@@ -170,4 +171,71 @@ func errString(err error) string {
 		return "ok"
 	}
 	return err.Error()
+}
+
+// TestMemoAnswersOnlyForTheBytesFencedWrote: the function library
+// remembers the fields it wrote (records, meta/section_revisions,
+// meta/lease); a field another writer changed, even to a record at the same
+// revision, is judged in full: a corrupt value is CORRUPT, a higher section
+// revision or epoch is a floor.
+func TestMemoAnswersOnlyForTheBytesFencedWrote(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	l, _, err := st.Acquire(ctx, "memo", "owner-a", time.Minute.Milliseconds())
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	fence := &batch.Fence{Owner: "owner-a", Epoch: l.Epoch}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("claims", "c", batch.Absent, `{"n":1}`)}})
+	if calls(t, srv, "fcall") == 0 {
+		t.Fatal("the commit did not go as FCALL: the memo is not in play")
+	}
+	// The same revision, a value that is not JSON: not a record.
+	srv.Do(t, "HSET", key("memo", "claims"), "c", `{"r":`+strconv.FormatInt(rev, 10)+`,"v":{"n":1}`+"}}")
+	_, err = st.Commit(ctx, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("claims", "c", rev, `2`)}})
+	var ce *store.CorruptError
+	if !errors.As(err, &ce) {
+		t.Errorf("a CAS over a field another writer broke at the same revision = %v, want *CorruptError", err)
+	}
+	// A section revision far above the clock, written by another writer:
+	// the next revision is above it.
+	high := int64(9_000_000_000_000_000)
+	srv.Do(t, "HSET", key("memo", "meta"), "section_revisions",
+		`{"r":`+strconv.FormatInt(rev, 10)+`,"v":{"claims":`+strconv.FormatInt(high, 10)+`,"meta":1}}`)
+	next := mustCommit(t, st, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("intents", "i", batch.Blind, `1`)}})
+	if next <= high {
+		t.Errorf("revision after another writer's section revision %d = %d, want above it", high, next)
+	}
+	// Another writer's lease at another epoch: the fence of the old one is stale.
+	srv.Do(t, "HSET", key("memo", "meta"), "lease",
+		`{"r":1,"v":{"owner":"owner-a","epoch":`+strconv.FormatInt(l.Epoch+1, 10)+`,"expires_at":9000000000000}}`)
+	_, err = st.Commit(ctx, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("intents", "i", batch.Blind, `2`)}})
+	if !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("a fence of epoch %d over another writer's lease at epoch %d = %v, want ErrLeaseStale", l.Epoch, l.Epoch+1, err)
+	}
+}
+
+// TestMemoStaysWithinItsBound: 24 MiB of distinct records committed through
+// the library leave its Lua memory within the memo's 4 MiB and slack for
+// what the collector has not freed yet (without the bound: ~26 MB).
+func TestMemoStaysWithinItsBound(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	value := `"` + strings.Repeat("x", 64<<10) + `"`
+	for i := range 384 {
+		mustCommit(t, st, &batch.Batch{Slug: "bound", Writes: []batch.Write{put("journals", strconv.Itoa(i), batch.Absent, value)}})
+	}
+	if calls(t, srv, "fcall") == 0 {
+		t.Fatal("the commits did not go as FCALL: the memo is not in play")
+	}
+	var used int
+	for line := range strings.SplitSeq(srv.Do(t, "INFO", "memory"), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory_vm_functions:"); ok {
+			used, _ = strconv.Atoi(v)
+		}
+	}
+	if used == 0 || used > 12<<20 {
+		t.Errorf("used_memory_vm_functions = %d bytes after 24 MiB of records, want at most 12 MiB (memo 4 MiB)", used)
+	}
 }

@@ -20,6 +20,42 @@
 -- function library's locals outlive the call.
 local KEYS, ARGV = nil, nil
 
+-- The memo: fields this library wrote, by their exact bytes, with what
+-- reading them answers (docs/design.md §3.9). A commit reads back, as the
+-- stored field of each record it overwrites, meta/section_revisions and
+-- meta/lease, what an earlier commit wrote; judging them again (the record
+-- grammar's JSON check of a value, ~3 us for 200 bytes; parsing every
+-- section's revision) is most of a commit's time in Redis. Read back with
+-- the same bytes, a field answers what its writer knew it to be: a record
+-- at revision N (its value came from a batch that fenced checked before
+-- sending: the same trust that let the commit write it), fenced's own form
+-- of meta/section_revisions with its highest revision, a lease. Redis
+-- interns Lua strings, so a lookup by the bytes just read is one hash
+-- probe, and equal bytes always answer alike: any other writer's field
+-- with other bytes misses and is judged in full. Only a function library
+-- keeps it across calls (memo_on, set by begin); an EVAL script starts
+-- empty and does not fill it. It holds at most MEMO_BYTES of fields and
+-- starts again empty when full.
+local MEMO_BYTES = 4194304
+local memo, memo_bytes, memo_on = {}, 0, false
+
+-- remember notes that raw, a field this call wrote, answers v when read
+-- (a number: a record's revision; a table: rev, and highest and body for
+-- meta/section_revisions, or lease).
+local function remember(raw, v)
+  if not memo_on then
+    return
+  end
+  local n = #raw
+  if memo[raw] == nil then
+    if memo_bytes + n > MEMO_BYTES then
+      memo, memo_bytes = {}, 0
+    end
+    memo_bytes = memo_bytes + n
+  end
+  memo[raw] = v
+end
+
 -- The record grammar (docs/design.md §2.2; Go:
 -- internal/store/record.go parseRecord accepts exactly the same fields). A
 -- stored field is a record when it is one JSON text (RFC 8259: JSON
@@ -292,6 +328,13 @@ end
 -- measured slower: cjson then also reads the revision, 16 digits through
 -- strtod.)
 local function record_revision(raw)
+  local m = memo[raw]
+  if m then
+    if type(m) == 'number' then
+      return m, false
+    end
+    return m.rev, false
+  end
   local digits = string.match(raw, '^{"r":(%d+),"v":')
   if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' and json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1) then
     if not digits_in_range(digits) then
@@ -460,6 +503,10 @@ end
 -- lease script writes (a plain printable-ASCII owner, canonical in-range
 -- numbers): a commit reads the lease on every fenced batch.
 local function lease_of(raw)
+  local m = memo[raw]
+  if type(m) == 'table' and m.lease then
+    return m.lease
+  end
   local r, owner, epoch, expires = string.match(raw,
     '^{"r":(%d+),"v":{"owner":"([] -!#-[^-~]*)","epoch":(%d+),"expires_at":(%d+)}}$')
   if r and digits_canonical_in_range(r) and digits_canonical_in_range(epoch) and digits_canonical_in_range(expires) then
@@ -535,9 +582,17 @@ end
 -- Decoded once per script (swarm_floor first); finish_commit updates the
 -- same table.
 local section_revs_decoded = nil
+local section_revisions_body = nil
 local function section_revisions()
   if section_revs_decoded == nil then
     section_revs_decoded = {}
+    if section_revisions_body then
+      -- fenced's own form (the memo's): every entry a plain name and a
+      -- canonical revision in range.
+      for name, v in string.gmatch(section_revisions_body, '"([%w_%-]+)":(%d+)') do
+        section_revs_decoded[name] = tonumber(v)
+      end
+    end
   end
   return section_revs_decoded
 end
@@ -550,10 +605,10 @@ end
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
--- section_revisions_body is the stored meta/section_revisions' text between
--- its value's braces when it has fenced's own form (section_revisions_record's
--- third answer), for finish_commit to rewrite in place; nil otherwise.
-local section_revisions_body = nil
+-- section_revisions_body (above) is the stored meta/section_revisions' text
+-- between its value's braces when it has fenced's own form
+-- (section_revisions_record's third answer, or the memo's), for
+-- finish_commit to rewrite in place; nil otherwise.
 local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
@@ -570,6 +625,16 @@ local function swarm_floor()
   local raw = section_revisions_field()
   local revs = {}
   if raw then
+    local m = memo[raw]
+    if type(m) == 'table' and m.body then
+      -- Written by this library in fenced's own form: its highest
+      -- revision is known; section_revisions decodes it only if asked.
+      section_revisions_body = m.body
+      if m.highest > highest then
+        highest = m.highest
+      end
+      return highest
+    end
     local r, revs_or_over, body = section_revisions_record(raw)
     section_revisions_body = body
     if revs_or_over == 'over' then
@@ -682,7 +747,11 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
     rewritten = section_revisions_rewrite(section_revisions_body, changed, rev)
   end
   if rewritten then
-    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, head .. '{' .. rewritten .. '}}')
+    local field = head .. '{' .. rewritten .. '}}'
+    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, field)
+    -- Every entry it kept was a floor of this commit: rev is above them.
+    local r = tonumber(rev)
+    remember(field, { rev = r, highest = r, body = rewritten })
   elseif changed and next(changed) then
     local revs = section_revisions()
     for name in pairs(changed) do
@@ -732,8 +801,9 @@ end
 
 -- begin starts a call: its KEYS and ARGV, and nothing cached from another
 -- call (a function library's locals live as long as the library).
-local function begin(keys, argv)
+local function begin(keys, argv, library)
   KEYS, ARGV = keys, argv
+  memo_on = library == true
   clock_reply = nil
   meta_fields = nil
   section_revs_decoded = nil
