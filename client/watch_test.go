@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
@@ -157,18 +158,17 @@ func TestWatchReportsCompactionAsTypedError(t *testing.T) {
 	f := start(t)
 	slug := newSlug(t)
 	ctx := ctxT(t)
-	var revs []int64
-	for i := range store.LogCap + 2 {
+	revs, oldest := fencedtest.FillLogPastItsCap(t, f.redis, key(slug, "log"), func(i int) int64 {
 		rev, err := f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "journals", Key: "j", Expected: client.Blind, Value: []byte(strconv.Itoa(i))}})
 		if err != nil {
 			t.Fatalf("Batch: %v", err)
 		}
-		revs = append(revs, rev)
-	}
+		return rev
+	})
 	for _, err := range f.c.Watch(ctx, slug, revs[0]) {
 		var ce *client.CompactedError
-		if !errors.As(err, &ce) || !errors.Is(err, client.ErrRevisionCompacted) || ce.Oldest != revs[2] || ce.From != revs[0] {
-			t.Fatalf("Watch(from %d) = %v, want *CompactedError{From: %d, Oldest: %d}", revs[0], err, revs[0], revs[2])
+		if !errors.As(err, &ce) || !errors.Is(err, client.ErrRevisionCompacted) || ce.Oldest != revs[oldest] || ce.From != revs[0] {
+			t.Fatalf("Watch(from %d) = %v, want *CompactedError{From: %d, Oldest: %d}", revs[0], err, revs[0], revs[oldest])
 		}
 		break
 	}

@@ -182,11 +182,13 @@ func BenchmarkOneRecordChangeBytes(b *testing.B) {
 	b.StopTimer()
 	n := withChange - infoCost
 
-	// What the store sent, for the log: EVALSHA sha numkeys KEYS... ARGV...
+	// What the store sent, for the log: FCALL function (or EVALSHA sha)
+	// numkeys KEYS... ARGV...
 	bt.Writes[0].Expected = bestExpected
 	keys, args := e.st.CommitScriptArgs(bt)
-	head := []string{"EVALSHA", strings.Repeat("0", 40), strconv.Itoa(len(keys))}
-	resp := respBytes(append(append(head, keys...), args...))
+	cmd := e.st.CommitCommand(ctx, keys, args)
+	head := cmd[:3]
+	resp := respBytes(cmd)
 	keyBytes, argBytes := 0, 0
 	for _, k := range keys {
 		keyBytes += len(k)
@@ -196,8 +198,8 @@ func BenchmarkOneRecordChangeBytes(b *testing.B) {
 	}
 	argBytes -= len(e.changeValue)
 	headBytes := len(head[0]) + len(head[1]) + len(head[2])
-	b.Logf("one-record change: %d bytes read by Redis; its EVALSHA in RESP is %d = value %d + command, SHA and numkeys %d + %d KEYS %d + ARGV besides the value %d (%q) + RESP framing %d",
-		n, resp, len(e.changeValue), headBytes, len(keys), keyBytes, argBytes, args[:len(args)-1], resp-len(e.changeValue)-headBytes-keyBytes-argBytes)
+	b.Logf("one-record change: %d bytes read by Redis; its %s in RESP is %d = value %d + command, function or SHA and numkeys %d + %d KEYS %d + ARGV besides the value %d (%q) + RESP framing %d",
+		n, head[0], resp, len(e.changeValue), headBytes, len(keys), keyBytes, argBytes, args[:len(args)-1], resp-len(e.changeValue)-headBytes-keyBytes-argBytes)
 
 	b.ReportMetric(float64(n), "redis-bytes/change")
 	b.ReportMetric(float64(n-int64(len(e.changeValue))), "overhead-bytes/change")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
@@ -142,18 +143,17 @@ func TestWatchFromNowStartsWithProgress(t *testing.T) {
 func TestWatchFromACompactedRevisionIsOutOfRange(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
-	var revs []int64
-	for i := range store.LogCap + 2 {
-		revs = append(revs, commitPut(t, e, "gone", "journals", "j", strconv.Itoa(i)))
-	}
+	revs, oldest := fencedtest.FillLogPastItsCap(t, srv, redisKey("gone", "log"), func(i int) int64 {
+		return commitPut(t, e, "gone", "journals", "j", strconv.Itoa(i))
+	})
 	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "gone", StartRevision: revs[0]})
 	if err == nil {
 		_, err = stream.Recv()
 	}
 	info := errorInfoOf(err)
 	if status.Code(err) != codes.OutOfRange || info.GetReason() != server.ReasonRevisionCompacted ||
-		info.GetMetadata()["oldest_revision"] != strconv.FormatInt(revs[2], 10) {
-		t.Errorf("Watch(after %d) = %v (%v), want OUT_OF_RANGE REVISION_COMPACTED oldest_revision %d", revs[0], err, info, revs[2])
+		info.GetMetadata()["oldest_revision"] != strconv.FormatInt(revs[oldest], 10) {
+		t.Errorf("Watch(after %d) = %v (%v), want OUT_OF_RANGE REVISION_COMPACTED oldest_revision %d", revs[0], err, info, revs[oldest])
 	}
 }
 

@@ -20,7 +20,7 @@ import (
 // lease fence and every revision are checked before the first write; then
 // the swarm revision is raised once, every put is stamped with it, by-name
 // follows executions, meta/layout is set, the standalone stamp is written
-// and one log entry is appended (the log keeps exactly the last protocol.LogCap).
+// and one log entry is appended (the log keeps at least the last protocol.LogCap).
 //
 // It returns the committed revision, or for a batch of checks alone the
 // current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
@@ -196,9 +196,17 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 	acked := 0
 	err := s.c().Dedicated(func(dc rueidis.DedicatedClient) error {
 		start := time.Now()
-		res := dc.Do(wctx, dc.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-		if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
-			res = dc.Do(wctx, dc.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		var res rueidis.RedisResult
+		fn := s.useFunctions(ctx, sc)
+		if fn {
+			res = dc.Do(wctx, fcall(dc.B(), sc, keys, args))
+			fn = !s.fcallFallsBack(res.Error())
+		}
+		if !fn {
+			res = dc.Do(wctx, dc.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+			if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
+				res = dc.Do(wctx, dc.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+			}
 		}
 		s.observeScript(ctx, sc, start, res.Error())
 		var err error
@@ -226,7 +234,17 @@ func (s *Store) execWaitPipelined(wctx, ctx context.Context, sc *script, keys, a
 	c := s.c()
 	wait := c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build()
 	start := time.Now()
-	res := c.DoMulti(wctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
+	var res []rueidis.RedisResult
+	fn := s.useFunctions(ctx, sc)
+	if fn {
+		res = c.DoMulti(wctx, fcall(c.B(), sc, keys, args), wait)
+		if fn = !s.fcallFallsBack(res[0].Error()); !fn {
+			wait = c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build()
+		}
+	}
+	if !fn {
+		res = c.DoMulti(wctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
+	}
 	if rerr, ok := rueidis.IsRedisErr(res[0].Error()); ok && rerr.IsNoScript() {
 		wait = c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.wait().Milliseconds()).Build()
 		res = c.DoMulti(wctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)

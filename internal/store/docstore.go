@@ -716,7 +716,7 @@ func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(ru
 		r := strconv.FormatInt(rev, 10)
 		cmds = append(cmds,
 			dc.B().Set().Key(k.revision()).Value(r).Build(),
-			dc.B().Xadd().Key(k.log()).Maxlen().Exact().Threshold(strconv.Itoa(protocol.LogCap)).Id("*").
+			dc.B().Xadd().Key(k.log()).Maxlen().Almost().Threshold(strconv.Itoa(protocol.LogCap)).Id("*").
 				FieldValue().FieldValue("revision", r).FieldValue("owner", "").
 				FieldValue("records", strconv.Itoa(records)).Build(),
 			dc.B().Hset().Key(k.current).FieldValue().FieldValue(k.slug+protocol.StampSuffix, r).Build(),

@@ -89,7 +89,15 @@ func (nopObserver) EvictionChecked(bool)                     {}
 // Observer.
 func (s *Store) exec(ctx context.Context, sc *script, keys, args []string) rueidis.RedisResult {
 	start := time.Now()
-	res := sc.Exec(ctx, s.c(), keys, args)
+	c := s.c()
+	if s.useFunctions(ctx, sc) {
+		res := c.Do(ctx, fcall(c.B(), sc, keys, args))
+		if !s.fcallFallsBack(res.Error()) {
+			s.observeScript(ctx, sc, start, res.Error())
+			return res
+		}
+	}
+	res := sc.Exec(ctx, c, keys, args)
 	s.observeScript(ctx, sc, start, res.Error())
 	return res
 }

@@ -196,7 +196,7 @@ func TestRedisRefusalsCarryTheirReason(t *testing.T) {
 			name: "NOPERM: an ACL user without the script commands", reason: store.ReasonRedisNotPermitted,
 			setup: func(t *testing.T) (*store.Store, func(*store.Store) error) {
 				srv := redistest.Start(t)
-				srv.Do(t, "ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "-evalsha", "-eval")
+				srv.Do(t, "ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "-evalsha", "-eval", "-fcall", "-function")
 				st, err := store.Open("redis://limited:pw@"+srv.Addr(), prefix)
 				if err != nil {
 					t.Fatalf("store.Open as limited: %v", err)

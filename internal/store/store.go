@@ -37,13 +37,21 @@ func mustScript(name string) string {
 
 // source is the text of a script made of the named files in order, after
 // protocol.Prelude (the `local P` table of every value the scripts share with
-// Go): deterministic, so a script's SHA-1 is the same in every fenced.
+// Go): deterministic, so a script's SHA-1 is the same in every fenced. A
+// script with lib.lua starts its call right after it (lib.lua's begin, with
+// EVAL's KEYS and ARGV): the files after it run as they are written.
 func source(names ...string) string {
 	var b strings.Builder
 	b.WriteString(protocol.Prelude)
 	for _, n := range names {
+		if n == "lib.lua" {
+			b.WriteString("\nlocal EVAL_KEYS, EVAL_ARGV = KEYS, ARGV")
+		}
 		b.WriteString("\n")
 		b.WriteString(mustScript(n))
+		if n == "lib.lua" {
+			b.WriteString("\nbegin(EVAL_KEYS, EVAL_ARGV)")
+		}
 	}
 	return b.String()
 }
@@ -63,9 +71,9 @@ var (
 	// commitScript is a batch that puts or deletes no execution: it runs
 	// without the by-name code (byname = nil) and is sent neither the
 	// by-name nor the executions key; commitByNameScript is any other.
-	commitScript       = newScript(ScriptCommit, source("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua"))
-	commitByNameScript = newScript(ScriptCommit, withByName("commit.lua"))
-	leaseScript        = newScript(ScriptLease, committing("lease.lua"))
+	commitScript       = newScript(ScriptCommit, source("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua")).as(functionCommit)
+	commitByNameScript = newScript(ScriptCommit, withByName("commit.lua")).as(functionCommitByName)
+	leaseScript        = newScript(ScriptLease, committing("lease.lua")).as(functionLease)
 	readSectionsScript = newScript(ScriptReadSections, source("read_sections.lua"))
 	readRecordScript   = newScript(ScriptReadRecord, source("read_record.lua"))
 	readLeaseScript    = newScript(ScriptReadLease, source("read_lease.lua"))
@@ -76,12 +84,20 @@ var (
 
 // script is a Lua script with its name (for the Observer), source and
 // SHA-1, for the calls that rueidis.Lua cannot make (EVALSHA pipelined with
-// WAIT on one connection).
+// WAIT on one connection); fn is the name of the same code as a Redis
+// Function of fencedLibrary ("" for a script that is not one).
 type script struct {
 	*rueidis.Lua
 	name string
 	src  string
 	sha  string
+	fn   string
+}
+
+// as is sc, also callable as the function named fn of fencedLibrary.
+func (sc *script) as(fn string) *script {
+	sc.fn = fn
+	return sc
 }
 
 func newScript(name, src string) *script {
@@ -119,6 +135,10 @@ type Store struct {
 	configRefused atomic.Bool
 	// roleRefused is set once ROLE was refused (warned once).
 	roleRefused atomic.Bool
+	// fns is whether the committing scripts go as functions (functions.go);
+	// functionsRefused is set once Redis refused the library (logged once).
+	fns              functions
+	functionsRefused atomic.Bool
 	// log receives the warnings of the health probe and reconnects.
 	log    *slog.Logger
 	prefix string // "<prefix>:swarm"
@@ -215,13 +235,18 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 // Cluster reports whether the Store talks to a Redis Cluster.
 func (s *Store) Cluster() bool { return !s.stamp }
 
-// LoadScripts loads every script on every node (SCRIPT LOAD), so that the
-// next calls find them by SHA. fenced calls it whenever Redis becomes
+// LoadScripts loads fenced's function library on every primary (FUNCTION
+// LOAD REPLACE: functions.go; where Redis refuses it, the committing
+// scripts go by EVALSHA) and every script on every node (SCRIPT LOAD), so
+// that the next calls find them. fenced calls it whenever Redis becomes
 // reachable; calls work without it, at the cost of sending a script (and
 // its arguments) twice on the first call after Redis forgot it.
 func (s *Store) LoadScripts(ctx context.Context) error {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
+	s.fns.loading.Lock()
+	s.loadFunctions(ctx)
+	s.fns.loading.Unlock()
 	for addr, node := range s.c().Nodes() {
 		cmds := make(rueidis.Commands, len(allScripts))
 		for i, sc := range allScripts {

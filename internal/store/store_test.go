@@ -379,18 +379,24 @@ func TestEveryKeyCarriesHashTag(t *testing.T) {
 	}
 }
 
-func TestLogKeepsExactly1000Entries(t *testing.T) {
+// TestLogKeepsItsCapDroppingOnlyTheOldest: the log is trimmed as XADD
+// MAXLEN ~ trims (whole stream nodes), so it keeps at least the last LogCap
+// entries and at most one node more, and what it drops is the oldest.
+func TestLogKeepsItsCapDroppingOnlyTheOldest(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
-	revs := make([]int64, 1003)
+	node, _ := strconv.Atoi(srv.DoArray(t, "CONFIG", "GET", "stream-node-max-entries")[1])
+	revs := make([]int64, store.LogCap+2*node+3)
 	for i := range revs {
 		revs[i] = mustCommit(t, st, &batch.Batch{Slug: "logged", Writes: []batch.Write{put("journals", "j", batch.Blind, strconv.Itoa(i))}})
 	}
-	if got := srv.Do(t, "XLEN", key("logged", "log")); got != "1000" {
-		t.Errorf("XLEN log = %s, want 1000", got)
+	n, _ := strconv.Atoi(srv.Do(t, "XLEN", key("logged", "log")))
+	if n < store.LogCap || n > store.LogCap+node {
+		t.Fatalf("XLEN log = %d after %d commits, want %d to %d", n, len(revs), store.LogCap, store.LogCap+node)
 	}
+	oldest := len(revs) - n
 	first := srv.DoArray(t, "XRANGE", key("logged", "log"), "-", "+", "COUNT", "1")
-	if want := []string{"revision", strconv.FormatInt(revs[3], 10), "owner", "", "records", "1", "changes", "pjournals:1:j", "prev", strconv.FormatInt(revs[2], 10)}; !slices.Equal(first[1:], want) {
+	if want := []string{"revision", strconv.FormatInt(revs[oldest], 10), "owner", "", "records", "1", "changes", "pjournals:1:j", "prev", strconv.FormatInt(revs[oldest-1], 10)}; !slices.Equal(first[1:], want) {
 		t.Errorf("oldest entry = %q, want id then %q", first, want)
 	}
 }

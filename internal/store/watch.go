@@ -15,8 +15,8 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// LogCap is the number of entries a swarm's log keeps (XADD MAXLEN = in
-// lib.lua finish_commit): a Watch can resume from any revision whose next
+// LogCap is the number of entries a swarm's log keeps at least (XADD
+// MAXLEN ~ in lib.lua finish_commit: whole stream nodes are dropped): a Watch can resume from any revision whose next
 // batches are still among them.
 const LogCap = protocol.LogCap
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
 )
@@ -141,24 +142,23 @@ func TestWatchSeesExactlyTheBatchesAfterItsStartInOrder(t *testing.T) {
 func TestWatchFromBeforeTheLogIsCompacted(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
-	revs := make([]int64, store.LogCap+3)
-	for i := range revs {
-		revs[i] = mustCommit(t, st, &batch.Batch{Slug: "compacted", Writes: []batch.Write{put("journals", "j", batch.Blind, strconv.Itoa(i))}})
-	}
-	// The log holds revs[3:]: from revs[1], revs[2] is gone.
-	_, err := st.Watch(context.Background(), "compacted", revs[1])
+	revs, oldest := fencedtest.FillLogPastItsCap(t, srv, key("compacted", "log"), func(i int) int64 {
+		return mustCommit(t, st, &batch.Batch{Slug: "compacted", Writes: []batch.Write{put("journals", "j", batch.Blind, strconv.Itoa(i))}})
+	})
+	// The log holds revs[oldest:]: from revs[oldest-2], revs[oldest-1] is gone.
+	_, err := st.Watch(context.Background(), "compacted", revs[oldest-2])
 	var ce *store.CompactedError
-	if !errors.As(err, &ce) || !errors.Is(err, store.ErrRevisionCompacted) || ce.Oldest != revs[3] {
-		t.Fatalf("Watch(after %d) = %v, want *CompactedError with Oldest %d", revs[1], err, revs[3])
+	if !errors.As(err, &ce) || !errors.Is(err, store.ErrRevisionCompacted) || ce.Oldest != revs[oldest] {
+		t.Fatalf("Watch(after %d) = %v, want *CompactedError with Oldest %d", revs[oldest-2], err, revs[oldest])
 	}
-	// From revs[2], every later batch is still there.
-	w, err := st.Watch(context.Background(), "compacted", revs[2])
+	// From revs[oldest-1], every later batch is still there.
+	w, err := st.Watch(context.Background(), "compacted", revs[oldest-1])
 	if err != nil {
-		t.Fatalf("Watch(after %d): %v", revs[2], err)
+		t.Fatalf("Watch(after %d): %v", revs[oldest-1], err)
 	}
 	defer w.Close()
-	if ev := next(t, w); ev.Revision != revs[3] {
-		t.Errorf("first event after %d = %d, want %d", revs[2], ev.Revision, revs[3])
+	if ev := next(t, w); ev.Revision != revs[oldest] {
+		t.Errorf("first event after %d = %d, want %d", revs[oldest-1], ev.Revision, revs[oldest])
 	}
 }
 

@@ -130,7 +130,7 @@ end
 -- caller's, and name the fence's epoch (and owner, when given).
 local log_owner = ''
 if fence_epoch ~= '' then
-  local lease, over = read_lease(KEYS[META])
+  local lease, over = read_lease()
   if over then
     return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
   end
@@ -224,6 +224,7 @@ if limit then
   return limit
 end
 local head = '{"r":' .. rev .. ',"v":'
+local rev_number = tonumber(rev)
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
@@ -243,8 +244,10 @@ for i = 1, n do
   end
   if kind == P.KIND_PUT then
     local args = puts[ki]
+    local field = head .. value .. '}'
     args[#args + 1] = key
-    args[#args + 1] = head .. value .. '}'
+    args[#args + 1] = field
+    remember(field, rev_number)
   elseif kind == P.KIND_DELETE then
     dels[ki][#dels[ki] + 1] = key
   end

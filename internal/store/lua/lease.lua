@@ -39,7 +39,7 @@ if refusal then
 end
 
 local now = now_ms()
-local lease, over = read_lease(KEYS[1])
+local lease, over = read_lease()
 if over then
   return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
 end
@@ -153,8 +153,13 @@ if op == P.LEASE_RELEASE then
   log_change(log_changes, P.KIND_DELETE, P.KEY_META, P.FIELD_LEASE)
 else
   log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEASE)
-  redis.call('HSET', KEYS[1], P.FIELD_LEASE, head .. '{"owner":' .. json_string(owner)
-    .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
+  local field = head .. '{"owner":' .. json_string(owner)
+    .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}'
+  redis.call('HSET', KEYS[1], P.FIELD_LEASE, field)
+  if string.find(owner, '^[] -!#-[^-~]*$') then
+    -- The owner lease_of reads by its pattern: it would answer this.
+    remember(field, { rev = tonumber(rev), lease = { owner = owner, epoch = new_epoch, expires_at = expires } })
+  end
 end
 if record_epoch then
   redis.call('HSET', KEYS[1], P.FIELD_EPOCH, head .. int(new_epoch) .. '}')

@@ -9,6 +9,52 @@
 --
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
+--
+-- The committing scripts run two ways (store.go, docs/design.md §3.8): as
+-- Redis Functions of one library loaded once (FCALL: this file's functions
+-- are built once, not on every call), and as EVAL scripts where functions
+-- are not available. KEYS and ARGV below are the call's, set by begin in
+-- both: a function gets them as arguments, an EVAL script from its
+-- globals. Everything a call caches (the clock, the meta fields, the
+-- decoded section revisions) lives in locals that begin resets, because a
+-- function library's locals outlive the call.
+local KEYS, ARGV = nil, nil
+
+-- The memo: fields this library wrote, by their exact bytes, with what
+-- reading them answers (docs/design.md §3.9). A commit reads back, as the
+-- stored field of each record it overwrites, meta/section_revisions and
+-- meta/lease, what an earlier commit wrote; judging them again (the record
+-- grammar's JSON check of a value, ~3 us for 200 bytes; parsing every
+-- section's revision) is most of a commit's time in Redis. Read back with
+-- the same bytes, a field answers what its writer knew it to be: a record
+-- at revision N (its value came from a batch that fenced checked before
+-- sending: the same trust that let the commit write it), fenced's own form
+-- of meta/section_revisions with its highest revision, a lease. Redis
+-- interns Lua strings, so a lookup by the bytes just read is one hash
+-- probe, and equal bytes always answer alike: any other writer's field
+-- with other bytes misses and is judged in full. Only a function library
+-- keeps it across calls (memo_on, set by begin); an EVAL script starts
+-- empty and does not fill it. It holds at most MEMO_BYTES of fields and
+-- starts again empty when full.
+local MEMO_BYTES = 4194304
+local memo, memo_bytes, memo_on = {}, 0, false
+
+-- remember notes that raw, a field this call wrote, answers v when read
+-- (a number: a record's revision; a table: rev, and highest and body for
+-- meta/section_revisions, or lease).
+local function remember(raw, v)
+  if not memo_on then
+    return
+  end
+  local n = #raw
+  if memo[raw] == nil then
+    if memo_bytes + n > MEMO_BYTES then
+      memo, memo_bytes = {}, 0
+    end
+    memo_bytes = memo_bytes + n
+  end
+  memo[raw] = v
+end
 
 -- The record grammar (docs/design.md §2.2; Go:
 -- internal/store/record.go parseRecord accepts exactly the same fields). A
@@ -161,7 +207,12 @@ local function json_valid(s, depth_limit)
     -- own limit (1000) is not relied on (the embedded Redis has another).
     -- A nil answer is not trusted either: the embedded Redis's cjson
     -- answers nil for what it cannot decode.
-    local _, brackets = gsub(t, '[%[{]', '')
+    -- (t holds every bracket: no longer than the limit, no count needed.)
+    local brackets = #t
+    if brackets > depth_limit then
+      local _
+      _, brackets = gsub(t, '[%[{]', '')
+    end
     if brackets <= depth_limit then
       local ok, v = pcall(cjson.decode, s)
       if ok and v ~= nil then
@@ -272,7 +323,25 @@ end
 
 -- record_revision is the revision of a stored record field; nil when the
 -- field is not a record, nil, 'over' when its revision is above REV_MAX.
+-- fenced's own form is checked as parse_record does, without answering
+-- the value. (Checking the whole field instead of cutting the value out
+-- measured slower: cjson then also reads the revision, 16 digits through
+-- strtod.)
 local function record_revision(raw)
+  local m = memo[raw]
+  if m then
+    if type(m) == 'number' then
+      return m, false
+    end
+    return m.rev, false
+  end
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' and json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1) then
+    if not digits_in_range(digits) then
+      return nil, true
+    end
+    return tonumber(digits), false
+  end
   local rev, value = parse_record(raw)
   if rev == nil then
     return nil, value == 'over'
@@ -300,6 +369,12 @@ local function canonical_in_range(s)
   return canonical_digits(s) and digits_in_range(s)
 end
 
+-- digits_canonical_in_range is canonical_in_range for a string already
+-- known to be one or more decimal digits (a %d+ capture): no pattern scan.
+local function digits_canonical_in_range(d)
+  return (d == '0' or string.byte(d) ~= 48) and digits_in_range(d)
+end
+
 -- section_revisions_general reads meta/section_revisions as a record: its
 -- revision and its value decoded by cjson (nil when it does not decode);
 -- nil, nil when it is not a record; nil, 'over' when its revision is above
@@ -320,25 +395,49 @@ end
 -- and cjson would: its revision and decoded value (nil, nil when it is not
 -- a record or its value does not decode; nil, 'over' when its revision is
 -- above REV_MAX). The form fenced writes ({"r":N,"v":{"name":N,...}},
--- plain names, canonical in-range numbers) is read by patterns alone; any
--- other text goes through parse_record and cjson.
+-- plain names in the order table.sort gives, each once, canonical in-range
+-- numbers) is read by patterns alone, and answers a third value: the text
+-- between the value's braces, which finish_commit then rewrites in place
+-- (section_revisions_rewrite). Any other text goes through parse_record
+-- and cjson (no third value: finish_commit writes the table out whole).
 local function section_revisions_record(raw)
   local r, body = string.match(raw, '^{"r":(%d+),"v":{(.*)}}$')
-  if r and canonical_in_range(r) then
-    local revs, rebuilt, clean = {}, {}, true
-    for name, v in string.gmatch(body, '"([%w_%-]+)":(%d+)') do
-      if not canonical_in_range(v) then
-        clean = false
-        break
+  if r and digits_canonical_in_range(r) then
+    -- Only entries joined by commas: removing every entry leaves one comma
+    -- fewer than there were entries.
+    local rest, count = gsub(body, '"[%w_%-]+":%d+', '')
+    if rest == string.rep(',', count - 1) then
+      local revs, prev, clean = {}, nil, true
+      for name, v in string.gmatch(body, '"([%w_%-]+)":(%d+)') do
+        if not digits_canonical_in_range(v) or (prev and not (prev < name)) then
+          clean = false
+          break
+        end
+        revs[name] = tonumber(v)
+        prev = name
       end
-      rebuilt[#rebuilt + 1] = '"' .. name .. '":' .. v
-      revs[name] = tonumber(v)
-    end
-    if clean and table.concat(rebuilt, ',') == body then
-      return tonumber(r), revs
+      if clean then
+        return tonumber(r), revs, body
+      end
     end
   end
   return section_revisions_general(raw)
+end
+
+-- section_revisions_rewrite is the stored text between the braces of
+-- meta/section_revisions' value (fenced's form, as section_revisions_record
+-- answered it) with every name in changed set to rev (decimal digits); nil
+-- when one of them is not there (a new section: the caller writes the
+-- table out whole, in order).
+local function section_revisions_rewrite(body, changed, rev)
+  for name in pairs(changed) do
+    local n
+    body, n = gsub(body, '"' .. gsub(name, '%-', '%%-') .. '":%d+', '"' .. name .. '":' .. rev, 1)
+    if n ~= 1 then
+      return nil
+    end
+  end
+  return body
 end
 
 -- in_range: n is an integer in 0..REV_MAX (a decoded JSON number).
@@ -404,17 +503,35 @@ end
 -- lease script writes (a plain printable-ASCII owner, canonical in-range
 -- numbers): a commit reads the lease on every fenced batch.
 local function lease_of(raw)
+  local m = memo[raw]
+  if type(m) == 'table' and m.lease then
+    return m.lease
+  end
   local r, owner, epoch, expires = string.match(raw,
     '^{"r":(%d+),"v":{"owner":"([] -!#-[^-~]*)","epoch":(%d+),"expires_at":(%d+)}}$')
-  if r and canonical_in_range(r) and canonical_in_range(epoch) and canonical_in_range(expires) then
+  if r and digits_canonical_in_range(r) and digits_canonical_in_range(epoch) and digits_canonical_in_range(expires) then
     return { owner = owner, epoch = tonumber(epoch), expires_at = tonumber(expires) }
   end
   return lease_general(raw)
 end
 
+-- meta_field is a stored field of KEYS[1] (meta) that every committing
+-- script reads (P.FIELD_LAYOUT, P.FIELD_LEASE, P.FIELD_SECTION_REVISIONS),
+-- false when absent. The first call reads all three in one HMGET: a script
+-- reads each before its first write and never after, so one reading
+-- serves (a redis.call fewer, two on a fenced batch).
+local meta_fields = nil
+local function meta_field(name)
+  if meta_fields == nil then
+    local got = redis.call('HMGET', KEYS[1], P.FIELD_LAYOUT, P.FIELD_LEASE, P.FIELD_SECTION_REVISIONS)
+    meta_fields = { [P.FIELD_LAYOUT] = got[1], [P.FIELD_LEASE] = got[2], [P.FIELD_SECTION_REVISIONS] = got[3] }
+  end
+  return meta_fields[name]
+end
+
 -- read_lease decodes meta/lease (lease_of); nil when absent.
-local function read_lease(meta)
-  local raw = redis.call('HGET', meta, P.FIELD_LEASE)
+local function read_lease()
+  local raw = meta_field(P.FIELD_LEASE)
   if not raw then
     return nil
   end
@@ -426,7 +543,7 @@ end
 -- a pattern; any other text is decoded as a record.
 local function layout_is_document(raw)
   local r = string.match(raw, '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$')
-  if r and canonical_in_range(r) then
+  if r and digits_canonical_in_range(r) then
     return false
   end
   return record_value(raw) == P.LAYOUT_DOCUMENT
@@ -438,7 +555,7 @@ end
 -- document key has another slot, so the caller looks and calls again with
 -- mode 'l'.
 local function check_layout(stamp, layout_checked, slug)
-  local layout = redis.call('HGET', KEYS[1], P.FIELD_LAYOUT)
+  local layout = meta_field(P.FIELD_LAYOUT)
   if layout then
     if layout_is_document(layout) then
       return layout, { P.REPLY_LAYOUT_DOCUMENT }
@@ -450,18 +567,14 @@ local function check_layout(stamp, layout_checked, slug)
   elseif not layout_checked then
     return nil, { P.REPLY_LAYOUT_UNKNOWN }
   end
-  return layout, nil
+  return layout or nil, nil
 end
 
 -- section_revisions_field is the stored meta/section_revisions field (false
 -- when absent), read once per script: a commit needs it for its revision
 -- floor, its section checks and its new section revisions.
-local section_revisions_raw = nil
 local function section_revisions_field()
-  if section_revisions_raw == nil then
-    section_revisions_raw = redis.call('HGET', KEYS[1], P.FIELD_SECTION_REVISIONS) or false
-  end
-  return section_revisions_raw
+  return meta_field(P.FIELD_SECTION_REVISIONS)
 end
 
 -- section_revisions decodes meta/section_revisions: section name -> the
@@ -469,9 +582,17 @@ end
 -- Decoded once per script (swarm_floor first); finish_commit updates the
 -- same table.
 local section_revs_decoded = nil
+local section_revisions_body = nil
 local function section_revisions()
   if section_revs_decoded == nil then
     section_revs_decoded = {}
+    if section_revisions_body then
+      -- fenced's own form (the memo's): every entry a plain name and a
+      -- canonical revision in range.
+      for name, v in string.gmatch(section_revisions_body, '"([%w_%-]+)":(%d+)') do
+        section_revs_decoded[name] = tonumber(v)
+      end
+    end
   end
   return section_revs_decoded
 end
@@ -484,6 +605,10 @@ end
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
+-- section_revisions_body (above) is the stored meta/section_revisions' text
+-- between its value's braces when it has fenced's own form
+-- (section_revisions_record's third answer, or the memo's), for
+-- finish_commit to rewrite in place; nil otherwise.
 local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
@@ -500,7 +625,18 @@ local function swarm_floor()
   local raw = section_revisions_field()
   local revs = {}
   if raw then
-    local r, revs_or_over = section_revisions_record(raw)
+    local m = memo[raw]
+    if type(m) == 'table' and m.body then
+      -- Written by this library in fenced's own form: its highest
+      -- revision is known; section_revisions decodes it only if asked.
+      section_revisions_body = m.body
+      if m.highest > highest then
+        highest = m.highest
+      end
+      return highest
+    end
+    local r, revs_or_over, body = section_revisions_record(raw)
+    section_revisions_body = body
     if revs_or_over == 'over' then
       return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
     end
@@ -597,7 +733,7 @@ end
 -- finish_commit does what every commit ends with: the section revisions of
 -- the sections the batch changed (a set of names; nil: none) raised to rev,
 -- meta/layout set to records when absent, the standalone stamp, and one log
--- entry (the log keeps exactly the last P.LOG_CAP; request_id only when
+-- entry (the log keeps at least the last P.LOG_CAP, XADD MAXLEN ~; request_id only when
 -- given): revision, owner, records, [request_id], then changes (log_change's
 -- items, concatenated) or, over P.LOG_CHANGES_MAX bytes, sections (the
 -- changed sections' names, sorted, joined by ','), then prev: the swarm
@@ -606,7 +742,17 @@ end
 -- entry left the log when prev <= r.
 local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id, changes)
   local head = '{"r":' .. rev .. ',"v":'
-  if changed and next(changed) then
+  local rewritten = nil
+  if changed and next(changed) and section_revisions_body then
+    rewritten = section_revisions_rewrite(section_revisions_body, changed, rev)
+  end
+  if rewritten then
+    local field = head .. '{' .. rewritten .. '}}'
+    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, field)
+    -- Every entry it kept was a floor of this commit: rev is above them.
+    local r = tonumber(rev)
+    remember(field, { rev = r, highest = r, body = rewritten })
+  elseif changed and next(changed) then
     local revs = section_revisions()
     for name in pairs(changed) do
       revs[name] = tonumber(rev)
@@ -650,5 +796,17 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
   end
   entry[#entry + 1] = P.LOG_FIELD_PREV
   entry[#entry + 1] = prior_revision
-  redis.call('XADD', KEYS[3], 'MAXLEN', '=', P.LOG_CAP, '*', unpack(entry))
+  redis.call('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
+end
+
+-- begin starts a call: its KEYS and ARGV, and nothing cached from another
+-- call (a function library's locals live as long as the library).
+local function begin(keys, argv, library)
+  KEYS, ARGV = keys, argv
+  memo_on = library == true
+  clock_reply = nil
+  meta_fields = nil
+  section_revs_decoded = nil
+  prior_revision = '0'
+  section_revisions_body = nil
 end

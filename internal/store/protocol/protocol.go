@@ -196,8 +196,14 @@ const (
 	CheckMissing   = "m"
 )
 
-// LogCap is how many entries the log keeps (XADD MAXLEN =).
+// LogCap is how many entries the log keeps at least: XADD MAXLEN ~ LogCap
+// (LogTrim) drops the oldest whole stream node once the log is a node
+// (stream-node-max-entries, 100, or stream-node-max-bytes, 4096) past it.
+// An exact trim (MAXLEN =) cost ~3 µs of Redis time on every commit.
 const LogCap = 1000
+
+// LogTrim is XADD's MAXLEN modifier for the log: approximate.
+const LogTrim = "~"
 
 // RevMax (2^53-1) is the largest revision, epoch or time fenced writes or
 // compares: Redis's Lua numbers are doubles, exact up to it.
@@ -269,6 +275,7 @@ var entries = []struct{ name, value string }{
 	{"LOG_FIELD_PREV", LogFieldPrev},
 	{"LOG_CHANGES_MAX", strconv.Itoa(LogChangesMax)},
 	{"LOG_CAP", strconv.Itoa(LogCap)},
+	{"LOG_TRIM", LogTrim},
 	{"CHECK_RECORD", CheckRecord},
 	{"CHECK_NOT_RECORD", CheckNotRecord},
 	{"CHECK_INDEXED", CheckIndexed},

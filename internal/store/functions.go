@@ -1,0 +1,177 @@
+package store
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/redis/rueidis"
+)
+
+// The committing scripts (commit, commit with by-name, lease) as Redis
+// Functions (docs/design.md §3.8). An EVAL script is one Lua function that
+// Redis calls anew every time: every call built the prelude's P table and
+// every helper of lib.lua (and byname.lua) before its first line of work,
+// ~4-5 µs of Redis time per batch. A function library runs that once, when
+// it is loaded; FCALL then runs only the call's own code. The library holds
+// the same files as the scripts, so both ways answer byte for byte alike.
+//
+// Functions are a fast path, never a requirement: where FUNCTION LOAD is
+// unknown (Redis before 7.0, the embedded Redis of development mode) or
+// refused (an ACL without +function|load or +fcall), fenced calls the
+// scripts as before (EVALSHA). A call that Redis refuses before running
+// the function (FCALL's "Function not found" after a restart without
+// persistence or FUNCTION FLUSH, and the refusals of a function that
+// writes: OOM, READONLY, MISCONF, NOREPLICAS) is sent again as the script,
+// which Redis judges as it always has (an EVAL script without flags is
+// refused at its first write, so a request id's replay under OOM still
+// answers without writing); "Function not found" also has the library
+// loaded again.
+
+// fencedLibrary is the function library's text; libraryName its name,
+// fenced_ and 12 hex digits of the SHA-1 of its code, so that fenced
+// versions with other code (a rolling upgrade) load libraries of their own
+// and never replace one another's.
+var (
+	libraryCode = "local function init()\n" + protocol.Prelude + "\n" + mustScript("lib.lua") + "\n" + mustScript("byname.lua") +
+		"\nlocal function commit_plain()\nlocal byname = nil\n" + mustScript("commit.lua") + "\nend\n" +
+		"\nlocal function commit_byname()\n" + mustScript("commit.lua") + "\nend\n" +
+		"\nlocal function lease_main()\n" + mustScript("lease.lua") + "\nend\n" +
+		"return { begin = begin, commit_plain = commit_plain, commit_byname = commit_byname, lease_main = lease_main }\nend\n" +
+		"local impl = nil\n"
+	libraryName          = "fenced_" + codeHash(libraryCode)
+	functionCommit       = libraryName + "_commit"
+	functionCommitByName = libraryName + "_commit_byname"
+	functionLease        = libraryName + "_lease"
+	fencedLibrary        = "#!lua name=" + libraryName + "\n" + libraryCode +
+		register(functionCommit, "commit_plain") +
+		register(functionCommitByName, "commit_byname") +
+		register(functionLease, "lease_main")
+)
+
+func codeHash(code string) string {
+	sum := sha1.Sum([]byte(code))
+	return hex.EncodeToString(sum[:6])
+}
+
+// register is the library's line registering main as the function name,
+// called with the call's KEYS and ARGV (lib.lua begin). The library's code
+// is run by the first call (init), not when it is loaded: Redis loads a
+// library with no global but `redis` in reach (not even string or
+// tonumber), and the files use them at their top level.
+func register(name, main string) string {
+	return fmt.Sprintf("\nredis.register_function('%s', function(keys, args)\n  if impl == nil then impl = init() end\n  impl.begin(keys, args, true)\n  return impl.%s()\nend)\n", name, main)
+}
+
+// functionsState is whether this Store calls the committing scripts as
+// functions.
+type functionsState int32
+
+const (
+	// functionsUnknown: not loaded yet, or Redis forgot them: the next call
+	// loads the library (and goes as a script while that runs).
+	functionsUnknown functionsState = iota
+	// functionsLoaded: calls go as FCALL.
+	functionsLoaded
+	// functionsUnavailable: Redis does not know FUNCTION or refuses it:
+	// calls go as scripts until LoadScripts tries again.
+	functionsUnavailable
+)
+
+// functions is a Store's use of the library: its state and the one load
+// in flight.
+type functions struct {
+	state   atomic.Int32
+	loading sync.Mutex
+}
+
+// useFunctions reports whether sc is called as its function now. With the
+// library not known to be loaded, the caller that gets there first loads it
+// (the others go as scripts meanwhile).
+func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
+	if sc.fn == "" {
+		return false
+	}
+	switch functionsState(s.fns.state.Load()) {
+	case functionsLoaded:
+		return true
+	case functionsUnavailable:
+		return false
+	}
+	if !s.fns.loading.TryLock() {
+		return false
+	}
+	defer s.fns.loading.Unlock()
+	if functionsState(s.fns.state.Load()) != functionsUnknown {
+		return functionsState(s.fns.state.Load()) == functionsLoaded
+	}
+	s.loadFunctions(ctx)
+	return functionsState(s.fns.state.Load()) == functionsLoaded
+}
+
+// loadFunctions loads fencedLibrary on every node that takes writes
+// (FUNCTION LOAD REPLACE; replicas get it from their primary) and sets the
+// state: loaded when every primary took it, unavailable when one does not
+// know FUNCTION or refuses it, unknown (try again) on any other failure.
+func (s *Store) loadFunctions(ctx context.Context) {
+	state := functionsLoaded
+	for _, node := range s.c().Nodes() {
+		err := node.Do(ctx, node.B().FunctionLoad().Replace().FunctionCode(fencedLibrary).Build()).Error()
+		if err == nil {
+			continue
+		}
+		if rerr, ok := rueidis.IsRedisErr(err); ok {
+			msg := rerr.Error()
+			switch {
+			case strings.HasPrefix(msg, "READONLY"):
+				continue // a replica: its primary's library reaches it
+			case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "unknown command"),
+				strings.Contains(msg, "unknown subcommand"):
+				if !s.functionsRefused.Swap(true) {
+					// Redis quotes the command's first arguments: the library.
+					why, _, _ := strings.Cut(msg, ", with args")
+					s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
+				}
+				s.fns.state.Store(int32(functionsUnavailable))
+				return
+			}
+		}
+		state = functionsUnknown
+	}
+	s.fns.state.Store(int32(state))
+}
+
+// fcallFallsBack reports whether FCALL's error says Redis refused the call
+// before running the function, so that it is sent again as the script: the
+// library is not loaded there ("Function not found": the library is loaded
+// again by a later call), or Redis refuses every function that writes (OOM,
+// READONLY, MISCONF, NOREPLICAS) where a script is judged at its first
+// write.
+func (s *Store) fcallFallsBack(err error) bool {
+	var rerr *rueidis.RedisError
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	if strings.Contains(msg, "Function not found") {
+		s.fns.state.CompareAndSwap(int32(functionsLoaded), int32(functionsUnknown))
+		return true
+	}
+	code, _, _ := strings.Cut(msg, " ")
+	switch code {
+	case "OOM", "READONLY", "MISCONF", "NOREPLICAS":
+		return true
+	}
+	return false
+}
+
+// fcall is FCALL of sc's function.
+func fcall(b rueidis.Builder, sc *script, keys, args []string) rueidis.Completed {
+	return b.Fcall().Function(sc.fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}

@@ -1,0 +1,241 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// calls is INFO commandstats' count of calls of cmd ("fcall", "evalsha",
+// "eval"), 0 when there were none.
+func calls(t *testing.T, srv *redistest.Server, cmd string) int {
+	t.Helper()
+	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		if ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+// scriptCalls is how many calls went as EVAL scripts.
+func scriptCalls(t *testing.T, srv *redistest.Server) int {
+	return calls(t, srv, "evalsha") + calls(t, srv, "eval")
+}
+
+// openAs opens a Store on srv as an ACL user with the given rules.
+func openAs(t *testing.T, srv *redistest.Server, user string, rules ...string) *store.Store {
+	t.Helper()
+	srv.Do(t, append([]string{"ACL", "SETUSER", user, "on", ">pw", "~*", "+@all"}, rules...)...)
+	st, err := store.Open("redis://"+user+":pw@"+srv.Addr(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open as %s: %v", user, err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// TestCommitsAndLeasesRunAsFunctions: on a Redis that takes the function
+// library, commits (with and without by-name) and lease changes go as
+// FCALL, none as a script.
+func TestCommitsAndLeasesRunAsFunctions(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	l, _, err := st.Acquire(ctx, "fn", "owner-a", time.Minute.Milliseconds())
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	fence := &batch.Fence{Owner: "owner-a", Epoch: l.Epoch}
+	mustCommit(t, st, &batch.Batch{Slug: "fn", Fence: fence, Writes: []batch.Write{put("claims", "c", batch.Absent, `1`)}})
+	mustCommit(t, st, &batch.Batch{Slug: "fn", Fence: fence, Writes: []batch.Write{put("executions", "e-1", batch.Absent, `{"name":"n","generation":1}`)}})
+	if _, _, err := st.Renew(ctx, "fn", "owner-a", l.Epoch, time.Minute.Milliseconds()); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if f, s := calls(t, srv, "fcall"), scriptCalls(t, srv); f != 4 || s != 0 {
+		t.Errorf("after a grant, two commits and a renewal: %d FCALLs and %d script calls, want 4 and 0", f, s)
+	}
+	if libs := srv.Do(t, "FUNCTION", "LIST"); !strings.Contains(libs, "fenced_") {
+		t.Errorf("FUNCTION LIST = %q, want fenced's library", libs)
+	}
+}
+
+// TestFunctionsForgottenByRedisAreLoadedAgain: after FUNCTION FLUSH (as
+// after a restart without persistence), the next commit still commits (as
+// a script) and loads the library again, so that the one after is FCALL.
+func TestFunctionsForgottenByRedisAreLoadedAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	b := func(v string) *batch.Batch {
+		return &batch.Batch{Slug: "flushed", Writes: []batch.Write{put("claims", "c", batch.Blind, v)}}
+	}
+	first := mustCommit(t, st, b(`1`))
+	srv.Do(t, "FUNCTION", "FLUSH")
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	second := mustCommit(t, st, b(`2`))
+	scripted := scriptCalls(t, srv)
+	if scripted == 0 {
+		t.Errorf("the commit after FUNCTION FLUSH made no script call")
+	}
+	third := mustCommit(t, st, b(`3`))
+	if !(first < second && second < third) {
+		t.Errorf("revisions %d, %d, %d: want increasing", first, second, third)
+	}
+	if s, f := scriptCalls(t, srv), calls(t, srv, "fcall"); s != scripted || f != 2 {
+		t.Errorf("the commit after that: %d more script calls and %d FCALLs in all, want none and 2 (the refused one, then this one: the library was loaded again)", s-scripted, f)
+	}
+	if got := srv.Do(t, "HGET", key("flushed", "claims"), "c"); got != `{"r":`+strconv.FormatInt(third, 10)+`,"v":3}` {
+		t.Errorf("claims/c = %s, want the third commit's record", got)
+	}
+}
+
+// TestRedisRefusingFunctionsCommitsAsScripts: an ACL user without FCALL
+// and FUNCTION commits as before, through EVALSHA.
+func TestRedisRefusingFunctionsCommitsAsScripts(t *testing.T) {
+	srv := redistest.Start(t)
+	st := openAs(t, srv, "nofunctions", "-fcall", "-function")
+	l, _, err := st.Acquire(context.Background(), "scripted", "owner-a", time.Minute.Milliseconds())
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	mustCommit(t, st, &batch.Batch{Slug: "scripted", Fence: &batch.Fence{Owner: "owner-a", Epoch: l.Epoch},
+		Writes: []batch.Write{put("claims", "c", batch.Absent, `1`)}})
+	if f, s := calls(t, srv, "fcall"), scriptCalls(t, srv); f != 0 || s < 2 {
+		t.Errorf("%d FCALLs and %d script calls, want 0 and at least 2", f, s)
+	}
+}
+
+// TestFunctionsAndScriptsWriteTheSameBytes runs one sequence of lease
+// changes and batches (puts, deletes, checks, by-name, a conflict, a stale
+// fence) through the function library on one Redis and through the
+// scripts on another: every key holds the same bytes but for the numbers
+// that come from the clock (revisions, epochs, expiries, stream ids).
+func TestFunctionsAndScriptsWriteTheSameBytes(t *testing.T) {
+	run := func(st *store.Store) []string {
+		ctx := context.Background()
+		var outcomes []string
+		note := func(err error) { outcomes = append(outcomes, strings.Split(errString(err), "revision")[0]) }
+		l, _, err := st.Acquire(ctx, "same", "owner-a", time.Minute.Milliseconds())
+		note(err)
+		fence := &batch.Fence{Owner: "owner-a", Epoch: l.Epoch}
+		r1, err := st.Commit(ctx, &batch.Batch{Slug: "same", Fence: fence, Writes: []batch.Write{
+			put("claims", "a", batch.Absent, `{"x":1}`), put("claims", "b", batch.Absent, `[1,2]`),
+			put("executions", "e-1", batch.Absent, `{"name":"agent","generation":3,"status":"running"}`),
+			put("executions", "e-2", batch.Absent, `{"name":"agent","generation":4}`),
+		}})
+		note(err)
+		_, err = st.Commit(ctx, &batch.Batch{Slug: "same", Fence: fence, Writes: []batch.Write{
+			{Kind: batch.KindDelete, Section: "executions", Key: "e-2", Expected: r1},
+			{Kind: batch.KindCheck, Section: "claims", Key: "a", Expected: r1},
+			put("intents", "i", batch.Blind, `"go"`),
+		}})
+		note(err)
+		_, err = st.Commit(ctx, &batch.Batch{Slug: "same", Fence: fence, Writes: []batch.Write{put("claims", "a", 1, `0`)}})
+		note(err)
+		_, err = st.Commit(ctx, &batch.Batch{Slug: "same", Fence: &batch.Fence{Epoch: l.Epoch + 1}, Writes: []batch.Write{put("claims", "a", batch.Blind, `0`)}})
+		note(err)
+		_, _, err = st.Renew(ctx, "same", "owner-a", l.Epoch, time.Minute.Milliseconds())
+		note(err)
+		return outcomes
+	}
+	clock := regexp.MustCompile(`\d{10,}(-\d+)?`)
+	withFunctions, withScripts := redistest.Start(t), redistest.Start(t)
+	a := run(open(t, withFunctions))
+	b := run(openAs(t, withScripts, "nofunctions", "-fcall", "-function"))
+	if calls(t, withFunctions, "fcall") == 0 || calls(t, withScripts, "fcall") != 0 {
+		t.Fatalf("FCALLs: %d with functions, %d without: the two runs did not take the two paths",
+			calls(t, withFunctions, "fcall"), calls(t, withScripts, "fcall"))
+	}
+	if clock.ReplaceAllString(strings.Join(a, "\n"), "N") != clock.ReplaceAllString(strings.Join(b, "\n"), "N") {
+		t.Errorf("outcomes differ:\nfunctions: %q\nscripts:   %q", a, b)
+	}
+	da, db := clock.ReplaceAllString(withFunctions.Dump(t), "N"), clock.ReplaceAllString(withScripts.Dump(t), "N")
+	if da != db {
+		t.Errorf("stored bytes differ:\nfunctions:\n%s\nscripts:\n%s", da, db)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return err.Error()
+}
+
+// TestMemoAnswersOnlyForTheBytesFencedWrote: the function library
+// remembers the fields it wrote (records, meta/section_revisions,
+// meta/lease); a field another writer changed, even to a record at the same
+// revision, is judged in full: a corrupt value is CORRUPT, a higher section
+// revision or epoch is a floor.
+func TestMemoAnswersOnlyForTheBytesFencedWrote(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	l, _, err := st.Acquire(ctx, "memo", "owner-a", time.Minute.Milliseconds())
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	fence := &batch.Fence{Owner: "owner-a", Epoch: l.Epoch}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("claims", "c", batch.Absent, `{"n":1}`)}})
+	if calls(t, srv, "fcall") == 0 {
+		t.Fatal("the commit did not go as FCALL: the memo is not in play")
+	}
+	// The same revision, a value that is not JSON: not a record.
+	srv.Do(t, "HSET", key("memo", "claims"), "c", `{"r":`+strconv.FormatInt(rev, 10)+`,"v":{"n":1}`+"}}")
+	_, err = st.Commit(ctx, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("claims", "c", rev, `2`)}})
+	var ce *store.CorruptError
+	if !errors.As(err, &ce) {
+		t.Errorf("a CAS over a field another writer broke at the same revision = %v, want *CorruptError", err)
+	}
+	// A section revision far above the clock, written by another writer:
+	// the next revision is above it.
+	high := int64(9_000_000_000_000_000)
+	srv.Do(t, "HSET", key("memo", "meta"), "section_revisions",
+		`{"r":`+strconv.FormatInt(rev, 10)+`,"v":{"claims":`+strconv.FormatInt(high, 10)+`,"meta":1}}`)
+	next := mustCommit(t, st, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("intents", "i", batch.Blind, `1`)}})
+	if next <= high {
+		t.Errorf("revision after another writer's section revision %d = %d, want above it", high, next)
+	}
+	// Another writer's lease at another epoch: the fence of the old one is stale.
+	srv.Do(t, "HSET", key("memo", "meta"), "lease",
+		`{"r":1,"v":{"owner":"owner-a","epoch":`+strconv.FormatInt(l.Epoch+1, 10)+`,"expires_at":9000000000000}}`)
+	_, err = st.Commit(ctx, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("intents", "i", batch.Blind, `2`)}})
+	if !errors.Is(err, store.ErrLeaseStale) {
+		t.Errorf("a fence of epoch %d over another writer's lease at epoch %d = %v, want ErrLeaseStale", l.Epoch, l.Epoch+1, err)
+	}
+}
+
+// TestMemoStaysWithinItsBound: 24 MiB of distinct records committed through
+// the library leave its Lua memory within the memo's 4 MiB and slack for
+// what the collector has not freed yet (without the bound: ~26 MB).
+func TestMemoStaysWithinItsBound(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	value := `"` + strings.Repeat("x", 64<<10) + `"`
+	for i := range 384 {
+		mustCommit(t, st, &batch.Batch{Slug: "bound", Writes: []batch.Write{put("journals", strconv.Itoa(i), batch.Absent, value)}})
+	}
+	if calls(t, srv, "fcall") == 0 {
+		t.Fatal("the commits did not go as FCALL: the memo is not in play")
+	}
+	var used int
+	for line := range strings.SplitSeq(srv.Do(t, "INFO", "memory"), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory_vm_functions:"); ok {
+			used, _ = strconv.Atoi(v)
+		}
+	}
+	if used == 0 || used > 12<<20 {
+		t.Errorf("used_memory_vm_functions = %d bytes after 24 MiB of records, want at most 12 MiB (memo 4 MiB)", used)
+	}
+}
