@@ -701,3 +701,27 @@ func TestKeyOfAnotherTypeRefusedBeforeAnyWrite(t *testing.T) {
 		})
 	}
 }
+
+// TestLogAtItsLastIDRefusesBeforeAnyWrite: a log stream whose last id is
+// the largest there is (set by a writer adding entries with explicit ids)
+// takes no more entries; the commit and the lease change are refused as a
+// corrupt log and nothing is written (the log entry is the first write).
+func TestLogAtItsLastIDRefusesBeforeAnyWrite(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "exhausted"
+	rev := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", batch.Absent, `1`)}})
+	srv.Do(t, "XADD", key(slug, "log"), "18446744073709551615-18446744073709551615", "revision", "0")
+	before := dumpSwarm(t, srv)
+	_, err := st.Commit(context.Background(), &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", rev, `2`)}})
+	var ce *store.CorruptError
+	if !errors.As(err, &ce) || ce.Key != "log" {
+		t.Errorf("Commit onto an exhausted log = %v, want *CorruptError naming the log", err)
+	}
+	if _, _, err := st.Acquire(context.Background(), slug, "o-1", 10_000); !errors.As(err, &ce) || ce.Key != "log" {
+		t.Errorf("Acquire onto an exhausted log = %v, want *CorruptError naming the log", err)
+	}
+	if after := dumpSwarm(t, srv); after != before {
+		t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}

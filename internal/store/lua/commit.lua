@@ -206,16 +206,15 @@ if not mutates then
   return { P.REPLY_OK, redis.call('GET', KEYS[REV]) or '0' }
 end
 
--- Keys written below without having been read above must not hold
--- another type: Redis would refuse the write half way through.
-local extra = nil
+-- by-name's keys are written below without having been read above: they
+-- must not hold another type, or Redis would refuse a write half way
+-- through. (The log and the stamp are start_commit's: written first.)
 if byname then
-  extra = { { KEYS[byname.NAMES], 'hash', P.KEY_BY_NAME },
-    { byname.index_key(KEYS[byname.NAMES]), 'zset', P.KEY_BY_NAME_INDEX } }
-end
-local wrong = written_keys_refusal(stamp, extra)
-if wrong then
-  return wrong
+  local wrong = wrong_type({ { KEYS[byname.NAMES], 'hash', P.KEY_BY_NAME },
+    { byname.index_key(KEYS[byname.NAMES]), 'zset', P.KEY_BY_NAME_INDEX } })
+  if wrong then
+    return wrong
+  end
 end
 
 -- 4. Commit.
@@ -264,6 +263,12 @@ for i = 1, n do
   end
 end
 
+-- The first writes: the log entry, the stamp, the counter.
+local refused_write = start_commit(rev, stamp, slug, log_owner, records, changed, request_id, log_changes)
+if refused_write then
+  return refused_write
+end
+
 for _, ki in ipairs(touched) do
   if #puts[ki] > 0 then
     redis.call('HSET', KEYS[ki], unpack(puts[ki]))
@@ -282,7 +287,7 @@ end
 if request_key then
   redis.call('SET', request_key, rev .. ':' .. digest, 'PX', window)
 end
-finish_commit(rev, layout, stamp, slug, log_owner, records, changed, request_id, log_changes)
+finish_commit(rev, layout, changed)
 if byname_stale then
   return { P.REPLY_OK, rev, P.REPLY_BYNAME_STALE }
 end

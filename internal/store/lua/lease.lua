@@ -137,22 +137,36 @@ if granted then
   end
   highest = math.max(highest, changes_rev)
 end
-local wrong = written_keys_refusal(stamp)
-if wrong then
-  return wrong
-end
 local rev, limit = next_revision(math.max(highest, floor))
 if limit then
   return limit
 end
 local head = '{"r":' .. rev .. ',"v":'
+-- The log entry names the records in the order they are written below.
 local records = 1
 local log_changes = {}
 if op == P.LEASE_RELEASE then
-  redis.call('HDEL', KEYS[1], P.FIELD_LEASE)
   log_change(log_changes, P.KIND_DELETE, P.KEY_META, P.FIELD_LEASE)
 else
   log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEASE)
+end
+if record_epoch then
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_EPOCH)
+  records = records + 1
+end
+if granted then
+  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEADER_CHANGES)
+  records = records + 1
+end
+-- The first writes: the log entry, the stamp, the counter.
+local changed = { [P.KEY_META] = true }
+local refused_write = start_commit(rev, stamp, slug, owner, records, changed, nil, log_changes)
+if refused_write then
+  return refused_write
+end
+if op == P.LEASE_RELEASE then
+  redis.call('HDEL', KEYS[1], P.FIELD_LEASE)
+else
   local field = head .. '{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}'
   redis.call('HSET', KEYS[1], P.FIELD_LEASE, field)
@@ -163,18 +177,14 @@ else
 end
 if record_epoch then
   redis.call('HSET', KEYS[1], P.FIELD_EPOCH, head .. int(new_epoch) .. '}')
-  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_EPOCH)
-  records = records + 1
 end
 if granted then
   if type(changes) ~= 'number' then
     changes = 0
   end
   redis.call('HSET', KEYS[1], P.FIELD_LEADER_CHANGES, head .. int(changes + 1) .. '}')
-  log_change(log_changes, P.KIND_PUT, P.KEY_META, P.FIELD_LEADER_CHANGES)
-  records = records + 1
 end
-finish_commit(rev, layout, stamp, slug, owner, records, { [P.KEY_META] = true }, nil, log_changes)
+finish_commit(rev, layout, changed)
 local replaced = { '', '', '' }
 if granted and lease and lease.owner ~= owner then
   replaced = { lease.owner, int(lease.epoch), int(lease.expires_at) }

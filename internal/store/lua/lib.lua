@@ -663,8 +663,8 @@ local function swarm_floor()
   return highest
 end
 
--- next_revision answers the revision of a commit as a decimal string and
--- sets the swarm counter to it: above highest (the floors: swarm_floor's
+-- next_revision answers the revision of a commit as a decimal string
+-- (start_commit sets the swarm counter to it): above highest (the floors: swarm_floor's
 -- and the stored revisions of the records the commit writes) and at least
 -- Redis's clock in microseconds, so that no revision is issued twice even
 -- after Redis lost acknowledged writes (a crash, a failover to a lagging
@@ -680,9 +680,7 @@ local function next_revision(highest)
   if rev > REV_MAX then
     return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
   end
-  rev = int(rev)
-  redis.call('SET', KEYS[2], rev)
-  return rev
+  return int(rev)
 end
 
 -- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
@@ -714,33 +712,79 @@ local function wrong_type(list)
   return nil
 end
 
--- written_keys_refusal is wrong_type of the keys finish_commit writes
--- without reading them first: the log, and the standalone stamp. Called
--- before a commit's first write (with extra entries for other such keys):
--- Redis refuses a write to a key of another type mid-script (WRONGTYPE),
--- after the script's earlier writes, which it does not undo.
-local function written_keys_refusal(stamp, extra)
-  local list = { { KEYS[3], 'stream', P.KEY_LOG } }
-  if stamp then
-    list[#list + 1] = { KEYS[#KEYS], 'hash', 'state:fencing:current' }
-  end
-  for _, k in ipairs(extra or {}) do
-    list[#list + 1] = k
-  end
-  return wrong_type(list)
+-- refusal_of is the answer to a write that Redis refused (err, the error
+-- pcall answered) on key, which the commit writes without reading it
+-- first (want: its Redis type, name: how a refusal names it):
+-- {'WRONGTYPE', name, type, want} when the key holds another type, else
+-- Redis's own error reply.
+local function refusal_of(err, key, want, name)
+  return wrong_type({ { key, want, name } }) or err
 end
 
--- finish_commit does what every commit ends with: the section revisions of
--- the sections the batch changed (a set of names; nil: none) raised to rev,
--- meta/layout set to records when absent, the standalone stamp, and one log
--- entry (the log keeps at least the last P.LOG_CAP, XADD MAXLEN ~; request_id only when
--- given): revision, owner, records, [request_id], then changes (log_change's
--- items, concatenated) or, over P.LOG_CHANGES_MAX bytes, sections (the
--- changed sections' names, sorted, joined by ','), then prev: the swarm
--- revision before this commit (the previous entry's revision), so that a
--- reader resuming after revision r knows nothing between r and the oldest
--- entry left the log when prev <= r.
-local function finish_commit(rev, layout, stamp, slug, owner, records, changed, request_id, changes)
+-- start_commit makes a commit's first writes, after every check: first
+-- those to keys it has not read, whose Redis type it does not know: the
+-- log entry (XADD), then on standalone the stamp; then the swarm counter.
+-- The first two go by pcall: when XADD refuses (a key of another type, a
+-- stream whose last id is the largest there is), nothing was written; when
+-- the stamp refuses, the log entry is deleted again (XDEL; what XADD's
+-- approximate trim dropped stays dropped: entries past the cap). So no
+-- TYPE is needed before the first write, and no refusal leaves a commit
+-- half done (Redis does not undo a script's writes when a later one fails).
+-- It answers the refusal, nil when the commit goes on.
+--
+-- The log entry (the log keeps at least the last P.LOG_CAP, XADD MAXLEN ~;
+-- request_id only when given): revision, owner, records, [request_id], then
+-- changes (log_change's items, concatenated) or, over P.LOG_CHANGES_MAX
+-- bytes, sections (the changed sections' names, sorted, joined by ','),
+-- then prev: the swarm revision before this commit (the previous entry's
+-- revision), so that a reader resuming after revision r knows nothing
+-- between r and the oldest entry left the log when prev <= r.
+local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
+  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
+  if request_id then
+    entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
+    entry[#entry + 1] = request_id
+  end
+  local text = table.concat(changes)
+  if #text <= tonumber(P.LOG_CHANGES_MAX) then
+    entry[#entry + 1] = P.LOG_FIELD_CHANGES
+    entry[#entry + 1] = text
+  else
+    local names = {}
+    for name in pairs(changed) do
+      names[#names + 1] = name
+    end
+    table.sort(names)
+    entry[#entry + 1] = P.LOG_FIELD_SECTIONS
+    entry[#entry + 1] = table.concat(names, P.LOG_SECTIONS_SEPARATOR)
+  end
+  entry[#entry + 1] = P.LOG_FIELD_PREV
+  entry[#entry + 1] = prior_revision
+  local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
+  if type(id) == 'table' and id.err then
+    if string.sub(id.err, 1, 4) == 'ERR ' then
+      -- Not Redis refusing writes (OOM, READONLY...: its own reply) but
+      -- this stream refusing entries: one whose last id is the largest.
+      return { P.REPLY_CORRUPT, '', P.KEY_LOG }
+    end
+    return refusal_of(id, KEYS[3], 'stream', P.KEY_LOG)
+  end
+  if stamp then
+    local set = redis.pcall('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
+    if type(set) == 'table' and set.err then
+      redis.call('XDEL', KEYS[3], id)
+      return refusal_of(set, KEYS[#KEYS], 'hash', 'state:fencing:current')
+    end
+  end
+  redis.call('SET', KEYS[2], rev)
+  return nil
+end
+
+-- finish_commit does what every commit ends with (after start_commit and
+-- its own writes): the section revisions of the sections the batch
+-- changed (a set of names; nil: none) raised to rev, and meta/layout set to
+-- records when absent. Both are fields of meta, a hash the commit has read.
+local function finish_commit(rev, layout, changed)
   local head = '{"r":' .. rev .. ',"v":'
   local rewritten = nil
   if changed and next(changed) and section_revisions_body then
@@ -773,30 +817,6 @@ local function finish_commit(rev, layout, stamp, slug, owner, records, changed, 
   if not layout then
     redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
   end
-  if stamp then
-    redis.call('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
-  end
-  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
-  if request_id then
-    entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
-    entry[#entry + 1] = request_id
-  end
-  local text = table.concat(changes)
-  if #text <= tonumber(P.LOG_CHANGES_MAX) then
-    entry[#entry + 1] = P.LOG_FIELD_CHANGES
-    entry[#entry + 1] = text
-  else
-    local names = {}
-    for name in pairs(changed) do
-      names[#names + 1] = name
-    end
-    table.sort(names)
-    entry[#entry + 1] = P.LOG_FIELD_SECTIONS
-    entry[#entry + 1] = table.concat(names, P.LOG_SECTIONS_SEPARATOR)
-  end
-  entry[#entry + 1] = P.LOG_FIELD_PREV
-  entry[#entry + 1] = prior_revision
-  redis.call('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
 end
 
 -- begin starts a call: its KEYS and ARGV, and nothing cached from another
