@@ -188,39 +188,47 @@ func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
 }
 
 // fillRecords reads, in one round trip, the records events' puts name as
-// they stand now (HMGET per section and event).
+// they stand now: one HMGET per section, of every key the events put in it
+// (each once), however many events name it.
 func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) error {
 	k := s.keys(slug)
 	c := s.c()
 	type ref struct{ ev, ch int }
-	var cmds rueidis.Commands
-	var refs [][]ref
+	type section struct {
+		name   string
+		fields []string
+		refs   [][]ref // by field
+		index  map[string]int
+	}
+	var order []*section
+	bySection := map[string]*section{}
 	for ei, ev := range events {
-		bySection := map[string][]int{}
-		var order []string
 		for ci, ch := range ev.Changes {
 			if ch.Delete {
 				continue
 			}
-			if _, seen := bySection[ch.Section]; !seen {
-				order = append(order, ch.Section)
+			sec := bySection[ch.Section]
+			if sec == nil {
+				sec = &section{name: ch.Section, index: map[string]int{}}
+				bySection[ch.Section] = sec
+				order = append(order, sec)
 			}
-			bySection[ch.Section] = append(bySection[ch.Section], ci)
-		}
-		for _, sec := range order {
-			idx := bySection[sec]
-			fields := make([]string, len(idx))
-			r := make([]ref, len(idx))
-			for i, ci := range idx {
-				fields[i] = ev.Changes[ci].Key
-				r[i] = ref{ei, ci}
+			i, seen := sec.index[ch.Key]
+			if !seen {
+				i = len(sec.fields)
+				sec.index[ch.Key] = i
+				sec.fields = append(sec.fields, ch.Key)
+				sec.refs = append(sec.refs, nil)
 			}
-			cmds = append(cmds, c.B().Hmget().Key(k.section(sec)).Field(fields...).Build())
-			refs = append(refs, r)
+			sec.refs[i] = append(sec.refs[i], ref{ei, ci})
 		}
 	}
-	if len(cmds) == 0 {
+	if len(order) == 0 {
 		return nil
+	}
+	cmds := make(rueidis.Commands, len(order))
+	for i, sec := range order {
+		cmds[i] = c.B().Hmget().Key(k.section(sec.name)).Field(sec.fields...).Build()
 	}
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		arr, err := res.ToArray()
@@ -229,7 +237,8 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 			s.observe.RedisFailed("watch", err)
 			return fmt.Errorf("store: watch: read records: %w", err)
 		}
-		if len(arr) != len(refs[i]) {
+		sec := order[i]
+		if len(arr) != len(sec.fields) {
 			return fmt.Errorf("store: watch: read records: %w: %d fields", ErrMalformedReply, len(arr))
 		}
 		for j, m := range arr {
@@ -241,8 +250,11 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 				continue
 			}
 			if rec, ok := parseRecord(raw); ok {
-				r := refs[i][j]
-				events[r.ev].Changes[r.ch].Record = &rec
+				// The events naming one record share it: it is never
+				// written after this.
+				for _, r := range sec.refs[j] {
+					events[r.ev].Changes[r.ch].Record = &rec
+				}
 			}
 		}
 	}
@@ -324,6 +336,9 @@ type Watch struct {
 	// when the reader gave up on this watcher).
 	ch      chan *Batch
 	dropped chan struct{}
+	// dropErr says why the reader dropped the watcher (ErrWatcherTooSlow
+	// or a *CompactedError); written before dropped is closed.
+	dropErr error
 	backlog []*Event
 	// pending are the events of the last batch Next has not answered yet.
 	pending []*Event
@@ -349,13 +364,33 @@ func (w *Watch) LastSent() int64 { return w.sent.Load() }
 // from now, the newest batch's in the log when it opened.
 func (w *Watch) Last() int64 { return w.last }
 
-// Dropped is closed when the watcher fell too far behind and was dropped;
-// Next then answers ErrWatcherTooSlow.
+// Dropped is closed when the swarm's reader dropped the watcher: it fell
+// too far behind (ErrWatcherTooSlow), or the reader itself did and the
+// log dropped batches it had not read (*CompactedError). DropErr says
+// which; Next answers it.
 func (w *Watch) Dropped() <-chan struct{} { return w.dropped }
+
+// DropErr is why the watcher was dropped, once Dropped is closed: an error
+// matching ErrWatcherTooSlow, or a *CompactedError (ErrRevisionCompacted)
+// whose Start is LastSent at the drop. Nil before.
+func (w *Watch) DropErr() error {
+	select {
+	case <-w.dropped:
+		return w.dropErr
+	default:
+		return nil
+	}
+}
+
+// drop ends w with err (the hub's lock held).
+func (w *Watch) drop(err error) {
+	w.dropErr = err
+	close(w.dropped)
+}
 
 // Next answers the next batch after the last one it answered, in revision
 // order, each once; it waits until one is committed or ctx ends. Errors:
-// ErrWatcherTooSlow (dropped), ctx's error.
+// ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's error.
 func (w *Watch) Next(ctx context.Context) (*Event, error) {
 	if len(w.pending) == 0 {
 		b, err := w.NextBatch(ctx)
@@ -373,7 +408,8 @@ func (w *Watch) Next(ctx context.Context) (*Event, error) {
 // included), in revision order, each once: the backlog first, then each
 // read of the swarm's reader (shared with the other watchers when it holds
 // nothing this one has seen). It waits until there is one or ctx ends.
-// Errors: ErrWatcherTooSlow (dropped), ctx's error.
+// Errors: ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's
+// error.
 func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 	if b := w.ready(); b != nil {
 		return b, nil
@@ -383,7 +419,7 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 		// is cut as soon as it is dropped.
 		select {
 		case <-w.dropped:
-			return nil, ErrWatcherTooSlow
+			return nil, w.dropErr
 		default:
 		}
 		select {
@@ -392,7 +428,7 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 				return b, nil
 			}
 		case <-w.dropped:
-			return nil, ErrWatcherTooSlow
+			return nil, w.dropErr
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -642,10 +678,13 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	block := h.feeds.block
 	backoff := 50 * time.Millisecond
 	var lastFanout time.Time
+	behind := false
 	for ctx.Err() == nil {
 		// Coalesce: under a stream of commits, wait out the rest of the
-		// interval so that the next read takes every batch since.
-		if wait := h.feeds.coalesce - time.Since(lastFanout); wait > 0 {
+		// interval so that the next read takes every batch since; not when
+		// the last read found the log filling faster than that (the log
+		// would drop batches before they are read).
+		if wait := h.feeds.coalesce - time.Since(lastFanout); wait > 0 && !behind {
 			select {
 			case <-ctx.Done():
 				return
@@ -653,9 +692,9 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			}
 		}
 		h.mu.Lock()
-		lastID := h.lastID
+		lastID, lastRev := h.lastID, h.lastRev
 		h.mu.Unlock()
-		events, newLast, err := h.read(ctx, s, lastID, block)
+		events, newLast, lost, err := h.read(ctx, s, lastID, lastRev, block)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -670,12 +709,25 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		behind = len(events) >= watchReadMax/2
 		if len(events) > 0 {
 			lastFanout = time.Now()
 		}
 		h.mu.Lock()
 		if newLast != "" {
 			h.lastID = newLast
+		}
+		if lost {
+			// Batches after lastRev left the log before this reader read
+			// them: no watcher can have them all. Each resumes (Watch from
+			// the last it received), which the backlog answers
+			// REVISION_COMPACTED, and re-reads (list-then-watch).
+			s.log.Warn("watch: the swarm's log dropped batches before its reader read them; dropping its watchers (revision compacted)",
+				"slug", h.slug, "after", lastRev, "oldest", events[0].Revision)
+			for w := range h.watchers {
+				delete(h.watchers, w)
+				w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: events[0].Revision}))
+			}
 		}
 		if len(events) > 0 {
 			h.lastRev = max(h.lastRev, events[len(events)-1].Revision)
@@ -685,7 +737,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 				case w.ch <- b:
 				default:
 					delete(h.watchers, w)
-					close(w.dropped)
+					w.drop(ErrWatcherTooSlow)
 				}
 			}
 		}
@@ -693,24 +745,40 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	}
 }
 
-// read is one XREAD BLOCK after lastID, then the records of the events
-// read; newLast is the last entry's id ("" when none).
-func (h *hub) read(ctx context.Context, s *Store, lastID string, block time.Duration) (events []*Event, newLast string, err error) {
+// watchReadMax bounds the log entries one fan-out carries: a reader that
+// finds a full chunk reads on (without BLOCK) up to this many.
+const watchReadMax = LogCap
+
+// read is one XREAD BLOCK after lastID and, while each read comes back
+// full, more without BLOCK (up to watchReadMax entries), then the records
+// of the events read; newLast is the last entry's id ("" when none). lost
+// says that the log dropped batches after lastRev before they were read:
+// the first entry's prev is above lastRev and the log is full.
+func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, block time.Duration) (events []*Event, newLast string, lost bool, err error) {
 	bctx, cancel := s.bound(ctx, block)
 	defer cancel()
 	c := s.c()
-	res, err := c.Do(bctx, c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()).AsXRead()
-	if err != nil {
-		if rueidis.IsRedisNil(err) {
-			return nil, "", nil // BLOCK timed out: nothing new
+	var entries []rueidis.XRangeEntry
+	for len(entries) < watchReadMax {
+		cmd := c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
+		if len(entries) > 0 {
+			cmd = c.B().Xread().Count(watchChunk).Streams().Key(h.key).Id(lastID).Build()
 		}
-		err = s.classify(bctx, err)
-		s.observe.RedisFailed("watch", err)
-		return nil, "", fmt.Errorf("store: watch: read log: %w", err)
+		res, err := c.Do(bctx, cmd).AsXRead()
+		if err != nil && !rueidis.IsRedisNil(err) { // nil: BLOCK timed out, or nothing more
+			err = s.classify(bctx, err)
+			s.observe.RedisFailed("watch", err)
+			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
+		}
+		read := res[h.key]
+		entries = append(entries, read...)
+		if len(read) < watchChunk {
+			break
+		}
+		lastID = read[len(read)-1].ID
 	}
-	entries := res[h.key]
 	if len(entries) == 0 {
-		return nil, "", nil
+		return nil, "", false, nil
 	}
 	for _, e := range entries {
 		ev, ok, err := eventOf(e)
@@ -722,10 +790,21 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, block time.Dura
 			events = append(events, ev)
 		}
 	}
-	if err := s.fillRecords(bctx, h.slug, events); err != nil {
-		return nil, "", err
+	if len(events) > 0 && events[0].hasPrev && events[0].prev > lastRev {
+		// Either batches the log does not hold (a swarm's batches on the
+		// document layout), or batches trimmed away: only a full log trims.
+		n, err := c.Do(bctx, c.B().Xlen().Key(h.key).Build()).AsInt64()
+		if err != nil {
+			err = s.classify(bctx, err)
+			s.observe.RedisFailed("watch", err)
+			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
+		}
+		lost = n >= LogCap
 	}
-	return events, entries[len(entries)-1].ID, nil
+	if err := s.fillRecords(bctx, h.slug, events); err != nil {
+		return nil, "", false, err
+	}
+	return events, entries[len(entries)-1].ID, lost, nil
 }
 
 // close stops every reader and refuses new watches.
