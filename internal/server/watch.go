@@ -213,25 +213,49 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		}
 		return toStatus(err)
 	case <-w.Dropped():
-		s.watchObs.WatchDropped()
 		// w.Last() belongs to the sender; what the caller has is at
 		// most what was last sent, which the sender's error would give.
+		if err := w.DropErr(); !errors.Is(err, store.ErrWatcherTooSlow) {
+			return toStatus(err) // the reader fell behind the log: REVISION_COMPACTED
+		}
+		s.watchObs.WatchDropped()
 		return toStatus(&tooSlowError{last: w.LastSent()})
 	}
 }
 
 // Coalescing: a watcher that is behind gets the events it has in one
-// message, up to these bounds (passed by at most one read of the swarm's
-// reader: at most 128 events), so that a busy swarm costs fewer messages
-// rather than more.
+// message, up to these bounds (a message holds at least one event), so that
+// a busy swarm costs fewer messages rather than more.
 const (
-	maxEventsPerMessage = 256
+	maxEventsPerMessage = 1024
 	maxBytesPerMessage  = 1 << 20
 )
 
+// encodedBatch is a store.Batch's events (filtered by sections) in wire
+// form: buf is the concatenation of each event's encoding as a
+// WatchResponse holding it alone, so any run of them, ends[i-1]:ends[j-1],
+// is the encoding of a WatchResponse holding events i..j-1. Built once per
+// batch and filter (store.Batch.Memo) and shared, never written, by every
+// watcher handed the batch.
+type encodedBatch struct {
+	buf []byte
+	// ends[i] is where event i ends in buf; revs[i] is its revision.
+	ends []int
+	revs []int64
+}
+
+func (e *encodedBatch) start(i int) int {
+	if i == 0 {
+		return 0
+	}
+	return e.ends[i-1]
+}
+
 // sendEvents sends w's events (filtered by sections) until an error, with
 // a progress event first for a watch from now and after every quiet
-// ProgressInterval.
+// ProgressInterval. A message carries every event at hand (up to
+// maxEventsPerMessage and maxBytesPerMessage) as slices of the batches'
+// shared encodings: sending costs no marshalling and no copy.
 func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService_WatchServer, w *store.Watch, fromNow bool, sections []string) error {
 	every := s.opts.Watch.ProgressInterval
 	lastSend := time.Now()
@@ -257,35 +281,57 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		}
 	}
 	filter := strings.Join(sections, ",")
+	encoded := func(b *store.Batch) *encodedBatch {
+		e, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).(*encodedBatch)
+		return e
+	}
+	// cur[next:] are events handed by the Watch and not sent yet; curLast
+	// is the revision the Watch was at once cur was handed.
+	var cur *encodedBatch
+	next := 0
+	var curLast int64
 	for {
-		nctx, cancel := context.WithTimeout(ctx, every-time.Since(lastSend))
-		b, err := w.NextBatch(nctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			if err := progress(); err != nil {
+		if cur == nil {
+			nctx, cancel := context.WithTimeout(ctx, every-time.Since(lastSend))
+			b, err := w.NextBatch(nctx)
+			cancel()
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				if err := progress(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err != nil {
 				return err
 			}
-			continue
-		}
-		if err != nil {
-			return err
+			cur, next, curLast = encoded(b), 0, w.Last()
 		}
 		var parts [][]byte
-		size := 0
-		for b != nil {
-			// One encoding per read and filter, shared by the watchers
-			// handed the same read.
-			ps, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).([][]byte)
-			for _, p := range ps {
-				parts = append(parts, p)
-				size += len(p)
+		size, n := 0, 0
+		last := int64(0)
+		for cur != nil {
+			j := next
+			for j < len(cur.ends) && n < maxEventsPerMessage && (n == 0 || size+cur.ends[j]-cur.start(next) <= maxBytesPerMessage) {
+				j++
+				n++
 			}
-			if len(parts) >= maxEventsPerMessage || size >= maxBytesPerMessage {
-				break
+			if j > next {
+				parts = append(parts, cur.buf[cur.start(next):cur.ends[j-1]])
+				size += cur.ends[j-1] - cur.start(next)
+				last = cur.revs[j-1]
 			}
-			b = w.TryNextBatch()
+			next = j
+			if next < len(cur.ends) {
+				break // the message is full
+			}
+			// Every event of cur is in the message (or filtered out).
+			last = curLast
+			cur = nil
+			if b := w.TryNextBatch(); b != nil {
+				cur, next, curLast = encoded(b), 0, w.Last()
+			}
 		}
-		if len(parts) == 0 {
+		if n == 0 {
 			// Filtered out: a stream of other sections' batches still
 			// gets its progress events.
 			if time.Since(lastSend) >= every {
@@ -295,37 +341,30 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 			}
 			continue
 		}
-		if err := send(parts, len(parts), w.Last()); err != nil {
+		if err := send(parts, n, last); err != nil {
 			return err
 		}
 	}
 }
 
-// encodeBatch is each event of b (filtered by sections) in the wire form
-// of a WatchResponse holding it alone; events the filter empties are left
-// out.
-func encodeBatch(b *store.Batch, sections []string) [][]byte {
-	var out [][]byte
+// encodeBatch is b's events (filtered by sections) in wire form; events
+// the filter empties are left out.
+func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
+	e := &encodedBatch{}
 	for _, ev := range b.Events {
-		if p := encodeEvent(ev, sections); p != nil {
-			out = append(out, p)
+		pe, ok := eventProto(ev, sections)
+		if !ok {
+			continue
 		}
+		var err error
+		e.buf, err = proto.MarshalOptions{}.MarshalAppend(e.buf, &fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
+		if err != nil {
+			continue // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
+		}
+		e.ends = append(e.ends, len(e.buf))
+		e.revs = append(e.revs, ev.Revision)
 	}
-	return out
-}
-
-// encodeEvent is ev (filtered by sections) in the wire form of a
-// WatchResponse holding it alone; nil when the filter leaves nothing.
-func encodeEvent(ev *store.Event, sections []string) []byte {
-	pe, ok := eventProto(ev, sections)
-	if !ok {
-		return nil
-	}
-	b, err := proto.Marshal(&fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
-	if err != nil {
-		return nil // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
-	}
-	return b
+	return e
 }
 
 // eventProto is ev as a WatchEvent with only the changes in sections
