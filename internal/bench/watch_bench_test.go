@@ -1,10 +1,15 @@
 package bench
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -20,11 +25,15 @@ import (
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // Watch benchmark shape: watchers on one swarm, spread over connections
@@ -36,10 +45,10 @@ const (
 	watchBenchWatchers    = 1000
 	watchBenchConns       = 10
 	watchBenchLatencyN    = 200
-	watchBenchThroughputN = 2000
+	watchBenchThroughputN = 10000 // per round: many fan-outs (one per 200 ms at 1,000 watchers)
 	watchBenchWriters     = 8
 	watchBenchRounds      = 3
-	watchBenchDecodeEvery = 20
+	watchBenchDecodeEvery = 100
 	// watchBenchDrain bounds the wait for the watchers to receive a
 	// round's last batch.
 	watchBenchDrain = 30 * time.Second
@@ -80,6 +89,8 @@ type watchSet struct {
 	wg       sync.WaitGroup
 	dropped  atomic.Int64
 	decoders []*decodingWatcher
+	// bytes counts the DATA bytes the raw receivers read.
+	bytes atomic.Int64
 }
 
 // openWatchers opens the watchers and waits until every stream has its
@@ -206,6 +217,26 @@ type roundResult struct {
 	// last one (equal to perSec without watchers).
 	deliveredPerSec float64
 	cpu             cpuSpan
+	// bytesPerEvent: DATA bytes each raw watcher read per batch.
+	bytesPerEvent float64
+	// writes: write system calls of this process per batch.
+	writes float64
+}
+
+// writeSyscalls is this process's write system calls so far
+// (/proc/self/io syscw; 0 where there is none).
+func writeSyscalls() int64 {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // BenchmarkWatch measures, with 1,000 watchers on one swarm of one fenced
@@ -218,6 +249,16 @@ type roundResult struct {
 //
 // FENCED_BENCH_WATCH_COALESCE (a Go duration) overrides the store's
 // coalescing interval (store.DefaultWatchCoalesce) to measure the trade.
+// FENCED_BENCH_WATCH_COALESCE_WATCHERS overrides the watchers per interval
+// (store.DefaultWatchCoalesceWatchers; 0: the interval does not grow).
+// FENCED_BENCH_WATCH_CLIENTS picks the watchers' client side: raw (the
+// default: raw HTTP/2 receivers, one goroutine per connection, costing
+// what a remote client's kernel would) or grpc (a grpc-go client stream
+// per watcher in this process, 1 in watchBenchDecodeEvery decoding).
+// FENCED_BENCH_WATCH_GZIP=0: raw watchers do not ask for gzip (they do by
+// default, as the Go client does).
+// FENCED_BENCH_WATCH_BATCHES sets the batches per throughput round
+// (default watchBenchThroughputN).
 // FENCED_BENCH_WATCH_CPUPROFILE=<path> writes a CPU profile of each round
 // with watchers (its writes and their fan-out) to <path>.<round>; the
 // goroutines carry the pprof label side=server, writers or watch-clients
@@ -232,14 +273,30 @@ func BenchmarkWatch(b *testing.B) {
 		}
 		coalesce = d
 	}
+	perInterval := store.DefaultWatchCoalesceWatchers
+	if v := os.Getenv("FENCED_BENCH_WATCH_COALESCE_WATCHERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("FENCED_BENCH_WATCH_COALESCE_WATCHERS=%q: want a count", v)
+		}
+		perInterval = n
+	}
 	profile := os.Getenv("FENCED_BENCH_WATCH_CPUPROFILE")
+	batches := watchBenchThroughputN
+	if v := os.Getenv("FENCED_BENCH_WATCH_BATCHES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("FENCED_BENCH_WATCH_BATCHES=%q: want a count", v)
+		}
+		batches = n
+	}
 	var st *store.Store
 	var fenced *server.Server
 	lis := listen(b)
 	done := make(chan struct{})
 	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(ctx context.Context) {
 		var err error
-		st, err = store.Open(srv.URL(), prefix, store.WithWatchCoalesce(coalesce))
+		st, err = store.Open(srv.URL(), prefix, store.WithWatchCoalesce(coalesce), store.WithWatchCoalesceWatchers(perInterval))
 		if err != nil {
 			b.Fatalf("store.Open: %v", err)
 		}
@@ -258,12 +315,31 @@ func BenchmarkWatch(b *testing.B) {
 		<-done
 	})
 	addr := lis.Addr().String()
+	const slug = "watched"
 	var writer fencedv1.RecordsServiceClient
 	decode := make([]fencedv1.RecordsServiceClient, watchBenchConns)
 	skim := make([]fencedv1.RecordsServiceClient, watchBenchConns)
 	pprof.Do(context.Background(), pprof.Labels("side", "writers"), func(context.Context) { writer = dial(b, addr) })
+	clients := os.Getenv("FENCED_BENCH_WATCH_CLIENTS")
+	switch clients {
+	case "":
+		clients = "raw"
+	case "raw", "grpc":
+	default:
+		b.Fatalf("FENCED_BENCH_WATCH_CLIENTS=%q: want raw or grpc", clients)
+	}
+	gz := os.Getenv("FENCED_BENCH_WATCH_GZIP") != "0"
+	open := func() *watchSet {
+		if clients == "raw" {
+			return openRawWatchers(b, addr, slug, gz)
+		}
+		return openWatchers(b, decode, skim, slug)
+	}
 	pprof.Do(context.Background(), pprof.Labels("side", "watch-clients"), func(context.Context) {
 		for i := range decode {
+			if clients == "raw" {
+				break
+			}
 			decode[i] = dial(b, addr)
 			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 				grpc.WithDefaultCallOptions(grpc.ForceCodecV2(dropCodec{})))
@@ -286,27 +362,26 @@ func BenchmarkWatch(b *testing.B) {
 		}
 		return int64(total * 1e9)
 	}
-	const slug = "watched"
 	put := func(ctx context.Context, slug, key string) (int64, error) {
 		resp, err := writer.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{
 			{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: "claims", Key: key, Expected: -1, Value: `{"by":"engineer-1","at":1796079180861}`}}})
 		return resp.GetRevision(), err
 	}
-	// throughput runs watchBenchThroughputN batches with watchBenchWriters
+	// throughput runs batches batches with watchBenchWriters
 	// writers; with ws, it then waits until the watchers have the last one.
 	throughput := func(slug string, ws *watchSet) (roundResult, []int64) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var revs []int64
-		r0, c0, start := redisCPU(), processCPU(), time.Now()
+		r0, c0, w0, start := redisCPU(), processCPU(), writeSyscalls(), time.Now()
 		pprof.Do(context.Background(), pprof.Labels("side", "writers"), func(ctx context.Context) {
 			for w := range watchBenchWriters {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					var mine []int64
-					for next.Add(1) <= watchBenchThroughputN {
+					for next.Add(1) <= int64(batches) {
 						rev, err := put(ctx, slug, "k"+strconv.Itoa(w))
 						if err != nil {
 							b.Error(err)
@@ -322,13 +397,14 @@ func BenchmarkWatch(b *testing.B) {
 			wg.Wait()
 		})
 		var res roundResult
-		res.perSec = watchBenchThroughputN / time.Since(start).Seconds()
+		res.perSec = float64(batches) / time.Since(start).Seconds()
 		slices.Sort(revs)
 		if ws != nil && len(revs) > 0 {
 			ws.drained(b, revs[len(revs)-1])
 		}
-		res.deliveredPerSec = watchBenchThroughputN / time.Since(start).Seconds()
+		res.deliveredPerSec = float64(batches) / time.Since(start).Seconds()
 		res.cpu = cpuSpan{goNs: processCPU() - c0, redisNs: redisCPU() - r0}
+		res.writes = float64(writeSyscalls()-w0) / float64(batches)
 		return res, revs
 	}
 
@@ -340,7 +416,7 @@ func BenchmarkWatch(b *testing.B) {
 		r, _ := throughput(slug, nil)
 		alone = append(alone, r)
 
-		ws := openWatchers(b, decode, skim, slug)
+		ws := open()
 		var seen []int64
 		if round == 0 {
 			// Latency: one batch in flight at a time.
@@ -376,7 +452,9 @@ func BenchmarkWatch(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		b0 := ws.bytes.Load()
 		r, revs := throughput(slug, ws)
+		r.bytesPerEvent = float64(ws.bytes.Load()-b0) / float64(batches) / watchBenchWatchers
 		if profile != "" {
 			pprof.StopCPUProfile()
 		}
@@ -402,8 +480,8 @@ func BenchmarkWatch(b *testing.B) {
 	}
 	rate := func(r roundResult) float64 { return r.perSec }
 	delivered := func(r roundResult) float64 { return r.deliveredPerSec }
-	goUs := func(r roundResult) float64 { return float64(r.cpu.goNs) / watchBenchThroughputN / 1e3 }
-	redisUs := func(r roundResult) float64 { return float64(r.cpu.redisNs) / watchBenchThroughputN / 1e3 }
+	goUs := func(r roundResult) float64 { return float64(r.cpu.goNs) / float64(batches) / 1e3 }
+	redisUs := func(r roundResult) float64 { return float64(r.cpu.redisNs) / float64(batches) / 1e3 }
 	// Each round's watched rate over its own paired alone rate.
 	ratios := make([]float64, len(watched))
 	for i := range watched {
@@ -415,13 +493,16 @@ func BenchmarkWatch(b *testing.B) {
 	b.ReportMetric(med(watched, rate), "batches/s-watched")
 	b.ReportMetric(median(ratios), "watched/alone")
 	b.ReportMetric(med(other, rate)/med(alone, rate), "other-swarm/alone")
-	fmt.Printf("watch (coalesce %v): %d watchers (1 in %d decoding), %d latency samples: p50 %v p99 %v\n",
-		coalesce, watchBenchWatchers, watchBenchDecodeEvery, len(lat), pct(0.50), pct(0.99))
+	fmt.Printf("watch (coalesce %v per %d watchers): %d watchers (%s clients, 1 in %d decoding), %d latency samples: p50 %v p99 %v\n",
+		coalesce, perInterval, watchBenchWatchers, clients, watchBenchDecodeEvery, len(lat), pct(0.50), pct(0.99))
 	fmt.Printf("  FencedBatch, %d writers, paired rounds: alone %v/s, watched %v/s (delivered to every watcher %v/s), ratio per round %.2f (median %.2fx); another swarm while watched %v/s (%.2fx)\n",
 		watchBenchWriters, rounded(alone, rate), rounded(watched, rate), rounded(watched, delivered), ratios, median(ratios),
 		rounded(other, rate), med(other, rate)/med(alone, rate))
-	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f\n",
-		med(alone, goUs), med(watched, goUs), med(alone, redisUs), med(watched, redisUs))
+	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f; bytes per batch per watcher %.1f (gzip %v)\n",
+		med(alone, goUs), med(watched, goUs), med(alone, redisUs), med(watched, redisUs),
+		med(watched, func(r roundResult) float64 { return r.bytesPerEvent }), gz && clients == "raw")
+	fmt.Printf("  write system calls per batch (median): alone %.1f, watched %.1f\n",
+		med(alone, func(r roundResult) float64 { return r.writes }), med(watched, func(r roundResult) float64 { return r.writes }))
 	for i := 0; i < b.N; i++ { // the work above is the benchmark; run it once
 	}
 }
@@ -432,4 +513,282 @@ func rounded(rs []roundResult, f func(roundResult) float64) []int {
 		out[i] = int(f(r))
 	}
 	return out
+}
+
+// Raw receivers: the watchers' client side at the cost a remote client
+// puts on this host, its kernel's. One goroutine per connection speaks
+// HTTP/2 by hand (golang.org/x/net/http2's Framer): it opens the Watch
+// streams, reads every frame off the socket, answers SETTINGS and PING,
+// returns flow-control credit in large steps, and decodes the messages of
+// the decoding watchers only; the other streams' bytes are read and
+// dropped. No goroutine per stream and no gRPC client stack: with a gRPC
+// client per watcher in this process, on these two cores, the watchers'
+// receiving cost more CPU than the server's sending (docs/design.md §6.1).
+
+// rawWindow is the flow-control window the raw receivers grant (stream and
+// connection); credit goes back once half of it is used.
+const rawWindow = 1 << 30
+
+// rawStream is one Watch stream of a rawConn.
+type rawStream struct {
+	d      *decodingWatcher // nil: the bytes are dropped
+	buf    []byte           // a decoding stream's unparsed gRPC framing
+	used   int              // window used since the last credit
+	opened bool
+}
+
+// rawConn is one HTTP/2 connection carrying Watch streams.
+type rawConn struct {
+	conn    net.Conn
+	bw      *bufio.Writer
+	fr      *http2.Framer
+	streams map[uint32]*rawStream
+	used    int
+	done    chan struct{}
+}
+
+// grpcFrame is msg in gRPC's length-prefixed framing.
+func grpcFrame(b *testing.B, msg proto.Message) []byte {
+	b.Helper()
+	body, err := proto.Marshal(msg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := make([]byte, 5, 5+len(body))
+	binary.BigEndian.PutUint32(out[1:], uint32(len(body)))
+	return append(out, body...)
+}
+
+// openRawWatchers is openWatchers over raw receivers; with gzip, each asks
+// for gzip (grpc-encoding gzip on the request) and the decoding ones
+// decompress.
+func openRawWatchers(b *testing.B, addr, slug string, gz bool) *watchSet {
+	b.Helper()
+	ws := &watchSet{}
+	var ready sync.WaitGroup
+	var conns []*rawConn
+	req := grpcFrame(b, &fencedv1.WatchRequest{Slug: slug})
+	for c := range watchBenchConns {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatalf("dial %s: %v", addr, err)
+		}
+		rc := &rawConn{conn: nc, bw: bufio.NewWriterSize(nc, 64<<10), streams: map[uint32]*rawStream{}, done: make(chan struct{})}
+		rc.fr = http2.NewFramer(rc.bw, bufio.NewReaderSize(nc, 64<<10))
+		rc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		rc.fr.MaxHeaderListSize = 1 << 20
+		if _, err := rc.bw.WriteString(http2.ClientPreface); err != nil {
+			b.Fatal(err)
+		}
+		must := func(err error) {
+			if err != nil {
+				b.Fatalf("raw watcher connection: %v", err)
+			}
+		}
+		must(rc.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: rawWindow}, http2.Setting{ID: http2.SettingEnablePush, Val: 0}))
+		must(rc.fr.WriteWindowUpdate(0, rawWindow-65535))
+		var hb bytes.Buffer
+		enc := hpack.NewEncoder(&hb)
+		id := uint32(1)
+		for i := c; i < watchBenchWatchers; i += watchBenchConns {
+			s := &rawStream{}
+			if i%watchBenchDecodeEvery == 0 {
+				s.d = &decodingWatcher{}
+				ws.decoders = append(ws.decoders, s.d)
+			}
+			hb.Reset()
+			fields := [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/fenced.v1.RecordsService/Watch"},
+				{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}}
+			if gz {
+				fields = append(fields, [2]string{"grpc-encoding", "gzip"}, [2]string{"grpc-accept-encoding", "gzip"})
+			}
+			for _, f := range fields {
+				must(enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
+			}
+			must(rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}))
+			must(rc.fr.WriteData(id, true, req))
+			rc.streams[id] = s
+			ready.Add(1)
+			id += 2
+		}
+		must(rc.bw.Flush())
+		conns = append(conns, rc)
+		ws.wg.Add(1)
+		go pprof.Do(context.Background(), pprof.Labels("side", "watch-clients"), func(context.Context) {
+			defer ws.wg.Done()
+			rc.run(b, ws, &ready)
+		})
+	}
+	ws.cancel = func() {
+		for _, rc := range conns {
+			close(rc.done)
+			rc.conn.Close()
+		}
+	}
+	ready.Wait()
+	return ws
+}
+
+// run reads rc's frames until the connection closes.
+func (rc *rawConn) run(b *testing.B, ws *watchSet, ready *sync.WaitGroup) {
+	closing := func() bool {
+		select {
+		case <-rc.done:
+			return true
+		default:
+			return false
+		}
+	}
+	ended := func(s *rawStream) {
+		if !s.opened {
+			s.opened = true
+			ready.Done()
+		}
+		if !closing() {
+			ws.dropped.Add(1)
+		}
+	}
+	for {
+		f, err := rc.fr.ReadFrame()
+		if err != nil {
+			if !closing() {
+				b.Errorf("raw watcher connection: %v", err)
+				for _, s := range rc.streams {
+					ended(s)
+				}
+			}
+			return
+		}
+		now := time.Now()
+		var werr error
+		switch f := f.(type) {
+		case *http2.DataFrame:
+			s := rc.streams[f.StreamID]
+			if s == nil {
+				continue
+			}
+			n := int(f.Length)
+			ws.bytes.Add(int64(n))
+			if rc.used += n; rc.used >= rawWindow/2 {
+				werr = rc.fr.WriteWindowUpdate(0, uint32(rc.used))
+				rc.used = 0
+			}
+			if s.used += n; s.used >= rawWindow/2 && werr == nil {
+				werr = rc.fr.WriteWindowUpdate(f.StreamID, uint32(s.used))
+				s.used = 0
+			}
+			if !s.opened { // the first message is the progress event
+				s.opened = true
+				ready.Done()
+			}
+			if s.d != nil {
+				s.buf = append(s.buf, f.Data()...)
+				for len(s.buf) >= 5 {
+					size := int(binary.BigEndian.Uint32(s.buf[1:5]))
+					if len(s.buf) < 5+size {
+						break
+					}
+					msg := s.buf[5 : 5+size]
+					if s.buf[0] == 1 { // compressed
+						zr, err := gzip.NewReader(bytes.NewReader(msg))
+						if err == nil {
+							msg, err = io.ReadAll(zr)
+						}
+						if err != nil {
+							b.Errorf("raw watcher: gzip: %v", err)
+						}
+					}
+					s.d.mu.Lock()
+					err := scanEvents(msg, func(rev int64, progress bool) {
+						if !progress {
+							s.d.arrivals = append(s.d.arrivals, arrival{rev, now})
+						}
+					})
+					s.d.mu.Unlock()
+					if err != nil {
+						b.Errorf("raw watcher: %v", err)
+					}
+					s.buf = s.buf[5+size:]
+				}
+			}
+		case *http2.MetaHeadersFrame:
+			if s := rc.streams[f.StreamID]; s != nil && f.StreamEnded() {
+				ended(s)
+			}
+		case *http2.RSTStreamFrame:
+			if s := rc.streams[f.StreamID]; s != nil {
+				ended(s)
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				werr = rc.fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				werr = rc.fr.WritePing(true, f.Data)
+			}
+		}
+		if werr == nil && rc.bw.Buffered() > 0 {
+			werr = rc.bw.Flush()
+		}
+		if werr != nil && !closing() {
+			b.Errorf("raw watcher connection: %v", werr)
+			return
+		}
+	}
+}
+
+// scanEvents calls fn with the revision and progress flag of each event of
+// a WatchResponse in wire form, reading only those two fields (a decoding
+// raw watcher checks the stream, it does not use the records).
+func scanEvents(msg []byte, fn func(rev int64, progress bool)) error {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		if num != 1 || typ != protowire.BytesType { // WatchResponse.events
+			n = protowire.ConsumeFieldValue(num, typ, msg)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			msg = msg[n:]
+			continue
+		}
+		ev, n := protowire.ConsumeBytes(msg)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		var rev int64
+		progress := false
+		for len(ev) > 0 {
+			num, typ, n := protowire.ConsumeTag(ev)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			ev = ev[n:]
+			if typ == protowire.VarintType && (num == 1 || num == 7) { // revision, progress
+				v, n := protowire.ConsumeVarint(ev)
+				if n < 0 {
+					return protowire.ParseError(n)
+				}
+				ev = ev[n:]
+				if num == 1 {
+					rev = int64(v)
+				} else {
+					progress = v != 0
+				}
+				continue
+			}
+			n = protowire.ConsumeFieldValue(num, typ, ev)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			ev = ev[n:]
+		}
+		fn(rev, progress)
+	}
+	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -386,5 +387,49 @@ func TestWatchWhoseReaderFellBehindTheLogEndsOutOfRange(t *testing.T) {
 	}
 	if n := counts.drops.Load(); n != 0 {
 		t.Errorf("fenced_watch_drops_total counted %d: the watcher was not too slow", n)
+	}
+}
+
+func TestWatchAnswersAGzipCallerInSharedGzipMessages(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	r0 := commitPut(t, e, "zipped", "claims", "c", `0`)
+	// Three batches of 600 KiB: one read, cut into three messages.
+	big := `"` + strings.Repeat("x", 600<<10) + `"`
+	var revs []int64
+	for range 3 {
+		revs = append(revs, commitPut(t, e, "zipped", "claims", "c", big))
+	}
+	var streams []fencedv1.RecordsService_WatchClient
+	for range 3 {
+		stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "zipped", StartRevision: r0}, grpc.UseCompressor(gzip.Name))
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		streams = append(streams, stream)
+	}
+	// Then small batches, fanned out live.
+	for i := range 5 {
+		revs = append(revs, commitPut(t, e, "zipped", "grants", "g", strconv.Itoa(i)))
+	}
+	for i, stream := range streams {
+		var got []int64
+		for len(got) < len(revs) {
+			resp, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("watcher %d: Recv: %v", i, err)
+			}
+			if n := proto.Size(resp); len(resp.GetEvents()) > 1 && n > 1<<20 {
+				t.Errorf("watcher %d: a message of %d events holds %d bytes, over 1 MiB", i, len(resp.GetEvents()), n)
+			}
+			for _, ev := range resp.GetEvents() {
+				if ev.GetRevision() <= revs[2] && (len(ev.GetChanges()) != 1 || ev.GetChanges()[0].GetRecord().GetValue() != big) {
+					t.Fatalf("watcher %d: event %d lost its 600 KiB record", i, ev.GetRevision())
+				}
+				got = append(got, ev.GetRevision())
+			}
+		}
+		if !slices.Equal(got, revs) {
+			t.Errorf("watcher %d: events %v, want %v", i, got, revs)
+		}
 	}
 }

@@ -40,6 +40,21 @@ const (
 	// watcher per fan-out) stays bounded whatever the write rate
 	// (BenchmarkWatch measures the trade; docs/design.md §6.1).
 	DefaultWatchCoalesce = 50 * time.Millisecond
+	// DefaultWatchCoalesceWatchers is how many watchers of one swarm one
+	// coalescing interval serves: with more, the interval between two
+	// fan-outs under a stream of commits grows in proportion (1,000
+	// watchers: 4 intervals, 200 ms), so that a swarm's fan-outs send at
+	// most about this many messages per interval, whatever its watchers;
+	// a batch after a quiet spell still goes out at once.
+	DefaultWatchCoalesceWatchers = 256
+	// watchCoalesceMax caps the interval DefaultWatchCoalesceWatchers
+	// stretches.
+	watchCoalesceMax = time.Second
+	// watchReadEvery is the longest a swarm's reader waits between two
+	// reads of the log while it has batches to fan out later: one Redis
+	// shard commits at most ~30,000 batches a second, so the log's 1,000
+	// take at least ~33 ms to pass and none leaves it unread.
+	watchReadEvery = 10 * time.Millisecond
 )
 
 // watchChunk is how many log entries one XREAD or XREVRANGE step reads.
@@ -411,6 +426,13 @@ func (w *Watch) Next(ctx context.Context) (*Event, error) {
 // Errors: ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's
 // error.
 func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
+	return w.NextBatchUntil(ctx, nil)
+}
+
+// NextBatchUntil is NextBatch that also stops waiting when until delivers
+// (say a reused time.Timer's C: cheaper per call than a context with a
+// deadline), answering nil, nil.
+func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Batch, error) {
 	if b := w.ready(); b != nil {
 		return b, nil
 	}
@@ -431,6 +453,8 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 			return nil, w.dropErr
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-until:
+			return nil, nil
 		}
 	}
 }
@@ -536,7 +560,22 @@ type feeds struct {
 	buffer   int
 	block    time.Duration
 	coalesce time.Duration
-	closed   bool
+	// coalesceWatchers: watchers per coalescing interval (0: the interval
+	// does not grow with them).
+	coalesceWatchers int
+	closed           bool
+}
+
+// interval is the time between two fan-outs of a reader with n watchers
+// under a stream of commits: the coalescing interval, once per
+// coalesceWatchers watchers begun, at most watchCoalesceMax (and never
+// below the interval itself).
+func (f *feeds) interval(n int) time.Duration {
+	d := f.coalesce
+	if f.coalesceWatchers > 0 && n > f.coalesceWatchers {
+		d *= time.Duration((n + f.coalesceWatchers - 1) / f.coalesceWatchers)
+	}
+	return max(min(d, watchCoalesceMax), f.coalesce)
 }
 
 // WithWatchBuffer sets how many reads of the swarm's reader a watcher may
@@ -555,6 +594,18 @@ func WithWatchCoalesce(d time.Duration) Option {
 	return func(s *Store) {
 		if d >= 0 {
 			s.feeds.coalesce = d
+		}
+	}
+}
+
+// WithWatchCoalesceWatchers sets how many watchers of one swarm one
+// coalescing interval serves: the interval between fan-outs under a stream
+// of commits is the coalescing interval times ceil(watchers / n), at most
+// 1 s (0: it does not grow; default DefaultWatchCoalesceWatchers).
+func WithWatchCoalesceWatchers(n int) Option {
+	return func(s *Store) {
+		if n >= 0 {
+			s.feeds.coalesceWatchers = n
 		}
 	}
 }
@@ -670,6 +721,13 @@ func (h *hub) leave(w *Watch) {
 // run reads the log after lastID until ctx ends (XREAD BLOCK, bounded),
 // reads the records each batch put, and hands every event to every
 // watcher; a watcher whose buffer is full is dropped.
+//
+// Two cadences under a stream of commits: it reads the log every
+// watchReadEvery (or sooner: never longer than the log took to fill half
+// at the last read's rate, so that no batch leaves it unread), and fans out
+// what it has read every feeds.interval (the coalescing interval, longer
+// with more watchers). A batch after a quiet spell is read and fanned out
+// at once.
 func (h *hub) run(ctx context.Context, s *Store) {
 	if o, ok := s.observe.(ReaderObserver); ok {
 		o.WatchReaders(1)
@@ -677,68 +735,115 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	}
 	block := h.feeds.block
 	backoff := 50 * time.Millisecond
-	var lastFanout time.Time
-	behind := false
-	for ctx.Err() == nil {
-		// Coalesce: under a stream of commits, wait out the rest of the
-		// interval so that the next read takes every batch since; not when
-		// the last read found the log filling faster than that (the log
-		// would drop batches before they are read).
-		if wait := h.feeds.coalesce - time.Since(lastFanout); wait > 0 && !behind {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
+	var lastFanout, lastRead time.Time
+	// fill is how long the log took, at the last read's rate, to take
+	// half of what it keeps.
+	fill := watchCoalesceMax
+	// pending are events read and not fanned out yet; readID and readRev
+	// where the reads are (h.lastID and h.lastRev: what was fanned out).
+	var pending []*Event
+	h.mu.Lock()
+	readID, readRev := h.lastID, h.lastRev
+	h.mu.Unlock()
+	sleep := func(d time.Duration) bool {
+		if d <= 0 {
+			return true
 		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	for ctx.Err() == nil {
 		h.mu.Lock()
-		lastID, lastRev := h.lastID, h.lastRev
+		fanout := h.feeds.interval(len(h.watchers))
 		h.mu.Unlock()
-		events, newLast, lost, err := h.read(ctx, s, lastID, lastRev, block)
+		readEvery := min(h.feeds.coalesce, watchReadEvery, fill)
+		blockFor := block
+		if len(pending) == 0 {
+			// Wait out the interval since the last fan-out, then block
+			// until a batch comes.
+			if !sleep(readEvery - time.Since(lastFanout)) {
+				return
+			}
+		} else {
+			// Read again at the next read or fan-out, whichever is first,
+			// without blocking.
+			if !sleep(min(readEvery-time.Since(lastRead), fanout-time.Since(lastFanout))) {
+				return
+			}
+			blockFor = 0
+		}
+		events, newLast, lost, err := h.read(ctx, s, readID, readRev, blockFor)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			s.log.Debug("watch: reading the log failed; trying again", "slug", h.slug, "err", err)
-			select {
-			case <-ctx.Done():
+			if !sleep(backoff) {
 				return
-			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
 		backoff = 50 * time.Millisecond
-		behind = len(events) >= watchReadMax/2
-		if len(events) > 0 {
-			lastFanout = time.Now()
+		now := time.Now()
+		fill = watchCoalesceMax
+		if len(events) >= watchReadMax {
+			fill = 0 // more may be waiting
+		} else if len(events) > 0 && !lastRead.IsZero() {
+			fill = min(fill, now.Sub(lastRead)*LogCap/2/time.Duration(len(events)))
 		}
-		h.mu.Lock()
+		lastRead = now
 		if newLast != "" {
-			h.lastID = newLast
+			readID = newLast
+		}
+		if len(events) > 0 {
+			readRev = max(readRev, events[len(events)-1].Revision)
 		}
 		if lost {
-			// Batches after lastRev left the log before this reader read
+			// Batches after readRev left the log before this reader read
 			// them: no watcher can have them all. Each resumes (Watch from
 			// the last it received), which the backlog answers
 			// REVISION_COMPACTED, and re-reads (list-then-watch).
 			s.log.Warn("watch: the swarm's log dropped batches before its reader read them; dropping its watchers (revision compacted)",
-				"slug", h.slug, "after", lastRev, "oldest", events[0].Revision)
+				"slug", h.slug, "after", readRev, "oldest", events[0].Revision)
+			h.mu.Lock()
 			for w := range h.watchers {
 				delete(h.watchers, w)
 				w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: events[0].Revision}))
 			}
+			h.mu.Unlock()
+			pending = nil
 		}
-		if len(events) > 0 {
-			h.lastRev = max(h.lastRev, events[len(events)-1].Revision)
-			b := &Batch{Events: events}
-			for w := range h.watchers {
-				select {
-				case w.ch <- b:
-				default:
-					delete(h.watchers, w)
-					w.drop(ErrWatcherTooSlow)
-				}
+		pending = append(pending, events...)
+		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < LogCap) {
+			continue
+		}
+		// The records as they stand now, once for every watcher.
+		if err := s.fillRecords(ctx, h.slug, pending); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Debug("watch: reading the records failed; trying again", "slug", h.slug, "err", err)
+			continue
+		}
+		lastFanout = now
+		b := &Batch{Events: pending}
+		pending = nil
+		h.mu.Lock()
+		h.lastID = readID
+		h.lastRev = max(h.lastRev, readRev)
+		for w := range h.watchers {
+			select {
+			case w.ch <- b:
+			default:
+				delete(h.watchers, w)
+				w.drop(ErrWatcherTooSlow)
 			}
 		}
 		h.mu.Unlock()
@@ -749,9 +854,9 @@ func (h *hub) run(ctx context.Context, s *Store) {
 // finds a full chunk reads on (without BLOCK) up to this many.
 const watchReadMax = LogCap
 
-// read is one XREAD BLOCK after lastID and, while each read comes back
-// full, more without BLOCK (up to watchReadMax entries), then the records
-// of the events read; newLast is the last entry's id ("" when none). lost
+// read is one XREAD after lastID, blocking up to block (0: not at all),
+// and, while each read comes back full, more without BLOCK (up to
+// watchReadMax entries); newLast is the last entry's id ("" when none). lost
 // says that the log dropped batches after lastRev before they were read:
 // the first entry's prev is above lastRev and the log is full.
 func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, block time.Duration) (events []*Event, newLast string, lost bool, err error) {
@@ -761,7 +866,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 	var entries []rueidis.XRangeEntry
 	for len(entries) < watchReadMax {
 		cmd := c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
-		if len(entries) > 0 {
+		if len(entries) > 0 || block <= 0 {
 			cmd = c.B().Xread().Count(watchChunk).Streams().Key(h.key).Id(lastID).Build()
 		}
 		res, err := c.Do(bctx, cmd).AsXRead()
@@ -800,9 +905,6 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
 		}
 		lost = n >= LogCap
-	}
-	if err := s.fillRecords(bctx, h.slug, events); err != nil {
-		return nil, "", false, err
 	}
 	return events, entries[len(entries)-1].ID, lost, nil
 }

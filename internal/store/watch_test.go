@@ -182,7 +182,13 @@ func xreaders(t *testing.T, srv *redistest.Server) (all, blocked int) {
 
 func TestWatchersShareOneReaderPerSwarm(t *testing.T) {
 	srv := redistest.Start(t)
-	st := open(t, srv)
+	// Fan-outs at the coalescing interval whatever the watchers: the test
+	// waits for each of its 265 batches at every watcher.
+	st, err := store.Open(srv.URL(), prefix, store.WithWatchCoalesceWatchers(0))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
 	ctx := context.Background()
 	type watcher struct {
 		slug string
@@ -407,5 +413,62 @@ func TestWatchWhoseReaderFellBehindTheLogIsCompacted(t *testing.T) {
 	}
 	if !errors.Is(w.DropErr(), store.ErrRevisionCompacted) {
 		t.Errorf("DropErr = %v, want ErrRevisionCompacted", w.DropErr())
+	}
+}
+
+func TestWatchFanningOutRarelyStillReadsEveryBatchBeforeTheLogDropsIt(t *testing.T) {
+	srv := redistest.Start(t)
+	// 20 watchers, one per coalescing interval: fan-outs 1 s apart, while
+	// the log keeps 1,000 batches.
+	st, err := store.Open(srv.URL(), prefix, store.WithWatchCoalesceWatchers(1))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	r0 := mustCommit(t, st, &batch.Batch{Slug: "burst", Writes: []batch.Write{put("claims", "k", 0, "0")}})
+	var ws []*store.Watch
+	for range 20 {
+		w, err := st.Watch(ctx, "burst", r0)
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		t.Cleanup(w.Close)
+		ws = append(ws, w)
+	}
+	// A burst of 3 * LogCap batches from 8 writers.
+	const n = 3 * store.LogCap
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var revs []int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= n {
+				rev, err := commit(t, st, &batch.Batch{Slug: "burst", Writes: []batch.Write{put("claims", "k", batch.Blind, "1")}})
+				if err != nil {
+					t.Errorf("Commit: %v", err)
+					return
+				}
+				mu.Lock()
+				revs = append(revs, rev)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(revs)
+	for i, w := range ws {
+		for j, want := range revs {
+			ev, err := w.Next(ctx)
+			if err != nil {
+				t.Fatalf("watcher %d, event %d: %v (want every batch of the burst, in order)", i, j, err)
+			}
+			if ev.Revision != want {
+				t.Fatalf("watcher %d, event %d: revision %d, want %d", i, j, ev.Revision, want)
+			}
+		}
 	}
 }
