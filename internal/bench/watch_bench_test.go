@@ -259,8 +259,9 @@ func writeSyscalls() int64 {
 // default, as the Go client does).
 // FENCED_BENCH_WATCH_BATCHES sets the batches per throughput round
 // (default watchBenchThroughputN).
-// FENCED_BENCH_WATCH_CPUPROFILE=<path> writes a CPU profile of each round
-// with watchers (its writes and their fan-out) to <path>.<round>; the
+// FENCED_BENCH_WATCH_CPUPROFILE=<path> writes a CPU profile of each
+// throughput round to <path>.alone.<round> and <path>.watched.<round> (its
+// writes and, with watchers, their fan-out until delivered); the
 // goroutines carry the pprof label side=server, writers or watch-clients
 // (-tagfocus), so that the server's cost is told from the benchmark's own.
 func BenchmarkWatch(b *testing.B) {
@@ -412,8 +413,26 @@ func BenchmarkWatch(b *testing.B) {
 	var lat []time.Duration
 	var alone, watched, other []roundResult
 	missing := 0
+	// profiled runs f under a CPU profile written to <profile>.<name>.
+	profiled := func(name string, f func()) {
+		if profile == "" {
+			f()
+			return
+		}
+		out, err := os.Create(profile + "." + name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer out.Close()
+		if err := pprof.StartCPUProfile(out); err != nil {
+			b.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+		f()
+	}
 	for round := range watchBenchRounds {
-		r, _ := throughput(slug, nil)
+		var r roundResult
+		profiled("alone."+strconv.Itoa(round), func() { r, _ = throughput(slug, nil) })
 		alone = append(alone, r)
 
 		ws := open()
@@ -443,21 +462,10 @@ func BenchmarkWatch(b *testing.B) {
 				missing += len(sentAt) - len(got)
 			}
 		}
-		if profile != "" {
-			f, err := os.Create(profile + "." + strconv.Itoa(round))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := pprof.StartCPUProfile(f); err != nil {
-				b.Fatal(err)
-			}
-		}
 		b0 := ws.bytes.Load()
-		r, revs := throughput(slug, ws)
+		var revs []int64
+		profiled("watched."+strconv.Itoa(round), func() { r, revs = throughput(slug, ws) })
 		r.bytesPerEvent = float64(ws.bytes.Load()-b0) / float64(batches) / watchBenchWatchers
-		if profile != "" {
-			pprof.StopCPUProfile()
-		}
 		watched = append(watched, r)
 		seen = append(seen, revs...)
 		ws.checkExactly(b, seen)

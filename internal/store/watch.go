@@ -22,8 +22,8 @@ const LogCap = protocol.LogCap
 
 // Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
 const (
-	// DefaultWatchBuffer is how many reads of the swarm's reader (each
-	// every batch committed since the previous one, at most 128) one
+	// DefaultWatchBuffer is how many fan-outs of the swarm's reader (each
+	// every batch committed since the previous one, under 2,000) one
 	// watcher may fall behind before it is dropped (ErrWatcherTooSlow).
 	// Reads are shared between watchers: a buffer holds pointers.
 	DefaultWatchBuffer = 256
@@ -43,10 +43,10 @@ const (
 	// DefaultWatchCoalesceWatchers is how many watchers of one swarm one
 	// coalescing interval serves: with more, the interval between two
 	// fan-outs under a stream of commits grows in proportion (1,000
-	// watchers: 4 intervals, 200 ms), so that a swarm's fan-outs send at
+	// watchers: 2 intervals, 100 ms), so that a swarm's fan-outs send at
 	// most about this many messages per interval, whatever its watchers;
 	// a batch after a quiet spell still goes out at once.
-	DefaultWatchCoalesceWatchers = 256
+	DefaultWatchCoalesceWatchers = 512
 	// watchCoalesceMax caps the interval DefaultWatchCoalesceWatchers
 	// stretches.
 	watchCoalesceMax = time.Second
