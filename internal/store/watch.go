@@ -742,6 +742,9 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	// pending are events read and not fanned out yet; readID and readRev
 	// where the reads are (h.lastID and h.lastRev: what was fanned out).
 	var pending []*Event
+	// lostOldest: the log dropped batches before they were read; the
+	// oldest revision it still had (0: none lost).
+	var lostOldest int64
 	h.mu.Lock()
 	readID, readRev := h.lastID, h.lastRev
 	h.mu.Unlock()
@@ -806,22 +809,15 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			readRev = max(readRev, events[len(events)-1].Revision)
 		}
 		if lost {
-			// Batches after readRev left the log before this reader read
-			// them: no watcher can have them all. Each resumes (Watch from
-			// the last it received), which the backlog answers
-			// REVISION_COMPACTED, and re-reads (list-then-watch).
+			// Batches left the log before this reader read them: no
+			// watcher can have them all. The fan-out, now, drops every
+			// watcher it would hand the rest to.
 			s.log.Warn("watch: the swarm's log dropped batches before its reader read them; dropping its watchers (revision compacted)",
-				"slug", h.slug, "after", readRev, "oldest", events[0].Revision)
-			h.mu.Lock()
-			for w := range h.watchers {
-				delete(h.watchers, w)
-				w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: events[0].Revision}))
-			}
-			h.mu.Unlock()
-			pending = nil
+				"slug", h.slug, "oldest", events[0].Revision)
+			pending, lostOldest = nil, events[0].Revision
 		}
 		pending = append(pending, events...)
-		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < LogCap) {
+		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < LogCap && lostOldest == 0) {
 			continue
 		}
 		// The records as they stand now, once for every watcher.
@@ -836,6 +832,17 @@ func (h *hub) run(ctx context.Context, s *Store) {
 		b := &Batch{Events: pending}
 		pending = nil
 		h.mu.Lock()
+		if lostOldest != 0 {
+			// Every watcher, those that joined since the read included
+			// (they start before the gap): each resumes from the last it
+			// received (Watch), answered REVISION_COMPACTED, and re-reads
+			// (list-then-watch). Watchers joining after this start past it.
+			for w := range h.watchers {
+				delete(h.watchers, w)
+				w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: lostOldest}))
+			}
+			lostOldest = 0
+		}
 		h.lastID = readID
 		h.lastRev = max(h.lastRev, readRev)
 		for w := range h.watchers {
