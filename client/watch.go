@@ -11,7 +11,9 @@ import (
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/status"
 )
 
@@ -122,7 +124,9 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 		wait.Reset()
 		for {
 			sctx, cancel := context.WithCancel(ctx)
-			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections})
+			// gzip: fenced answers in kind, compressing each message once for
+			// every watcher that asks (docs/design.md §6.1).
+			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections}, grpc.UseCompressor(gzip.Name))
 			for err == nil {
 				var resp *fencedv1.WatchResponse
 				if resp, err = stream.Recv(); err != nil {

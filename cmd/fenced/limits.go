@@ -43,8 +43,9 @@ type limitFlags struct {
 	// streams; WatchBuffer and WatchProgressInterval shape each one.
 	MaxWatchers              int           `name:"max-watchers" env:"FENCED_MAX_WATCHERS" default:"10000" help:"Most RecordsService Watch streams open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS. Watchers of one swarm share one Redis reader."`
 	MaxWatchersPerConnection int           `name:"max-watchers-per-connection" env:"FENCED_MAX_WATCHERS_PER_CONNECTION" default:"1000" help:"Most Watch streams open at once on one client connection (also bounded by --max-concurrent-streams, which queues instead of refusing)."`
-	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, at most 128) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
+	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, under 2,000) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
 	WatchCoalesce            time.Duration `name:"watch-coalesce" env:"FENCED_WATCH_COALESCE" default:"50ms" help:"Shortest time between two fan-outs of one swarm's Watch reader: a batch after a quiet spell goes out at once; under a stream of commits each fan-out carries every batch since the last, so watching costs one message per watcher per interval whatever the write rate (0: no coalescing)."`
+	WatchCoalesceWatchers    int           `name:"watch-coalesce-watchers" env:"FENCED_WATCH_COALESCE_WATCHERS" default:"512" help:"Watchers of one swarm one --watch-coalesce interval serves: with more, the time between two fan-outs under a stream of commits grows in proportion (1,000 watchers: twice the interval), at most 1s, so that a swarm's fan-outs cost about as much whatever its watchers (0: it does not grow)."`
 	WatchProgressInterval    time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
 }
 
@@ -78,8 +79,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --wait-timeout %v is over --max-ack-timeout %v", waitTimeout, l.MaxAckTimeout)
 	case l.MaxReplicaWaits < 1 || l.MaxReplicaWaitsPerSwarm < 1:
 		return fmt.Errorf("configuration: --max-replica-waits and --max-replica-waits-per-swarm must be >= 1")
-	case l.MaxWatchers < 1 || l.MaxWatchersPerConnection < 1 || l.WatchBuffer < 1 || l.WatchProgressInterval < 100*time.Millisecond || l.WatchCoalesce < 0:
-		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce >= 0")
+	case l.MaxWatchers < 1 || l.MaxWatchersPerConnection < 1 || l.WatchBuffer < 1 || l.WatchProgressInterval < 100*time.Millisecond || l.WatchCoalesce < 0 || l.WatchCoalesceWatchers < 0:
+		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce and --watch-coalesce-watchers >= 0")
 	}
 	return nil
 }
@@ -122,7 +123,8 @@ func (l *limitFlags) storeOption() store.Option {
 	waits := store.WithReplicaWaitLimits(l.MaxReplicaWaits, l.MaxReplicaWaitsPerSwarm)
 	buffer := store.WithWatchBuffer(l.WatchBuffer)
 	coalesce := store.WithWatchCoalesce(l.WatchCoalesce)
-	return func(s *store.Store) { waits(s); buffer(s); coalesce(s) }
+	perInterval := store.WithWatchCoalesceWatchers(l.WatchCoalesceWatchers)
+	return func(s *store.Store) { waits(s); buffer(s); coalesce(s); perInterval(s) }
 }
 
 // watch is the server's WatchOptions for these flags.

@@ -1,13 +1,20 @@
 package bench
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,25 +25,33 @@ import (
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // Watch benchmark shape: watchers on one swarm, spread over connections
 // (MaxConcurrentStreams is 256 per connection), the batches timed for
 // latency (one in flight: each is a clean commit-to-watcher sample) and for
-// throughput (8 writers), rounds alternating without and with watchers.
+// throughput (8 writers), in rounds pairing the same writers without and
+// with the watchers.
 const (
 	watchBenchWatchers    = 1000
 	watchBenchConns       = 10
 	watchBenchLatencyN    = 200
-	watchBenchThroughputN = 2000
+	watchBenchThroughputN = 10000 // per round: many fan-outs (one per 200 ms at 1,000 watchers)
 	watchBenchWriters     = 8
 	watchBenchRounds      = 3
-	watchBenchDecodeEvery = 20
+	watchBenchDecodeEvery = 100
+	// watchBenchDrain bounds the wait for the watchers to receive a
+	// round's last batch.
+	watchBenchDrain = 30 * time.Second
 )
 
 // dropCodec receives a message without decoding it (WatchResponse stays
@@ -49,14 +64,206 @@ func (dropCodec) Marshal(v any) (mem.BufferSlice, error) {
 func (dropCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
 func (dropCodec) Name() string                         { return grpcproto.Name }
 
+// arrival is one event a decoding watcher received.
+type arrival struct {
+	rev int64
+	at  time.Time
+}
+
+// decodingWatcher is a watcher that decodes its events: it gives the
+// latency and proves that every batch arrived, once, in order.
+type decodingWatcher struct {
+	mu       sync.Mutex
+	arrivals []arrival
+}
+
+func (d *decodingWatcher) received() []arrival {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.arrivals)
+}
+
+// watchSet is watchBenchWatchers Watch streams of one swarm, from now.
+type watchSet struct {
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	dropped  atomic.Int64
+	decoders []*decodingWatcher
+	// bytes counts the DATA bytes the raw receivers read.
+	bytes atomic.Int64
+}
+
+// openWatchers opens the watchers and waits until every stream has its
+// opening progress event.
+func openWatchers(b *testing.B, decode, skim []fencedv1.RecordsServiceClient, slug string) *watchSet {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ws := &watchSet{cancel: cancel}
+	var ready sync.WaitGroup
+	pprof.Do(ctx, pprof.Labels("side", "watch-clients"), func(ctx context.Context) {
+		for i := range watchBenchWatchers {
+			var d *decodingWatcher
+			c := skim[i%len(skim)]
+			if i%watchBenchDecodeEvery == 0 {
+				d = &decodingWatcher{}
+				ws.decoders = append(ws.decoders, d)
+				c = decode[i%len(decode)]
+			}
+			stream, err := c.Watch(ctx, &fencedv1.WatchRequest{Slug: slug})
+			if err != nil {
+				b.Fatalf("Watch %d: %v", i, err)
+			}
+			ready.Add(1)
+			ws.wg.Add(1)
+			go func() {
+				defer ws.wg.Done()
+				first := true
+				for {
+					resp, err := stream.Recv()
+					if err != nil {
+						if first {
+							ready.Done()
+						}
+						if ctx.Err() == nil {
+							ws.dropped.Add(1)
+						}
+						return
+					}
+					now := time.Now()
+					if first { // the progress event: the stream is open
+						first = false
+						ready.Done()
+						if d == nil || len(resp.GetEvents()) > 0 && resp.GetEvents()[0].GetProgress() {
+							continue
+						}
+					}
+					if d == nil {
+						continue
+					}
+					d.mu.Lock()
+					for _, ev := range resp.GetEvents() {
+						if !ev.GetProgress() {
+							d.arrivals = append(d.arrivals, arrival{ev.GetRevision(), now})
+						}
+					}
+					d.mu.Unlock()
+				}
+			}()
+		}
+	})
+	ready.Wait()
+	return ws
+}
+
+// drained waits until every decoding watcher has received revision rev.
+func (ws *watchSet) drained(b *testing.B, rev int64) {
+	b.Helper()
+	deadline := time.Now().Add(watchBenchDrain)
+	for _, d := range ws.decoders {
+		for {
+			d.mu.Lock()
+			n := len(d.arrivals)
+			last := int64(0)
+			if n > 0 {
+				last = d.arrivals[n-1].rev
+			}
+			d.mu.Unlock()
+			if last >= rev {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("a watcher had revision %d %v after the last batch (%d) was committed", last, watchBenchDrain, rev)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// close ends every stream and reports drops.
+func (ws *watchSet) close(b *testing.B) {
+	b.Helper()
+	drops := ws.dropped.Load()
+	ws.cancel()
+	ws.wg.Wait()
+	if drops > 0 {
+		b.Errorf("%d watchers were dropped (too slow) during the run", drops)
+	}
+}
+
+// checkExactly fails b unless every decoding watcher received exactly revs
+// (increasing), each once, in order.
+func (ws *watchSet) checkExactly(b *testing.B, revs []int64) {
+	b.Helper()
+	for i, d := range ws.decoders {
+		got := d.received()
+		bad := len(got) != len(revs)
+		for j := 0; !bad && j < len(got); j++ {
+			bad = got[j].rev != revs[j]
+		}
+		if bad {
+			b.Errorf("decoding watcher %d: received %d events, want exactly the %d batches committed while it watched, in order", i, len(got), len(revs))
+			return
+		}
+	}
+}
+
+// cpuSpan is the CPU this process and redis-server spent over a span.
+type cpuSpan struct{ goNs, redisNs int64 }
+
+// roundResult is one throughput round.
+type roundResult struct {
+	perSec float64
+	// deliveredPerSec: batches per second until the watchers had the
+	// last one (equal to perSec without watchers).
+	deliveredPerSec float64
+	cpu             cpuSpan
+	// bytesPerEvent: DATA bytes each raw watcher read per batch.
+	bytesPerEvent float64
+	// writes: write system calls of this process per batch.
+	writes float64
+}
+
+// writeSyscalls is this process's write system calls so far
+// (/proc/self/io syscw; 0 where there is none).
+func writeSyscalls() int64 {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // BenchmarkWatch measures, with 1,000 watchers on one swarm of one fenced
 // process: the time from sending a FencedBatch to each watcher receiving
-// its event (p50, p99 over every watcher and batch), and FencedBatch
-// throughput (8 writers, one-record puts to another swarm and to the
-// watched one) without and with the watchers.
+// its event (p50, p99 over every decoding watcher and batch), and
+// FencedBatch throughput (8 writers, one-record puts to the watched swarm)
+// in rounds paired without and with the watchers (and to another swarm
+// while the watchers watch), with the CPU per batch of this process and of
+// redis-server.
 //
 // FENCED_BENCH_WATCH_COALESCE (a Go duration) overrides the store's
 // coalescing interval (store.DefaultWatchCoalesce) to measure the trade.
+// FENCED_BENCH_WATCH_COALESCE_WATCHERS overrides the watchers per interval
+// (store.DefaultWatchCoalesceWatchers; 0: the interval does not grow).
+// FENCED_BENCH_WATCH_CLIENTS picks the watchers' client side: raw (the
+// default: raw HTTP/2 receivers, one goroutine per connection, costing
+// what a remote client's kernel would) or grpc (a grpc-go client stream
+// per watcher in this process, 1 in watchBenchDecodeEvery decoding).
+// FENCED_BENCH_WATCH_GZIP=0: raw watchers do not ask for gzip (they do by
+// default, as the Go client does).
+// FENCED_BENCH_WATCH_BATCHES sets the batches per throughput round
+// (default watchBenchThroughputN).
+// FENCED_BENCH_WATCH_CPUPROFILE=<path> writes a CPU profile of each
+// throughput round to <path>.alone.<round> and <path>.watched.<round> (its
+// writes and, with watchers, their fan-out until delivered); the
+// goroutines carry the pprof label side=server, writers or watch-clients
+// (-tagfocus), so that the server's cost is told from the benchmark's own.
 func BenchmarkWatch(b *testing.B) {
 	srv := redistest.Start(b)
 	coalesce := store.DefaultWatchCoalesce
@@ -67,19 +274,41 @@ func BenchmarkWatch(b *testing.B) {
 		}
 		coalesce = d
 	}
-	st, err := store.Open(srv.URL(), prefix, store.WithWatchCoalesce(coalesce))
-	if err != nil {
-		b.Fatalf("store.Open: %v", err)
+	perInterval := store.DefaultWatchCoalesceWatchers
+	if v := os.Getenv("FENCED_BENCH_WATCH_COALESCE_WATCHERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("FENCED_BENCH_WATCH_COALESCE_WATCHERS=%q: want a count", v)
+		}
+		perInterval = n
 	}
-	b.Cleanup(st.Close)
+	profile := os.Getenv("FENCED_BENCH_WATCH_CPUPROFILE")
+	batches := watchBenchThroughputN
+	if v := os.Getenv("FENCED_BENCH_WATCH_BATCHES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("FENCED_BENCH_WATCH_BATCHES=%q: want a count", v)
+		}
+		batches = n
+	}
+	var st *store.Store
+	var fenced *server.Server
 	lis := listen(b)
-	logger := slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	fenced := server.New(st, batch.DefaultLimits(), server.Options{Logger: logger})
 	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fenced.Serve(context.Background(), lis)
-	}()
+	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(ctx context.Context) {
+		var err error
+		st, err = store.Open(srv.URL(), prefix, store.WithWatchCoalesce(coalesce), store.WithWatchCoalesceWatchers(perInterval))
+		if err != nil {
+			b.Fatalf("store.Open: %v", err)
+		}
+		logger := slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		fenced = server.New(st, batch.DefaultLimits(), server.Options{Logger: logger})
+		go func() {
+			defer close(done)
+			fenced.Serve(ctx, lis)
+		}()
+	})
+	b.Cleanup(st.Close)
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -87,177 +316,487 @@ func BenchmarkWatch(b *testing.B) {
 		<-done
 	})
 	addr := lis.Addr().String()
-	writer := dial(b, addr)
 	const slug = "watched"
+	var writer fencedv1.RecordsServiceClient
+	decode := make([]fencedv1.RecordsServiceClient, watchBenchConns)
+	skim := make([]fencedv1.RecordsServiceClient, watchBenchConns)
+	pprof.Do(context.Background(), pprof.Labels("side", "writers"), func(context.Context) { writer = dial(b, addr) })
+	clients := os.Getenv("FENCED_BENCH_WATCH_CLIENTS")
+	switch clients {
+	case "":
+		clients = "raw"
+	case "raw", "grpc":
+	default:
+		b.Fatalf("FENCED_BENCH_WATCH_CLIENTS=%q: want raw or grpc", clients)
+	}
+	gz := os.Getenv("FENCED_BENCH_WATCH_GZIP") != "0"
+	open := func() *watchSet {
+		if clients == "raw" {
+			return openRawWatchers(b, addr, slug, gz)
+		}
+		return openWatchers(b, decode, skim, slug)
+	}
+	pprof.Do(context.Background(), pprof.Labels("side", "watch-clients"), func(context.Context) {
+		for i := range decode {
+			if clients == "raw" {
+				break
+			}
+			decode[i] = dial(b, addr)
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.ForceCodecV2(dropCodec{})))
+			if err != nil {
+				b.Fatalf("dial %s: %v", addr, err)
+			}
+			b.Cleanup(func() { cc.Close() })
+			skim[i] = fencedv1.NewRecordsServiceClient(cc)
+		}
+	})
+	redisCPU := func() int64 {
+		var total float64
+		for line := range strings.SplitSeq(srv.Do(b, "INFO", "cpu"), "\n") {
+			for _, field := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), field); ok {
+					f, _ := strconv.ParseFloat(v, 64)
+					total += f
+				}
+			}
+		}
+		return int64(total * 1e9)
+	}
 	put := func(ctx context.Context, slug, key string) (int64, error) {
 		resp, err := writer.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{
 			{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: "claims", Key: key, Expected: -1, Value: `{"by":"engineer-1","at":1796079180861}`}}})
 		return resp.GetRevision(), err
 	}
-	throughput := func(slug string) float64 {
-		ctx := context.Background()
+	// throughput runs batches batches with watchBenchWriters
+	// writers; with ws, it then waits until the watchers have the last one.
+	throughput := func(slug string, ws *watchSet) (roundResult, []int64) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
-		start := time.Now()
-		for w := range watchBenchWriters {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= watchBenchThroughputN {
-					if _, err := put(ctx, slug, "k"+strconv.Itoa(w)); err != nil {
-						b.Error(err)
-						return
+		var mu sync.Mutex
+		var revs []int64
+		r0, c0, w0, start := redisCPU(), processCPU(), writeSyscalls(), time.Now()
+		pprof.Do(context.Background(), pprof.Labels("side", "writers"), func(ctx context.Context) {
+			for w := range watchBenchWriters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine []int64
+					for next.Add(1) <= int64(batches) {
+						rev, err := put(ctx, slug, "k"+strconv.Itoa(w))
+						if err != nil {
+							b.Error(err)
+							break
+						}
+						mine = append(mine, rev)
 					}
-				}
-			}()
-		}
-		wg.Wait()
-		return watchBenchThroughputN / time.Since(start).Seconds()
-	}
-
-	var alone []float64
-	for range watchBenchRounds {
-		alone = append(alone, throughput(slug))
-	}
-
-	// 1,000 watchers, each recording when each revision arrived.
-	// Watchers on other hosts decode their events on their own CPUs: here,
-	// on the same two cores, all but every watchBenchDecodeEvery-th watcher
-	// receive without decoding (a codec that drops the bytes), so that the
-	// figures are fenced's; the decoding ones give the latency.
-	conns := make([]fencedv1.RecordsServiceClient, watchBenchConns)
-	skim := make([]fencedv1.RecordsServiceClient, watchBenchConns)
-	for i := range conns {
-		conns[i] = dial(b, addr)
-		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(dropCodec{})))
-		if err != nil {
-			b.Fatalf("dial %s: %v", addr, err)
-		}
-		b.Cleanup(func() { cc.Close() })
-		skim[i] = fencedv1.NewRecordsServiceClient(cc)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	type arrival struct {
-		rev int64
-		at  time.Time
-	}
-	arrivals := make([][]arrival, watchBenchWatchers)
-	var ready, wgw sync.WaitGroup
-	var dropped atomic.Int64
-	for i := range watchBenchWatchers {
-		decodes := i%watchBenchDecodeEvery == 0
-		c := skim[i%watchBenchConns]
-		if decodes {
-			c = conns[i%watchBenchConns]
-		}
-		stream, err := c.Watch(ctx, &fencedv1.WatchRequest{Slug: slug})
-		if err != nil {
-			b.Fatalf("Watch %d: %v", i, err)
-		}
-		ready.Add(1)
-		wgw.Add(1)
-		go func() {
-			defer wgw.Done()
-			first := true
-			for {
-				resp, err := stream.Recv()
-				if err != nil {
-					if first {
-						ready.Done()
-					}
-					if ctx.Err() == nil {
-						dropped.Add(1)
-					}
-					return
-				}
-				now := time.Now()
-				if first && !decodes { // the progress event: the stream is open
-					first = false
-					ready.Done()
-					continue
-				}
-				for _, ev := range resp.GetEvents() {
-					if first { // the progress event: the stream is open
-						first = false
-						ready.Done()
-						continue
-					}
-					arrivals[i] = append(arrivals[i], arrival{ev.GetRevision(), now})
-				}
+					mu.Lock()
+					revs = append(revs, mine...)
+					mu.Unlock()
+				}()
 			}
-		}()
-	}
-	ready.Wait()
-
-	// Latency: one batch in flight at a time.
-	sentAt := map[int64]time.Time{}
-	for i := range watchBenchLatencyN {
-		t0 := time.Now()
-		rev, err := put(ctx, slug, "lat"+strconv.Itoa(i%10))
-		if err != nil {
-			b.Fatalf("FencedBatch: %v", err)
+			wg.Wait()
+		})
+		var res roundResult
+		res.perSec = float64(batches) / time.Since(start).Seconds()
+		slices.Sort(revs)
+		if ws != nil && len(revs) > 0 {
+			ws.drained(b, revs[len(revs)-1])
 		}
-		sentAt[rev] = t0
-		time.Sleep(2 * time.Millisecond) // let the fan-out finish: samples, not a flood
-	}
-	// Throughput with the watchers reading every batch (to the watched
-	// swarm), alternating with rounds on another swarm for comparison.
-	var withWatchers []float64
-	for range watchBenchRounds {
-		withWatchers = append(withWatchers, throughput(slug))
-	}
-	var otherSwarm []float64
-	for range watchBenchRounds {
-		otherSwarm = append(otherSwarm, throughput("unwatched"))
-	}
-	drops := dropped.Load()
-	cancel()
-	wgw.Wait()
-	if drops > 0 {
-		b.Errorf("%d watchers were dropped (too slow) during the run", drops)
+		res.deliveredPerSec = float64(batches) / time.Since(start).Seconds()
+		res.cpu = cpuSpan{goNs: processCPU() - c0, redisNs: redisCPU() - r0}
+		res.writes = float64(writeSyscalls()-w0) / float64(batches)
+		return res, revs
 	}
 
+	throughput(slug, nil) // warm up
 	var lat []time.Duration
+	var alone, watched, other []roundResult
 	missing := 0
-	for i, as := range arrivals {
-		if i%watchBenchDecodeEvery != 0 {
-			continue
+	// profiled runs f under a CPU profile written to <profile>.<name>.
+	profiled := func(name string, f func()) {
+		if profile == "" {
+			f()
+			return
 		}
-		got := map[int64]bool{}
-		for _, a := range as {
-			if t0, ok := sentAt[a.rev]; ok {
-				lat = append(lat, a.at.Sub(t0))
-				got[a.rev] = true
+		out, err := os.Create(profile + "." + name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer out.Close()
+		if err := pprof.StartCPUProfile(out); err != nil {
+			b.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+		f()
+	}
+	for round := range watchBenchRounds {
+		var r roundResult
+		profiled("alone."+strconv.Itoa(round), func() { r, _ = throughput(slug, nil) })
+		alone = append(alone, r)
+
+		ws := open()
+		var seen []int64
+		if round == 0 {
+			// Latency: one batch in flight at a time.
+			sentAt := map[int64]time.Time{}
+			for i := range watchBenchLatencyN {
+				t0 := time.Now()
+				rev, err := put(context.Background(), slug, "lat"+strconv.Itoa(i%10))
+				if err != nil {
+					b.Fatalf("FencedBatch: %v", err)
+				}
+				sentAt[rev] = t0
+				seen = append(seen, rev)
+				time.Sleep(2 * time.Millisecond) // let the fan-out finish: samples, not a flood
+			}
+			ws.drained(b, seen[len(seen)-1])
+			for _, d := range ws.decoders {
+				got := map[int64]bool{}
+				for _, a := range d.received() {
+					if t0, ok := sentAt[a.rev]; ok {
+						lat = append(lat, a.at.Sub(t0))
+						got[a.rev] = true
+					}
+				}
+				missing += len(sentAt) - len(got)
 			}
 		}
-		missing += len(sentAt) - len(got)
+		b0 := ws.bytes.Load()
+		var revs []int64
+		profiled("watched."+strconv.Itoa(round), func() { r, revs = throughput(slug, ws) })
+		r.bytesPerEvent = float64(ws.bytes.Load()-b0) / float64(batches) / watchBenchWatchers
+		watched = append(watched, r)
+		seen = append(seen, revs...)
+		ws.checkExactly(b, seen)
+		r, _ = throughput("unwatched", nil)
+		other = append(other, r)
+		ws.close(b)
 	}
 	if missing > 0 {
-		b.Errorf("%d of %d latency events never arrived", missing, len(sentAt)*watchBenchWatchers/watchBenchDecodeEvery)
+		b.Errorf("%d latency events never arrived", missing)
 	}
+
 	slices.Sort(lat)
 	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
-	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
+	med := func(rs []roundResult, f func(roundResult) float64) float64 {
+		xs := make([]float64, len(rs))
+		for i, r := range rs {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	rate := func(r roundResult) float64 { return r.perSec }
+	delivered := func(r roundResult) float64 { return r.deliveredPerSec }
+	goUs := func(r roundResult) float64 { return float64(r.cpu.goNs) / float64(batches) / 1e3 }
+	redisUs := func(r roundResult) float64 { return float64(r.cpu.redisNs) / float64(batches) / 1e3 }
+	// Each round's watched rate over its own paired alone rate.
+	ratios := make([]float64, len(watched))
+	for i := range watched {
+		ratios[i] = watched[i].perSec / alone[i].perSec
+	}
 	b.ReportMetric(float64(pct(0.50).Microseconds()), "event-p50-µs")
 	b.ReportMetric(float64(pct(0.99).Microseconds()), "event-p99-µs")
-	b.ReportMetric(med(alone), "batches/s-alone")
-	b.ReportMetric(med(withWatchers), "batches/s-watched")
-	b.ReportMetric(med(withWatchers)/med(alone), "watched/alone")
-	b.ReportMetric(med(otherSwarm)/med(alone), "other-swarm/alone")
-	fmt.Printf("watch (coalesce %v): %d watchers (1 in %d decoding), %d samples: event latency p50 %v p99 %v; FencedBatch %d writers: alone %.0f/s %v, watched swarm %.0f/s %v (%.2fx), another swarm while watched %.0f/s %v (%.2fx)\n",
-		coalesce, watchBenchWatchers, watchBenchDecodeEvery, len(lat), pct(0.50), pct(0.99), watchBenchWriters,
-		med(alone), rounded(alone), med(withWatchers), rounded(withWatchers), med(withWatchers)/med(alone),
-		med(otherSwarm), rounded(otherSwarm), med(otherSwarm)/med(alone))
+	b.ReportMetric(med(alone, rate), "batches/s-alone")
+	b.ReportMetric(med(watched, rate), "batches/s-watched")
+	b.ReportMetric(median(ratios), "watched/alone")
+	b.ReportMetric(med(other, rate)/med(alone, rate), "other-swarm/alone")
+	fmt.Printf("watch (coalesce %v per %d watchers): %d watchers (%s clients, 1 in %d decoding), %d latency samples: p50 %v p99 %v\n",
+		coalesce, perInterval, watchBenchWatchers, clients, watchBenchDecodeEvery, len(lat), pct(0.50), pct(0.99))
+	fmt.Printf("  FencedBatch, %d writers, paired rounds: alone %v/s, watched %v/s (delivered to every watcher %v/s), ratio per round %.2f (median %.2fx); another swarm while watched %v/s (%.2fx)\n",
+		watchBenchWriters, rounded(alone, rate), rounded(watched, rate), rounded(watched, delivered), ratios, median(ratios),
+		rounded(other, rate), med(other, rate)/med(alone, rate))
+	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f; bytes per batch per watcher %.1f (gzip %v)\n",
+		med(alone, goUs), med(watched, goUs), med(alone, redisUs), med(watched, redisUs),
+		med(watched, func(r roundResult) float64 { return r.bytesPerEvent }), gz && clients == "raw")
+	fmt.Printf("  write system calls per batch (median): alone %.1f, watched %.1f\n",
+		med(alone, func(r roundResult) float64 { return r.writes }), med(watched, func(r roundResult) float64 { return r.writes }))
 	for i := 0; i < b.N; i++ { // the work above is the benchmark; run it once
 	}
 }
 
-func rounded(xs []float64) []int {
-	out := make([]int, len(xs))
-	for i, x := range xs {
-		out[i] = int(x)
+func rounded(rs []roundResult, f func(roundResult) float64) []int {
+	out := make([]int, len(rs))
+	for i, r := range rs {
+		out[i] = int(f(r))
 	}
 	return out
+}
+
+// Raw receivers: the watchers' client side at the cost a remote client
+// puts on this host, its kernel's. One goroutine per connection speaks
+// HTTP/2 by hand (golang.org/x/net/http2's Framer): it opens the Watch
+// streams, reads every frame off the socket, answers SETTINGS and PING,
+// returns flow-control credit in large steps, and decodes the messages of
+// the decoding watchers only; the other streams' bytes are read and
+// dropped. No goroutine per stream and no gRPC client stack: with a gRPC
+// client per watcher in this process, on these two cores, the watchers'
+// receiving cost more CPU than the server's sending (docs/design.md §6.1).
+
+// rawWindow is the flow-control window the raw receivers grant (stream and
+// connection); credit goes back once half of it is used.
+const rawWindow = 1 << 30
+
+// rawStream is one Watch stream of a rawConn.
+type rawStream struct {
+	d      *decodingWatcher // nil: the bytes are dropped
+	buf    []byte           // a decoding stream's unparsed gRPC framing
+	used   int              // window used since the last credit
+	opened bool
+}
+
+// rawConn is one HTTP/2 connection carrying Watch streams.
+type rawConn struct {
+	conn    net.Conn
+	bw      *bufio.Writer
+	fr      *http2.Framer
+	streams map[uint32]*rawStream
+	used    int
+	done    chan struct{}
+}
+
+// grpcFrame is msg in gRPC's length-prefixed framing.
+func grpcFrame(b *testing.B, msg proto.Message) []byte {
+	b.Helper()
+	body, err := proto.Marshal(msg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := make([]byte, 5, 5+len(body))
+	binary.BigEndian.PutUint32(out[1:], uint32(len(body)))
+	return append(out, body...)
+}
+
+// openRawWatchers is openWatchers over raw receivers; with gzip, each asks
+// for gzip (grpc-encoding gzip on the request) and the decoding ones
+// decompress.
+func openRawWatchers(b *testing.B, addr, slug string, gz bool) *watchSet {
+	b.Helper()
+	ws := &watchSet{}
+	var ready sync.WaitGroup
+	var conns []*rawConn
+	req := grpcFrame(b, &fencedv1.WatchRequest{Slug: slug})
+	for c := range watchBenchConns {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatalf("dial %s: %v", addr, err)
+		}
+		rc := &rawConn{conn: nc, bw: bufio.NewWriterSize(nc, 64<<10), streams: map[uint32]*rawStream{}, done: make(chan struct{})}
+		rc.fr = http2.NewFramer(rc.bw, bufio.NewReaderSize(nc, 64<<10))
+		rc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		rc.fr.MaxHeaderListSize = 1 << 20
+		if _, err := rc.bw.WriteString(http2.ClientPreface); err != nil {
+			b.Fatal(err)
+		}
+		must := func(err error) {
+			if err != nil {
+				b.Fatalf("raw watcher connection: %v", err)
+			}
+		}
+		must(rc.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: rawWindow}, http2.Setting{ID: http2.SettingEnablePush, Val: 0}))
+		must(rc.fr.WriteWindowUpdate(0, rawWindow-65535))
+		var hb bytes.Buffer
+		enc := hpack.NewEncoder(&hb)
+		id := uint32(1)
+		for i := c; i < watchBenchWatchers; i += watchBenchConns {
+			s := &rawStream{}
+			if i%watchBenchDecodeEvery == 0 {
+				s.d = &decodingWatcher{}
+				ws.decoders = append(ws.decoders, s.d)
+			}
+			hb.Reset()
+			fields := [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/fenced.v1.RecordsService/Watch"},
+				{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}}
+			if gz {
+				fields = append(fields, [2]string{"grpc-encoding", "gzip"}, [2]string{"grpc-accept-encoding", "gzip"})
+			}
+			for _, f := range fields {
+				must(enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
+			}
+			must(rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}))
+			must(rc.fr.WriteData(id, true, req))
+			rc.streams[id] = s
+			ready.Add(1)
+			id += 2
+		}
+		must(rc.bw.Flush())
+		conns = append(conns, rc)
+		ws.wg.Add(1)
+		go pprof.Do(context.Background(), pprof.Labels("side", "watch-clients"), func(context.Context) {
+			defer ws.wg.Done()
+			rc.run(b, ws, &ready)
+		})
+	}
+	ws.cancel = func() {
+		for _, rc := range conns {
+			close(rc.done)
+			rc.conn.Close()
+		}
+	}
+	ready.Wait()
+	return ws
+}
+
+// run reads rc's frames until the connection closes.
+func (rc *rawConn) run(b *testing.B, ws *watchSet, ready *sync.WaitGroup) {
+	closing := func() bool {
+		select {
+		case <-rc.done:
+			return true
+		default:
+			return false
+		}
+	}
+	ended := func(s *rawStream) {
+		if !s.opened {
+			s.opened = true
+			ready.Done()
+		}
+		if !closing() {
+			ws.dropped.Add(1)
+		}
+	}
+	for {
+		f, err := rc.fr.ReadFrame()
+		if err != nil {
+			if !closing() {
+				b.Errorf("raw watcher connection: %v", err)
+				for _, s := range rc.streams {
+					ended(s)
+				}
+			}
+			return
+		}
+		now := time.Now()
+		var werr error
+		switch f := f.(type) {
+		case *http2.DataFrame:
+			s := rc.streams[f.StreamID]
+			if s == nil {
+				continue
+			}
+			n := int(f.Length)
+			ws.bytes.Add(int64(n))
+			if rc.used += n; rc.used >= rawWindow/2 {
+				werr = rc.fr.WriteWindowUpdate(0, uint32(rc.used))
+				rc.used = 0
+			}
+			if s.used += n; s.used >= rawWindow/2 && werr == nil {
+				werr = rc.fr.WriteWindowUpdate(f.StreamID, uint32(s.used))
+				s.used = 0
+			}
+			if !s.opened { // the first message is the progress event
+				s.opened = true
+				ready.Done()
+			}
+			if s.d != nil {
+				s.buf = append(s.buf, f.Data()...)
+				for len(s.buf) >= 5 {
+					size := int(binary.BigEndian.Uint32(s.buf[1:5]))
+					if len(s.buf) < 5+size {
+						break
+					}
+					msg := s.buf[5 : 5+size]
+					if s.buf[0] == 1 { // compressed
+						zr, err := gzip.NewReader(bytes.NewReader(msg))
+						if err == nil {
+							msg, err = io.ReadAll(zr)
+						}
+						if err != nil {
+							b.Errorf("raw watcher: gzip: %v", err)
+						}
+					}
+					s.d.mu.Lock()
+					err := scanEvents(msg, func(rev int64, progress bool) {
+						if !progress {
+							s.d.arrivals = append(s.d.arrivals, arrival{rev, now})
+						}
+					})
+					s.d.mu.Unlock()
+					if err != nil {
+						b.Errorf("raw watcher: %v", err)
+					}
+					s.buf = s.buf[5+size:]
+				}
+			}
+		case *http2.MetaHeadersFrame:
+			if s := rc.streams[f.StreamID]; s != nil && f.StreamEnded() {
+				ended(s)
+			}
+		case *http2.RSTStreamFrame:
+			if s := rc.streams[f.StreamID]; s != nil {
+				ended(s)
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				werr = rc.fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				werr = rc.fr.WritePing(true, f.Data)
+			}
+		}
+		if werr == nil && rc.bw.Buffered() > 0 {
+			werr = rc.bw.Flush()
+		}
+		if werr != nil && !closing() {
+			b.Errorf("raw watcher connection: %v", werr)
+			return
+		}
+	}
+}
+
+// scanEvents calls fn with the revision and progress flag of each event of
+// a WatchResponse in wire form, reading only those two fields (a decoding
+// raw watcher checks the stream, it does not use the records).
+func scanEvents(msg []byte, fn func(rev int64, progress bool)) error {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		if num != 1 || typ != protowire.BytesType { // WatchResponse.events
+			n = protowire.ConsumeFieldValue(num, typ, msg)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			msg = msg[n:]
+			continue
+		}
+		ev, n := protowire.ConsumeBytes(msg)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		var rev int64
+		progress := false
+		for len(ev) > 0 {
+			num, typ, n := protowire.ConsumeTag(ev)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			ev = ev[n:]
+			if typ == protowire.VarintType && (num == 1 || num == 7) { // revision, progress
+				v, n := protowire.ConsumeVarint(ev)
+				if n < 0 {
+					return protowire.ParseError(n)
+				}
+				ev = ev[n:]
+				if num == 1 {
+					rev = int64(v)
+				} else {
+					progress = v != 0
+				}
+				continue
+			}
+			n = protowire.ConsumeFieldValue(num, typ, ev)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			ev = ev[n:]
+		}
+		fn(rev, progress)
+	}
+	return nil
 }

@@ -11,7 +11,9 @@ import (
 
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
@@ -213,35 +215,107 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		}
 		return toStatus(err)
 	case <-w.Dropped():
-		s.watchObs.WatchDropped()
 		// w.Last() belongs to the sender; what the caller has is at
 		// most what was last sent, which the sender's error would give.
+		if err := w.DropErr(); !errors.Is(err, store.ErrWatcherTooSlow) {
+			return toStatus(err) // the reader fell behind the log: REVISION_COMPACTED
+		}
+		s.watchObs.WatchDropped()
 		return toStatus(&tooSlowError{last: w.LastSent()})
 	}
 }
 
 // Coalescing: a watcher that is behind gets the events it has in one
-// message, up to these bounds (passed by at most one read of the swarm's
-// reader: at most 128 events), so that a busy swarm costs fewer messages
-// rather than more.
+// message, up to these bounds (a message holds at least one event), so that
+// a busy swarm costs fewer messages rather than more.
 const (
-	maxEventsPerMessage = 256
+	maxEventsPerMessage = 1024
 	maxBytesPerMessage  = 1 << 20
 )
 
+// encodedBatch is a store.Batch's events (filtered by sections) in wire
+// form: buf is the concatenation of each event's encoding as a
+// WatchResponse holding it alone, so any run of them, start(i):ends[j-1],
+// is the encoding of a WatchResponse holding events i..j-1. Built once per
+// batch and filter (store.Batch.Memo) and shared, never written, by every
+// watcher handed the batch.
+type encodedBatch struct {
+	buf []byte
+	// ends[i] is where event i ends in buf; revs[i] is its revision.
+	ends []int
+	revs []int64
+	// segs cut the events into messages within the bounds: message k is
+	// events segs[k] to segs[k+1]-1 (one segment for most reads).
+	segs []int
+	// gzipped[k] is message k compressed with gzip once, shared by the
+	// streams whose caller asked for gzip (sharedGzip).
+	gzipped []gzipSegment
+}
+
+type gzipSegment struct {
+	once sync.Once
+	msg  *grpc.PreparedMsg
+}
+
+func (e *encodedBatch) start(i int) int {
+	if i == 0 {
+		return 0
+	}
+	return e.ends[i-1]
+}
+
+// segment is message k's bytes, its events and its last revision.
+func (e *encodedBatch) segment(k int) (b []byte, n int, last int64) {
+	i, j := e.segs[k], e.segs[k+1]
+	return e.buf[e.start(i):e.ends[j-1]], j - i, e.revs[j-1]
+}
+
+// gzipMsg is message k compressed with gzip, built once for all the
+// streams (nil when grpc cannot prepare it: the caller sends the bytes,
+// compressed per stream). stream must compress with gzip (sharedGzip).
+func (e *encodedBatch) gzipMsg(stream grpc.ServerStream, k int) *grpc.PreparedMsg {
+	g := &e.gzipped[k]
+	g.once.Do(func() {
+		b, _, _ := e.segment(k)
+		m := &grpc.PreparedMsg{}
+		if err := m.Encode(stream, &preEncoded{parts: [][]byte{b}}); err == nil {
+			g.msg = m
+		}
+	})
+	return g.msg
+}
+
+// sharedGzip says whether stream's messages are compressed with gzip: its
+// caller sent the request with grpc-encoding gzip, which grpc-go answers in
+// kind (and then prepares a message with gzip: grpc.PreparedMsg). Such
+// streams share one compression of each message instead of compressing it
+// once per watcher. It reads the encoding from grpc-go's transport stream
+// (RecvCompress); false when that is not at hand.
+func sharedGzip(ctx context.Context) bool {
+	ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ RecvCompress() string })
+	return ok && ts.RecvCompress() == gzip.Name
+}
+
 // sendEvents sends w's events (filtered by sections) until an error, with
 // a progress event first for a watch from now and after every quiet
-// ProgressInterval.
+// ProgressInterval. Messages are slices of the batches' shared encodings:
+// sending costs no marshalling and no copy. A stream compressed with gzip
+// sends each batch as its segments, each compressed once for every such
+// stream; another carries every event at hand in one message, up to
+// maxEventsPerMessage and maxBytesPerMessage.
 func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService_WatchServer, w *store.Watch, fromNow bool, sections []string) error {
 	every := s.opts.Watch.ProgressInterval
 	lastSend := time.Now()
+	sent := func(n int, last int64) {
+		w.MarkSent(last)
+		s.watchObs.WatchEventsSent(n)
+		lastSend = time.Now()
+	}
 	send := func(parts [][]byte, n int, last int64) error {
 		if err := stream.SendMsg(&preEncoded{parts: parts}); err != nil {
 			return err
 		}
-		w.MarkSent(last)
-		s.watchObs.WatchEventsSent(n)
-		lastSend = time.Now()
+		sent(n, last)
 		return nil
 	}
 	progress := func() error {
@@ -257,75 +331,131 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		}
 	}
 	filter := strings.Join(sections, ",")
+	encoded := func(b *store.Batch) *encodedBatch {
+		e, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).(*encodedBatch)
+		return e
+	}
+	shareGzip := sharedGzip(stream.Context())
+	// cur's segments from seg on (its events from next on, without gzip)
+	// are handed by the Watch and not sent yet; curLast is the revision
+	// the Watch was at once cur was handed.
+	var cur *encodedBatch
+	seg, next := 0, 0
+	var curLast int64
+	quiet := time.NewTimer(every)
+	defer quiet.Stop()
+	take := func(b *store.Batch) {
+		cur, seg, next, curLast = encoded(b), 0, 0, w.Last()
+		if len(cur.ends) == 0 {
+			cur = nil // filtered out
+		}
+	}
 	for {
-		nctx, cancel := context.WithTimeout(ctx, every-time.Since(lastSend))
-		b, err := w.NextBatch(nctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			if err := progress(); err != nil {
+		if cur == nil {
+			quiet.Reset(every - time.Since(lastSend))
+			b, err := w.NextBatchUntil(ctx, quiet.C)
+			if err != nil {
 				return err
 			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		var parts [][]byte
-		size := 0
-		for b != nil {
-			// One encoding per read and filter, shared by the watchers
-			// handed the same read.
-			ps, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).([][]byte)
-			for _, p := range ps {
-				parts = append(parts, p)
-				size += len(p)
-			}
-			if len(parts) >= maxEventsPerMessage || size >= maxBytesPerMessage {
-				break
-			}
-			b = w.TryNextBatch()
-		}
-		if len(parts) == 0 {
-			// Filtered out: a stream of other sections' batches still
-			// gets its progress events.
-			if time.Since(lastSend) >= every {
+			if b == nil {
 				if err := progress(); err != nil {
 					return err
 				}
+				continue
 			}
+			if take(b); cur == nil {
+				// Filtered out: a stream of other sections' batches still
+				// gets its progress events.
+				if time.Since(lastSend) >= every {
+					if err := progress(); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+		}
+		if shareGzip {
+			e, k := cur, seg
+			b, n, last := e.segment(k)
+			if seg++; seg == len(e.segs)-1 {
+				last = curLast // and the filtered-out events after
+				cur = nil
+			}
+			m := e.gzipMsg(stream, k)
+			if m == nil {
+				if err := send([][]byte{b}, n, last); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := stream.SendMsg(m); err != nil {
+				return err
+			}
+			sent(n, last)
 			continue
 		}
-		if err := send(parts, len(parts), w.Last()); err != nil {
+		var parts [][]byte
+		size, n := 0, 0
+		last := int64(0)
+		for cur != nil {
+			j := next
+			for j < len(cur.ends) && n < maxEventsPerMessage && (n == 0 || size+cur.ends[j]-cur.start(next) <= maxBytesPerMessage) {
+				j++
+				n++
+			}
+			if j > next {
+				parts = append(parts, cur.buf[cur.start(next):cur.ends[j-1]])
+				size += cur.ends[j-1] - cur.start(next)
+				last = cur.revs[j-1]
+			}
+			if next = j; next < len(cur.ends) {
+				break // the message is full
+			}
+			// Every event of cur is in the message.
+			last = curLast
+			cur = nil
+			if b := w.TryNextBatch(); b != nil {
+				take(b)
+			}
+		}
+		if err := send(parts, n, last); err != nil {
 			return err
 		}
 	}
 }
 
-// encodeBatch is each event of b (filtered by sections) in the wire form
-// of a WatchResponse holding it alone; events the filter empties are left
-// out.
-func encodeBatch(b *store.Batch, sections []string) [][]byte {
-	var out [][]byte
+// encodeBatch is b's events (filtered by sections) in wire form, cut into
+// segments within maxEventsPerMessage and maxBytesPerMessage; events the
+// filter empties are left out.
+func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
+	e := &encodedBatch{segs: []int{0}}
+	segStart := 0
 	for _, ev := range b.Events {
-		if p := encodeEvent(ev, sections); p != nil {
-			out = append(out, p)
+		pe, ok := eventProto(ev, sections)
+		if !ok {
+			continue
 		}
+		var err error
+		start := len(e.buf)
+		e.buf, err = proto.MarshalOptions{}.MarshalAppend(e.buf, &fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
+		if err != nil {
+			e.buf = e.buf[:start]
+			continue // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
+		}
+		// A new segment when this event would take the current one over
+		// a bound (a segment holds at least one event).
+		if i := len(e.ends); i > e.segs[len(e.segs)-1] && (i-e.segs[len(e.segs)-1] >= maxEventsPerMessage || len(e.buf)-segStart > maxBytesPerMessage) {
+			e.segs = append(e.segs, i)
+			segStart = start
+		}
+		e.ends = append(e.ends, len(e.buf))
+		e.revs = append(e.revs, ev.Revision)
 	}
-	return out
-}
-
-// encodeEvent is ev (filtered by sections) in the wire form of a
-// WatchResponse holding it alone; nil when the filter leaves nothing.
-func encodeEvent(ev *store.Event, sections []string) []byte {
-	pe, ok := eventProto(ev, sections)
-	if !ok {
-		return nil
+	if len(e.ends) > 0 {
+		e.segs = append(e.segs, len(e.ends))
 	}
-	b, err := proto.Marshal(&fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
-	if err != nil {
-		return nil // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
-	}
-	return b
+	e.gzipped = make([]gzipSegment, len(e.segs))
+	return e
 }
 
 // eventProto is ev as a WatchEvent with only the changes in sections

@@ -3,6 +3,7 @@ package server_test
 import (
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,7 +21,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 )
 
@@ -303,6 +306,130 @@ func TestWatchSendsProgressOnAQuietOrFilteredStream(t *testing.T) {
 		}
 		if ev.GetRevision() != r0 {
 			t.Fatalf("progress revision = %d, want %d then %d", ev.GetRevision(), r0, r1)
+		}
+	}
+}
+
+func TestWatchMessagesStayUnderTheByteBound(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	r0 := commitPut(t, e, "big", "claims", "c", `0`)
+	value := `"` + strings.Repeat("x", 600<<10) + `"`
+	var revs []int64
+	for range 3 {
+		revs = append(revs, commitPut(t, e, "big", "claims", "c", value))
+	}
+	// From r0 the three batches are one backlog: at hand at once.
+	stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "big", StartRevision: r0})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	var got []int64
+	for len(got) < len(revs) {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		if n := proto.Size(resp); len(resp.GetEvents()) > 1 && n > 1<<20 {
+			t.Errorf("a message of %d events holds %d bytes, over 1 MiB", len(resp.GetEvents()), n)
+		}
+		for _, ev := range resp.GetEvents() {
+			got = append(got, ev.GetRevision())
+		}
+	}
+	if !slices.Equal(got, revs) {
+		t.Errorf("events %v, want %v", got, revs)
+	}
+}
+
+// appendLog appends n entries to slug's log in one script (atomically),
+// revisions after+1 .. after+n, each with its prev and one put of
+// claims/k, capped as lib.lua caps the log.
+func appendLog(t *testing.T, srv *redistest.Server, slug string, after int64, n int) {
+	t.Helper()
+	const script = `for i = 1, #ARGV - 2 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'revision', ARGV[i + 2], 'owner', '', 'records', '1', 'changes', 'pclaims:1:k', 'prev', ARGV[i + 1])
+end`
+	args := []string{"EVAL", script, "1", redisKey(slug, "log"), strconv.Itoa(store.LogCap)}
+	for i := range n + 1 { // ARGV[2..]: after, after+1, .. after+n
+		args = append(args, strconv.FormatInt(after+int64(i), 10))
+	}
+	srv.Do(t, args...)
+}
+
+func TestWatchWhoseReaderFellBehindTheLogEndsOutOfRange(t *testing.T) {
+	srv := redistest.Start(t)
+	counts := &watchCounts{}
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Telemetry: server.Telemetry{Limits: counts}})
+	r0 := commitPut(t, e, "overrun", "claims", "k", `0`)
+	raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "overrun"})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	if ev, err := stream.Recv(); err != nil || !ev.GetProgress() {
+		t.Fatalf("first answer = %v, %v; want the progress event", ev, err)
+	}
+	// Once the swarm's reader waits in XREAD, more batches at once than
+	// the log keeps: the 100 after r0 are gone before it reads them.
+	deadline := time.Now().Add(waitLimit)
+	for !strings.Contains(srv.Do(t, "CLIENT", "LIST"), " cmd=xread ") || !strings.Contains(srv.Do(t, "CLIENT", "LIST"), "flags=b") {
+		if time.Now().After(deadline) {
+			t.Fatal("the swarm's reader never blocked in XREAD")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	appendLog(t, srv, "overrun", r0, store.LogCap+100)
+	ev, err := stream.Recv()
+	info := errorInfoOf(err)
+	if status.Code(err) != codes.OutOfRange || info.GetReason() != server.ReasonRevisionCompacted ||
+		info.GetMetadata()["oldest_revision"] != strconv.FormatInt(r0+101, 10) {
+		t.Fatalf("Watch after the log dropped unread batches = %v, %v (%v); want OUT_OF_RANGE REVISION_COMPACTED oldest_revision %d", ev, err, info, r0+101)
+	}
+	if n := counts.drops.Load(); n != 0 {
+		t.Errorf("fenced_watch_drops_total counted %d: the watcher was not too slow", n)
+	}
+}
+
+func TestWatchAnswersAGzipCallerInSharedGzipMessages(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	r0 := commitPut(t, e, "zipped", "claims", "c", `0`)
+	// Three batches of 600 KiB: one read, cut into three messages.
+	big := `"` + strings.Repeat("x", 600<<10) + `"`
+	var revs []int64
+	for range 3 {
+		revs = append(revs, commitPut(t, e, "zipped", "claims", "c", big))
+	}
+	var streams []fencedv1.RecordsService_WatchClient
+	for range 3 {
+		stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: "zipped", StartRevision: r0}, grpc.UseCompressor(gzip.Name))
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		streams = append(streams, stream)
+	}
+	// Then small batches, fanned out live.
+	for i := range 5 {
+		revs = append(revs, commitPut(t, e, "zipped", "grants", "g", strconv.Itoa(i)))
+	}
+	for i, stream := range streams {
+		var got []int64
+		for len(got) < len(revs) {
+			resp, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("watcher %d: Recv: %v", i, err)
+			}
+			if n := proto.Size(resp); len(resp.GetEvents()) > 1 && n > 1<<20 {
+				t.Errorf("watcher %d: a message of %d events holds %d bytes, over 1 MiB", i, len(resp.GetEvents()), n)
+			}
+			for _, ev := range resp.GetEvents() {
+				if ev.GetRevision() <= revs[2] && (len(ev.GetChanges()) != 1 || ev.GetChanges()[0].GetRecord().GetValue() != big) {
+					t.Fatalf("watcher %d: event %d lost its 600 KiB record", i, ev.GetRevision())
+				}
+				got = append(got, ev.GetRevision())
+			}
+		}
+		if !slices.Equal(got, revs) {
+			t.Errorf("watcher %d: events %v, want %v", i, got, revs)
 		}
 	}
 }

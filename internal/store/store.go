@@ -223,7 +223,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		timeout:            DefaultRedisTimeout,
 		log:                slog.Default(),
 		waits:              newWaitSlots(),
-		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce},
+		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce, coalesceWatchers: DefaultWatchCoalesceWatchers},
 	}
 	s.client.Store(&client)
 	for _, o := range opts {

@@ -22,8 +22,8 @@ const LogCap = protocol.LogCap
 
 // Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
 const (
-	// DefaultWatchBuffer is how many reads of the swarm's reader (each
-	// every batch committed since the previous one, at most 128) one
+	// DefaultWatchBuffer is how many fan-outs of the swarm's reader (each
+	// every batch committed since the previous one, under 2,000) one
 	// watcher may fall behind before it is dropped (ErrWatcherTooSlow).
 	// Reads are shared between watchers: a buffer holds pointers.
 	DefaultWatchBuffer = 256
@@ -40,6 +40,21 @@ const (
 	// watcher per fan-out) stays bounded whatever the write rate
 	// (BenchmarkWatch measures the trade; docs/design.md §6.1).
 	DefaultWatchCoalesce = 50 * time.Millisecond
+	// DefaultWatchCoalesceWatchers is how many watchers of one swarm one
+	// coalescing interval serves: with more, the interval between two
+	// fan-outs under a stream of commits grows in proportion (1,000
+	// watchers: 2 intervals, 100 ms), so that a swarm's fan-outs send at
+	// most about this many messages per interval, whatever its watchers;
+	// a batch after a quiet spell still goes out at once.
+	DefaultWatchCoalesceWatchers = 512
+	// watchCoalesceMax caps the interval DefaultWatchCoalesceWatchers
+	// stretches.
+	watchCoalesceMax = time.Second
+	// watchReadEvery is the longest a swarm's reader waits between two
+	// reads of the log while it has batches to fan out later: one Redis
+	// shard commits at most ~30,000 batches a second, so the log's 1,000
+	// take at least ~33 ms to pass and none leaves it unread.
+	watchReadEvery = 10 * time.Millisecond
 )
 
 // watchChunk is how many log entries one XREAD or XREVRANGE step reads.
@@ -188,39 +203,47 @@ func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
 }
 
 // fillRecords reads, in one round trip, the records events' puts name as
-// they stand now (HMGET per section and event).
+// they stand now: one HMGET per section, of every key the events put in it
+// (each once), however many events name it.
 func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) error {
 	k := s.keys(slug)
 	c := s.c()
 	type ref struct{ ev, ch int }
-	var cmds rueidis.Commands
-	var refs [][]ref
+	type section struct {
+		name   string
+		fields []string
+		refs   [][]ref // by field
+		index  map[string]int
+	}
+	var order []*section
+	bySection := map[string]*section{}
 	for ei, ev := range events {
-		bySection := map[string][]int{}
-		var order []string
 		for ci, ch := range ev.Changes {
 			if ch.Delete {
 				continue
 			}
-			if _, seen := bySection[ch.Section]; !seen {
-				order = append(order, ch.Section)
+			sec := bySection[ch.Section]
+			if sec == nil {
+				sec = &section{name: ch.Section, index: map[string]int{}}
+				bySection[ch.Section] = sec
+				order = append(order, sec)
 			}
-			bySection[ch.Section] = append(bySection[ch.Section], ci)
-		}
-		for _, sec := range order {
-			idx := bySection[sec]
-			fields := make([]string, len(idx))
-			r := make([]ref, len(idx))
-			for i, ci := range idx {
-				fields[i] = ev.Changes[ci].Key
-				r[i] = ref{ei, ci}
+			i, seen := sec.index[ch.Key]
+			if !seen {
+				i = len(sec.fields)
+				sec.index[ch.Key] = i
+				sec.fields = append(sec.fields, ch.Key)
+				sec.refs = append(sec.refs, nil)
 			}
-			cmds = append(cmds, c.B().Hmget().Key(k.section(sec)).Field(fields...).Build())
-			refs = append(refs, r)
+			sec.refs[i] = append(sec.refs[i], ref{ei, ci})
 		}
 	}
-	if len(cmds) == 0 {
+	if len(order) == 0 {
 		return nil
+	}
+	cmds := make(rueidis.Commands, len(order))
+	for i, sec := range order {
+		cmds[i] = c.B().Hmget().Key(k.section(sec.name)).Field(sec.fields...).Build()
 	}
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		arr, err := res.ToArray()
@@ -229,7 +252,8 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 			s.observe.RedisFailed("watch", err)
 			return fmt.Errorf("store: watch: read records: %w", err)
 		}
-		if len(arr) != len(refs[i]) {
+		sec := order[i]
+		if len(arr) != len(sec.fields) {
 			return fmt.Errorf("store: watch: read records: %w: %d fields", ErrMalformedReply, len(arr))
 		}
 		for j, m := range arr {
@@ -241,8 +265,11 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 				continue
 			}
 			if rec, ok := parseRecord(raw); ok {
-				r := refs[i][j]
-				events[r.ev].Changes[r.ch].Record = &rec
+				// The events naming one record share it: it is never
+				// written after this.
+				for _, r := range sec.refs[j] {
+					events[r.ev].Changes[r.ch].Record = &rec
+				}
 			}
 		}
 	}
@@ -324,6 +351,9 @@ type Watch struct {
 	// when the reader gave up on this watcher).
 	ch      chan *Batch
 	dropped chan struct{}
+	// dropErr says why the reader dropped the watcher (ErrWatcherTooSlow
+	// or a *CompactedError); written before dropped is closed.
+	dropErr error
 	backlog []*Event
 	// pending are the events of the last batch Next has not answered yet.
 	pending []*Event
@@ -349,13 +379,33 @@ func (w *Watch) LastSent() int64 { return w.sent.Load() }
 // from now, the newest batch's in the log when it opened.
 func (w *Watch) Last() int64 { return w.last }
 
-// Dropped is closed when the watcher fell too far behind and was dropped;
-// Next then answers ErrWatcherTooSlow.
+// Dropped is closed when the swarm's reader dropped the watcher: it fell
+// too far behind (ErrWatcherTooSlow), or the reader itself did and the
+// log dropped batches it had not read (*CompactedError). DropErr says
+// which; Next answers it.
 func (w *Watch) Dropped() <-chan struct{} { return w.dropped }
+
+// DropErr is why the watcher was dropped, once Dropped is closed: an error
+// matching ErrWatcherTooSlow, or a *CompactedError (ErrRevisionCompacted)
+// whose Start is LastSent at the drop. Nil before.
+func (w *Watch) DropErr() error {
+	select {
+	case <-w.dropped:
+		return w.dropErr
+	default:
+		return nil
+	}
+}
+
+// drop ends w with err (the hub's lock held).
+func (w *Watch) drop(err error) {
+	w.dropErr = err
+	close(w.dropped)
+}
 
 // Next answers the next batch after the last one it answered, in revision
 // order, each once; it waits until one is committed or ctx ends. Errors:
-// ErrWatcherTooSlow (dropped), ctx's error.
+// ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's error.
 func (w *Watch) Next(ctx context.Context) (*Event, error) {
 	if len(w.pending) == 0 {
 		b, err := w.NextBatch(ctx)
@@ -373,8 +423,16 @@ func (w *Watch) Next(ctx context.Context) (*Event, error) {
 // included), in revision order, each once: the backlog first, then each
 // read of the swarm's reader (shared with the other watchers when it holds
 // nothing this one has seen). It waits until there is one or ctx ends.
-// Errors: ErrWatcherTooSlow (dropped), ctx's error.
+// Errors: ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's
+// error.
 func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
+	return w.NextBatchUntil(ctx, nil)
+}
+
+// NextBatchUntil is NextBatch that also stops waiting when until delivers
+// (say a reused time.Timer's C: cheaper per call than a context with a
+// deadline), answering nil, nil.
+func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Batch, error) {
 	if b := w.ready(); b != nil {
 		return b, nil
 	}
@@ -383,7 +441,7 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 		// is cut as soon as it is dropped.
 		select {
 		case <-w.dropped:
-			return nil, ErrWatcherTooSlow
+			return nil, w.dropErr
 		default:
 		}
 		select {
@@ -392,9 +450,11 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 				return b, nil
 			}
 		case <-w.dropped:
-			return nil, ErrWatcherTooSlow
+			return nil, w.dropErr
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-until:
+			return nil, nil
 		}
 	}
 }
@@ -500,7 +560,22 @@ type feeds struct {
 	buffer   int
 	block    time.Duration
 	coalesce time.Duration
-	closed   bool
+	// coalesceWatchers: watchers per coalescing interval (0: the interval
+	// does not grow with them).
+	coalesceWatchers int
+	closed           bool
+}
+
+// interval is the time between two fan-outs of a reader with n watchers
+// under a stream of commits: the coalescing interval, once per
+// coalesceWatchers watchers begun, at most watchCoalesceMax (and never
+// below the interval itself).
+func (f *feeds) interval(n int) time.Duration {
+	d := f.coalesce
+	if f.coalesceWatchers > 0 && n > f.coalesceWatchers {
+		d *= time.Duration((n + f.coalesceWatchers - 1) / f.coalesceWatchers)
+	}
+	return max(min(d, watchCoalesceMax), f.coalesce)
 }
 
 // WithWatchBuffer sets how many reads of the swarm's reader a watcher may
@@ -519,6 +594,18 @@ func WithWatchCoalesce(d time.Duration) Option {
 	return func(s *Store) {
 		if d >= 0 {
 			s.feeds.coalesce = d
+		}
+	}
+}
+
+// WithWatchCoalesceWatchers sets how many watchers of one swarm one
+// coalescing interval serves: the interval between fan-outs under a stream
+// of commits is the coalescing interval times ceil(watchers / n), at most
+// 1 s (0: it does not grow; default DefaultWatchCoalesceWatchers).
+func WithWatchCoalesceWatchers(n int) Option {
+	return func(s *Store) {
+		if n >= 0 {
+			s.feeds.coalesceWatchers = n
 		}
 	}
 }
@@ -634,6 +721,13 @@ func (h *hub) leave(w *Watch) {
 // run reads the log after lastID until ctx ends (XREAD BLOCK, bounded),
 // reads the records each batch put, and hands every event to every
 // watcher; a watcher whose buffer is full is dropped.
+//
+// Two cadences under a stream of commits: it reads the log every
+// watchReadEvery (or sooner: never longer than the log took to fill half
+// at the last read's rate, so that no batch leaves it unread), and fans out
+// what it has read every feeds.interval (the coalescing interval, longer
+// with more watchers). A batch after a quiet spell is read and fanned out
+// at once.
 func (h *hub) run(ctx context.Context, s *Store) {
 	if o, ok := s.observe.(ReaderObserver); ok {
 		o.WatchReaders(1)
@@ -641,76 +735,162 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	}
 	block := h.feeds.block
 	backoff := 50 * time.Millisecond
-	var lastFanout time.Time
-	for ctx.Err() == nil {
-		// Coalesce: under a stream of commits, wait out the rest of the
-		// interval so that the next read takes every batch since.
-		if wait := h.feeds.coalesce - time.Since(lastFanout); wait > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
+	var lastFanout, lastRead time.Time
+	// fill is how long the log took, at the last read's rate, to take
+	// half of what it keeps.
+	fill := watchCoalesceMax
+	// pending are events read and not fanned out yet; readID and readRev
+	// where the reads are (h.lastID and h.lastRev: what was fanned out).
+	var pending []*Event
+	// lostOldest: the log dropped batches before they were read; the
+	// oldest revision it still had (0: none lost).
+	var lostOldest int64
+	h.mu.Lock()
+	readID, readRev := h.lastID, h.lastRev
+	h.mu.Unlock()
+	sleep := func(d time.Duration) bool {
+		if d <= 0 {
+			return true
 		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	for ctx.Err() == nil {
 		h.mu.Lock()
-		lastID := h.lastID
+		fanout := h.feeds.interval(len(h.watchers))
 		h.mu.Unlock()
-		events, newLast, err := h.read(ctx, s, lastID, block)
+		readEvery := min(h.feeds.coalesce, watchReadEvery, fill)
+		blockFor := block
+		if len(pending) == 0 {
+			// Wait out the interval since the last fan-out, then block
+			// until a batch comes.
+			if !sleep(readEvery - time.Since(lastFanout)) {
+				return
+			}
+		} else {
+			// Read again at the next read or fan-out, whichever is first,
+			// without blocking.
+			if !sleep(min(readEvery-time.Since(lastRead), fanout-time.Since(lastFanout))) {
+				return
+			}
+			blockFor = 0
+		}
+		events, newLast, lost, err := h.read(ctx, s, readID, readRev, blockFor)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			s.log.Debug("watch: reading the log failed; trying again", "slug", h.slug, "err", err)
-			select {
-			case <-ctx.Done():
+			if !sleep(backoff) {
 				return
-			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
 		backoff = 50 * time.Millisecond
-		if len(events) > 0 {
-			lastFanout = time.Now()
+		now := time.Now()
+		fill = watchCoalesceMax
+		if len(events) >= watchReadMax {
+			fill = 0 // more may be waiting
+		} else if len(events) > 0 && !lastRead.IsZero() {
+			fill = min(fill, now.Sub(lastRead)*LogCap/2/time.Duration(len(events)))
 		}
-		h.mu.Lock()
+		lastRead = now
 		if newLast != "" {
-			h.lastID = newLast
+			readID = newLast
 		}
 		if len(events) > 0 {
-			h.lastRev = max(h.lastRev, events[len(events)-1].Revision)
-			b := &Batch{Events: events}
+			readRev = max(readRev, events[len(events)-1].Revision)
+		}
+		if lost {
+			// Batches left the log before this reader read them: no
+			// watcher can have them all. The fan-out, now, drops every
+			// watcher it would hand the rest to.
+			s.log.Warn("watch: the swarm's log dropped batches before its reader read them; dropping its watchers (revision compacted)",
+				"slug", h.slug, "oldest", events[0].Revision)
+			pending, lostOldest = nil, events[0].Revision
+		}
+		pending = append(pending, events...)
+		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < LogCap && lostOldest == 0) {
+			continue
+		}
+		// The records as they stand now, once for every watcher.
+		if err := s.fillRecords(ctx, h.slug, pending); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Debug("watch: reading the records failed; trying again", "slug", h.slug, "err", err)
+			continue
+		}
+		lastFanout = now
+		b := &Batch{Events: pending}
+		pending = nil
+		h.mu.Lock()
+		if lostOldest != 0 {
+			// Every watcher, those that joined since the read included
+			// (they start before the gap): each resumes from the last it
+			// received (Watch), answered REVISION_COMPACTED, and re-reads
+			// (list-then-watch). Watchers joining after this start past it.
 			for w := range h.watchers {
-				select {
-				case w.ch <- b:
-				default:
-					delete(h.watchers, w)
-					close(w.dropped)
-				}
+				delete(h.watchers, w)
+				w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: lostOldest}))
+			}
+			lostOldest = 0
+		}
+		h.lastID = readID
+		h.lastRev = max(h.lastRev, readRev)
+		for w := range h.watchers {
+			select {
+			case w.ch <- b:
+			default:
+				delete(h.watchers, w)
+				w.drop(ErrWatcherTooSlow)
 			}
 		}
 		h.mu.Unlock()
 	}
 }
 
-// read is one XREAD BLOCK after lastID, then the records of the events
-// read; newLast is the last entry's id ("" when none).
-func (h *hub) read(ctx context.Context, s *Store, lastID string, block time.Duration) (events []*Event, newLast string, err error) {
+// watchReadMax bounds the log entries one fan-out carries: a reader that
+// finds a full chunk reads on (without BLOCK) up to this many.
+const watchReadMax = LogCap
+
+// read is one XREAD after lastID, blocking up to block (0: not at all),
+// and, while each read comes back full, more without BLOCK (up to
+// watchReadMax entries); newLast is the last entry's id ("" when none). lost
+// says that the log dropped batches after lastRev before they were read:
+// the first entry's prev is above lastRev and the log is full.
+func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, block time.Duration) (events []*Event, newLast string, lost bool, err error) {
 	bctx, cancel := s.bound(ctx, block)
 	defer cancel()
 	c := s.c()
-	res, err := c.Do(bctx, c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()).AsXRead()
-	if err != nil {
-		if rueidis.IsRedisNil(err) {
-			return nil, "", nil // BLOCK timed out: nothing new
+	var entries []rueidis.XRangeEntry
+	for len(entries) < watchReadMax {
+		cmd := c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
+		if len(entries) > 0 || block <= 0 {
+			cmd = c.B().Xread().Count(watchChunk).Streams().Key(h.key).Id(lastID).Build()
 		}
-		err = s.classify(bctx, err)
-		s.observe.RedisFailed("watch", err)
-		return nil, "", fmt.Errorf("store: watch: read log: %w", err)
+		res, err := c.Do(bctx, cmd).AsXRead()
+		if err != nil && !rueidis.IsRedisNil(err) { // nil: BLOCK timed out, or nothing more
+			err = s.classify(bctx, err)
+			s.observe.RedisFailed("watch", err)
+			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
+		}
+		read := res[h.key]
+		entries = append(entries, read...)
+		if len(read) < watchChunk {
+			break
+		}
+		lastID = read[len(read)-1].ID
 	}
-	entries := res[h.key]
 	if len(entries) == 0 {
-		return nil, "", nil
+		return nil, "", false, nil
 	}
 	for _, e := range entries {
 		ev, ok, err := eventOf(e)
@@ -722,10 +902,18 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, block time.Dura
 			events = append(events, ev)
 		}
 	}
-	if err := s.fillRecords(bctx, h.slug, events); err != nil {
-		return nil, "", err
+	if len(events) > 0 && events[0].hasPrev && events[0].prev > lastRev {
+		// Either batches the log does not hold (a swarm's batches on the
+		// document layout), or batches trimmed away: only a full log trims.
+		n, err := c.Do(bctx, c.B().Xlen().Key(h.key).Build()).AsInt64()
+		if err != nil {
+			err = s.classify(bctx, err)
+			s.observe.RedisFailed("watch", err)
+			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
+		}
+		lost = n >= LogCap
 	}
-	return events, entries[len(entries)-1].ID, nil
+	return events, entries[len(entries)-1].ID, lost, nil
 }
 
 // close stops every reader and refuses new watches.

@@ -182,7 +182,13 @@ func xreaders(t *testing.T, srv *redistest.Server) (all, blocked int) {
 
 func TestWatchersShareOneReaderPerSwarm(t *testing.T) {
 	srv := redistest.Start(t)
-	st := open(t, srv)
+	// Fan-outs at the coalescing interval whatever the watchers: the test
+	// waits for each of its 265 batches at every watcher.
+	st, err := store.Open(srv.URL(), prefix, store.WithWatchCoalesceWatchers(0))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
 	ctx := context.Background()
 	type watcher struct {
 		slug string
@@ -324,5 +330,145 @@ func waitUntil(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("gave up waiting: %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// appendLog appends n entries to slug's log in one script (atomically, so
+// that its reader sees all of them or none), with revisions after+1 ..
+// after+n, each with its prev and the given changes, capped as lib.lua
+// caps the log (MAXLEN = LogCap).
+func appendLog(t *testing.T, srv *redistest.Server, slug string, after int64, n int, changes string) {
+	t.Helper()
+	const script = `for i = 1, #ARGV - 3 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'revision', ARGV[i + 3], 'owner', '', 'records', '1', 'changes', ARGV[2], 'prev', ARGV[i + 2])
+end`
+	args := []string{"EVAL", script, "1", key(slug, "log"), strconv.Itoa(store.LogCap), changes}
+	for i := range n + 1 { // ARGV[3..]: after, after+1, .. after+n
+		args = append(args, strconv.FormatInt(after+int64(i), 10))
+	}
+	srv.Do(t, args...)
+}
+
+// blockedReader waits until one swarm reader is blocked in XREAD.
+func blockedReader(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	waitUntil(t, func() bool { _, blocked := xreaders(t, srv); return blocked == 1 }, "the swarm's reader blocks in XREAD")
+}
+
+func TestWatchHandsEveryBatchPendingInOneRead(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	r0 := mustCommit(t, st, &batch.Batch{Slug: "burst", Writes: []batch.Write{put("claims", "k", 0, `"v"`)}})
+	w, err := st.Watch(context.Background(), "burst", 0)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close()
+	blockedReader(t, srv)
+	const n = 600 // more than one XREAD chunk (128), fewer than the log keeps
+	appendLog(t, srv, "burst", r0, n, "pclaims:1:k")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := w.NextBatch(ctx)
+	if err != nil {
+		t.Fatalf("NextBatch: %v", err)
+	}
+	if len(b.Events) != n {
+		t.Fatalf("the first read after %d batches were logged at once handed %d events, want all %d in one fan-out", n, len(b.Events), n)
+	}
+	for i, ev := range b.Events {
+		if want := r0 + 1 + int64(i); ev.Revision != want {
+			t.Fatalf("event %d revision %d, want %d", i, ev.Revision, want)
+		}
+		if len(ev.Changes) != 1 || ev.Changes[0].Record == nil || ev.Changes[0].Record.Revision != r0 || ev.Changes[0].Record.Value != `"v"` {
+			t.Fatalf("event %d changes %+v, want claims k as it stands (revision %d)", i, ev.Changes, r0)
+		}
+	}
+}
+
+func TestWatchWhoseReaderFellBehindTheLogIsCompacted(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	r0 := mustCommit(t, st, &batch.Batch{Slug: "overrun", Writes: []batch.Write{put("claims", "k", 0, `"v"`)}})
+	w, err := st.Watch(context.Background(), "overrun", 0)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close()
+	blockedReader(t, srv)
+	// More batches at once than the log keeps: the 100 after r0 are gone
+	// before the reader can read them.
+	appendLog(t, srv, "overrun", r0, store.LogCap+100, "pclaims:1:k")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ev, err := w.Next(ctx)
+	var ce *store.CompactedError
+	if !errors.As(err, &ce) || ce.Start != r0 || ce.Oldest != r0+101 {
+		t.Fatalf("Next after the log dropped unread batches = event %+v, error %v; want *CompactedError from %d, oldest %d", ev, err, r0, r0+101)
+	}
+	select {
+	case <-w.Dropped():
+	default:
+		t.Error("the watcher is not marked dropped")
+	}
+	if !errors.Is(w.DropErr(), store.ErrRevisionCompacted) {
+		t.Errorf("DropErr = %v, want ErrRevisionCompacted", w.DropErr())
+	}
+}
+
+func TestWatchFanningOutRarelyStillReadsEveryBatchBeforeTheLogDropsIt(t *testing.T) {
+	srv := redistest.Start(t)
+	// 20 watchers, one per coalescing interval: fan-outs 1 s apart, while
+	// the log keeps 1,000 batches.
+	st, err := store.Open(srv.URL(), prefix, store.WithWatchCoalesceWatchers(1))
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	r0 := mustCommit(t, st, &batch.Batch{Slug: "burst", Writes: []batch.Write{put("claims", "k", 0, "0")}})
+	var ws []*store.Watch
+	for range 20 {
+		w, err := st.Watch(ctx, "burst", r0)
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		t.Cleanup(w.Close)
+		ws = append(ws, w)
+	}
+	// A burst of 3 * LogCap batches from 8 writers.
+	const n = 3 * store.LogCap
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var revs []int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= n {
+				rev, err := commit(t, st, &batch.Batch{Slug: "burst", Writes: []batch.Write{put("claims", "k", batch.Blind, "1")}})
+				if err != nil {
+					t.Errorf("Commit: %v", err)
+					return
+				}
+				mu.Lock()
+				revs = append(revs, rev)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(revs)
+	for i, w := range ws {
+		for j, want := range revs {
+			ev, err := w.Next(ctx)
+			if err != nil {
+				t.Fatalf("watcher %d, event %d: %v (want every batch of the burst, in order)", i, j, err)
+			}
+			if ev.Revision != want {
+				t.Fatalf("watcher %d, event %d: revision %d, want %d", i, j, ev.Revision, want)
+			}
+		}
 	}
 }

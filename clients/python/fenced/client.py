@@ -394,7 +394,9 @@ class Client:
         wait = initial
         while True:
             req = records_pb2.WatchRequest(slug=slug, start_revision=from_revision, sections=sections)
-            call = self._records.Watch(req, metadata=self._metadata)
+            # gzip: fenced answers in kind, compressing each message once
+            # for every watcher that asks (docs/design.md §6.1).
+            call = self._records.Watch(req, metadata=self._metadata, compression=grpc.Compression.Gzip)
             err: Optional[grpc.RpcError] = None
             try:
                 for resp in call:
