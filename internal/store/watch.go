@@ -16,7 +16,7 @@ import (
 )
 
 // LogCap is the number of entries a swarm's log keeps at least (XADD
-// MAXLEN ~ in lib.lua finish_commit: whole stream nodes are dropped): a Watch can resume from any revision whose next
+// MAXLEN ~ in lib.lua start_commit: whole stream nodes are dropped): a Watch can resume from any revision whose next
 // batches are still among them.
 const LogCap = protocol.LogCap
 
