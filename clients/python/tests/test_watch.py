@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import fenced
-from conftest import WAIT_S, Fenced, Redis, free_port
+from conftest import WAIT_S, Fenced, Redis, free_port, swarm_key
 
 
 def test_list_then_watch_yields_every_later_batch_with_its_changes(client: fenced.Client, slug: str) -> None:
@@ -48,11 +48,19 @@ def test_watch_from_now_with_progress(client: fenced.Client, slug: str) -> None:
     assert ev.revision == nxt
 
 
-def test_watch_reports_compaction_as_a_typed_error(client: fenced.Client, slug: str) -> None:
-    revs = [client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))]).revision for i in range(1002)]
+def test_watch_reports_compaction_as_a_typed_error(client: fenced.Client, redis: Redis, slug: str) -> None:
+    # The log keeps at least its last 1000 entries and drops the oldest by
+    # whole stream nodes (XADD MAXLEN ~): commit until it has dropped some.
+    revs: list[int] = []
+    while len(revs) < 3000:
+        revs.append(client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(len(revs)))]).revision)
+        if len(revs) > 1000 and len(revs) % 10 == 0 and int(redis.cli("XLEN", swarm_key(slug, "log"))) < len(revs):
+            break
+    oldest = len(revs) - int(redis.cli("XLEN", swarm_key(slug, "log")))
+    assert oldest > 0, "the log kept every entry"
     with pytest.raises(fenced.RevisionCompacted) as e:
         next(client.watch(slug, revs[0]))
-    assert (e.value.from_revision, e.value.oldest) == (revs[0], revs[2])
+    assert (e.value.from_revision, e.value.oldest) == (revs[0], revs[oldest])
 
 
 def test_watch_resumes_across_a_fenced_restart(fenced_bin: pathlib.Path, workdir: pathlib.Path, slug: str) -> None:
