@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -41,6 +42,11 @@ type Client struct {
 	conn    *grpc.ClientConn // nil when built with New
 	records fencedv1.RecordsServiceClient
 	leases  fencedv1.LeaseServiceClient
+
+	// plainWatch: a Watch sent with gzip was refused UNIMPLEMENTED (a
+	// fenced older than its gzip support): every later Watch of this
+	// Client goes uncompressed (Watch).
+	plainWatch atomic.Bool
 
 	mu   sync.Mutex
 	seen map[string]int64 // slug -> highest swarm revision seen

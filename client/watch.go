@@ -105,6 +105,14 @@ func WatchProgress() WatchOption { return func(c *watchConfig) { c.progress = tr
 //		...
 //	}
 //
+// Watch asks for gzip (fenced then compresses each message once for all
+// the watchers that ask). A server that answers UNIMPLEMENTED to a
+// compressed Watch (a fenced older than its gzip support: "grpc:
+// Decompressor is not installed for grpc-encoding \"gzip\"") is asked again
+// at once without compression, and every later Watch of this Client
+// (reconnects included) goes uncompressed; a Watch refused UNIMPLEMENTED
+// uncompressed too ends with that error.
+//
 // The iteration ends after yielding an error: *CompactedError
 // (ErrRevisionCompacted), the TOO_MANY_WATCHERS refusal
 // (RESOURCE_EXHAUSTED), an invalid request, a permission error, or ctx's
@@ -125,8 +133,14 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 		for {
 			sctx, cancel := context.WithCancel(ctx)
 			// gzip: fenced answers in kind, compressing each message once for
-			// every watcher that asks (docs/design.md §6.1).
-			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections}, grpc.UseCompressor(gzip.Name))
+			// every watcher that asks (docs/design.md §6.1); none once a
+			// server refused it.
+			var callOpts []grpc.CallOption
+			gzipped := !c.plainWatch.Load()
+			if gzipped {
+				callOpts = append(callOpts, grpc.UseCompressor(gzip.Name))
+			}
+			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections}, callOpts...)
 			for err == nil {
 				var resp *fencedv1.WatchResponse
 				if resp, err = stream.Recv(); err != nil {
@@ -149,6 +163,15 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 			if ctx.Err() != nil {
 				yield(Event{}, status.FromContextError(ctx.Err()).Err())
 				return
+			}
+			if gzipped && status.Code(err) == codes.Unimplemented {
+				// A fenced without gzip (older than the clients that ask
+				// for it) refuses the request before reading it: grpc-go
+				// answers "grpc: Decompressor is not installed for
+				// grpc-encoding \"gzip\"". Ask again uncompressed, at once,
+				// and so every later Watch of this Client.
+				c.plainWatch.Store(true)
+				continue
 			}
 			if !resumable(err) {
 				yield(Event{}, decodeWatch(err, from))

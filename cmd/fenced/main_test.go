@@ -15,6 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/alecthomas/kong"
 	"google.golang.org/grpc"
 )
 
@@ -42,7 +43,7 @@ func TestHelp(t *testing.T) {
 			"--redis-timeout", "FENCED_REDIS_TIMEOUT", "--allow-evicting-redis", "FENCED_ALLOW_EVICTING_REDIS",
 			"--keepalive-min-time", "--keepalive-time", "--max-connection-idle", "--max-concurrent-streams", "--max-header-bytes",
 			"--max-health-watchers", "--max-connections", "--max-connections-per-ip", "--max-ack-replicas", "--max-ack-timeout",
-			"--max-replica-waits", "--max-replica-waits-per-swarm", "FENCED_MAX_CONNECTIONS"}},
+			"--max-replica-waits", "--max-replica-waits-per-swarm", "FENCED_MAX_CONNECTIONS", "--stream-workers", "FENCED_STREAM_WORKERS"}},
 		{[]string{"version", "--help"}, []string{"Usage: fenced version"}},
 	}
 	for _, tt := range tests {
@@ -95,6 +96,8 @@ func TestBadCommandLine(t *testing.T) {
 		{"bad duration", []string{"serve", "--listen", "127.0.0.1:0", "--shutdown-timeout", "soon"}, "soon"},
 		{"bad redis url", []string{"serve", "--listen", "127.0.0.1:0", "--redis-url", "http://example.invalid"}, "http"},
 		{"redis timeout 0", []string{"serve", "--listen", "127.0.0.1:0", "--redis-timeout", "0s"}, "--redis-timeout"},
+		{"stream workers negative", []string{"serve", "--listen", "127.0.0.1:0", "--stream-workers", "-1"}, "--stream-workers"},
+		{"stream workers too many", []string{"serve", "--listen", "127.0.0.1:0", "--stream-workers", "65537"}, "--stream-workers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -302,6 +305,47 @@ func TestRedisURLEnv(t *testing.T) {
 			}
 			if err := r.stop(); err != nil {
 				t.Errorf("run(serve) after cancel = %v, want nil", err)
+			}
+		})
+	}
+}
+
+// TestStreamWorkersFlag: --stream-workers reaches the server's Transport
+// (0 is none, Transport's -1; unset is 128) and fenced serves a batch with
+// each.
+func TestStreamWorkersFlag(t *testing.T) {
+	srv := redistest.Start(t)
+	tests := []struct {
+		name          string
+		args          []string
+		wantTransport int
+	}{
+		{"default", nil, 128},
+		{"none", []string{"--stream-workers", "0"}, -1},
+		{"one", []string{"--stream-workers", "1"}, 1},
+		{"env", nil, 7},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearConfigEnv(t)
+			if tt.name == "env" {
+				t.Setenv("FENCED_STREAM_WORKERS", "7")
+			}
+			var c cli
+			parser, err := kong.New(&c)
+			if err != nil {
+				t.Fatalf("kong.New: %v", err)
+			}
+			if _, err := parser.Parse(append([]string{"serve"}, tt.args...)); err != nil {
+				t.Fatalf("parse(serve %q): %v", tt.args, err)
+			}
+			if got := c.Serve.transport(1).StreamWorkers; got != tt.wantTransport {
+				t.Errorf("serve %q: Transport.StreamWorkers = %d, want %d", tt.args, got, tt.wantTransport)
+			}
+			r := serve(t, append([]string{"--listen", "127.0.0.1:0", "--redis-url", srv.URL()}, tt.args...)...)
+			slug := "stream-workers-" + strconv.Itoa(i)
+			if rev := putOne(t, r.addr, slug, "exe-1", `{"n":1}`); rev <= 0 {
+				t.Errorf("serve %q: FencedBatch revision = %d, want a revision", tt.args, rev)
 			}
 		})
 	}

@@ -120,11 +120,16 @@ def _event(e: records_pb2.WatchEvent) -> Event:
 _WATCH_BACKOFF_S = (0.05, 2.0, 5.0, 0.5)
 
 
+def _code(err: grpc.RpcError) -> Optional[grpc.StatusCode]:
+    """The status code of a call's error; None for one without a status."""
+    return err.code() if hasattr(err, "code") else None
+
+
 def _watch_resumable(err: grpc.RpcError) -> bool:
     """Whether a reopen from the last revision mends a broken watch stream:
     UNAVAILABLE (fenced or Redis away, a shutdown, a lost connection) and
     RESOURCE_EXHAUSTED + WATCHER_TOO_SLOW; anything without a status."""
-    code = err.code() if hasattr(err, "code") else None
+    code = _code(err)
     if code is None or code == grpc.StatusCode.UNAVAILABLE:
         return True
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -218,6 +223,10 @@ class Client:
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
         self._seen: dict[str, int] = {}  # slug -> highest swarm revision seen
         self._seen_lock = threading.Lock()
+        # A Watch sent with gzip was refused UNIMPLEMENTED (a fenced older
+        # than its gzip support): every later watch of this Client goes
+        # uncompressed (watch).
+        self._plain_watch = False
         self._records = records_pb2_grpc.RecordsServiceStub(channel)
         self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
 
@@ -386,6 +395,14 @@ class Client:
             progress: also yield progress events (the stream's revision when it
                 opens from now, and after every quiet interval of the server's).
 
+        The request asks for gzip (fenced then compresses each message once
+        for all the watchers that ask). A server that answers UNIMPLEMENTED to
+        a compressed watch (a fenced older than its gzip support: 'grpc:
+        Decompressor is not installed for grpc-encoding "gzip"') is asked again
+        at once without compression, and every later watch of this Client
+        (reopens included) goes uncompressed; a watch refused UNIMPLEMENTED
+        uncompressed too raises it (FencedError).
+
         Raises (while iterating): RevisionCompacted (watch from a fresh
         snapshot), ResourceExhausted (TOO_MANY_WATCHERS), InvalidArgument,
         FencedError (permission errors and the rest). As the Go client's Watch.
@@ -395,8 +412,11 @@ class Client:
         while True:
             req = records_pb2.WatchRequest(slug=slug, start_revision=from_revision, sections=sections)
             # gzip: fenced answers in kind, compressing each message once
-            # for every watcher that asks (docs/design.md §6.1).
-            call = self._records.Watch(req, metadata=self._metadata, compression=grpc.Compression.Gzip)
+            # for every watcher that asks (docs/design.md §6.1); none once a
+            # server refused it.
+            gzipped = not self._plain_watch
+            compression = grpc.Compression.Gzip if gzipped else grpc.Compression.NoCompression
+            call = self._records.Watch(req, metadata=self._metadata, compression=compression)
             err: Optional[grpc.RpcError] = None
             try:
                 for resp in call:
@@ -411,6 +431,14 @@ class Client:
                 err = e
             finally:
                 call.cancel()
+            if err is not None and gzipped and _code(err) == grpc.StatusCode.UNIMPLEMENTED:
+                # A fenced without gzip (older than the clients that ask for
+                # it) refuses the request before reading it: grpc-go answers
+                # 'grpc: Decompressor is not installed for grpc-encoding
+                # "gzip"'. Ask again uncompressed, at once, and so every later
+                # watch of this Client.
+                self._plain_watch = True
+                continue
             if err is not None and not _watch_resumable(err):
                 out = errors.decode(err)
                 if isinstance(out, errors.RevisionCompacted):

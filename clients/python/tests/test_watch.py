@@ -5,11 +5,15 @@ from __future__ import annotations
 import pathlib
 import queue
 import threading
+from concurrent import futures
+from typing import Any, Callable, Iterator
 
+import grpc
 import pytest
 
 import fenced
 from conftest import WAIT_S, Fenced, Redis, free_port, swarm_key
+from fenced.v1 import records_pb2, records_pb2_grpc
 
 
 def test_list_then_watch_yields_every_later_batch_with_its_changes(client: fenced.Client, slug: str) -> None:
@@ -49,15 +53,18 @@ def test_watch_from_now_with_progress(client: fenced.Client, slug: str) -> None:
 
 
 def test_watch_reports_compaction_as_a_typed_error(client: fenced.Client, redis: Redis, slug: str) -> None:
-    # The log keeps at least its last 1000 entries and drops the oldest by
-    # whole stream nodes (XADD MAXLEN ~): commit until it has dropped some.
+    # The log keeps the last 1000 batches, trimmed approximately (whole
+    # stream nodes): commit past the cap until entries are gone, as the Go
+    # tests do (fencedtest.FillLogPastItsCap).
+    log = swarm_key(slug, "log")
     revs: list[int] = []
-    while len(revs) < 3000:
-        revs.append(client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(len(revs)))]).revision)
-        if len(revs) > 1000 and len(revs) % 10 == 0 and int(redis.cli("XLEN", swarm_key(slug, "log"))) < len(revs):
+    for i in range(11_000):
+        revs.append(client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))]).revision)
+        if len(revs) > 1000 and len(revs) % 10 == 0 and int(redis.cli("XLEN", log)) < len(revs):
             break
-    oldest = len(revs) - int(redis.cli("XLEN", swarm_key(slug, "log")))
-    assert oldest > 0, "the log kept every entry"
+    else:
+        pytest.fail(f"the log at {log} kept all of {len(revs)} entries")
+    oldest = len(revs) - int(redis.cli("XLEN", log))
     with pytest.raises(fenced.RevisionCompacted) as e:
         next(client.watch(slug, revs[0]))
     assert (e.value.from_revision, e.value.oldest) == (revs[0], revs[oldest])
@@ -102,3 +109,94 @@ def test_watch_resumes_across_a_fenced_restart(fenced_bin: pathlib.Path, workdir
     finally:
         f.stop()
         r.stop()
+
+
+# grpc-go's answer to a request compressed with an encoding it has no
+# decompressor for: what a fenced older than its gzip support answers.
+GO_NO_GZIP = 'grpc: Decompressor is not installed for grpc-encoding "gzip"'
+
+
+class OldFenced(records_pb2_grpc.RecordsServiceServicer):
+    """A RecordsService on loopback in front of a real fenced, relaying every
+    Watch it serves to it, as a fenced without gzip support answers:
+
+    - "gzip disabled in the transport": the server's transport refuses every
+      request compressed with gzip (UNIMPLEMENTED, before the servicer runs);
+    - "grpc-go's status": the first Watch (a Client's first, compressed) is
+      refused with grpc-go's UNIMPLEMENTED status, as fenced's server does
+      (a servicer cannot see the request's encoding);
+    - "no Watch": every Watch is refused UNIMPLEMENTED (a server without it).
+
+    ``calls`` counts every Watch that reached the server, ``served`` those
+    the servicer relayed."""
+
+    def __init__(self, upstream: str, refusal: str) -> None:
+        self.refusal = refusal
+        self.calls = 0
+        self.served = 0
+        self._upstream = grpc.insecure_channel(upstream)
+        self._stub = records_pb2_grpc.RecordsServiceStub(self._upstream)
+        opts = [("grpc.compression_enabled_algorithms_bitset", 1)] if refusal == "gzip disabled in the transport" else []
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=opts, interceptors=[_Count(self)])
+        records_pb2_grpc.add_RecordsServiceServicer_to_server(self, self._server)
+        self.addr = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        self._server.start()
+
+    def Watch(self, request: records_pb2.WatchRequest, context: grpc.ServicerContext) -> Iterator[records_pb2.WatchResponse]:
+        if self.refusal == "no Watch" or (self.refusal == "grpc-go's status" and self.calls == 1):
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, GO_NO_GZIP if self.refusal != "no Watch" else "unknown method Watch")
+        self.served += 1
+        up = self._stub.Watch(request)
+        context.add_callback(up.cancel)
+        try:
+            yield from up
+        except grpc.RpcError:
+            return  # cancelled: the watcher left
+
+    def stop(self) -> None:
+        self._server.stop(None).wait(WAIT_S)
+        self._upstream.close()
+
+
+class _Count(grpc.ServerInterceptor):
+    """Counts the Watch calls that reach the server (compressed or not)."""
+
+    def __init__(self, old: OldFenced) -> None:
+        self.old = old
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
+        if details.method.endswith("/Watch"):  # type: ignore[attr-defined]
+            self.old.calls += 1
+        return continuation(details)
+
+
+@pytest.mark.parametrize("refusal", ["gzip disabled in the transport", "grpc-go's status"])
+def test_watch_falls_back_to_uncompressed_once_a_server_refuses_gzip(
+    server: Fenced, client: fenced.Client, slug: str, refusal: str
+) -> None:
+    r0 = client.fenced_batch(slug, [fenced.Put("claims", "k", fenced.BLIND, "0")]).revision
+    r1 = client.fenced_batch(slug, [fenced.Put("claims", "k", fenced.BLIND, "1")]).revision
+    old = OldFenced(server.addr, refusal)
+    try:
+        with fenced.Client(old.addr) as c:
+            for _ in range(2):
+                stream = c.watch(slug, r0)
+                ev = next(stream)
+                stream.close()
+                assert ev.revision == r1 and ev.changes == (fenced.Change("claims", "k", False, fenced.Record(r1, "1")),)
+        # The first watch refused (compressed), asked again uncompressed; the
+        # second uncompressed straight away.
+        assert (old.calls, old.served) == (3, 2)
+    finally:
+        old.stop()
+
+
+def test_watch_raises_unimplemented_when_the_server_has_no_watch(server: Fenced, slug: str) -> None:
+    old = OldFenced(server.addr, "no Watch")
+    try:
+        with fenced.Client(old.addr) as c, pytest.raises(fenced.FencedError) as e:
+            next(c.watch(slug))
+        assert e.value.code == grpc.StatusCode.UNIMPLEMENTED
+        assert (old.calls, old.served) == (2, 0)  # once compressed, once not
+    finally:
+        old.stop()
