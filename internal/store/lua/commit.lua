@@ -59,16 +59,7 @@ local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
 
 local slug = string.match(KEYS[META], P.SLUG_PATTERN)
-local mode, fence_epoch, caller_now, window, digest, fence_owner =
-  string.match(ARGV[1], '^(' .. P.MODE_PATTERN .. '+):(%w*):(%w+):(%d*):(%x*):(.*)$')
--- base36 reads a number the caller wrote in base 36 ('-' first when
--- negative: tonumber's base conversion takes no sign); exact below 2^53.
-local function base36(s)
-  if string.sub(s, 1, 1) == '-' then
-    return -tonumber(string.sub(s, 2), 36)
-  end
-  return tonumber(s, 36)
-end
+local mode, fence_epoch, caller_now, window, digest, fence_owner = string.match(ARGV[1], COMMIT_HEADER_PATTERN)
 if fence_epoch ~= '' then
   fence_epoch = base36(fence_epoch)
 end
@@ -85,10 +76,9 @@ end
 local kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
 local n = 0
 do
-  local a = 2
-  local write_pattern = '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$'
-  while a <= #ARGV do
-    local kind, ki, expected, key = string.match(ARGV[a], write_pattern)
+  local a, last = 2, #ARGV
+  while a <= last do
+    local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
     n = n + 1
     kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
     if kind == P.KIND_PUT then

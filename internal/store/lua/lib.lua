@@ -73,6 +73,20 @@ local REV_MAX_TEXT = P.REV_MAX_TEXT
 
 local find, gsub, sub = string.find, string.gsub, string.sub
 
+-- The patterns commit.lua reads its arguments with (built once: a function
+-- library keeps them across calls): ARGV[1], then one write.
+local COMMIT_HEADER_PATTERN = '^(' .. P.MODE_PATTERN .. '+):(%w*):(%w+):(%d*):(%x*):(.*)$'
+local WRITE_PATTERN = '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$'
+
+-- base36 reads a number the caller wrote in base 36 ('-' first when
+-- negative: tonumber's base conversion takes no sign); exact below 2^53.
+local function base36(s)
+  if sub(s, 1, 1) == '-' then
+    return -tonumber(sub(s, 2), 36)
+  end
+  return tonumber(s, 36)
+end
+
 -- digits_in_range: d (canonical decimal digits) is at most REV_MAX,
 -- compared as text so that no digit is lost.
 local function digits_in_range(d)
@@ -541,8 +555,9 @@ end
 -- layout_is_document: the stored meta/layout field names the document
 -- layout. The form finish_commit writes ({"r":N,"v":"records"}) is told by
 -- a pattern; any other text is decoded as a record.
+local LAYOUT_RECORDS_PATTERN = '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$'
 local function layout_is_document(raw)
-  local r = string.match(raw, '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$')
+  local r = string.match(raw, LAYOUT_RECORDS_PATTERN)
   if r and digits_canonical_in_range(r) then
     return false
   end
@@ -688,6 +703,8 @@ end
 -- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
 -- A batch over it logs `sections` instead (docs/design.md §6.1).
 
+local LOG_CHANGES_MAX = tonumber(P.LOG_CHANGES_MAX)
+
 -- log_change appends one change to a log entry's list (changes): op
 -- P.KIND_PUT or P.KIND_DELETE, then '<section>:<key length in bytes>:<key>', so
 -- that any key (':' and NUL included) is read back exactly. Built here from
@@ -746,7 +763,7 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
     entry[#entry + 1] = request_id
   end
   local text = table.concat(changes)
-  if #text <= tonumber(P.LOG_CHANGES_MAX) then
+  if #text <= LOG_CHANGES_MAX then
     entry[#entry + 1] = P.LOG_FIELD_CHANGES
     entry[#entry + 1] = text
   else
