@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+	"github.com/redis/rueidis"
+)
+
+// redisTimeRounds is how many rounds of redisTimeCalls each side of
+// BenchmarkRedisTimePerCommit runs per iteration; the least round counts
+// (what the box's other work added least to).
+const (
+	redisTimeRounds = 5
+	redisTimeCalls  = 600
+)
+
+// BenchmarkRedisTimePerCommit is Redis's own time per commit, one call at
+// a time (no queueing, no other client): the prototype's script
+// (minimalScript, EVALSHA), fenced's commit as a function (FCALL, with the
+// memo of §3.9) and as a script (EVALSHA, through an ACL user refused
+// FCALL and FUNCTION), each one swarm holding a lease, batches of 1, 8 and
+// 64 puts of ~200-byte values over 64 records at the revisions last
+// written, every batch committing. It reports INFO commandstats'
+// usec_per_call, the least of redisTimeRounds rounds reset by CONFIG
+// RESETSTAT, and the ratios to the prototype (target of issue 11: <= 1.3).
+func BenchmarkRedisTimePerCommit(b *testing.B) {
+	srv := redistest.Start(b)
+	fns, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		b.Fatalf("store.Open: %v", err)
+	}
+	b.Cleanup(fns.Close)
+	srv.Do(b, "ACL", "SETUSER", "nofunctions", "on", ">pw", "~*", "+@all", "-fcall", "-function")
+	scripts, err := store.Open("redis://nofunctions:pw@"+srv.Addr(), prefix)
+	if err != nil {
+		b.Fatalf("store.Open as nofunctions: %v", err)
+	}
+	b.Cleanup(scripts.Close)
+	rdb, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		b.Fatalf("rueidis: %v", err)
+	}
+	b.Cleanup(rdb.Close)
+	ctx := context.Background()
+	proto := rueidis.NewLuaScript(minimalScript)
+	for _, size := range sizes {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			mini := newMinimalSwarm(b, srv, fmt.Sprintf("rt-min-%d", size))
+			viaFn := newFencedSwarm(b, fns, fmt.Sprintf("rt-fn-%d", size))
+			viaScript := newFencedSwarm(b, scripts, fmt.Sprintf("rt-script-%d", size))
+			sides := []func(i int) error{
+				func(i int) error { return mini.commit(ctx, rdb, proto, size, i) },
+				func(i int) error { return viaFn.commit(ctx, fns, size, i) },
+				func(i int) error { return viaScript.commit(ctx, scripts, size, i) },
+			}
+			var best [3]float64
+			for it := range b.N {
+				for k := range sides {
+					best[k] = 0
+				}
+				for range redisTimeRounds {
+					for k, side := range sides {
+						srv.Do(b, "CONFIG", "RESETSTAT")
+						for i := range redisTimeCalls {
+							if err := side(it*redisTimeRounds*redisTimeCalls + i); err != nil {
+								b.Fatal(err)
+							}
+						}
+						if us := scriptUsecPerCall(b, srv); best[k] == 0 || us < best[k] {
+							best[k] = us
+						}
+					}
+				}
+			}
+			b.ReportMetric(best[0], "prototype-µs")
+			b.ReportMetric(best[1], "fcall-µs")
+			b.ReportMetric(best[2], "evalsha-µs")
+			b.ReportMetric(best[1]/best[0], "fcall/prototype")
+			b.ReportMetric(best[2]/best[0], "evalsha/prototype")
+		})
+	}
+}
+
+// scriptUsecPerCall is INFO commandstats' usec over calls of EVALSHA,
+// EVAL and FCALL together.
+func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
+	var usec, calls float64
+	for line := range strings.SplitSeq(srv.Do(b, "INFO", "commandstats"), "\n") {
+		line = strings.TrimSpace(line)
+		var rest string
+		var ok bool
+		for _, cmd := range []string{"evalsha", "eval", "fcall"} {
+			if rest, ok = strings.CutPrefix(line, "cmdstat_"+cmd+":"); ok {
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		for f := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				x, _ := strconv.ParseFloat(v, 64)
+				usec += x
+			}
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				x, _ := strconv.ParseFloat(v, 64)
+				calls += x
+			}
+		}
+	}
+	if calls == 0 {
+		return 0
+	}
+	return usec / calls
+}
+
+// minimalSwarm is one swarm of the prototype's keys and the revision it
+// last wrote of each record.
+type minimalSwarm struct {
+	slug string
+	seen [minimalRecords]string
+}
+
+func newMinimalSwarm(b *testing.B, srv *redistest.Server, slug string) *minimalSwarm {
+	tm := srv.DoArray(b, "TIME")
+	sec, _ := strconv.ParseInt(tm[0], 10, 64)
+	srv.Do(b, "HSET", "min:{"+slug+"}:lease", "owner", leaseOwner, "epoch", "1", "expires", strconv.FormatInt((sec+3600)*1000, 10))
+	m := &minimalSwarm{slug: slug}
+	for i := range m.seen {
+		m.seen[i] = "0"
+	}
+	return m
+}
+
+func (m *minimalSwarm) commit(ctx context.Context, rdb rueidis.Client, script *rueidis.Lua, size, i int) error {
+	first := (i * size) % minimalRecords
+	args := []string{leaseOwner, "1"}
+	for j := first; j < first+size; j++ {
+		args = append(args, fmt.Sprintf("r%04d", j), m.seen[j], minimalValue(0, i))
+	}
+	keys := []string{"min:{" + m.slug + "}:lease", "min:{" + m.slug + "}:records", "min:{" + m.slug + "}:rev", "min:{" + m.slug + "}:log"}
+	rev, err := script.Exec(ctx, rdb, keys, args).ToString()
+	if err != nil {
+		return fmt.Errorf("prototype: %w", err)
+	}
+	for j := first; j < first+size; j++ {
+		m.seen[j] = rev
+	}
+	return nil
+}
+
+// fencedSwarm is one swarm of fenced's, its lease's epoch and the revision
+// it last wrote of each record.
+type fencedSwarm struct {
+	slug  string
+	epoch int64
+	seen  [minimalRecords]int64
+}
+
+func newFencedSwarm(b *testing.B, st *store.Store, slug string) *fencedSwarm {
+	l, _, err := st.Acquire(context.Background(), slug, leaseOwner, time.Hour.Milliseconds())
+	if err != nil {
+		b.Fatalf("acquire %s: %v", slug, err)
+	}
+	return &fencedSwarm{slug: slug, epoch: l.Epoch}
+}
+
+func (f *fencedSwarm) commit(ctx context.Context, st *store.Store, size, i int) error {
+	first := (i * size) % minimalRecords
+	bt := &batch.Batch{Slug: f.slug, Fence: &batch.Fence{Owner: leaseOwner, Epoch: f.epoch}}
+	for j := first; j < first+size; j++ {
+		bt.Writes = append(bt.Writes, batch.Write{Kind: batch.KindPut, Section: minimalSection, Key: fmt.Sprintf("r%04d", j),
+			Expected: f.seen[j], Value: minimalValue(0, i)})
+	}
+	rev, err := st.Commit(ctx, bt)
+	if err != nil {
+		return fmt.Errorf("fenced %s: %w", f.slug, err)
+	}
+	for j := first; j < first+size; j++ {
+		f.seen[j] = rev
+	}
+	return nil
+}
