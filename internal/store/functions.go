@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
@@ -89,7 +90,15 @@ const (
 type functions struct {
 	state   atomic.Int32
 	loading sync.Mutex
+	// failedAt is when a load last failed for a reason that may pass
+	// (unix ns; 0: none): calls do not try again for loadRetryAfter.
+	failedAt atomic.Int64
 }
+
+// loadRetryAfter is how long after a failed load (a timeout, OOM, a node
+// down) calls go as scripts before one tries loading again: a 45 KB
+// FUNCTION LOAD per commit would add to what made it fail.
+const loadRetryAfter = time.Second
 
 // useFunctions reports whether sc is called as its function now. With the
 // library not known to be loaded, the caller that gets there first loads it
@@ -102,6 +111,9 @@ func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
 	case functionsLoaded:
 		return true
 	case functionsUnavailable:
+		return false
+	}
+	if at := s.fns.failedAt.Load(); at != 0 && time.Since(time.Unix(0, at)) < loadRetryAfter {
 		return false
 	}
 	if !s.fns.loading.TryLock() {
@@ -143,6 +155,11 @@ func (s *Store) loadFunctions(ctx context.Context) {
 			}
 		}
 		state = functionsUnknown
+	}
+	if state == functionsUnknown {
+		s.fns.failedAt.Store(time.Now().UnixNano())
+	} else {
+		s.fns.failedAt.Store(0)
 	}
 	s.fns.state.Store(int32(state))
 }
