@@ -9,7 +9,10 @@ import threading
 import pytest
 
 import fenced
-from conftest import WAIT_S, Fenced, Redis, free_port
+from conftest import WAIT_S, Fenced, Redis, free_port, swarm_key
+
+# LOG_CAP is the number of batches a swarm's log keeps at least (docs/design.md §6.1).
+LOG_CAP = 1000
 
 
 def test_list_then_watch_yields_every_later_batch_with_its_changes(client: fenced.Client, slug: str) -> None:
@@ -48,11 +51,22 @@ def test_watch_from_now_with_progress(client: fenced.Client, slug: str) -> None:
     assert ev.revision == nxt
 
 
-def test_watch_reports_compaction_as_a_typed_error(client: fenced.Client, slug: str) -> None:
-    revs = [client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))]).revision for i in range(1002)]
+def test_watch_reports_compaction_as_a_typed_error(client: fenced.Client, redis: Redis, slug: str) -> None:
+    # The log keeps at least the last LOG_CAP batches and drops whole stream
+    # nodes (XADD MAXLEN ~): commit until it has dropped some, as the Go
+    # tests' fencedtest.FillLogPastItsCap does.
+    log, revs, kept = swarm_key(slug, "log"), [], 0
+    for i in range(LOG_CAP + 10_000):
+        revs.append(client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))]).revision)
+        if len(revs) > LOG_CAP and len(revs) % 10 == 0:
+            kept = int(redis.cli("XLEN", log))
+            if kept < len(revs):
+                break
+    else:
+        pytest.fail(f"the log kept all of {len(revs)} entries")
     with pytest.raises(fenced.RevisionCompacted) as e:
         next(client.watch(slug, revs[0]))
-    assert (e.value.from_revision, e.value.oldest) == (revs[0], revs[2])
+    assert (e.value.from_revision, e.value.oldest) == (revs[0], revs[len(revs) - kept])
 
 
 def test_watch_resumes_across_a_fenced_restart(fenced_bin: pathlib.Path, workdir: pathlib.Path, slug: str) -> None:
