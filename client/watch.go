@@ -18,7 +18,7 @@ import (
 )
 
 // ErrRevisionCompacted: batches after the revision a Watch was to resume
-// from have left the swarm's log (it keeps the last 1000). Read the swarm
+// from have left the swarm's log (it keeps at least the last 1000). Read the swarm
 // again (Snapshot) and watch from that snapshot's revision. As
 // *CompactedError.
 var ErrRevisionCompacted = errors.New("fenced: revision compacted")

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 )
 
@@ -135,10 +137,14 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		return h(ctx, req)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if info.FullMethod == fencedv1.RecordsService_Watch_FullMethodName {
-			// Like health Watch, a Watch stream never ends by itself:
-			// Shutdown cuts it once the other calls drained (its client
-			// resumes elsewhere from its last revision).
+		switch info.FullMethod {
+		case fencedv1.RecordsService_Watch_FullMethodName,
+			reflectionv1.ServerReflection_ServerReflectionInfo_FullMethodName,
+			reflectionv1alpha.ServerReflection_ServerReflectionInfo_FullMethodName:
+			// Like health Watch, a Watch stream never ends by itself, and
+			// grpcurl keeps its reflection stream open for as long as its
+			// call runs: Shutdown cuts them once the other calls drained (a
+			// watcher's client resumes elsewhere from its last revision).
 			return h(srv, ss)
 		}
 		s.calls.Add(1)

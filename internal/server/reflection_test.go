@@ -3,6 +3,7 @@ package server_test
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -110,5 +111,54 @@ func assertListed(t *testing.T, version string, names []string) {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection %s ListServices = %q, want it to list %s", version, names, want)
 		}
+	}
+}
+
+// TestShutdownCutsOpenReflectionStreams: grpcurl keeps its reflection
+// stream open for as long as its call runs (a Watch: forever), so, like a
+// Watch, an open reflection stream must not hold the graceful stop until
+// --shutdown-timeout: with a grace that never ends, Shutdown still returns
+// once the other calls have drained, and the streams are cut.
+func TestShutdownCutsOpenReflectionStreams(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	v1, err := reflectionv1.NewServerReflectionClient(e.conn).ServerReflectionInfo(ctxT(t))
+	if err != nil {
+		t.Fatalf("v1 ServerReflectionInfo: %v", err)
+	}
+	if err := v1.Send(&reflectionv1.ServerReflectionRequest{
+		MessageRequest: &reflectionv1.ServerReflectionRequest_ListServices{ListServices: "*"}}); err != nil {
+		t.Fatalf("v1 send ListServices: %v", err)
+	}
+	if _, err := v1.Recv(); err != nil {
+		t.Fatalf("v1 ListServices: %v", err)
+	}
+	v1alpha, err := reflectionv1alpha.NewServerReflectionClient(e.conn).ServerReflectionInfo(ctxT(t))
+	if err != nil {
+		t.Fatalf("v1alpha ServerReflectionInfo: %v", err)
+	}
+	if err := v1alpha.Send(&reflectionv1alpha.ServerReflectionRequest{
+		MessageRequest: &reflectionv1alpha.ServerReflectionRequest_ListServices{ListServices: "*"}}); err != nil {
+		t.Fatalf("v1alpha send ListServices: %v", err)
+	}
+	if _, err := v1alpha.Recv(); err != nil {
+		t.Fatalf("v1alpha ListServices: %v", err)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- e.shutdown(24 * time.Hour) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve returned %v after Shutdown, want nil", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatalf("Shutdown (grace 24h) still waiting after %v with two reflection streams open, want it to cut them", waitLimit)
+	}
+	if resp, err := v1.Recv(); err == nil {
+		t.Errorf("after Shutdown, the v1 reflection stream delivered %v, want it ended", resp)
+	}
+	if resp, err := v1alpha.Recv(); err == nil {
+		t.Errorf("after Shutdown, the v1alpha reflection stream delivered %v, want it ended", resp)
 	}
 }

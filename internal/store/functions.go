@@ -25,7 +25,8 @@ import (
 //
 // Functions are a fast path, never a requirement: where FUNCTION LOAD is
 // unknown (Redis before 7.0, the embedded Redis of development mode) or
-// refused (an ACL without +function|load or +fcall), fenced calls the
+// refused (an ACL without +function|load, or without +fcall: the first
+// FCALL refused), fenced calls the
 // scripts as before (EVALSHA). A call that Redis refuses before running
 // the function (FCALL's "Function not found" after a restart without
 // persistence or FUNCTION FLUSH, and the refusals of a function that
@@ -145,12 +146,9 @@ func (s *Store) loadFunctions(ctx context.Context) {
 				continue // a replica: its primary's library reaches it
 			case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "unknown command"),
 				strings.Contains(msg, "unknown subcommand"):
-				if !s.functionsRefused.Swap(true) {
-					// Redis quotes the command's first arguments: the library.
-					why, _, _ := strings.Cut(msg, ", with args")
-					s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
-				}
-				s.fns.state.Store(int32(functionsUnavailable))
+				// Redis quotes the command's first arguments: the library.
+				why, _, _ := strings.Cut(msg, ", with args")
+				s.refuseFunctions(why)
 				return
 			}
 		}
@@ -164,12 +162,22 @@ func (s *Store) loadFunctions(ctx context.Context) {
 	s.fns.state.Store(int32(state))
 }
 
+// refuseFunctions has calls go as scripts until LoadScripts tries the
+// library again, saying why once.
+func (s *Store) refuseFunctions(why string) {
+	if !s.functionsRefused.Swap(true) {
+		s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
+	}
+	s.fns.state.Store(int32(functionsUnavailable))
+}
+
 // fcallFallsBack reports whether FCALL's error says Redis refused the call
 // before running the function, so that it is sent again as the script: the
 // library is not loaded there ("Function not found": the library is loaded
-// again by a later call), or Redis refuses every function that writes (OOM,
-// READONLY, MISCONF, NOREPLICAS) where a script is judged at its first
-// write.
+// again by a later call), fenced's ACL user may load the library but not
+// call it (NOPERM for the fcall command: scripts from then on), or Redis
+// refuses every function that writes (OOM, READONLY, MISCONF, NOREPLICAS)
+// where a script is judged at its first write.
 func (s *Store) fcallFallsBack(err error) bool {
 	var rerr *rueidis.RedisError
 	if !errors.As(err, &rerr) {
@@ -181,6 +189,12 @@ func (s *Store) fcallFallsBack(err error) bool {
 		return true
 	}
 	code, _, _ := strings.Cut(msg, " ")
+	if code == "NOPERM" && strings.Contains(msg, "'fcall' command") {
+		// Not a key refused (the script would be refused alike, and
+		// functions are not given up for it): the command itself.
+		s.refuseFunctions(msg)
+		return true
+	}
 	switch code {
 	case "OOM", "READONLY", "MISCONF", "NOREPLICAS":
 		return true

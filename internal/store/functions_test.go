@@ -139,6 +139,49 @@ func TestRedisRefusingFunctionsCommitsAsScripts(t *testing.T) {
 	}
 }
 
+// TestRedisRefusingFCALLAloneCommitsAsScripts: an ACL user that may load
+// the library but not call it (-fcall, as `+@all -fcall` leaves it) still
+// commits and changes leases, as scripts, with FCALL refused at most once
+// (not before every call).
+func TestRedisRefusingFCALLAloneCommitsAsScripts(t *testing.T) {
+	srv := redistest.Start(t)
+	st := openAs(t, srv, "nofcall", "-fcall", "-fcall_ro")
+	ctx := context.Background()
+	l, _, err := st.Acquire(ctx, "loadonly", "owner-a", time.Minute.Milliseconds())
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	fence := &batch.Fence{Owner: "owner-a", Epoch: l.Epoch}
+	for i := range 3 {
+		mustCommit(t, st, &batch.Batch{Slug: "loadonly", Fence: fence, Writes: []batch.Write{put("claims", "c", batch.Blind, strconv.Itoa(i))}})
+	}
+	if _, _, err := st.Renew(ctx, "loadonly", "owner-a", l.Epoch, time.Minute.Milliseconds()); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if r, s := rejectedCalls(t, srv, "fcall"), scriptCalls(t, srv); r > 1 || s < 5 {
+		t.Errorf("%d FCALLs refused and %d script calls, want at most 1 and at least 5", r, s)
+	}
+}
+
+// rejectedCalls is how many cmd calls Redis refused before running them
+// (an ACL refusal among them).
+func rejectedCalls(t *testing.T, srv *redistest.Server, cmd string) int {
+	t.Helper()
+	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "rejected_calls="); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
 // TestFunctionsAndScriptsWriteTheSameBytes runs one sequence of lease
 // changes and batches (puts, deletes, checks, by-name, a conflict, a stale
 // fence) through the function library on one Redis and through the

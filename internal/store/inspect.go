@@ -43,7 +43,8 @@ type Overview struct {
 	// Records is the record count (HLEN) of each section asked for.
 	Records map[string]int64
 	// ByName is the number of by-name entries; LogEntries the length of
-	// the log stream (at most 1000).
+	// the log stream (at least LogCap once trimmed, and at most one stream
+	// node more: XADD MAXLEN ~).
 	ByName     int64
 	LogEntries int64
 	// ByNameIndex is the number of records by-name's index holds (one per

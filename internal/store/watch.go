@@ -62,7 +62,7 @@ const watchChunk = 128
 
 var (
 	// ErrRevisionCompacted: batches after the revision a Watch starts from
-	// have left the log (it keeps LogCap entries). Returned as
+	// have left the log (it keeps at least the last LogCap). Returned as
 	// *CompactedError. Read again (Sections) and watch from that snapshot's
 	// revision.
 	ErrRevisionCompacted = errors.New("revision compacted")
@@ -280,7 +280,7 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 // stream id at most upTo, oldest first, with their records. It reads
 // backwards in chunks until it meets a revision at or below after, or an
 // entry whose prev is; when it reaches the log's start first and the log is
-// full (LogCap entries: it has dropped older ones), batches after `after`
+// full (at least LogCap entries: it may have dropped older ones), batches after `after`
 // may be gone: *CompactedError.
 func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo string) ([]*Event, error) {
 	ctx, cancel := s.bound(ctx, 0)

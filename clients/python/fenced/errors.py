@@ -245,7 +245,7 @@ class RevisionLimit(FencedError):
 
 class RevisionCompacted(FencedError):
     """OUT_OF_RANGE + REVISION_COMPACTED: batches after the revision a watch was
-    to resume from have left the swarm's log (it keeps the last 1000). Read
+    to resume from have left the swarm's log (it keeps at least the last 1000). Read
     the swarm again (sections) and watch from that snapshot's revision.
 
     Attributes:

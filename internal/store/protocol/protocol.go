@@ -36,7 +36,8 @@ const (
 	// KeyRevision is the swarm's revision counter (a string of decimal
 	// digits).
 	KeyRevision = "revision"
-	// KeyLog is the commit log, a stream capped at LogCap entries.
+	// KeyLog is the commit log, a stream trimmed to at least LogCap entries
+	// (XADD MAXLEN ~, LogTrim).
 	KeyLog = "log"
 	// KeyByName is the hash agent name -> executions id, derived from
 	// executions.

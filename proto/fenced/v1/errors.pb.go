@@ -122,7 +122,7 @@ const (
 	// Metadata: "token", "method".
 	ErrorReason_METHOD_NOT_PERMITTED ErrorReason_Reason = 30
 	// OUT_OF_RANGE: batches after the Watch's start_revision have left the
-	// swarm's log (it keeps the last 1000); read with Sections and watch
+	// swarm's log (it keeps at least the last 1000); read with Sections and watch
 	// from its revision. Metadata: "oldest_revision" (the oldest batch the
 	// log still holds).
 	ErrorReason_REVISION_COMPACTED ErrorReason_Reason = 31

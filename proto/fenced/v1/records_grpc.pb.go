@@ -117,7 +117,7 @@ type RecordsServiceClient interface {
 	// cancels or the stream fails. The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
-	// come from the swarm's log, which keeps its last 1000 batches. Read-only
+	// come from the swarm's log, which keeps at least its last 1000 batches. Read-only
 	// (a read token suffices).
 	//
 	// Errors: OUT_OF_RANGE + REVISION_COMPACTED when batches after
@@ -257,7 +257,7 @@ type RecordsServiceServer interface {
 	// cancels or the stream fails. The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
-	// come from the swarm's log, which keeps its last 1000 batches. Read-only
+	// come from the swarm's log, which keeps at least its last 1000 batches. Read-only
 	// (a read token suffices).
 	//
 	// Errors: OUT_OF_RANGE + REVISION_COMPACTED when batches after
