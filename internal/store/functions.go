@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
@@ -84,11 +85,17 @@ const (
 	functionsUnavailable
 )
 
-// functions is a Store's use of the library: its state and the one load
-// in flight.
+// functionsRetry is how long after a load that failed for another reason
+// than a refusal (a node unreachable, Redis out of memory) the next call
+// tries again: one commit in that time pays for the attempt, not each.
+const functionsRetry = time.Second
+
+// functions is a Store's use of the library: its state, the one load in
+// flight, and when a load that failed may be tried again (unix ns).
 type functions struct {
 	state   atomic.Int32
 	loading sync.Mutex
+	retryAt atomic.Int64
 }
 
 // useFunctions reports whether sc is called as its function now. With the
@@ -104,7 +111,7 @@ func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
 	case functionsUnavailable:
 		return false
 	}
-	if !s.fns.loading.TryLock() {
+	if time.Now().UnixNano() < s.fns.retryAt.Load() || !s.fns.loading.TryLock() {
 		return false
 	}
 	defer s.fns.loading.Unlock()
@@ -118,7 +125,9 @@ func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
 // loadFunctions loads fencedLibrary on every node that takes writes
 // (FUNCTION LOAD REPLACE; replicas get it from their primary) and sets the
 // state: loaded when every primary took it, unavailable when one does not
-// know FUNCTION or refuses it, unknown (try again) on any other failure.
+// know FUNCTION or refuses it (NOPERM; "already exists": another library
+// holds fenced's function names, whose code fenced must not call), unknown
+// on any other failure, tried again functionsRetry later.
 func (s *Store) loadFunctions(ctx context.Context) {
 	state := functionsLoaded
 	for _, node := range s.c().Nodes() {
@@ -132,27 +141,37 @@ func (s *Store) loadFunctions(ctx context.Context) {
 			case strings.HasPrefix(msg, "READONLY"):
 				continue // a replica: its primary's library reaches it
 			case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "unknown command"),
-				strings.Contains(msg, "unknown subcommand"):
-				if !s.functionsRefused.Swap(true) {
-					// Redis quotes the command's first arguments: the library.
-					why, _, _ := strings.Cut(msg, ", with args")
-					s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
-				}
-				s.fns.state.Store(int32(functionsUnavailable))
+				strings.Contains(msg, "unknown subcommand"), strings.Contains(msg, "already exists"):
+				// Redis quotes the command's first arguments: the library.
+				why, _, _ := strings.Cut(msg, ", with args")
+				s.refuseFunctions(why)
 				return
 			}
 		}
 		state = functionsUnknown
 	}
+	if state != functionsLoaded {
+		s.fns.retryAt.Store(time.Now().Add(functionsRetry).UnixNano())
+	}
 	s.fns.state.Store(int32(state))
+}
+
+// refuseFunctions has calls go as scripts (until LoadScripts tries again)
+// because Redis refused the library or FCALL (why), logged once.
+func (s *Store) refuseFunctions(why string) {
+	if !s.functionsRefused.Swap(true) {
+		s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
+	}
+	s.fns.state.Store(int32(functionsUnavailable))
 }
 
 // fcallFallsBack reports whether FCALL's error says Redis refused the call
 // before running the function, so that it is sent again as the script: the
 // library is not loaded there ("Function not found": the library is loaded
-// again by a later call), or Redis refuses every function that writes (OOM,
-// READONLY, MISCONF, NOREPLICAS) where a script is judged at its first
-// write.
+// again by a later call), the ACL user may not run FCALL (NOPERM naming
+// fcall: calls go as scripts until LoadScripts tries again), or Redis
+// refuses every function that writes (OOM, READONLY, MISCONF, NOREPLICAS)
+// where a script is judged at its first write.
 func (s *Store) fcallFallsBack(err error) bool {
 	var rerr *rueidis.RedisError
 	if !errors.As(err, &rerr) {
@@ -161,6 +180,10 @@ func (s *Store) fcallFallsBack(err error) bool {
 	msg := rerr.Error()
 	if strings.Contains(msg, "Function not found") {
 		s.fns.state.CompareAndSwap(int32(functionsLoaded), int32(functionsUnknown))
+		return true
+	}
+	if strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'") {
+		s.refuseFunctions(msg)
 		return true
 	}
 	code, _, _ := strings.Cut(msg, " ")
