@@ -102,7 +102,7 @@ type functions struct {
 // library not known to be loaded, the caller that gets there first loads it
 // (the others go as scripts meanwhile).
 func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
-	if sc.fn == "" {
+	if sc.fn == "" || s.noFunctions {
 		return false
 	}
 	switch functionsState(s.fns.state.Load()) {
@@ -163,6 +163,18 @@ func (s *Store) refuseFunctions(why string) {
 		s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
 	}
 	s.fns.state.Store(int32(functionsUnavailable))
+}
+
+// WithoutFunctions has the Store call the committing scripts by EVALSHA
+// only, never loading or calling the function library. Functions are a
+// namespace shared by every Redis user allowed FUNCTION LOAD (@write
+// @scripting, whatever its key patterns): such a user can replace fenced's
+// library with code of its own under the same name, which FCALL then runs
+// as fenced (with fenced's keys), answering commits as it likes. A script
+// is called by the SHA-1 of its text: no other user can change what it
+// runs. Use it where Redis users other than fenced's may load functions.
+func WithoutFunctions() Option {
+	return func(s *Store) { s.noFunctions = true }
 }
 
 // fcallFallsBack reports whether FCALL's error says Redis refused the call

@@ -2,12 +2,15 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+	"github.com/redis/rueidis"
 )
 
 // fencedFunctionNames are the names of the functions fenced's library
@@ -71,5 +74,63 @@ func TestForeignLibraryWithFencedsFunctionNamesIsNotLoadedOnEveryCommit(t *testi
 	}
 	if loads := calls(t, srv, "function|load"); loads > 1 {
 		t.Errorf("%d commits sent FUNCTION LOAD %d times, want at most once", commits, loads)
+	}
+}
+
+// impostorLibrary is a library named as fenced's, registering its function
+// names with code that answers every call OK at revision 1 without
+// checking or writing anything.
+func impostorLibrary(library string, names []string) string {
+	code := "#!lua name=" + library + "\n"
+	for _, n := range names {
+		code += "redis.register_function('" + n + "', function() return {'OK', '1'} end)\n"
+	}
+	return code
+}
+
+// TestWithoutFunctionsNoOtherRedisUserChoosesTheCode: another Redis user,
+// limited to other keys (~other:*, +@all -@dangerous: FUNCTION LOAD is
+// @write @scripting, not @dangerous, and names no key), replaces fenced's
+// library with its own code under the same name. Through FCALL fenced
+// would run that code, as itself: a commit with a stale fence answered OK.
+// With WithoutFunctions the commit goes by the script's SHA-1 and is
+// refused as stale, whatever the library holds.
+func TestWithoutFunctionsNoOtherRedisUserChoosesTheCode(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	loader := open(t, srv) // loads fenced's library, as another fenced would
+	mustCommit(t, loader, &batch.Batch{Slug: "other", Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}})
+	library, names := fencedFunctionNames(t, srv)
+	srv.Do(t, "ACL", "SETUSER", "intruder", "on", ">pw", "~other:*", "+@all", "-@dangerous")
+	intruder, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, Username: "intruder", Password: "pw", DisableCache: true})
+	if err != nil {
+		t.Fatalf("connect as intruder: %v", err)
+	}
+	defer intruder.Close()
+	if err := intruder.Do(ctx, intruder.B().FunctionLoad().Replace().FunctionCode(impostorLibrary(library, names)).Build()).Error(); err != nil {
+		t.Fatalf("the other user's FUNCTION LOAD REPLACE: %v (the premise: Redis lets it)", err)
+	}
+
+	st, err := store.Open(srv.URL(), prefix, store.WithoutFunctions())
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.LoadScripts(ctx); err != nil {
+		t.Fatalf("LoadScripts: %v", err)
+	}
+	l, _, err := st.Acquire(ctx, "hijack", "owner-a", time.Minute.Milliseconds())
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	_, err = st.Commit(ctx, &batch.Batch{Slug: "hijack", Fence: &batch.Fence{Owner: "owner-a", Epoch: l.Epoch + 1},
+		Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}})
+	var se *store.StaleError
+	if !errors.As(err, &se) {
+		t.Errorf("Commit with a stale fence = %v, want *StaleError", err)
+	}
+	if f, loads := calls(t, srv, "fcall"), calls(t, srv, "function|load"); f != 0 || loads != 0 {
+		t.Errorf("%d FCALLs and %d FUNCTION LOADs, want none", f, loads)
 	}
 }

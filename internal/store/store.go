@@ -139,6 +139,8 @@ type Store struct {
 	// functionsRefused is set once Redis refused the library (logged once).
 	fns              functions
 	functionsRefused atomic.Bool
+	// noFunctions: never load or call the library (WithoutFunctions).
+	noFunctions bool
 	// log receives the warnings of the health probe and reconnects.
 	log    *slog.Logger
 	prefix string // "<prefix>:swarm"
@@ -244,9 +246,11 @@ func (s *Store) Cluster() bool { return !s.stamp }
 func (s *Store) LoadScripts(ctx context.Context) error {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
-	s.fns.loading.Lock()
-	s.loadFunctions(ctx)
-	s.fns.loading.Unlock()
+	if !s.noFunctions {
+		s.fns.loading.Lock()
+		s.loadFunctions(ctx)
+		s.fns.loading.Unlock()
+	}
 	for addr, node := range s.c().Nodes() {
 		cmds := make(rueidis.Commands, len(allScripts))
 		for i, sc := range allScripts {
