@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,6 +155,49 @@ func (s *Store) loadFunctions(ctx context.Context) {
 		s.fns.retryAt.Store(time.Now().Add(functionsRetry).UnixNano())
 	}
 	s.fns.state.Store(int32(state))
+}
+
+// otherVersion matches the name of a library another fenced version loaded.
+var otherVersion = regexp.MustCompile(`^fenced_[0-9a-f]{12}$`)
+
+// deleteOtherVersions deletes, on every primary, the libraries of other
+// fenced versions (fenced_ and 12 hex digits, not libraryName): each keeps
+// its memo (up to MEMO_BYTES of fields, in Lua memory that maxmemory does
+// not count) for as long as Redis runs, so that without this every upgrade
+// left one more behind. Only LoadScripts calls it (start-up, Redis
+// reachable again), never a commit: a fenced of that other version still
+// running answers "Function not found" once and loads its library again
+// (without deleting any), so two versions never delete each other's in
+// turn, and at most the last one before this stays. Failures are only
+// logged (at debug): the libraries cost memory, not answers.
+func (s *Store) deleteOtherVersions(ctx context.Context) {
+	for addr, node := range s.c().Nodes() {
+		libs, err := node.Do(ctx, node.B().FunctionList().Libraryname("fenced_*").Build()).ToArray()
+		if err != nil {
+			s.log.Debug("could not list function libraries", "addr", addr, "err", err)
+			continue
+		}
+		for _, lib := range libs {
+			m, err := lib.AsMap()
+			if err != nil {
+				continue
+			}
+			v := m["library_name"]
+			name, err := v.ToString()
+			if err != nil || name == libraryName || !otherVersion.MatchString(name) {
+				continue
+			}
+			err = node.Do(ctx, node.B().FunctionDelete().LibraryName(name).Build()).Error()
+			if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "READONLY") {
+				break // a replica: its primary's deletion reaches it
+			}
+			if err != nil {
+				s.log.Debug("could not delete another fenced version's function library", "addr", addr, "library", name, "err", err)
+				continue
+			}
+			s.log.Info("deleted another fenced version's function library", "addr", addr, "library", name)
+		}
+	}
 }
 
 // refuseFunctions has calls go as scripts (until LoadScripts tries again)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,4 +134,26 @@ func TestWithoutFunctionsNoOtherRedisUserChoosesTheCode(t *testing.T) {
 	if f, loads := calls(t, srv, "fcall"), calls(t, srv, "function|load"); f != 0 || loads != 0 {
 		t.Errorf("%d FCALLs and %d FUNCTION LOADs, want none", f, loads)
 	}
+}
+
+// TestLoadScriptsDeletesOtherFencedVersionsLibraries: the library another
+// fenced version loaded (its memo holds up to 4 MiB of fields in Lua
+// memory for as long as Redis runs) is deleted when this version loads
+// its own at start-up, so upgrades do not pile libraries up; a library of
+// another name stays.
+func TestLoadScriptsDeletesOtherFencedVersionsLibraries(t *testing.T) {
+	srv := redistest.Start(t)
+	old := "fenced_0123456789ab"
+	srv.Do(t, "FUNCTION", "LOAD", "#!lua name="+old+"\nredis.register_function('"+old+"_commit', function() return 1 end)")
+	srv.Do(t, "FUNCTION", "LOAD", "#!lua name=someone_else\nredis.register_function('someone_else_f', function() return 1 end)")
+	st := open(t, srv)
+	if err := st.LoadScripts(context.Background()); err != nil {
+		t.Fatalf("LoadScripts: %v", err)
+	}
+	list := srv.Do(t, "FUNCTION", "LIST")
+	if strings.Contains(list, old) || !strings.Contains(list, "someone_else") {
+		t.Errorf("FUNCTION LIST after LoadScripts = %q, want %s deleted and someone_else kept", list, old)
+	}
+	fencedFunctionNames(t, srv) // this version's library is there
+	mustCommit(t, st, &batch.Batch{Slug: "upgraded", Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}})
 }
