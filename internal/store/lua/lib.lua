@@ -604,7 +604,11 @@ end
 -- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
-local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
+-- prior_revision is the swarm revision before this commit (the log entry's
+-- prev): swarm_floor's answer, so that a lost counter does not make it 0
+-- (a prev of 0 would tell a resuming watch that nothing before the entry
+-- left the log).
+local prior_revision = '0'
 -- section_revisions_body (above) is the stored meta/section_revisions' text
 -- between its value's braces when it has fenced's own form
 -- (section_revisions_record's third answer, or the memo's), for
@@ -613,7 +617,6 @@ local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
   if counter then
-    prior_revision = counter
     if not canonical_digits(counter) then
       return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
     end
@@ -633,6 +636,7 @@ local function swarm_floor()
       if m.highest > highest then
         highest = m.highest
       end
+      prior_revision = int(highest)
       return highest
     end
     local r, revs_or_over, body = section_revisions_record(raw)
@@ -660,6 +664,7 @@ local function swarm_floor()
     end
   end
   section_revs_decoded = revs
+  prior_revision = int(highest)
   return highest
 end
 
