@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -156,4 +157,45 @@ func TestLoadScriptsDeletesOtherFencedVersionsLibraries(t *testing.T) {
 	}
 	fencedFunctionNames(t, srv) // this version's library is there
 	mustCommit(t, st, &batch.Batch{Slug: "upgraded", Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}})
+}
+
+// TestMemoOfSmallRecordsStaysWithinItsBound: 200,000 records of ~25-byte
+// fields (each a memo entry) keep the library's Lua memory near the memo's
+// 4 MiB, as large records do (TestMemoStaysWithinItsBound): the memo counts
+// what each entry costs Lua, not the field's bytes alone. Before, 4 MiB of
+// field bytes were ~170,000 entries: 21-25 MB of used_memory_vm_functions,
+// which maxmemory does not count.
+func TestMemoOfSmallRecordsStaysWithinItsBound(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	peak, k := 0, 0
+	for b := range 200 {
+		writes := make([]batch.Write, 0, 1000)
+		for range 1000 {
+			writes = append(writes, put("journals", strconv.Itoa(k), batch.Blind, strconv.Itoa(k)))
+			k++
+		}
+		mustCommit(t, st, &batch.Batch{Slug: "smallbound", Writes: writes})
+		if b%10 == 9 {
+			peak = max(peak, functionsMemory(t, srv))
+		}
+	}
+	if calls(t, srv, "fcall") == 0 {
+		t.Fatal("the commits did not go as FCALL: the memo is not in play")
+	}
+	if peak == 0 || peak > 12<<20 {
+		t.Errorf("used_memory_vm_functions peaked at %d bytes over %d small records, want at most 12 MiB (memo 4 MiB)", peak, k)
+	}
+}
+
+// functionsMemory is INFO memory's used_memory_vm_functions.
+func functionsMemory(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	for line := range strings.SplitSeq(srv.Do(t, "INFO", "memory"), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory_vm_functions:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
 }

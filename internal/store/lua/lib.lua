@@ -34,9 +34,15 @@ local KEYS, ARGV = nil, nil
 -- probe, and equal bytes always answer alike: any other writer's field
 -- with other bytes misses and is judged in full. Only a function library
 -- keeps it across calls (memo_on, set by begin); an EVAL script starts
--- empty and does not fill it. It holds at most MEMO_BYTES of fields and
--- starts again empty when full.
+-- empty and does not fill it. It holds at most MEMO_BYTES of Lua memory
+-- and starts again empty when full: each entry is counted as its field's
+-- bytes plus MEMO_ENTRY_BYTES, what Lua spends besides them (the string's
+-- header, ~24 bytes, and a hash node, 40, in a table whose size doubles;
+-- a table value for meta fields). Counting the field's bytes alone let
+-- small records (a 25-byte field) hold ~6 times MEMO_BYTES: 25 MB of Lua
+-- memory, which Redis's maxmemory does not count.
 local MEMO_BYTES = 4194304
+local MEMO_ENTRY_BYTES = 96
 local memo, memo_bytes, memo_on = {}, 0, false
 
 -- remember notes that raw, a field this call wrote, answers v when read
@@ -46,7 +52,7 @@ local function remember(raw, v)
   if not memo_on then
     return
   end
-  local n = #raw
+  local n = #raw + MEMO_ENTRY_BYTES
   if memo[raw] == nil then
     if memo_bytes + n > MEMO_BYTES then
       memo, memo_bytes = {}, 0
