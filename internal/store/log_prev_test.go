@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -93,5 +94,37 @@ func TestWatchAfterTheCounterWasLostStillReportsCompaction(t *testing.T) {
 	}
 	if !errors.Is(err, store.ErrRevisionCompacted) {
 		t.Errorf("Watch(after %d) with the 5 batches after it gone from the log = %v, want ErrRevisionCompacted", r0, err)
+	}
+}
+
+// TestLogRefusedByTheACLIsNotACorruptLog: an ACL user that may not run
+// XADD (here -xadd; -@stream alike) has its commits refused before any
+// write with Redis's reason, not as a corrupt log: inside a script Redis
+// words an ACL refusal as "ERR The user executing the script can't run
+// this command", and every ERR of the log's XADD was taken for the stream
+// refusing entries (its last id the largest there is), which an operator
+// would go and repair in the data. Through the library and as scripts.
+func TestLogRefusedByTheACLIsNotACorruptLog(t *testing.T) {
+	for _, mode := range []string{"functions", "scripts"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			rules := []string{"-xadd"}
+			if mode == "scripts" {
+				rules = append(rules, "-fcall", "-function")
+			}
+			st := openAs(t, srv, "noxadd", rules...)
+			before := dumpSwarm(t, srv)
+			_, err := st.Commit(context.Background(), &batch.Batch{Slug: "acl", Writes: []batch.Write{put("claims", "c", batch.Absent, `1`)}})
+			if err == nil || errors.Is(err, store.ErrCorruptRecord) || !strings.Contains(err.Error(), "can't run this command") {
+				t.Errorf("Commit as a user without XADD = %v, want Redis's ACL refusal, not a corrupt log", err)
+			}
+			_, _, err = st.Acquire(context.Background(), "acl", "owner-a", 60_000)
+			if err == nil || errors.Is(err, store.ErrCorruptRecord) || !strings.Contains(err.Error(), "can't run this command") {
+				t.Errorf("Acquire as a user without XADD = %v, want Redis's ACL refusal, not a corrupt log", err)
+			}
+			if after := dumpSwarm(t, srv); after != before {
+				t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
 	}
 }

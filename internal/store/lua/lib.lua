@@ -773,9 +773,10 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
   entry[#entry + 1] = prior_revision
   local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
   if type(id) == 'table' and id.err then
-    if string.sub(id.err, 1, 4) == 'ERR ' then
-      -- Not Redis refusing writes (OOM, READONLY...: its own reply) but
-      -- this stream refusing entries: one whose last id is the largest.
+    if string.find(id.err, 'exhausted the last possible ID', 1, true) then
+      -- Not Redis refusing writes (OOM, READONLY, an ACL: its own reply,
+      -- which inside a script may also begin with ERR) but this stream
+      -- refusing entries: one whose last id is the largest.
       return { P.REPLY_CORRUPT, '', P.KEY_LOG }
     end
     return refusal_of(id, KEYS[3], 'stream', P.KEY_LOG)
