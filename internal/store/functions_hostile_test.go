@@ -199,3 +199,50 @@ func functionsMemory(t *testing.T, srv *redistest.Server) int {
 	}
 	return 0
 }
+
+// TestFunctionLoadRefusedForMemoryIsNotSentWithEveryCommit: over maxmemory,
+// FUNCTION LOAD is refused (OOM) like the commits themselves; each commit
+// still answers OOM, but the 80 KB library is not sent (and compiled) again
+// with every one of them: a failed load is tried again at most once a
+// second.
+func TestFunctionLoadRefusedForMemoryIsNotSentWithEveryCommit(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
+	st := open(t, srv)
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	const commits = 10
+	for i := range commits {
+		_, err := st.Commit(context.Background(), &batch.Batch{Slug: "oom", Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}})
+		if !errors.Is(err, store.ErrRedisOutOfMemory) {
+			t.Fatalf("commit %d over maxmemory = %v, want Redis's OOM refusal", i, err)
+		}
+	}
+	// One load a second: 10 commits take well under 3 s even on a loaded
+	// machine (each ~1 ms), so 3 bounds it without timing the commits.
+	if loads := attempts(t, srv, "function|load"); loads > 3 {
+		t.Errorf("%d commits over maxmemory sent FUNCTION LOAD %d times, want one a second (at most 3)", commits, loads)
+	}
+}
+
+// attempts is INFO commandstats' count of calls of cmd that Redis ran or
+// rejected before running (OOM, ACL): calls plus rejected_calls.
+func attempts(t *testing.T, srv *redistest.Server, cmd string) int {
+	t.Helper()
+	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
+		}
+		n := 0
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			if k == "calls" || k == "rejected_calls" {
+				c, _ := strconv.Atoi(v)
+				n += c
+			}
+		}
+		return n
+	}
+	return 0
+}
