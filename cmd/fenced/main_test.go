@@ -41,6 +41,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"-h"}, []string{"Usage: fenced", "serve", "version"}},
 		{[]string{"serve", "--help"}, []string{"Usage: fenced serve", "--listen", "--redis-url", "FENCED_REDIS_URL", "--max-writes", "--shutdown-timeout",
 			"--redis-timeout", "FENCED_REDIS_TIMEOUT", "--allow-evicting-redis", "FENCED_ALLOW_EVICTING_REDIS",
+			"--[no-]redis-functions", "FENCED_REDIS_FUNCTIONS",
 			"--keepalive-min-time", "--keepalive-time", "--max-connection-idle", "--max-concurrent-streams", "--max-header-bytes",
 			"--max-health-watchers", "--max-connections", "--max-connections-per-ip", "--max-ack-replicas", "--max-ack-timeout",
 			"--max-replica-waits", "--max-replica-waits-per-swarm", "FENCED_MAX_CONNECTIONS", "--stream-workers", "FENCED_STREAM_WORKERS"}},

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,26 +87,24 @@ const (
 	functionsUnavailable
 )
 
-// functions is a Store's use of the library: its state and the one load
-// in flight.
+// functionsRetry is how long after a load that failed for another reason
+// than a refusal (a node unreachable, Redis out of memory) the next call
+// tries again: one commit in that time pays for the attempt, not each.
+const functionsRetry = time.Second
+
+// functions is a Store's use of the library: its state, the one load in
+// flight, and when a load that failed may be tried again (unix ns).
 type functions struct {
 	state   atomic.Int32
 	loading sync.Mutex
-	// failedAt is when a load last failed for a reason that may pass
-	// (unix ns; 0: none): calls do not try again for loadRetryAfter.
-	failedAt atomic.Int64
+	retryAt atomic.Int64
 }
-
-// loadRetryAfter is how long after a failed load (a timeout, OOM, a node
-// down) calls go as scripts before one tries loading again: a 45 KB
-// FUNCTION LOAD per commit would add to what made it fail.
-const loadRetryAfter = time.Second
 
 // useFunctions reports whether sc is called as its function now. With the
 // library not known to be loaded, the caller that gets there first loads it
 // (the others go as scripts meanwhile).
 func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
-	if sc.fn == "" {
+	if sc.fn == "" || s.noFunctions {
 		return false
 	}
 	switch functionsState(s.fns.state.Load()) {
@@ -114,10 +113,7 @@ func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
 	case functionsUnavailable:
 		return false
 	}
-	if at := s.fns.failedAt.Load(); at != 0 && time.Since(time.Unix(0, at)) < loadRetryAfter {
-		return false
-	}
-	if !s.fns.loading.TryLock() {
+	if time.Now().UnixNano() < s.fns.retryAt.Load() || !s.fns.loading.TryLock() {
 		return false
 	}
 	defer s.fns.loading.Unlock()
@@ -131,7 +127,9 @@ func (s *Store) useFunctions(ctx context.Context, sc *script) bool {
 // loadFunctions loads fencedLibrary on every node that takes writes
 // (FUNCTION LOAD REPLACE; replicas get it from their primary) and sets the
 // state: loaded when every primary took it, unavailable when one does not
-// know FUNCTION or refuses it, unknown (try again) on any other failure.
+// know FUNCTION or refuses it (NOPERM; "already exists": another library
+// holds fenced's function names, whose code fenced must not call), unknown
+// on any other failure, tried again functionsRetry later.
 func (s *Store) loadFunctions(ctx context.Context) {
 	state := functionsLoaded
 	for _, node := range s.c().Nodes() {
@@ -145,7 +143,7 @@ func (s *Store) loadFunctions(ctx context.Context) {
 			case strings.HasPrefix(msg, "READONLY"):
 				continue // a replica: its primary's library reaches it
 			case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "unknown command"),
-				strings.Contains(msg, "unknown subcommand"):
+				strings.Contains(msg, "unknown subcommand"), strings.Contains(msg, "already exists"):
 				// Redis quotes the command's first arguments: the library.
 				why, _, _ := strings.Cut(msg, ", with args")
 				s.refuseFunctions(why)
@@ -154,16 +152,57 @@ func (s *Store) loadFunctions(ctx context.Context) {
 		}
 		state = functionsUnknown
 	}
-	if state == functionsUnknown {
-		s.fns.failedAt.Store(time.Now().UnixNano())
-	} else {
-		s.fns.failedAt.Store(0)
+	if state != functionsLoaded {
+		s.fns.retryAt.Store(time.Now().Add(functionsRetry).UnixNano())
 	}
 	s.fns.state.Store(int32(state))
 }
 
-// refuseFunctions has calls go as scripts until LoadScripts tries the
-// library again, saying why once.
+// otherVersion matches the name of a library another fenced version loaded.
+var otherVersion = regexp.MustCompile(`^fenced_[0-9a-f]{12}$`)
+
+// deleteOtherVersions deletes, on every primary, the libraries of other
+// fenced versions (fenced_ and 12 hex digits, not libraryName): each keeps
+// its memo (up to MEMO_BYTES of fields, in Lua memory that maxmemory does
+// not count) for as long as Redis runs, so that without this every upgrade
+// left one more behind. Only LoadScripts calls it (start-up, Redis
+// reachable again), never a commit: a fenced of that other version still
+// running answers "Function not found" once and loads its library again
+// (without deleting any), so two versions never delete each other's in
+// turn, and at most the last one before this stays. Failures are only
+// logged (at debug): the libraries cost memory, not answers.
+func (s *Store) deleteOtherVersions(ctx context.Context) {
+	for addr, node := range s.c().Nodes() {
+		libs, err := node.Do(ctx, node.B().FunctionList().Libraryname("fenced_*").Build()).ToArray()
+		if err != nil {
+			s.log.Debug("could not list function libraries", "addr", addr, "err", err)
+			continue
+		}
+		for _, lib := range libs {
+			m, err := lib.AsMap()
+			if err != nil {
+				continue
+			}
+			v := m["library_name"]
+			name, err := v.ToString()
+			if err != nil || name == libraryName || !otherVersion.MatchString(name) {
+				continue
+			}
+			err = node.Do(ctx, node.B().FunctionDelete().LibraryName(name).Build()).Error()
+			if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "READONLY") {
+				break // a replica: its primary's deletion reaches it
+			}
+			if err != nil {
+				s.log.Debug("could not delete another fenced version's function library", "addr", addr, "library", name, "err", err)
+				continue
+			}
+			s.log.Info("deleted another fenced version's function library", "addr", addr, "library", name)
+		}
+	}
+}
+
+// refuseFunctions has calls go as scripts (until LoadScripts tries again)
+// because Redis refused the library or FCALL (why), logged once.
 func (s *Store) refuseFunctions(why string) {
 	if !s.functionsRefused.Swap(true) {
 		s.log.Info("redis does not take fenced's function library; committing scripts go as EVAL scripts", "why", why)
@@ -171,11 +210,23 @@ func (s *Store) refuseFunctions(why string) {
 	s.fns.state.Store(int32(functionsUnavailable))
 }
 
+// WithoutFunctions has the Store call the committing scripts by EVALSHA
+// only, never loading or calling the function library. Functions are a
+// namespace shared by every Redis user allowed FUNCTION LOAD (@write
+// @scripting, whatever its key patterns): such a user can replace fenced's
+// library with code of its own under the same name, which FCALL then runs
+// as fenced (with fenced's keys), answering commits as it likes. A script
+// is called by the SHA-1 of its text: no other user can change what it
+// runs. Use it where Redis users other than fenced's may load functions.
+func WithoutFunctions() Option {
+	return func(s *Store) { s.noFunctions = true }
+}
+
 // fcallFallsBack reports whether FCALL's error says Redis refused the call
 // before running the function, so that it is sent again as the script: the
 // library is not loaded there ("Function not found": the library is loaded
-// again by a later call), fenced's ACL user may load the library but not
-// call it (NOPERM for the fcall command: scripts from then on), or Redis
+// again by a later call), the ACL user may not run FCALL (NOPERM naming
+// fcall: calls go as scripts until LoadScripts tries again), or Redis
 // refuses every function that writes (OOM, READONLY, MISCONF, NOREPLICAS)
 // where a script is judged at its first write.
 func (s *Store) fcallFallsBack(err error) bool {
@@ -186,6 +237,10 @@ func (s *Store) fcallFallsBack(err error) bool {
 	msg := rerr.Error()
 	if strings.Contains(msg, "Function not found") {
 		s.fns.state.CompareAndSwap(int32(functionsLoaded), int32(functionsUnknown))
+		return true
+	}
+	if strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'") {
+		s.refuseFunctions(msg)
 		return true
 	}
 	code, _, _ := strings.Cut(msg, " ")

@@ -28,29 +28,6 @@ func calls(t *testing.T, srv *redistest.Server, cmd string) int {
 	return 0
 }
 
-// attempts is INFO commandstats' calls and rejected_calls of cmd together:
-// every time it was sent (Redis counts a call it refused before running,
-// such as a write under OOM, as rejected only).
-func attempts(t *testing.T, srv *redistest.Server, cmd string) int {
-	t.Helper()
-	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
-		if !ok {
-			continue
-		}
-		n := 0
-		for f := range strings.SplitSeq(rest, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			if k == "calls" || k == "rejected_calls" {
-				x, _ := strconv.Atoi(v)
-				n += x
-			}
-		}
-		return n
-	}
-	return 0
-}
-
 // scriptCalls is how many calls went as EVAL scripts.
 func scriptCalls(t *testing.T, srv *redistest.Server) int {
 	return calls(t, srv, "evalsha") + calls(t, srv, "eval")
@@ -303,28 +280,5 @@ func TestMemoStaysWithinItsBound(t *testing.T) {
 	}
 	if used == 0 || used > 12<<20 {
 		t.Errorf("used_memory_vm_functions = %d bytes after 24 MiB of records, want at most 12 MiB (memo 4 MiB)", used)
-	}
-}
-
-// TestFailedLibraryLoadIsNotRetriedOnEveryCommit: while Redis refuses
-// FUNCTION LOAD for a reason that may pass (here: out of memory), commits
-// go as scripts (a request id's replay still answers) and the 45 KB load
-// is not sent again with every one of them.
-func TestFailedLibraryLoadIsNotRetriedOnEveryCommit(t *testing.T) {
-	srv := redistest.Start(t)
-	st := open(t, srv)
-	first := mustCommit(t, st, &batch.Batch{Slug: "oom", RequestID: "req-1", Writes: []batch.Write{put("claims", "c", batch.Absent, `1`)}})
-	srv.Do(t, "FUNCTION", "FLUSH")
-	srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
-	t.Cleanup(func() { srv.Do(t, "CONFIG", "SET", "maxmemory", "0") })
-	srv.Do(t, "CONFIG", "RESETSTAT")
-	for range 20 {
-		c, err := st.CommitDurable(context.Background(), &batch.Batch{Slug: "oom", RequestID: "req-1", Writes: []batch.Write{put("claims", "c", batch.Absent, `1`)}}, store.Durability{})
-		if err != nil || !c.Replayed || c.Revision != first {
-			t.Fatalf("replay under OOM = %+v, %v; want replayed at %d", c, err, first)
-		}
-	}
-	if n := attempts(t, srv, "function|load"); n > 5 {
-		t.Errorf("20 replays under OOM sent FUNCTION LOAD %d times, want a few at most (one a second)", n)
 	}
 }

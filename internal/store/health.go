@@ -227,11 +227,14 @@ func (s *Store) permissionRefusal(err error) bool {
 // CheckEviction reads maxmemory and maxmemory-policy on every primary (at
 // start-up) and answers *EvictionError (ErrRedisMayEvict) when one may
 // evict keys and the Store was not told to allow it. An unreachable Redis
-// and a refused CONFIG GET answer nil: the health probe checks again.
+// and a refused CONFIG GET answer nil: the health probe checks again. It
+// also warns of stream settings that leave each swarm's log unbounded
+// (warnUnboundedLog).
 func (s *Store) CheckEviction(ctx context.Context) error {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	for addr, node := range s.c().Nodes() {
+		s.warnUnboundedLog(ctx, addr, node)
 		evicts, err := s.probe(ctx, addr, node)
 		if err != nil || evicts == nil {
 			continue
@@ -243,6 +246,29 @@ func (s *Store) CheckEviction(ctx context.Context) error {
 		s.log.Warn("redis may evict keys; serving because --allow-evicting-redis is set", "err", evicts)
 	}
 	return nil
+}
+
+// warnUnboundedLog logs a warning when node's stream settings leave a
+// swarm's log without its bound. XADD MAXLEN ~ LogCap drops only whole
+// stream nodes, and a node closes at stream-node-max-entries entries or
+// stream-node-max-bytes bytes, whichever comes first (0: no limit): with
+// stream-node-max-bytes 0 and stream-node-max-entries 0 the log is one
+// node that grows with every commit (an exact trim would not free it
+// either: Redis frees a node only whole), and with a count above LogCap
+// it holds up to that many more entries. A refused or unknown CONFIG GET
+// (a managed Redis, the embedded one) says nothing.
+func (s *Store) warnUnboundedLog(ctx context.Context, addr string, node rueidis.Client) {
+	cfg, err := node.Do(ctx, node.B().ConfigGet().Parameter("stream-node-max-entries", "stream-node-max-bytes").Build()).AsStrMap()
+	if err != nil {
+		return
+	}
+	entries, err1 := strconv.ParseInt(cfg["stream-node-max-entries"], 10, 64)
+	size, err2 := strconv.ParseInt(cfg["stream-node-max-bytes"], 10, 64)
+	if err1 != nil || err2 != nil || size > 0 || (entries > 0 && entries <= LogCap) {
+		return
+	}
+	s.log.Warn("redis does not bound stream nodes: each swarm's log (XADD MAXLEN ~ 1000 drops only whole nodes) grows past its 1000 entries; set stream-node-max-bytes 4096 (the default)",
+		"addr", addr, "stream-node-max-entries", entries, "stream-node-max-bytes", size)
 }
 
 // classify is the package's classify, and starts a reconnect when the

@@ -139,6 +139,8 @@ type Store struct {
 	// functionsRefused is set once Redis refused the library (logged once).
 	fns              functions
 	functionsRefused atomic.Bool
+	// noFunctions: never load or call the library (WithoutFunctions).
+	noFunctions bool
 	// log receives the warnings of the health probe and reconnects.
 	log    *slog.Logger
 	prefix string // "<prefix>:swarm"
@@ -237,16 +239,22 @@ func (s *Store) Cluster() bool { return !s.stamp }
 
 // LoadScripts loads fenced's function library on every primary (FUNCTION
 // LOAD REPLACE: functions.go; where Redis refuses it, the committing
-// scripts go by EVALSHA) and every script on every node (SCRIPT LOAD), so
+// scripts go by EVALSHA), deletes other fenced versions' libraries there
+// (deleteOtherVersions), and every script on every node (SCRIPT LOAD), so
 // that the next calls find them. fenced calls it whenever Redis becomes
 // reachable; calls work without it, at the cost of sending a script (and
 // its arguments) twice on the first call after Redis forgot it.
 func (s *Store) LoadScripts(ctx context.Context) error {
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
-	s.fns.loading.Lock()
-	s.loadFunctions(ctx)
-	s.fns.loading.Unlock()
+	if !s.noFunctions {
+		s.fns.loading.Lock()
+		s.loadFunctions(ctx)
+		s.fns.loading.Unlock()
+		if functionsState(s.fns.state.Load()) == functionsLoaded {
+			s.deleteOtherVersions(ctx)
+		}
+	}
 	for addr, node := range s.c().Nodes() {
 		cmds := make(rueidis.Commands, len(allScripts))
 		for i, sc := range allScripts {

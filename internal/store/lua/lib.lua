@@ -34,9 +34,15 @@ local KEYS, ARGV = nil, nil
 -- probe, and equal bytes always answer alike: any other writer's field
 -- with other bytes misses and is judged in full. Only a function library
 -- keeps it across calls (memo_on, set by begin); an EVAL script starts
--- empty and does not fill it. It holds at most MEMO_BYTES of fields and
--- starts again empty when full.
+-- empty and does not fill it. It holds at most MEMO_BYTES of Lua memory
+-- and starts again empty when full: each entry is counted as its field's
+-- bytes plus MEMO_ENTRY_BYTES, what Lua spends besides them (the string's
+-- header, ~24 bytes, and a hash node, 40, in a table whose size doubles;
+-- a table value for meta fields). Counting the field's bytes alone let
+-- small records (a 25-byte field) hold ~6 times MEMO_BYTES: 25 MB of Lua
+-- memory, which Redis's maxmemory does not count.
 local MEMO_BYTES = 4194304
+local MEMO_ENTRY_BYTES = 96
 local memo, memo_bytes, memo_on = {}, 0, false
 
 -- remember notes that raw, a field this call wrote, answers v when read
@@ -46,7 +52,7 @@ local function remember(raw, v)
   if not memo_on then
     return
   end
-  local n = #raw
+  local n = #raw + MEMO_ENTRY_BYTES
   if memo[raw] == nil then
     if memo_bytes + n > MEMO_BYTES then
       memo, memo_bytes = {}, 0
@@ -619,7 +625,11 @@ end
 -- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
-local prior_revision = '0' -- the swarm counter before this commit (swarm_floor)
+-- prior_revision is the swarm revision before this commit (the log entry's
+-- prev): swarm_floor's answer, so that a lost counter does not make it 0
+-- (a prev of 0 would tell a resuming watch that nothing before the entry
+-- left the log).
+local prior_revision = '0'
 -- section_revisions_body (above) is the stored meta/section_revisions' text
 -- between its value's braces when it has fenced's own form
 -- (section_revisions_record's third answer, or the memo's), for
@@ -628,7 +638,6 @@ local function swarm_floor()
   local highest = 0
   local counter = redis.call('GET', KEYS[2])
   if counter then
-    prior_revision = counter
     if not canonical_digits(counter) then
       return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
     end
@@ -648,6 +657,7 @@ local function swarm_floor()
       if m.highest > highest then
         highest = m.highest
       end
+      prior_revision = int(highest)
       return highest
     end
     local r, revs_or_over, body = section_revisions_record(raw)
@@ -675,6 +685,7 @@ local function swarm_floor()
     end
   end
   section_revs_decoded = revs
+  prior_revision = int(highest)
   return highest
 end
 
@@ -779,9 +790,10 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
   entry[#entry + 1] = prior_revision
   local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
   if type(id) == 'table' and id.err then
-    if string.sub(id.err, 1, 4) == 'ERR ' then
-      -- Not Redis refusing writes (OOM, READONLY...: its own reply) but
-      -- this stream refusing entries: one whose last id is the largest.
+    if string.find(id.err, 'exhausted the last possible ID', 1, true) then
+      -- Not Redis refusing writes (OOM, READONLY, an ACL: its own reply,
+      -- which inside a script may also begin with ERR) but this stream
+      -- refusing entries: one whose last id is the largest.
       return { P.REPLY_CORRUPT, '', P.KEY_LOG }
     end
     return refusal_of(id, KEYS[3], 'stream', P.KEY_LOG)
