@@ -446,7 +446,7 @@ func printMinimal(w io.Writer) {
 				median(mus), median(fus), median(mgo)/1e3, median(fgo)/1e3, ecpu, median(mr)/1e3, median(fr)/1e3)
 		}
 	}
-	p("  redis µs: EVALSHA usec_per_call (INFO commandstats); go cpu: this process (client + server) per batch, e = etcd's process (client + server);\n")
+	p("  redis µs: EVALSHA or FCALL usec_per_call (INFO commandstats); go cpu: this process (client + server) per batch, e = etcd's process (client + server);\n")
 	p("  rds: redis-server CPU per batch. etcd figures come from bench/etcd run just before (FENCED_BENCH_ETCD).\n")
 	w.Write(buf.Bytes())
 }
