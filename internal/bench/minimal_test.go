@@ -310,37 +310,10 @@ func (c *minimalCase) round(ctx context.Context, b *testing.B, e *env, call func
 	return minimalSample{perBatch(from, to, elapsed.Nanoseconds(), int(ops.Load())), evalshaUsec(b, e)}
 }
 
-// evalshaUsec is Redis's time per script call: INFO commandstats' usec
-// over calls of EVALSHA and FCALL together (the prototype calls its script
-// by EVALSHA, fenced its commit function by FCALL, or by EVALSHA where
-// Redis refuses functions).
-func evalshaUsec(b *testing.B, e *env) float64 {
-	var usec, calls float64
-	for line := range strings.SplitSeq(e.srv.Do(b, "INFO", "commandstats"), "\n") {
-		line = strings.TrimSpace(line)
-		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
-		if !ok {
-			rest, ok = strings.CutPrefix(line, "cmdstat_fcall:")
-		}
-		if !ok {
-			continue
-		}
-		for f := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				usec += x
-			}
-			if v, ok := strings.CutPrefix(f, "calls="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				calls += x
-			}
-		}
-	}
-	if calls == 0 {
-		return 0
-	}
-	return usec / calls
-}
+// evalshaUsec is Redis's time per script call of a round: the prototype
+// calls its script by EVALSHA, fenced its commit function by FCALL (or by
+// EVALSHA where Redis refuses functions): scriptUsecPerCall.
+func evalshaUsec(b *testing.B, e *env) float64 { return scriptUsecPerCall(b, e.srv) }
 
 // minimalResults are BenchmarkMinimal's rounds: [case] -> rounds of
 // [prototype, fenced].

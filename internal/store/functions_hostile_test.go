@@ -225,24 +225,8 @@ func TestFunctionLoadRefusedForMemoryIsNotSentWithEveryCommit(t *testing.T) {
 	}
 }
 
-// attempts is INFO commandstats' count of calls of cmd that Redis ran or
-// rejected before running (OOM, ACL): calls plus rejected_calls.
+// attempts is how many cmd calls Redis ran or rejected before running
+// (OOM, ACL).
 func attempts(t *testing.T, srv *redistest.Server, cmd string) int {
-	t.Helper()
-	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
-		if !ok {
-			continue
-		}
-		n := 0
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			if k == "calls" || k == "rejected_calls" {
-				c, _ := strconv.Atoi(v)
-				n += c
-			}
-		}
-		return n
-	}
-	return 0
+	return cmdStat(t, srv, cmd, "calls", "rejected_calls")
 }

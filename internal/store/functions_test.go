@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,18 +15,33 @@ import (
 	"github.com/agentihooks/fenced/internal/store"
 )
 
-// calls is INFO commandstats' count of calls of cmd ("fcall", "evalsha",
-// "eval"), 0 when there were none.
-func calls(t *testing.T, srv *redistest.Server, cmd string) int {
+// cmdStat is the sum of INFO commandstats' fields (calls, rejected_calls,
+// failed_calls) of cmd ("fcall", "evalsha", "function|load"), 0 when Redis
+// has not seen it. Redis counts a call it refused before running (a write
+// under OOM, an ACL refusal) as rejected only.
+func cmdStat(t *testing.T, srv *redistest.Server, cmd string, fields ...string) int {
 	t.Helper()
 	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
-		if ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
 		}
+		n := 0
+		for field := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			if slices.Contains(fields, k) {
+				x, _ := strconv.Atoi(v)
+				n += x
+			}
+		}
+		return n
 	}
 	return 0
+}
+
+// calls is how many cmd calls Redis ran.
+func calls(t *testing.T, srv *redistest.Server, cmd string) int {
+	return cmdStat(t, srv, cmd, "calls")
 }
 
 // scriptCalls is how many calls went as EVAL scripts.
@@ -143,20 +159,7 @@ func TestRedisRefusingFCALLAloneCommitsAsScripts(t *testing.T) {
 // rejectedCalls is how many cmd calls Redis refused before running them
 // (an ACL refusal among them).
 func rejectedCalls(t *testing.T, srv *redistest.Server, cmd string) int {
-	t.Helper()
-	for line := range strings.SplitSeq(srv.Do(t, "INFO", "commandstats"), "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
-		if !ok {
-			continue
-		}
-		for field := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(field, "rejected_calls="); ok {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
-		}
-	}
-	return 0
+	return cmdStat(t, srv, cmd, "rejected_calls")
 }
 
 // TestFunctionsAndScriptsWriteTheSameBytes runs one sequence of lease
