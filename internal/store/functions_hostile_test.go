@@ -28,26 +28,6 @@ func fencedFunctionNames(t *testing.T, srv *redistest.Server) (library string, n
 	return library, names
 }
 
-// TestFcallRefusedByACLCommitsAsScripts: an ACL user who may load the
-// library (+function) but not call it (-fcall) still commits, through
-// EVALSHA, rather than answering every commit with NOPERM.
-func TestFcallRefusedByACLCommitsAsScripts(t *testing.T) {
-	srv := redistest.Start(t)
-	st := openAs(t, srv, "loadonly", "-fcall")
-	ctx := context.Background()
-	l, _, err := st.Acquire(ctx, "nofcall", "owner-a", time.Minute.Milliseconds())
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	fence := &batch.Fence{Owner: "owner-a", Epoch: l.Epoch}
-	for i := range 3 {
-		if _, err := st.Commit(ctx, &batch.Batch{Slug: "nofcall", Fence: fence,
-			Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}}); err != nil {
-			t.Fatalf("commit %d as a user without FCALL: %v", i, err)
-		}
-	}
-}
-
 // TestForeignLibraryWithFencedsFunctionNamesIsNotLoadedOnEveryCommit:
 // another library registered the function names fenced's library would
 // register (so FUNCTION LOAD of fenced's is refused: "already exists").
