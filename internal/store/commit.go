@@ -196,18 +196,7 @@ func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d
 	acked := 0
 	err := s.c().Dedicated(func(dc rueidis.DedicatedClient) error {
 		start := time.Now()
-		var res rueidis.RedisResult
-		fn := s.useFunctions(ctx, sc)
-		if fn {
-			res = dc.Do(wctx, fcall(dc.B(), sc, keys, args))
-			fn = !s.fcallFallsBack(res.Error())
-		}
-		if !fn {
-			res = dc.Do(wctx, dc.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-			if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
-				res = dc.Do(wctx, dc.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-			}
-		}
+		res := s.call(ctx, dc.B(), func(cmd rueidis.Completed) rueidis.RedisResult { return dc.Do(wctx, cmd) }, sc, keys, args)
 		s.observeScript(ctx, sc, start, res.Error())
 		var err error
 		if reply, err = replyStrings(res); err != nil || len(reply) == 0 || reply[0] != protocol.ReplyOK {

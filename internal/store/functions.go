@@ -27,8 +27,7 @@ import (
 // Functions are a fast path, never a requirement: where FUNCTION LOAD is
 // unknown (Redis before 7.0, the embedded Redis of development mode) or
 // refused (an ACL without +function|load, or without +fcall: the first
-// FCALL refused), fenced calls the
-// scripts as before (EVALSHA). A call that Redis refuses before running
+// FCALL refused), fenced calls the scripts as before (EVALSHA). A call that Redis refuses before running
 // the function (FCALL's "Function not found" after a restart without
 // persistence or FUNCTION FLUSH, and the refusals of a function that
 // writes: OOM, READONLY, MISCONF, NOREPLICAS) is sent again as the script,
@@ -240,16 +239,12 @@ func (s *Store) fcallFallsBack(err error) bool {
 		return true
 	}
 	if strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'") {
+		// The command itself refused, not a key (a script would be refused
+		// a key alike, and functions are not given up for that).
 		s.refuseFunctions(msg)
 		return true
 	}
 	code, _, _ := strings.Cut(msg, " ")
-	if code == "NOPERM" && strings.Contains(msg, "'fcall' command") {
-		// Not a key refused (the script would be refused alike, and
-		// functions are not given up for it): the command itself.
-		s.refuseFunctions(msg)
-		return true
-	}
 	switch code {
 	case "OOM", "READONLY", "MISCONF", "NOREPLICAS":
 		return true
@@ -260,4 +255,21 @@ func (s *Store) fcallFallsBack(err error) bool {
 // fcall is FCALL of sc's function.
 func fcall(b rueidis.Builder, sc *script, keys, args []string) rueidis.Completed {
 	return b.Fcall().Function(sc.fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// call runs sc once through do (a client's or a dedicated connection's
+// Do, building with b): as its function when useFunctions says so, else,
+// or when fcallFallsBack, as the script by EVALSHA, and by EVAL when Redis
+// answers NOSCRIPT.
+func (s *Store) call(ctx context.Context, b rueidis.Builder, do func(rueidis.Completed) rueidis.RedisResult, sc *script, keys, args []string) rueidis.RedisResult {
+	if s.useFunctions(ctx, sc) {
+		if res := do(fcall(b, sc, keys, args)); !s.fcallFallsBack(res.Error()) {
+			return res
+		}
+	}
+	res := do(b.Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
+		res = do(b.Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	}
+	return res
 }

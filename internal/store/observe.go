@@ -90,14 +90,7 @@ func (nopObserver) EvictionChecked(bool)                     {}
 func (s *Store) exec(ctx context.Context, sc *script, keys, args []string) rueidis.RedisResult {
 	start := time.Now()
 	c := s.c()
-	if s.useFunctions(ctx, sc) {
-		res := c.Do(ctx, fcall(c.B(), sc, keys, args))
-		if !s.fcallFallsBack(res.Error()) {
-			s.observeScript(ctx, sc, start, res.Error())
-			return res
-		}
-	}
-	res := sc.Exec(ctx, c, keys, args)
+	res := s.call(ctx, c.B(), func(cmd rueidis.Completed) rueidis.RedisResult { return c.Do(ctx, cmd) }, sc, keys, args)
 	s.observeScript(ctx, sc, start, res.Error())
 	return res
 }

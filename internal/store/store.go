@@ -83,11 +83,10 @@ var (
 )
 
 // script is a Lua script with its name (for the Observer), source and
-// SHA-1, for the calls that rueidis.Lua cannot make (EVALSHA pipelined with
-// WAIT on one connection); fn is the name of the same code as a Redis
-// Function of fencedLibrary ("" for a script that is not one).
+// SHA-1 (Store.call sends it by EVALSHA, by EVAL on NOSCRIPT); fn is the
+// name of the same code as a Redis Function of fencedLibrary ("" for a
+// script that is not one).
 type script struct {
-	*rueidis.Lua
 	name string
 	src  string
 	sha  string
@@ -102,7 +101,7 @@ func (sc *script) as(fn string) *script {
 
 func newScript(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
-	return &script{Lua: rueidis.NewLuaScript(src), name: name, src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
 // DefaultPrefix is the key prefix when AGENTIHOOKS_SWARM_KEY_PREFIX is unset.
