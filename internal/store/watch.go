@@ -872,9 +872,11 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 	c := s.c()
 	var entries []rueidis.XRangeEntry
 	for len(entries) < watchReadMax {
-		cmd := c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
+		var cmd rueidis.Completed
 		if len(entries) > 0 || block <= 0 {
 			cmd = c.B().Xread().Count(watchChunk).Streams().Key(h.key).Id(lastID).Build()
+		} else {
+			cmd = c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
 		}
 		res, err := c.Do(bctx, cmd).AsXRead()
 		if err != nil && !rueidis.IsRedisNil(err) { // nil: BLOCK timed out, or nothing more
