@@ -170,7 +170,7 @@ else
   local field = head .. '{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}'
   redis.call('HSET', KEYS[1], P.FIELD_LEASE, field)
-  if string.find(owner, '^[] -!#-[^-~]*$') then
+  if string.find(owner, PLAIN_OWNER) then
     -- The owner lease_of reads by its pattern: it would answer this.
     remember(field, { rev = tonumber(rev), lease = { owner = owner, epoch = new_epoch, expires_at = expires } })
   end

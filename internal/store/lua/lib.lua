@@ -522,13 +522,18 @@ end
 -- lease_of is lease_general, answered by patterns alone for the form the
 -- lease script writes (a plain printable-ASCII owner, canonical in-range
 -- numbers): a commit reads the lease on every fenced batch.
+-- PLAIN_OWNER is the owners lease_of reads by its pattern: printable ASCII
+-- but '"' and '\\' (nothing to unescape). lease.lua remembers only a lease
+-- whose owner is one, so that the memo answers what lease_of would.
+local PLAIN_OWNER_CHARS = '[] -!#-[^-~]'
+local PLAIN_OWNER = '^' .. PLAIN_OWNER_CHARS .. '*$'
+local LEASE_PATTERN = '^{"r":(%d+),"v":{"owner":"(' .. PLAIN_OWNER_CHARS .. '*)","epoch":(%d+),"expires_at":(%d+)}}$'
 local function lease_of(raw)
   local m = memo[raw]
   if type(m) == 'table' and m.lease then
     return m.lease
   end
-  local r, owner, epoch, expires = string.match(raw,
-    '^{"r":(%d+),"v":{"owner":"([] -!#-[^-~]*)","epoch":(%d+),"expires_at":(%d+)}}$')
+  local r, owner, epoch, expires = string.match(raw, LEASE_PATTERN)
   if r and digits_canonical_in_range(r) and digits_canonical_in_range(epoch) and digits_canonical_in_range(expires) then
     return { owner = owner, epoch = tonumber(epoch), expires_at = tonumber(expires) }
   end
