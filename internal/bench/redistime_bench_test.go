@@ -28,9 +28,12 @@ const (
 // memo of §3.9) and as a script (EVALSHA, through an ACL user refused
 // FCALL and FUNCTION), each one swarm holding a lease, batches of 1, 8 and
 // 64 puts of ~200-byte values over 64 records at the revisions last
-// written, every batch committing. It reports INFO commandstats'
-// usec_per_call, the least of redisTimeRounds rounds reset by CONFIG
-// RESETSTAT, and the ratios to the prototype (target of issue 11: <= 1.3).
+// written, every batch committing; and floorScript (EVALSHA), the plainest
+// Lua that writes the bytes a fenced commit writes. It reports INFO
+// commandstats' usec_per_call, the least of redisTimeRounds rounds reset by
+// CONFIG RESETSTAT, and the ratios: fenced's and the floor's to the
+// prototype (target of issue 11: <= 1.3), fenced's to the floor (what
+// fenced's checks and refusals cost above its bytes).
 func BenchmarkRedisTimePerCommit(b *testing.B) {
 	srv := redistest.Start(b)
 	fns, err := store.Open(srv.URL(), prefix)
@@ -51,17 +54,20 @@ func BenchmarkRedisTimePerCommit(b *testing.B) {
 	b.Cleanup(rdb.Close)
 	ctx := context.Background()
 	proto := rueidis.NewLuaScript(minimalScript)
+	floor := rueidis.NewLuaScript(floorScript)
 	for _, size := range sizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			mini := newMinimalSwarm(b, srv, fmt.Sprintf("rt-min-%d", size))
 			viaFn := newFencedSwarm(b, fns, fmt.Sprintf("rt-fn-%d", size))
 			viaScript := newFencedSwarm(b, scripts, fmt.Sprintf("rt-script-%d", size))
+			fl := newFloorSwarm(b, srv, fmt.Sprintf("rt-floor-%d", size))
 			sides := []func(i int) error{
 				func(i int) error { return mini.commit(ctx, rdb, proto, size, i) },
 				func(i int) error { return viaFn.commit(ctx, fns, size, i) },
 				func(i int) error { return viaScript.commit(ctx, scripts, size, i) },
+				func(i int) error { return fl.commit(ctx, rdb, floor, size, i) },
 			}
-			var best [3]float64
+			var best [4]float64
 			for it := range b.N {
 				for k := range sides {
 					best[k] = 0
@@ -85,6 +91,9 @@ func BenchmarkRedisTimePerCommit(b *testing.B) {
 			b.ReportMetric(best[2], "evalsha-µs")
 			b.ReportMetric(best[1]/best[0], "fcall/prototype")
 			b.ReportMetric(best[2]/best[0], "evalsha/prototype")
+			b.ReportMetric(best[3], "floor-µs")
+			b.ReportMetric(best[3]/best[0], "floor/prototype")
+			b.ReportMetric(best[1]/best[3], "fcall/floor")
 		})
 	}
 }

@@ -147,6 +147,7 @@ end
 local conflicts = { P.REPLY_CONFLICT }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
+local olds = {} -- write index -> the stored field a put or delete replaces
 for i = 1, n do
   local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
   local actual = 0
@@ -179,6 +180,7 @@ for i = 1, n do
     end
     if kind ~= P.KIND_CHECK then
       mutates = true
+      olds[i] = raw
       if ki == EXEC then
         old_exec[i] = raw or false
       end
@@ -236,9 +238,11 @@ for i = 1, n do
     local field = head .. value .. '}'
     args[#args + 1] = key
     args[#args + 1] = field
+    forget(olds[i])
     remember(field, rev_number)
   elseif kind == P.KIND_DELETE then
     dels[ki][#dels[ki] + 1] = key
+    forget(olds[i])
   end
   if kind == P.KIND_PUT or kind == P.KIND_DELETE then
     records = records + 1

@@ -164,6 +164,7 @@ local refused_write = start_commit(rev, stamp, slug, owner, records, changed, ni
 if refused_write then
   return refused_write
 end
+forget(meta_field(P.FIELD_LEASE))
 if op == P.LEASE_RELEASE then
   redis.call('HDEL', KEYS[1], P.FIELD_LEASE)
 else

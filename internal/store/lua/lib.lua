@@ -62,6 +62,20 @@ local function remember(raw, v)
   memo[raw] = v
 end
 
+-- forget drops raw, a field this call overwrites or deletes, from the memo:
+-- it will not be read back (the new field has another revision, so other
+-- bytes), and keeping it made the memo fill with superseded fields and
+-- start again empty every few thousand commits, leaving Lua's collector a
+-- full memo to mark and then one to sweep. Equal bytes may still be stored
+-- in another field (two puts of one value in one batch): that field is
+-- then judged in full when read, as any miss.
+local function forget(raw)
+  if memo_on and raw and memo[raw] ~= nil then
+    memo_bytes = memo_bytes - (#raw + MEMO_ENTRY_BYTES)
+    memo[raw] = nil
+  end
+end
+
 -- The record grammar (docs/design.md §2.2; Go:
 -- internal/store/record.go parseRecord accepts exactly the same fields). A
 -- stored field is a record when it is one JSON text (RFC 8259: JSON
@@ -821,6 +835,9 @@ end
 local function finish_commit(rev, layout, changed)
   local head = '{"r":' .. rev .. ',"v":'
   local rewritten = nil
+  if changed and next(changed) then
+    forget(section_revisions_field())
+  end
   if changed and next(changed) and section_revisions_body then
     rewritten = section_revisions_rewrite(section_revisions_body, changed, rev)
   end

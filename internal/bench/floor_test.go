@@ -1,0 +1,110 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/redis/rueidis"
+)
+
+// floorScript is the thinnest script that writes what a fenced commit
+// writes (docs/design.md §2-§3): the prototype's work (minimalScript) on
+// fenced's keys and bytes, and the duties fenced documents beyond it, each
+// in its plainest Lua and trusting its input (no checks of stored bytes,
+// no refusals but the fence and the revisions): the lease read as fenced
+// stores it (a record field of meta, in one HMGET with meta/layout and
+// meta/section_revisions), the swarm's floor (the counter and
+// meta/section_revisions' revision), a revision that follows the clock in
+// microseconds, the log entry's fields (revision, owner, records, changes,
+// prev), the stamp of state:fencing:current, the counter SET, and
+// meta/section_revisions rewritten with the batch's section. It is the
+// floor under fenced's commit: what is left between the two is what fenced
+// spends on judging what it reads and answering every refusal; the floor's
+// own cost over the prototype is what the documented bytes cost.
+// KEYS: meta, the section's hash, counter, log, state:fencing:current.
+// ARGV: owner, epoch, section, slug, then field, expected, value per put.
+const floorScript = `
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local m = redis.call('HMGET', KEYS[1], 'layout', 'lease', 'section_revisions')
+if not m[1] then return redis.error_reply('LAYOUT') end
+local owner, epoch, exp = string.match(m[2] or '', '"owner":"([^"]*)","epoch":(%d+),"expires_at":(%d+)')
+if owner ~= ARGV[1] or epoch ~= ARGV[2] or tonumber(exp) <= math.floor(now_us / 1000) then
+  return redis.error_reply('STALE lease')
+end
+local prev = tonumber(redis.call('GET', KEYS[3]) or '0')
+local sr_rev, body = string.match(m[3], '^{"r":(%d+),"v":{(.*)}}$')
+if tonumber(sr_rev) > prev then prev = tonumber(sr_rev) end
+local section = ARGV[3]
+local n = (#ARGV - 4) / 3
+local highest = prev
+for i = 0, n - 1 do
+  local f, exp = ARGV[5 + 3 * i], ARGV[6 + 3 * i]
+  local cur = redis.call('HGET', KEYS[2], f)
+  local r = '0'
+  if cur then r = string.match(cur, '^{"r":(%d+)') end
+  if r ~= exp then return redis.error_reply('CONFLICT ' .. f) end
+  if tonumber(r) > highest then highest = tonumber(r) end
+end
+local revn = highest + 1
+if now_us > revn then revn = now_us end
+local rev = string.format('%.0f', revn)
+local hs, changes = {}, {}
+for i = 0, n - 1 do
+  local f = ARGV[5 + 3 * i]
+  hs[#hs + 1] = f
+  hs[#hs + 1] = '{"r":' .. rev .. ',"v":' .. ARGV[7 + 3 * i] .. '}'
+  changes[#changes + 1] = 'p' .. section .. ':' .. #f .. ':' .. f
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000', '*', 'revision', rev, 'owner', owner, 'records', tostring(n),
+  'changes', table.concat(changes), 'prev', string.format('%.0f', prev))
+redis.call('HSET', KEYS[5], ARGV[4] .. ':records', rev)
+redis.call('SET', KEYS[3], rev)
+redis.call('HSET', KEYS[2], unpack(hs))
+local nb, k = string.gsub(body, '"' .. section .. '":%d+', '"' .. section .. '":' .. rev)
+if k == 0 then nb = body .. ',"' .. section .. '":' .. rev end
+redis.call('HSET', KEYS[1], 'section_revisions', '{"r":' .. rev .. ',"v":{' .. nb .. '}}')
+return rev
+`
+
+// floorSwarm is one swarm of floorScript's keys and the revision it last
+// wrote of each record.
+type floorSwarm struct {
+	slug string
+	seen [minimalRecords]string
+}
+
+func newFloorSwarm(b *testing.B, srv *redistest.Server, slug string) *floorSwarm {
+	tm := srv.DoArray(b, "TIME")
+	sec, _ := strconv.ParseInt(tm[0], 10, 64)
+	srv.Do(b, "HSET", prefix+":{"+slug+"}:fence:meta",
+		"layout", `{"r":1,"v":"records"}`,
+		"lease", fmt.Sprintf(`{"r":1,"v":{"owner":%q,"epoch":1,"expires_at":%d}}`, leaseOwner, (sec+3600)*1000),
+		"section_revisions", `{"r":1,"v":{"meta":1}}`)
+	f := &floorSwarm{slug: slug}
+	for i := range f.seen {
+		f.seen[i] = "0"
+	}
+	return f
+}
+
+func (f *floorSwarm) commit(ctx context.Context, rdb rueidis.Client, script *rueidis.Lua, size, i int) error {
+	first := (i * size) % minimalRecords
+	args := []string{leaseOwner, "1", minimalSection, f.slug}
+	for j := first; j < first+size; j++ {
+		args = append(args, fmt.Sprintf("r%04d", j), f.seen[j], minimalValue(0, i))
+	}
+	p := prefix + ":{" + f.slug + "}:fence:"
+	keys := []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current"}
+	rev, err := script.Exec(ctx, rdb, keys, args).ToString()
+	if err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	for j := first; j < first+size; j++ {
+		f.seen[j] = rev
+	}
+	return nil
+}
