@@ -347,9 +347,16 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 // methods are for one goroutine, but Dropped may be waited on from another.
 type Watch struct {
 	hub *hub
-	// ch receives the swarm reader's reads; closed never (dropped says
-	// when the reader gave up on this watcher).
-	ch      chan *Batch
+	// queue holds the swarm reader's reads not taken yet, from head on (at
+	// most the Store's watch buffer: one more drops the watcher); ready
+	// (capacity 1) is signalled after each push. A queue, not a channel
+	// of the buffer's capacity: a watcher that keeps up holds one or two
+	// slots, not the buffer's 256 pointers, which the garbage collector
+	// would scan for every watcher on every cycle.
+	qmu     sync.Mutex
+	queue   []*Batch
+	head    int
+	ready   chan struct{}
 	dropped chan struct{}
 	// dropErr says why the reader dropped the watcher (ErrWatcherTooSlow
 	// or a *CompactedError); written before dropped is closed.
@@ -403,6 +410,38 @@ func (w *Watch) drop(err error) {
 	close(w.dropped)
 }
 
+// push queues b for w and wakes it; false when w already holds limit reads
+// (it is then to be dropped).
+func (w *Watch) push(b *Batch, limit int) bool {
+	w.qmu.Lock()
+	if len(w.queue)-w.head >= limit {
+		w.qmu.Unlock()
+		return false
+	}
+	w.queue = append(w.queue, b)
+	w.qmu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default: // already signalled
+	}
+	return true
+}
+
+// pop takes the oldest read queued (nil when none).
+func (w *Watch) pop() *Batch {
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	if w.head == len(w.queue) {
+		return nil
+	}
+	b := w.queue[w.head]
+	w.queue[w.head] = nil
+	if w.head++; w.head == len(w.queue) {
+		w.queue, w.head = w.queue[:0], 0
+	}
+	return b
+}
+
 // Next answers the next batch after the last one it answered, in revision
 // order, each once; it waits until one is committed or ctx ends. Errors:
 // ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's error.
@@ -433,7 +472,7 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 // (say a reused time.Timer's C: cheaper per call than a context with a
 // deadline), answering nil, nil.
 func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Batch, error) {
-	if b := w.ready(); b != nil {
+	if b := w.atHand(); b != nil {
 		return b, nil
 	}
 	for {
@@ -444,11 +483,14 @@ func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Ba
 			return nil, w.dropErr
 		default:
 		}
-		select {
-		case b := <-w.ch:
+		if b := w.pop(); b != nil {
 			if b = w.unseen(b); b != nil {
 				return b, nil
 			}
+			continue
+		}
+		select {
+		case <-w.ready:
 		case <-w.dropped:
 			return nil, w.dropErr
 		case <-ctx.Done():
@@ -462,7 +504,7 @@ func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Ba
 // TryNextBatch is NextBatch without waiting: nil when nothing is ready (or
 // the watcher was dropped: NextBatch then says so).
 func (w *Watch) TryNextBatch() *Batch {
-	if b := w.ready(); b != nil {
+	if b := w.atHand(); b != nil {
 		return b
 	}
 	for {
@@ -471,20 +513,19 @@ func (w *Watch) TryNextBatch() *Batch {
 			return nil
 		default:
 		}
-		select {
-		case b := <-w.ch:
-			if b = w.unseen(b); b != nil {
-				return b
-			}
-		default:
+		b := w.pop()
+		if b == nil {
 			return nil
+		}
+		if b = w.unseen(b); b != nil {
+			return b
 		}
 	}
 }
 
-// ready answers what is already at hand: events of a batch Next began, or
+// atHand answers what is already at hand: events of a batch Next began, or
 // the backlog (nil when none).
-func (w *Watch) ready() *Batch {
+func (w *Watch) atHand() *Batch {
 	evs := append(w.pending, w.backlog...)
 	w.pending, w.backlog = nil, nil
 	if len(evs) == 0 {
@@ -531,7 +572,7 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 	if err != nil {
 		return nil, err
 	}
-	w := &Watch{hub: h, ch: make(chan *Batch, s.feeds.buffer), dropped: make(chan struct{})}
+	w := &Watch{hub: h, ready: make(chan struct{}, 1), dropped: make(chan struct{})}
 	h.mu.Lock()
 	lastID, lastRev := h.lastID, h.lastRev
 	h.watchers[w] = struct{}{}
@@ -846,9 +887,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 		h.lastID = readID
 		h.lastRev = max(h.lastRev, readRev)
 		for w := range h.watchers {
-			select {
-			case w.ch <- b:
-			default:
+			if !w.push(b, h.feeds.buffer) {
 				delete(h.watchers, w)
 				w.drop(ErrWatcherTooSlow)
 			}
