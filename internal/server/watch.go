@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 )
@@ -41,8 +42,9 @@ type WatchOptions struct {
 	ProgressInterval time.Duration
 }
 
-// Watch defaults. A watcher costs two goroutines and its buffer of events
-// (store.DefaultWatchBuffer); the swarm's reader is shared.
+// Watch defaults. A watcher costs one goroutine (its handler's) and its
+// buffer of events (store.DefaultWatchBuffer); the swarm's reader is
+// shared.
 const (
 	DefaultMaxWatchers              = 10000
 	DefaultMaxWatchersPerConnection = 1000
@@ -200,28 +202,48 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	}
 	defer w.Close()
 
-	// The sender may block in Send (flow control) on a caller that does
-	// not read; the handler returns on a drop regardless, which ends the
-	// stream and unblocks it (as etcd's watch server does).
-	sendCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sent := make(chan error, 1)
-	go func() { sent <- s.sendEvents(sendCtx, stream, w, req.GetStartRevision() == 0, sections) }()
-	select {
-	case err := <-sent:
-		if errors.Is(err, store.ErrWatcherTooSlow) {
-			s.watchObs.WatchDropped()
-			return toStatus(&tooSlowError{last: w.LastSent()})
-		}
-		return toStatus(err)
-	case <-w.Dropped():
-		// w.Last() belongs to the sender; what the caller has is at
-		// most what was last sent, which the sender's error would give.
+	// The status a drop ends the stream with, once: WATCHER_TOO_SLOW with
+	// the last revision sent (what the caller has at most), or the
+	// reader's own (it fell behind the log: REVISION_COMPACTED).
+	dropped := sync.OnceValue(func() error {
 		if err := w.DropErr(); !errors.Is(err, store.ErrWatcherTooSlow) {
-			return toStatus(err) // the reader fell behind the log: REVISION_COMPACTED
+			return toStatus(err)
 		}
 		s.watchObs.WatchDropped()
 		return toStatus(&tooSlowError{last: w.LastSent()})
+	})
+	fromNow := req.GetStartRevision() == 0
+	// The sender may block in SendMsg (flow control) on a caller that
+	// does not read; a drop must end the stream regardless (as etcd's
+	// watch server does), which unblocks it. This handler sends itself, so
+	// that a watcher costs one goroutine (the garbage collector scans
+	// every goroutine's stack on every cycle: docs/design.md §6.1), and a
+	// drop ends the stream from a goroutine started then, with grpc-go's
+	// transport stream's WriteStatus (the call that ends every stream once
+	// its handler returns; a second is a no-op).
+	if end, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ WriteStatus(*status.Status) error }); ok {
+		stop := w.AfterDrop(func() { end.WriteStatus(status.Convert(dropped())) })
+		defer stop()
+		err := s.sendEvents(ctx, stream, w, fromNow, sections)
+		if w.DropErr() != nil {
+			return dropped()
+		}
+		return toStatus(err)
+	}
+	// Without it (a transport stream of another kind), the handler returns
+	// on a drop while a second goroutine sends: returning ends the stream.
+	sendCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() { sent <- s.sendEvents(sendCtx, stream, w, fromNow, sections) }()
+	select {
+	case err := <-sent:
+		if w.DropErr() != nil {
+			return dropped()
+		}
+		return toStatus(err)
+	case <-w.Dropped():
+		return dropped()
 	}
 }
 

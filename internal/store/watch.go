@@ -356,8 +356,12 @@ type Watch struct {
 	qmu     sync.Mutex
 	queue   []*Batch
 	head    int
-	ready   chan struct{}
-	dropped chan struct{}
+	ready chan struct{}
+	// dropCtx is cancelled when the reader drops the watcher (dropped is
+	// its Done): AfterDrop waits on it without a goroutine.
+	dropCtx    context.Context
+	dropCancel context.CancelFunc
+	dropped    <-chan struct{}
 	// dropErr says why the reader dropped the watcher (ErrWatcherTooSlow
 	// or a *CompactedError); written before dropped is closed.
 	dropErr error
@@ -404,10 +408,19 @@ func (w *Watch) DropErr() error {
 	}
 }
 
+// AfterDrop arranges for f to run in a goroutine of its own once the
+// swarm's reader drops w (at once if it already has); stop undoes that,
+// answering false when f has started. Nothing waits meanwhile: a watcher's
+// consumer blocked elsewhere (say in a send) learns of the drop this way
+// without a second goroutine of its own.
+func (w *Watch) AfterDrop(f func()) (stop func() bool) {
+	return context.AfterFunc(w.dropCtx, f)
+}
+
 // drop ends w with err (the hub's lock held).
 func (w *Watch) drop(err error) {
 	w.dropErr = err
-	close(w.dropped)
+	w.dropCancel()
 }
 
 // push queues b for w and wakes it; false when w already holds limit reads
@@ -572,7 +585,9 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 	if err != nil {
 		return nil, err
 	}
-	w := &Watch{hub: h, ready: make(chan struct{}, 1), dropped: make(chan struct{})}
+	w := &Watch{hub: h, ready: make(chan struct{}, 1)}
+	w.dropCtx, w.dropCancel = context.WithCancel(context.Background())
+	w.dropped = w.dropCtx.Done()
 	h.mu.Lock()
 	lastID, lastRev := h.lastID, h.lastRev
 	h.watchers[w] = struct{}{}
