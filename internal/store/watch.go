@@ -353,9 +353,9 @@ type Watch struct {
 	// of the buffer's capacity: a watcher that keeps up holds one or two
 	// slots, not the buffer's 256 pointers, which the garbage collector
 	// would scan for every watcher on every cycle.
-	qmu     sync.Mutex
-	queue   []*Batch
-	head    int
+	qmu   sync.Mutex
+	queue []*Batch
+	head  int
 	ready chan struct{}
 	// dropCtx is cancelled when the reader drops the watcher (dropped is
 	// its Done): AfterDrop waits on it without a goroutine.
