@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -98,6 +99,8 @@ type watchSet struct {
 	decoders []*decodingWatcher
 	// bytes counts the DATA bytes the raw receivers read.
 	bytes atomic.Int64
+	// messages counts the gRPC messages the decoding raw receivers read.
+	messages atomic.Int64
 }
 
 // openWatchers opens the watchers and waits until every stream has its
@@ -226,11 +229,15 @@ type roundResult struct {
 	cpu             cpuSpan
 	// bytesPerEvent: DATA bytes each raw watcher read per batch.
 	bytesPerEvent float64
+	// msgsPerKBatch: messages each decoding raw watcher read per 1,000
+	// batches.
+	msgsPerKBatch float64
 	// writes: write system calls of this process per batch.
 	writes float64
 	// allocBytes and allocs: heap allocations of this process per batch;
-	// gcs: garbage collections per 1,000 batches.
-	allocBytes, allocs, gcs float64
+	// gcs: garbage collections per 1,000 batches; gcNs: the collector's
+	// CPU per batch (runtime/metrics /cpu/classes/gc/total, an estimate).
+	allocBytes, allocs, gcs, gcNs float64
 }
 
 // writeSyscalls is this process's write system calls so far
@@ -389,6 +396,7 @@ func BenchmarkWatch(b *testing.B) {
 		var revs []int64
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
+		gc0 := gcCPU()
 		r0, c0, w0, start := redisCPU(), processCPU(), writeSyscalls(), time.Now()
 		pprof.Do(context.Background(), pprof.Labels("side", "writers"), func(ctx context.Context) {
 			for w := range watchBenchWriters {
@@ -424,6 +432,7 @@ func BenchmarkWatch(b *testing.B) {
 		res.allocBytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(batches)
 		res.allocs = float64(m1.Mallocs-m0.Mallocs) / float64(batches)
 		res.gcs = float64(m1.NumGC-m0.NumGC) * 1000 / float64(batches)
+		res.gcNs = (gcCPU() - gc0) * 1e9 / float64(batches)
 		return res, revs
 	}
 
@@ -500,10 +509,13 @@ func BenchmarkWatch(b *testing.B) {
 				missing += len(sentAt) - len(got)
 			}
 		}
-		b0 := ws.bytes.Load()
+		b0, n0 := ws.bytes.Load(), ws.messages.Load()
 		var revs []int64
 		profiled("watched."+strconv.Itoa(round), func() { r, revs = throughput(slug, ws) })
 		r.bytesPerEvent = float64(ws.bytes.Load()-b0) / float64(batches) / watchBenchWatchers
+		if len(ws.decoders) > 0 {
+			r.msgsPerKBatch = float64(ws.messages.Load()-n0) * 1000 / float64(batches) / float64(len(ws.decoders))
+		}
 		watched = append(watched, r)
 		seen = append(seen, revs...)
 		ws.checkExactly(b, seen)
@@ -545,17 +557,30 @@ func BenchmarkWatch(b *testing.B) {
 	fmt.Printf("  FencedBatch, %d writers, paired rounds: alone %v/s, watched %v/s (delivered to every watcher %v/s), ratio per round %.2f (median %.2fx); another swarm while watched %v/s (%.2fx)\n",
 		watchBenchWriters, rounded(alone, rate), rounded(watched, rate), rounded(watched, delivered), ratios, median(ratios),
 		rounded(other, rate), med(other, rate)/med(alone, rate))
-	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f; bytes per batch per watcher %.1f (gzip %v)\n",
+	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f; bytes per batch per watcher %.1f (gzip %v), messages per 1,000 batches %.1f\n",
 		med(alone, goUs), med(watched, goUs), med(alone, redisUs), med(watched, redisUs),
-		med(watched, func(r roundResult) float64 { return r.bytesPerEvent }), gz && clients == "raw")
+		med(watched, func(r roundResult) float64 { return r.bytesPerEvent }), gz && clients == "raw",
+		med(watched, func(r roundResult) float64 { return r.msgsPerKBatch }))
 	fmt.Printf("  write system calls per batch (median): alone %.1f, watched %.1f; goroutines per watcher %.2f\n",
 		med(alone, func(r roundResult) float64 { return r.writes }), med(watched, func(r roundResult) float64 { return r.writes }), perWatcher)
-	fmt.Printf("  heap per batch (median): alone %.0f B in %.0f allocations, watched %.0f B in %.0f; collections per 1,000 batches: alone %.1f, watched %.1f\n",
+	fmt.Printf("  heap per batch (median): alone %.0f B in %.0f allocations, watched %.0f B in %.0f; collections per 1,000 batches: alone %.1f, watched %.1f; collector CPU per batch: alone %.1f µs, watched %.1f µs\n",
 		med(alone, func(r roundResult) float64 { return r.allocBytes }), med(alone, func(r roundResult) float64 { return r.allocs }),
 		med(watched, func(r roundResult) float64 { return r.allocBytes }), med(watched, func(r roundResult) float64 { return r.allocs }),
-		med(alone, func(r roundResult) float64 { return r.gcs }), med(watched, func(r roundResult) float64 { return r.gcs }))
+		med(alone, func(r roundResult) float64 { return r.gcs }), med(watched, func(r roundResult) float64 { return r.gcs }),
+		med(alone, func(r roundResult) float64 { return r.gcNs / 1e3 }), med(watched, func(r roundResult) float64 { return r.gcNs / 1e3 }))
 	for i := 0; i < b.N; i++ { // the work above is the benchmark; run it once
 	}
+}
+
+// gcCPU is the CPU the garbage collector has spent in this process, in
+// seconds (runtime/metrics' estimate).
+func gcCPU() float64 {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return s[0].Value.Float64()
 }
 
 func rounded(rs []roundResult, f func(roundResult) float64) []int {
@@ -763,6 +788,7 @@ func (rc *rawConn) run(b *testing.B, ws *watchSet, ready *sync.WaitGroup) {
 						}
 						msg = s.plain.Bytes()
 					}
+					ws.messages.Add(1)
 					s.d.mu.Lock()
 					err := scanEvents(msg, func(rev int64, progress bool) {
 						if !progress {

@@ -23,7 +23,7 @@ const LogCap = protocol.LogCap
 // Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
 const (
 	// DefaultWatchBuffer is how many fan-outs of the swarm's reader (each
-	// every batch committed since the previous one, under 2,000) one
+	// every batch committed since the previous one, under 3,000) one
 	// watcher may fall behind before it is dropped (ErrWatcherTooSlow).
 	// Reads are shared between watchers: a buffer holds pointers.
 	DefaultWatchBuffer = 256
@@ -873,7 +873,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			pending, lostOldest = nil, events[0].Revision
 		}
 		pending = append(pending, events...)
-		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < LogCap && lostOldest == 0) {
+		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < watchFanoutMax && lostOldest == 0) {
 			continue
 		}
 		// The records as they stand now, once for every watcher.
@@ -911,9 +911,18 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	}
 }
 
-// watchReadMax bounds the log entries one fan-out carries: a reader that
-// finds a full chunk reads on (without BLOCK) up to this many.
+// watchReadMax bounds the log entries one read takes: a reader that finds
+// a full chunk reads on (without BLOCK) up to this many.
 const watchReadMax = LogCap
+
+// watchFanoutMax: a reader holding this many batches read fans them out
+// before its interval is over, so that a fan-out (and a watcher's buffer
+// of them) stays under watchFanoutMax + watchReadMax, 3,000 batches. Twice
+// the log's cap, not the cap itself: at 1,000 watchers (a 100 ms
+// interval) the interval, not this bound, sets the fan-outs up to 20,000
+// batches a second (at the cap, from 10,000/s on, fan-outs came more
+// often than the interval, each a message per watcher: BenchmarkWatch).
+const watchFanoutMax = 2 * LogCap
 
 // read is one XREAD after lastID, blocking up to block (0: not at all),
 // and, while each read comes back full, more without BLOCK (up to
