@@ -452,21 +452,29 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 
 // encodeBatch is b's events (filtered by sections) in wire form, cut into
 // segments within maxEventsPerMessage and maxBytesPerMessage; events the
-// filter empties are left out.
+// filter empties are left out. The messages each event is marshalled from
+// are reused (eventScratch), and the buffer is sized from the first event:
+// a fan-out's encoding allocates about its bytes, once.
 func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
 	e := &encodedBatch{segs: []int{0}}
+	var sc eventScratch
 	segStart := 0
-	for _, ev := range b.Events {
-		pe, ok := eventProto(ev, sections)
+	for i, ev := range b.Events {
+		resp, ok := sc.fill(ev, sections)
 		if !ok {
 			continue
 		}
 		var err error
 		start := len(e.buf)
-		e.buf, err = proto.MarshalOptions{}.MarshalAppend(e.buf, &fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
+		e.buf, err = proto.MarshalOptions{}.MarshalAppend(e.buf, resp)
 		if err != nil {
 			e.buf = e.buf[:start]
 			continue // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
+		}
+		if start == 0 {
+			// Room for the rest at this event's size, and an eighth more.
+			size := len(e.buf) * (len(b.Events) - i)
+			e.buf = slices.Grow(e.buf, size+size/8)
 		}
 		// A new segment when this event would take the current one over
 		// a bound (a segment holds at least one event).
@@ -484,29 +492,55 @@ func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
 	return e
 }
 
-// eventProto is ev as a WatchEvent with only the changes in sections
-// (nil: all); ok is false when none is left.
-func eventProto(ev *store.Event, sections []string) (*fencedv1.WatchEvent, bool) {
-	resp := &fencedv1.WatchEvent{Revision: ev.Revision, Owner: validUTF8(ev.Owner), RequestId: ev.RequestID, Truncated: ev.Truncated}
+// eventScratch holds the messages an event is marshalled from, reused
+// from one event to the next (marshalling does not keep them).
+type eventScratch struct {
+	resp    fencedv1.WatchResponse
+	ev      fencedv1.WatchEvent
+	events  [1]*fencedv1.WatchEvent
+	changes []fencedv1.Change
+	records []fencedv1.Record
+	ptrs    []*fencedv1.Change
+}
+
+// fill sets the scratch to ev as a WatchResponse holding it alone, with
+// only the changes in sections (nil: all); ok is false when none is left.
+func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1.WatchResponse, ok bool) {
+	pe := &sc.ev
+	pe.Revision, pe.Owner, pe.RequestId, pe.Truncated = ev.Revision, validUTF8(ev.Owner), ev.RequestID, ev.Truncated
+	pe.Sections, pe.Changes = pe.Sections[:0], nil
+	sc.events[0] = pe
+	sc.resp.Events = sc.events[:]
 	if ev.Truncated {
 		for _, sec := range ev.Sections {
 			if sections == nil || slices.Contains(sections, sec) {
-				resp.Sections = append(resp.Sections, sec)
+				pe.Sections = append(pe.Sections, sec)
 			}
 		}
-		return resp, len(resp.Sections) > 0 || (sections == nil && len(ev.Sections) == 0)
+		return &sc.resp, len(pe.Sections) > 0 || (sections == nil && len(ev.Sections) == 0)
 	}
+	if n := len(ev.Changes); cap(sc.changes) < n {
+		sc.changes = make([]fencedv1.Change, n)
+		sc.records = make([]fencedv1.Record, n)
+		sc.ptrs = make([]*fencedv1.Change, 0, n)
+	}
+	sc.ptrs = sc.ptrs[:0]
 	for _, c := range ev.Changes {
 		if sections != nil && !slices.Contains(sections, c.Section) {
 			continue
 		}
-		pc := &fencedv1.Change{Section: c.Section, Key: c.Key, Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT}
+		k := len(sc.ptrs)
+		pc := &sc.changes[k]
+		pc.Section, pc.Key, pc.Kind, pc.Record = c.Section, c.Key, fencedv1.ChangeKind_CHANGE_KIND_PUT, nil
 		if c.Delete {
 			pc.Kind = fencedv1.ChangeKind_CHANGE_KIND_DELETE
 		} else if c.Record != nil {
-			pc.Record = &fencedv1.Record{Revision: c.Record.Revision, Value: c.Record.Value}
+			r := &sc.records[k]
+			r.Revision, r.Value = c.Record.Revision, c.Record.Value
+			pc.Record = r
 		}
-		resp.Changes = append(resp.Changes, pc)
+		sc.ptrs = append(sc.ptrs, pc)
 	}
-	return resp, len(resp.Changes) > 0
+	pe.Changes = sc.ptrs
+	return &sc.resp, len(sc.ptrs) > 0
 }

@@ -1,10 +1,15 @@
 package server
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/store"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 )
 
 // TestAFanOutOfThousandsOfBatchesIsOneMessage: a fan-out of the swarm's
@@ -27,5 +32,65 @@ func TestAFanOutOfThousandsOfBatchesIsOneMessage(t *testing.T) {
 	}
 	if msgs := len(e.segs) - 1; msgs != 1 {
 		t.Errorf("%d events of %d bytes in all are %d messages, want 1", n, len(e.buf), msgs)
+	}
+}
+
+// TestEncodedEventsReadBackAsTheEvents: the scratch messages encodeBatch
+// reuses from event to event carry nothing over: every kind of event
+// (puts, deletes, a record deleted since, a truncated batch, one the filter
+// empties, a changes slice longer than the last one's) reads back as
+// itself, filtered.
+func TestEncodedEventsReadBackAsTheEvents(t *testing.T) {
+	rec := func(rev int64, v string) *store.Record { return &store.Record{Revision: rev, Value: v} }
+	b := &store.Batch{Events: []*store.Event{
+		{Revision: 1, Owner: "hive-1", RequestID: "r1", Changes: []store.Change{{Section: "claims", Key: "a", Record: rec(1, `1`)}}},
+		{Revision: 2, Changes: []store.Change{{Section: "claims", Key: "a", Delete: true}, {Section: "grants", Key: "g", Record: rec(5, `"x"`)},
+			{Section: "claims", Key: "b"}}},
+		{Revision: 3, Truncated: true, Sections: []string{"claims", "grants"}},
+		{Revision: 4, Owner: "hive-2", Changes: []store.Change{{Section: "grants", Key: "h", Record: rec(4, `2`)}}},
+		{Revision: 5, Changes: []store.Change{{Section: "claims", Key: "c", Record: rec(5, `3`)}}},
+		{Revision: 6, Truncated: true},
+	}}
+	put := func(sec, key string, r *fencedv1.Record) *fencedv1.Change {
+		return &fencedv1.Change{Section: sec, Key: key, Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT, Record: r}
+	}
+	del := func(sec, key string) *fencedv1.Change {
+		return &fencedv1.Change{Section: sec, Key: key, Kind: fencedv1.ChangeKind_CHANGE_KIND_DELETE}
+	}
+	r := func(rev int64, v string) *fencedv1.Record { return &fencedv1.Record{Revision: rev, Value: v} }
+	for _, tt := range []struct {
+		sections []string
+		want     []*fencedv1.WatchEvent
+	}{
+		{nil, []*fencedv1.WatchEvent{
+			{Revision: 1, Owner: "hive-1", RequestId: "r1", Changes: []*fencedv1.Change{put("claims", "a", r(1, `1`))}},
+			{Revision: 2, Changes: []*fencedv1.Change{del("claims", "a"), put("grants", "g", r(5, `"x"`)), put("claims", "b", nil)}},
+			{Revision: 3, Truncated: true, Sections: []string{"claims", "grants"}},
+			{Revision: 4, Owner: "hive-2", Changes: []*fencedv1.Change{put("grants", "h", r(4, `2`))}},
+			{Revision: 5, Changes: []*fencedv1.Change{put("claims", "c", r(5, `3`))}},
+			{Revision: 6, Truncated: true},
+		}},
+		{[]string{"claims"}, []*fencedv1.WatchEvent{
+			{Revision: 1, Owner: "hive-1", RequestId: "r1", Changes: []*fencedv1.Change{put("claims", "a", r(1, `1`))}},
+			{Revision: 2, Changes: []*fencedv1.Change{del("claims", "a"), put("claims", "b", nil)}},
+			{Revision: 3, Truncated: true, Sections: []string{"claims"}},
+			{Revision: 5, Changes: []*fencedv1.Change{put("claims", "c", r(5, `3`))}},
+		}},
+	} {
+		e := encodeBatch(b, tt.sections)
+		var got fencedv1.WatchResponse
+		if err := proto.Unmarshal(e.buf, &got); err != nil {
+			t.Fatalf("sections %v: %v", tt.sections, err)
+		}
+		if diff := cmp.Diff(&fencedv1.WatchResponse{Events: tt.want}, &got, protocmp.Transform()); diff != "" {
+			t.Errorf("sections %v: events read back (-want +got):\n%s", tt.sections, diff)
+		}
+		var revs []int64
+		for _, ev := range tt.want {
+			revs = append(revs, ev.GetRevision())
+		}
+		if !slices.Equal(e.revs, revs) || len(e.ends) != len(revs) {
+			t.Errorf("sections %v: revisions %v (%d ends), want %v", tt.sections, e.revs, len(e.ends), revs)
+		}
 	}
 }
