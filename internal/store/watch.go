@@ -175,27 +175,117 @@ func parseChanges(s string) ([]Change, error) {
 	return out, nil
 }
 
+// logEntry is one entry of a swarm's log as Redis answered it: its id and
+// its fields and values, in order, read in place (rueidis's AsXRange and
+// AsXRead build a map per entry: the reader's garbage, per batch).
+type logEntry struct {
+	id string
+	fv []rueidis.RedisMessage
+}
+
+// get is field f's value; has is false when the entry has no such field. A
+// value that is not a string reads as "" (as rueidis's AsStrMap has it).
+func (e *logEntry) get(f string) (v string, has bool) {
+	for i := 0; i+1 < len(e.fv); i += 2 {
+		if k, _ := e.fv[i].ToString(); k == f {
+			v, _ = e.fv[i+1].ToString()
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// logEntries reads an XRANGE, XREVRANGE or XREAD stream reply: an array of
+// [id, [field, value, ...]] (the fields nil for a deleted entry).
+func logEntries(m *rueidis.RedisMessage) ([]logEntry, error) {
+	arr, err := m.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]logEntry, 0, len(arr))
+	for i := range arr {
+		e, err := arr[i].ToArray()
+		if err != nil {
+			return nil, err
+		}
+		if len(e) != 2 {
+			return nil, fmt.Errorf("%w: a log entry of %d elements", ErrMalformedReply, len(e))
+		}
+		id, err := e[0].ToString()
+		if err != nil {
+			return nil, err
+		}
+		fv, err := e[1].ToArray()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			return nil, err
+		}
+		out = append(out, logEntry{id: id, fv: fv})
+	}
+	return out, nil
+}
+
+// xreadEntries is the entries an XREAD of one key answered: a map of key
+// to entries (RESP3) or an array of [key, entries] (RESP2); none for nil
+// (BLOCK timed out, or nothing more).
+func xreadEntries(res rueidis.RedisResult, key string) ([]logEntry, error) {
+	m, err := res.ToMessage()
+	if rueidis.IsRedisNil(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if m.IsMap() {
+		kv, err := m.ToMap()
+		if err != nil {
+			return nil, err
+		}
+		entries, ok := kv[key]
+		if !ok {
+			return nil, nil
+		}
+		return logEntries(&entries)
+	}
+	arr, err := m.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	for i := range arr {
+		pair, err := arr[i].ToArray()
+		if err != nil || len(pair) != 2 {
+			return nil, fmt.Errorf("%w: XREAD: a stream of %d elements", ErrMalformedReply, len(pair))
+		}
+		if k, _ := pair[0].ToString(); k == key {
+			return logEntries(&pair[1])
+		}
+	}
+	return nil, nil
+}
+
 // eventOf reads one log entry. ok is false for an entry without a usable
 // revision (written by hand): it is skipped.
-func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
-	rev, perr := strconv.ParseInt(e.FieldValues[protocol.LogFieldRevision], 10, 64)
+func eventOf(e *logEntry) (ev *Event, ok bool, err error) {
+	r, _ := e.get(protocol.LogFieldRevision)
+	rev, perr := strconv.ParseInt(r, 10, 64)
 	if perr != nil || rev <= 0 {
 		return nil, false, nil
 	}
-	ev = &Event{ID: e.ID, Revision: rev, Owner: e.FieldValues[protocol.LogFieldOwner], RequestID: e.FieldValues[protocol.LogFieldRequestID]}
-	if p, has := e.FieldValues[protocol.LogFieldPrev]; has {
+	owner, _ := e.get(protocol.LogFieldOwner)
+	reqID, _ := e.get(protocol.LogFieldRequestID)
+	ev = &Event{ID: e.id, Revision: rev, Owner: owner, RequestID: reqID}
+	if p, has := e.get(protocol.LogFieldPrev); has {
 		if ev.prev, perr = strconv.ParseInt(p, 10, 64); perr == nil {
 			ev.hasPrev = true
 		}
 	}
-	if ch, has := e.FieldValues[protocol.LogFieldChanges]; has {
+	if ch, has := e.get(protocol.LogFieldChanges); has {
 		if ev.Changes, err = parseChanges(ch); err != nil {
 			return nil, false, err
 		}
 	} else {
 		// Truncated by lib.lua, or written by a writer that logs no keys.
 		ev.Truncated = true
-		if secs := e.FieldValues[protocol.LogFieldSections]; secs != "" {
+		if secs, _ := e.get(protocol.LogFieldSections); secs != "" {
 			ev.Sections = strings.Split(secs, protocol.LogSectionsSeparator)
 		}
 	}
@@ -293,14 +383,18 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 	var oldest, oldestPrev int64
 	hasPrev := false
 	for !found {
-		entries, err := c.Do(ctx, c.B().Xrevrange().Key(key).End(end).Start("-").Count(watchChunk).Build()).AsXRange()
+		m, err := c.Do(ctx, c.B().Xrevrange().Key(key).End(end).Start("-").Count(watchChunk).Build()).ToMessage()
+		var entries []logEntry
+		if err == nil {
+			entries, err = logEntries(&m)
+		}
 		if err != nil && !rueidis.IsRedisNil(err) {
 			err = s.classify(ctx, err)
 			s.observe.RedisFailed("watch", err)
 			return nil, fmt.Errorf("store: watch: read log: %w", err)
 		}
-		for _, e := range entries {
-			ev, ok, err := eventOf(e)
+		for i := range entries {
+			ev, ok, err := eventOf(&entries[i])
 			if err != nil {
 				return nil, fmt.Errorf("store: watch: %w", err)
 			}
@@ -318,7 +412,7 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 		if found || len(entries) < watchChunk {
 			break
 		}
-		end = "(" + entries[len(entries)-1].ID
+		end = "(" + entries[len(entries)-1].id
 	}
 	// The oldest entry read says which revision preceded it: nothing is
 	// missing when that is at or below after.
@@ -933,7 +1027,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 	bctx, cancel := s.bound(ctx, block)
 	defer cancel()
 	c := s.c()
-	var entries []rueidis.XRangeEntry
+	var entries []logEntry
 	for len(entries) < watchReadMax {
 		var cmd rueidis.Completed
 		if len(entries) > 0 || block <= 0 {
@@ -941,26 +1035,25 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 		} else {
 			cmd = c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
 		}
-		res, err := c.Do(bctx, cmd).AsXRead()
-		if err != nil && !rueidis.IsRedisNil(err) { // nil: BLOCK timed out, or nothing more
+		read, err := xreadEntries(c.Do(bctx, cmd), h.key)
+		if err != nil {
 			err = s.classify(bctx, err)
 			s.observe.RedisFailed("watch", err)
 			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
 		}
-		read := res[h.key]
 		entries = append(entries, read...)
 		if len(read) < watchChunk {
 			break
 		}
-		lastID = read[len(read)-1].ID
+		lastID = read[len(read)-1].id
 	}
 	if len(entries) == 0 {
 		return nil, "", false, nil
 	}
-	for _, e := range entries {
-		ev, ok, err := eventOf(e)
+	for i := range entries {
+		ev, ok, err := eventOf(&entries[i])
 		if err != nil {
-			s.log.Warn("watch: skipping a malformed log entry", "slug", h.slug, "id", e.ID, "err", err)
+			s.log.Warn("watch: skipping a malformed log entry", "slug", h.slug, "id", entries[i].id, "err", err)
 			continue
 		}
 		if ok {
@@ -978,7 +1071,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 		}
 		lost = n >= LogCap
 	}
-	return events, entries[len(entries)-1].ID, lost, nil
+	return events, entries[len(entries)-1].id, lost, nil
 }
 
 // close stops every reader and refuses new watches.
