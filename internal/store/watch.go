@@ -1050,6 +1050,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 	if len(entries) == 0 {
 		return nil, "", false, nil
 	}
+	events = make([]*Event, 0, len(entries))
 	for i := range entries {
 		ev, ok, err := eventOf(&entries[i])
 		if err != nil {
