@@ -282,7 +282,8 @@ func writeSyscalls() int64 {
 // FENCED_BENCH_WATCH_GZIP=0: raw watchers do not ask for gzip (they do by
 // default, as the Go client does).
 // FENCED_BENCH_WATCH_BATCHES sets the batches per throughput round
-// (default watchBenchThroughputN).
+// (default watchBenchThroughputN), FENCED_BENCH_WATCH_ROUNDS the paired
+// rounds (default watchBenchRounds).
 // FENCED_BENCH_WATCH_GOROUTINES=<path> writes a goroutine profile (debug=1)
 // taken once the first round's watchers are open.
 // FENCED_BENCH_WATCH_CPUPROFILE=<path> writes a CPU profile of each
@@ -465,7 +466,15 @@ func BenchmarkWatch(b *testing.B) {
 		f()
 	}
 	var perWatcher float64
-	for round := range watchBenchRounds {
+	rounds := watchBenchRounds
+	if v := os.Getenv("FENCED_BENCH_WATCH_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("FENCED_BENCH_WATCH_ROUNDS=%q: want a count", v)
+		}
+		rounds = n
+	}
+	for round := range rounds {
 		var r roundResult
 		profiled("alone."+strconv.Itoa(round), func() { r, _ = throughput(slug, nil) })
 		alone = append(alone, r)
