@@ -876,8 +876,8 @@ func (h *hub) leave(w *Watch) {
 // watchReadEvery (or sooner: never longer than the log took to fill half
 // at the last read's rate, so that no batch leaves it unread), and fans out
 // what it has read every feeds.interval (the coalescing interval, longer
-// with more watchers). A batch after a quiet spell is read and fanned out
-// at once.
+// with more watchers), or once it holds watchFanoutMax batches. A batch
+// after a quiet spell is read and fanned out at once.
 func (h *hub) run(ctx context.Context, s *Store) {
 	if o, ok := s.observe.(ReaderObserver); ok {
 		o.WatchReaders(1)
