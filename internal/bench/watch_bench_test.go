@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -64,17 +66,30 @@ func (dropCodec) Marshal(v any) (mem.BufferSlice, error) {
 func (dropCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
 func (dropCodec) Name() string                         { return grpcproto.Name }
 
-// arrival is one event a decoding watcher received.
+// arrival is one event a decoding watcher received, at (monotonic) time
+// at since watchEpoch: no pointer in it, so that the garbage collector does
+// not scan the arrivals (a time.Time holds one), which are the benchmark's
+// own memory, not fenced's.
 type arrival struct {
 	rev int64
-	at  time.Time
+	at  time.Duration
 }
+
+// watchEpoch is the origin of arrival times.
+var watchEpoch = time.Now()
 
 // decodingWatcher is a watcher that decodes its events: it gives the
 // latency and proves that every batch arrived, once, in order.
 type decodingWatcher struct {
 	mu       sync.Mutex
 	arrivals []arrival
+}
+
+// newDecodingWatcher has room for expect arrivals: growing the slice while
+// batches arrive would be the benchmark's garbage, collected by this
+// process's collector as if it were fenced's.
+func newDecodingWatcher(expect int) *decodingWatcher {
+	return &decodingWatcher{arrivals: make([]arrival, 0, expect)}
 }
 
 func (d *decodingWatcher) received() []arrival {
@@ -91,11 +106,13 @@ type watchSet struct {
 	decoders []*decodingWatcher
 	// bytes counts the DATA bytes the raw receivers read.
 	bytes atomic.Int64
+	// messages counts the gRPC messages the decoding raw receivers read.
+	messages atomic.Int64
 }
 
 // openWatchers opens the watchers and waits until every stream has its
 // opening progress event.
-func openWatchers(b *testing.B, decode, skim []fencedv1.RecordsServiceClient, slug string) *watchSet {
+func openWatchers(b *testing.B, decode, skim []fencedv1.RecordsServiceClient, slug string, expect int) *watchSet {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ws := &watchSet{cancel: cancel}
@@ -105,7 +122,7 @@ func openWatchers(b *testing.B, decode, skim []fencedv1.RecordsServiceClient, sl
 			var d *decodingWatcher
 			c := skim[i%len(skim)]
 			if i%watchBenchDecodeEvery == 0 {
-				d = &decodingWatcher{}
+				d = newDecodingWatcher(expect)
 				ws.decoders = append(ws.decoders, d)
 				c = decode[i%len(decode)]
 			}
@@ -129,7 +146,7 @@ func openWatchers(b *testing.B, decode, skim []fencedv1.RecordsServiceClient, sl
 						}
 						return
 					}
-					now := time.Now()
+					now := time.Since(watchEpoch)
 					if first { // the progress event: the stream is open
 						first = false
 						ready.Done()
@@ -219,8 +236,15 @@ type roundResult struct {
 	cpu             cpuSpan
 	// bytesPerEvent: DATA bytes each raw watcher read per batch.
 	bytesPerEvent float64
+	// msgsPerKBatch: messages each decoding raw watcher read per 1,000
+	// batches.
+	msgsPerKBatch float64
 	// writes: write system calls of this process per batch.
 	writes float64
+	// allocBytes and allocs: heap allocations of this process per batch;
+	// gcs: garbage collections per 1,000 batches; gcNs: the collector's
+	// CPU per batch (runtime/metrics /cpu/classes/gc/total, an estimate).
+	allocBytes, allocs, gcs, gcNs float64
 }
 
 // writeSyscalls is this process's write system calls so far
@@ -258,7 +282,10 @@ func writeSyscalls() int64 {
 // FENCED_BENCH_WATCH_GZIP=0: raw watchers do not ask for gzip (they do by
 // default, as the Go client does).
 // FENCED_BENCH_WATCH_BATCHES sets the batches per throughput round
-// (default watchBenchThroughputN).
+// (default watchBenchThroughputN), FENCED_BENCH_WATCH_ROUNDS the paired
+// rounds (default watchBenchRounds).
+// FENCED_BENCH_WATCH_GOROUTINES=<path> writes a goroutine profile (debug=1)
+// taken once the first round's watchers are open.
 // FENCED_BENCH_WATCH_CPUPROFILE=<path> writes a CPU profile of each
 // throughput round to <path>.alone.<round> and <path>.watched.<round> (its
 // writes and, with watchers, their fan-out until delivered); the
@@ -332,9 +359,9 @@ func BenchmarkWatch(b *testing.B) {
 	gz := os.Getenv("FENCED_BENCH_WATCH_GZIP") != "0"
 	open := func() *watchSet {
 		if clients == "raw" {
-			return openRawWatchers(b, addr, slug, gz)
+			return openRawWatchers(b, addr, slug, gz, watchBenchLatencyN+batches)
 		}
-		return openWatchers(b, decode, skim, slug)
+		return openWatchers(b, decode, skim, slug, watchBenchLatencyN+batches)
 	}
 	pprof.Do(context.Background(), pprof.Labels("side", "watch-clients"), func(context.Context) {
 		for i := range decode {
@@ -375,6 +402,9 @@ func BenchmarkWatch(b *testing.B) {
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var revs []int64
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		gc0 := gcCPU()
 		r0, c0, w0, start := redisCPU(), processCPU(), writeSyscalls(), time.Now()
 		pprof.Do(context.Background(), pprof.Labels("side", "writers"), func(ctx context.Context) {
 			for w := range watchBenchWriters {
@@ -406,6 +436,11 @@ func BenchmarkWatch(b *testing.B) {
 		res.deliveredPerSec = float64(batches) / time.Since(start).Seconds()
 		res.cpu = cpuSpan{goNs: processCPU() - c0, redisNs: redisCPU() - r0}
 		res.writes = float64(writeSyscalls()-w0) / float64(batches)
+		runtime.ReadMemStats(&m1)
+		res.allocBytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(batches)
+		res.allocs = float64(m1.Mallocs-m0.Mallocs) / float64(batches)
+		res.gcs = float64(m1.NumGC-m0.NumGC) * 1000 / float64(batches)
+		res.gcNs = (gcCPU() - gc0) * 1e9 / float64(batches)
 		return res, revs
 	}
 
@@ -430,12 +465,40 @@ func BenchmarkWatch(b *testing.B) {
 		defer pprof.StopCPUProfile()
 		f()
 	}
-	for round := range watchBenchRounds {
+	var perWatcher float64
+	rounds := watchBenchRounds
+	if v := os.Getenv("FENCED_BENCH_WATCH_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("FENCED_BENCH_WATCH_ROUNDS=%q: want a count", v)
+		}
+		rounds = n
+	}
+	for round := range rounds {
 		var r roundResult
 		profiled("alone."+strconv.Itoa(round), func() { r, _ = throughput(slug, nil) })
 		alone = append(alone, r)
 
+		g0 := runtime.NumGoroutine()
 		ws := open()
+		if round == 0 {
+			// Every goroutine the watchers add, the server's and the
+			// receivers' (one per connection).
+			perWatcher = float64(runtime.NumGoroutine()-g0) / watchBenchWatchers
+			if path := os.Getenv("FENCED_BENCH_WATCH_GOROUTINES"); path != "" {
+				out, err := os.Create(path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				err = pprof.Lookup("goroutine").WriteTo(out, 1)
+				if cerr := out.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
 		var seen []int64
 		if round == 0 {
 			// Latency: one batch in flight at a time.
@@ -455,17 +518,20 @@ func BenchmarkWatch(b *testing.B) {
 				got := map[int64]bool{}
 				for _, a := range d.received() {
 					if t0, ok := sentAt[a.rev]; ok {
-						lat = append(lat, a.at.Sub(t0))
+						lat = append(lat, a.at-t0.Sub(watchEpoch))
 						got[a.rev] = true
 					}
 				}
 				missing += len(sentAt) - len(got)
 			}
 		}
-		b0 := ws.bytes.Load()
+		b0, n0 := ws.bytes.Load(), ws.messages.Load()
 		var revs []int64
 		profiled("watched."+strconv.Itoa(round), func() { r, revs = throughput(slug, ws) })
 		r.bytesPerEvent = float64(ws.bytes.Load()-b0) / float64(batches) / watchBenchWatchers
+		if len(ws.decoders) > 0 {
+			r.msgsPerKBatch = float64(ws.messages.Load()-n0) * 1000 / float64(batches) / float64(len(ws.decoders))
+		}
 		watched = append(watched, r)
 		seen = append(seen, revs...)
 		ws.checkExactly(b, seen)
@@ -501,18 +567,36 @@ func BenchmarkWatch(b *testing.B) {
 	b.ReportMetric(med(watched, rate), "batches/s-watched")
 	b.ReportMetric(median(ratios), "watched/alone")
 	b.ReportMetric(med(other, rate)/med(alone, rate), "other-swarm/alone")
+	b.ReportMetric(perWatcher, "goroutines/watcher")
 	fmt.Printf("watch (coalesce %v per %d watchers): %d watchers (%s clients, 1 in %d decoding), %d latency samples: p50 %v p99 %v\n",
 		coalesce, perInterval, watchBenchWatchers, clients, watchBenchDecodeEvery, len(lat), pct(0.50), pct(0.99))
 	fmt.Printf("  FencedBatch, %d writers, paired rounds: alone %v/s, watched %v/s (delivered to every watcher %v/s), ratio per round %.2f (median %.2fx); another swarm while watched %v/s (%.2fx)\n",
 		watchBenchWriters, rounded(alone, rate), rounded(watched, rate), rounded(watched, delivered), ratios, median(ratios),
 		rounded(other, rate), med(other, rate)/med(alone, rate))
-	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f; bytes per batch per watcher %.1f (gzip %v)\n",
+	fmt.Printf("  CPU per batch (µs, median): this process alone %.0f, watched %.0f; redis-server alone %.0f, watched %.0f; bytes per batch per watcher %.1f (gzip %v), messages per 1,000 batches %.1f\n",
 		med(alone, goUs), med(watched, goUs), med(alone, redisUs), med(watched, redisUs),
-		med(watched, func(r roundResult) float64 { return r.bytesPerEvent }), gz && clients == "raw")
-	fmt.Printf("  write system calls per batch (median): alone %.1f, watched %.1f\n",
-		med(alone, func(r roundResult) float64 { return r.writes }), med(watched, func(r roundResult) float64 { return r.writes }))
+		med(watched, func(r roundResult) float64 { return r.bytesPerEvent }), gz && clients == "raw",
+		med(watched, func(r roundResult) float64 { return r.msgsPerKBatch }))
+	fmt.Printf("  write system calls per batch (median): alone %.1f, watched %.1f; goroutines per watcher %.2f\n",
+		med(alone, func(r roundResult) float64 { return r.writes }), med(watched, func(r roundResult) float64 { return r.writes }), perWatcher)
+	fmt.Printf("  heap per batch (median): alone %.0f B in %.0f allocations, watched %.0f B in %.0f; collections per 1,000 batches: alone %.1f, watched %.1f; collector CPU per batch: alone %.1f µs, watched %.1f µs\n",
+		med(alone, func(r roundResult) float64 { return r.allocBytes }), med(alone, func(r roundResult) float64 { return r.allocs }),
+		med(watched, func(r roundResult) float64 { return r.allocBytes }), med(watched, func(r roundResult) float64 { return r.allocs }),
+		med(alone, func(r roundResult) float64 { return r.gcs }), med(watched, func(r roundResult) float64 { return r.gcs }),
+		med(alone, func(r roundResult) float64 { return r.gcNs / 1e3 }), med(watched, func(r roundResult) float64 { return r.gcNs / 1e3 }))
 	for i := 0; i < b.N; i++ { // the work above is the benchmark; run it once
 	}
+}
+
+// gcCPU is the CPU the garbage collector has spent in this process, in
+// seconds (runtime/metrics' estimate).
+func gcCPU() float64 {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return s[0].Value.Float64()
 }
 
 func rounded(rs []roundResult, f func(roundResult) float64) []int {
@@ -539,9 +623,14 @@ const rawWindow = 1 << 30
 
 // rawStream is one Watch stream of a rawConn.
 type rawStream struct {
-	d      *decodingWatcher // nil: the bytes are dropped
-	buf    []byte           // a decoding stream's unparsed gRPC framing
-	used   int              // window used since the last credit
+	d   *decodingWatcher // nil: the bytes are dropped
+	buf []byte           // a decoding stream's unparsed gRPC framing
+	// zr, zin and plain decompress a decoding stream's messages, reused
+	// (a remote client's garbage is not this process's).
+	zr     *gzip.Reader
+	zin    bytes.Reader
+	plain  bytes.Buffer
+	used   int // window used since the last credit
 	opened bool
 }
 
@@ -570,7 +659,7 @@ func grpcFrame(b *testing.B, msg proto.Message) []byte {
 // openRawWatchers is openWatchers over raw receivers; with gzip, each asks
 // for gzip (grpc-encoding gzip on the request) and the decoding ones
 // decompress.
-func openRawWatchers(b *testing.B, addr, slug string, gz bool) *watchSet {
+func openRawWatchers(b *testing.B, addr, slug string, gz bool, expect int) *watchSet {
 	b.Helper()
 	ws := &watchSet{}
 	var ready sync.WaitGroup
@@ -601,7 +690,7 @@ func openRawWatchers(b *testing.B, addr, slug string, gz bool) *watchSet {
 		for i := c; i < watchBenchWatchers; i += watchBenchConns {
 			s := &rawStream{}
 			if i%watchBenchDecodeEvery == 0 {
-				s.d = &decodingWatcher{}
+				s.d = newDecodingWatcher(expect)
 				ws.decoders = append(ws.decoders, s.d)
 			}
 			hb.Reset()
@@ -667,7 +756,7 @@ func (rc *rawConn) run(b *testing.B, ws *watchSet, ready *sync.WaitGroup) {
 			}
 			return
 		}
-		now := time.Now()
+		now := time.Since(watchEpoch)
 		var werr error
 		switch f := f.(type) {
 		case *http2.DataFrame:
@@ -691,21 +780,31 @@ func (rc *rawConn) run(b *testing.B, ws *watchSet, ready *sync.WaitGroup) {
 			}
 			if s.d != nil {
 				s.buf = append(s.buf, f.Data()...)
-				for len(s.buf) >= 5 {
-					size := int(binary.BigEndian.Uint32(s.buf[1:5]))
-					if len(s.buf) < 5+size {
+				off := 0
+				for len(s.buf)-off >= 5 {
+					size := int(binary.BigEndian.Uint32(s.buf[off+1 : off+5]))
+					if len(s.buf)-off < 5+size {
 						break
 					}
-					msg := s.buf[5 : 5+size]
-					if s.buf[0] == 1 { // compressed
-						zr, err := gzip.NewReader(bytes.NewReader(msg))
+					msg := s.buf[off+5 : off+5+size]
+					if s.buf[off] == 1 { // compressed
+						s.zin.Reset(msg)
+						var err error
+						if s.zr == nil {
+							s.zr, err = gzip.NewReader(&s.zin)
+						} else {
+							err = s.zr.Reset(&s.zin)
+						}
+						s.plain.Reset()
 						if err == nil {
-							msg, err = io.ReadAll(zr)
+							_, err = s.plain.ReadFrom(s.zr)
 						}
 						if err != nil {
 							b.Errorf("raw watcher: gzip: %v", err)
 						}
+						msg = s.plain.Bytes()
 					}
+					ws.messages.Add(1)
 					s.d.mu.Lock()
 					err := scanEvents(msg, func(rev int64, progress bool) {
 						if !progress {
@@ -716,8 +815,10 @@ func (rc *rawConn) run(b *testing.B, ws *watchSet, ready *sync.WaitGroup) {
 					if err != nil {
 						b.Errorf("raw watcher: %v", err)
 					}
-					s.buf = s.buf[5+size:]
+					off += 5 + size
 				}
+				s.buf = s.buf[:copy(s.buf, s.buf[off:])] // reused from its start
+
 			}
 		case *http2.MetaHeadersFrame:
 			if s := rc.streams[f.StreamID]; s != nil && f.StreamEnded() {

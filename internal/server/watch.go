@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 )
@@ -41,8 +42,9 @@ type WatchOptions struct {
 	ProgressInterval time.Duration
 }
 
-// Watch defaults. A watcher costs two goroutines and its buffer of events
-// (store.DefaultWatchBuffer); the swarm's reader is shared.
+// Watch defaults. A watcher costs one goroutine (its handler's) and its
+// buffer of events (store.DefaultWatchBuffer); the swarm's reader is
+// shared.
 const (
 	DefaultMaxWatchers              = 10000
 	DefaultMaxWatchersPerConnection = 1000
@@ -200,36 +202,60 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	}
 	defer w.Close()
 
-	// The sender may block in Send (flow control) on a caller that does
-	// not read; the handler returns on a drop regardless, which ends the
-	// stream and unblocks it (as etcd's watch server does).
-	sendCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sent := make(chan error, 1)
-	go func() { sent <- s.sendEvents(sendCtx, stream, w, req.GetStartRevision() == 0, sections) }()
-	select {
-	case err := <-sent:
-		if errors.Is(err, store.ErrWatcherTooSlow) {
-			s.watchObs.WatchDropped()
-			return toStatus(&tooSlowError{last: w.LastSent()})
-		}
-		return toStatus(err)
-	case <-w.Dropped():
-		// w.Last() belongs to the sender; what the caller has is at
-		// most what was last sent, which the sender's error would give.
+	// The status a drop ends the stream with, once: WATCHER_TOO_SLOW with
+	// the last revision sent (what the caller has at most), or the
+	// reader's own (it fell behind the log: REVISION_COMPACTED).
+	dropped := sync.OnceValue(func() error {
 		if err := w.DropErr(); !errors.Is(err, store.ErrWatcherTooSlow) {
-			return toStatus(err) // the reader fell behind the log: REVISION_COMPACTED
+			return toStatus(err)
 		}
 		s.watchObs.WatchDropped()
 		return toStatus(&tooSlowError{last: w.LastSent()})
+	})
+	fromNow := req.GetStartRevision() == 0
+	// The sender may block in SendMsg (flow control) on a caller that
+	// does not read; a drop must end the stream regardless (as etcd's
+	// watch server does), which unblocks it. This handler sends itself, so
+	// that a watcher costs one goroutine (the garbage collector scans
+	// every goroutine's stack on every cycle: docs/design.md §6.1), and a
+	// drop ends the stream from a goroutine started then, with grpc-go's
+	// transport stream's WriteStatus (the call that ends every stream once
+	// its handler returns; a second is a no-op).
+	if end, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ WriteStatus(*status.Status) error }); ok {
+		stop := w.AfterDrop(func() { end.WriteStatus(status.Convert(dropped())) })
+		defer stop()
+		err := s.sendEvents(ctx, stream, w, fromNow, sections)
+		if w.DropErr() != nil {
+			return dropped()
+		}
+		return toStatus(err)
+	}
+	// Without it (a transport stream of another kind), the handler returns
+	// on a drop while a second goroutine sends: returning ends the stream.
+	sendCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() { sent <- s.sendEvents(sendCtx, stream, w, fromNow, sections) }()
+	select {
+	case err := <-sent:
+		if w.DropErr() != nil {
+			return dropped()
+		}
+		return toStatus(err)
+	case <-w.Dropped():
+		return dropped()
 	}
 }
 
 // Coalescing: a watcher that is behind gets the events it has in one
 // message, up to these bounds (a message holds at least one event), so that
-// a busy swarm costs fewer messages rather than more.
+// a busy swarm costs fewer messages rather than more. The count bound is
+// above what one fan-out of the swarm's reader carries (under 3,000
+// batches): a fan-out is one message per watcher unless it passes the
+// byte bound (with 1,024, a fan-out of 1,000-1,100 batches, the usual at
+// 10,000 batches a second and 1,000 watchers, was two: BenchmarkWatch).
 const (
-	maxEventsPerMessage = 1024
+	maxEventsPerMessage = 4096
 	maxBytesPerMessage  = 1 << 20
 )
 
@@ -426,21 +452,29 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 
 // encodeBatch is b's events (filtered by sections) in wire form, cut into
 // segments within maxEventsPerMessage and maxBytesPerMessage; events the
-// filter empties are left out.
+// filter empties are left out. The messages each event is marshalled from
+// are reused (eventScratch), and the buffer is sized from the first event:
+// a fan-out's encoding allocates about its bytes, once.
 func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
 	e := &encodedBatch{segs: []int{0}}
+	var sc eventScratch
 	segStart := 0
-	for _, ev := range b.Events {
-		pe, ok := eventProto(ev, sections)
+	for i, ev := range b.Events {
+		resp, ok := sc.fill(ev, sections)
 		if !ok {
 			continue
 		}
 		var err error
 		start := len(e.buf)
-		e.buf, err = proto.MarshalOptions{}.MarshalAppend(e.buf, &fencedv1.WatchResponse{Events: []*fencedv1.WatchEvent{pe}})
+		e.buf, err = proto.MarshalOptions{}.MarshalAppend(e.buf, resp)
 		if err != nil {
 			e.buf = e.buf[:start]
 			continue // cannot happen: the event's strings are not checked for UTF-8 (utf8_validation NONE)
+		}
+		if start == 0 {
+			// Room for the rest at this event's size, and an eighth more.
+			size := len(e.buf) * (len(b.Events) - i)
+			e.buf = slices.Grow(e.buf, size+size/8)
 		}
 		// A new segment when this event would take the current one over
 		// a bound (a segment holds at least one event).
@@ -458,29 +492,55 @@ func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
 	return e
 }
 
-// eventProto is ev as a WatchEvent with only the changes in sections
-// (nil: all); ok is false when none is left.
-func eventProto(ev *store.Event, sections []string) (*fencedv1.WatchEvent, bool) {
-	resp := &fencedv1.WatchEvent{Revision: ev.Revision, Owner: validUTF8(ev.Owner), RequestId: ev.RequestID, Truncated: ev.Truncated}
+// eventScratch holds the messages an event is marshalled from, reused
+// from one event to the next (marshalling does not keep them).
+type eventScratch struct {
+	resp    fencedv1.WatchResponse
+	ev      fencedv1.WatchEvent
+	events  [1]*fencedv1.WatchEvent
+	changes []fencedv1.Change
+	records []fencedv1.Record
+	ptrs    []*fencedv1.Change
+}
+
+// fill sets the scratch to ev as a WatchResponse holding it alone, with
+// only the changes in sections (nil: all); ok is false when none is left.
+func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1.WatchResponse, ok bool) {
+	pe := &sc.ev
+	pe.Revision, pe.Owner, pe.RequestId, pe.Truncated = ev.Revision, validUTF8(ev.Owner), ev.RequestID, ev.Truncated
+	pe.Sections, pe.Changes = pe.Sections[:0], nil
+	sc.events[0] = pe
+	sc.resp.Events = sc.events[:]
 	if ev.Truncated {
 		for _, sec := range ev.Sections {
 			if sections == nil || slices.Contains(sections, sec) {
-				resp.Sections = append(resp.Sections, sec)
+				pe.Sections = append(pe.Sections, sec)
 			}
 		}
-		return resp, len(resp.Sections) > 0 || (sections == nil && len(ev.Sections) == 0)
+		return &sc.resp, len(pe.Sections) > 0 || (sections == nil && len(ev.Sections) == 0)
 	}
+	if n := len(ev.Changes); cap(sc.changes) < n {
+		sc.changes = make([]fencedv1.Change, n)
+		sc.records = make([]fencedv1.Record, n)
+		sc.ptrs = make([]*fencedv1.Change, 0, n)
+	}
+	sc.ptrs = sc.ptrs[:0]
 	for _, c := range ev.Changes {
 		if sections != nil && !slices.Contains(sections, c.Section) {
 			continue
 		}
-		pc := &fencedv1.Change{Section: c.Section, Key: c.Key, Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT}
+		k := len(sc.ptrs)
+		pc := &sc.changes[k]
+		pc.Section, pc.Key, pc.Kind, pc.Record = c.Section, c.Key, fencedv1.ChangeKind_CHANGE_KIND_PUT, nil
 		if c.Delete {
 			pc.Kind = fencedv1.ChangeKind_CHANGE_KIND_DELETE
 		} else if c.Record != nil {
-			pc.Record = &fencedv1.Record{Revision: c.Record.Revision, Value: c.Record.Value}
+			r := &sc.records[k]
+			r.Revision, r.Value = c.Record.Revision, c.Record.Value
+			pc.Record = r
 		}
-		resp.Changes = append(resp.Changes, pc)
+		sc.ptrs = append(sc.ptrs, pc)
 	}
-	return resp, len(resp.Changes) > 0
+	pe.Changes = sc.ptrs
+	return &sc.resp, len(sc.ptrs) > 0
 }

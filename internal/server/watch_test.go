@@ -236,6 +236,16 @@ func TestWatchDropsAWatcherThatNeverReads(t *testing.T) {
 			t.Fatalf("the reading watcher's event %d = %v, %v; want revision %d", i, ev, err, revs[i])
 		}
 	}
+	// The dropped watcher's stream ends while its caller still reads
+	// nothing: the handler, blocked sending to it by flow control, returns
+	// (the watcher leaves the open count) instead of waiting for a read.
+	deadline := time.Now().Add(10 * time.Second)
+	for counts.watchers.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("open watchers after the drop = %d, want 1 (the reading one): the dropped one's handler did not return", counts.watchers.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	// The reading watcher goes on.
 	last := commitPut(t, e, "slow", "claims", "c", `1`)
 	if ev, err := reader.Recv(); err != nil || ev.GetRevision() != last {

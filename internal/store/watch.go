@@ -23,7 +23,7 @@ const LogCap = protocol.LogCap
 // Watch settings' defaults (WithWatchBuffer, WithWatchBlock).
 const (
 	// DefaultWatchBuffer is how many fan-outs of the swarm's reader (each
-	// every batch committed since the previous one, under 2,000) one
+	// every batch committed since the previous one, under 3,000) one
 	// watcher may fall behind before it is dropped (ErrWatcherTooSlow).
 	// Reads are shared between watchers: a buffer holds pointers.
 	DefaultWatchBuffer = 256
@@ -175,27 +175,117 @@ func parseChanges(s string) ([]Change, error) {
 	return out, nil
 }
 
+// logEntry is one entry of a swarm's log as Redis answered it: its id and
+// its fields and values, in order, read in place (rueidis's AsXRange and
+// AsXRead build a map per entry: the reader's garbage, per batch).
+type logEntry struct {
+	id string
+	fv []rueidis.RedisMessage
+}
+
+// get is field f's value; has is false when the entry has no such field. A
+// value that is not a string reads as "" (as rueidis's AsStrMap has it).
+func (e *logEntry) get(f string) (v string, has bool) {
+	for i := 0; i+1 < len(e.fv); i += 2 {
+		if k, _ := e.fv[i].ToString(); k == f {
+			v, _ = e.fv[i+1].ToString()
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// logEntries reads an XRANGE, XREVRANGE or XREAD stream reply: an array of
+// [id, [field, value, ...]] (the fields nil for a deleted entry).
+func logEntries(m *rueidis.RedisMessage) ([]logEntry, error) {
+	arr, err := m.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]logEntry, 0, len(arr))
+	for i := range arr {
+		e, err := arr[i].ToArray()
+		if err != nil {
+			return nil, err
+		}
+		if len(e) != 2 {
+			return nil, fmt.Errorf("%w: a log entry of %d elements", ErrMalformedReply, len(e))
+		}
+		id, err := e[0].ToString()
+		if err != nil {
+			return nil, err
+		}
+		fv, err := e[1].ToArray()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			return nil, err
+		}
+		out = append(out, logEntry{id: id, fv: fv})
+	}
+	return out, nil
+}
+
+// xreadEntries is the entries an XREAD of one key answered: a map of key
+// to entries (RESP3) or an array of [key, entries] (RESP2); none for nil
+// (BLOCK timed out, or nothing more).
+func xreadEntries(res rueidis.RedisResult, key string) ([]logEntry, error) {
+	m, err := res.ToMessage()
+	if rueidis.IsRedisNil(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if m.IsMap() {
+		kv, err := m.ToMap()
+		if err != nil {
+			return nil, err
+		}
+		entries, ok := kv[key]
+		if !ok {
+			return nil, nil
+		}
+		return logEntries(&entries)
+	}
+	arr, err := m.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	for i := range arr {
+		pair, err := arr[i].ToArray()
+		if err != nil || len(pair) != 2 {
+			return nil, fmt.Errorf("%w: XREAD: a stream of %d elements", ErrMalformedReply, len(pair))
+		}
+		if k, _ := pair[0].ToString(); k == key {
+			return logEntries(&pair[1])
+		}
+	}
+	return nil, nil
+}
+
 // eventOf reads one log entry. ok is false for an entry without a usable
 // revision (written by hand): it is skipped.
-func eventOf(e rueidis.XRangeEntry) (ev *Event, ok bool, err error) {
-	rev, perr := strconv.ParseInt(e.FieldValues[protocol.LogFieldRevision], 10, 64)
+func eventOf(e *logEntry) (ev *Event, ok bool, err error) {
+	r, _ := e.get(protocol.LogFieldRevision)
+	rev, perr := strconv.ParseInt(r, 10, 64)
 	if perr != nil || rev <= 0 {
 		return nil, false, nil
 	}
-	ev = &Event{ID: e.ID, Revision: rev, Owner: e.FieldValues[protocol.LogFieldOwner], RequestID: e.FieldValues[protocol.LogFieldRequestID]}
-	if p, has := e.FieldValues[protocol.LogFieldPrev]; has {
+	owner, _ := e.get(protocol.LogFieldOwner)
+	reqID, _ := e.get(protocol.LogFieldRequestID)
+	ev = &Event{ID: e.id, Revision: rev, Owner: owner, RequestID: reqID}
+	if p, has := e.get(protocol.LogFieldPrev); has {
 		if ev.prev, perr = strconv.ParseInt(p, 10, 64); perr == nil {
 			ev.hasPrev = true
 		}
 	}
-	if ch, has := e.FieldValues[protocol.LogFieldChanges]; has {
+	if ch, has := e.get(protocol.LogFieldChanges); has {
 		if ev.Changes, err = parseChanges(ch); err != nil {
 			return nil, false, err
 		}
 	} else {
 		// Truncated by lib.lua, or written by a writer that logs no keys.
 		ev.Truncated = true
-		if secs := e.FieldValues[protocol.LogFieldSections]; secs != "" {
+		if secs, _ := e.get(protocol.LogFieldSections); secs != "" {
 			ev.Sections = strings.Split(secs, protocol.LogSectionsSeparator)
 		}
 	}
@@ -293,14 +383,18 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 	var oldest, oldestPrev int64
 	hasPrev := false
 	for !found {
-		entries, err := c.Do(ctx, c.B().Xrevrange().Key(key).End(end).Start("-").Count(watchChunk).Build()).AsXRange()
+		m, err := c.Do(ctx, c.B().Xrevrange().Key(key).End(end).Start("-").Count(watchChunk).Build()).ToMessage()
+		var entries []logEntry
+		if err == nil {
+			entries, err = logEntries(&m)
+		}
 		if err != nil && !rueidis.IsRedisNil(err) {
 			err = s.classify(ctx, err)
 			s.observe.RedisFailed("watch", err)
 			return nil, fmt.Errorf("store: watch: read log: %w", err)
 		}
-		for _, e := range entries {
-			ev, ok, err := eventOf(e)
+		for i := range entries {
+			ev, ok, err := eventOf(&entries[i])
 			if err != nil {
 				return nil, fmt.Errorf("store: watch: %w", err)
 			}
@@ -318,7 +412,7 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 		if found || len(entries) < watchChunk {
 			break
 		}
-		end = "(" + entries[len(entries)-1].ID
+		end = "(" + entries[len(entries)-1].id
 	}
 	// The oldest entry read says which revision preceded it: nothing is
 	// missing when that is at or below after.
@@ -347,10 +441,21 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 // methods are for one goroutine, but Dropped may be waited on from another.
 type Watch struct {
 	hub *hub
-	// ch receives the swarm reader's reads; closed never (dropped says
-	// when the reader gave up on this watcher).
-	ch      chan *Batch
-	dropped chan struct{}
+	// queue holds the swarm reader's reads not taken yet, from head on (at
+	// most the Store's watch buffer: one more drops the watcher); ready
+	// (capacity 1) is signalled after each push. A queue, not a channel
+	// of the buffer's capacity: a watcher that keeps up holds one or two
+	// slots, not the buffer's 256 pointers, which the garbage collector
+	// would scan for every watcher on every cycle.
+	qmu   sync.Mutex
+	queue []*Batch
+	head  int
+	ready chan struct{}
+	// dropCtx is cancelled when the reader drops the watcher (dropped is
+	// its Done): AfterDrop waits on it without a goroutine.
+	dropCtx    context.Context
+	dropCancel context.CancelFunc
+	dropped    <-chan struct{}
 	// dropErr says why the reader dropped the watcher (ErrWatcherTooSlow
 	// or a *CompactedError); written before dropped is closed.
 	dropErr error
@@ -397,10 +502,51 @@ func (w *Watch) DropErr() error {
 	}
 }
 
+// AfterDrop arranges for f to run in a goroutine of its own once the
+// swarm's reader drops w (at once if it already has); stop undoes that,
+// answering false when f has started. Nothing waits meanwhile: a watcher's
+// consumer blocked elsewhere (say in a send) learns of the drop this way
+// without a second goroutine of its own.
+func (w *Watch) AfterDrop(f func()) (stop func() bool) {
+	return context.AfterFunc(w.dropCtx, f)
+}
+
 // drop ends w with err (the hub's lock held).
 func (w *Watch) drop(err error) {
 	w.dropErr = err
-	close(w.dropped)
+	w.dropCancel()
+}
+
+// push queues b for w and wakes it; false when w already holds limit reads
+// (it is then to be dropped).
+func (w *Watch) push(b *Batch, limit int) bool {
+	w.qmu.Lock()
+	if len(w.queue)-w.head >= limit {
+		w.qmu.Unlock()
+		return false
+	}
+	w.queue = append(w.queue, b)
+	w.qmu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default: // already signalled
+	}
+	return true
+}
+
+// pop takes the oldest read queued (nil when none).
+func (w *Watch) pop() *Batch {
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	if w.head == len(w.queue) {
+		return nil
+	}
+	b := w.queue[w.head]
+	w.queue[w.head] = nil
+	if w.head++; w.head == len(w.queue) {
+		w.queue, w.head = w.queue[:0], 0
+	}
+	return b
 }
 
 // Next answers the next batch after the last one it answered, in revision
@@ -433,7 +579,7 @@ func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
 // (say a reused time.Timer's C: cheaper per call than a context with a
 // deadline), answering nil, nil.
 func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Batch, error) {
-	if b := w.ready(); b != nil {
+	if b := w.atHand(); b != nil {
 		return b, nil
 	}
 	for {
@@ -444,11 +590,14 @@ func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Ba
 			return nil, w.dropErr
 		default:
 		}
-		select {
-		case b := <-w.ch:
+		if b := w.pop(); b != nil {
 			if b = w.unseen(b); b != nil {
 				return b, nil
 			}
+			continue
+		}
+		select {
+		case <-w.ready:
 		case <-w.dropped:
 			return nil, w.dropErr
 		case <-ctx.Done():
@@ -462,7 +611,7 @@ func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Ba
 // TryNextBatch is NextBatch without waiting: nil when nothing is ready (or
 // the watcher was dropped: NextBatch then says so).
 func (w *Watch) TryNextBatch() *Batch {
-	if b := w.ready(); b != nil {
+	if b := w.atHand(); b != nil {
 		return b
 	}
 	for {
@@ -471,20 +620,19 @@ func (w *Watch) TryNextBatch() *Batch {
 			return nil
 		default:
 		}
-		select {
-		case b := <-w.ch:
-			if b = w.unseen(b); b != nil {
-				return b
-			}
-		default:
+		b := w.pop()
+		if b == nil {
 			return nil
+		}
+		if b = w.unseen(b); b != nil {
+			return b
 		}
 	}
 }
 
-// ready answers what is already at hand: events of a batch Next began, or
+// atHand answers what is already at hand: events of a batch Next began, or
 // the backlog (nil when none).
-func (w *Watch) ready() *Batch {
+func (w *Watch) atHand() *Batch {
 	evs := append(w.pending, w.backlog...)
 	w.pending, w.backlog = nil, nil
 	if len(evs) == 0 {
@@ -531,7 +679,9 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 	if err != nil {
 		return nil, err
 	}
-	w := &Watch{hub: h, ch: make(chan *Batch, s.feeds.buffer), dropped: make(chan struct{})}
+	w := &Watch{hub: h, ready: make(chan struct{}, 1)}
+	w.dropCtx, w.dropCancel = context.WithCancel(context.Background())
+	w.dropped = w.dropCtx.Done()
 	h.mu.Lock()
 	lastID, lastRev := h.lastID, h.lastRev
 	h.watchers[w] = struct{}{}
@@ -726,8 +876,8 @@ func (h *hub) leave(w *Watch) {
 // watchReadEvery (or sooner: never longer than the log took to fill half
 // at the last read's rate, so that no batch leaves it unread), and fans out
 // what it has read every feeds.interval (the coalescing interval, longer
-// with more watchers). A batch after a quiet spell is read and fanned out
-// at once.
+// with more watchers), or once it holds watchFanoutMax batches. A batch
+// after a quiet spell is read and fanned out at once.
 func (h *hub) run(ctx context.Context, s *Store) {
 	if o, ok := s.observe.(ReaderObserver); ok {
 		o.WatchReaders(1)
@@ -817,7 +967,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			pending, lostOldest = nil, events[0].Revision
 		}
 		pending = append(pending, events...)
-		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < LogCap && lostOldest == 0) {
+		if len(pending) == 0 || (now.Sub(lastFanout) < fanout && len(pending) < watchFanoutMax && lostOldest == 0) {
 			continue
 		}
 		// The records as they stand now, once for every watcher.
@@ -846,9 +996,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 		h.lastID = readID
 		h.lastRev = max(h.lastRev, readRev)
 		for w := range h.watchers {
-			select {
-			case w.ch <- b:
-			default:
+			if !w.push(b, h.feeds.buffer) {
 				delete(h.watchers, w)
 				w.drop(ErrWatcherTooSlow)
 			}
@@ -857,9 +1005,18 @@ func (h *hub) run(ctx context.Context, s *Store) {
 	}
 }
 
-// watchReadMax bounds the log entries one fan-out carries: a reader that
-// finds a full chunk reads on (without BLOCK) up to this many.
+// watchReadMax bounds the log entries one read takes: a reader that finds
+// a full chunk reads on (without BLOCK) up to this many.
 const watchReadMax = LogCap
+
+// watchFanoutMax: a reader holding this many batches read fans them out
+// before its interval is over, so that a fan-out (and a watcher's buffer
+// of them) stays under watchFanoutMax + watchReadMax, 3,000 batches. Twice
+// the log's cap, not the cap itself: at 1,000 watchers (a 100 ms
+// interval) the interval, not this bound, sets the fan-outs up to 20,000
+// batches a second (at the cap, from 10,000/s on, fan-outs came more
+// often than the interval, each a message per watcher: BenchmarkWatch).
+const watchFanoutMax = 2 * LogCap
 
 // read is one XREAD after lastID, blocking up to block (0: not at all),
 // and, while each read comes back full, more without BLOCK (up to
@@ -870,7 +1027,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 	bctx, cancel := s.bound(ctx, block)
 	defer cancel()
 	c := s.c()
-	var entries []rueidis.XRangeEntry
+	var entries []logEntry
 	for len(entries) < watchReadMax {
 		var cmd rueidis.Completed
 		if len(entries) > 0 || block <= 0 {
@@ -878,26 +1035,26 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 		} else {
 			cmd = c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
 		}
-		res, err := c.Do(bctx, cmd).AsXRead()
-		if err != nil && !rueidis.IsRedisNil(err) { // nil: BLOCK timed out, or nothing more
+		read, err := xreadEntries(c.Do(bctx, cmd), h.key)
+		if err != nil {
 			err = s.classify(bctx, err)
 			s.observe.RedisFailed("watch", err)
 			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
 		}
-		read := res[h.key]
 		entries = append(entries, read...)
 		if len(read) < watchChunk {
 			break
 		}
-		lastID = read[len(read)-1].ID
+		lastID = read[len(read)-1].id
 	}
 	if len(entries) == 0 {
 		return nil, "", false, nil
 	}
-	for _, e := range entries {
-		ev, ok, err := eventOf(e)
+	events = make([]*Event, 0, len(entries))
+	for i := range entries {
+		ev, ok, err := eventOf(&entries[i])
 		if err != nil {
-			s.log.Warn("watch: skipping a malformed log entry", "slug", h.slug, "id", e.ID, "err", err)
+			s.log.Warn("watch: skipping a malformed log entry", "slug", h.slug, "id", entries[i].id, "err", err)
 			continue
 		}
 		if ok {
@@ -915,7 +1072,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 		}
 		lost = n >= LogCap
 	}
-	return events, entries[len(entries)-1].ID, lost, nil
+	return events, entries[len(entries)-1].id, lost, nil
 }
 
 // close stops every reader and refuses new watches.

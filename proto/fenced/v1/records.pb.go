@@ -1364,9 +1364,10 @@ func (x *Change) GetRecord() *Record {
 }
 
 // WatchResponse carries the next events of a Watch stream, in revision
-// order. Usually one; when the caller is behind, the server sends the events
-// it has in one message (at most 256 events, and past 1 MiB only the first),
-// so that a busy swarm costs fewer messages, not more.
+// order: one, or under a stream of commits every batch since the last
+// message (the server fans its reads out to watchers at intervals), at
+// most 4,096 events and 1 MiB (an event over 1 MiB comes alone), so that a
+// busy swarm costs fewer messages, not more.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The events, in increasing revision order; never empty.
