@@ -34,7 +34,7 @@ func nested(depth int, object, closed bool) string {
 	return s
 }
 
-// TestValidJSONAsEncodingJSON: validJSON answers as encoding/json.Valid on
+// TestValidJSONAsEncodingJSON: ValidJSON answers as encoding/json.Valid on
 // the edge cases, and on nesting at, below and above MaxValueDepth and
 // encoding/json's limit of 10,000 levels, where segmentio's json.Valid
 // alone would accept what encoding/json refuses.
@@ -46,21 +46,21 @@ func TestValidJSONAsEncodingJSON(t *testing.T) {
 		}
 	}
 	for _, c := range cases {
-		if got, want := validJSON(c), json.Valid([]byte(c)); got != want {
-			t.Errorf("validJSON(%.60q, %d bytes) = %v, encoding/json.Valid %v", c, len(c), got, want)
+		if got, want := ValidJSON(c), json.Valid([]byte(c)); got != want {
+			t.Errorf("ValidJSON(%.60q, %d bytes) = %v, encoding/json.Valid %v", c, len(c), got, want)
 		}
 	}
 }
 
-// FuzzValidJSONAsEncodingJSON: validJSON and encoding/json.Valid agree on
+// FuzzValidJSONAsEncodingJSON: ValidJSON and encoding/json.Valid agree on
 // every input.
 func FuzzValidJSONAsEncodingJSON(f *testing.F) {
 	for _, c := range validJSONCases {
 		f.Add(c)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		if got, want := validJSON(s), json.Valid([]byte(s)); got != want {
-			t.Fatalf("validJSON(%q) = %v, encoding/json.Valid %v", s, got, want)
+		if got, want := ValidJSON(s), json.Valid([]byte(s)); got != want {
+			t.Fatalf("ValidJSON(%q) = %v, encoding/json.Valid %v", s, got, want)
 		}
 	})
 }

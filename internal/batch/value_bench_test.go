@@ -27,10 +27,10 @@ func BenchmarkValueChecks(b *testing.B) {
 			json.Valid([]byte(benchValue))
 		}
 	})
-	b.Run("validJSON", func(b *testing.B) {
+	b.Run("ValidJSON", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			validJSON(benchValue)
+			ValidJSON(benchValue)
 		}
 	})
 	b.Run("tooDeep", func(b *testing.B) {
