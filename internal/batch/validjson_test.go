@@ -35,12 +35,12 @@ func nested(depth int, object, closed bool) string {
 }
 
 // TestValidJSONAsEncodingJSON: ValidJSON answers as encoding/json.Valid on
-// the edge cases, and on nesting at, below and above MaxValueDepth and
+// the edge cases, and on nesting around segmentioDepth, MaxValueDepth and
 // encoding/json's limit of 10,000 levels, where segmentio's json.Valid
 // alone would accept what encoding/json refuses.
 func TestValidJSONAsEncodingJSON(t *testing.T) {
 	cases := append([]string(nil), validJSONCases...)
-	for _, d := range []int{MaxValueDepth - 1, MaxValueDepth, MaxValueDepth + 1, 9_999, 10_000, 10_001, 20_000} {
+	for _, d := range []int{segmentioDepth - 1, segmentioDepth, segmentioDepth + 1, MaxValueDepth, MaxValueDepth + 1, 9_999, 10_000, 10_001, 20_000} {
 		for _, object := range []bool{false, true} {
 			cases = append(cases, nested(d, object, true), nested(d, object, false))
 		}
