@@ -1,7 +1,6 @@
 package batch
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"unicode/utf8"
@@ -352,7 +351,7 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 			vs.add(field("value"), "at most %d bytes, got %d", l.MaxValueBytes, len(w.Value))
 		case !utf8.ValidString(w.Value):
 			vs.add(field("value"), "not valid UTF-8")
-		case !json.Valid([]byte(w.Value)):
+		case !ValidJSON(w.Value):
 			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
 		case tooDeep(w.Value, MaxValueDepth) >= 0:
 			vs.add(field("value"), "nests deeper than %d arrays and objects (byte %d): the stored record {\"r\":N,\"v\":VALUE} nests it once more, and a record may nest at most %d", MaxValueDepth, tooDeep(w.Value, MaxValueDepth), MaxScriptJSONDepth)

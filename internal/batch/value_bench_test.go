@@ -27,6 +27,12 @@ func BenchmarkValueChecks(b *testing.B) {
 			json.Valid([]byte(benchValue))
 		}
 	})
+	b.Run("ValidJSON", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ValidJSON(benchValue)
+		}
+	})
 	b.Run("tooDeep", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

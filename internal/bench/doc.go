@@ -18,7 +18,7 @@
 //     the reply parsing of the store to (a).
 //   - BenchmarkFenced/size=N (c): fenced's own server (server.New, with its
 //     logging and recovery interceptors, the batch validation including
-//     json.Valid of every value and the duplicate check, and its error table)
+//     the JSON check of every value and the duplicate check, and its error table)
 //     over the same store, called by the same client.
 //
 // Target: (c) ÷ (b) ≥ 0.85 in throughput at every size, that is, everything
@@ -52,6 +52,11 @@
 // run on every batch. Each goroutine writes its own 128 records, BLIND
 // (expected -1), so batches commit and never conflict; (a), (b) and (c) write
 // the same records. No batch carries a request_id.
+//
+// BenchmarkDeployedBatch/size=N is BenchmarkMinimal's fenced side alone
+// (fenced as deployed, 16 swarms, one-put, 8-put and 64-put batches of
+// ~200-byte values) with allocations per batch: the benchmark to compare
+// builds of the server path by (docs/design.md §10.7).
 //
 // BenchmarkOneRecordChangeBytes counts the bytes Redis reads for one fenced
 // change of one fixture executions record through (c), fenced and naming

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,10 +132,18 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		limits:    opts.Telemetry.limits(),
 	}
 	s.bounded = &boundedHealth{Server: s.health, max: int64(s.transport.MaxHealthWatchers), obs: s.limits}
-	countUnary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	callLog := unaryCallLog(logger)
+	// Health checks are neither counted (Shutdown does not wait for them)
+	// nor logged. One interceptor does both, tested on the method name: a
+	// selector.UnaryServerInterceptor per job cost a chain link and a
+	// CallMeta each per call (docs/design.md §10.7).
+	countAndLogUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if isHealthMethod(info.FullMethod) {
+			return h(ctx, req)
+		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
-		return h(ctx, req)
+		return callLog(ctx, req, info, h)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		switch info.FullMethod {
@@ -157,13 +166,12 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		grpc.ForceServerCodecV2(newCodec()),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
-		grpc.ChainUnaryInterceptor(
+		grpc.ChainUnaryInterceptor(present(
 			opts.Telemetry.unary(),
-			selector.UnaryServerInterceptor(countUnary, notHealth),
-			selector.UnaryServerInterceptor(unaryCallLog(logger), notHealth),
+			countAndLogUnary,
 			opts.Security.unary(),
 			recovery.UnaryServerInterceptor(onPanic),
-		),
+		)...),
 		grpc.ChainStreamInterceptor(
 			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
@@ -187,6 +195,26 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	s.setReady(healthpb.HealthCheckResponse_NOT_SERVING)
 	return s
+}
+
+// healthMethodPrefix starts the full method name of every health call.
+var healthMethodPrefix = "/" + healthpb.Health_ServiceDesc.ServiceName + "/"
+
+// isHealthMethod reports whether fullMethod ("/service/method") is one of
+// the health service's: the selector's notHealth for unary calls.
+func isHealthMethod(fullMethod string) bool { return strings.HasPrefix(fullMethod, healthMethodPrefix) }
+
+// present is the interceptors that are set, in order: an unset one (no
+// metrics, no authorization) is left out of the chain rather than run as a
+// pass-through on every call.
+func present(all ...grpc.UnaryServerInterceptor) []grpc.UnaryServerInterceptor {
+	out := all[:0]
+	for _, i := range all {
+		if i != nil {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // callLevel is the level of a finished call's log line, by its code. The

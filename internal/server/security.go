@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"crypto/tls"
 
 	"github.com/agentihooks/fenced/internal/auth"
@@ -30,12 +29,11 @@ func (s Security) creds() grpc.ServerOption {
 	return grpc.Creds(credentials.NewTLS(s.TLS))
 }
 
-// unary is the authorization interceptor, a pass-through without tokens.
+// unary is the authorization interceptor; nil without tokens (the chain
+// leaves it out: present).
 func (s Security) unary() grpc.UnaryServerInterceptor {
 	if s.Tokens == nil {
-		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			return h(ctx, req)
-		}
+		return nil
 	}
 	return s.Tokens.UnaryServerInterceptor()
 }

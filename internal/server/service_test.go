@@ -631,7 +631,15 @@ func TestWriteKindNumbering(t *testing.T) {
 	if diff := cmp.Diff(want, server.BatchFromProto(req)); diff != "" {
 		t.Errorf("BatchFromProto mismatch (-want +got):\n%s", diff)
 	}
-	if got := server.BatchFromProto(&fencedv1.FencedBatchRequest{Slug: "s"}); got.Fence != nil {
-		t.Errorf("BatchFromProto(no fence).Fence = %+v, want nil", got.Fence)
+	if got := server.BatchFromProto(&fencedv1.FencedBatchRequest{Slug: "s"}); got.Fence != nil || len(got.Writes) != 0 {
+		t.Errorf("BatchFromProto(no fence, no write) = %+v, want no fence and no write", got)
+	}
+	// One write: the batch holds it in its own allocation.
+	one := &fencedv1.FencedBatchRequest{Slug: "s", RequestId: "r", Writes: []*fencedv1.RecordWrite{put("intents", "a", -1, `2`)},
+		Fence: &fencedv1.LeaseFence{Epoch: 9}}
+	wantOne := &batch.Batch{Slug: "s", RequestID: "r", Writes: []batch.Write{{Kind: batch.KindPut, Section: "intents", Key: "a", Expected: -1, Value: `2`}},
+		Fence: &batch.Fence{Epoch: 9}}
+	if diff := cmp.Diff(wantOne, server.BatchFromProto(one)); diff != "" {
+		t.Errorf("BatchFromProto(one write) mismatch (-want +got):\n%s", diff)
 	}
 }

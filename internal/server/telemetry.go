@@ -1,8 +1,6 @@
 package server
 
 import (
-	"context"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
 )
@@ -33,14 +31,8 @@ func (t Telemetry) limits() LimitObserver {
 	return t.Limits
 }
 
-func (t Telemetry) unary() grpc.UnaryServerInterceptor {
-	if t.Unary == nil {
-		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			return h(ctx, req)
-		}
-	}
-	return t.Unary
-}
+// unary is t.Unary: nil when unset (the chain leaves it out: present).
+func (t Telemetry) unary() grpc.UnaryServerInterceptor { return t.Unary }
 
 func (t Telemetry) stream() grpc.StreamServerInterceptor {
 	if t.Stream == nil {

@@ -229,6 +229,9 @@ func WithoutFunctions() Option {
 // refuses every function that writes (OOM, READONLY, MISCONF, NOREPLICAS)
 // where a script is judged at its first write.
 func (s *Store) fcallFallsBack(err error) bool {
+	if err == nil {
+		return false // without the errors.As below: its target escapes, one allocation per call
+	}
 	var rerr *rueidis.RedisError
 	if !errors.As(err, &rerr) {
 		return false

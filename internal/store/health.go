@@ -71,10 +71,16 @@ func WithLogger(l *slog.Logger) Option {
 
 // bound derives the context of one Store call: the caller's, cut after the
 // Store's timeout plus extra (a replica wait) with errRedisTimeout as its
-// cause.
+// cause. A caller whose own deadline comes no later gets its ctx back as
+// it is, with a cancel that does nothing: its deadline bounds the call (as
+// context.WithTimeout's child would), and no timer or child context is
+// made on every call of a caller that sets deadlines.
 func (s *Store) bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
 	d := s.timeout + extra
 	parent, hasParent := ctx.Deadline()
+	if hasParent && !parent.After(time.Now().Add(d)) {
+		return ctx, noCancel
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, d, errRedisTimeout)
 	// Mark the deadline as the Store's own only when it is the one in force:
 	// a caller's earlier deadline stays a deadline (classify).
@@ -83,6 +89,9 @@ func (s *Store) bound(ctx context.Context, extra time.Duration) (context.Context
 	}
 	return ctx, cancel
 }
+
+// noCancel is bound's cancel when it derived nothing.
+func noCancel() {}
 
 // ErrRedisMayEvict: Redis is configured so that it may evict keys
 // (maxmemory > 0 and maxmemory-policy other than noeviction), and the Store

@@ -143,6 +143,8 @@ type Store struct {
 	// log receives the warnings of the health probe and reconnects.
 	log    *slog.Logger
 	prefix string // "<prefix>:swarm"
+	// currentKey is P:state:fencing:current (swarmKeys.current).
+	currentKey string
 	// stamp: standalone (or Sentinel) Redis, where commits stamp
 	// P:state:fencing:current; never on Cluster, where that key has no slot
 	// in common with the swarm's.
@@ -226,6 +228,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		waits:              newWaitSlots(),
 		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce, coalesceWatchers: DefaultWatchCoalesceWatchers},
 	}
+	s.currentKey = s.prefix + ":" + protocol.CurrentKey
 	s.client.Store(&client)
 	for _, o := range opts {
 		o(s)

@@ -1,0 +1,29 @@
+package store
+
+import (
+	"testing"
+
+	"github.com/agentihooks/fenced/internal/store/protocol"
+)
+
+// TestSwarmKeysAreTheConcatenations: the keys cut from one string are the
+// keys of docs/design.md §2.1, for slugs of any length.
+func TestSwarmKeysAreTheConcatenations(t *testing.T) {
+	s := &Store{prefix: "P:swarm", currentKey: "P:swarm:" + protocol.CurrentKey}
+	for _, slug := range []string{"", "a", "swarm-1", "a:{b}\x00c-long-slug-with-more-bytes-than-the-names"} {
+		k := s.keys(slug)
+		base := "P:swarm:{" + slug + protocol.FenceInfix
+		for _, c := range []struct{ got, want string }{
+			{k.base, base},
+			{k.meta(), base + protocol.KeyMeta},
+			{k.revision(), base + protocol.KeyRevision},
+			{k.log(), base + protocol.KeyLog},
+			{k.section("intents"), base + "intents"},
+			{k.current, "P:swarm:" + protocol.CurrentKey},
+		} {
+			if c.got != c.want {
+				t.Errorf("slug %q: key %q, want %q", slug, c.got, c.want)
+			}
+		}
+	}
+}
