@@ -354,9 +354,13 @@ var minimalResults = struct {
 // BenchmarkMinimal compares fenced, deployed as by default (metrics on,
 // authorization and tracing off), with the thinnest service that does a
 // fenced batch's work: a grpc-go unary handler with a raw-bytes codec
-// calling rueidis EVALSHA of minimalScript. Each iteration runs one round
-// (roundTime) of each, in alternating order, at every concurrency
-// (minimalConcs, each goroutine one swarm) and batch size; the summary
+// calling rueidis EVALSHA of minimalScript, and with the floor path: the
+// same server running floorScript, the plainest Lua that writes fenced's
+// bytes (what is left between it and fenced is fenced's own cost; between
+// it and the prototype, the cost of the bytes fenced documents). Each
+// iteration runs one round (roundTime) of each, in rotating order, at
+// every concurrency (minimalConcs, each goroutine one swarm) and batch
+// size; the summary
 // reports the medians and the ratios paired per round, with etcd's figures
 // when FENCED_BENCH_ETCD names bench/etcd's output.
 func BenchmarkMinimal(b *testing.B) {
