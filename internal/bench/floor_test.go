@@ -70,6 +70,17 @@ redis.call('HSET', KEYS[1], 'section_revisions', '{"r":' .. rev .. ',"v":{' .. n
 return rev
 `
 
+// setFloorMeta writes what floorScript reads of a swarm's meta, as fenced
+// stores it: the layout, a lease of leaseOwner at epoch 1 until expires
+// (ms since the epoch), section revisions.
+func setFloorMeta(b *testing.B, srv *redistest.Server, slug, expires string) {
+	b.Helper()
+	srv.Do(b, "HSET", prefix+":{"+slug+"}:fence:meta",
+		"layout", `{"r":1,"v":"records"}`,
+		"lease", fmt.Sprintf(`{"r":1,"v":{"owner":%q,"epoch":1,"expires_at":%s}}`, leaseOwner, expires),
+		"section_revisions", `{"r":1,"v":{"meta":1}}`)
+}
+
 // floorSwarm is one swarm of floorScript's keys and the revision it last
 // wrote of each record.
 type floorSwarm struct {
@@ -80,10 +91,7 @@ type floorSwarm struct {
 func newFloorSwarm(b *testing.B, srv *redistest.Server, slug string) *floorSwarm {
 	tm := srv.DoArray(b, "TIME")
 	sec, _ := strconv.ParseInt(tm[0], 10, 64)
-	srv.Do(b, "HSET", prefix+":{"+slug+"}:fence:meta",
-		"layout", `{"r":1,"v":"records"}`,
-		"lease", fmt.Sprintf(`{"r":1,"v":{"owner":%q,"epoch":1,"expires_at":%d}}`, leaseOwner, (sec+3600)*1000),
-		"section_revisions", `{"r":1,"v":{"meta":1}}`)
+	setFloorMeta(b, srv, slug, strconv.FormatInt((sec+3600)*1000, 10))
 	f := &floorSwarm{slug: slug}
 	for i := range f.seen {
 		f.seen[i] = "0"

@@ -84,23 +84,36 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 }
 func (rawCodec) Name() string { return "raw" }
 
-// minimalServer is the prototype's server: one unary method whose request
-// is "slug\x00owner\x00epoch(\x00field\x00expected\x00value)*", answered
-// with the committed revision in decimal.
+// minimalServer is the prototype's server: unary methods whose request is
+// "slug\x00owner\x00epoch(\x00field\x00expected\x00value)*", answered
+// with the committed revision in decimal: Commit runs minimalScript on the
+// prototype's keys, CommitFloor floorScript on fenced's (the floor path:
+// the thinnest service that writes fenced's bytes).
 type minimalServer struct {
 	rdb    rueidis.Client
 	script *rueidis.Lua
+	floor  *rueidis.Lua
 }
 
-func (m *minimalServer) commit(ctx context.Context, req []byte) ([]byte, error) {
+func (m *minimalServer) commit(ctx context.Context, req []byte, floor bool) ([]byte, error) {
 	parts := bytes.Split(req, []byte{0})
 	slug := string(parts[0])
 	keys := []string{"min:{" + slug + "}:lease", "min:{" + slug + "}:records", "min:{" + slug + "}:rev", "min:{" + slug + "}:log"}
-	args := make([]string, len(parts)-1)
-	for i, p := range parts[1:] {
-		args[i] = string(p)
+	args := make([]string, 0, len(parts)+1)
+	script := m.script
+	if floor {
+		p := prefix + ":{" + slug + "}:fence:"
+		keys = []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current"}
+		args = append(args, string(parts[1]), string(parts[2]), minimalSection, slug)
+		parts = parts[3:]
+		script = m.floor
+	} else {
+		parts = parts[1:]
 	}
-	rev, err := m.script.Exec(ctx, m.rdb, keys, args).ToString()
+	for _, p := range parts {
+		args = append(args, string(p))
+	}
+	rev, err := script.Exec(ctx, m.rdb, keys, args).ToString()
 	if err != nil {
 		return nil, err
 	}
@@ -110,20 +123,24 @@ func (m *minimalServer) commit(ctx context.Context, req []byte) ([]byte, error) 
 var minimalDesc = grpc.ServiceDesc{
 	ServiceName: "bench.Minimal",
 	HandlerType: (*any)(nil),
-	Methods: []grpc.MethodDesc{{
-		MethodName: "Commit",
+	Methods:     []grpc.MethodDesc{minimalMethod("Commit", false), minimalMethod("CommitFloor", true)},
+}
+
+func minimalMethod(name string, floor bool) grpc.MethodDesc {
+	return grpc.MethodDesc{
+		MethodName: name,
 		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 			var req []byte
 			if err := dec(&req); err != nil {
 				return nil, err
 			}
-			out, err := srv.(*minimalServer).commit(ctx, req)
+			out, err := srv.(*minimalServer).commit(ctx, req, floor)
 			if err != nil {
 				return nil, err
 			}
 			return &out, nil
 		},
-	}},
+	}
 }
 
 // startMinimal serves the prototype until b ends; it returns a connection
@@ -136,7 +153,7 @@ func startMinimal(b *testing.B, e *env) *grpc.ClientConn {
 	}
 	lis := listen(b)
 	gs := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
-	gs.RegisterService(&minimalDesc, &minimalServer{rdb: rdb, script: rueidis.NewLuaScript(minimalScript)})
+	gs.RegisterService(&minimalDesc, &minimalServer{rdb: rdb, script: rueidis.NewLuaScript(minimalScript), floor: rueidis.NewLuaScript(floorScript)})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -195,10 +212,10 @@ type swarmWriter struct {
 // minimalCase is one (concurrency, batch size) of BenchmarkMinimal: the
 // swarms of both sides, kept across rounds.
 type minimalCase struct {
-	conc, size   int
-	min, fenced  []*swarmWriter
-	minConn      *grpc.ClientConn
-	fencedClient fencedv1.RecordsServiceClient
+	conc, size         int
+	min, floor, fenced []*swarmWriter
+	minConn            *grpc.ClientConn
+	fencedClient       fencedv1.RecordsServiceClient
 }
 
 func newMinimalCase(b *testing.B, e *env, cc *grpc.ClientConn, fc fencedv1.RecordsServiceClient, conc, size int) *minimalCase {
@@ -212,6 +229,9 @@ func newMinimalCase(b *testing.B, e *env, cc *grpc.ClientConn, fc fencedv1.Recor
 		slug := fmt.Sprintf("min-c%d-n%d-g%d", conc, size, g)
 		e.srv.Do(b, "HSET", "min:{"+slug+"}:lease", "owner", leaseOwner, "epoch", "1", "expires", expires)
 		c.min = append(c.min, &swarmWriter{slug: slug, epoch: 1})
+		floorSlug := fmt.Sprintf("floor-c%d-n%d-g%d", conc, size, g)
+		setFloorMeta(b, e.srv, floorSlug, expires)
+		c.floor = append(c.floor, &swarmWriter{slug: floorSlug, epoch: 1})
 		fslug := fmt.Sprintf("perf-c%d-n%d-g%d", conc, size, g)
 		l, _, err := e.st.Acquire(ctx, fslug, leaseOwner, time.Hour.Milliseconds())
 		if err != nil {
@@ -224,7 +244,16 @@ func newMinimalCase(b *testing.B, e *env, cc *grpc.ClientConn, fc fencedv1.Recor
 
 // minimalCall sends w's next batch through the prototype.
 func (c *minimalCase) minimalCall(ctx context.Context, g int) error {
-	w := c.min[g]
+	return c.rawCall(ctx, c.min[g], g, "/bench.Minimal/Commit")
+}
+
+// floorCall sends w's next batch through the floor path.
+func (c *minimalCase) floorCall(ctx context.Context, g int) error {
+	return c.rawCall(ctx, c.floor[g], g, "/bench.Minimal/CommitFloor")
+}
+
+// rawCall sends w's next batch to the prototype's server's method.
+func (c *minimalCase) rawCall(ctx context.Context, w *swarmWriter, g int, method string) error {
 	first := (w.next * c.size) % minimalRecords
 	var buf bytes.Buffer
 	buf.WriteString(w.slug)
@@ -233,12 +262,12 @@ func (c *minimalCase) minimalCall(ctx context.Context, g int) error {
 		fmt.Fprintf(&buf, "\x00r%04d\x00%d\x00%s", j, w.seen[j], minimalValue(g, w.next))
 	}
 	req, reply := buf.Bytes(), []byte(nil)
-	if err := c.minConn.Invoke(ctx, "/bench.Minimal/Commit", &req, &reply); err != nil {
-		return fmt.Errorf("minimal: %w", err)
+	if err := c.minConn.Invoke(ctx, method, &req, &reply); err != nil {
+		return fmt.Errorf("%s: %w", method, err)
 	}
 	rev, err := strconv.ParseInt(string(reply), 10, 64)
 	if err != nil {
-		return fmt.Errorf("minimal reply %q: %w", reply, err)
+		return fmt.Errorf("%s reply %q: %w", method, reply, err)
 	}
 	for j := first; j < first+c.size; j++ {
 		w.seen[j] = rev
@@ -316,18 +345,22 @@ func (c *minimalCase) round(ctx context.Context, b *testing.B, e *env, call func
 func evalshaUsec(b *testing.B, e *env) float64 { return scriptUsecPerCall(b, e.srv) }
 
 // minimalResults are BenchmarkMinimal's rounds: [case] -> rounds of
-// [prototype, fenced].
+// [prototype, fenced, floor path].
 var minimalResults = struct {
 	sync.Mutex
-	rounds map[[2]int][][2]minimalSample
-}{rounds: map[[2]int][][2]minimalSample{}}
+	rounds map[[2]int][][3]minimalSample
+}{rounds: map[[2]int][][3]minimalSample{}}
 
 // BenchmarkMinimal compares fenced, deployed as by default (metrics on,
 // authorization and tracing off), with the thinnest service that does a
 // fenced batch's work: a grpc-go unary handler with a raw-bytes codec
-// calling rueidis EVALSHA of minimalScript. Each iteration runs one round
-// (roundTime) of each, in alternating order, at every concurrency
-// (minimalConcs, each goroutine one swarm) and batch size; the summary
+// calling rueidis EVALSHA of minimalScript, and with the floor path: the
+// same server running floorScript, the plainest Lua that writes fenced's
+// bytes (what is left between it and fenced is fenced's own cost; between
+// it and the prototype, the cost of the bytes fenced documents). Each
+// iteration runs one round (roundTime) of each, in rotating order, at
+// every concurrency (minimalConcs, each goroutine one swarm) and batch
+// size; the summary
 // reports the medians and the ratios paired per round, with etcd's figures
 // when FENCED_BENCH_ETCD names bench/etcd's output.
 func BenchmarkMinimal(b *testing.B) {
@@ -340,10 +373,10 @@ func BenchmarkMinimal(b *testing.B) {
 				ctx := context.Background()
 				var ratios []float64
 				for it := range b.N {
-					var r [2]minimalSample
-					calls := [2]func(context.Context, int) error{c.minimalCall, c.fencedCall}
-					for k := range 2 {
-						side := (it + k) % 2
+					var r [3]minimalSample
+					calls := [3]func(context.Context, int) error{c.minimalCall, c.fencedCall, c.floorCall}
+					for k := range 3 {
+						side := (it + k) % 3
 						r[side] = c.round(ctx, b, e, calls[side])
 					}
 					ratios = append(ratios, r[0].ns/r[1].ns)
@@ -393,15 +426,19 @@ func printMinimal(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(&buf, format, args...) }
 	p("\nfenced vs the minimal gRPC→Lua→Redis path vs etcd 3.6 Txn (fsync): each goroutine one swarm holding a lease, ~200-byte values, every batch commits\n")
 	p("  batches/s (medians of %v rounds, alternating); fenced/min = median of paired ratios; targets: fenced/min >= 0.85, fenced/etcd >= 1.5, Redis µs fenced/min <= 1.3\n", roundTime)
-	p("%-8s %6s %9s %9s %9s %9s %11s %14s %16s %9s\n", "conc×n", "rounds", "minimal", "fenced", "fenced/min", "etcd", "fenced/etcd", "redis µs m/f", "go cpu µs m/f/e", "rds µs m/f")
+	p("  floor: the prototype's server running floorScript, the plainest Lua writing fenced's bytes (floor/min, fenced/floor: medians of paired ratios)\n")
+	p("%-8s %6s %9s %9s %9s %9s %11s %14s %16s %9s %7s %9s %12s %10s\n", "conc×n", "rounds", "minimal", "fenced", "fenced/min", "etcd", "fenced/etcd", "redis µs m/f", "go cpu µs m/f/e", "rds µs m/f",
+		"floor", "floor/min", "fenced/floor", "redis µs fl")
 	for _, conc := range minimalConcs {
 		for _, size := range sizes {
 			rs := minimalResults.rounds[[2]int{conc, size}]
 			if len(rs) == 0 {
 				continue
 			}
-			var mns, fns, mus, fus, mgo, fgo, mr, fr, ratio []float64
+			var mns, fns, mus, fus, mgo, fgo, mr, fr, ratio, lns, lus, lRatio, flRatio []float64
 			for _, r := range rs {
+				lns, lus = append(lns, r[2].ns), append(lus, r[2].redisUs)
+				lRatio, flRatio = append(lRatio, r[0].ns/r[2].ns), append(flRatio, r[2].ns/r[1].ns)
 				mns, fns = append(mns, r[0].ns), append(fns, r[1].ns)
 				mus, fus = append(mus, r[0].redisUs), append(fus, r[1].redisUs)
 				mgo, fgo = append(mgo, r[0].goCPU), append(fgo, r[1].goCPU)
@@ -414,9 +451,10 @@ func printMinimal(w io.Writer) {
 			if et[0] > 0 {
 				etcdRate, fe, ecpu = fmt.Sprintf("%.0f", et[0]), fmt.Sprintf("%.2f", fRate/et[0]), fmt.Sprintf("%.0f", et[1])
 			}
-			p("%-8s %6d %9.0f %9.0f %9.2f %9s %11s %7.0f/%-6.0f %5.0f/%-4.0f/%-5s %4.0f/%-4.0f\n",
+			p("%-8s %6d %9.0f %9.0f %9.2f %9s %11s %7.0f/%-6.0f %5.0f/%-4.0f/%-5s %4.0f/%-4.0f %7.0f %9.2f %12.2f %10.0f\n",
 				fmt.Sprintf("%d×%d", conc, size), len(rs), mRate, fRate, median(ratio), etcdRate, fe,
-				median(mus), median(fus), median(mgo)/1e3, median(fgo)/1e3, ecpu, median(mr)/1e3, median(fr)/1e3)
+				median(mus), median(fus), median(mgo)/1e3, median(fgo)/1e3, ecpu, median(mr)/1e3, median(fr)/1e3,
+				1e9/median(lns), median(lRatio), median(flRatio), median(lus))
 		}
 	}
 	p("  redis µs: EVALSHA or FCALL usec_per_call (INFO commandstats); go cpu: this process (client + server) per batch, e = etcd's process (client + server);\n")
