@@ -321,8 +321,14 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 		end = "(" + entries[len(entries)-1].ID
 	}
 	// The oldest entry read says which revision preceded it: nothing is
-	// missing when that is at or below after.
-	if !found && hasPrev && oldestPrev <= after {
+	// missing when that is after. Below after, the swarm went back: Redis
+	// lost after and the batches before it (a restart without
+	// persistence, a failover, a restored snapshot), so the caller's view
+	// holds records that are gone: compacted, whatever the log's length.
+	if !found && hasPrev && oldestPrev < after {
+		return nil, fmt.Errorf("store: watch: %w", &CompactedError{Start: after, Oldest: oldest})
+	}
+	if !found && hasPrev && oldestPrev == after {
 		found = true
 	}
 	if !found {
@@ -512,8 +518,31 @@ func (w *Watch) unseen(b *Batch) *Batch {
 		}
 		b = &Batch{Events: after}
 	}
+	if first := b.Events[0]; first.hasPrev && first.prev < w.last {
+		w.wentBack(first)
+		return nil
+	}
 	w.last = b.Events[len(b.Events)-1].Revision
 	return b
+}
+
+// wentBack drops w, whose next batch ev follows a revision below the last
+// one w answered: Redis lost batches w was told of (a restart without
+// persistence, a failover to a replica that had not received them, a
+// restored snapshot), and the records they wrote with them. Nothing in the
+// log says what was lost, so w ends as compacted (list, then watch), like
+// a resume from a revision the log no longer holds.
+func (w *Watch) wentBack(ev *Event) {
+	h := w.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-w.dropped:
+		return
+	default:
+	}
+	delete(h.watchers, w)
+	w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: ev.Revision}))
 }
 
 // Close leaves the swarm's reader (which stops with its last watcher).
