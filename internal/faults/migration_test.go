@@ -38,8 +38,25 @@ type migrationAttempt struct {
 // order; and commits go on once the slot has moved, without a restart.
 func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 	c := redistest.StartCluster(t, 2)
-	nodes := c.Nodes()
-	src, dst := nodes[0], nodes[1]
+	moveSlotUnderTraffic(t, c, func() *redistest.Server { return c.Nodes()[1] })
+}
+
+// TestSlotMovedToANewEmptyPrimaryUnderTraffic is
+// TestSlotMigratedUnderTrafficLosesNothing with a primary added after
+// fenced started (CLUSTER MEET, no slot, no key, no function library) as
+// the slot's new home: fenced must find it (MOVED, ASK) and load its
+// library there or run the scripts.
+func TestSlotMovedToANewEmptyPrimaryUnderTraffic(t *testing.T) {
+	c := redistest.StartCluster(t, 2)
+	moveSlotUnderTraffic(t, c, func() *redistest.Server { return c.AddEmptyMaster(t) })
+}
+
+// moveSlotUnderTraffic runs the load and the move of
+// TestSlotMigratedUnderTrafficLosesNothing, to the node target answers
+// once the load runs, and checks the outcome.
+func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *redistest.Server) {
+	src := c.Nodes()[0]
+	var dst *redistest.Server
 	slug := slugsOnEveryPrimary(t, c, 1, 1)[0]
 	slot := src.Do(t, "CLUSTER", "KEYSLOT", key(slug, "meta"))
 	r := startReplica(t, c.URL(), server.Options{})
@@ -76,6 +93,8 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 	var mu sync.Mutex
 	var attempts []migrationAttempt
 	reasons := map[string]int{}
+	during := map[string]int{} // outcomes while the slot moved
+	moving := false
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for id := range 4 {
@@ -121,6 +140,13 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 				mu.Lock()
 				attempts = append(attempts, a)
 				reasons[a.reason]++
+				if moving {
+					kind := "without request id"
+					if a.reqID != "" {
+						kind = "with request id"
+					}
+					during[kind+": "+strings.SplitN(a.reason, ":", 2)[0]]++
+				}
 				mu.Unlock()
 				if err != nil && a.reason != "conflict" {
 					time.Sleep(10 * time.Millisecond)
@@ -134,8 +160,12 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 	func() {
 		defer close(stop)
 		time.Sleep(300 * time.Millisecond)
+		dst = target()
 		srcID, dstID := src.NodeID(t), dst.NodeID(t)
 		host, port, _ := net.SplitHostPort(dst.Addr())
+		mu.Lock()
+		moving = true
+		mu.Unlock()
 		dst.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID)
 		src.Do(t, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID)
 		moved := 0
@@ -156,6 +186,9 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 		}
 		dst.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dstID)
 		src.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dstID)
+		mu.Lock()
+		moving = false
+		mu.Unlock()
 		t.Logf("slot %s moved: %d keys", slot, moved)
 		// Traffic after the move: it must be served again.
 		time.Sleep(time.Second)
@@ -177,6 +210,7 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("while the slot moved: %v", during)
 	// Served again after the move: the last batches of every worker.
 	lastOK := map[string]bool{}
 	for _, a := range attempts {
@@ -270,6 +304,11 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 		t.Errorf("watcher got %d events, the log holds %d after r%d: missing %v, unexpected or repeated %v", len(watched), len(want), start, head(missing), head(extra))
 	}
 	t.Logf("%d batches sent, %d logged, %d watched", len(attempts), len(entries), len(watched))
+	// The slot's new node runs fenced's library (loaded there by the first
+	// commit it refused with "Function not found"), not EVAL for good.
+	if libs := dst.DoArray(t, "FUNCTION", "LIST", "LIBRARYNAME", "fenced_*"); len(libs) == 0 {
+		t.Errorf("no fenced library on %s after the move", dst.Addr())
+	}
 }
 
 // diffRevs answers the revisions of want missing from got, and those of got
