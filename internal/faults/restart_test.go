@@ -37,7 +37,10 @@ func untilServed(t *testing.T, what string, call func(ctx context.Context) error
 // (LEASE_STALE), never a grant or a write under the lost epoch; a new grant
 // is above every epoch granted before; new revisions are above every
 // revision issued before; a replay of a lost request commits it as new;
-// the first read of the empty swarm is ErrRevisionWentBackwards, once.
+// the first read of the empty swarm is ErrRevisionWentBackwards, once; a
+// watcher through the restart is told to list again (before the store's
+// fix it was handed the next batch of the fresh swarm as if nothing had
+// been lost).
 func TestRedisRestartedEmptyUnderARunningFenced(t *testing.T) {
 	redis := redistest.Start(t)
 	r := startReplica(t, redis.URL(), server.Options{})
@@ -56,6 +59,22 @@ func TestRedisRestartedEmptyUnderARunningFenced(t *testing.T) {
 	if _, _, err := cl.Sections(ctx, slug); err != nil {
 		t.Fatalf("Sections: %v", err)
 	}
+	// A watcher from the last batch, through the restart (its stream
+	// breaks or not; the client resumes from the last revision it saw).
+	watcher, _ := dial(t, r.addr)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	watchEnd := make(chan error, 1)
+	watchGot := make(chan int64, 16)
+	go func() {
+		for ev, err := range watcher.Watch(wctx, slug, rev) {
+			if err != nil {
+				watchEnd <- err
+				return
+			}
+			watchGot <- ev.Revision
+		}
+	}()
 
 	redis.Restart(t)
 	if got := redis.Do(t, "DBSIZE"); got != "0" {
@@ -88,6 +107,19 @@ func TestRedisRestartedEmptyUnderARunningFenced(t *testing.T) {
 	again, err := cl.Batch(ctx, slug, nil, []client.Write{putW("claims", "x", 0, `1`)}, client.WithRequestID("before"))
 	if err != nil || again <= rev {
 		t.Errorf("replay of the lost request = r%d, %v; want committed above r%d", again, err, rev)
+	}
+	// The watcher knew the swarm at r(before); the replay's batch follows
+	// a fresh swarm: it must be told to list again, not handed that batch
+	// as the next one.
+	select {
+	case err := <-watchEnd:
+		if !errors.Is(err, client.ErrRevisionCompacted) {
+			t.Errorf("watch across the restart ended with %v, want ErrRevisionCompacted", err)
+		}
+	case got := <-watchGot:
+		t.Errorf("watch across the restart got r%d as the batch after r%d, which Redis lost; want ErrRevisionCompacted", got, rev)
+	case <-time.After(15 * time.Second):
+		t.Error("the watcher heard nothing after the restart")
 	}
 	// A new holder gets an epoch above the lost one; the old fence stays
 	// refused.
