@@ -47,10 +47,25 @@ func TestRedisRestartedEmptyUnderARunningFenced(t *testing.T) {
 	cl, _ := dial(t, r.addr)
 	ctx := ctxT(t)
 	const slug = "amnesia"
-	lease, _, err := cl.Acquire(ctx, slug, "owner-a", time.Minute)
+	lease, granted, err := cl.Acquire(ctx, slug, "owner-a", time.Minute)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
+	// A watcher from the grant, through the restart.
+	watcher, _ := dial(t, r.addr)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	watchEnd := make(chan error, 1)
+	watchGot := make(chan int64, 16)
+	go func() {
+		for ev, err := range watcher.Watch(wctx, slug, granted) {
+			if err != nil {
+				watchEnd <- err
+				return
+			}
+			watchGot <- ev.Revision
+		}
+	}()
 	fence := &client.Fence{Owner: "owner-a", Epoch: lease.Epoch}
 	rev, err := cl.Batch(ctx, slug, fence, []client.Write{putW("claims", "x", 0, `1`)}, client.WithRequestID("before"))
 	if err != nil {
@@ -59,22 +74,16 @@ func TestRedisRestartedEmptyUnderARunningFenced(t *testing.T) {
 	if _, _, err := cl.Sections(ctx, slug); err != nil {
 		t.Fatalf("Sections: %v", err)
 	}
-	// A watcher from the last batch, through the restart (its stream
-	// breaks or not; the client resumes from the last revision it saw).
-	watcher, _ := dial(t, r.addr)
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	watchEnd := make(chan error, 1)
-	watchGot := make(chan int64, 16)
-	go func() {
-		for ev, err := range watcher.Watch(wctx, slug, rev) {
-			if err != nil {
-				watchEnd <- err
-				return
-			}
-			watchGot <- ev.Revision
+	select {
+	case got := <-watchGot:
+		if got != rev {
+			t.Fatalf("watcher got r%d, want r%d", got, rev)
 		}
-	}()
+	case err := <-watchEnd:
+		t.Fatalf("watch ended: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watcher did not get the batch before the restart")
+	}
 
 	redis.Restart(t)
 	if got := redis.Do(t, "DBSIZE"); got != "0" {

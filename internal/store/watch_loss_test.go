@@ -36,8 +36,9 @@ func commitUntilServed(t *testing.T, st *store.Store, b *batch.Batch) int64 {
 // revision of Redis's clock, above everything the watcher saw. Before, the
 // watcher got that batch as the next one, with no word that the records it
 // had been told of were gone (a view built from the events kept them
-// forever); and a watch resumed from the last revision it saw went on the
-// same way. Both must end REVISION_COMPACTED: list, then watch.
+// forever); and a watch resumed (on the same process) from the last
+// revision it saw went on the same way. Both must end REVISION_COMPACTED:
+// list, then watch.
 func TestWatchAcrossARestartThatLostTheSwarmIsCompacted(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -85,5 +86,33 @@ func TestWatchAcrossARestartThatLostTheSwarmIsCompacted(t *testing.T) {
 	r4 := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "new", r3, `"again"`)}})
 	if ev := next(t, fresh); ev.Revision != r4 {
 		t.Errorf("event after %d = %d, want %d", r3, ev.Revision, r4)
+	}
+}
+
+// TestWatchFromBetweenTwoBatchesIsNoLoss: a start the caller picked between
+// two batches (one below the batch it wants to see, ahead of what the
+// reader has read) is no revision Redis lost: the next batch follows a
+// revision below the start, and is answered.
+func TestWatchFromBetweenTwoBatchesIsNoLoss(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "between"
+	r1 := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "a", 0, `1`)}})
+	first, err := st.Watch(context.Background(), slug, 0) // the reader has read r1
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer first.Close()
+	w, err := st.Watch(context.Background(), slug, r1+1)
+	if err != nil {
+		t.Fatalf("Watch(after %d): %v", r1+1, err)
+	}
+	defer w.Close()
+	r2 := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "b", 0, `2`)}})
+	if ev := next(t, w); ev.Revision != r2 {
+		t.Errorf("event after %d = %d, want %d", r1+1, ev.Revision, r2)
+	}
+	if ev := next(t, first); ev.Revision != r2 {
+		t.Errorf("from-now watcher's event = %d, want %d", ev.Revision, r2)
 	}
 }
