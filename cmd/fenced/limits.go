@@ -45,7 +45,7 @@ type limitFlags struct {
 	// MaxWatchers and MaxWatchersPerConnection bound RecordsService Watch
 	// streams; WatchBuffer and WatchProgressInterval shape each one.
 	MaxWatchers              int           `name:"max-watchers" env:"FENCED_MAX_WATCHERS" default:"10000" help:"Most RecordsService Watch streams open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS. Watchers of one swarm share one Redis reader."`
-	MaxWatchersPerConnection int           `name:"max-watchers-per-connection" env:"FENCED_MAX_WATCHERS_PER_CONNECTION" default:"1000" help:"Most Watch streams open at once on one client connection (also bounded by --max-concurrent-streams, which queues instead of refusing)."`
+	MaxWatchersPerConnection int           `name:"max-watchers-per-connection" env:"FENCED_MAX_WATCHERS_PER_CONNECTION" default:"128" help:"Most Watch streams open at once on one client connection; below --max-concurrent-streams, so that a connection's watchers leave streams for its other calls and one more Watch is refused (RESOURCE_EXHAUSTED) instead of queued."`
 	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, under 3,000) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
 	WatchCoalesce            time.Duration `name:"watch-coalesce" env:"FENCED_WATCH_COALESCE" default:"50ms" help:"Shortest time between two fan-outs of one swarm's Watch reader: a batch after a quiet spell goes out at once; under a stream of commits each fan-out carries every batch since the last, so watching costs one message per watcher per interval whatever the write rate (0: no coalescing)."`
 	WatchCoalesceWatchers    int           `name:"watch-coalesce-watchers" env:"FENCED_WATCH_COALESCE_WATCHERS" default:"512" help:"Watchers of one swarm one --watch-coalesce interval serves: with more, the time between two fan-outs under a stream of commits grows in proportion (1,000 watchers: twice the interval), at most 1s, so that a swarm's fan-outs cost about as much whatever its watchers (0: it does not grow)."`
@@ -90,6 +90,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --max-replica-waits and --max-replica-waits-per-swarm must be >= 1")
 	case l.MaxWatchers < 1 || l.MaxWatchersPerConnection < 1 || l.WatchBuffer < 1 || l.WatchProgressInterval < 100*time.Millisecond || l.WatchCoalesce < 0 || l.WatchCoalesceWatchers < 0:
 		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce and --watch-coalesce-watchers >= 0")
+	case l.MaxWatchersPerConnection >= int(l.MaxConcurrentStreams):
+		return fmt.Errorf("configuration: --max-watchers-per-connection %d must be below --max-concurrent-streams %d: a connection's watchers would take all its streams, and its next Watch and its other calls would wait instead of the Watch being refused", l.MaxWatchersPerConnection, l.MaxConcurrentStreams)
 	}
 	return nil
 }

@@ -76,3 +76,18 @@ func TestConnectionLimitBelowFileLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchersPerConnectionMustLeaveStreams: a --max-watchers-per-connection
+// at or above --max-concurrent-streams is refused at start (a connection's
+// watchers would take all its streams: its next Watch and its other calls
+// would wait instead of the Watch being refused).
+func TestWatchersPerConnectionMustLeaveStreams(t *testing.T) {
+	clearEnv(t)
+	_, stderr, err := runOnce(t, "serve", "--listen", "127.0.0.1:0", "--max-concurrent-streams", "64", "--max-watchers-per-connection", "64")
+	if err == nil || !strings.Contains(err.Error(), "--max-watchers-per-connection 64 must be below --max-concurrent-streams 64") {
+		t.Errorf("serve with 64 watchers per connection over 64 streams = %v, want refused naming both flags", err)
+	}
+	if strings.Contains(stderr, "serving gRPC") {
+		t.Errorf("served before failing:\n%s", stderr)
+	}
+}

@@ -135,3 +135,46 @@ func (c *Cluster) Masters() []*Server {
 	}
 	return out
 }
+
+// AddEmptyMaster starts one more cluster-mode redis-server, joins it with
+// CLUSTER MEET and waits until every node knows it and reports
+// cluster_state:ok: a primary that owns no
+// slot yet and holds nothing (no key, no function library), as an operator
+// adds one before moving slots to it. It is appended to Nodes; the test
+// moves slots to it (CLUSTER SETSLOT, MIGRATE).
+func (c *Cluster) AddEmptyMaster(t testing.TB) *Server {
+	t.Helper()
+	bin, _ := chooseBackend(t)
+	n := startLocal(t, bin, config{cluster: true})
+	c.nodes = append(c.nodes, n)
+	host, port, err := net.SplitHostPort(n.Addr())
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	c.nodes[0].Do(t, "CLUSTER", "MEET", host, port, strconv.Itoa(n.busPort))
+	deadline := time.Now().Add(clusterTimeout)
+	for {
+		known := 0
+		for _, m := range c.nodes {
+			if m.Pid() == 0 {
+				known++
+				continue
+			}
+			v, err := doOnce(m.Addr(), []string{"CLUSTER", "INFO"})
+			if err != nil {
+				continue
+			}
+			info := parseInfo(strings.Join(flatten(v), "\n"))
+			if info["cluster_known_nodes"] == strconv.Itoa(len(c.nodes)) && info["cluster_state"] == "ok" {
+				known++
+			}
+		}
+		if known == len(c.nodes) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: new node %s not known to every node within %v", n.Addr(), clusterTimeout)
+		}
+		time.Sleep(pollInterval)
+	}
+}

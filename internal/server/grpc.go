@@ -180,6 +180,10 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			recovery.StreamServerInterceptor(onPanic),
 		),
 	)...)
+	if opts.Records.Watch.MaxPerConnection <= 0 {
+		// Watchers leave streams of their connection to its other calls.
+		opts.Records.Watch.MaxPerConnection = max(1, min(DefaultMaxWatchersPerConnection, int(s.transport.MaxConcurrentStreams)/2))
+	}
 	svc := NewService(core, limits, opts.Records)
 	svc.limitsObs = s.limits
 	if wo, ok := s.limits.(WatchObserver); ok {

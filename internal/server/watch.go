@@ -34,7 +34,12 @@ type WatchOptions struct {
 	// DefaultMaxWatchers.
 	Max int
 	// MaxPerConnection bounds the Watch streams open at once on one client
-	// connection (limit "connection"). Default DefaultMaxWatchersPerConnection.
+	// connection (limit "connection"). Keep it below the transport's
+	// MaxConcurrentStreams: at or above it, a connection's watchers take
+	// every stream, and its next Watch and its other calls wait for one
+	// (until their deadline) instead of the next Watch being refused.
+	// Default (New): DefaultMaxWatchersPerConnection, at most half of
+	// Transport.MaxConcurrentStreams.
 	MaxPerConnection int
 	// ProgressInterval: a stream quiet for this long gets a progress event,
 	// so that proxies with idle timeouts do not cut it. Default
@@ -47,7 +52,7 @@ type WatchOptions struct {
 // shared.
 const (
 	DefaultMaxWatchers              = 10000
-	DefaultMaxWatchersPerConnection = 1000
+	DefaultMaxWatchersPerConnection = DefaultMaxConcurrentStreams / 2
 	DefaultWatchProgressInterval    = 30 * time.Second
 )
 

@@ -336,6 +336,9 @@ func Refusal(reply string) *RefusalError { return refused(reply) }
 // the command's error code first, as Redis 7 passes it through (on older
 // Redis an "ERR Error running script ... -OOM ..." text is searched too).
 func refused(msg string) *RefusalError {
+	if strings.HasPrefix(msg, nonLocalKey) || strings.Contains(msg, " "+nonLocalKey) {
+		return &RefusalError{Reason: ReasonRedisTryAgain, Message: msg, kind: ErrUnavailable}
+	}
 	code, _, _ := strings.Cut(msg, " ")
 	for _, r := range refusalTable {
 		if code == r.prefix || (code == "ERR" && strings.Contains(msg, " -"+r.prefix+" ")) {
@@ -344,6 +347,13 @@ func refused(msg string) *RefusalError {
 	}
 	return nil
 }
+
+// nonLocalKey starts the error a Cluster node answers when a script names
+// a key it does not declare (the commit's by-name-index, §3.7) in a slot
+// that is migrating and that key is no longer on the node: the slot is
+// moving, as with TRYAGAIN. The commit reads the index's type before its
+// first write, so the batch wrote nothing.
+const nonLocalKey = "Script attempted to access a non local key in a cluster node"
 
 // movedPrefixes are redirections rueidis follows itself on Cluster; one
 // that reaches fenced means the topology is changing: try again later.

@@ -415,7 +415,9 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 		end = "(" + entries[len(entries)-1].id
 	}
 	// The oldest entry read says which revision preceded it: nothing is
-	// missing when that is at or below after.
+	// missing when that is at or below after. (Below after is also what a
+	// resume from a revision Redis lost looks like, but a start between two
+	// batches looks alike: the hub tells a loss it saw, Watch.)
 	if !found && hasPrev && oldestPrev <= after {
 		found = true
 	}
@@ -464,6 +466,11 @@ type Watch struct {
 	pending []*Event
 	// last is the revision of the last event answered (or the start).
 	last int64
+	// known: last is a batch's revision (an event answered, or the newest
+	// the hub had read when w joined), not a caller's number, which may
+	// lie between two batches: only then does a next batch whose prev is
+	// below last say that Redis lost batches (unseen).
+	known bool
 	// sent is the revision of the last event its consumer delivered
 	// (MarkSent), readable from any goroutine.
 	sent      atomic.Int64
@@ -660,8 +667,34 @@ func (w *Watch) unseen(b *Batch) *Batch {
 		}
 		b = &Batch{Events: after}
 	}
+	if first := b.Events[0]; w.known && first.hasPrev && first.prev < w.last {
+		w.wentBack(first)
+		return nil
+	}
 	w.last = b.Events[len(b.Events)-1].Revision
+	w.known = true
 	return b
+}
+
+// wentBack drops w, whose next batch ev follows a revision below the last
+// one w answered (or started at, when that is known to be a batch's: the
+// newest in the log when it joined): Redis lost batches w was told of (a
+// restart without
+// persistence, a failover to a replica that had not received them, a
+// restored snapshot), and the records they wrote with them. Nothing in the
+// log says what was lost, so w ends as compacted (list, then watch), like
+// a resume from a revision the log no longer holds.
+func (w *Watch) wentBack(ev *Event) {
+	h := w.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-w.dropped:
+		return
+	default:
+	}
+	delete(h.watchers, w)
+	w.drop(fmt.Errorf("store: watch: %w", &CompactedError{Start: w.LastSent(), Oldest: ev.Revision}))
 }
 
 // Close leaves the swarm's reader (which stops with its last watcher).
@@ -683,14 +716,20 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 	w.dropCtx, w.dropCancel = context.WithCancel(context.Background())
 	w.dropped = w.dropCtx.Done()
 	h.mu.Lock()
-	lastID, lastRev := h.lastID, h.lastRev
+	lastID, lastRev, loss := h.lastID, h.lastRev, h.loss
 	h.watchers[w] = struct{}{}
 	h.mu.Unlock()
+	if after != 0 && after > loss.after && after <= loss.upTo {
+		// A resume from a revision this reader saw Redis lose.
+		w.Close()
+		return nil, fmt.Errorf("store: watch: %w", &CompactedError{Start: after, Oldest: loss.oldest})
+	}
 	if after == 0 || after >= lastRev {
 		if after == 0 {
 			after = lastRev
 		}
 		w.last = after
+		w.known = after == lastRev && lastRev != 0
 		w.sent.Store(after)
 		return w, nil
 	}
@@ -788,12 +827,20 @@ type hub struct {
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	// lastID and lastRev: the newest entry read (or present at the start).
-	lastID   string
-	lastRev  int64
+	lastID  string
+	lastRev int64
+	// loss is the last time the reader saw the swarm go back.
+	loss     lostRange
 	watchers map[*Watch]struct{}
 	refs     int
 	feeds    *feeds
 }
+
+// lostRange is what a swarm's reader saw Redis lose: it had read batches
+// up to upTo, and the next one it read followed after (below upTo), at
+// oldest. A watch resuming from a revision in (after, upTo] resumes from a
+// batch Redis lost.
+type lostRange struct{ after, upTo, oldest int64 }
 
 // join finds or starts slug's hub and counts one more user in it.
 func (f *feeds) join(ctx context.Context, s *Store, slug string) (*hub, error) {
@@ -952,6 +999,18 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			fill = min(fill, now.Sub(lastRead)*LogCap/2/time.Duration(len(events)))
 		}
 		lastRead = now
+		if len(events) > 0 && events[0].hasPrev && events[0].prev < readRev {
+			// The swarm went back: Redis lost batches up to readRev (a
+			// restart without persistence, a failover, a restored
+			// snapshot). Each watcher told of them ends compacted when it
+			// reaches this batch (Watch.unseen); a resume from one of them
+			// is refused (Store.Watch).
+			s.log.Warn("watch: the swarm's revision went back: Redis lost batches its watchers may have been sent; they are told to read again (revision compacted)",
+				"slug", h.slug, "last_read", readRev, "prev", events[0].prev, "next", events[0].Revision)
+			h.mu.Lock()
+			h.loss = lostRange{after: events[0].prev, upTo: readRev, oldest: events[0].Revision}
+			h.mu.Unlock()
+		}
 		if newLast != "" {
 			readID = newLast
 		}
