@@ -1,13 +1,11 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/redis/rueidis"
 )
 
 // floorScript is the thinnest script that writes what a fenced commit
@@ -81,38 +79,19 @@ func setFloorMeta(b *testing.B, srv *redistest.Server, slug, expires string) {
 		"section_revisions", `{"r":1,"v":{"meta":1}}`)
 }
 
-// floorSwarm is one swarm of floorScript's keys and the revision it last
-// wrote of each record.
-type floorSwarm struct {
-	slug string
-	seen [minimalRecords]string
-}
-
-func newFloorSwarm(b *testing.B, srv *redistest.Server, slug string) *floorSwarm {
+// newFloorSwarm is a swarm of floorScript's keys, its meta as
+// setFloorMeta writes it with a lease for an hour.
+func newFloorSwarm(b *testing.B, srv *redistest.Server, slug string) *scriptSwarm {
 	tm := srv.DoArray(b, "TIME")
 	sec, _ := strconv.ParseInt(tm[0], 10, 64)
 	setFloorMeta(b, srv, slug, strconv.FormatInt((sec+3600)*1000, 10))
-	f := &floorSwarm{slug: slug}
-	for i := range f.seen {
-		f.seen[i] = "0"
-	}
-	return f
+	return newScriptSwarm("floor", floorKeys(slug), []string{leaseOwner, "1", minimalSection, slug})
 }
 
-func (f *floorSwarm) commit(ctx context.Context, rdb rueidis.Client, script *rueidis.Lua, size, i int) error {
-	first := (i * size) % minimalRecords
-	args := []string{leaseOwner, "1", minimalSection, f.slug}
-	for j := first; j < first+size; j++ {
-		args = append(args, fmt.Sprintf("r%04d", j), f.seen[j], minimalValue(0, i))
-	}
-	p := prefix + ":{" + f.slug + "}:fence:"
-	keys := []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current"}
-	rev, err := script.Exec(ctx, rdb, keys, args).ToString()
-	if err != nil {
-		return fmt.Errorf("floor: %w", err)
-	}
-	for j := first; j < first+size; j++ {
-		f.seen[j] = rev
-	}
-	return nil
+// floorKeys is floorScript's KEYS for slug: fenced's keys of the swarm
+// (meta, the section minimalSection, the counter, the log) and
+// state:fencing:current.
+func floorKeys(slug string) []string {
+	p := prefix + ":{" + slug + "}:fence:"
+	return []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current"}
 }

@@ -102,8 +102,7 @@ func (m *minimalServer) commit(ctx context.Context, req []byte, floor bool) ([]b
 	args := make([]string, 0, len(parts)+1)
 	script := m.script
 	if floor {
-		p := prefix + ":{" + slug + "}:fence:"
-		keys = []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current"}
+		keys = floorKeys(slug)
 		args = append(args, string(parts[1]), string(parts[2]), minimalSection, slug)
 		parts = parts[3:]
 		script = m.floor

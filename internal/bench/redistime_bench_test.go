@@ -131,34 +131,45 @@ func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
 	return usec / calls
 }
 
-// minimalSwarm is one swarm of the prototype's keys and the revision it
-// last wrote of each record.
-type minimalSwarm struct {
-	slug string
+// scriptSwarm is one swarm of a benchmark script's (minimalScript's or
+// floorScript's): its keys, the arguments before the writes, and the
+// revision it last wrote of each record.
+type scriptSwarm struct {
+	name string
+	keys []string
+	head []string
 	seen [minimalRecords]string
 }
 
-func newMinimalSwarm(b *testing.B, srv *redistest.Server, slug string) *minimalSwarm {
+// newMinimalSwarm is a swarm of minimalScript's keys whose lease
+// leaseOwner holds at epoch 1 for an hour.
+func newMinimalSwarm(b *testing.B, srv *redistest.Server, slug string) *scriptSwarm {
 	tm := srv.DoArray(b, "TIME")
 	sec, _ := strconv.ParseInt(tm[0], 10, 64)
 	srv.Do(b, "HSET", "min:{"+slug+"}:lease", "owner", leaseOwner, "epoch", "1", "expires", strconv.FormatInt((sec+3600)*1000, 10))
-	m := &minimalSwarm{slug: slug}
+	k := "min:{" + slug + "}:"
+	return newScriptSwarm("prototype", []string{k + "lease", k + "records", k + "rev", k + "log"}, []string{leaseOwner, "1"})
+}
+
+func newScriptSwarm(name string, keys, head []string) *scriptSwarm {
+	m := &scriptSwarm{name: name, keys: keys, head: head}
 	for i := range m.seen {
 		m.seen[i] = "0"
 	}
 	return m
 }
 
-func (m *minimalSwarm) commit(ctx context.Context, rdb rueidis.Client, script *rueidis.Lua, size, i int) error {
+// commit runs script over the swarm's next size records, each at the
+// revision last written, and notes the revision it answers.
+func (m *scriptSwarm) commit(ctx context.Context, rdb rueidis.Client, script *rueidis.Lua, size, i int) error {
 	first := (i * size) % minimalRecords
-	args := []string{leaseOwner, "1"}
+	args := append([]string(nil), m.head...)
 	for j := first; j < first+size; j++ {
 		args = append(args, fmt.Sprintf("r%04d", j), m.seen[j], minimalValue(0, i))
 	}
-	keys := []string{"min:{" + m.slug + "}:lease", "min:{" + m.slug + "}:records", "min:{" + m.slug + "}:rev", "min:{" + m.slug + "}:log"}
-	rev, err := script.Exec(ctx, rdb, keys, args).ToString()
+	rev, err := script.Exec(ctx, rdb, m.keys, args).ToString()
 	if err != nil {
-		return fmt.Errorf("prototype: %w", err)
+		return fmt.Errorf("%s: %w", m.name, err)
 	}
 	for j := first; j < first+size; j++ {
 		m.seen[j] = rev

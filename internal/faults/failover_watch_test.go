@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -139,14 +138,7 @@ func TestWatchersThroughClusterFailovers(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	var names []string
-	for k := range outcomes {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		t.Logf("%5d x %s", outcomes[k], k)
-	}
+	logCounts(t, outcomes)
 	rc := c.Client(t)
 	entries := readLog(t, rc, slug)
 	logged := map[int64]bool{}
@@ -159,30 +151,17 @@ func TestWatchersThroughClusterFailovers(t *testing.T) {
 		}
 	}
 	for _, w := range watchers {
-		var want []int64
-		for _, e := range entries {
-			if e.Revision > w.from {
-				want = append(want, e.Revision)
-			}
-		}
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		want := len(revisionsAfter(entries, w.from))
+		waitForEvents(func() bool {
 			w.mu.Lock()
-			n, ended := len(w.got), w.err != nil
-			w.mu.Unlock()
-			if n >= len(want) || ended {
-				break
-			}
-		}
+			defer w.mu.Unlock()
+			return len(w.got) >= want || w.err != nil
+		})
 	}
 	wcancel()
 	for i, w := range watchers {
 		<-w.done
-		var want []int64
-		for _, e := range entries {
-			if e.Revision > w.from {
-				want = append(want, e.Revision)
-			}
-		}
+		want := revisionsAfter(entries, w.from)
 		got := w.got
 		for j := 1; j < len(got); j++ {
 			if got[j] <= got[j-1] {

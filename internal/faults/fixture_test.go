@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -183,4 +184,36 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// revisionsAfter is the revisions of the log entries above from, in log
+// order: what a watcher started at from must get.
+func revisionsAfter(entries []logEntry, from int64) []int64 {
+	var revs []int64
+	for _, e := range entries {
+		if e.Revision > from {
+			revs = append(revs, e.Revision)
+		}
+	}
+	return revs
+}
+
+// waitForEvents polls done every 50 ms until it answers true or 15 s pass
+// (a watcher catching up with the log, or ended).
+func waitForEvents(done func() bool) {
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !done(); time.Sleep(50 * time.Millisecond) {
+	}
+}
+
+// logCounts logs each outcome with its count, by name.
+func logCounts(t *testing.T, counts map[string]int) {
+	t.Helper()
+	names := make([]string, 0, len(counts))
+	for k := range counts {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		t.Logf("%5d x %s", counts[k], k)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,13 +196,8 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 
 	mu.Lock()
 	defer mu.Unlock()
-	var names []string
+	logCounts(t, reasons)
 	for k := range reasons {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		t.Logf("%5d x %s", reasons[k], k)
 		for _, bad := range []string{"MOVED", "ASK ", "CROSSSLOT", "NOSCRIPT", "Internal", "Unknown"} {
 			if strings.Contains(k, bad) {
 				t.Errorf("a caller saw %q: %s", bad, k)
@@ -269,22 +263,14 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 	}
 
 	// The watcher: every batch after start, once, in order.
-	var want []int64
-	for _, e := range entries {
-		if e.Revision > start {
-			want = append(want, e.Revision)
-		}
-	}
+	want := revisionsAfter(entries, start)
 	// What left the log (it keeps the last 1000) is checked for order only.
 	keptFrom := 0
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	waitForEvents(func() bool {
 		wmu.Lock()
-		n, failed := len(watched), watchErr != nil
-		wmu.Unlock()
-		if n >= len(want) || failed {
-			break
-		}
-	}
+		defer wmu.Unlock()
+		return len(watched) >= len(want) || watchErr != nil
+	})
 	wcancel()
 	<-watchDone
 	if watchErr != nil {
