@@ -180,7 +180,7 @@ func waitStatus(t *testing.T, hc healthpb.HealthClient, service string, want hea
 }
 
 // TestSecondSignalStopsAtOnceWhenStartedIgnoringSIGINT: a fenced started
-// with SIGINT ignored (in the background of a script, under nohup) still
+// with SIGINT ignored (a job a script starts in the background) still
 // takes its first SIGINT as the start of the drain, and a second one stops
 // it at once, as in a terminal.
 func TestSecondSignalStopsAtOnceWhenStartedIgnoringSIGINT(t *testing.T) {

@@ -39,7 +39,7 @@ func main() {
 // drains and stops gracefully); a second one stops fenced at once, cutting
 // the drain delay and the graceful stop, by the signal's default action.
 // Restoring the default is not enough where the signal was ignored when
-// fenced started (SIGINT in the background of a script, under nohup):
+// fenced started (SIGINT in a job a script starts in the background):
 // Notify took it anyway, and Reset restores the ignoring, so fenced then
 // exits 128+n itself.
 func stopOnSignals(first func()) {
