@@ -70,7 +70,7 @@ type cli struct {
 // redisFlags are the flags of every subcommand that talks to Redis.
 type redisFlags struct {
 	// RedisURL is any URL rueidis.ParseURL takes; empty: embedded Redis.
-	RedisURL string `name:"redis-url" env:"FENCED_REDIS_URL,AGENTIHOOKS_SWARM_REDIS_URL" placeholder:"URL" help:"Redis URL: redis://[user:password@]host:port, rediss:// (TLS), unix://; several addresses (?addr=host:port) for Cluster; ?master_set=NAME for Sentinel. Empty: serve uses an embedded in-memory Redis, for trying fenced only (nothing is durable); inspect refuses."`
+	RedisURL string `name:"redis-url" env:"FENCED_REDIS_URL,AGENTIHOOKS_SWARM_REDIS_URL" placeholder:"URL" help:"Redis URL: redis://[user:password@]host:port, rediss:// (TLS), unix://; several addresses (?addr=host:port) for Cluster; ?master_set=NAME for Sentinel. Empty: serve uses an embedded in-memory Redis, for trying fenced only (nothing is durable); inspect and migrate refuse."`
 	// KeyPrefix starts every key: <prefix>:swarm:{<slug>}:fence:...
 	KeyPrefix string `name:"key-prefix" env:"AGENTIHOOKS_SWARM_KEY_PREFIX" default:"agentihooks" help:"Key prefix shared with the other writers (no '{' or '}')."`
 	// redisTLSFlags adjust a rediss:// URL's TLS (security.go).
