@@ -18,7 +18,9 @@ import (
 )
 
 // ErrRevisionCompacted: batches after the revision a Watch was to resume
-// from have left the swarm's log (it keeps at least the last 1000). Read the swarm
+// from have left the swarm's log (it keeps at least the last 1000), or left
+// it before the server's reader read them, or Redis lost batches this Watch
+// was sent (a restart without persistence, a failover). Read the swarm
 // again (Snapshot) and watch from that snapshot's revision. As
 // *CompactedError.
 var ErrRevisionCompacted = errors.New("fenced: revision compacted")
@@ -28,7 +30,8 @@ var ErrRevisionCompacted = errors.New("fenced: revision compacted")
 type CompactedError struct {
 	// From is the revision the watch asked to start after.
 	From int64
-	// Oldest is the revision of the oldest batch the log still holds.
+	// Oldest is the revision of the oldest batch the log still holds (after
+	// a loss: the batch that followed it).
 	Oldest int64
 	Err    error
 }

@@ -178,3 +178,42 @@ func waitStatus(t *testing.T, hc healthpb.HealthClient, service string, want hea
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestSecondSignalStopsAtOnceWhenStartedIgnoringSIGINT: a fenced started
+// with SIGINT ignored (a job a script starts in the background) still
+// takes its first SIGINT as the start of the drain, and a second one stops
+// it at once, as in a terminal.
+func TestSecondSignalStopsAtOnceWhenStartedIgnoringSIGINT(t *testing.T) {
+	redis := redistest.Start(t)
+	addr := freeAddr(t)
+	// sh's trap "" INT ignores SIGINT, and exec keeps it ignored in fenced.
+	cmd := exec.Command("/bin/sh", "-c", `trap "" INT; exec "$0" "$@"`, fencedBinary(t),
+		"serve", "--listen", addr, "--redis-url", redis.URL(), "--drain-delay", "10m")
+	p := startCommand(t, cmd)
+	waitServing(t, dial(t, addr), p.alive, p.log.String)
+
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatalf("SIGINT: %v", err)
+	}
+	for deadline := time.Now().Add(waitFor); !strings.Contains(p.log.String(), drainingLine); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no draining line %v after a SIGINT", waitFor)
+		}
+	}
+	deadline := time.After(waitFor)
+	for exited := false; !exited; {
+		if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			t.Fatalf("second SIGINT: %v", err)
+		}
+		select {
+		case <-p.exited:
+			exited = true
+		case <-time.After(500 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("fenced still running %v after a second SIGINT during a 10m drain delay", waitFor)
+		}
+	}
+	if strings.Contains(p.log.String(), "shutting down") {
+		t.Errorf("fenced log after a second SIGINT: a shutting down line, want the drain cut:\n%s", p.log.String())
+	}
+}

@@ -95,9 +95,15 @@ func (p *process) alive() error {
 // still running.
 func startFenced(t *testing.T, args ...string) *process {
 	t.Helper()
-	bin := fencedBinary(t)
-	p := &process{log: &fencedtest.LogBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, append([]string{"serve"}, args...)...)
+	return startCommand(t, exec.Command(fencedBinary(t), append([]string{"serve"}, args...)...))
+}
+
+// startCommand starts cmd, a command that runs fenced serve, as
+// startFenced does.
+func startCommand(t *testing.T, cmd *exec.Cmd) *process {
+	t.Helper()
+	bin := cmd.Path
+	p := &process{log: &fencedtest.LogBuffer{}, exited: make(chan struct{}), cmd: cmd}
 	p.cmd.Stdout = p.log
 	p.cmd.Stderr = p.log
 	p.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {

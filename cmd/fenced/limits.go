@@ -23,7 +23,7 @@ type limitFlags struct {
 	// MaxConnectionIdle closes connections without calls for this long.
 	MaxConnectionIdle time.Duration `name:"max-connection-idle" env:"FENCED_MAX_CONNECTION_IDLE" default:"15m" help:"Close a connection that has had no call in flight for this long (clients reconnect on their next call)."`
 	// MaxConcurrentStreams bounds the calls in flight on one connection.
-	MaxConcurrentStreams uint32 `name:"max-concurrent-streams" env:"FENCED_MAX_CONCURRENT_STREAMS" default:"256" help:"Most calls (streams) in flight on one connection; a client queues the rest."`
+	MaxConcurrentStreams uint32 `name:"max-concurrent-streams" env:"FENCED_MAX_CONCURRENT_STREAMS" default:"256" help:"Most calls (streams) in flight on one connection; a client queues the rest. Must be above --max-watchers-per-connection."`
 	// StreamWorkers is how many goroutines the server keeps to run calls;
 	// 0: none.
 	StreamWorkers int `name:"stream-workers" env:"FENCED_STREAM_WORKERS" default:"128" help:"Goroutines kept to run calls (grpc-go stream workers): a call runs on an idle one, whose stack has already grown, instead of on a new goroutine (~1.5us less per FencedBatch); with all busy a call gets a goroutine of its own. Each is held from start (0: none, at most 65536)."`

@@ -25,16 +25,37 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	// After the first signal, the default action returns: a second one
-	// stops fenced at once, cutting the drain delay and the graceful stop.
-	context.AfterFunc(ctx, stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	go stopOnSignals(cancel)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fenced:", err)
 		os.Exit(1)
 	}
+}
+
+// stopOnSignals calls first on the first SIGINT or SIGTERM (serve then
+// drains and stops gracefully); a second one stops fenced at once, cutting
+// the drain delay and the graceful stop, by the signal's default action.
+// Restoring the default is not enough where the signal was ignored when
+// fenced started (SIGINT in a job a script starts in the background):
+// Notify took it anyway, and Reset restores the ignoring, so fenced then
+// exits 128+n itself.
+func stopOnSignals(first func()) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	<-sigs
+	first()
+	sig := <-sigs
+	signal.Reset(sig)
+	if self, err := os.FindProcess(os.Getpid()); err == nil && self.Signal(sig) == nil {
+		// A signal a process sends itself is delivered as kill returns,
+		// unless it is ignored.
+		time.Sleep(time.Second)
+	}
+	n, _ := sig.(syscall.Signal)
+	os.Exit(128 + int(n))
 }
 
 // cli is the command line: one struct per subcommand, every flag with its
@@ -49,7 +70,7 @@ type cli struct {
 // redisFlags are the flags of every subcommand that talks to Redis.
 type redisFlags struct {
 	// RedisURL is any URL rueidis.ParseURL takes; empty: embedded Redis.
-	RedisURL string `name:"redis-url" env:"FENCED_REDIS_URL,AGENTIHOOKS_SWARM_REDIS_URL" placeholder:"URL" help:"Redis URL: redis://[user:password@]host:port, rediss:// (TLS), unix://; several addresses (?addr=host:port) for Cluster; ?master_set=NAME for Sentinel. Empty: serve uses an embedded in-memory Redis, for trying fenced only (nothing is durable); inspect refuses."`
+	RedisURL string `name:"redis-url" env:"FENCED_REDIS_URL,AGENTIHOOKS_SWARM_REDIS_URL" placeholder:"URL" help:"Redis URL: redis://[user:password@]host:port, rediss:// (TLS), unix://; several addresses (?addr=host:port) for Cluster; ?master_set=NAME for Sentinel. Empty: serve uses an embedded in-memory Redis, for trying fenced only (nothing is durable); inspect and migrate refuse."`
 	// KeyPrefix starts every key: <prefix>:swarm:{<slug>}:fence:...
 	KeyPrefix string `name:"key-prefix" env:"AGENTIHOOKS_SWARM_KEY_PREFIX" default:"agentihooks" help:"Key prefix shared with the other writers (no '{' or '}')."`
 	// redisTLSFlags adjust a rediss:// URL's TLS (security.go).

@@ -257,17 +257,26 @@ func TestTracing(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("health Check: %v", err)
 	}
-	if err := tr.provider.ForceFlush(ctx); err != nil {
-		t.Fatalf("ForceFlush: %v", err)
+	// A span ends in the server's stats handler after the reply is on its
+	// way: the caller's next call can end first, and the last call's span
+	// may end after the caller has its reply. Wait for the three, then
+	// compare in name order.
+	want := []string{"fenced.v1.RecordsService/FencedBatch", "fenced.v1.RecordsService/Layout", "fenced.v1.RecordsService/Record"}
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if err := tr.provider.ForceFlush(ctx); err != nil {
+			t.Fatalf("ForceFlush: %v", err)
+		}
+		if len(exp.GetSpans()) >= len(want) || time.Now().After(deadline) {
+			break
+		}
 	}
-
 	spans := map[string]tracetest.SpanStub{}
 	var names []string
 	for _, s := range exp.GetSpans() {
 		names = append(names, s.Name)
 		spans[s.Name] = s
 	}
-	want := []string{"fenced.v1.RecordsService/FencedBatch", "fenced.v1.RecordsService/Layout", "fenced.v1.RecordsService/Record"}
+	slices.Sort(names)
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Fatalf("spans = %q, want %q (one per call, none for health checks)", names, want)
 	}

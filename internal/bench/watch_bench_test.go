@@ -47,7 +47,7 @@ const (
 	watchBenchWatchers    = 1000
 	watchBenchConns       = 10
 	watchBenchLatencyN    = 200
-	watchBenchThroughputN = 10000 // per round: many fan-outs (one per 200 ms at 1,000 watchers)
+	watchBenchThroughputN = 10000 // per round: many fan-outs (one per 100 ms at 1,000 watchers)
 	watchBenchWriters     = 8
 	watchBenchRounds      = 3
 	watchBenchDecodeEvery = 100

@@ -245,12 +245,15 @@ class RevisionLimit(FencedError):
 
 class RevisionCompacted(FencedError):
     """OUT_OF_RANGE + REVISION_COMPACTED: batches after the revision a watch was
-    to resume from have left the swarm's log (it keeps at least the last 1000). Read
-    the swarm again (sections) and watch from that snapshot's revision.
+    to resume from have left the swarm's log (it keeps at least the last 1000), or
+    left it before the server's reader read them, or Redis lost batches this watch
+    was sent (a restart without persistence, a failover). Read the swarm again
+    (sections) and watch from that snapshot's revision.
 
     Attributes:
         from_revision: the revision the watch asked to start after.
-        oldest: the revision of the oldest batch the log still holds.
+        oldest: the revision of the oldest batch the log still holds (after a
+            loss: the batch that followed it).
     """
 
     from_revision: int = 0

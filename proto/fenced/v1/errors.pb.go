@@ -122,9 +122,11 @@ const (
 	// Metadata: "token", "method".
 	ErrorReason_METHOD_NOT_PERMITTED ErrorReason_Reason = 30
 	// OUT_OF_RANGE: batches after the Watch's start_revision have left the
-	// swarm's log (it keeps at least the last 1000); read with Sections and watch
-	// from its revision. Metadata: "oldest_revision" (the oldest batch the
-	// log still holds).
+	// swarm's log (it keeps at least the last 1000), or left it before the
+	// server's reader of the swarm read them, or Redis lost batches the
+	// watcher was sent (a restart without persistence, a failover); read
+	// with Sections and watch from its revision. Metadata: "oldest_revision"
+	// (the oldest batch the log still holds, or the batch after the loss).
 	ErrorReason_REVISION_COMPACTED ErrorReason_Reason = 31
 	// RESOURCE_EXHAUSTED: the process or the connection has as many Watch
 	// streams open as it allows; nothing was started. Metadata: "limit"

@@ -114,16 +114,20 @@ type RecordsServiceClient interface {
 	FencedBatch(ctx context.Context, in *FencedBatchRequest, opts ...grpc.CallOption) (*FencedBatchResponse, error)
 	// Watch streams the swarm's committed batches after start_revision, one
 	// WatchEvent per batch, in revision order, none twice, until the caller
-	// cancels or the stream fails. The list-then-watch pattern: read with
+	// cancels or the stream fails; a WatchResponse carries one or more events
+	// (every batch since the last message, at most 4,096 events and 1 MiB). The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
 	// come from the swarm's log, which keeps at least its last 1000 batches. Read-only
 	// (a read token suffices).
 	//
 	// Errors: OUT_OF_RANGE + REVISION_COMPACTED when batches after
-	// start_revision have left the log (ErrorInfo metadata oldest_revision:
-	// the oldest batch the log still holds): read again with Sections and
-	// watch from its revision. RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS when the
+	// start_revision have left the log, or left it before the server's reader
+	// of the swarm read them, or when Redis lost batches the stream was sent
+	// (a restart without persistence, a failover) (ErrorInfo metadata
+	// oldest_revision: the oldest batch the log still holds, or the batch that
+	// followed the loss): read again with Sections and watch from its
+	// revision. RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS when the
 	// server or this connection has as many Watch streams open as it allows
 	// (metadata limit: "process" or "connection"); RESOURCE_EXHAUSTED +
 	// WATCHER_TOO_SLOW when the caller did not read events as fast as they
@@ -254,16 +258,20 @@ type RecordsServiceServer interface {
 	FencedBatch(context.Context, *FencedBatchRequest) (*FencedBatchResponse, error)
 	// Watch streams the swarm's committed batches after start_revision, one
 	// WatchEvent per batch, in revision order, none twice, until the caller
-	// cancels or the stream fails. The list-then-watch pattern: read with
+	// cancels or the stream fails; a WatchResponse carries one or more events
+	// (every batch since the last message, at most 4,096 events and 1 MiB). The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
 	// come from the swarm's log, which keeps at least its last 1000 batches. Read-only
 	// (a read token suffices).
 	//
 	// Errors: OUT_OF_RANGE + REVISION_COMPACTED when batches after
-	// start_revision have left the log (ErrorInfo metadata oldest_revision:
-	// the oldest batch the log still holds): read again with Sections and
-	// watch from its revision. RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS when the
+	// start_revision have left the log, or left it before the server's reader
+	// of the swarm read them, or when Redis lost batches the stream was sent
+	// (a restart without persistence, a failover) (ErrorInfo metadata
+	// oldest_revision: the oldest batch the log still holds, or the batch that
+	// followed the loss): read again with Sections and watch from its
+	// revision. RESOURCE_EXHAUSTED + TOO_MANY_WATCHERS when the
 	// server or this connection has as many Watch streams open as it allows
 	// (metadata limit: "process" or "connection"); RESOURCE_EXHAUSTED +
 	// WATCHER_TOO_SLOW when the caller did not read events as fast as they
