@@ -484,7 +484,8 @@ type Watch struct {
 
 // MarkSent records that the events up to rev were delivered (sent on the
 // stream); LastSent answers it, from any goroutine: where a dropped watcher
-// resumes.
+// resumes. A grouped watcher (WithWatchGroup) then wakes the next of its
+// group the read it took last was queued for.
 func (w *Watch) MarkSent(rev int64) {
 	w.sent.Store(rev)
 	w.passOn()
@@ -576,8 +577,9 @@ func (w *Watch) drop(err error) {
 	w.passAll()
 }
 
-// push queues b for w and wakes it; false when w already holds limit reads
-// (it is then to be dropped).
+// push queues b for w, with next, the watcher of its group w is to wake
+// once it has sent b (nil: none), and wakes w when wake; false when w
+// already holds limit reads (it is then to be dropped).
 func (w *Watch) push(b *Batch, limit int, next *Watch, wake bool) bool {
 	w.qmu.Lock()
 	if len(w.queue)-w.head >= limit {
@@ -592,7 +594,8 @@ func (w *Watch) push(b *Batch, limit int, next *Watch, wake bool) bool {
 	return true
 }
 
-// pop takes the oldest read queued (nil when none).
+// pop takes the oldest read queued (nil when none); the watcher the read
+// taken before was to wake, if not woken yet, is woken now.
 func (w *Watch) pop() *Batch {
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
