@@ -201,7 +201,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	s.watchObs.Watchers(1)
 	defer s.watchObs.Watchers(-1)
 
-	w, err := core.Watch(ctx, req.GetSlug(), req.GetStartRevision())
+	w, err := core.Watch(store.WithWatchGroup(ctx, conn), req.GetSlug(), req.GetStartRevision())
 	if err != nil {
 		return toStatus(err)
 	}

@@ -443,3 +443,38 @@ func TestWatchAnswersAGzipCallerInSharedGzipMessages(t *testing.T) {
 		}
 	}
 }
+
+// The watchers of one connection are woken in turn (each once the one
+// before has sent its message); one whose caller never reads, blocked
+// sending by flow control, must not keep the others of its connection
+// from their batches.
+func TestWatchersOfAConnectionGoOnPastOneThatNeverReads(t *testing.T) {
+	srv := redistest.Start(t)
+	st := openStore(t, srv)
+	e := serve(t, st, batch.DefaultLimits(), server.Options{})
+	ctx := ctxT(t)
+	r0 := commitPut(t, e, "shared", "claims", "c", `0`)
+	// One connection with a fixed 64 KiB window per stream: the idle
+	// watcher's fills after a few 16 KB events.
+	conn := dialConn(t, e.addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if _, err := conn.Watch(ctx, &fencedv1.WatchRequest{Slug: "shared", StartRevision: r0}); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	var readers []*events
+	for range 5 {
+		raw, err := conn.Watch(ctx, &fencedv1.WatchRequest{Slug: "shared", StartRevision: r0})
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		readers = append(readers, &events{stream: raw})
+	}
+	value := `"` + strings.Repeat("x", 16<<10) + `"`
+	for i := range 30 {
+		rev := commitPut(t, e, "shared", "claims", "c", value)
+		for j, r := range readers {
+			if ev, err := r.Recv(); err != nil || ev.GetRevision() != rev {
+				t.Fatalf("batch %d: reader %d got %v, %v; want revision %d", i, j, ev, err, rev)
+			}
+		}
+	}
+}

@@ -473,3 +473,31 @@ func TestWatchFanningOutRarelyStillReadsEveryBatchBeforeTheLogDropsIt(t *testing
 		}
 	}
 }
+
+// Grouped watchers (the server groups them by connection) are woken one
+// after another; one that never reads must not keep the others of its
+// group from the batch.
+func TestGroupedWatcherThatNeverReadsDoesNotHoldItsGroupBack(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := store.WithWatchGroup(context.Background(), "one connection")
+	var readers []*store.Watch
+	for i := range 21 {
+		w, err := st.Watch(ctx, "grouped", 0)
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		defer w.Close()
+		if i > 0 { // the first never reads
+			readers = append(readers, w)
+		}
+	}
+	for i := range 3 {
+		rev := mustCommit(t, st, &batch.Batch{Slug: "grouped", Writes: []batch.Write{put("claims", "k"+strconv.Itoa(i), 0, strconv.Itoa(i))}})
+		for j, w := range readers {
+			if ev := next(t, w); ev.Revision != rev {
+				t.Fatalf("watcher %d: event revision %d, want %d", j, ev.Revision, rev)
+			}
+		}
+	}
+}
