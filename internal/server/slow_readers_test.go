@@ -84,15 +84,22 @@ func (c *stalledCaller) read() {
 // io2 hides the net.Conn's writer from the reading framer.
 type io2 struct{ net.Conn }
 
-// call sends one unary call of method with msg.
-func (c *stalledCaller) call(t *testing.T, method string, msg proto.Message) {
-	t.Helper()
+// callHeaders is the HPACK block of a gRPC call's request headers for
+// method.
+func callHeaders(method string) *bytes.Buffer {
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "fenced"},
 		{"content-type", "application/grpc"}, {"te", "trailers"}} {
 		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}
+	return &hb
+}
+
+// call sends one unary call of method with msg.
+func (c *stalledCaller) call(t *testing.T, method string, msg proto.Message) {
+	t.Helper()
+	hb := callHeaders(method)
 	body, err := proto.Marshal(msg)
 	if err != nil {
 		t.Fatal(err)
@@ -182,12 +189,7 @@ func TestSectionsToCallersThatNeverReadHoldBoundedMemory(t *testing.T) {
 // sends its request.
 func (c *stalledCaller) open(t *testing.T, method string) {
 	t.Helper()
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "fenced"},
-		{"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
+	hb := callHeaders(method)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id := c.next
