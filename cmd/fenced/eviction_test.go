@@ -47,12 +47,8 @@ func TestAllowEvictingRedisServesWithWarning(t *testing.T) {
 	clearObservabilityEnv(t)
 	redis := redistest.Start(t, redistest.WithArgs("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"))
 	r := serve(t, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL(), "--allow-evicting-redis")
-	m := metricsAddr.FindStringSubmatch(r.log.String())
-	if m == nil {
-		t.Fatalf("log names no metrics address:\n%s", r.log)
-	}
 	putOne(t, r.addr, "evicting", "e1", `{"name":"w1","generation":1}`)
-	got := scrapeMetrics(t, m[1])
+	got := scrapeMetrics(t, metricsAddrOf(t, r))
 	if got["fenced_redis_may_evict"] != 1 || got["fenced_redis_ready"] != 1 {
 		t.Errorf("fenced_redis_may_evict = %v, fenced_redis_ready = %v; want 1 and 1", got["fenced_redis_may_evict"], got["fenced_redis_ready"])
 	}

@@ -45,6 +45,17 @@ func clearObservabilityEnv(t *testing.T) {
 
 var metricsAddr = regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
 
+// metricsAddrOf is the metrics address r's log names (it serves with
+// --metrics-listen).
+func metricsAddrOf(t *testing.T, r *running) string {
+	t.Helper()
+	m := metricsAddr.FindStringSubmatch(r.log.String())
+	if m == nil {
+		t.Fatalf("log names no metrics address:\n%s", r.log)
+	}
+	return m[1]
+}
+
 // scrapeMetrics GETs http://addr/metrics and returns every sample line as
 // series ("name" or "name{labels}" exactly as exposed) -> value.
 func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
@@ -92,11 +103,7 @@ func TestMetrics(t *testing.T) {
 	clearObservabilityEnv(t)
 	redis := redistest.Start(t)
 	r := serve(t, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL())
-	m := metricsAddr.FindStringSubmatch(r.log.String())
-	if m == nil {
-		t.Fatalf("log names no metrics address:\n%s", r.log)
-	}
-	addr := m[1]
+	addr := metricsAddrOf(t, r)
 	conn := dial(t, r.addr)
 	records, leases := fencedv1.NewRecordsServiceClient(conn), fencedv1.NewLeaseServiceClient(conn)
 	ctx := t.Context()
@@ -419,10 +426,7 @@ func TestMetricsExemplarFromCallerTrace(t *testing.T) {
 	clearObservabilityEnv(t)
 	redis := redistest.Start(t)
 	r := serve(t, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL())
-	m := metricsAddr.FindStringSubmatch(r.log.String())
-	if m == nil {
-		t.Fatalf("log names no metrics address:\n%s", r.log)
-	}
+	maddr := metricsAddrOf(t, r)
 	records := fencedv1.NewRecordsServiceClient(dial(t, r.addr))
 	const sampled, unsampled = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
 	traced := func(traceID, flags string) context.Context {
@@ -438,7 +442,7 @@ func TestMetricsExemplarFromCallerTrace(t *testing.T) {
 		t.Fatalf("Sections(no traceparent): %v", err)
 	}
 
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+m[1]+"/metrics", nil)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+maddr+"/metrics", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

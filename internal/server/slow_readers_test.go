@@ -99,7 +99,6 @@ func callHeaders(method string) *bytes.Buffer {
 // call sends one unary call of method with msg.
 func (c *stalledCaller) call(t *testing.T, method string, msg proto.Message) {
 	t.Helper()
-	hb := callHeaders(method)
 	body, err := proto.Marshal(msg)
 	if err != nil {
 		t.Fatal(err)
@@ -109,11 +108,7 @@ func (c *stalledCaller) call(t *testing.T, method string, msg proto.Message) {
 	copy(frame[5:], body)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	id := c.next
-	c.next += 2
-	if err := c.framer.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-		t.Fatalf("headers: %v", err)
-	}
+	id := c.openLocked(t, method)
 	if err := c.framer.WriteData(id, true, frame); err != nil {
 		t.Fatalf("data: %v", err)
 	}
@@ -189,14 +184,21 @@ func TestSectionsToCallersThatNeverReadHoldBoundedMemory(t *testing.T) {
 // sends its request.
 func (c *stalledCaller) open(t *testing.T, method string) {
 	t.Helper()
-	hb := callHeaders(method)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.openLocked(t, method)
+}
+
+// openLocked sends the headers of a new stream of method, c.mu held, and
+// answers its stream id.
+func (c *stalledCaller) openLocked(t *testing.T, method string) uint32 {
+	t.Helper()
 	id := c.next
 	c.next += 2
-	if err := c.framer.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+	if err := c.framer.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: callHeaders(method).Bytes(), EndHeaders: true}); err != nil {
 		t.Fatalf("headers: %v", err)
 	}
+	return id
 }
 
 // TestStreamsThatNeverSendTheirRequestAreBounded: one address opens
