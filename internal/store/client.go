@@ -16,12 +16,16 @@ import (
 // addresses (?addr=host:port) for Cluster, ?master_set= for Sentinel.
 // Client-side caching is off (fenced never reads through a cache), and
 // rueidis retries only read-only commands: a commit is never sent twice.
+// AlwaysPipelining keeps a goroutine reading every connection, so one that
+// Redis closed (a restart, its idle timeout) is replaced before the next
+// call instead of failing it with EOF (docs/design.md §10.3).
 func ClientOptions(url string) (rueidis.ClientOption, error) {
 	opt, err := rueidis.ParseURL(url)
 	if err != nil {
 		return rueidis.ClientOption{}, fmt.Errorf("store: redis url: %w", err)
 	}
 	opt.DisableCache = true
+	opt.AlwaysPipelining = true
 	if opt.ConnWriteTimeout == 0 {
 		opt.ConnWriteTimeout = 5 * time.Second
 	}
