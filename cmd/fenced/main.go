@@ -331,6 +331,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 	opts := []store.Option{obs.storeOption(),
 		store.WithRequestIDWindow(c.RequestIDWindow),
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
+		store.WithMaxSnapshotBytes(c.MaxSnapshotBytes),
 		store.WithLeaseDurability(durable),
 		store.WithRedisTimeout(c.RedisTimeout),
 		store.WithAllowEviction(c.AllowEvictingRedis),

@@ -6,7 +6,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -53,8 +52,11 @@ const (
 )
 
 // DefaultMaxSnapshotBytes keeps a Sections answer under gRPC's default 4 MiB
-// receive limit of most clients, with room for framing.
-const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
+// receive limit of most clients, with room for framing. The store refuses a
+// snapshot certainly above it before reading it out of Redis (give it the
+// same limit with store.WithMaxSnapshotBytes); the handler checks the
+// encoded answer.
+const DefaultMaxSnapshotBytes = store.DefaultMaxSnapshotBytes
 
 // Service implements fencedv1.RecordsServiceServer over a Records core.
 type Service struct {
@@ -122,7 +124,7 @@ func (s *Service) Sections(ctx context.Context, req *fencedv1.SectionsRequest) (
 		resp.Sections[name] = &fencedv1.Section{Records: recordsProto(recs), Revision: snap.SectionRevisions[name]}
 	}
 	if size := proto.Size(resp); size > s.opts.MaxSnapshotBytes {
-		return nil, toStatus(&snapshotBytesError{size: size, max: s.opts.MaxSnapshotBytes})
+		return nil, toStatus(&store.TooLargeError{Bytes: int64(size), MaxBytes: s.opts.MaxSnapshotBytes})
 	}
 	return resp, nil
 }
@@ -134,15 +136,6 @@ func recordsProto(recs map[string]store.Record) map[string]*fencedv1.Record {
 	}
 	return out
 }
-
-// snapshotBytesError is a Sections answer over MaxSnapshotBytes.
-type snapshotBytesError struct{ size, max int }
-
-func (e *snapshotBytesError) Error() string {
-	return fmt.Sprintf("snapshot too large: %d bytes, at most %d in one Sections answer; read large sections page by page with ScanSection", e.size, e.max)
-}
-
-func (e *snapshotBytesError) Is(target error) bool { return target == store.ErrSnapshotTooLarge }
 
 // ScanSection answers one page of a section.
 func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequest) (*fencedv1.ScanSectionResponse, error) {

@@ -87,14 +87,22 @@ func (e *ReplicationError) Error() string {
 // Is makes errors.Is(err, ErrReplicationTimeout) true.
 func (e *ReplicationError) Is(target error) bool { return target == ErrReplicationTimeout }
 
-// TooLargeError is ErrSnapshotTooLarge with the sizes.
+// TooLargeError is ErrSnapshotTooLarge with the sizes: Records and Max when
+// the snapshot holds too many records; Bytes and MaxBytes (MaxBytes > 0)
+// when its answer would be too large.
 type TooLargeError struct {
 	// Records the snapshot would hold, and the limit.
 	Records int64
 	Max     int
+	// Bytes the answer would hold at least, and the limit.
+	Bytes    int64
+	MaxBytes int
 }
 
 func (e *TooLargeError) Error() string {
+	if e.MaxBytes > 0 {
+		return fmt.Sprintf("snapshot too large: at least %d bytes, at most %d in one Sections answer; read large sections page by page with ScanSection", e.Bytes, e.MaxBytes)
+	}
 	return fmt.Sprintf("snapshot too large: %d records, at most %d in one Sections read; read large sections page by page with ScanSection", e.Records, e.Max)
 }
 

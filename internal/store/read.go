@@ -89,7 +89,8 @@ type Snapshot struct {
 
 // Sections reads the named sections (at most the Store's snapshot limit of
 // records in all, else *TooLargeError before anything is read; see
-// WithMaxSnapshotRecords) (names must be valid; see
+// WithMaxSnapshotRecords; and an answer of at most its byte limit, else
+// *TooLargeError before the records leave Redis; see WithMaxSnapshotBytes) (names must be valid; see
 // batch.Limits.CheckSections) and the swarm revision as one snapshot, in one
 // atomic script. A field that is not a record fails the read with a
 // *CorruptError naming it. Other errors: ErrUnavailable, context errors,
@@ -134,18 +135,14 @@ func (s *Store) readSections(ctx context.Context, k swarmKeys, names []string) (
 	for _, n := range names {
 		keys = append(keys, k.section(n))
 	}
-	arr, err := s.exec(ctx, readSectionsScript, keys, []string{strconv.Itoa(s.maxSnapshotRecords)}).ToArray()
+	arr, err := s.exec(ctx, readSectionsScript, keys,
+		[]string{strconv.Itoa(s.maxSnapshotRecords), strconv.Itoa(s.maxSnapshotBytes)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", s.classify(ctx, err))
 	}
-	if len(arr) == 2 {
+	if len(arr) == 2 || len(arr) == 3 {
 		if tag, _ := arr[0].ToString(); tag == protocol.ReplyTooLarge {
-			n, _ := arr[1].ToString()
-			records, err := parseInt(n)
-			if err != nil {
-				return nil, fmt.Errorf("store: read sections: %w", err)
-			}
-			return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: records, Max: s.maxSnapshotRecords})
+			return nil, fmt.Errorf("store: read sections: %w", s.tooLarge(arr[1:]))
 		}
 	}
 	if len(arr) != 2+len(names) {
@@ -175,6 +172,24 @@ func (s *Store) readSections(ctx context.Context, k swarmKeys, names []string) (
 		}
 	}
 	return snap, nil
+}
+
+// tooLarge decodes read_sections.lua's refusal: { records } when the
+// snapshot holds too many records, { records, bytes } when its answer would
+// be too large.
+func (s *Store) tooLarge(counts []rueidis.RedisMessage) error {
+	var n [2]int64
+	for i, c := range counts {
+		str, _ := c.ToString()
+		var err error
+		if n[i], err = parseInt(str); err != nil {
+			return err
+		}
+	}
+	if len(counts) == 1 {
+		return &TooLargeError{Records: n[0], Max: s.maxSnapshotRecords}
+	}
+	return &TooLargeError{Records: n[0], Bytes: n[1], MaxBytes: s.maxSnapshotBytes}
 }
 
 // parseSectionRevisions decodes meta/section_revisions (nil: none).

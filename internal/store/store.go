@@ -155,6 +155,8 @@ type Store struct {
 	leaseDurability Durability
 	// maxSnapshotRecords bounds one Sections read.
 	maxSnapshotRecords int
+	// maxSnapshotBytes bounds one Sections answer, checked in Redis.
+	maxSnapshotBytes int
 	// observe is told of every script call, batch and lease operation.
 	observe Observer
 	// rebuilds runs by-name index rebuilds in the background; nil without
@@ -177,6 +179,25 @@ func WithMaxSnapshotRecords(n int) Option {
 	return func(s *Store) {
 		if n >= 1 {
 			s.maxSnapshotRecords = n
+		}
+	}
+}
+
+// DefaultMaxSnapshotBytes is the largest Sections answer by default, in
+// bytes: 4 MiB less 64 KiB, under the 4 MiB default receive limit of gRPC
+// clients.
+const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
+
+// WithMaxSnapshotBytes sets the largest Sections answer, in bytes (at least
+// 1; default DefaultMaxSnapshotBytes). The read script sums the keys and
+// stored records it read, less 27 bytes of record text per record, and
+// refuses a snapshot above n before it leaves Redis (*TooLargeError): its
+// answer could not be smaller. The server checks the encoded answer
+// exactly afterwards.
+func WithMaxSnapshotBytes(n int) Option {
+	return func(s *Store) {
+		if n >= 1 {
+			s.maxSnapshotBytes = n
 		}
 	}
 }
@@ -222,6 +243,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		stamp:              client.Mode() != rueidis.ClientModeCluster,
 		requestWindow:      DefaultRequestIDWindow,
 		maxSnapshotRecords: DefaultMaxSnapshotRecords,
+		maxSnapshotBytes:   DefaultMaxSnapshotBytes,
 		observe:            nopObserver{},
 		timeout:            DefaultRedisTimeout,
 		log:                slog.Default(),

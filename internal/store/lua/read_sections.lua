@@ -2,9 +2,14 @@
 -- KEYS[1] revision, KEYS[2] meta, KEYS[3..] the section hashes.
 -- ARGV[1] the most records one snapshot may hold: counted first (HLEN, cheap),
 -- so that a section too large for one read is refused before it is read.
+-- ARGV[2] the most bytes one answer may hold: the keys and stored records are
+-- summed here, less RECORD_ENVELOPE bytes per record (the most a record's text
+-- adds to its value in fenced's form), so that a snapshot whose answer is
+-- certainly larger is refused before its bytes leave Redis.
 -- Reply: { revision, meta/section_revisions field or nil,
 --          {field, raw, field, raw, ...} per section in KEYS order }
---     or { 'TOO_LARGE', records }.
+--     or { 'TOO_LARGE', records } or { 'TOO_LARGE', records, bytes }.
+local RECORD_ENVELOPE = 27 -- {"r": + 16 digits + ,"v": + }
 local total = 0
 for i = 3, #KEYS do
   total = total + redis.call('HLEN', KEYS[i])
@@ -13,7 +18,16 @@ if total > tonumber(ARGV[1]) then
   return { P.REPLY_TOO_LARGE, string.format('%d', total) }
 end
 local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) }
+local bytes = 0
 for i = 3, #KEYS do
-  out[i] = redis.call('HGETALL', KEYS[i])
+  local fields = redis.call('HGETALL', KEYS[i])
+  for j = 1, #fields do
+    bytes = bytes + #fields[j]
+  end
+  out[i] = fields
+end
+bytes = bytes - RECORD_ENVELOPE * total
+if bytes > tonumber(ARGV[2]) then
+  return { P.REPLY_TOO_LARGE, string.format('%d', total), string.format('%d', bytes) }
 end
 return out

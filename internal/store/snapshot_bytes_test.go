@@ -1,0 +1,87 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// netOutput is Redis's total_net_output_bytes: every byte it has sent.
+func netOutput(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	for _, line := range strings.Split(srv.Do(t, "INFO", "stats"), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_net_output_bytes:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("total_net_output_bytes %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatal("INFO stats has no total_net_output_bytes")
+	return 0
+}
+
+// TestSectionsTooLargeInBytesNeverLeaveRedis: six records of 900,000 bytes
+// make a snapshot over the default 4 MiB less 64 KiB answer. Before the read
+// script summed what it read, the store took all 5.4 MB out of Redis and
+// only the handler's check of the encoded answer refused it: eight such
+// reads at once took fenced from 72 to 445 MB of heap. Now the script
+// refuses it: *TooLargeError with the bytes, and Redis sends a few bytes.
+// Four such records (3.6 MB) are still answered whole.
+func TestSectionsTooLargeInBytesNeverLeaveRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	value := `"` + strings.Repeat("x", 900_000-2) + `"`
+	for i := range 6 {
+		mustCommit(t, st, &batch.Batch{Slug: "heavy", Writes: []batch.Write{put("claims", fmt.Sprintf("c-%d", i), 0, value)}})
+		if i == 3 {
+			snap, err := st.Sections(ctx, "heavy", []string{"claims"})
+			if err != nil || len(snap.Sections["claims"]) != 4 {
+				t.Fatalf("Sections of four records of 900,000 bytes = %v, want them all", err)
+			}
+		}
+	}
+	before := netOutput(t, srv)
+	_, err := st.Sections(ctx, "heavy", []string{"claims"})
+	sent := netOutput(t, srv) - before
+	var tl *store.TooLargeError
+	if !errors.Is(err, store.ErrSnapshotTooLarge) || !errors.As(err, &tl) ||
+		tl.MaxBytes != store.DefaultMaxSnapshotBytes || tl.Bytes <= int64(tl.MaxBytes) || tl.Records != 6 {
+		t.Fatalf("Sections of six records of 900,000 bytes = %v, want *TooLargeError over %d bytes", err, store.DefaultMaxSnapshotBytes)
+	}
+	if sent > 64<<10 {
+		t.Errorf("Redis sent %d bytes to refuse the snapshot (the INFO reply included); want the refusal alone", sent)
+	}
+}
+
+// TestSectionsAreNotRefusedForTheirRecordText: the script's byte sum leaves
+// out the record text around each value ({"r":<revision>,"v":...}), so that
+// a snapshot whose answer fits is never refused in Redis: 1,000 records of a
+// 1-byte value under a 10,000-byte limit store ~32,000 bytes, of which keys
+// and values are 5,000.
+func TestSectionsAreNotRefusedForTheirRecordText(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := store.Open(srv.URL(), prefix, store.WithMaxSnapshotBytes(10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	var ws []batch.Write
+	for i := range 1000 {
+		ws = append(ws, put("claims", fmt.Sprintf("k%03d", i), 0, "1"))
+	}
+	mustCommit(t, st, &batch.Batch{Slug: "tiny", Writes: ws})
+	snap, err := st.Sections(context.Background(), "tiny", []string{"claims"})
+	if err != nil || len(snap.Sections["claims"]) != 1000 {
+		t.Fatalf("Sections of 1,000 one-byte records under a 10,000-byte limit = %v, want them all", err)
+	}
+}
