@@ -106,7 +106,7 @@ type serveCmd struct {
 	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, this many records per script (each about 2 ms of Redis time at 200); 0: never (fenced inspect --repair does it)."`
 	// MaxSnapshotRecords and MaxSnapshotBytes bound one Sections answer.
 	MaxSnapshotRecords int `env:"FENCED_MAX_SNAPSHOT_RECORDS" default:"20000" help:"Most records one Sections read may hold (counted before reading); larger sections are read with ScanSection."`
-	MaxSnapshotBytes   int `env:"FENCED_MAX_SNAPSHOT_BYTES" default:"4128768" help:"Largest Sections answer, in bytes (default: 4 MiB less 64 KiB, under gRPC clients' default receive limit)."`
+	MaxSnapshotBytes   int `env:"FENCED_MAX_SNAPSHOT_BYTES" default:"4128768" help:"Largest Sections answer and ScanSection page, in bytes (default: 4 MiB less 64 KiB, under gRPC clients' default receive limit)."`
 	// LeaseMinTTL and LeaseMaxTTL bound the TTL of a lease grant or renewal.
 	LeaseMinTTL time.Duration `env:"FENCED_LEASE_MIN_TTL" default:"100ms" help:"Shortest lease TTL a client may ask for."`
 	LeaseMaxTTL time.Duration `env:"FENCED_LEASE_MAX_TTL" default:"10m" help:"Longest lease TTL a client may ask for."`

@@ -323,8 +323,12 @@ func keysFingerprint(keys []string) string {
 // section. HSCAN's COUNT is only a hint (a small hash, stored as a
 // listpack, answers whole at once; a hashtable answers whole buckets), so
 // a batch larger than count is cut in key order and the next position
-// resumes inside it (the position grammar is batch.ParseScanPosition). A page may hold fewer than
-// count records, even none, before the end. Errors: ErrInvalidCursor,
+// resumes inside it (the position grammar is batch.ParseScanPosition). The
+// batch is cut by bytes too: a page's keys and values, with
+// pageRecordOverhead bytes each, stay within the Store's snapshot byte limit
+// (WithMaxSnapshotBytes), or it holds one record, so that a default gRPC
+// client can take every page. A page may hold fewer than count records,
+// even none, before the end. Errors: ErrInvalidCursor,
 // *CorruptError, ErrUnavailable, context errors, *RedisError.
 func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*Page, error) {
 	ctx, cancel := s.bound(ctx, 0)
@@ -371,6 +375,10 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 }
 
 // scanSection is ScanSection on the records layout.
+// pageRecordOverhead is the most bytes a record's map entry adds to its key
+// and value in a ScanSection answer (tags, lengths, the revision's varint).
+const pageRecordOverhead = 32
+
 func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
 	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
 		[]string{cursor, strconv.Itoa(count)}).ToArray()
@@ -413,7 +421,13 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 	}
 	to := min(from+count, len(keys))
 	p.Records = make(map[string]Record, to-from)
-	for _, key := range keys[from:to] {
+	size := 0
+	for i, key := range keys[from:to] {
+		size += len(key) + len(batchRecords[key].Value) + pageRecordOverhead
+		if i > 0 && size > s.maxSnapshotBytes {
+			to = from + i
+			break
+		}
 		p.Records[key] = batchRecords[key]
 	}
 	switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -83,5 +84,52 @@ func TestSectionsAreNotRefusedForTheirRecordText(t *testing.T) {
 	snap, err := st.Sections(context.Background(), "tiny", []string{"claims"})
 	if err != nil || len(snap.Sections["claims"]) != 1000 {
 		t.Fatalf("Sections of 1,000 one-byte records under a 10,000-byte limit = %v, want them all", err)
+	}
+}
+
+// TestScanSectionPagesStayUnderTheByteLimit: six records of 900,000 bytes
+// scanned 200 at a time came back as one page of 5.4 MB, which a gRPC
+// client with the default 4 MiB receive limit cannot take (every page of
+// the section, however many times asked). Pages are cut by bytes too: four
+// records, then two, each once. A record alone above the limit is a page
+// of its own.
+func TestScanSectionPagesStayUnderTheByteLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	small, err := store.Open(srv.URL(), prefix, store.WithMaxSnapshotBytes(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(small.Close)
+	ctx := context.Background()
+	value := `"` + strings.Repeat("x", 900_000-2) + `"`
+	for i := range 6 {
+		mustCommit(t, st, &batch.Batch{Slug: "heavy", Writes: []batch.Write{put("claims", fmt.Sprintf("c-%d", i), 0, value)}})
+	}
+	for _, c := range []struct {
+		st    *store.Store
+		sizes []int
+	}{{st, []int{4, 2}}, {small, []int{1, 1, 1, 1, 1, 1}}} {
+		var sizes []int
+		seen := map[string]bool{}
+		for pos := ""; len(sizes) <= 6; {
+			p, err := c.st.ScanSection(ctx, "heavy", "claims", pos, 200)
+			if err != nil {
+				t.Fatalf("ScanSection(%q): %v", pos, err)
+			}
+			sizes = append(sizes, len(p.Records))
+			for k := range p.Records {
+				if seen[k] {
+					t.Errorf("record %s on two pages", k)
+				}
+				seen[k] = true
+			}
+			if pos = p.Next; pos == "" {
+				break
+			}
+		}
+		if !slices.Equal(sizes, c.sizes) || len(seen) != 6 {
+			t.Errorf("pages of %v records (%d distinct), want %v (6)", sizes, len(seen), c.sizes)
+		}
 	}
 }
