@@ -114,8 +114,11 @@ func TestConcurrentIncrements(t *testing.T) {
 			}
 			t.Logf("%d increments took %d runs of the change (%d reruns after conflicts); ErrKeptChanging %d times",
 				callers*each, runs, runs-callers*each, kept)
+			// With a fixed 1-32 ms wait, 0-2 calls gave up in about a third
+			// of runs (6 of 20 under -race on 2 cores); the growing wait
+			// lets the slow caller through (0 of 20).
 			if kept > 0 {
-				t.Logf("REPORT: %d Update calls gave up with ErrKeptChanging after %d attempts", kept, client.MaxUpdateAttempts)
+				t.Errorf("%d Update calls gave up with ErrKeptChanging after %d attempts; want none", kept, client.MaxUpdateAttempts)
 			}
 			if len(answered) != callers*each {
 				t.Errorf("Update answered %d distinct revisions, want %d", len(answered), callers*each)

@@ -24,8 +24,9 @@ MAX_LOST_REPLY_RETRIES = 3
 """How many times update resends a batch answered UNAVAILABLE (its reply may
 be lost after a commit), under the same request id."""
 
-# The sleep before a rerun: uniformly 1-32 ms, the same every attempt.
-_RERUN_SLEEP_S = (0.001, 0.032)
+# The sleep before a rerun grows, as the Go client's (RerunWait*): 2 ms before
+# the second attempt, doubling up to 256 ms, each randomised by +-50 %.
+_RERUN_INITIAL_S, _RERUN_MULTIPLIER, _RERUN_MAX_S, _RERUN_RANDOMISATION = 0.002, 2, 0.256, 0.5
 
 # The Go client resends a lost reply after backoff's default exponential
 # schedule: 0.5 s, times 1.5 each time, each randomised by +-50 %.
@@ -261,7 +262,8 @@ def update(
     (None: unfenced). A change that writes nothing sends nothing and answers
     the highest revision it saw.
 
-    On RevisionConflict it sleeps 1-32 ms at random and reruns ``change``, up
+    On RevisionConflict it sleeps (2 ms, doubling up to 256 ms, +-50 %) and
+    reruns ``change``, up
     to MAX_UPDATE_ATTEMPTS (16) in all, then raises KeptChanging ("the swarm
     fencing state kept changing; nothing was committed"; its ``__cause__`` is
     the last conflict). ``change`` may run several times: it must have no side
@@ -275,9 +277,11 @@ def update(
     Returns the revision the batch committed at.
     """
     last: Optional[errors.RevisionConflict] = None
+    wait = _RERUN_INITIAL_S
     for attempt in range(1, MAX_UPDATE_ATTEMPTS + 1):
         if attempt > 1:
-            time.sleep(random.uniform(*_RERUN_SLEEP_S))
+            time.sleep(wait * random.uniform(1 - _RERUN_RANDOMISATION, 1 + _RERUN_RANDOMISATION))
+            wait = min(wait * _RERUN_MULTIPLIER, _RERUN_MAX_S)
         tx = Txn(client, slug)
         change(tx)
         writes = tx._batch()

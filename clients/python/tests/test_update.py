@@ -289,3 +289,29 @@ def test_update_stops_at_once_on_stale_lease_and_on_the_change_s_own_error(clien
     with pytest.raises(RuntimeError, match="change failed"):
         client.update(slug, boom)
     assert client.record(slug, "claims", "a") is None
+
+
+def test_rerun_wait_is_the_go_clients() -> None:
+    """update's rerun wait is a port of client/update.go's RerunWait* constants:
+    the same first wait, factor, ceiling and spread (a change made to one alone
+    fails here)."""
+    from conftest import ROOT
+    from fenced import update
+
+    go = (ROOT / "client" / "update.go").read_text()
+
+    def const(name: str) -> str:
+        m = re.search(rf"^\s*(?:const\s+)?{name}\s*=\s*(.+)$", go, re.M)
+        assert m, f"{name} not found in client/update.go"
+        return m.group(1).strip()
+
+    def duration_s(text: str) -> float:
+        m = re.fullmatch(r"(\d+) \* time\.Millisecond", text)
+        assert m, text
+        return int(m.group(1)) / 1000
+
+    assert update._RERUN_INITIAL_S == duration_s(const("RerunWaitInitial"))
+    assert update._RERUN_MULTIPLIER == int(const("RerunWaitMultiplier"))
+    assert update._RERUN_MAX_S == duration_s(const("RerunWaitMax"))
+    assert update._RERUN_RANDOMISATION == float(const("RerunWaitRandomization"))
+    assert fenced.MAX_UPDATE_ATTEMPTS == int(const("MaxUpdateAttempts"))
