@@ -36,6 +36,8 @@ type limitFlags struct {
 	MaxConnections int `name:"max-connections" env:"FENCED_MAX_CONNECTIONS" default:"0" help:"Most gRPC connections open at once; more are closed as they are accepted. 0: the file limit (raised to its hard limit at start) less a reserve for Redis connections and files, at most 16384."`
 	// MaxConnectionsPerIP bounds open connections from one peer address.
 	MaxConnectionsPerIP int `name:"max-connections-per-ip" env:"FENCED_MAX_CONNECTIONS_PER_IP" default:"1024" help:"Most gRPC connections open at once from one client IP address (-1: no per-address bound; behind a proxy every client shares its address)."`
+	// MaxRequestBytesInFlight bounds the request bytes being handled.
+	MaxRequestBytesInFlight int64 `name:"max-request-bytes-in-flight" env:"FENCED_MAX_REQUEST_BYTES_IN_FLIGHT" default:"67108864" help:"Most request bytes (their encoded size) the calls being handled may hold at once in this process, from when a request is read until its call ends; a call that does not fit is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT before anything is written (default 64 MiB: seven batches at the default limits, each holding ~8 MB while it waits for Redis). At least --max-batch-value-bytes."`
 	// MaxAckReplicas and MaxAckTimeout bound a batch's replica_ack.
 	MaxAckReplicas int           `name:"max-ack-replicas" env:"FENCED_MAX_ACK_REPLICAS" default:"8" help:"Largest replica_ack.replicas a batch may ask for; more is INVALID_ARGUMENT before anything is written."`
 	MaxAckTimeout  time.Duration `name:"max-ack-timeout" env:"FENCED_MAX_ACK_TIMEOUT" default:"5m" help:"Longest replica_ack.timeout_ms a batch may ask for; longer is INVALID_ARGUMENT before anything is written."`
@@ -127,6 +129,8 @@ func (l *limitFlags) transport(maxConnections int) server.Transport {
 		MaxConnections:       maxConnections,
 		MaxConnectionsPerIP:  l.MaxConnectionsPerIP,
 		StreamWorkers:        streamWorkers(l.StreamWorkers),
+
+		MaxRequestBytesInFlight: l.MaxRequestBytesInFlight,
 	}
 }
 

@@ -68,6 +68,15 @@ type Transport struct {
 	// worker busy a call gets a new goroutine, as without workers. Default
 	// DefaultStreamWorkers; < 0: none.
 	StreamWorkers int
+	// MaxRequestBytesInFlight bounds the bytes of the requests being handled
+	// at once in the process (each unary call but health checks holds its
+	// request's size, proto.Size, until its handler returns); a call that
+	// does not fit is refused RESOURCE_EXHAUSTED + TOO_MANY_BYTES_IN_FLIGHT
+	// as soon as it is read, before its handler runs. A request larger than
+	// the bound is served when nothing else is in flight. What grpc-go reads
+	// before that (one message per stream being received) is bounded by the
+	// connection and stream bounds. Default DefaultMaxRequestBytesInFlight.
+	MaxRequestBytesInFlight int64
 }
 
 // Transport defaults.
@@ -87,6 +96,14 @@ const (
 	// (each waits on Redis most of its time); an idle worker costs a
 	// goroutine and its stack.
 	DefaultStreamWorkers = 128
+	// DefaultMaxRequestBytesInFlight holds seven batches at the default
+	// limits (8 MiB of values each, ~70 ms of Redis each), half a second
+	// of Redis's work: more would only wait. A batch waiting for Redis
+	// holds 6-8 MB of live heap (its decoded request and the command
+	// built from it): 32 waiting took +251 MB, the budget's seven +42 MB
+	// (TestParallelBatchesAtTheLimitsHoldBoundedMemory), room in a
+	// 512 MiB pod for Sections answers, watchers and connections.
+	DefaultMaxRequestBytesInFlight = 64 << 20
 )
 
 // Names of the bounded resources, as LimitObserver.Refused reports them
@@ -96,6 +113,7 @@ const (
 	LimitConnections    = "connections"
 	LimitReplicaWaits   = "replica_waits"
 	LimitHeaderSize     = "header_size"
+	LimitRequestBytes   = "request_bytes"
 )
 
 // ReasonTooManyHealthWatchers is the ErrorInfo reason of a Watch refused
@@ -148,6 +166,9 @@ func (t Transport) withDefaults() Transport {
 	}
 	if t.StreamWorkers == 0 {
 		t.StreamWorkers = DefaultStreamWorkers
+	}
+	if t.MaxRequestBytesInFlight <= 0 {
+		t.MaxRequestBytesInFlight = DefaultMaxRequestBytesInFlight
 	}
 	return t
 }
