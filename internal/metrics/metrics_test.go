@@ -203,7 +203,7 @@ func TestLimitMetrics(t *testing.T) {
 	if got := scrape(t, m); got["fenced_connections"] != 0 || got["fenced_health_watchers"] != 0 {
 		t.Errorf("gauges at start = %v, %v, want 0", got["fenced_connections"], got["fenced_health_watchers"])
 	}
-	for _, limit := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitRequestBytes} {
+	for _, limit := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitRequestBytes, server.LimitFirstMessage} {
 		if _, ok := scrape(t, m)["fenced_limit_refusals_total{"+limit+"}"]; !ok {
 			t.Errorf("/metrics lacks fenced_limit_refusals_total{limit=%q} at start", limit)
 		}

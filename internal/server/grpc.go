@@ -143,6 +143,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	// selector.UnaryServerInterceptor per job cost a chain link and a
 	// CallMeta each per call (docs/design.md §10.7).
 	countAndLogUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		firstMessageArrived(ctx) // the request was read before any interceptor
 		if isHealthMethod(info.FullMethod) {
 			return h(ctx, req)
 		}
@@ -183,6 +184,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			recovery.UnaryServerInterceptor(onPanic),
 		)...),
 		grpc.ChainStreamInterceptor(
+			firstMessageStream(s.transport.FirstMessageTimeout),
 			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), callLogOptions...), notHealth),
@@ -345,7 +347,9 @@ func (s *Server) Drain() {
 // after Shutdown.
 func (s *Server) ServeHealth(lis net.Listener) error {
 	s.healthOnly.Do(func() {
-		s.healthSrv = grpc.NewServer(s.transport.serverOptions(s.bounded)...)
+		s.healthSrv = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
+			grpc.ChainUnaryInterceptor(firstMessageUnary),
+			grpc.ChainStreamInterceptor(firstMessageStream(s.transport.FirstMessageTimeout)))...)
 		healthpb.RegisterHealthServer(s.healthSrv, s.bounded)
 	})
 	if s.healthSrv == nil { // Shutdown came first

@@ -204,7 +204,8 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 func TestCallOverRequestBytesInFlightWritesNothingAndGoesThroughLater(t *testing.T) {
 	srv := redistest.Start(t)
 	const budget = 256 << 10
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget}})
+	lc := newLimitCounter()
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget}, Telemetry: server.Telemetry{Limits: lc}})
 	big := func(slug, key string, n int) *fencedv1.FencedBatchRequest {
 		return &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", key, batch.Blind, `"`+strings.Repeat("x", n)+`"`)}}
 	}
@@ -231,6 +232,9 @@ func TestCallOverRequestBytesInFlightWritesNothingAndGoesThroughLater(t *testing
 	}
 	if got := srv.Do(t, "EXISTS", redisKey("refused", "claims"), redisKey("refused", "revision")); got != "0" {
 		t.Errorf("the refused batch left keys in Redis (EXISTS = %s):\n%s", got, dumpKeys(t, srv))
+	}
+	if _, _, refused := lc.get(); refused[server.LimitRequestBytes] != 1 {
+		t.Errorf("refusals counted %v; want %s 1", refused, server.LimitRequestBytes)
 	}
 	// Small calls fit beside the holder.
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "small", Writes: []*fencedv1.RecordWrite{put("claims", "s", 0, "1")}})

@@ -77,6 +77,11 @@ type Transport struct {
 	// before that (one message per stream being received) is bounded by the
 	// connection and stream bounds. Default DefaultMaxRequestBytesInFlight.
 	MaxRequestBytesInFlight int64
+	// FirstMessageTimeout bounds how long a call may take, from its headers,
+	// to send its request (a stream: its first message); past it the call
+	// ends DEADLINE_EXCEEDED and its goroutine is freed. Default
+	// DefaultFirstMessageTimeout; < 0: unbounded.
+	FirstMessageTimeout time.Duration
 }
 
 // Transport defaults.
@@ -104,6 +109,10 @@ const (
 	// (TestParallelBatchesAtTheLimitsHoldBoundedMemory), room in a
 	// 512 MiB pod for Sections answers, watchers and connections.
 	DefaultMaxRequestBytesInFlight = 64 << 20
+	// DefaultFirstMessageTimeout lets the largest request (~9 MiB) arrive
+	// over a 10 Mbit/s link; grpc-go clients send a call's headers and
+	// request together.
+	DefaultFirstMessageTimeout = 10 * time.Second
 )
 
 // Names of the bounded resources, as LimitObserver.Refused reports them
@@ -114,6 +123,7 @@ const (
 	LimitReplicaWaits   = "replica_waits"
 	LimitHeaderSize     = "header_size"
 	LimitRequestBytes   = "request_bytes"
+	LimitFirstMessage   = "first_message"
 )
 
 // ReasonTooManyHealthWatchers is the ErrorInfo reason of a Watch refused
@@ -167,6 +177,7 @@ func (t Transport) withDefaults() Transport {
 	if t.StreamWorkers == 0 {
 		t.StreamWorkers = DefaultStreamWorkers
 	}
+	def(&t.FirstMessageTimeout, DefaultFirstMessageTimeout)
 	if t.MaxRequestBytesInFlight <= 0 {
 		t.MaxRequestBytesInFlight = DefaultMaxRequestBytesInFlight
 	}
@@ -174,10 +185,19 @@ func (t Transport) withDefaults() Transport {
 }
 
 // serverOptions are the grpc.Server options of t (defaults applied), with
-// h's early refusal of Watch streams over its bound.
+// h's early refusal of Watch streams over its bound and the first message
+// bound armed on every call (firstMessage; the server's interceptors must
+// disarm it).
 func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
+	tap := func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		ctx, err := h.tap(ctx, info)
+		if err != nil {
+			return ctx, err
+		}
+		return armFirstMessage(ctx, t.FirstMessageTimeout, h.obs), nil
+	}
 	return []grpc.ServerOption{
-		grpc.InTapHandle(h.tap),
+		grpc.InTapHandle(tap),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: t.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:              t.KeepaliveTime,
