@@ -41,10 +41,14 @@ type firstMessage struct {
 type firstMessageKey struct{}
 
 // armFirstMessage returns ctx with the first message bound d armed, obs
-// told of every call it cuts (LimitFirstMessage); d <= 0 returns ctx
-// unchanged.
+// told of every call it cuts (LimitFirstMessage). d <= 0, or a call whose
+// own deadline (grpc-timeout) comes first, returns ctx unchanged: grpc-go
+// ends such a call at its deadline.
 func armFirstMessage(ctx context.Context, d time.Duration, obs LimitObserver) context.Context {
 	if d <= 0 {
+		return ctx
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return ctx
 	}
 	inner, cancel := context.WithCancel(ctx)

@@ -189,7 +189,7 @@ func (t Transport) withDefaults() Transport {
 // bound armed on every call (firstMessage; the server's interceptors must
 // disarm it).
 func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
-	tap := func(ctx context.Context, info *tap.Info) (context.Context, error) {
+	inTap := func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		ctx, err := h.tap(ctx, info)
 		if err != nil {
 			return ctx, err
@@ -197,7 +197,7 @@ func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
 		return armFirstMessage(ctx, t.FirstMessageTimeout, h.obs), nil
 	}
 	return []grpc.ServerOption{
-		grpc.InTapHandle(tap),
+		grpc.InTapHandle(inTap),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: t.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:              t.KeepaliveTime,
