@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,6 +104,24 @@ func headerValue(f *http2.MetaHeadersFrame, name string) string {
 		}
 	}
 	return ""
+}
+
+// endedCount counts the streams fenced ended.
+func (c *stalledCaller) endedCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ended)
+}
+
+// endedCodes counts the streams fenced ended by grpc-status.
+func (c *stalledCaller) endedCodes() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	by := map[string]int{}
+	for _, st := range c.ended {
+		by[st]++
+	}
+	return by
 }
 
 // endedWith counts the streams fenced ended with grpc-status code.
@@ -286,7 +305,7 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 		}
 		healthWatches = append(healthWatches, hw)
 	}
-	g0, h0 := runtime.NumGoroutine(), heapInUse()
+	g0 := runtime.NumGoroutine()
 	const conns = 8
 	streams := int(server.DefaultMaxConcurrentStreams)
 	var callers []*stalledCaller
@@ -302,30 +321,47 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 			c.open(t, m)
 		}
 	}
-	peak, h := 0, uint64(0)
-	await(t, "the streams' goroutines started", func() bool {
-		peak = max(peak, runtime.NumGoroutine())
-		return peak >= g0+conns*streams*9/10
-	})
-	h = heapInUse()
+	var peak atomic.Int64
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if g := int64(runtime.NumGoroutine()); g > peak.Load() {
+				peak.Store(g)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	// Every stream is ended by fenced (its trailers), each with
+	// DEADLINE_EXCEEDED, and not before the bound.
+	deadlineExceeded := strconv.Itoa(int(codes.DeadlineExceeded))
+	for i, c := range callers {
+		await(t, "every stream's trailers", func() bool { return c.endedCount() == streams })
+		if n := c.endedWith(deadlineExceeded); n != streams {
+			t.Errorf("connection %d: %d of %d streams ended DEADLINE_EXCEEDED (%v)", i, n, streams, c.endedCodes())
+		}
+	}
+	if elapsed := time.Since(start); elapsed < bound {
+		t.Errorf("the streams ended %v after they opened, before the %v bound", elapsed, bound)
+	}
 	var g int
-	await(t, "the streams that never sent their request ended", func() bool {
+	await(t, "the goroutines of the streams that never sent their request freed", func() bool {
 		g = runtime.NumGoroutine()
 		// Each connection keeps its own goroutines (fenced's reader,
 		// writer and keepalive, the caller's reader).
 		return g <= g0+conns*8
 	})
-	t.Logf("%d streams that never send: goroutines %d -> %d (heap in use %d -> %d MB), back to %d %v after they opened (bound %v)",
-		conns*streams, g0, peak, h0>>20, h>>20, g, time.Since(start).Round(100*time.Millisecond), bound)
-	if elapsed := time.Since(start); elapsed < bound {
-		t.Errorf("the streams ended %v after they opened, before the %v bound", elapsed, bound)
-	}
-	deadlineExceeded := strconv.Itoa(int(codes.DeadlineExceeded))
-	for i, c := range callers {
-		await(t, "every stream's trailers", func() bool { return c.endedWith(deadlineExceeded) == streams })
-		if n := c.endedWith(deadlineExceeded); n != streams {
-			t.Errorf("connection %d: %d of %d streams ended DEADLINE_EXCEEDED", i, n, streams)
-		}
+	close(stopSampling)
+	<-sampled
+	t.Logf("%d streams that never send: goroutines %d -> peak %d, back to %d %v after they opened (bound %v)",
+		conns*streams, g0, peak.Load(), g, time.Since(start).Round(100*time.Millisecond), bound)
+	if peak.Load() < int64(g0+conns*streams/2) {
+		t.Errorf("goroutines peaked at %d from %d; want the streams' own (%d) seen before they were freed", peak.Load(), g0, conns*streams)
 	}
 
 	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != conns*streams {
