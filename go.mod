@@ -16,6 +16,8 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
+require golang.org/x/sync v0.24.0 // indirect
+
 require (
 	dario.cat/mergo v1.0.2 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20261006220739-8c912ac31dd4 // indirect

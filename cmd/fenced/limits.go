@@ -36,6 +36,11 @@ type limitFlags struct {
 	MaxConnections int `name:"max-connections" env:"FENCED_MAX_CONNECTIONS" default:"0" help:"Most gRPC connections open at once; more are closed as they are accepted. 0: the file limit (raised to its hard limit at start) less a reserve for Redis connections and files, at most 16384."`
 	// MaxConnectionsPerIP bounds open connections from one peer address.
 	MaxConnectionsPerIP int `name:"max-connections-per-ip" env:"FENCED_MAX_CONNECTIONS_PER_IP" default:"1024" help:"Most gRPC connections open at once from one client IP address (-1: no per-address bound; behind a proxy every client shares its address)."`
+	// FirstMessageTimeout bounds how long a call may take to send its
+	// request; 0: unbounded.
+	FirstMessageTimeout time.Duration `name:"first-message-timeout" env:"FENCED_FIRST_MESSAGE_TIMEOUT" default:"30s" help:"Longest a call may take, from its headers, to send its whole request (a stream: its first message); past it the call ends DEADLINE_EXCEEDED and frees its goroutine. Leave room for the largest batch over a slow or shared link (30s: ~9 MiB at 3 Mbit/s; 0: unbounded)."`
+	// MaxRequestBytesInFlight bounds the request bytes being handled.
+	MaxRequestBytesInFlight int64 `name:"max-request-bytes-in-flight" env:"FENCED_MAX_REQUEST_BYTES_IN_FLIGHT" default:"67108864" help:"Most request bytes (their encoded size) the calls being handled may hold at once in this process, from when a request is read until its call ends; a call that does not fit is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT before anything is written (default 64 MiB: seven batches at the default limits, each holding ~8 MB while it waits for Redis). At least --max-batch-value-bytes."`
 	// MaxAckReplicas and MaxAckTimeout bound a batch's replica_ack.
 	MaxAckReplicas int           `name:"max-ack-replicas" env:"FENCED_MAX_ACK_REPLICAS" default:"8" help:"Largest replica_ack.replicas a batch may ask for; more is INVALID_ARGUMENT before anything is written."`
 	MaxAckTimeout  time.Duration `name:"max-ack-timeout" env:"FENCED_MAX_ACK_TIMEOUT" default:"5m" help:"Longest replica_ack.timeout_ms a batch may ask for; longer is INVALID_ARGUMENT before anything is written."`
@@ -76,6 +81,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --keepalive-min-time, --keepalive-timeout and --max-connection-idle must be > 0, --keepalive-time >= 1s")
 	case l.MaxConcurrentStreams < 1 || l.MaxHeaderListBytes < 1024 || l.MaxHealthWatchers < 1:
 		return fmt.Errorf("configuration: --max-concurrent-streams and --max-health-watchers must be >= 1, --max-header-bytes >= 1024")
+	case l.FirstMessageTimeout < 0:
+		return fmt.Errorf("configuration: --first-message-timeout must be >= 0 (0: unbounded)")
 	case l.StreamWorkers < 0 || l.StreamWorkers > maxStreamWorkers:
 		return fmt.Errorf("configuration: --stream-workers must be >= 0 (0: none) and <= %d", maxStreamWorkers)
 	case l.MaxConnections < 0 || l.MaxConnectionsPerIP < -1 || l.MaxConnectionsPerIP == 0:
@@ -127,6 +134,9 @@ func (l *limitFlags) transport(maxConnections int) server.Transport {
 		MaxConnections:       maxConnections,
 		MaxConnectionsPerIP:  l.MaxConnectionsPerIP,
 		StreamWorkers:        streamWorkers(l.StreamWorkers),
+
+		MaxRequestBytesInFlight: l.MaxRequestBytesInFlight,
+		FirstMessageTimeout:     firstMessageTimeout(l.FirstMessageTimeout),
 	}
 }
 
@@ -137,6 +147,16 @@ func streamWorkers(n int) int {
 		return -1
 	}
 	return n
+}
+
+// firstMessageTimeout is Transport.FirstMessageTimeout for
+// --first-message-timeout d, whose 0 means unbounded (Transport's 0 means
+// its default).
+func firstMessageTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // storeOption bounds the store's replica waits and sets its watch buffer.

@@ -318,6 +318,9 @@ func (c *serveCmd) checkConfig() (batch.Limits, error) {
 	if c.RedisTimeout < time.Millisecond {
 		return limits, fmt.Errorf("configuration: --redis-timeout must be at least 1ms")
 	}
+	if c.MaxRequestBytesInFlight < int64(c.MaxBatchValueBytes) {
+		return limits, fmt.Errorf("configuration: --max-request-bytes-in-flight %d is below --max-batch-value-bytes %d: a batch at the limits would be served only when nothing else is in flight", c.MaxRequestBytesInFlight, c.MaxBatchValueBytes)
+	}
 	if err := c.limitFlags.check(c.WaitReplicas, c.WaitTimeout); err != nil {
 		return limits, err
 	}

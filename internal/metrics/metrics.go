@@ -206,7 +206,7 @@ func New() *Metrics {
 		}),
 		limitRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenced_limit_refusals_total",
-			Help: "Refusals over a bound, by limit: health_watchers (Watch refused RESOURCE_EXHAUSTED), connections (closed at accept), replica_waits (batch or lease change refused RESOURCE_EXHAUSTED before writing), header_size (not countable: grpc-go resets such streams itself; stays 0), watchers (RecordsService Watch refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS).",
+			Help: "Refusals over a bound, by limit: health_watchers (Watch refused RESOURCE_EXHAUSTED), connections (closed at accept), replica_waits (batch or lease change refused RESOURCE_EXHAUSTED before writing), header_size (not countable: grpc-go resets such streams itself; stays 0), watchers (RecordsService Watch refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS), request_bytes (call refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT before its handler ran), first_message (call ended DEADLINE_EXCEEDED: its request did not arrive within --first-message-timeout).",
 		}, []string{"limit"}),
 		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fenced_watchers",
@@ -242,7 +242,7 @@ func New() *Metrics {
 	for _, r := range store.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
 	}
-	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers} {
+	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage} {
 		m.limitRefusals.WithLabelValues(l)
 	}
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {

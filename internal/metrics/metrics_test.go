@@ -203,7 +203,7 @@ func TestLimitMetrics(t *testing.T) {
 	if got := scrape(t, m); got["fenced_connections"] != 0 || got["fenced_health_watchers"] != 0 {
 		t.Errorf("gauges at start = %v, %v, want 0", got["fenced_connections"], got["fenced_health_watchers"])
 	}
-	for _, limit := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize} {
+	for _, limit := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitRequestBytes, server.LimitFirstMessage} {
 		if _, ok := scrape(t, m)["fenced_limit_refusals_total{"+limit+"}"]; !ok {
 			t.Errorf("/metrics lacks fenced_limit_refusals_total{limit=%q} at start", limit)
 		}
@@ -215,6 +215,7 @@ func TestLimitMetrics(t *testing.T) {
 	m.Refused(server.LimitConnections)
 	m.Refused(server.LimitHealthWatchers)
 	m.Refused(server.LimitHealthWatchers)
+	m.Refused(server.LimitRequestBytes)
 	one := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: "a", Value: "{}"}}}
 	m.BatchDone(one, store.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", store.ErrReplicaWaitsExhausted))
 	m.LeaseDone(store.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", store.ErrReplicaWaitsExhausted)})
@@ -225,6 +226,7 @@ func TestLimitMetrics(t *testing.T) {
 		"fenced_limit_refusals_total{health_watchers}": 2,
 		"fenced_limit_refusals_total{replica_waits}":   2,
 		"fenced_limit_refusals_total{header_size}":     0,
+		"fenced_limit_refusals_total{request_bytes}":   1,
 		"fenced_batches_committed_total":               0,
 	}
 	got := scrape(t, m)

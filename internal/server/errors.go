@@ -92,6 +92,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
 	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
 	{is(store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
+	{is(errBytesInFlight), codes.ResourceExhausted, bytesInFlightDetails},
 	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	// Redis refused for a state of its own (store's refusal table): out of
 	// memory is RESOURCE_EXHAUSTED (nothing was written; retry after an

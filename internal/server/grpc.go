@@ -97,6 +97,9 @@ type Server struct {
 	// transport is Options.Transport with its defaults.
 	transport Transport
 	limits    LimitObserver
+	// requests is the budget of request bytes being handled
+	// (Transport.MaxRequestBytesInFlight).
+	requests *requestBytes
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -133,16 +136,24 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	s.bounded = &boundedHealth{Server: s.health, max: int64(s.transport.MaxHealthWatchers), obs: s.limits}
 	callLog := unaryCallLog(logger)
-	// Health checks are neither counted (Shutdown does not wait for them)
-	// nor logged. One interceptor does both, tested on the method name: a
+	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.limits)
+	// Health checks are neither counted (Shutdown does not wait for them),
+	// nor weighed against the request bytes budget, nor logged. One
+	// interceptor does all three, tested on the method name: a
 	// selector.UnaryServerInterceptor per job cost a chain link and a
 	// CallMeta each per call (docs/design.md §10.7).
 	countAndLogUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		firstMessageArrived(ctx) // the request was read before any interceptor
 		if isHealthMethod(info.FullMethod) {
 			return h(ctx, req)
 		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
+		weight, err := s.requests.take(req)
+		if err != nil {
+			return callLog(ctx, req, info, refusedCall(err))
+		}
+		defer s.requests.release(weight)
 		return callLog(ctx, req, info, h)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -173,6 +184,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			recovery.UnaryServerInterceptor(onPanic),
 		)...),
 		grpc.ChainStreamInterceptor(
+			firstMessageStream(s.transport.FirstMessageTimeout),
 			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), callLogOptions...), notHealth),
@@ -335,7 +347,9 @@ func (s *Server) Drain() {
 // after Shutdown.
 func (s *Server) ServeHealth(lis net.Listener) error {
 	s.healthOnly.Do(func() {
-		s.healthSrv = grpc.NewServer(s.transport.serverOptions(s.bounded)...)
+		s.healthSrv = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
+			grpc.ChainUnaryInterceptor(firstMessageUnary),
+			grpc.ChainStreamInterceptor(firstMessageStream(s.transport.FirstMessageTimeout)))...)
 		healthpb.RegisterHealthServer(s.healthSrv, s.bounded)
 	})
 	if s.healthSrv == nil { // Shutdown came first

@@ -140,6 +140,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 			}},
 		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE, same},
 		{"replica waits", store.ErrReplicaWaitsExhausted, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS, same},
+		{"request bytes in flight", &bytesInFlightError{size: 9, max: 8}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT, same},
 		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
 		{"may evict", &store.EvictionError{Addr: "127.0.0.1:1", Policy: "allkeys-lru"}, codes.Unavailable, fencedv1.ErrorReason_REDIS_MAY_EVICT, is(client.ErrUnavailable)},
 		{"unavailable", store.ErrUnavailable, codes.Unavailable, fencedv1.ErrorReason_REDIS_UNAVAILABLE, func(t *testing.T, got error) {
@@ -243,7 +244,7 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		store.ReasonRedisBusy, store.ReasonRedisLoading, store.ReasonRedisMasterDown, store.ReasonRedisTryAgain,
 		store.ReasonRedisClusterDown, store.ReasonRedisNoScript, store.ReasonRedisNotPermitted, store.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
-		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow,
+		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {

@@ -68,6 +68,20 @@ type Transport struct {
 	// worker busy a call gets a new goroutine, as without workers. Default
 	// DefaultStreamWorkers; < 0: none.
 	StreamWorkers int
+	// MaxRequestBytesInFlight bounds the bytes of the requests being handled
+	// at once in the process (each unary call but health checks holds its
+	// request's size, proto.Size, until its handler returns); a call that
+	// does not fit is refused RESOURCE_EXHAUSTED + TOO_MANY_BYTES_IN_FLIGHT
+	// as soon as it is read, before its handler runs. A request larger than
+	// the bound is served when nothing else is in flight. What grpc-go reads
+	// before that (one message per stream being received) is bounded by the
+	// connection and stream bounds. Default DefaultMaxRequestBytesInFlight.
+	MaxRequestBytesInFlight int64
+	// FirstMessageTimeout bounds how long a call may take, from its headers,
+	// to send its request (a stream: its first message); past it the call
+	// ends DEADLINE_EXCEEDED and its goroutine is freed. Default
+	// DefaultFirstMessageTimeout; < 0: unbounded.
+	FirstMessageTimeout time.Duration
 }
 
 // Transport defaults.
@@ -87,6 +101,20 @@ const (
 	// (each waits on Redis most of its time); an idle worker costs a
 	// goroutine and its stack.
 	DefaultStreamWorkers = 128
+	// DefaultMaxRequestBytesInFlight holds seven batches at the default
+	// limits (8 MiB of values each, ~70 ms of Redis each), half a second
+	// of Redis's work: more would only wait. A batch waiting for Redis
+	// holds 6-8 MB of live heap (its decoded request and the command
+	// built from it): 32 waiting took +251 MB, the budget's seven +42 MB
+	// (TestParallelBatchesAtTheLimitsHoldBoundedMemory), room in a
+	// 512 MiB pod for Sections answers, watchers and connections.
+	DefaultMaxRequestBytesInFlight = 64 << 20
+	// DefaultFirstMessageTimeout lets the largest request (~9 MiB) arrive
+	// over a 3 Mbit/s link. The whole request counts, and uploads share the
+	// link and fenced's CPU: 32 batches of 8 MiB sent at once over 4
+	// loopback connections under -race took over 10 s. grpc-go clients
+	// send a call's headers and request together.
+	DefaultFirstMessageTimeout = 30 * time.Second
 )
 
 // Names of the bounded resources, as LimitObserver.Refused reports them
@@ -96,6 +124,8 @@ const (
 	LimitConnections    = "connections"
 	LimitReplicaWaits   = "replica_waits"
 	LimitHeaderSize     = "header_size"
+	LimitRequestBytes   = "request_bytes"
+	LimitFirstMessage   = "first_message"
 )
 
 // ReasonTooManyHealthWatchers is the ErrorInfo reason of a Watch refused
@@ -149,14 +179,27 @@ func (t Transport) withDefaults() Transport {
 	if t.StreamWorkers == 0 {
 		t.StreamWorkers = DefaultStreamWorkers
 	}
+	def(&t.FirstMessageTimeout, DefaultFirstMessageTimeout)
+	if t.MaxRequestBytesInFlight <= 0 {
+		t.MaxRequestBytesInFlight = DefaultMaxRequestBytesInFlight
+	}
 	return t
 }
 
 // serverOptions are the grpc.Server options of t (defaults applied), with
-// h's early refusal of Watch streams over its bound.
+// h's early refusal of Watch streams over its bound and the first message
+// bound armed on every call (firstMessage; the server's interceptors must
+// disarm it).
 func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
+	inTap := func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		ctx, err := h.tap(ctx, info)
+		if err != nil {
+			return ctx, err
+		}
+		return armFirstMessage(ctx, t.FirstMessageTimeout, h.obs), nil
+	}
 	return []grpc.ServerOption{
-		grpc.InTapHandle(h.tap),
+		grpc.InTapHandle(inTap),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: t.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:              t.KeepaliveTime,

@@ -136,6 +136,13 @@ const (
 	// watch again from the last revision received. Metadata:
 	// "last_revision" (the last event handed to the stream).
 	ErrorReason_WATCHER_TOO_SLOW ErrorReason_Reason = 33
+	// RESOURCE_EXHAUSTED: the requests being handled in the process already
+	// hold as many bytes as it allows (--max-request-bytes-in-flight); this
+	// one was refused as soon as it was read, before anything was written.
+	// Retry later, with a backoff: it is load, not the request. Metadata:
+	// "request_bytes" (this request's size) and "max_bytes_in_flight" (the
+	// bound), in bytes.
+	ErrorReason_TOO_MANY_BYTES_IN_FLIGHT ErrorReason_Reason = 34
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -175,6 +182,7 @@ var (
 		31: "REVISION_COMPACTED",
 		32: "TOO_MANY_WATCHERS",
 		33: "WATCHER_TOO_SLOW",
+		34: "TOO_MANY_BYTES_IN_FLIGHT",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -211,6 +219,7 @@ var (
 		"REVISION_COMPACTED":       31,
 		"TOO_MANY_WATCHERS":        32,
 		"WATCHER_TOO_SLOW":         33,
+		"TOO_MANY_BYTES_IN_FLIGHT": 34,
 	}
 )
 
@@ -297,8 +306,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\x90\x06\n" +
-	"\vErrorReason\"\x80\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xae\x06\n" +
+	"\vErrorReason\"\x9e\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -336,7 +345,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x14METHOD_NOT_PERMITTED\x10\x1e\x12\x16\n" +
 	"\x12REVISION_COMPACTED\x10\x1f\x12\x15\n" +
 	"\x11TOO_MANY_WATCHERS\x10 \x12\x14\n" +
-	"\x10WATCHER_TOO_SLOW\x10!B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x10WATCHER_TOO_SLOW\x10!\x12\x1c\n" +
+	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

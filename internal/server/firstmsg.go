@@ -1,0 +1,128 @@
+package server
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// firstMessage bounds how long a call may take to send its request: a
+// timer armed when the call's headers are read (in the InTapHandle, before
+// grpc-go starts a goroutine for it) cancels the call unless its first
+// message has arrived by then. A unary call's request has arrived once any
+// interceptor runs (grpc-go reads it first); a stream's, once its first
+// RecvMsg returns. Either disarms the timer.
+//
+// The tap's context is the one grpc-go's transport waits on while reading
+// the call's messages, so cancelling it ends that wait: grpc-go then
+// answers the call itself, with the code of the context's error, which is
+// why Err answers context.DeadlineExceeded once the timer fired (the
+// caller sees DEADLINE_EXCEEDED, as for a deadline of its own). Without the
+// bound such a call (headers sent, the request never, no grpc-timeout)
+// held a goroutine for as long as the connection lived, which keepalive
+// and --max-connection-idle never end while it answers PINGs and has calls
+// in flight (docs/design.md §10.4).
+//
+// A firstMessage is a context: its embedded cancelCtx carries the
+// cancellation (children attach to it directly, as to any cancelCtx), and
+// it answers Value(firstMessageKey{}) with itself for the interceptors.
+type firstMessage struct {
+	context.Context
+	cancel  context.CancelFunc
+	timer   *time.Timer
+	expired atomic.Bool
+	obs     LimitObserver
+}
+
+type firstMessageKey struct{}
+
+// armFirstMessage returns ctx with the first message bound d armed, obs
+// told of every call it cuts (LimitFirstMessage). d <= 0, or a call whose
+// own deadline (grpc-timeout) comes first, returns ctx unchanged: grpc-go
+// ends such a call at its deadline.
+func armFirstMessage(ctx context.Context, d time.Duration, obs LimitObserver) context.Context {
+	if d <= 0 {
+		return ctx
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
+		return ctx
+	}
+	inner, cancel := context.WithCancel(ctx)
+	f := &firstMessage{Context: inner, cancel: cancel, obs: obs}
+	f.timer = time.AfterFunc(d, f.expire)
+	return f
+}
+
+func (f *firstMessage) expire() {
+	f.expired.Store(true)
+	f.cancel()
+	f.obs.Refused(LimitFirstMessage)
+}
+
+// Err is context.DeadlineExceeded once the bound cut the call.
+func (f *firstMessage) Err() error {
+	err := f.Context.Err()
+	if err != nil && f.expired.Load() {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+func (f *firstMessage) Value(key any) any {
+	if key == (firstMessageKey{}) {
+		return f
+	}
+	return f.Context.Value(key)
+}
+
+// firstMessageArrived disarms the bound of the call of ctx, if any: its
+// first message has arrived.
+func firstMessageArrived(ctx context.Context) {
+	if f, ok := ctx.Value(firstMessageKey{}).(*firstMessage); ok {
+		f.timer.Stop()
+	}
+}
+
+// firstMessageUnary disarms the bound of unary calls, whose request
+// grpc-go has read before any interceptor runs. It is first in the chain.
+func firstMessageUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	firstMessageArrived(ctx)
+	return h(ctx, req)
+}
+
+// firstMessageStream disarms the bound of a stream once its first RecvMsg
+// returns, and answers a stream the bound cut DEADLINE_EXCEEDED with a
+// message saying why. It is first in the chain.
+func firstMessageStream(timeout time.Duration) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		f, ok := ss.Context().Value(firstMessageKey{}).(*firstMessage)
+		if !ok {
+			return h(srv, ss)
+		}
+		err := h(srv, &firstRecvStream{ServerStream: ss, f: f})
+		if err != nil && f.expired.Load() {
+			return status.Errorf(codes.DeadlineExceeded, "no request within %v of the call's headers (--first-message-timeout)", timeout)
+		}
+		return err
+	}
+}
+
+// firstRecvStream is a stream whose first RecvMsg disarms its bound.
+type firstRecvStream struct {
+	grpc.ServerStream
+	f        *firstMessage
+	received bool
+}
+
+func (s *firstRecvStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if !s.received {
+		s.received = true
+		s.f.timer.Stop()
+	}
+	return err
+}
