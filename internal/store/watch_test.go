@@ -437,6 +437,16 @@ func TestWatchFanningOutRarelyStillReadsEveryBatchBeforeTheLogDropsIt(t *testing
 		t.Cleanup(w.Close)
 		ws = append(ws, w)
 	}
+	// Every watcher has one batch first: the swarm's reader is running and
+	// has read past r0 before the burst (its first read could come after
+	// 1,000 batches of the burst on a loaded machine: the watchers were
+	// then told, rightly, that the log no longer held them).
+	primed := mustCommit(t, st, &batch.Batch{Slug: "burst", Writes: []batch.Write{put("claims", "k", batch.Blind, "2")}})
+	for i, w := range ws {
+		if ev, err := w.Next(ctx); err != nil || ev.Revision != primed {
+			t.Fatalf("watcher %d before the burst: event %+v, error %v; want revision %d", i, ev, err, primed)
+		}
+	}
 	// A burst of 3 * LogCap batches from 8 writers.
 	const n = 3 * store.LogCap
 	var next atomic.Int64
