@@ -124,19 +124,6 @@ func (c *stalledCaller) endedCodes() map[string]int {
 	return by
 }
 
-// endedWith counts the streams fenced ended with grpc-status code.
-func (c *stalledCaller) endedWith(code string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, st := range c.ended {
-		if st == code {
-			n++
-		}
-	}
-	return n
-}
-
 // io2 hides the net.Conn's writer from the reading framer.
 type io2 struct{ net.Conn }
 
@@ -342,7 +329,7 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 	deadlineExceeded := strconv.Itoa(int(codes.DeadlineExceeded))
 	for i, c := range callers {
 		await(t, "every stream's trailers", func() bool { return c.endedCount() == streams })
-		if n := c.endedWith(deadlineExceeded); n != streams {
+		if n := c.endedCodes()[deadlineExceeded]; n != streams {
 			t.Errorf("connection %d: %d of %d streams ended DEADLINE_EXCEEDED (%v)", i, n, streams, c.endedCodes())
 		}
 	}
