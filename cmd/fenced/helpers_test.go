@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -121,18 +120,7 @@ func redisNowMs(t *testing.T, srv *redistest.Server) int64 {
 // netInputBytes is Redis's INFO stats total_net_input_bytes: every byte
 // Redis has read from clients since it started.
 func netInputBytes(t *testing.T, srv *redistest.Server) int64 {
-	t.Helper()
-	for line := range strings.SplitSeq(srv.Do(t, "INFO", "stats"), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_net_input_bytes:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatalf("INFO stats total_net_input_bytes = %q: %v", v, err)
-			}
-			return n
-		}
-	}
-	t.Fatal("INFO stats has no total_net_input_bytes")
-	return 0
+	return srv.InfoInt(t, "stats", "total_net_input_bytes")
 }
 
 // putWrite is a put of value at (section, key) read at revision expected.

@@ -242,6 +242,22 @@ func (s *Server) Client(t testing.TB) rueidis.Client {
 	return c
 }
 
+// InfoInt is the integer field of INFO section (total_net_output_bytes of
+// "stats", used_memory of "memory"). A missing or non-integer field fails
+// the test.
+func (s *Server) InfoInt(t testing.TB, section, field string) int64 {
+	t.Helper()
+	v, ok := parseInfo(s.Do(t, "INFO", section))[field]
+	if !ok {
+		t.Fatalf("redistest: INFO %s has no %s", section, field)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("redistest: INFO %s %s = %q: %v", section, field, v, err)
+	}
+	return n
+}
+
 // Do sends one command to this server over a fresh connection and returns
 // the reply as a string: simple and bulk strings as is, integers in decimal,
 // nil as "", and arrays/maps flattened and joined with "\n". An error reply

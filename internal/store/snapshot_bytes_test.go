@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -13,22 +12,6 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
 )
-
-// netOutput is Redis's total_net_output_bytes: every byte it has sent.
-func netOutput(t *testing.T, srv *redistest.Server) int64 {
-	t.Helper()
-	for _, line := range strings.Split(srv.Do(t, "INFO", "stats"), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_net_output_bytes:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatalf("total_net_output_bytes %q: %v", v, err)
-			}
-			return n
-		}
-	}
-	t.Fatal("INFO stats has no total_net_output_bytes")
-	return 0
-}
 
 // TestSectionsTooLargeInBytesNeverLeaveRedis: six records of 900,000 bytes
 // make a snapshot over the default 4 MiB less 64 KiB answer. Before the read
@@ -51,9 +34,9 @@ func TestSectionsTooLargeInBytesNeverLeaveRedis(t *testing.T) {
 			}
 		}
 	}
-	before := netOutput(t, srv)
+	before := srv.InfoInt(t, "stats", "total_net_output_bytes")
 	_, err := st.Sections(ctx, "heavy", []string{"claims"})
-	sent := netOutput(t, srv) - before
+	sent := srv.InfoInt(t, "stats", "total_net_output_bytes") - before
 	var tl *store.TooLargeError
 	if !errors.Is(err, store.ErrSnapshotTooLarge) || !errors.As(err, &tl) ||
 		tl.MaxBytes != store.DefaultMaxSnapshotBytes || tl.Bytes <= int64(tl.MaxBytes) || tl.Records != 6 {
