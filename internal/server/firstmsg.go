@@ -57,7 +57,15 @@ func armFirstMessage(ctx context.Context, d time.Duration, obs LimitObserver) co
 	return f
 }
 
+// expire cuts the call, unless it has already ended: grpc-go ends some
+// calls before any interceptor could disarm the bound (an unknown method,
+// a request over the message limit, a call its caller reset), and
+// cancels the context it wrapped in the tap when it does, so such a call
+// is neither cut nor counted first_message when its timer comes due.
 func (f *firstMessage) expire() {
+	if f.Context.Err() != nil {
+		return
+	}
 	f.expired.Store(true)
 	f.cancel()
 	f.obs.Refused(LimitFirstMessage)
