@@ -11,6 +11,8 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store/protocol"
@@ -442,7 +444,10 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 }
 
 // parseFields reads a section's field/value array (HGETALL, an HSCAN page)
-// into records. Errors: ErrMalformedReply, *CorruptError naming the field.
+// into records. Errors: ErrMalformedReply, *CorruptError naming the field
+// (clipped, with Name set, when the field's name is no record key: a
+// foreign writer's; answered as a record, it would end up in a page token
+// that the next ScanSection refuses, or make the answer too large).
 func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, error) {
 	fields, err := m.ToArray()
 	if err != nil || len(fields)%2 != 0 {
@@ -455,6 +460,9 @@ func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, err
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
 		}
+		if why := fieldNameProblem(key); why != "" {
+			return nil, &CorruptError{Section: section, Key: clipField(key), Name: why}
+		}
 		rec, ok := parseRecord(raw)
 		if !ok {
 			return nil, &CorruptError{Section: section, Key: key}
@@ -462,4 +470,27 @@ func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, err
 		records[key] = rec
 	}
 	return records, nil
+}
+
+// fieldNameProblem says why a section field's name is no record key
+// (batch's key rules: 1 to batch.MaxKeyBytes bytes of UTF-8), or "".
+func fieldNameProblem(name string) string {
+	switch {
+	case name == "":
+		return "its name is empty"
+	case len(name) > batch.MaxKeyBytes:
+		return "its name is " + strconv.Itoa(len(name)) + " bytes long, over the " + strconv.Itoa(batch.MaxKeyBytes) + " of a record key"
+	case !utf8.ValidString(name):
+		return "its name is not valid UTF-8"
+	}
+	return ""
+}
+
+// clipField is a field name short enough for an error: its first 64 bytes
+// as valid UTF-8, then "…" when cut.
+func clipField(name string) string {
+	if len(name) <= 64 {
+		return strings.ToValidUTF8(name, "\ufffd")
+	}
+	return strings.ToValidUTF8(name[:64], "") + "…"
 }
