@@ -116,16 +116,24 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 		Sections:         make(map[string]map[string]Record, len(names)),
 		SectionRevisions: make(map[string]int64, len(names)),
 	}
-	n := 0
+	n, bytes := 0, 0
 	for _, name := range names {
 		if snap.Sections[name], err = doc.records(name); err != nil {
 			return nil, fmt.Errorf("store: read sections: %w", err)
 		}
 		n += len(snap.Sections[name])
+		for key, rec := range snap.Sections[name] {
+			bytes += len(key) + len(rec.Value)
+		}
 		snap.SectionRevisions[name] = doc.Revision
 	}
 	if n > s.maxSnapshotRecords {
 		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(n), Max: s.maxSnapshotRecords})
+	}
+	// As read_sections.lua refuses a records swarm's (the document has
+	// left Redis already, but the answer must still fit a client).
+	if bytes > s.maxSnapshotBytes {
+		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(n), Bytes: int64(bytes), MaxBytes: s.maxSnapshotBytes})
 	}
 	return snap, nil
 }
@@ -367,7 +375,14 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	}
 	to := min(from+count, len(keys))
 	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
-	for _, key := range keys[from:to] {
+	size := 0
+	for i, key := range keys[from:to] {
+		// Cut by bytes as a records swarm's page is (scanSection).
+		size += len(key) + len(records[key].Value) + pageRecordOverhead
+		if i > 0 && size > s.maxSnapshotBytes {
+			to = from + i
+			break
+		}
 		p.Records[key] = records[key]
 	}
 	if to < len(keys) {
