@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -141,4 +142,59 @@ func TestCommitsAcrossARedisPauseAreNotRefused(t *testing.T) {
 	for _, err := range commitEachOnce(t, st, "pause2", revs) {
 		t.Errorf("commit after a 7 s pause, once a read answered: %v", err)
 	}
+}
+
+// TestCommitsAfterASentinelFailoverAreNotRefused: Sentinel fails the
+// master A over to its replica B. Once A is a replica and a read through
+// the store answers from B, a commit on every swarm goes through, each
+// once, and lands on B.
+func TestCommitsAfterASentinelFailoverAreNotRefused(t *testing.T) {
+	a := redistest.Start(t)
+	b := redistest.StartReplica(t, a)
+	sentinel := redistest.StartSentinel(t, "fenced-master", a)
+	st, err := store.Open(sentinel.URL("fenced-master"), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", sentinel.URL("fenced-master"), err)
+	}
+	t.Cleanup(st.Close)
+	revs := seedSwarms(t, st, "failover")
+	deadline := time.Now().Add(20 * time.Second)
+	for !linked(t, b) {
+		if time.Now().After(deadline) {
+			t.Fatal("B never linked to A")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sentinel.Failover(t, "fenced-master", b)
+	deadline = time.Now().Add(40 * time.Second)
+	for a.Role() != "slave" {
+		if time.Now().After(deadline) {
+			t.Fatal("Sentinel did not demote A within 40 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// B answers the store once rueidis follows Sentinel's switch.
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _, err := st.Record(ctx, "failover-0", "claims", "a")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no read answered after the failover: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, err := range commitEachOnce(t, st, "failover", revs) {
+		t.Errorf("commit after the failover, once a read answered: %v", err)
+	}
+	if got := b.Do(t, "HGET", key("failover-3", "claims"), "a"); !strings.HasSuffix(got, `"v":2}`) {
+		t.Errorf("the new master B holds failover-3 claims/a = %q; want the value 2", got)
+	}
+}
+
+// linked reports whether replica r's link to its master is up.
+func linked(t *testing.T, r *redistest.Server) bool {
+	return strings.Contains(r.Do(t, "INFO", "replication"), "master_link_status:up")
 }
