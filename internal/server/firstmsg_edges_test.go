@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/agentihooks/fenced/internal/server"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -125,4 +127,69 @@ func TestFirstMessageBoundLeavesSlowButSteadyRequestsAndLongCalls(t *testing.T) 
 	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != 1 {
 		t.Errorf("first_message refusals counted %d; want 1", refused[server.LimitFirstMessage])
 	}
+}
+
+// TestCallsEndedBeforeTheirRequestDoNotHoldTheirHeaders: one connection
+// sends 4,000 calls to a method that does not exist, each with 12 KiB of
+// metadata (grpc-go answers UNIMPLEMENTED at once, before any
+// interceptor), then 4,000 FencedBatch calls it resets before sending
+// their request. Each call's armed first message timer (30 s) held its
+// context, and with it the call's metadata, until it came due: 94 MB of
+// headers stayed live. Now the timer is stopped when the call ends.
+func TestCallsEndedBeforeTheirRequestDoNotHoldTheirHeaders(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	pad := strings.Repeat("p", 12<<10)
+	headers := func(method string) []byte {
+		hb := callHeaders(method)
+		enc := hpack.NewEncoder(hb)
+		_ = enc.WriteField(hpack.HeaderField{Name: "x-pad", Value: pad, Sensitive: true})
+		return hb.Bytes()
+	}
+	runtime.GC()
+	before := heapLive()
+	c := dialStalled(t, e.addr)
+	const calls = 4000
+	send := func(method string, reset bool) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		id := c.next
+		c.next += 2
+		if err := c.framer.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: headers(method), EndHeaders: true}); err != nil {
+			t.Fatalf("headers: %v", err)
+		}
+		if reset {
+			if err := c.framer.WriteRSTStream(id, http2.ErrCodeCancel); err != nil {
+				t.Fatalf("rst: %v", err)
+			}
+		}
+	}
+	// In rounds of 100 (under the connection's 256 streams), each ended
+	// by an unknown method call whose answer says fenced read the round.
+	const unknown = "/fenced.v1.RecordsService/NoSuchMethod"
+	for round := range 2 * calls / 100 {
+		for range 100 {
+			if round%2 == 0 {
+				send(unknown, false)
+			} else {
+				send(fencedv1.RecordsService_FencedBatch_FullMethodName, true)
+			}
+		}
+		send(unknown, false)
+		want := (round/2+1)*100 + round + 1
+		await(t, "a round of calls read", func() bool { return c.endedCount() >= want })
+	}
+	// Every call has ended; their headers are garbage once nothing holds
+	// their contexts (a poll: the last resets are read asynchronously).
+	var held uint64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		runtime.GC()
+		held = heapLive() - min(before, heapLive())
+		if held < 24<<20 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if held >= 24<<20 {
+		t.Errorf("%d calls ended before their request held +%d MB of live heap 10 s later; want their 12 KiB of metadata each freed (under 24 MB)", 2*calls, held>>20)
+	}
+	t.Logf("%d ended calls with 12 KiB of metadata each: live heap +%d MB", 2*calls, held>>20)
 }
