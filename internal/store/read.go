@@ -397,34 +397,42 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 const pageRecordOverhead = 32
 
 func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
-	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
-		[]string{cursor, strconv.Itoa(count)}).ToArray()
+	keysOf := []string{k.revision(), k.meta(), k.section(section)}
+	arr, err := s.exec(ctx, readScanScript, keysOf,
+		[]string{cursor, strconv.Itoa(count), strconv.Itoa(s.maxSnapshotBytes)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 	}
-	if len(arr) != 4 {
+	lengths := false
+	if len(arr) == 5 {
+		tag, _ := arr[4].ToString()
+		lengths = tag == protocol.ReplyLengths
+	}
+	if len(arr) != 4 && !lengths {
 		return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(arr))
 	}
-	revs, err1 := arr[0].ToString()
-	next, err2 := arr[2].ToString()
-	if err := errors.Join(err1, err2); err != nil {
+	next, err := arr[2].ToString()
+	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
 	}
-	p := &Page{}
-	batchRecords, err := parseFields(section, arr[3])
-	if err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", err)
+	// size is what each key of the batch weighs in the answer: its stored
+	// record's length in LENGTHS mode (more than its value).
+	var batchRecords map[string]Record
+	size := map[string]int{}
+	if lengths {
+		if size, err = parseLengths(section, arr[3]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+	} else {
+		if batchRecords, err = parseFields(section, arr[3]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		for key, rec := range batchRecords {
+			size[key] = len(rec.Value)
+		}
 	}
-	if p.Revision, err = parseRevision(revs); err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", err)
-	}
-	sectionRevs, err := parseSectionRevisions(arr[1])
-	if err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", err)
-	}
-	p.SectionRevision = sectionRevs[section]
 
-	keys := slices.Sorted(maps.Keys(batchRecords))
+	keys := slices.Sorted(maps.Keys(size))
 	whole := cursor == "0" && next == "0"
 	from := 0
 	if after != "" {
@@ -437,16 +445,54 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		}
 	}
 	to := min(from+count, len(keys))
-	p.Records = make(map[string]Record, to-from)
-	size := 0
+	total := 0
 	for i, key := range keys[from:to] {
-		size += len(key) + len(batchRecords[key].Value) + pageRecordOverhead
-		if i > 0 && size > s.maxSnapshotBytes {
+		total += len(key) + size[key] + pageRecordOverhead
+		if i > 0 && total > s.maxSnapshotBytes {
 			to = from + i
 			break
 		}
-		p.Records[key] = batchRecords[key]
 	}
+	p := &Page{Records: make(map[string]Record, to-from)}
+	revs := arr[:2]
+	if lengths && to > from {
+		// Read the page's records alone; they may have grown since: the
+		// script stops at the byte limit and says how far it read.
+		args := append([]string{strconv.Itoa(s.maxSnapshotBytes - (to-from)*pageRecordOverhead)}, keys[from:to]...)
+		got, err := s.exec(ctx, readScanKeysScript, keysOf, args).ToArray()
+		if err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
+		}
+		if len(got) != 4 {
+			return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(got))
+		}
+		read, err := got[3].AsInt64()
+		if err != nil || read < 1 || read > int64(to-from) {
+			return nil, fmt.Errorf("store: scan section: %w: %d of %d fields read", ErrMalformedReply, read, to-from)
+		}
+		to = from + int(read)
+		if batchRecords, err = parseFields(section, got[2]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		revs = got[:2]
+	}
+	for _, key := range keys[from:to] {
+		if rec, ok := batchRecords[key]; ok {
+			p.Records[key] = rec
+		}
+	}
+	revText, err := revs[0].ToString()
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
+	}
+	if p.Revision, err = parseRevision(revText); err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	sectionRevs, err := parseSectionRevisions(revs[1])
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	p.SectionRevision = sectionRevs[section]
 	switch {
 	case to < len(keys) && whole:
 		p.Next = cursor + ":" + wholeHash + ":" + keys[to-1]
@@ -456,6 +502,30 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		p.Next = next
 	}
 	return p, nil
+}
+
+// parseLengths reads scan_section.lua's LENGTHS batch {field, length, ...}
+// into each field's stored length. Errors: ErrMalformedReply,
+// *CorruptError for a field whose name is no record key.
+func parseLengths(section string, m rueidis.RedisMessage) (map[string]int, error) {
+	fields, err := m.ToArray()
+	if err != nil || len(fields)%2 != 0 {
+		return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
+	}
+	lengths := make(map[string]int, len(fields)/2)
+	for j := 0; j < len(fields); j += 2 {
+		key, err1 := fields[j].ToString()
+		n, err2 := fields[j+1].ToString()
+		length, err3 := strconv.Atoi(n)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
+		}
+		if why := fieldNameProblem(key); why != "" {
+			return nil, &CorruptError{Section: section, Key: clipField(key), Name: why}
+		}
+		lengths[key] = length
+	}
+	return lengths, nil
 }
 
 // parseFields reads a section's field/value array (HGETALL, an HSCAN page)
