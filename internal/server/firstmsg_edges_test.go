@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -192,4 +194,35 @@ func TestCallsEndedBeforeTheirRequestDoNotHoldTheirHeaders(t *testing.T) {
 		t.Errorf("%d calls ended before their request held +%d MB of live heap 10 s later; want their 12 KiB of metadata each freed (under 24 MB)", 2*calls, held>>20)
 	}
 	t.Logf("%d ended calls with 12 KiB of metadata each: live heap +%d MB", 2*calls, held>>20)
+}
+
+// TestConcurrentUploadsOnOneSlowLinkAreNotCut: three 1 MiB batches sent
+// at once over one connection that carries ~1 MiB/s (32 KiB every 30 ms),
+// under a 2 s bound: each alone arrives in ~1.05 s, but HTTP/2 interleaves
+// their frames, so they arrive at ~3 s and are cut, and a client
+// that retries them together is cut again every time. The bound is on the
+// whole request, whatever the link carried meanwhile. A known gap: skipped
+// unless FENCED_KNOWN_GAPS=1 (docs/design.md §11).
+func TestConcurrentUploadsOnOneSlowLinkAreNotCut(t *testing.T) {
+	if os.Getenv("FENCED_KNOWN_GAPS") == "" {
+		t.Skip("known gap (docs/design.md §11: the first message bound counts the whole request, not the link's progress); FENCED_KNOWN_GAPS=1 runs it")
+	}
+	const bound = 2 * time.Second
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: bound}})
+	value := `"` + strings.Repeat("x", batch.DefaultLimits().MaxValueBytes-2) + `"`
+	link := dialSlow(t, e.addr, 32<<10, 30*time.Millisecond)
+	const uploads = 3
+	errs := make(chan error, uploads)
+	start := time.Now()
+	for i := range uploads {
+		go func() {
+			_, err := link.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: fmt.Sprintf("upload%d", i), Writes: []*fencedv1.RecordWrite{put("claims", "k", batch.Blind, value)}})
+			errs <- err
+		}()
+	}
+	for range uploads {
+		if err := <-errs; err != nil {
+			t.Errorf("one of three 1 MiB batches sent together over a ~1 MiB/s link (%v, bound %v): %v; want it committed", time.Since(start).Round(time.Millisecond), bound, err)
+		}
+	}
 }
