@@ -17,9 +17,20 @@ import (
 // proto/fenced/v1/errors.proto).
 var ReasonTooManyBytesInFlight = fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT.String()
 
+// SmallRequestBytes is the size (proto.Size) up to which a request is not
+// weighed against Transport.MaxRequestBytesInFlight: it is always admitted.
+// The budget is about large requests; without the exemption one caller
+// holding the budget full (large batches waiting on replica_ack for up to
+// --max-ack-timeout, or on a slow Redis) had every other caller's calls
+// refused, reads and 100-byte batches included. What small requests hold
+// is bounded by the connection and stream bounds, as are the messages
+// grpc-go reads before any interceptor runs.
+const SmallRequestBytes = 64 << 10
+
 // requestBytes is the process-wide budget of request bytes being handled:
-// every unary call but health checks holds its request's size (proto.Size,
-// unknown fields included) from before its handler runs until it returns,
+// every unary call but health checks and requests of at most
+// SmallRequestBytes holds its request's size (proto.Size, unknown fields
+// included) from before its handler runs until it returns,
 // so that calls waiting for Redis (which runs them one at a time, ~70 ms for
 // a batch at the limits) hold at most the budget of decoded requests, and
 // what the handler builds from them (Lua arguments, the rueidis command)
@@ -38,14 +49,18 @@ func newRequestBytes(max int64, obs LimitObserver) *requestBytes {
 
 // take holds req's size in the budget and returns its weight, to give back
 // with release; a request larger than the whole budget weighs the whole
-// budget (it is served when nothing else is in flight). Over the budget it
-// returns a *bytesInFlightError and holds nothing.
+// budget (it is served when nothing else is in flight), one of at most
+// SmallRequestBytes weighs nothing. Over the budget it returns a
+// *bytesInFlightError and holds nothing.
 func (r *requestBytes) take(req any) (int64, error) {
 	m, ok := req.(proto.Message)
 	if !ok {
 		return 0, nil
 	}
 	size := int64(proto.Size(m))
+	if size <= SmallRequestBytes {
+		return 0, nil
+	}
 	weight := min(size, r.max)
 	if !r.sem.TryAcquire(weight) {
 		r.obs.Refused(LimitRequestBytes)

@@ -152,16 +152,23 @@ func (e *ConflictError) Error() string {
 // first (log, by-name, by-name-index, state:fencing:current) that holds
 // another Redis type (Type, where Want was expected): the commit or lease
 // change was refused before writing anything.
+//
+// With Name set, Key (clipped) names a section field whose name is no
+// record key (Name says why), as a foreign writer could store.
 type CorruptError struct {
 	Section string
 	Key     string
 	Type    string
 	Want    string
+	Name    string
 }
 
 func (e *CorruptError) Error() string {
 	if e.Type != "" {
 		return fmt.Sprintf("swarm key %s holds a Redis %s, not a %s; nothing was written (repair the key by hand)", e.Key, e.Type, e.Want)
+	}
+	if e.Name != "" {
+		return fmt.Sprintf("stored field %s/%s is not a record: %s; nothing fenced writes (repair the key by hand)", e.Section, e.Key, e.Name)
 	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)

@@ -11,6 +11,8 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store/protocol"
@@ -114,16 +116,24 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*Sna
 		Sections:         make(map[string]map[string]Record, len(names)),
 		SectionRevisions: make(map[string]int64, len(names)),
 	}
-	n := 0
+	n, bytes := 0, 0
 	for _, name := range names {
 		if snap.Sections[name], err = doc.records(name); err != nil {
 			return nil, fmt.Errorf("store: read sections: %w", err)
 		}
 		n += len(snap.Sections[name])
+		for key, rec := range snap.Sections[name] {
+			bytes += len(key) + len(rec.Value)
+		}
 		snap.SectionRevisions[name] = doc.Revision
 	}
 	if n > s.maxSnapshotRecords {
 		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(n), Max: s.maxSnapshotRecords})
+	}
+	// As read_sections.lua refuses a records swarm's (the document has
+	// left Redis already, but the answer must still fit a client).
+	if bytes > s.maxSnapshotBytes {
+		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(n), Bytes: int64(bytes), MaxBytes: s.maxSnapshotBytes})
 	}
 	return snap, nil
 }
@@ -365,7 +375,14 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	}
 	to := min(from+count, len(keys))
 	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
-	for _, key := range keys[from:to] {
+	size := 0
+	for i, key := range keys[from:to] {
+		// Cut by bytes as a records swarm's page is (scanSection).
+		size += len(key) + len(records[key].Value) + pageRecordOverhead
+		if i > 0 && size > s.maxSnapshotBytes {
+			to = from + i
+			break
+		}
 		p.Records[key] = records[key]
 	}
 	if to < len(keys) {
@@ -380,34 +397,42 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 const pageRecordOverhead = 32
 
 func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
-	arr, err := s.exec(ctx, readScanScript, []string{k.revision(), k.meta(), k.section(section)},
-		[]string{cursor, strconv.Itoa(count)}).ToArray()
+	keysOf := []string{k.revision(), k.meta(), k.section(section)}
+	arr, err := s.exec(ctx, readScanScript, keysOf,
+		[]string{cursor, strconv.Itoa(count), strconv.Itoa(s.maxSnapshotBytes)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 	}
-	if len(arr) != 4 {
+	lengths := false
+	if len(arr) == 5 {
+		tag, _ := arr[4].ToString()
+		lengths = tag == protocol.ReplyLengths
+	}
+	if len(arr) != 4 && !lengths {
 		return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(arr))
 	}
-	revs, err1 := arr[0].ToString()
-	next, err2 := arr[2].ToString()
-	if err := errors.Join(err1, err2); err != nil {
+	next, err := arr[2].ToString()
+	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
 	}
-	p := &Page{}
-	batchRecords, err := parseFields(section, arr[3])
-	if err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", err)
+	// size is what each key of the batch weighs in the answer: its stored
+	// record's length in LENGTHS mode (more than its value).
+	var batchRecords map[string]Record
+	size := map[string]int{}
+	if lengths {
+		if size, err = parseLengths(section, arr[3]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+	} else {
+		if batchRecords, err = parseFields(section, arr[3]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		for key, rec := range batchRecords {
+			size[key] = len(rec.Value)
+		}
 	}
-	if p.Revision, err = parseRevision(revs); err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", err)
-	}
-	sectionRevs, err := parseSectionRevisions(arr[1])
-	if err != nil {
-		return nil, fmt.Errorf("store: scan section: %w", err)
-	}
-	p.SectionRevision = sectionRevs[section]
 
-	keys := slices.Sorted(maps.Keys(batchRecords))
+	keys := slices.Sorted(maps.Keys(size))
 	whole := cursor == "0" && next == "0"
 	from := 0
 	if after != "" {
@@ -420,16 +445,54 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		}
 	}
 	to := min(from+count, len(keys))
-	p.Records = make(map[string]Record, to-from)
-	size := 0
+	total := 0
 	for i, key := range keys[from:to] {
-		size += len(key) + len(batchRecords[key].Value) + pageRecordOverhead
-		if i > 0 && size > s.maxSnapshotBytes {
+		total += len(key) + size[key] + pageRecordOverhead
+		if i > 0 && total > s.maxSnapshotBytes {
 			to = from + i
 			break
 		}
-		p.Records[key] = batchRecords[key]
 	}
+	p := &Page{Records: make(map[string]Record, to-from)}
+	revs := arr[:2]
+	if lengths && to > from {
+		// Read the page's records alone; they may have grown since: the
+		// script stops at the byte limit and says how far it read.
+		args := append([]string{strconv.Itoa(s.maxSnapshotBytes - (to-from)*pageRecordOverhead)}, keys[from:to]...)
+		got, err := s.exec(ctx, readScanKeysScript, keysOf, args).ToArray()
+		if err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
+		}
+		if len(got) != 4 {
+			return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(got))
+		}
+		read, err := got[3].AsInt64()
+		if err != nil || read < 1 || read > int64(to-from) {
+			return nil, fmt.Errorf("store: scan section: %w: %d of %d fields read", ErrMalformedReply, read, to-from)
+		}
+		to = from + int(read)
+		if batchRecords, err = parseFields(section, got[2]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		revs = got[:2]
+	}
+	for _, key := range keys[from:to] {
+		if rec, ok := batchRecords[key]; ok {
+			p.Records[key] = rec
+		}
+	}
+	revText, err := revs[0].ToString()
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w: %v", ErrMalformedReply, err)
+	}
+	if p.Revision, err = parseRevision(revText); err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	sectionRevs, err := parseSectionRevisions(revs[1])
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	p.SectionRevision = sectionRevs[section]
 	switch {
 	case to < len(keys) && whole:
 		p.Next = cursor + ":" + wholeHash + ":" + keys[to-1]
@@ -441,8 +504,35 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 	return p, nil
 }
 
+// parseLengths reads scan_section.lua's LENGTHS batch {field, length, ...}
+// into each field's stored length. Errors: ErrMalformedReply,
+// *CorruptError for a field whose name is no record key.
+func parseLengths(section string, m rueidis.RedisMessage) (map[string]int, error) {
+	fields, err := m.ToArray()
+	if err != nil || len(fields)%2 != 0 {
+		return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
+	}
+	lengths := make(map[string]int, len(fields)/2)
+	for j := 0; j < len(fields); j += 2 {
+		key, err1 := fields[j].ToString()
+		n, err2 := fields[j+1].ToString()
+		length, err3 := strconv.Atoi(n)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
+		}
+		if why := fieldNameProblem(key); why != "" {
+			return nil, &CorruptError{Section: section, Key: clipField(key), Name: why}
+		}
+		lengths[key] = length
+	}
+	return lengths, nil
+}
+
 // parseFields reads a section's field/value array (HGETALL, an HSCAN page)
-// into records. Errors: ErrMalformedReply, *CorruptError naming the field.
+// into records. Errors: ErrMalformedReply, *CorruptError naming the field
+// (clipped, with Name set, when the field's name is no record key: a
+// foreign writer's; answered as a record, it would end up in a page token
+// that the next ScanSection refuses, or make the answer too large).
 func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, error) {
 	fields, err := m.ToArray()
 	if err != nil || len(fields)%2 != 0 {
@@ -455,6 +545,9 @@ func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, err
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
 		}
+		if why := fieldNameProblem(key); why != "" {
+			return nil, &CorruptError{Section: section, Key: clipField(key), Name: why}
+		}
 		rec, ok := parseRecord(raw)
 		if !ok {
 			return nil, &CorruptError{Section: section, Key: key}
@@ -462,4 +555,27 @@ func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, err
 		records[key] = rec
 	}
 	return records, nil
+}
+
+// fieldNameProblem says why a section field's name is no record key
+// (batch's key rules: 1 to batch.MaxKeyBytes bytes of UTF-8), or "".
+func fieldNameProblem(name string) string {
+	switch {
+	case name == "":
+		return "its name is empty"
+	case len(name) > batch.MaxKeyBytes:
+		return "its name is " + strconv.Itoa(len(name)) + " bytes long, over the " + strconv.Itoa(batch.MaxKeyBytes) + " of a record key"
+	case !utf8.ValidString(name):
+		return "its name is not valid UTF-8"
+	}
+	return ""
+}
+
+// clipField is a field name short enough for an error: its first 64 bytes
+// as valid UTF-8, then "…" when cut.
+func clipField(name string) string {
+	if len(name) <= 64 {
+		return strings.ToValidUTF8(name, "\ufffd")
+	}
+	return strings.ToValidUTF8(name[:64], "") + "…"
 }

@@ -78,8 +78,9 @@ var (
 	readRecordScript   = newScript(ScriptReadRecord, source("read_record.lua"))
 	readLeaseScript    = newScript(ScriptReadLease, source("read_lease.lua"))
 	readScanScript     = newScript(ScriptScanSection, source("scan_section.lua"))
+	readScanKeysScript = newScript(ScriptScanSection, source("scan_keys.lua"))
 
-	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript}
+	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
 )
 
 // script is a Lua script with its name (for the Observer), source and

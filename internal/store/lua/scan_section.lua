@@ -2,8 +2,26 @@
 -- and the section's revision read at the same instant. Bounded work: one
 -- HSCAN step, never the whole section.
 -- KEYS[1] revision, KEYS[2] meta, KEYS[3] the section hash.
--- ARGV[1] cursor ('0' to start), ARGV[2] page size (a COUNT hint).
+-- ARGV[1] cursor ('0' to start), ARGV[2] page size (a COUNT hint),
+-- ARGV[3] the most bytes of fields and stored records the reply may carry.
 -- Reply: { revision, meta/section_revisions field or nil, next cursor
---          ('0' at the end), {field, raw, field, raw, ...} }.
+--          ('0' at the end), {field, raw, field, raw, ...} }, or, when the
+-- batch's fields and records exceed ARGV[3] bytes,
+--        { revision, section_revisions, next cursor,
+--          {field, length of raw, ...}, 'LENGTHS' }:
+-- the caller picks its page from the names and reads it with
+-- scan_keys.lua, so that only about a page leaves Redis.
 local page = redis.call('HSCAN', KEYS[3], ARGV[1], 'COUNT', ARGV[2])
-return { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), page[1], page[2] }
+local fields = page[2]
+local bytes = 0
+for j = 1, #fields do
+  bytes = bytes + #fields[j]
+end
+local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), page[1], fields }
+if ARGV[3] and bytes > tonumber(ARGV[3]) then
+  for j = 2, #fields, 2 do
+    fields[j] = string.format('%d', #fields[j])
+  end
+  out[5] = P.REPLY_LENGTHS
+end
+return out

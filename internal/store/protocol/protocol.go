@@ -126,6 +126,9 @@ const (
 	// holds another Redis type: {WRONGTYPE, name, type, want}.
 	ReplyWrongType = "WRONGTYPE"
 	ReplyTooLarge  = "TOO_LARGE"
+	// ReplyLengths: scan_section.lua's batch was too large to answer
+	// whole; it answers each field's stored length instead.
+	ReplyLengths = "LENGTHS"
 	// ReplyBusy: another rebuild holds the by-name claim.
 	ReplyBusy  = "BUSY"
 	ReplyClean = "CLEAN"
@@ -248,6 +251,7 @@ var entries = []struct{ name, value string }{
 	{"REPLY_LIMIT", ReplyLimit},
 	{"REPLY_WRONGTYPE", ReplyWrongType},
 	{"REPLY_TOO_LARGE", ReplyTooLarge},
+	{"REPLY_LENGTHS", ReplyLengths},
 	{"REPLY_BUSY", ReplyBusy},
 	{"REPLY_CLEAN", ReplyClean},
 	{"REPLY_AGAIN", ReplyAgain},

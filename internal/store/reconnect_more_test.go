@@ -1,0 +1,200 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// reconnectSwarms is how many swarms the reconnection tests spread their
+// commits over (rueidis spreads their slots over its pipelines).
+const reconnectSwarms = 16
+
+// seedSwarms commits one record in each swarm and answers the revisions.
+func seedSwarms(t *testing.T, st *store.Store, tag string) []int64 {
+	t.Helper()
+	revs := make([]int64, reconnectSwarms)
+	for i := range revs {
+		revs[i] = mustCommit(t, st, &batch.Batch{Slug: fmt.Sprintf("%s-%d", tag, i), Writes: []batch.Write{put("claims", "a", batch.Blind, "1")}})
+	}
+	return revs
+}
+
+// commitEachOnce overwrites each swarm's record expecting the revision it
+// had: a commit sent twice would answer CONFLICT to its caller the second
+// time. It answers the errors.
+func commitEachOnce(t *testing.T, st *store.Store, tag string, revs []int64) []error {
+	t.Helper()
+	var errs []error
+	for i, rev := range revs {
+		if _, err := commit(t, st, &batch.Batch{Slug: fmt.Sprintf("%s-%d", tag, i), Writes: []batch.Write{put("claims", "a", rev, "2")}}); err != nil {
+			errs = append(errs, fmt.Errorf("swarm %d: %w", i, err))
+		}
+	}
+	return errs
+}
+
+// TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused: Redis's
+// `timeout 1` closes every connection idle for a second; the next commit
+// on every swarm goes through, each once.
+func TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	revs := seedSwarms(t, st, "idle")
+	srv.Do(t, "CONFIG", "SET", "timeout", "1")
+	before := srv.InfoInt(t, "stats", "total_connections_received")
+	// Wait until Redis has closed the idle connections (its clients cron
+	// checks about once a second): it counts them as it accepts new ones,
+	// and fenced's connections are all idle now.
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.InfoInt(t, "clients", "connected_clients") > 1 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := srv.InfoInt(t, "clients", "connected_clients"); n > 1 {
+		t.Fatalf("%d clients still connected 10 s after timeout 1", n)
+	}
+	for _, err := range commitEachOnce(t, st, "idle", revs) {
+		t.Errorf("commit after Redis closed the idle connections: %v", err)
+	}
+	t.Logf("connections accepted since timeout 1: %d", srv.InfoInt(t, "stats", "total_connections_received")-before)
+}
+
+// TestCommitsAcrossARedisPauseAreNotRefused: Redis stopped (SIGSTOP) for
+// 1 s, shorter than the connection write timeout (5 s), with a commit in
+// flight on every swarm: each commits once Redis resumes. Then stopped 7 s,
+// longer: calls in flight may fail (rueidis closes the connection; their
+// outcome is unknown), but once a read answers again every swarm commits,
+// each once.
+func TestCommitsAcrossARedisPauseAreNotRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	revs := seedSwarms(t, st, "pause")
+	pause := func(d time.Duration, during func()) {
+		if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		resumed := false
+		defer func() {
+			if !resumed {
+				_ = syscall.Kill(srv.Pid(), syscall.SIGCONT)
+			}
+		}()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			during()
+		}()
+		time.Sleep(d)
+		if err := syscall.Kill(srv.Pid(), syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		resumed = true
+		<-done
+	}
+	errs := make(chan error, reconnectSwarms)
+	pause(time.Second, func() {
+		ch := make(chan error, reconnectSwarms)
+		for i, rev := range revs {
+			go func() {
+				_, err := st.Commit(context.Background(), &batch.Batch{Slug: fmt.Sprintf("pause-%d", i), Writes: []batch.Write{put("claims", "a", rev, "2")}})
+				if err != nil {
+					err = fmt.Errorf("swarm %d: %w", i, err)
+				}
+				ch <- err
+			}()
+		}
+		for range revs {
+			errs <- <-ch
+		}
+	})
+	for range revs {
+		if err := <-errs; err != nil {
+			t.Errorf("commit across a 1 s pause: %v", err)
+		}
+	}
+	revs = seedSwarms(t, st, "pause2")
+	var inFlight []error
+	pause(7*time.Second, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if _, _, err := st.Record(ctx, "pause2-0", "claims", "a"); err != nil {
+			inFlight = append(inFlight, err)
+		}
+	})
+	t.Logf("a read in flight across a 7 s pause: %v", inFlight)
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, _, err := st.Record(ctx, "pause2-0", "claims", "a"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no read answered 20 s after Redis resumed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, err := range commitEachOnce(t, st, "pause2", revs) {
+		t.Errorf("commit after a 7 s pause, once a read answered: %v", err)
+	}
+}
+
+// TestCommitsAfterASentinelFailoverAreNotRefused: Sentinel fails the
+// master A over to its replica B. Once A is a replica and a read through
+// the store answers from B, a commit on every swarm goes through, each
+// once, and lands on B.
+func TestCommitsAfterASentinelFailoverAreNotRefused(t *testing.T) {
+	a := redistest.Start(t)
+	b := redistest.StartReplica(t, a)
+	sentinel := redistest.StartSentinel(t, "fenced-master", a)
+	st, err := store.Open(sentinel.URL("fenced-master"), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", sentinel.URL("fenced-master"), err)
+	}
+	t.Cleanup(st.Close)
+	revs := seedSwarms(t, st, "failover")
+	deadline := time.Now().Add(20 * time.Second)
+	for !linked(t, b) {
+		if time.Now().After(deadline) {
+			t.Fatal("B never linked to A")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sentinel.Failover(t, "fenced-master", b)
+	deadline = time.Now().Add(40 * time.Second)
+	for a.Role() != "slave" {
+		if time.Now().After(deadline) {
+			t.Fatal("Sentinel did not demote A within 40 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// B answers the store once rueidis follows Sentinel's switch.
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, _, err := st.Record(ctx, "failover-0", "claims", "a")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no read answered after the failover: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, err := range commitEachOnce(t, st, "failover", revs) {
+		t.Errorf("commit after the failover, once a read answered: %v", err)
+	}
+	if got := b.Do(t, "HGET", key("failover-3", "claims"), "a"); !strings.HasSuffix(got, `"v":2}`) {
+		t.Errorf("the new master B holds failover-3 claims/a = %q; want the value 2", got)
+	}
+}
+
+// linked reports whether replica r's link to its master is up.
+func linked(t *testing.T, r *redistest.Server) bool {
+	return strings.Contains(r.Do(t, "INFO", "replication"), "master_link_status:up")
+}
