@@ -143,14 +143,7 @@ func TestSentinelFailoverIsFollowed(t *testing.T) {
 	// Until Sentinel demotes A, A still takes writes that its resync from B
 	// then drops (Redis's asynchronous replication; --wait-replicas narrows
 	// it): the test commits once A is a replica.
-	// Sentinel finds A on its next INFO (every 10 s).
-	deadline := time.Now().Add(40 * time.Second)
-	for a.Role() != "slave" {
-		if time.Now().After(deadline) {
-			t.Fatal("Sentinel did not demote A within 40 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	sentinel.AwaitDemoted(t, a)
 	rev2 := awaitCommit(t, e, &fencedv1.FencedBatchRequest{Slug: slug,
 		Writes: []*fencedv1.RecordWrite{put("intents", "b", 0, `2`)}})
 	if rev2 <= rev {

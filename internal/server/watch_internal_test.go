@@ -173,6 +173,20 @@ func TestWatchDropsAWatcherThatNeverReadsWithoutWriteStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
+	// Both hold their slots before a third is tried: the idle watcher's
+	// stream comes on a connection of its own, and its handler may run
+	// after the first third watcher took the last slot (then the idle one
+	// ends TOO_MANY_WATCHERS).
+	deadline := time.Now().Add(30 * time.Second)
+	for open := 0; open < 2; {
+		svc.watchSlots.mu.Lock()
+		open = svc.watchSlots.open
+		svc.watchSlots.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Watch streams hold a slot after 30 s, want 2", open)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	var buf []*fencedv1.WatchEvent
 	next := func() (*fencedv1.WatchEvent, error) {
 		for len(buf) == 0 {
