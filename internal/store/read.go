@@ -375,14 +375,8 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	}
 	to := min(from+count, len(keys))
 	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
-	size := 0
-	for i, key := range keys[from:to] {
-		// Cut by bytes as a records swarm's page is (scanSection).
-		size += len(key) + len(records[key].Value) + pageRecordOverhead
-		if i > 0 && size > s.maxSnapshotBytes {
-			to = from + i
-			break
-		}
+	to = s.pageEnd(keys, from, to, func(key string) int { return len(records[key].Value) })
+	for _, key := range keys[from:to] {
 		p.Records[key] = records[key]
 	}
 	if to < len(keys) {
@@ -391,11 +385,26 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	return p, nil
 }
 
-// scanSection is ScanSection on the records layout.
 // pageRecordOverhead is the most bytes a record's map entry adds to its key
 // and value in a ScanSection answer (tags, lengths, the revision's varint).
 const pageRecordOverhead = 32
 
+// pageEnd cuts the page keys[from:to] by bytes: it answers the end of the
+// longest prefix whose keys and sizes (size(key): a value's length, or an
+// upper bound of it), with pageRecordOverhead bytes each, stay within the
+// snapshot byte limit, and at least one record.
+func (s *Store) pageEnd(keys []string, from, to int, size func(string) int) int {
+	total := 0
+	for i, key := range keys[from:to] {
+		total += len(key) + size(key) + pageRecordOverhead
+		if i > 0 && total > s.maxSnapshotBytes {
+			return from + i
+		}
+	}
+	return to
+}
+
+// scanSection is ScanSection on the records layout.
 func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
 	keysOf := []string{k.revision(), k.meta(), k.section(section)}
 	arr, err := s.exec(ctx, readScanScript, keysOf,
@@ -444,15 +453,7 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 			from = done
 		}
 	}
-	to := min(from+count, len(keys))
-	total := 0
-	for i, key := range keys[from:to] {
-		total += len(key) + size[key] + pageRecordOverhead
-		if i > 0 && total > s.maxSnapshotBytes {
-			to = from + i
-			break
-		}
-	}
+	to := s.pageEnd(keys, from, min(from+count, len(keys)), func(key string) int { return size[key] })
 	p := &Page{Records: make(map[string]Record, to-from)}
 	revs := arr[:2]
 	if lengths && to > from {
