@@ -25,8 +25,9 @@ help: ## List the targets.
 
 .PHONY: run
 run: ## Development mode: serve gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421 (FENCED_LISTEN, FENCED_METRICS_LISTEN or ARGS=... to change); Redis from FENCED_REDIS_URL, else an embedded in-memory one.
-	FENCED_LISTEN="$${FENCED_LISTEN:-127.0.0.1:7420}" FENCED_METRICS_LISTEN="$${FENCED_METRICS_LISTEN-127.0.0.1:7421}" \
-	  go run ./cmd/fenced serve $(ARGS)
+	CGO_ENABLED=0 go build -o fenced ./cmd/fenced
+	exec env FENCED_LISTEN="$${FENCED_LISTEN:-127.0.0.1:7420}" FENCED_METRICS_LISTEN="$${FENCED_METRICS_LISTEN-127.0.0.1:7421}" \
+	  ./fenced serve $(ARGS)
 
 .PHONY: build
 build: ## Build ./fenced.

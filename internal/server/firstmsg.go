@@ -117,8 +117,11 @@ func firstMessageUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h 
 }
 
 // firstMessageStream disarms the bound of a stream once its first RecvMsg
-// returns, and answers a stream the bound cut DEADLINE_EXCEEDED with a
-// message saying why. It is first in the chain.
+// returns, and returns DEADLINE_EXCEEDED with a message naming the flag
+// for a stream the bound cut. The caller never sees that message: the
+// failed RecvMsg already wrote grpc-go's status ("context deadline
+// exceeded"), and grpc-go drops a second one (docs/design.md §10.4). It is
+// first in the chain.
 func firstMessageStream(timeout time.Duration) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		f, ok := ss.Context().Value(firstMessageKey{}).(*firstMessage)

@@ -53,9 +53,10 @@ const (
 	// exist (on standalone Redis such a swarm is served); migrate it on its
 	// standalone Redis (AdminService.Migrate). No metadata.
 	ErrorReason_LAYOUT_DOCUMENT ErrorReason_Reason = 4
-	// DATA_LOSS: a stored field is not a record. Metadata: "section" and
-	// "key" (section "" and key "revision" for the swarm's counter, key
-	// "meta/<name>" for a meta record).
+	// DATA_LOSS: a stored field is not a record, or its name is no record
+	// key (empty, over 1024 bytes, or not UTF-8; "key" then clipped to 64
+	// bytes). Metadata: "section" and "key" (section "" and key "revision"
+	// for the swarm's counter, key "meta/<name>" for a meta record).
 	ErrorReason_RECORD_CORRUPT ErrorReason_Reason = 5
 	// UNAVAILABLE: Redis cannot be reached (or answered nothing in time);
 	// retry later. A batch may or may not have committed. No metadata.
@@ -70,8 +71,9 @@ const (
 	// acknowledged in time. Metadata: "revision" (committed at),
 	// "replicas_acked", "replicas_wanted".
 	ErrorReason_REPLICATION_TIMEOUT ErrorReason_Reason = 9
-	// RESOURCE_EXHAUSTED: the Sections answer would hold too many records;
-	// read with ScanSection. No metadata.
+	// RESOURCE_EXHAUSTED: the Sections answer would hold too many records
+	// (--max-snapshot-records) or bytes (--max-snapshot-bytes); read with
+	// ScanSection. No metadata.
 	ErrorReason_SNAPSHOT_TOO_LARGE ErrorReason_Reason = 10
 	// OUT_OF_RANGE: a revision or epoch would pass 2^53-1; nothing was
 	// written. Metadata: "max_revision", "key" and, for a record,
@@ -138,7 +140,8 @@ const (
 	ErrorReason_WATCHER_TOO_SLOW ErrorReason_Reason = 33
 	// RESOURCE_EXHAUSTED: the requests being handled in the process already
 	// hold as many bytes as it allows (--max-request-bytes-in-flight); this
-	// one was refused as soon as it was read, before anything was written.
+	// one, over 64 KiB (smaller requests are never refused for bytes), was
+	// refused as soon as it was read, before anything was written.
 	// Retry later, with a backoff: it is load, not the request. Metadata:
 	// "request_bytes" (this request's size) and "max_bytes_in_flight" (the
 	// bound), in bytes.
