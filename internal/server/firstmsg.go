@@ -7,8 +7,6 @@ import (
 	"weak"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // firstMessage bounds how long a call may take to send its request: a
@@ -117,23 +115,16 @@ func firstMessageUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h 
 }
 
 // firstMessageStream disarms the bound of a stream once its first RecvMsg
-// returns, and returns DEADLINE_EXCEEDED with a message naming the flag
-// for a stream the bound cut. The caller never sees that message: the
-// failed RecvMsg already wrote grpc-go's status ("context deadline
-// exceeded"), and grpc-go drops a second one (docs/design.md §10.4). It is
-// first in the chain.
-func firstMessageStream(timeout time.Duration) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		f, ok := ss.Context().Value(firstMessageKey{}).(*firstMessage)
-		if !ok {
-			return h(srv, ss)
-		}
-		err := h(srv, &firstRecvStream{ServerStream: ss, f: f})
-		if err != nil && f.expired.Load() {
-			return status.Errorf(codes.DeadlineExceeded, "no request within %v of the call's headers (--first-message-timeout)", timeout)
-		}
-		return err
+// returns. A stream the bound cut ends with the error of that RecvMsg:
+// grpc-go has already written its status then ("context deadline
+// exceeded", DEADLINE_EXCEEDED) and drops any later one, so no message of
+// fenced's can reach the caller (docs/design.md §10.4). It is first in the
+// chain.
+func firstMessageStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if f, ok := ss.Context().Value(firstMessageKey{}).(*firstMessage); ok {
+		return h(srv, &firstRecvStream{ServerStream: ss, f: f})
 	}
+	return h(srv, ss)
 }
 
 // firstRecvStream is a stream whose first RecvMsg disarms its bound.

@@ -184,7 +184,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			recovery.UnaryServerInterceptor(onPanic),
 		)...),
 		grpc.ChainStreamInterceptor(
-			firstMessageStream(s.transport.FirstMessageTimeout),
+			firstMessageStream,
 			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), callLogOptions...), notHealth),
@@ -349,7 +349,7 @@ func (s *Server) ServeHealth(lis net.Listener) error {
 	s.healthOnly.Do(func() {
 		s.healthSrv = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
 			grpc.ChainUnaryInterceptor(firstMessageUnary),
-			grpc.ChainStreamInterceptor(firstMessageStream(s.transport.FirstMessageTimeout)))...)
+			grpc.ChainStreamInterceptor(firstMessageStream))...)
 		healthpb.RegisterHealthServer(s.healthSrv, s.bounded)
 	})
 	if s.healthSrv == nil { // Shutdown came first
