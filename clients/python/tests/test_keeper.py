@@ -32,7 +32,9 @@ def test_keeper_renews_and_releases(client: fenced.Client, slug: str) -> None:
 
 
 def test_keeper_loses_a_taken_over_lease(client: fenced.Client, slug: str) -> None:
-    k = client.keep(slug, "keeper", ttl_ms=600)
+    # 3 s: a renewal has 1 s to be refused StaleLease before the keeper
+    # would give the lease up on timeouts instead (200 ms with 600).
+    k = client.keep(slug, "keeper", ttl_ms=3000)
     try:
         client.release(slug, "keeper", k.epoch)  # someone ends it behind the keeper's back
         client.acquire(slug, "usurper", ttl_ms=60_000)
