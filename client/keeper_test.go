@@ -31,7 +31,9 @@ func TestKeeperKeepsAndReleases(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
-	const ttl = 600 * time.Millisecond
+	// Renewals every ttl/3, each given ttl/3: 2 s of slack for a loaded
+	// box (600 ms left 400 ms), and ttl/2 for the Keep after Close.
+	const ttl = 3 * time.Second
 
 	k, err := f.c.Keep(ctx, slug, "ctl-a", ttl)
 	if err != nil {

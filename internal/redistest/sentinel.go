@@ -17,11 +17,12 @@ type Sentinel struct {
 }
 
 // sentinelWait bounds each wait for Sentinel (a failover, a demotion). It
-// guards against a hang, never measures speed: with sentinelTimers a
-// failover and the demotion that follows take 1-3 s on a quiet box, but a
-// Sentinel the loaded 2-core CI box stalls for more than 2 s goes into
-// TILT and acts on nothing for its TILT period (the 40 s once allowed for
-// a demotion ran out once).
+// guards against a hang, never measures speed: with sentinelTimers the
+// demotion that follows a failover took 2.2 s (10.2 s with the default
+// timers), but a Sentinel the loaded 2-core CI box stalls for more than
+// 2 s goes into TILT and acts on nothing for its TILT period (the 40 s
+// once allowed for a demotion ran out once; a 3 s SIGSTOP of Sentinel
+// made it 43 s with the default timers, 10.2 s with these).
 const sentinelWait = 2 * time.Minute
 
 // sentinelTimers (SENTINEL DEBUG, Redis 7.0+) shorten Sentinel's timers for
