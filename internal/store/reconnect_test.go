@@ -33,8 +33,14 @@ func TestCommitsRightAfterARedisRestartAreNotRefused(t *testing.T) {
 		}
 	}
 	for i := range swarms {
-		if _, err := commit(t, st, &batch.Batch{Slug: slug(i), Writes: []batch.Write{put("claims", "b", batch.Blind, "2")}}); err != nil {
+		rev, err := commit(t, st, &batch.Batch{Slug: slug(i), Writes: []batch.Write{put("claims", "b", batch.Blind, "2")}})
+		if err != nil {
 			t.Errorf("commit on %s right after the restart: %v", slug(i), err)
+			continue
+		}
+		// What Redis holds: the record as committed, byte for byte.
+		if got, want := srv.Do(t, "HGET", key(slug(i), "claims"), "b"), fmt.Sprintf(`{"r":%d,"v":2}`, rev); got != want {
+			t.Errorf("%s claims/b after the commit = %q, want %q", slug(i), got, want)
 		}
 	}
 }

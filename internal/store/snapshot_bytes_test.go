@@ -68,6 +68,11 @@ func TestSectionsAreNotRefusedForTheirRecordText(t *testing.T) {
 	if err != nil || len(snap.Sections["claims"]) != 1000 {
 		t.Fatalf("Sections of 1,000 one-byte records under a 10,000-byte limit = %v, want them all", err)
 	}
+	for k, r := range snap.Sections["claims"] {
+		if r.Value != "1" {
+			t.Fatalf("claims/%s = %q, want %q", k, r.Value, "1")
+		}
+	}
 }
 
 // TestScanSectionPagesStayUnderTheByteLimit: six records of 900,000 bytes
