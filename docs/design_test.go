@@ -233,21 +233,20 @@ func stripCode(text string) string {
 	return b.String()
 }
 
-// TestDocumentLinksLeadToHeadings: every relative link of the README, of
-// docs/ and of the design leads to a file that exists and, when it names
+// TestDocumentLinksLeadToHeadings: every relative link of the repository's
+// Markdown files (the README, docs/, the design, deploy/, the Python
+// client) leads to a file that exists and, when it names
 // an anchor of a Markdown file, to one of that file's headings; a link
 // whose text names a design section ("§3.7") leads to that section's
 // chapter file.
 func TestDocumentLinksLeadToHeadings(t *testing.T) {
 	chapters := readChapters(t)
 	var pages []string
-	for _, glob := range []string{"../README.md", "*.md", designDir + "/*.md"} {
-		m, err := filepath.Glob(glob)
-		if err != nil {
-			t.Fatal(err)
+	repoFiles(t, func(path, _ string) {
+		if filepath.Ext(path) == ".md" {
+			pages = append(pages, path)
 		}
-		pages = append(pages, m...)
-	}
+	})
 	anchorsOf := map[string]map[string]bool{}
 	anchors := func(path string) (map[string]bool, bool) {
 		if a, ok := anchorsOf[path]; ok {
