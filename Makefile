@@ -55,7 +55,7 @@ redis-server: ## Install Debian's redis-server when it is missing (needs root).
 	  else echo "redis-server not found: sudo apt-get install -y redis-server" >&2; exit 1; fi; }
 
 .PHONY: bench-compare
-bench-compare: redis-server ## fenced vs the minimal gRPC→Lua→Redis path vs the floor path (the plainest Lua writing fenced's bytes) vs etcd 3.6 Txn with fsync, 16/64 swarms × 1/8/64 puts, ratios from one run (README: Benchmarks).
+bench-compare: redis-server ## fenced vs the minimal gRPC→Lua→Redis path vs the floor path (the plainest Lua writing fenced's bytes) vs etcd 3.6 Txn with fsync, 16/64 swarms × 1/8/64 puts, ratios from one run (docs/benchmarks.md).
 	@etcd_out=$$(mktemp); trap 'rm -f $$etcd_out' EXIT; \
 	(cd bench/etcd && go run . -duration=$(ETCD_DURATION) -out=$$etcd_out) && \
 	FENCED_BENCH_ETCD=$$etcd_out go test -run='^$$' -bench='^BenchmarkMinimal$$' -benchtime=$(MINIMAL_ROUNDS)x ./internal/bench/

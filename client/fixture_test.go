@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// prefix is the key prefix of every test store (docs/design.md §2.1).
+// prefix is the key prefix of every test store (docs/design/02-redis-layout.md §2.1).
 const prefix = fencedtest.Prefix
 
 // waitLimit bounds every wait for an event (a lease expiring, a keeper

@@ -136,7 +136,7 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 		for {
 			sctx, cancel := context.WithCancel(ctx)
 			// gzip: fenced answers in kind, compressing each message once for
-			// every watcher that asks (docs/design.md §6.1); none once a
+			// every watcher that asks (docs/design/06-reads-and-scans.md §6.1); none once a
 			// server refused it.
 			var callOpts []grpc.CallOption
 			gzipped := !c.plainWatch.Load()

@@ -15,7 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// keyPrefix is the default key prefix (--key-prefix, docs/design.md §2.1).
+// keyPrefix is the default key prefix (--key-prefix, docs/design/02-redis-layout.md §2.1).
 const keyPrefix = "agentihooks"
 
 // waitFor bounds every poll in these tests. It guards against a hang; no test
@@ -97,7 +97,7 @@ func waitServing(t *testing.T, conn *grpc.ClientConn, alive func() error, logs f
 	}
 }
 
-// fenceKey is the Redis key of one of a swarm's hashes (docs/design.md §2.1).
+// fenceKey is the Redis key of one of a swarm's hashes (docs/design/02-redis-layout.md §2.1).
 func fenceKey(slug, name string) string {
 	return keyPrefix + ":swarm:{" + slug + "}:fence:" + name
 }

@@ -76,7 +76,7 @@ type Write struct {
 	Value string
 }
 
-// Fence is a batch's condition on the swarm's lease (docs/design.md §3.2): the batch
+// Fence is a batch's condition on the swarm's lease (docs/design/03-fenced-batch.md §3.2): the batch
 // commits only while meta/lease names this epoch (and owner, when set) and
 // expires after the later of NowMs and Redis's clock.
 type Fence struct {
@@ -121,7 +121,7 @@ type Violation struct {
 }
 
 // ValidationError is returned for a request that breaks the names or limits
-// of docs/design.md §2.4 and §3.1. It lists every violation found (at most MaxViolations).
+// of docs/design/02-redis-layout.md §2.4 and docs/design/03-fenced-batch.md §3.1. It lists every violation found (at most MaxViolations).
 // internal/server maps it to INVALID_ARGUMENT with a BadRequest detail.
 type ValidationError struct {
 	Violations []Violation

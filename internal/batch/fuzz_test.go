@@ -11,14 +11,14 @@ import (
 	"unicode/utf8"
 )
 
-// slugPattern is the slug grammar of docs/design.md §2.4, stated independently of
+// slugPattern is the slug grammar of docs/design/02-redis-layout.md §2.4, stated independently of
 // ValidSlug.
 var slugPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // fieldPattern is every Field a CheckBatch violation may name.
 var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)|writes\[(0|[1-9][0-9]*)\]\.(kind|section|key|expected|value))$`)
 
-// FuzzCheckBatch checks CheckBatch against the rules of docs/design.md §2.4 and §3.1 stated
+// FuzzCheckBatch checks CheckBatch against the rules of docs/design/02-redis-layout.md §2.4 and docs/design/03-fenced-batch.md §3.1 stated
 // independently: it never panics; nil means the batch keeps every rule (so a
 // slug can never break out of its hash tag and every put holds one JSON
 // text); a refusal is a *ValidationError of 1..MaxViolations violations, each
@@ -164,7 +164,7 @@ func cjsonDecodes(value string) bool {
 	return true
 }
 
-// brokenRules is an independent oracle: the rules of docs/design.md §2.4 and §3.1 that b
+// brokenRules is an independent oracle: the rules of docs/design/02-redis-layout.md §2.4 and docs/design/03-fenced-batch.md §3.1 that b
 // breaks under l, by name. Empty means b is valid.
 func brokenRules(l Limits, b *Batch) []string {
 	var broken []string

@@ -8,7 +8,7 @@ import (
 	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
-// Defaults for Limits (docs/design.md §3.1).
+// Defaults for Limits (docs/design/03-fenced-batch.md §3.1).
 const (
 	DefaultMaxWrites          = 1024
 	DefaultMaxValueBytes      = 1 << 20 // 1 MiB
@@ -24,7 +24,7 @@ const (
 	MaxSafeInteger = protocol.RevMax
 )
 
-// DefaultSections are the sections of a swarm besides MetaSection (docs/design.md §1).
+// DefaultSections are the sections of a swarm besides MetaSection (docs/design/01-vocabulary.md §1).
 var DefaultSections = []string{
 	"executions", "archive", "intents", "orphans", "grants",
 	"registrations", "claims", "journals", "fences", "operations",
@@ -39,7 +39,7 @@ var LeaseOwnedKeys = protocol.MetaFields
 const MaxRequestIDLen = 128
 
 // reservedNames cannot be configured as sections: they name the swarm's other
-// keys (docs/design.md §2.1), so a section of that name would overwrite them.
+// keys (docs/design/02-redis-layout.md §2.1), so a section of that name would overwrite them.
 var reservedNames = []string{MetaSection, protocol.KeyByName, protocol.KeyByNameIndex, protocol.KeyRevision, protocol.KeyLog}
 
 // Limits are the names and bounds a request must keep. The zero value is not

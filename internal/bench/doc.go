@@ -56,7 +56,7 @@
 // BenchmarkDeployedBatch/size=N is BenchmarkMinimal's fenced side alone
 // (fenced as deployed, 16 swarms, one-put, 8-put and 64-put batches of
 // ~200-byte values) with allocations per batch: the benchmark to compare
-// builds of the server path by (docs/design.md §10.7).
+// builds of the server path by (docs/design/10-running-and-operating.md §10.7).
 //
 // BenchmarkOneRecordChangeBytes counts the bytes Redis reads for one fenced
 // change of one fixture executions record through (c), fenced and naming

@@ -9,7 +9,7 @@ import (
 )
 
 // floorScript is the thinnest script that writes what a fenced commit
-// writes (docs/design.md §2-§3): the prototype's work (minimalScript) on
+// writes (docs/design/02-redis-layout.md §2 to docs/design/03-fenced-batch.md §3): the prototype's work (minimalScript) on
 // fenced's keys and bytes, and the duties fenced documents beyond it, each
 // in its plainest Lua and trusting its input (no checks of stored bytes,
 // no refusals but the fence and the revisions): the lease read as fenced

@@ -615,7 +615,7 @@ func rounded(rs []roundResult, f func(roundResult) float64) []int {
 // the decoding watchers only; the other streams' bytes are read and
 // dropped. No goroutine per stream and no gRPC client stack: with a gRPC
 // client per watcher in this process, on these two cores, the watchers'
-// receiving cost more CPU than the server's sending (docs/design.md §6.1).
+// receiving cost more CPU than the server's sending (docs/design/06-reads-and-scans.md §6.1).
 
 // rawWindow is the flow-control window the raw receivers grant (stream and
 // connection); credit goes back once half of it is used.

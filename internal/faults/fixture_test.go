@@ -21,14 +21,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// prefix is the key prefix of every test store (docs/design.md §2.1).
+// prefix is the key prefix of every test store (docs/design/02-redis-layout.md §2.1).
 const prefix = fencedtest.Prefix
 
 // callTimeout bounds every single call a test makes: a failure bound, never
 // a measurement.
 const callTimeout = 5 * time.Second
 
-// key is the Redis key of a swarm's hash or string (docs/design.md §2.1).
+// key is the Redis key of a swarm's hash or string (docs/design/02-redis-layout.md §2.1).
 func key(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
 
 // quiet is the logger of in-process servers: failures are the tests' to

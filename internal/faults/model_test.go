@@ -155,7 +155,7 @@ func apply(s mState, in *mInput) mState {
 	return s
 }
 
-// step is the sequential specification of fenced (docs/design.md §3-§6).
+// step is the sequential specification of fenced (docs/design/03-fenced-batch.md §3 to docs/design/06-reads-and-scans.md §6).
 func step(s mState, in *mInput, out *mOutput) (bool, mState) {
 	switch in.op {
 	case opRecord:

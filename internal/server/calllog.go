@@ -26,7 +26,7 @@ var callLogOptions = []logging.Option{
 // DEBUG records, since every outcome is then logged. When it does not (the
 // default INFO), a successful call's line is dropped, yet the library builds
 // its fields before it knows the code (~2.5 µs and a dozen allocations per
-// call, docs/design.md §10.7). Then the call runs first, and the line is
+// call, docs/design/10-running-and-operating.md §10.7). Then the call runs first, and the line is
 // built only when its code's level is enabled, with the library's fields in
 // the library's order (TestCallLinesAtInfoAsTheMiddlewareWritesThem).
 func unaryCallLog(logger *slog.Logger) grpc.UnaryServerInterceptor {

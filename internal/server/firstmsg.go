@@ -24,7 +24,7 @@ import (
 // bound such a call (headers sent, the request never, no grpc-timeout)
 // held a goroutine for as long as the connection lived, which keepalive
 // and --max-connection-idle never end while it answers PINGs and has calls
-// in flight (docs/design.md §10.4).
+// in flight (docs/design/10-running-and-operating.md §10.4).
 //
 // A firstMessage is a context: its embedded cancelCtx carries the
 // cancellation (children attach to it directly, as to any cancelCtx), and
@@ -118,7 +118,7 @@ func firstMessageUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h 
 // returns. A stream the bound cut ends with the error of that RecvMsg:
 // grpc-go has already written its status then ("context deadline
 // exceeded", DEADLINE_EXCEEDED) and drops any later one, so no message of
-// fenced's can reach the caller (docs/design.md §10.4). It is first in the
+// fenced's can reach the caller (docs/design/10-running-and-operating.md §10.4). It is first in the
 // chain.
 func firstMessageStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if f, ok := ss.Context().Value(firstMessageKey{}).(*firstMessage); ok {

@@ -202,10 +202,10 @@ func TestCallsEndedBeforeTheirRequestDoNotHoldTheirHeaders(t *testing.T) {
 // their frames, so they arrive at ~3 s and are cut, and a client
 // that retries them together is cut again every time. The bound is on the
 // whole request, whatever the link carried meanwhile. A known gap: skipped
-// unless FENCED_KNOWN_GAPS=1 (docs/design.md §11).
+// unless FENCED_KNOWN_GAPS=1 (docs/design/11-known-gaps.md §11).
 func TestConcurrentUploadsOnOneSlowLinkAreNotCut(t *testing.T) {
 	if os.Getenv("FENCED_KNOWN_GAPS") == "" {
-		t.Skip("known gap (docs/design.md §11: the first message bound counts the whole request, not the link's progress); FENCED_KNOWN_GAPS=1 runs it")
+		t.Skip("known gap (docs/design/11-known-gaps.md §11: the first message bound counts the whole request, not the link's progress); FENCED_KNOWN_GAPS=1 runs it")
 	}
 	const bound = 2 * time.Second
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: bound}})

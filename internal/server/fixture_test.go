@@ -30,10 +30,10 @@ const prefix = fencedtest.Prefix
 // line). It is a failure bound, never a measurement.
 const waitLimit = 15 * time.Second
 
-// redisKey is the Redis key of a swarm's hash or string (docs/design.md §2.1).
+// redisKey is the Redis key of a swarm's hash or string (docs/design/02-redis-layout.md §2.1).
 func redisKey(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
 
-// currentKey is P:state:fencing:current (docs/design.md §2.1).
+// currentKey is P:state:fencing:current (docs/design/02-redis-layout.md §2.1).
 const currentKey = prefix + ":swarm:state:fencing:current"
 
 // openStore opens a Store on srv, closed when the test ends.

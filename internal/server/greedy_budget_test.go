@@ -96,11 +96,11 @@ func holdBudget(t *testing.T, srv *redistest.Server, e *endpoint, budget int) {
 // the greedy caller above, on its own connection and address, still
 // refuses every other caller's large batch (here 128 KiB, a tenth of
 // the largest) for as long as its waits last (up to --max-ack-timeout,
-// 5 min). A known gap: skipped unless FENCED_KNOWN_GAPS=1 (docs/design.md
+// 5 min). A known gap: skipped unless FENCED_KNOWN_GAPS=1 (docs/design/11-known-gaps.md
 // §11: the budget has no per-caller share).
 func TestGreedyCallerFillingTheBytesBudgetDoesNotStarveOtherLargeBatches(t *testing.T) {
 	if os.Getenv("FENCED_KNOWN_GAPS") == "" {
-		t.Skip("known gap (docs/design.md §11: the request bytes budget has no per-caller share); FENCED_KNOWN_GAPS=1 runs it")
+		t.Skip("known gap (docs/design/11-known-gaps.md §11: the request bytes budget has no per-caller share); FENCED_KNOWN_GAPS=1 runs it")
 	}
 	srv := redistest.Start(t)
 	const budget = 1 << 20

@@ -141,7 +141,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	// nor weighed against the request bytes budget, nor logged. One
 	// interceptor does all three, tested on the method name: a
 	// selector.UnaryServerInterceptor per job cost a chain link and a
-	// CallMeta each per call (docs/design.md §10.7).
+	// CallMeta each per call (docs/design/10-running-and-operating.md §10.7).
 	countAndLogUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		firstMessageArrived(ctx) // the request was read before any interceptor
 		if isHealthMethod(info.FullMethod) {

@@ -172,10 +172,10 @@ func heapInUse() uint64 {
 // once the message is queued; keepalive does not end a connection that
 // answers pings): 128 answers held ~256 MB. Within the default bounds one
 // address may open 1024 connections of 256 streams each. A known gap:
-// skipped unless FENCED_KNOWN_GAPS=1 (docs/design.md §11).
+// skipped unless FENCED_KNOWN_GAPS=1 (docs/design/11-known-gaps.md §11).
 func TestSectionsToCallersThatNeverReadHoldBoundedMemory(t *testing.T) {
 	if os.Getenv("FENCED_KNOWN_GAPS") == "" {
-		t.Skip("known gap (docs/design.md §11: answers to callers that never read are held whole); FENCED_KNOWN_GAPS=1 runs it")
+		t.Skip("known gap (docs/design/11-known-gaps.md §11: answers to callers that never read are held whole); FENCED_KNOWN_GAPS=1 runs it")
 	}
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
 	const slug, records = "big", 2000

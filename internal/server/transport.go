@@ -64,7 +64,7 @@ type Transport struct {
 	// calls (grpc.NumStreamWorkers): a call runs on an idle worker, whose
 	// stack has already grown to the depth of the interceptor chain, instead
 	// of on a new goroutine that grows its stack on every call (~2 µs of
-	// runtime.copystack per FencedBatch, docs/design.md §10.7); with every
+	// runtime.copystack per FencedBatch, docs/design/10-running-and-operating.md §10.7); with every
 	// worker busy a call gets a new goroutine, as without workers. Default
 	// DefaultStreamWorkers; < 0: none.
 	StreamWorkers int

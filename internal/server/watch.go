@@ -222,7 +222,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	// does not read; a drop must end the stream regardless (as etcd's
 	// watch server does), which unblocks it. This handler sends itself, so
 	// that a watcher costs one goroutine (the garbage collector scans
-	// every goroutine's stack on every cycle: docs/design.md §6.1), and a
+	// every goroutine's stack on every cycle: docs/design/06-reads-and-scans.md §6.1), and a
 	// drop ends the stream from a goroutine started then, with grpc-go's
 	// transport stream's WriteStatus (the call that ends every stream once
 	// its handler returns; a second is a no-op).

@@ -412,7 +412,7 @@ class Client:
         while True:
             req = records_pb2.WatchRequest(slug=slug, start_revision=from_revision, sections=sections)
             # gzip: fenced answers in kind, compressing each message once
-            # for every watcher that asks (docs/design.md §6.1); none once a
+            # for every watcher that asks (docs/design/06-reads-and-scans.md §6.1); none once a
             # server refused it.
             gzipped = not self._plain_watch
             compression = grpc.Compression.Gzip if gzipped else grpc.Compression.NoCompression

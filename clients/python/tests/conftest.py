@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def swarm_key(slug: str, name: str) -> str:
-    """A swarm's Redis key, as fenced names it (docs/design.md §2.1)."""
+    """A swarm's Redis key, as fenced names it (docs/design/02-redis-layout.md §2.1)."""
     return f"{KEY_PREFIX}:swarm:{{{slug}}}:fence:{name}"
 
 

@@ -1,6 +1,6 @@
 // fenced: fenced, per-record writes to a swarm's fencing state in Redis.
 //
-// Vocabulary (see docs/design.md §1): a swarm (named by its slug) holds records
+// Vocabulary (see docs/design/01-vocabulary.md §1): a swarm (named by its slug) holds records
 // grouped in sections. Every record is a JSON value stamped with the revision
 // of the batch that last wrote it. The swarm revision is raised once per
 // committed batch: a revision is larger than every one issued before it
