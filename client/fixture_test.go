@@ -39,10 +39,17 @@ func start(t *testing.T) *fixture {
 	return startOn(t, redistest.Start(t))
 }
 
+// redisTimeout is the Redis timeout of the fixture's store: longer than any
+// call's deadline (waitLimit), so that a Redis slowed by a busy box never
+// answers a test UNAVAILABLE (the default is 3 s). startOn's options may
+// set another.
+const redisTimeout = 2 * waitLimit
+
 // startOn is start over a Redis the test already runs (a primary with
-// replicas, say), with the store options given.
+// replicas, say), with the store options given (after redisTimeout).
 func startOn(t *testing.T, srv *redistest.Server, opts ...store.Option) *fixture {
 	t.Helper()
+	opts = append([]store.Option{store.WithRedisTimeout(redisTimeout)}, opts...)
 	f := &fixture{redis: srv, addr: fencedtest.Start(t, srv, opts...).Addr}
 	f.c = f.dial(t)
 	return f

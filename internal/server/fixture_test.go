@@ -36,10 +36,17 @@ func redisKey(slug, name string) string { return prefix + ":swarm:{" + slug + "}
 // currentKey is P:state:fencing:current (docs/design.md §2.1).
 const currentKey = prefix + ":swarm:state:fencing:current"
 
-// openStore opens a Store on srv, closed when the test ends.
+// redisTimeout is the Redis timeout of openStore's stores: longer than any
+// call's deadline (waitLimit), so that a Redis slowed by a busy box never
+// answers a test UNAVAILABLE (the default, 3 s, was hit under load 8-14). A
+// test of the timeout itself opens its store with its own.
+const redisTimeout = 2 * waitLimit
+
+// openStore opens a Store on srv (with redisTimeout), closed when the test
+// ends.
 func openStore(t *testing.T, srv *redistest.Server) *store.Store {
 	t.Helper()
-	return fencedtest.Open(t, srv)
+	return fencedtest.Open(t, srv, store.WithRedisTimeout(redisTimeout))
 }
 
 // endpoint is a fenced server serving on a loopback port and a client
