@@ -42,9 +42,9 @@ func heapLive() uint64 {
 // FCALL), once stalled, wait until released or their context ends before
 // they go to Redis: a Redis that does not answer them yet, with the
 // commands built and sent as far as fenced can tell. (A Redis stopped with
-// SIGSTOP would do the same, but only for 5 s: then rueidis's write timeout
-// cuts fenced's connections, sooner than a busy box reads 32 batches at the
-// limits.)
+// SIGSTOP would do the same, but only for as long as rueidis's write
+// timeout: then it cuts fenced's connections, and a busy box takes longer
+// than that to read 32 batches at the limits.)
 type stallingClient struct {
 	rueidis.Client
 	stalled  atomic.Bool
@@ -122,6 +122,9 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Once released, the admitted commits queue on one connection: rueidis
+	// would cut it when the last reply is 5 s late (i/o timeout, at load 19).
+	opt.ConnWriteTimeout = 2 * burstLimit
 	rc, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatalf("rueidis.NewClient(%s): %v", srv.URL(), err)
