@@ -39,11 +39,25 @@ func start(t *testing.T) *fixture {
 	return startOn(t, redistest.Start(t))
 }
 
+// redisTimeout is the Redis timeout of the fixture's store, and its
+// connections' write timeout (rueidis cuts a connection whose replies are
+// that late: 5 s by default, store.ClientOptions): longer than any call's
+// deadline (waitLimit), so that a Redis slowed by a busy box never answers
+// a test UNAVAILABLE (the default Redis timeout is 3 s). startOn's options
+// may set another Redis timeout.
+const redisTimeout = 2 * waitLimit
+
 // startOn is start over a Redis the test already runs (a primary with
-// replicas, say), with the store options given.
+// replicas, say), with the store options given (after redisTimeout).
 func startOn(t *testing.T, srv *redistest.Server, opts ...store.Option) *fixture {
 	t.Helper()
-	f := &fixture{redis: srv, addr: fencedtest.Start(t, srv, opts...).Addr}
+	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
+	st, err := store.Open(url, prefix, append([]store.Option{store.WithRedisTimeout(redisTimeout)}, opts...)...)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", url, err)
+	}
+	t.Cleanup(st.Close)
+	f := &fixture{redis: srv, addr: fencedtest.Serve(t, st, fencedtest.Config{}).Addr}
 	f.c = f.dial(t)
 	return f
 }

@@ -26,13 +26,13 @@ func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
 
 // TestKeeperKeepsAndReleases: Keep acquires, renews in the background past
 // the first TTL without changing the epoch, and Close releases, so another
-// owner's Keep is granted at once with the next epoch.
+// owner's Keep is granted with the next epoch, nothing left to wait out.
 func TestKeeperKeepsAndReleases(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
 	// Renewals every ttl/3, each given ttl/3: 2 s of slack for a loaded
-	// box (600 ms left 400 ms), and ttl/2 for the Keep after Close.
+	// box (600 ms left 400 ms).
 	const ttl = 3 * time.Second
 
 	k, err := f.c.Keep(ctx, slug, "ctl-a", ttl)
@@ -97,11 +97,10 @@ func TestKeeperKeepsAndReleases(t *testing.T) {
 		t.Errorf("last log entry %+v, want ctl-a's release", last)
 	}
 
-	// Granted at once: if Close had not released, this would wait out the
-	// lease, longer than its context allows.
-	bctx, cancel := context.WithTimeout(ctx, ttl/2)
-	defer cancel()
-	kb, err := f.c.Keep(bctx, slug, "ctl-b", 10*time.Second)
+	// Granted: Close released (Current saw no lease above), so nothing is
+	// waited out. (A bound of ttl/2 on this one call asserted "at once" by
+	// the clock, which a busy box may not keep.)
+	kb, err := f.c.Keep(ctx, slug, "ctl-b", 10*time.Second)
 	if err != nil {
 		t.Fatalf("Keep(ctl-b) after ctl-a's Close: %v", err)
 	}

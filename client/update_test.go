@@ -21,17 +21,17 @@ type counter struct {
 
 // TestConcurrentIncrements: 8 callers each increment one counter record 50
 // times through Update, unfenced and under one Keeper's fence. Conflicts
-// are expected and rerun; the counter ends at exactly 400, and every
-// increment is one committed log entry (records=1, the caller's owner),
-// at strictly increasing revisions, each the revision an Update answered.
+// are expected and rerun; an Update that gives up answers ErrKeptChanging
+// (its designed outcome under contention, how often depends on the box's
+// speed: BenchmarkUpdateContention counts it) and committed nothing, so its
+// caller calls again. The counter ends at exactly 400, and every increment
+// is one committed log entry (records=1, the caller's owner), at strictly
+// increasing revisions, each the revision an Update answered.
 func TestConcurrentIncrements(t *testing.T) {
 	t.Parallel()
 	const (
 		callers = 8
 		each    = 50
-		// extraCalls bounds the Update calls a caller may repeat after
-		// ErrKeptChanging (nothing committed), so the loop always ends.
-		extraCalls = 20
 	)
 	for _, fenced := range []bool{false, true} {
 		name := "unfenced"
@@ -70,13 +70,13 @@ func TestConcurrentIncrements(t *testing.T) {
 			results := make([]result, callers)
 			var wg sync.WaitGroup
 			for i := range callers {
+				// A caller told ErrKeptChanging calls again: the loop ends,
+				// since every conflict is another caller's commit, and once
+				// the others are done nothing conflicts.
 				wg.Go(func() {
 					r := &results[i]
-					for calls := 0; len(r.revisions) < each; calls++ {
-						if calls == each+extraCalls {
-							t.Errorf("caller %d: only %d increments in %d Update calls", i, len(r.revisions), calls)
-							return
-						}
+					for len(r.revisions) < each {
+						before := r.runs
 						rev, err := clients[i].Update(ctx, slug, fence, func(tx *client.Txn) error {
 							r.runs++
 							var v counter
@@ -91,6 +91,9 @@ func TestConcurrentIncrements(t *testing.T) {
 							r.revisions = append(r.revisions, rev)
 						case errors.Is(err, client.ErrKeptChanging):
 							r.keptChanged++
+							if ran := r.runs - before; ran != client.MaxUpdateAttempts {
+								t.Errorf("caller %d: Update gave up with ErrKeptChanging after %d runs of the change, want %d", i, ran, client.MaxUpdateAttempts)
+							}
 						default:
 							t.Errorf("caller %d: Update: %v", i, err)
 							return
@@ -114,12 +117,6 @@ func TestConcurrentIncrements(t *testing.T) {
 			}
 			t.Logf("%d increments took %d runs of the change (%d reruns after conflicts); ErrKeptChanging %d times",
 				callers*each, runs, runs-callers*each, kept)
-			// With a fixed 1-32 ms wait, 0-2 calls gave up in about a third
-			// of runs (6 of 20 under -race on 2 cores); the growing wait
-			// lets the slow caller through (0 of 20).
-			if kept > 0 {
-				t.Errorf("%d Update calls gave up with ErrKeptChanging after %d attempts; want none", kept, client.MaxUpdateAttempts)
-			}
 			if len(answered) != callers*each {
 				t.Errorf("Update answered %d distinct revisions, want %d", len(answered), callers*each)
 			}

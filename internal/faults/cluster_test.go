@@ -55,6 +55,24 @@ func (l *clusterLoad) noteMessage(err error) {
 
 var digits = regexp.MustCompile(`[0-9]+`)
 
+// awaitAcked waits until n more batches than now have been acknowledged
+// (the load runs between the faults however slowly the box runs it),
+// failing the test after limit.
+func (l *clusterLoad) awaitAcked(t *testing.T, n int, limit time.Duration) {
+	t.Helper()
+	acked := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.acked)
+	}
+	want := acked() + n
+	for giveUp := time.Now().Add(limit); acked() < want; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(giveUp) {
+			t.Fatalf("%d batches acknowledged, %d wanted: the load made no progress in %v", acked(), want, limit)
+		}
+	}
+}
+
 func (l *clusterLoad) note(outcome string) {
 	l.mu.Lock()
 	l.outcomes[outcome]++
@@ -194,28 +212,32 @@ func TestClusterFailover(t *testing.T) {
 			load.worker(t, i, cl, stop, 3000)
 		}()
 	}
+	// Between the faults the load runs until 35 more batches are
+	// acknowledged (instead of for a fixed time), so that at least 100 are
+	// checked afterwards whatever the box's speed.
+	const between, progressLimit = 35, time.Minute
 	func() {
 		defer close(stop)
-		time.Sleep(500 * time.Millisecond)
+		load.awaitAcked(t, between, progressLimit)
 		before := load.ops.Load()
 		nodes[3].Do(t, "CLUSTER", "FAILOVER")
 		took := waitRole(t, nodes[3], "master", 20*time.Second)
 		c.WaitReplicasLinked(t, 30*time.Second)
 		t.Logf("CLUSTER FAILOVER: %s took over from %s in %v (after %d batches)", nodes[3].Addr(), nodes[0].Addr(), took.Round(time.Millisecond), before)
 
-		time.Sleep(500 * time.Millisecond)
+		load.awaitAcked(t, between, progressLimit)
 		before = load.ops.Load()
 		nodes[1].Kill(t)
 		took = waitRole(t, nodes[4], "master", 30*time.Second)
 		c.WaitReplicasLinked(t, 30*time.Second)
 		t.Logf("SIGKILL: %s took over from %s in %v (after %d batches; cluster-node-timeout 2000 ms)", nodes[4].Addr(), nodes[1].Addr(), took.Round(time.Millisecond), before)
 
-		time.Sleep(300 * time.Millisecond)
+		load.awaitAcked(t, between, progressLimit)
 		nodes[1].Restart(t)
 		waitRole(t, nodes[1], "slave", 30*time.Second)
 		c.WaitReplicasLinked(t, 30*time.Second)
 		t.Logf("%s restarted and rejoined as a replica", nodes[1].Addr())
-		time.Sleep(500 * time.Millisecond)
+		load.awaitAcked(t, between, progressLimit)
 	}()
 	wg.Wait()
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,16 @@ type raceWrite struct {
 	res   string
 	// expired: sent well after the lease ran out, with nobody taking over.
 	expired bool
+	// order is who went first when the race was sequenced: "h", the
+	// holder's write answered before the takeover began; "t", the taker
+	// granted before the holder's write was sent; "" when they raced.
+	order string
+	// expiresAt is the lease's end by Redis's clock (ms) as granted; the
+	// test may end it earlier (grant.forced), never later. sentMs and
+	// recvMs are this process's clock (the same as Redis's: one host)
+	// just before the batch was sent and just after its answer, so the
+	// script's fence check ran at a time in [sentMs, recvMs].
+	expiresAt, sentMs, recvMs int64
 }
 
 // writtenValue is what every race write puts: who wrote it at which epoch.
@@ -61,6 +72,13 @@ type leaseRacer struct {
 	// late counts committed writes whose log entry's time is at or after
 	// their lease's end; lateMax is the largest gap, in ms.
 	late, lateMax int64
+}
+
+// failed reports whether a race went wrong.
+func (lr *leaseRacer) failed() bool {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	return len(lr.unexpected) > 0
 }
 
 func (lr *leaseRacer) fail(format string, args ...any) {
@@ -94,9 +112,10 @@ func (lr *leaseRacer) acquire(c *client.Client, owner string, ttl time.Duration)
 	return client.Lease{}, time.Time{}, false
 }
 
-// write reads x, pauses, then sends a fenced batch putting x and the
-// writer's own record, and records the outcome.
-func (lr *leaseRacer) write(c *client.Client, race int, who string, l client.Lease, ttl time.Duration, granted time.Time, pause time.Duration, useNow, nameOwner, expired bool) {
+// write reads x, pauses, waits for after (when not nil: closed), then sends
+// a fenced batch putting x and the writer's own record, and records the
+// outcome.
+func (lr *leaseRacer) write(c *client.Client, race int, who string, l client.Lease, ttl time.Duration, granted time.Time, pause time.Duration, useNow, nameOwner, expired bool, order string, after <-chan struct{}) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	x, _, err := c.Get(ctx, lr.slug, "claims", "x")
@@ -109,6 +128,9 @@ func (lr *leaseRacer) write(c *client.Client, race int, who string, l client.Lea
 		expected = x.Revision
 	}
 	time.Sleep(pause) // the holder stalls between its read and its write
+	if after != nil {
+		<-after
+	}
 	f := &client.Fence{Epoch: l.Epoch}
 	if nameOwner {
 		f.Owner = l.Owner
@@ -119,11 +141,13 @@ func (lr *leaseRacer) write(c *client.Client, race int, who string, l client.Lea
 		f.NowMs = l.ExpiresAtMs - ttl.Milliseconds() + time.Since(granted).Milliseconds()
 	}
 	value, _ := json.Marshal(writtenValue{Owner: l.Owner, Epoch: l.Epoch, Race: race})
-	w := raceWrite{key: fmt.Sprintf("w-%d-%s", race, who), owner: l.Owner, epoch: l.Epoch, expired: expired}
+	w := raceWrite{key: fmt.Sprintf("w-%d-%s", race, who), owner: l.Owner, epoch: l.Epoch, expired: expired,
+		order: order, expiresAt: l.ExpiresAtMs, sentMs: time.Now().UnixMilli()}
 	rev, err := c.Batch(ctx, lr.slug, f, []client.Write{
 		putW("claims", "x", expected, string(value)),
 		putW("claims", w.key, 0, string(value)),
 	})
+	w.recvMs = time.Now().UnixMilli()
 	switch {
 	case err == nil:
 		w.rev, w.res = rev, "ok"
@@ -148,10 +172,21 @@ func (lr *leaseRacer) write(c *client.Client, race int, who string, l client.Lea
 // (15-40 ms) runs out by Redis's clock while the taker asks again and again.
 // In the rest (15%) nobody takes over, and the holder stalls 60-90 ms past
 // its 5 ms lease: its write must be refused by expiry alone. The taker
-// sometimes releases at the end.
+// sometimes releases at the end. A third of the forced races are sequenced
+// (the holder's write answered before the takeover begins: it must commit)
+// and a third the other way (the holder's write sent only once the taker
+// holds the lease: it must be refused as stale), so both outcomes are
+// checked in every run whatever the box's speed; the rest race freely.
 func (lr *leaseRacer) race(i int, rc rueidis.Client) {
 	mode := lr.rng.IntN(100)
 	forced, expired := mode < 60, mode >= 85
+	order := ""
+	switch {
+	case mode < 20:
+		order = "h"
+	case mode < 40:
+		order = "t"
+	}
 	ttlH := time.Duration(15+lr.rng.IntN(26)) * time.Millisecond
 	pause := time.Duration(lr.rng.IntN(int(ttlH/time.Microsecond)*3/2)) * time.Microsecond
 	delay := time.Duration(lr.rng.IntN(int(ttlH/time.Microsecond))) * time.Microsecond
@@ -172,14 +207,20 @@ func (lr *leaseRacer) race(i int, rc rueidis.Client) {
 	if !ok {
 		return
 	}
+	var takerGranted chan struct{}
+	if order == "t" {
+		takerGranted = make(chan struct{})
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lr.write(lr.holder, i, "h", lh, ttlH, at, pause, useNowH, ownerH, expired)
+		lr.write(lr.holder, i, "h", lh, ttlH, at, pause, useNowH, ownerH, expired, order, takerGranted)
 	}()
-	if expired {
+	if expired || order == "h" {
 		wg.Wait()
+	}
+	if expired {
 		return
 	}
 	time.Sleep(delay)
@@ -198,8 +239,11 @@ func (lr *leaseRacer) race(i int, rc rueidis.Client) {
 	}
 	tk := fmt.Sprintf("taker-%d", i)
 	lt, at2, ok := lr.acquire(lr.taker, tk, time.Second)
+	if takerGranted != nil {
+		close(takerGranted)
+	}
 	if ok {
-		lr.write(lr.taker, i, "t", lt, time.Second, at2, 0, false, true, false)
+		lr.write(lr.taker, i, "t", lt, time.Second, at2, 0, false, true, false, order, nil)
 		if release {
 			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 			_, err := lr.taker.Release(ctx, lr.slug, tk, lt.Epoch)
@@ -229,11 +273,17 @@ func (lr *leaseRacer) lastGrantRev() int64 {
 // TestLeaseRaces runs 1,000 races (FAULTS_LEASE_RACES) of a holder that
 // stalls between its read and its write against a takeover (see race), 8
 // swarms at a time, holders half the time sending an estimate of Redis's
-// clock as now_ms. Afterwards, from what Redis holds: epochs rise strictly from grant
-// to grant; every committed write's owner held the lease, at the epoch it
-// wrote, at the revision it committed (no grant in between: zero writes of
-// a stale holder visible), so written epochs never go down; every write
-// refused as stale left nothing, every acknowledged one is there.
+// clock as now_ms. Every answer is a legal one (committed or refused as
+// stale: nobody else writes x between a racer's read and its write unless
+// it holds the lease), and the sequenced races answer as their order
+// dictates. Afterwards, from what Redis holds: epochs rise strictly from
+// grant to grant; every committed write's owner held the lease, at the
+// epoch it wrote, at the revision it committed (no grant in between: zero
+// writes of a stale holder visible), so written epochs never go down; no
+// write sent at or after its lease's end committed; every write refused
+// as stale left nothing, every acknowledged one is there. How often the
+// free races go either way depends on the box's speed: it is logged, not
+// asserted.
 func TestLeaseRaces(t *testing.T) {
 	seed := seedFor(t, 9001)
 	races := envInt(t, "FAULTS_LEASE_RACES", 1000)
@@ -248,6 +298,7 @@ func TestLeaseRaces(t *testing.T) {
 
 	start := time.Now()
 	racers := make([]*leaseRacer, swarms)
+	var ran atomic.Int64
 	var wg sync.WaitGroup
 	for s := range racers {
 		lr := &leaseRacer{slug: fmt.Sprintf("lease-race-%d", s), holder: holder, taker: taker,
@@ -258,14 +309,15 @@ func TestLeaseRaces(t *testing.T) {
 			defer wg.Done()
 			for i := s; i < races; i += swarms {
 				lr.race(i, rc)
-				if len(lr.unexpected) > 0 || time.Since(start) > 2*time.Minute {
+				ran.Add(1)
+				if lr.failed() {
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	t.Logf("%d races on %d swarms in %v", races, swarms, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d of %d races on %d swarms in %v", ran.Load(), races, swarms, time.Since(start).Round(time.Millisecond))
 
 	outcomes := map[string]int{}
 	stale := 0
@@ -274,11 +326,11 @@ func TestLeaseRaces(t *testing.T) {
 			t.Error(msg)
 		}
 		for _, w := range lr.writes {
-			outcomes[strings.SplitN(w.key, "-", 3)[2]+":"+w.res]++
+			outcomes[w.order+strings.SplitN(w.key, "-", 3)[2]+":"+w.res]++
 		}
 		stale += checkRaces(t, redis, lr)
 	}
-	t.Logf("outcomes (h: stalled holder, t: taker): %v", outcomes)
+	t.Logf("outcomes (h: stalled holder, t: taker; prefixed h or t when the holder or the taker was made to go first): %v", outcomes)
 	var late, lateMax int64
 	for _, lr := range racers {
 		late, lateMax = late+lr.late, max(lateMax, lr.lateMax)
@@ -287,9 +339,11 @@ func TestLeaseRaces(t *testing.T) {
 	if stale > 0 {
 		t.Errorf("%d writes of a stale holder are visible", stale)
 	}
-	// Both sides of the race must have happened, or the test proves little.
-	if outcomes["h:ok"] < races/20 || outcomes["h:stale"] < races/20 {
-		t.Errorf("stalled holders: %d committed, %d refused as stale; want each at least %d", outcomes["h:ok"], outcomes["h:stale"], races/20)
+	// Both outcomes were checked: the sequenced races make them, whatever
+	// the box's speed (a holder sequenced first is refused only when its
+	// whole 10 s lease ran out before it was sent).
+	if races >= 100 && (outcomes["hh:ok"] == 0 || outcomes["th:stale"] == 0) {
+		t.Errorf("sequenced holders: %d committed when first, %d refused as stale when the taker went first; want both", outcomes["hh:ok"], outcomes["th:stale"])
 	}
 }
 
@@ -367,15 +421,12 @@ func checkRaces(t *testing.T, redis *redistest.Server, lr *leaseRacer) int {
 		}
 		// The log entry's id is Redis's clock when XADD ran, at the end of
 		// the script; the fence was checked by TIME at its start. A process
-		// descheduled mid-script shows a few ms between the two, so only a
-		// gross gap is a failure; the rest is counted.
+		// descheduled mid-script shows some ms between the two, however
+		// many the box's load makes: counted, not asserted (each write's
+		// send time is checked against its lease's end below).
 		if ms := entryMs(t, e); ok && !g.forced && ms >= g.expiresAt {
 			lr.late++
 			lr.lateMax = max(lr.lateMax, ms-g.expiresAt)
-			if ms-g.expiresAt > 250 {
-				staleVisible++
-				t.Errorf("%s: claims/%s committed at r%d at %d ms, but %s's lease ended at %d ms", lr.slug, k, s.rev, ms, g.owner, g.expiresAt)
-			}
 		}
 		if k != "x" {
 			order = append(order, visible{s.rev, s.v.Epoch})
@@ -388,8 +439,23 @@ func checkRaces(t *testing.T, redis *redistest.Server, lr *leaseRacer) int {
 		}
 	}
 	for _, w := range lr.writes {
-		if w.expired && w.res != "stale" {
+		holder := strings.HasSuffix(w.key, "-h")
+		switch {
+		case w.res != "ok" && w.res != "stale":
+			t.Errorf("%s: %s answered %s, want committed or refused as stale (nobody else writes x without the lease)", lr.slug, w.key, w.res)
+		case w.expired && w.res != "stale":
 			t.Errorf("%s: %s was sent 60-90 ms after its lease ran out and answered %s, want stale", lr.slug, w.key, w.res)
+		case w.res == "ok" && w.sentMs >= w.expiresAt:
+			// The fence is checked after the send: by then the lease
+			// had ended (or been ended earlier still by the test).
+			staleVisible++
+			t.Errorf("%s: %s sent at %d ms committed, but its lease ended at %d ms", lr.slug, w.key, w.sentMs, w.expiresAt)
+		case holder && w.order == "t" && w.res != "stale":
+			t.Errorf("%s: %s was sent after the taker was granted the lease and answered %s, want stale", lr.slug, w.key, w.res)
+		case (!holder || w.order == "h") && w.res == "stale" && w.recvMs < w.expiresAt:
+			// Nobody takes a taker's lease, nor a holder's sequenced
+			// first, while it writes: only its end refuses it.
+			t.Errorf("%s: %s answered stale at %d ms, before its lease's end at %d ms, with nobody taking over", lr.slug, w.key, w.recvMs, w.expiresAt)
 		}
 		s, ok := stored[w.key]
 		switch {

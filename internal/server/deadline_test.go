@@ -1,11 +1,8 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"net"
-	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,27 +14,32 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// TestDeadlineWhileRedisSleeps: while Redis is blocked (DEBUG SLEEP), a
-// FencedBatch with a 50 ms deadline answers DEADLINE_EXCEEDED, on the client
-// and in the server's own accounting (never INTERNAL, UNAVAILABLE or a late
-// success), and what Redis holds afterwards is all of the batch or none of
-// it.
+// TestDeadlineWhileRedisSleeps: while Redis is blocked (stopped with
+// SIGSTOP until the call has answered, however long a busy box takes: a
+// timed DEBUG SLEEP could end first), a FencedBatch with a 50 ms deadline
+// answers DEADLINE_EXCEEDED, on the client and in the server's own
+// accounting (never INTERNAL, UNAVAILABLE or a late success), and what
+// Redis holds afterwards is all of the batch or none of it.
 func TestDeadlineWhileRedisSleeps(t *testing.T) {
-	srv := redistest.Start(t, redistest.WithArgs("--enable-debug-command", "local"))
+	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
 	const slug = "deadline"
 	// The first commit loads the script, so the batch below is one EVALSHA.
 	seed := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}})
 
-	// DEBUG SLEEP on a connection of its own. A rueidis client rather than
-	// srv.Do: Do fails the test with t.Fatal, which must not run outside
-	// the test goroutine.
-	sleeper := srv.Client(t)
-	slept := make(chan error, 1)
-	go func() {
-		slept <- sleeper.Do(context.Background(), sleeper.B().Arbitrary("DEBUG", "SLEEP", "0.5").Build()).Error()
-	}()
-	awaitAsleep(t, srv.Addr(), slept)
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP redis: %v", err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := syscall.Kill(srv.Pid(), syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT redis: %v", err)
+			}
+		}
+	}
+	defer resume()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	resp, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{
@@ -46,13 +48,12 @@ func TestDeadlineWhileRedisSleeps(t *testing.T) {
 	if code := status.Code(err); code != codes.DeadlineExceeded {
 		t.Errorf("FencedBatch with a 50 ms deadline while Redis sleeps = %v, %v; want %v", resp, err, codes.DeadlineExceeded)
 	}
-	if err := <-slept; err != nil {
-		t.Fatalf("DEBUG SLEEP 0.5: %v", err)
-	}
 
 	// What the server itself answered, from its call log: the second
-	// FencedBatch to finish. The client's own deadline usually fires first
-	// and cancels the call, so CANCELED is as right as DEADLINE_EXCEEDED.
+	// FencedBatch to finish, while Redis is still stopped (resumed at once,
+	// the commit could beat the server's own deadline). The client's own
+	// deadline usually fires first and cancels the call, so CANCELED is as
+	// right as DEADLINE_EXCEEDED.
 	n := 0
 	rec, err := e.logs.await(func(r logRecord) bool {
 		if callFinished("FencedBatch")(r) {
@@ -63,6 +64,7 @@ func TestDeadlineWhileRedisSleeps(t *testing.T) {
 	if err != nil {
 		t.Fatalf("server log: %v for the FencedBatch cut by its deadline", err)
 	}
+	resume()
 	serverCode := rec.attrs["grpc.code"]
 	switch serverCode {
 	case codes.DeadlineExceeded.String(), codes.Canceled.String():
@@ -94,36 +96,4 @@ func TestDeadlineWhileRedisSleeps(t *testing.T) {
 	default:
 		t.Errorf("half a batch in Redis: d1 = %v, d2 = %v", d1, d2)
 	}
-}
-
-// awaitAsleep returns once Redis at addr is seen blocked: a PING on a fresh
-// connection gets no answer within 100 ms. It fails the test when the sleep
-// ends (slept delivers) before that.
-func awaitAsleep(t *testing.T, addr string, slept <-chan error) {
-	t.Helper()
-	giveUp := time.Now().Add(waitLimit)
-	for time.Now().Before(giveUp) {
-		select {
-		case err := <-slept:
-			t.Fatalf("DEBUG SLEEP returned (%v) before Redis was seen asleep", err)
-		default:
-		}
-		conn, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			t.Fatalf("dial %s: %v", addr, err)
-		}
-		_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
-		_, err = conn.Write([]byte("*1\r\n$4\r\nPING\r\n"))
-		if err == nil {
-			_, err = bufio.NewReader(conn).ReadString('\n')
-		}
-		conn.Close()
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return
-		}
-		if err != nil {
-			t.Fatalf("probe %s: %v", addr, err)
-		}
-	}
-	t.Fatalf("Redis at %s never seen asleep", addr)
 }

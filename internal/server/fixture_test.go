@@ -36,10 +36,26 @@ func redisKey(slug, name string) string { return prefix + ":swarm:{" + slug + "}
 // currentKey is P:state:fencing:current (docs/design/02-redis-layout.md §2.1).
 const currentKey = prefix + ":swarm:state:fencing:current"
 
-// openStore opens a Store on srv, closed when the test ends.
+// redisTimeout is the Redis timeout of openStore's stores, and their
+// connections' write timeout (rueidis cuts a connection whose replies are
+// that late: 5 s by default, store.ClientOptions): longer than any call's
+// deadline (waitLimit), so that a Redis slowed by a busy box never answers
+// a test UNAVAILABLE (the default Redis timeout, 3 s, and the 5 s write
+// timeout were both hit at load 8-19). A test of the timeouts themselves
+// opens its store with its own.
+const redisTimeout = 2 * waitLimit
+
+// openStore opens a Store on srv (with redisTimeout), closed when the test
+// ends.
 func openStore(t *testing.T, srv *redistest.Server) *store.Store {
 	t.Helper()
-	return fencedtest.Open(t, srv)
+	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
+	st, err := store.Open(url, prefix, store.WithRedisTimeout(redisTimeout))
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", url, err)
+	}
+	t.Cleanup(st.Close)
+	return st
 }
 
 // endpoint is a fenced server serving on a loopback port and a client

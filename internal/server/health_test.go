@@ -64,7 +64,10 @@ func watchAll(t *testing.T, e *endpoint, service string) (stop func() []healthpb
 // UNAVAILABLE while Redis is down and commit again once it is back.
 func TestHealthFollowsRedis(t *testing.T) {
 	srv := redistest.Start(t, redistest.WithAOF())
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	// Each probe is bounded by the interval: 2 s, so that a busy box's slow
+	// PING does not turn the ready services NOT_SERVING between the checks
+	// (a kill is seen at the next probe, as a refused connection).
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: 2 * time.Second})
 	const slug = "health"
 
 	for _, name := range server.ReadyServices {
@@ -169,7 +172,9 @@ func (g *gate) CommitDurable(ctx context.Context, b *batch.Batch, d store.Durabi
 func TestShutdown(t *testing.T) {
 	srv := redistest.Start(t)
 	g := &gate{Store: openStore(t, srv), entered: make(chan struct{}), release: make(chan struct{})}
-	e := serve(t, g, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	// One probe, at the start: each probe is bounded by the interval, and
+	// a 50 ms one timed out on a busy box (NOT_SERVING before Shutdown).
+	e := serve(t, g, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	for _, name := range server.ReadyServices {
 		awaitHealth(t, e, name, serving)
 	}
@@ -256,7 +261,7 @@ func TestShutdown(t *testing.T) {
 // NOT_SERVING, returns once its context is done, and ends the stream.
 func TestShutdownWithOpenWatch(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes}) // one probe: see TestShutdown
 	awaitHealth(t, e, "", serving)
 	stream, err := e.health.Watch(ctxT(t), &healthpb.HealthCheckRequest{Service: ""})
 	if err != nil {

@@ -339,7 +339,7 @@ func dialCheck(t *testing.T, addr string, creds credentials.TransportCredentials
 		t.Fatalf("grpc.NewClient(%s): %v", addr, err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
 	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	return err

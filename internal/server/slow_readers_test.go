@@ -293,21 +293,8 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 		healthWatches = append(healthWatches, hw)
 	}
 	g0 := runtime.NumGoroutine()
-	const conns = 8
-	streams := int(server.DefaultMaxConcurrentStreams)
-	var callers []*stalledCaller
-	start := time.Now()
-	for range conns {
-		c := dialStalled(t, e.addr)
-		callers = append(callers, c)
-		for i := range streams {
-			m := fencedv1.RecordsService_Watch_FullMethodName
-			if i%2 == 1 {
-				m = fencedv1.RecordsService_FencedBatch_FullMethodName
-			}
-			c.open(t, m)
-		}
-	}
+	// Sampled from before the first stream opens: on a busy box the first
+	// connection's streams may be cut before the last one's open.
 	var peak atomic.Int64
 	sampled := make(chan struct{})
 	stopSampling := make(chan struct{})
@@ -324,6 +311,21 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 			}
 		}
 	}()
+	const conns = 8
+	streams := int(server.DefaultMaxConcurrentStreams)
+	var callers []*stalledCaller
+	start := time.Now()
+	for range conns {
+		c := dialStalled(t, e.addr)
+		callers = append(callers, c)
+		for i := range streams {
+			m := fencedv1.RecordsService_Watch_FullMethodName
+			if i%2 == 1 {
+				m = fencedv1.RecordsService_FencedBatch_FullMethodName
+			}
+			c.open(t, m)
+		}
+	}
 	// Every stream is ended by fenced (its trailers), each with
 	// DEADLINE_EXCEEDED, and not before the bound.
 	deadlineExceeded := strconv.Itoa(int(codes.DeadlineExceeded))
@@ -347,8 +349,11 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 	<-sampled
 	t.Logf("%d streams that never send: goroutines %d -> peak %d, back to %d %v after they opened (bound %v)",
 		conns*streams, g0, peak.Load(), g, time.Since(start).Round(100*time.Millisecond), bound)
-	if peak.Load() < int64(g0+conns*streams/2) {
-		t.Errorf("goroutines peaked at %d from %d; want the streams' own (%d) seen before they were freed", peak.Load(), g0, conns*streams)
+	// At least one connection's streams were seen at once (all of them,
+	// unless opening them took longer than the bound); the refusals
+	// counted below say each stream was cut.
+	if peak.Load() < int64(g0+streams) {
+		t.Errorf("goroutines peaked at %d from %d; want at least one connection's streams' own (%d) seen before they were freed", peak.Load(), g0, streams)
 	}
 
 	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != conns*streams {

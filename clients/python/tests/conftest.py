@@ -121,9 +121,13 @@ class Fenced:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCED_", "AGENTIHOOKS_", "OTEL_"))}
         self.log = workdir / f"fenced-{redis.port}-{time.monotonic_ns()}.log"
         self._logf = open(self.log, "wb")
+        # --redis-timeout 20s: a Redis slowed by a busy box must not answer a
+        # test UNAVAILABLE (the default, 3 s, is hit under load), and 20 s is
+        # still below the client's 30 s deadline, so a wait for Redis ends as
+        # UNAVAILABLE first.
         self.proc = subprocess.Popen(
             [str(binary), "serve", "--listen", listen, "--metrics-listen", "", "--drain-delay", "0s",
-             "--redis-url", redis.url, *args],
+             "--redis-timeout", "20s", "--redis-url", redis.url, *args],
             stdin=subprocess.DEVNULL, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
         )
         found: list[str] = []

@@ -102,15 +102,18 @@ def kinds(req: records_pb2.FencedBatchRequest) -> list[tuple[str, str, str, int]
 
 
 def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced, redis: Redis, slug: str) -> None:
-    callers, each, extra_calls = 8, 10, 20
+    callers, each = 8, 10
     setup = fenced.Client(server.addr)
     setup.fenced_batch(slug, [fenced.Put("operations", "counter", 0, fenced.dumps({"n": 0, "ids": []}))])
     before = len(log_entries(redis, slug))
     failures: list[BaseException] = []
 
     def caller(i: int) -> None:
+        # A call that gave up (KeptChanging: nothing committed, the designed
+        # outcome under contention) is made again; the loop ends, since every
+        # conflict is another caller's commit and once they are done nothing
+        # conflicts. How often it happens depends on the box's speed.
         with fenced.Client(server.addr) as c:
-            extra = extra_calls
             for j in range(each):
                 change_id = f"{i}.{j}"
 
@@ -125,9 +128,7 @@ def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced
                         c.update(slug, change)
                         break
                     except fenced.KeptChanging:
-                        extra -= 1  # nothing committed: run the change again
-                        if extra < 0:
-                            raise
+                        pass  # nothing committed: run the change again
 
     def run(i: int) -> None:
         try:
