@@ -112,6 +112,9 @@ func TestLostReply(t *testing.T) {
 // Redis connection still pairs every reply with its own request: concurrent
 // reads of distinct records each get their own.
 func TestSlowRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: makes Redis sleep 2 s (DEBUG SLEEP); run without -short")
+	}
 	redis := redistest.Start(t, redistest.WithArgs("--enable-debug-command", "local"))
 	r := startReplica(t, redis.URL(), server.Options{})
 	c, raw := dial(t, r.addr)

@@ -236,6 +236,9 @@ func TestRequestIDReplaysTheSameRequestAndRefusesAnother(t *testing.T) {
 // (--wait-replicas) applies when replica_ack is unset; replica_ack{0}
 // overrides it and sends no WAIT.
 func TestReplicaAckWaitsOrAnswersReplicationTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and waits out replication timeouts; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st := openStore(t, primary)

@@ -257,6 +257,9 @@ func (c *stalledCaller) openLocked(t *testing.T, method string) uint32 {
 // ends each DEADLINE_EXCEEDED and its goroutine is freed, while a Watch
 // that sent its request lives on past the bound.
 func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: opens 2,048 streams and waits out the first message bound; run without -short")
+	}
 	const bound = 2 * time.Second
 	lc := newLimitCounter()
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
