@@ -38,7 +38,7 @@ test: redis-server test-deploy test-python ## Run every test with -race against 
 	go test -race -count=1 ./...
 
 .PHONY: test-short
-test-short: redis-server ## The fast loop while working: every package's quick tests with -short (the slow ones, such as fault injection, Sentinel and Cluster, skip themselves).
+test-short: redis-server ## The fast loop while working: every package's quick tests with -short (the slow ones, such as fault injection, Sentinel and Cluster, skip themselves); without -race, which make test runs.
 	go test -short -count=1 ./...
 
 .PHONY: test-python
