@@ -37,6 +37,10 @@ build: ## Build ./fenced.
 test: redis-server test-deploy test-python ## Run every test with -race against a real redis-server (installed if missing), and the Python client's.
 	go test -race -count=1 ./...
 
+.PHONY: test-short
+test-short: redis-server ## The fast loop while working: every package's quick tests with -short (the slow ones, such as fault injection, Sentinel and Cluster, skip themselves); without -race, which make test runs.
+	go test -short -count=1 ./...
+
 .PHONY: test-python
 test-python: redis-server ## Test the Python client (clients/python) against a live fenced (built here) and redis-server (Debian's Python packages installed if missing).
 	@$(PYTHON) -c 'import grpc, google.protobuf, pytest' 2>/dev/null || { \

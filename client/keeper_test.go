@@ -28,6 +28,9 @@ func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
 // the first TTL without changing the epoch, and Close releases, so another
 // owner's Keep is granted with the next epoch, nothing left to wait out.
 func TestKeeperKeepsAndReleases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: renews a 3 s lease past its first TTL; run without -short")
+	}
 	t.Parallel()
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
@@ -206,6 +209,9 @@ func TestKeepWaits(t *testing.T) {
 // its last acknowledged renewal runs out (Lost, Err ErrReplicationTimeout),
 // and Keep hands out no lease.
 func TestKeeperCountsOnlyAcknowledgedRenewals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and holds a lease until its renewals run out; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	f := startOn(t, primary, store.WithLeaseDurability(store.Durability{Replicas: 1, Timeout: 100 * time.Millisecond}))

@@ -256,6 +256,9 @@ func TestBatchRequestIDReplaysAndRefusesAnotherRequest(t *testing.T) {
 // ErrUnavailable) with the committed revision; Update does not resend it
 // (it committed) and answers the same error, the batch applied once.
 func TestReplicaAckShortfallIsAReplicationErrorNotResent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and waits out a replication timeout; run without -short")
+	}
 	t.Parallel()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)

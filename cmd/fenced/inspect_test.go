@@ -68,6 +68,9 @@ func seedFixture(t *testing.T, st *store.Store) (slug string, sections map[strin
 // with a request id, damages by-name by hand, and reads it all back with
 // `fenced inspect`, as text and as JSON.
 func TestInspect(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: seeds the 2 MB swarm fixture; run without -short")
+	}
 	clearConfigEnv(t)
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), keyPrefix)
@@ -332,6 +335,9 @@ func TestInspectExpiredLeaseAndEmptySwarm(t *testing.T) {
 // TestInspectCluster: on Cluster the stamp is not kept, and inspect says
 // so rather than reporting a disagreement.
 func TestInspectCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	clearConfigEnv(t)
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), keyPrefix)

@@ -19,6 +19,9 @@ import (
 // its quarter 128 and 256: 1152); a --max-connections over that is lowered,
 // with a warning.
 func TestConnectionLimitBelowFileLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds the fenced binary to run it under a lowered file limit; run without -short")
+	}
 	bin := fencedBinary(t)
 	tests := []struct {
 		name  string

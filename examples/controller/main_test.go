@@ -188,6 +188,9 @@ func fencedAddr(t *testing.T, p *proc) string {
 // lease, is refused and exits with status 3. Redis shows no write of A after
 // B's grant, and the counter counts exactly the commits both printed.
 func TestPausedControllerIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds fenced and the controller and runs them until a lease expires; run without -short")
+	}
 	dir := t.TempDir()
 	fencedBin := build(t, dir, "fenced", "github.com/agentihooks/fenced/cmd/fenced")
 	controllerBin := build(t, dir, "controller", ".")

@@ -195,6 +195,9 @@ func waitRole(t *testing.T, n *redistest.Server, role string, limit time.Duratio
 // conflicts, and UNAVAILABLE or deadlines during the switch; every
 // acknowledged batch is present afterwards, with its log entry.
 func TestClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster with replicas and fails two primaries over; run without -short")
+	}
 	seed := seedFor(t, 7001)
 	c := redistest.StartClusterReplicas(t, 3, 1)
 	nodes := c.Nodes() // 0-2 primaries, 3-5 their replicas

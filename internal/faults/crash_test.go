@@ -34,6 +34,9 @@ func faultRun(t *testing.T, redis *redistest.Server, w *workload, inject func())
 // (outcome unknown), the history stays linearizable, and every commit a
 // client was told about is still there.
 func TestRedisKilledMidHistory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: SIGKILLs and restarts Redis twice during a checked history; run without -short")
+	}
 	seed := seedFor(t, 5001)
 	redis := redistest.Start(t, redistest.WithAOF())
 	r1 := startReplica(t, redis.URL(), server.Options{})
@@ -86,6 +89,9 @@ func TestReplicaRestartedMidHistory(t *testing.T) {
 // without the flushes (no UNAVAILABLE, no INTERNAL, nothing NOSCRIPT), and
 // the history stays linearizable.
 func TestScriptFlushMidHistory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: flushes the script cache every 25 ms during a history with replica waits; run without -short")
+	}
 	seed := seedFor(t, 5003)
 	redis := redistest.Start(t)
 	redistest.StartReplica(t, redis)

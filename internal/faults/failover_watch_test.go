@@ -24,6 +24,9 @@ import (
 // batches it had been told of); none misses or repeats a batch silently,
 // none hangs, and every acknowledged batch survives.
 func TestWatchersThroughClusterFailovers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster with replicas and fails two primaries over; run without -short")
+	}
 	c := redistest.StartClusterReplicas(t, 3, 1)
 	nodes := c.Nodes() // 0-2 primaries, 3-5 their replicas
 	slug := slugsOnEveryPrimary(t, c, 1, 1)[0]
@@ -202,6 +205,9 @@ func TestWatchersThroughClusterFailovers(t *testing.T) {
 // Before, the watcher got it as the next batch and kept the lost record in
 // its view; it must end REVISION_COMPACTED (list, then watch).
 func TestWatcherToldOfABatchAFailoverLostIsCompacted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster with replicas and fails a primary over; run without -short")
+	}
 	c := redistest.StartClusterReplicas(t, 3, 1)
 	nodes := c.Nodes()
 	slug := slugsOnEveryPrimary(t, c, 1, 1)[0]

@@ -27,6 +27,9 @@ func clientsOver(t *testing.T, n int, replicas ...*replica) []*client.Client {
 // records and revisions (model_test.go). FAULTS_HISTORIES and FAULTS_OPS
 // (calls per client) scale it; FAULTS_SEED replays one.
 func TestLinearizable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: records 4 histories of 8 clients and checks each with porcupine; run without -short")
+	}
 	seed := seedFor(t, 20260501)
 	histories := envInt(t, "FAULTS_HISTORIES", 4)
 	ops := envInt(t, "FAULTS_OPS", 200)

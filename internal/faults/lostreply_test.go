@@ -117,6 +117,9 @@ func TestLostReply(t *testing.T) {
 // connection still pairs every reply with its own request: concurrent
 // reads of distinct records each get their own.
 func TestSlowRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: stops Redis for seconds; run without -short")
+	}
 	redis := redistest.Start(t)
 	r := startReplica(t, redis.URL(), server.Options{})
 	c, raw := dial(t, r.addr)

@@ -36,6 +36,9 @@ type migrationAttempt struct {
 // there; the watcher gets every batch of the log after its start, once, in
 // order; and commits go on once the slot has moved, without a restart.
 func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster and migrates a slot under traffic; run without -short")
+	}
 	c := redistest.StartCluster(t, 2)
 	moveSlotUnderTraffic(t, c, func() *redistest.Server { return c.Nodes()[1] })
 }
@@ -46,6 +49,9 @@ func TestSlotMigratedUnderTrafficLosesNothing(t *testing.T) {
 // the slot's new home: fenced must find it (MOVED, ASK) and load its
 // library there or run the scripts.
 func TestSlotMovedToANewEmptyPrimaryUnderTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster and migrates a slot under traffic; run without -short")
+	}
 	c := redistest.StartCluster(t, 2)
 	moveSlotUnderTraffic(t, c, func() *redistest.Server { return c.AddEmptyMaster(t) })
 }

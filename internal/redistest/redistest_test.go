@@ -112,6 +112,9 @@ func TestRestartWithoutAOFLosesData(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	t.Parallel()
 	cl := StartCluster(t, 3)
 

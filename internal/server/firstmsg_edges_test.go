@@ -104,6 +104,9 @@ func dialSlow(t *testing.T, addr string, chunk int, pause time.Duration) fencedv
 // batch trickled slower than the bound allows (8 KiB every 40 ms: at least
 // 5.1 s, however fast the box) is cut DEADLINE_EXCEEDED.
 func TestFirstMessageBoundLeavesSlowButSteadyRequestsAndLongCalls(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: trickles 1 MiB batches over seconds and waits 3 s for a replica; run without -short")
+	}
 	const bound = 4 * time.Second
 	lc := newLimitCounter()
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
@@ -141,6 +144,9 @@ func TestFirstMessageBoundLeavesSlowButSteadyRequestsAndLongCalls(t *testing.T) 
 // context, and with it the call's metadata, until it came due: 94 MB of
 // headers stayed live. Now the timer is stopped when the call ends.
 func TestCallsEndedBeforeTheirRequestDoNotHoldTheirHeaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: sends 8,000 calls with 12 KiB of metadata each; run without -short")
+	}
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
 	pad := strings.Repeat("p", 12<<10)
 	headers := func(method string) []byte {

@@ -17,6 +17,9 @@ import (
 // cut, both are UNAVAILABLE + REPLICATION_TIMEOUT, whose details carry no
 // epoch: a grant that a failover could lose is never handed out.
 func TestLeaseGrantsUnderWaitReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and waits out replication timeouts; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st, err := store.Open(primary.URL(), prefix, store.WithLeaseDurability(store.Durability{Replicas: 1, Timeout: 2 * time.Second}))

@@ -97,6 +97,9 @@ func TestWritesRefusedWhileRedisMayEvict(t *testing.T) {
 // reason), well before the Redis timeout: a connection's handshake timing
 // out inside rueidis surfaced as the caller's own deadline.
 func TestCallsAnswerUnavailableWhileRedisIsPaused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: pauses Redis (SIGSTOP) for several rounds of calls; run without -short")
+	}
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(300*time.Millisecond))
 	if err != nil {
@@ -160,6 +163,9 @@ func TestCallsAnswerUnavailableWhileRedisIsPaused(t *testing.T) {
 // TOO_MANY_REPLICA_WAITS for as long as the long waits lasted (up to
 // --max-ack-timeout, 5 min by default).
 func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and fills every replica wait slot; run without -short")
+	}
 	const perProcess, perSwarm = 4, 2
 	srv := redistest.Start(t)
 	replica := redistest.StartReplica(t, srv)

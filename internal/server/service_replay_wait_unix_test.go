@@ -27,6 +27,9 @@ import (
 // Once the replica runs again, the retry answers replayed, acknowledged,
 // and the replica holds the batch.
 func TestReplayWaitsForTheOriginalCommit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and waits out a replication timeout; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	pid := replica.Pid()

@@ -28,8 +28,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 )
 
-// i4LogEntries reads a swarm's log stream as one field map per entry.
-func i4LogEntries(t *testing.T, srv *redistest.Server, slug string) []map[string]string {
+// logEntries reads a swarm's log stream as one field map per entry.
+func logEntries(t *testing.T, srv *redistest.Server, slug string) []map[string]string {
 	t.Helper()
 	c := srv.Client(t)
 	entries, err := c.Do(context.Background(), c.B().Xrange().Key(redisKey(slug, "log")).Start("-").End("+").Build()).AsXRange()
@@ -43,9 +43,9 @@ func i4LogEntries(t *testing.T, srv *redistest.Server, slug string) []map[string
 	return out
 }
 
-// i4CommandCalls is the calls= count of one INFO commandstats entry
+// commandCalls is the calls= count of one INFO commandstats entry
 // (cmdstat_<name>); 0 when Redis never ran the command.
-func i4CommandCalls(t *testing.T, srv *redistest.Server, name string) int64 {
+func commandCalls(t *testing.T, srv *redistest.Server, name string) int64 {
 	t.Helper()
 	for _, line := range strings.Split(srv.Do(t, "INFO", "commandstats"), "\n") {
 		stat, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
@@ -61,9 +61,9 @@ func i4CommandCalls(t *testing.T, srv *redistest.Server, name string) int64 {
 	return 0
 }
 
-// i4Seed puts n records key-%05d = {"i":<i>,"pad":"..."} into a section
+// seedSection puts n records key-%05d = {"i":<i>,"pad":"..."} into a section
 // through the store, in batches of 1000, and returns the committed values.
-func i4Seed(t *testing.T, st *store.Store, slug, section string, n, pad int) map[string]string {
+func seedSection(t *testing.T, st *store.Store, slug, section string, n, pad int) map[string]string {
 	t.Helper()
 	want := make(map[string]string, n)
 	for start := 0; start < n; start += 1000 {
@@ -170,13 +170,13 @@ func TestRequestIDReplaysTheSameRequestAndRefusesAnother(t *testing.T) {
 		if got <= 0 {
 			t.Errorf("FencedBatch(other swarm, same id) revision = %d, want a commit of its own", got)
 		}
-		if n := len(i4LogEntries(t, srv, slug+"-2")); n != 1 {
+		if n := len(logEntries(t, srv, slug+"-2")); n != 1 {
 			t.Errorf("other swarm's log has %d entries, want 1: a commit of its own", n)
 		}
 	})
 
 	t.Run("the log entry carries the id", func(t *testing.T) {
-		entries := i4LogEntries(t, srv, slug)
+		entries := logEntries(t, srv, slug)
 		var ids []string
 		for _, fv := range entries {
 			id, ok := fv["request_id"]
@@ -236,6 +236,9 @@ func TestRequestIDReplaysTheSameRequestAndRefusesAnother(t *testing.T) {
 // (--wait-replicas) applies when replica_ack is unset; replica_ack{0}
 // overrides it and sends no WAIT.
 func TestReplicaAckWaitsOrAnswersReplicationTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and waits out replication timeouts; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st := openStore(t, primary)
@@ -301,7 +304,7 @@ func TestReplicaAckWaitsOrAnswersReplicationTimeout(t *testing.T) {
 	}
 
 	t.Run("server default applies when replica_ack is unset", func(t *testing.T) {
-		waits := func() int64 { return i4CommandCalls(t, primary, "wait") }
+		waits := func() int64 { return commandCalls(t, primary, "wait") }
 		one := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{
 			Durability: store.Durability{Replicas: 1, Timeout: waitLimit}}})
 		two := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{
@@ -418,8 +421,8 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 	t.Cleanup(st.Close)
 	e := serve(t, st, batch.DefaultLimits(), server.Options{})
 	const slug, n = "big-swarm", 5000
-	want := i4Seed(t, st, slug, "intents", n, 16)
-	i4Seed(t, st, slug+"-b", "intents", 10, 0)
+	want := seedSection(t, st, slug, "intents", n, 16)
+	seedSection(t, st, slug+"-b", "intents", 10, 0)
 	_, rev, err := st.Record(ctxT(t), slug, "intents", "") // the last of five seed batches of 1000
 	if err != nil {
 		t.Fatalf("Record: %v", err)
@@ -529,7 +532,7 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 			if d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonSnapshotTooLarge || d.info.GetDomain() != server.Domain {
 				t.Errorf("Sections(%q) = %v %q, want RESOURCE_EXHAUSTED %s", names, d.code, d.info.GetReason(), server.ReasonSnapshotTooLarge)
 			}
-			if msg := i4Message(err); !strings.Contains(msg, "ScanSection") || !strings.Contains(msg, "1000") {
+			if msg := statusMessage(err); !strings.Contains(msg, "ScanSection") || !strings.Contains(msg, "1000") {
 				t.Errorf("Sections(%q) message %q: want the limit (1000) and ScanSection named", names, msg)
 			}
 		}
@@ -544,13 +547,13 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 
 	t.Run("Sections over the byte limit", func(t *testing.T) {
 		small := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{MaxSnapshotBytes: 4096}})
-		i4Seed(t, st, slug+"-c", "claims", 100, 40) // ~8 KB: under the record limit, over 4096 bytes
+		seedSection(t, st, slug+"-c", "claims", 100, 40) // ~8 KB: under the record limit, over 4096 bytes
 		_, err := small.records.Sections(ctxT(t), &fencedv1.SectionsRequest{Slug: slug + "-c", Names: []string{"claims"}})
 		d := decode(t, err)
 		if d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonSnapshotTooLarge {
 			t.Errorf("Sections(8 KB, limit 4096 B) = %v %q, want RESOURCE_EXHAUSTED %s", d.code, d.info.GetReason(), server.ReasonSnapshotTooLarge)
 		}
-		if msg := i4Message(err); !strings.Contains(msg, "ScanSection") || !strings.Contains(msg, "4096") {
+		if msg := statusMessage(err); !strings.Contains(msg, "ScanSection") || !strings.Contains(msg, "4096") {
 			t.Errorf("Sections(8 KB) message %q: want the limit (4096) and ScanSection named", msg)
 		}
 		if _, err := small.records.Sections(ctxT(t), &fencedv1.SectionsRequest{Slug: slug + "-b", Names: []string{"intents"}}); err != nil {
@@ -559,8 +562,8 @@ func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) 
 	})
 }
 
-// i4Message is the message of a call's status.
-func i4Message(err error) string { return status.Convert(err).Message() }
+// statusMessage is the message of a call's status.
+func statusMessage(err error) string { return status.Convert(err).Message() }
 
 // revisionAbove reports whether the decimal revision s is above r.
 func revisionAbove(s string, r int64) bool {

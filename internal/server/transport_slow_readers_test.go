@@ -62,7 +62,7 @@ func dialStalled(t *testing.T, addr string) *stalledCaller {
 
 // read discards frames, acknowledging SETTINGS and PING only.
 func (c *stalledCaller) read() {
-	r := http2.NewFramer(io2{c.conn}, c.conn)
+	r := http2.NewFramer(readerOnly{c.conn}, c.conn)
 	r.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	for {
 		f, err := r.ReadFrame()
@@ -124,8 +124,9 @@ func (c *stalledCaller) endedCodes() map[string]int {
 	return by
 }
 
-// io2 hides the net.Conn's writer from the reading framer.
-type io2 struct{ net.Conn }
+// readerOnly is a net.Conn seen as a reader alone: it hides the conn's
+// writer from the reading framer.
+type readerOnly struct{ net.Conn }
 
 // callHeaders is the HPACK block of a gRPC call's request headers for
 // method.
@@ -256,6 +257,9 @@ func (c *stalledCaller) openLocked(t *testing.T, method string) uint32 {
 // ends each DEADLINE_EXCEEDED and its goroutine is freed, while a Watch
 // that sent its request lives on past the bound.
 func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: opens 2,048 streams and waits out the first message bound; run without -short")
+	}
 	const bound = 2 * time.Second
 	lc := newLimitCounter()
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})

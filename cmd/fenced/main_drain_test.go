@@ -31,6 +31,9 @@ const drainingLine = "draining: health NOT_SERVING"
 // at once but keeps serving calls, on open connections and new ones, for
 // --drain-delay; a second signal stops it at once.
 func TestDrainDelay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: runs the fenced binary through a drain delay; run without -short")
+	}
 	redis := redistest.Start(t)
 	addr := freeAddr(t)
 	// The delay is far longer than the test: it ends by the second signal,
@@ -93,6 +96,9 @@ func TestDrainDelay(t *testing.T) {
 // exits 0; the log says draining, then shutting down, then stopped. With
 // --drain-delay 0 there is no drain step.
 func TestDrainThenStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: runs the fenced binary through drain delays; run without -short")
+	}
 	redis := redistest.Start(t)
 	tests := []struct {
 		delay string
@@ -184,6 +190,9 @@ func waitStatus(t *testing.T, hc healthpb.HealthClient, service string, want hea
 // takes its first SIGINT as the start of the drain, and a second one stops
 // it at once, as in a terminal.
 func TestSecondSignalStopsAtOnceWhenStartedIgnoringSIGINT(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: runs the fenced binary under a shell; run without -short")
+	}
 	redis := redistest.Start(t)
 	addr := freeAddr(t)
 	// sh's trap "" INT ignores SIGINT, and exec keeps it ignored in fenced.

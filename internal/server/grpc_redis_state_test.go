@@ -68,6 +68,9 @@ func awaitCommit(t *testing.T, e *endpoint, req *fencedv1.FencedBatchRequest) in
 // Before: every batch answered UNAVAILABLE (READONLY, no reason of its own)
 // for as long as fenced ran, and health stayed SERVING.
 func TestDemotedPrimaryBehindProxyIsLeft(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis replica and swaps primary and replica; run without -short")
+	}
 	a := redistest.Start(t)
 	b := redistest.StartReplica(t, a)
 	proxy, err := faults.StartProxy(a.Addr())
@@ -125,6 +128,9 @@ func TestDemotedPrimaryBehindProxyIsLeft(t *testing.T) {
 // its replica, without a restart, and the new commits land on the new
 // master.
 func TestSentinelFailoverIsFollowed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts Redis Sentinel and fails the master over; run without -short")
+	}
 	a := redistest.Start(t)
 	b := redistest.StartReplica(t, a)
 	sentinel := redistest.StartSentinel(t, "fenced-master", a)

@@ -150,6 +150,9 @@ type sentRecord struct {
 // Sections, changes one execution under a lease fence while counting the
 // bytes fenced sends to Redis, and stops the process with SIGTERM.
 func TestEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: runs the fenced binary over the 2 MB swarm fixture; run without -short")
+	}
 	redis := redistest.Start(t)
 	addr := freeAddr(t)
 	const shutdownTimeout = 10 * time.Second
