@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // by-name and its index (byname.lua holds the rule and the index layout).

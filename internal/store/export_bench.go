@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // CommitScriptArgs returns the KEYS and ARGV that Commit sends to the commit

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // luaFiles answers every embedded script's name and text.
@@ -82,7 +82,7 @@ var chanceLiterals = map[string]map[string]int{
 // TestScriptsSpellNoProtocolValue: no script spells a value of the Go↔Lua
 // protocol (a reply tag, key or field name, kind or mode letter, flag...)
 // as a literal: each takes it from the prelude, so that changing it in
-// internal/store/protocol changes it on both sides.
+// internal/protocol changes it on both sides.
 func TestScriptsSpellNoProtocolValue(t *testing.T) {
 	values := map[string]string{}
 	for name, v := range protocol.Values() {
@@ -114,7 +114,7 @@ var goAllowed = map[string]map[string]bool{
 
 // TestGoDecodesByProtocolConstants: the store's Go code names every reply
 // tag, key name and meta field the scripts share through
-// internal/store/protocol, never as a literal of its own. Observer
+// internal/protocol, never as a literal of its own. Observer
 // operation names ("layout", "log", "revision") are labels, not protocol:
 // only values that cannot be such a label are checked.
 func TestGoDecodesByProtocolConstants(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // Record is one stored record: the revision that last wrote it and its JSON

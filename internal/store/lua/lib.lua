@@ -2,7 +2,7 @@
 -- prepends this file to each of them (see store.go); it returns nothing.
 --
 -- Every script starts with the prelude generated from
--- internal/store/protocol: `local P`, the values the scripts share with Go
+-- internal/protocol: `local P`, the values the scripts share with Go
 -- (reply tags P.REPLY_*, key names P.KEY_*, meta fields P.FIELD_*, write
 -- kinds P.KIND_*, mode letters P.MODE_*, P.LOG_CAP, P.REV_MAX...). A script
 -- never spells one of them: a test (protocol_test.go) fails if it does.
@@ -87,7 +87,7 @@ end
 local MAX_DEPTH = 1000
 -- REV_MAX is 2^53-1, the largest integer Lua numbers (doubles) and JSON
 -- parsers keep exact: no revision or epoch above it is written or compared
--- (from the prelude: internal/store/protocol RevMax).
+-- (from the prelude: internal/protocol RevMax).
 local REV_MAX = P.REV_MAX
 local REV_MAX_TEXT = P.REV_MAX_TEXT
 
