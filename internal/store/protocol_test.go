@@ -109,7 +109,7 @@ func TestScriptsSpellNoProtocolValue(t *testing.T) {
 // protocol value by chance.
 var goAllowed = map[string]map[string]bool{
 	// Redis's own BUSY error (a script running too long), not ReplyBusy.
-	"errors.go": {protocol.ReplyBusy: true},
+	"reply.go": {protocol.ReplyBusy: true},
 }
 
 // TestGoDecodesByProtocolConstants: the store's Go code names every reply
