@@ -21,8 +21,8 @@ import (
 // a time.
 
 var (
-	byNameRebuildScript = newScript(ScriptByNameRebuild, withByName("byname_rebuild.lua"))
-	byNameCheckScript   = newScript(ScriptByNameCheck, withByName("byname_check.lua"))
+	byNameRebuildScript = newScript(ScriptByNameRebuild, luaByNameRebuild)
+	byNameCheckScript   = newScript(ScriptByNameCheck, luaByNameCheck)
 )
 
 // DefaultByNamePage is the records (or index members, or names) one

@@ -119,7 +119,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	return c, nil
 }
 
-// execCommitting runs a script built on lib.lua, whose first argument
+// execCommitting runs a script built on the shared lib_*.lua (lua.go libCommit), whose first argument
 // starts with its mode letters (protocol.Mode*). When the script answers
 // LAYOUT_UNKNOWN (Cluster, and a swarm with no meta/layout yet: the document layout lives
 // in a key of another slot), it looks here and calls again in mode 'l'.
