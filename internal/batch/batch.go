@@ -13,7 +13,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // Kind is what a Write does to its record.

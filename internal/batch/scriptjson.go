@@ -13,7 +13,7 @@ const MaxScriptJSONDepth = 1000
 
 // MaxValueDepth is the deepest nesting of arrays and objects a put's value
 // may have: the stored record {"r":N,"v":VALUE} nests it once more, and the
-// record grammar (internal/store MaxRecordDepth, lib.lua MAX_DEPTH) allows
+// record grammar (internal/store MaxRecordDepth, lib_record.lua MAX_DEPTH) allows
 // MaxScriptJSONDepth levels, the record's own object included. A deeper
 // value would be written and then read as not a record (RECORD_CORRUPT).
 const MaxValueDepth = MaxScriptJSONDepth - 1

@@ -44,22 +44,23 @@ func goroutines() int { return parallelism * runtime.GOMAXPROCS(0) }
 // caller is one family's call of goroutine g's i-th batch.
 type caller func(ctx context.Context, g, i int) error
 
-// scriptCaller is (a): the commit script called directly with rueidis, KEYS
-// and ARGV built here, before any timer starts.
+// scriptCaller is (a): the commit script called directly with rueidis,
+// with the command Commit sends (commitCommand), recorded here before any
+// timer starts.
 func scriptCaller(b *testing.B, e *env, size int) caller {
 	work := e.workload(b, size, goroutines())
-	type call struct{ keys, args []string }
+	type call struct{ head, keys, args []string }
 	calls := make([][]call, len(work))
 	for g, bs := range work {
 		for _, bt := range bs {
-			keys, args := e.st.CommitScriptArgs(bt)
-			calls[g] = append(calls[g], call{keys, args})
+			head, keys, args := splitCommand(b, e.commitCommand(b, bt))
+			calls[g] = append(calls[g], call{head, keys, args})
 		}
 	}
 	return func(ctx context.Context, g, i int) error {
 		mine := calls[g%len(calls)]
 		c := mine[i%len(mine)]
-		_, err := e.st.ExecCommitScript(ctx, c.keys, c.args)
+		_, err := e.callScript(ctx, c.head, c.keys, c.args)
 		return err
 	}
 }
@@ -185,9 +186,8 @@ func BenchmarkOneRecordChangeBytes(b *testing.B) {
 	// What the store sent, for the log: FCALL function (or EVALSHA sha)
 	// numkeys KEYS... ARGV...
 	bt.Writes[0].Expected = bestExpected
-	keys, args := e.st.CommitScriptArgs(bt)
-	cmd := e.st.CommitCommand(ctx, keys, args)
-	head := cmd[:3]
+	cmd := e.commitCommand(b, bt)
+	head, keys, args := splitCommand(b, cmd)
 	resp := respBytes(cmd)
 	keyBytes, argBytes := 0, 0
 	for _, k := range keys {

@@ -193,7 +193,7 @@ func BenchmarkBatchBytes(b *testing.B) {
 		}}}
 		var keys, args []string
 		for range b.N {
-			keys, args = e.st.CommitScriptArgs(bt)
+			_, keys, args = splitCommand(b, e.commitCommand(b, bt))
 		}
 		head := []string{"EVALSHA", strings.Repeat("0", 40), strconv.Itoa(len(keys))}
 		n := respBytes(append(append(head, keys...), args...))

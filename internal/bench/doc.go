@@ -7,10 +7,11 @@
 // their ratios come from one run:
 //
 //   - BenchmarkCommitScript/size=N (a): the commit script called directly
-//     with rueidis, with KEYS and ARGV built before the timer starts
-//     (store.Store.CommitScriptArgs, then store.Store.ExecCommitScript, both
-//     exported for this package in internal/store/export_bench.go). It is
-//     the floor: Redis, the script and one rueidis round trip.
+//     with rueidis, with the very command store.Store.Commit sends for the
+//     batch (FCALL or EVALSHA, KEYS and ARGV), recorded before the timer
+//     starts by a Store whose client keeps script calls instead of sending
+//     them (commands_test.go). It is the floor: Redis, the script and one
+//     rueidis round trip.
 //   - BenchmarkBareForwarder/size=N (b): a gRPC server built here for the
 //     benchmark alone, with FencedBatch only and no interceptors: it converts
 //     the request (server.BatchFromProto) and calls store.Store.Commit,

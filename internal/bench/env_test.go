@@ -54,8 +54,11 @@ var sizes = []int{1, 8, 64}
 // env is what every benchmark of the binary shares: one redis-server, one
 // Store over it, and the fixture swarm loaded into it.
 type env struct {
-	srv  *redistest.Server
-	st   *store.Store
+	srv *redistest.Server
+	st  *store.Store
+	// rec tells what st sends for a batch (commitCommand) and sends it
+	// bare (callScript).
+	rec  *recorder
 	slug string
 	// templates are the fixture's executions values, by key order.
 	templates []template
@@ -159,6 +162,10 @@ func newEnv(b *testing.B) *env {
 		b.Fatalf("store.Open: %v", err)
 	}
 	owner.Cleanup(e.st.Close)
+	if e.rec, err = newRecorder(e.srv.URL()); err != nil {
+		b.Fatalf("recorder: %v", err)
+	}
+	owner.Cleanup(e.rec.st.Close)
 
 	// Load the fixture, section by section, in blind unfenced batches.
 	limits := batch.DefaultLimits()

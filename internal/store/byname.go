@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // by-name and its index (byname.lua holds the rule and the index layout).
@@ -21,8 +21,8 @@ import (
 // a time.
 
 var (
-	byNameRebuildScript = newScript(ScriptByNameRebuild, withByName("byname_rebuild.lua"))
-	byNameCheckScript   = newScript(ScriptByNameCheck, withByName("byname_check.lua"))
+	byNameRebuildScript = newScript(ScriptByNameRebuild, luaByNameRebuild)
+	byNameCheckScript   = newScript(ScriptByNameCheck, luaByNameCheck)
 )
 
 // DefaultByNamePage is the records (or index members, or names) one

@@ -406,40 +406,6 @@ func TestWriterBehindFencedIsNoticedAndRepaired(t *testing.T) {
 	}
 }
 
-// A batch that puts or deletes no execution sends neither the by-name key
-// nor the executions key; a check of executions sends the executions key
-// alone; a put or delete in executions sends both (and the script derives
-// the index's key from by-name's).
-func TestOnlyExecutionsWritesSendByNameKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	st := open(t, srv)
-	const slug = "keys"
-	cases := []struct {
-		name  string
-		write batch.Write
-		want  []string
-	}{
-		{"claims put", put("claims", "c", 0, `1`), nil},
-		{"executions check", check("executions", "e", 0), []string{"executions"}},
-		{"executions put", put("executions", "e", 0, `{"name":"a"}`), []string{"executions", "by-name"}},
-		{"executions delete", del("executions", "e", 1), []string{"executions", "by-name"}},
-	}
-	for _, c := range cases {
-		keys, _ := st.CommitScriptArgs(&batch.Batch{Slug: slug, Writes: []batch.Write{c.write}})
-		var got []string
-		for _, k := range keys {
-			for _, n := range []string{"executions", "by-name", "by-name-index"} {
-				if k == key(slug, n) {
-					got = append(got, n)
-				}
-			}
-		}
-		if !slices.Equal(got, c.want) {
-			t.Errorf("%s: KEYS %q hold %q, want %q", c.name, keys, got, c.want)
-		}
-	}
-}
-
 // The embedded Redis (miniredis, for trying fenced without a Redis) runs
 // the same by-name scripts: upkeep, the check and the rebuild.
 func TestByNameOnTheEmbeddedRedis(t *testing.T) {

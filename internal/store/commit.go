@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -119,7 +119,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	return c, nil
 }
 
-// execCommitting runs a script built on lib.lua, whose first argument
+// execCommitting runs a script built on the shared lib_*.lua (lua.go libCommit), whose first argument
 // starts with its mode letters (protocol.Mode*). When the script answers
 // LAYOUT_UNKNOWN (Cluster, and a swarm with no meta/layout yet: the document layout lives
 // in a key of another slot), it looks here and calls again in mode 'l'.
@@ -347,77 +347,6 @@ func requestDigest(b *batch.Batch) string {
 // kindArg is the protocol letter of each write kind.
 var kindArg = map[batch.Kind]string{batch.KindPut: protocol.KindPut, batch.KindDelete: protocol.KindDelete,
 	batch.KindCheck: protocol.KindCheck, batch.KindCheckSection: protocol.KindCheckSection}
-
-// commitResult decodes commit.lua's reply.
-func commitResult(b *batch.Batch, reply []string) (int64, error) {
-	switch reply[0] {
-	case protocol.ReplyOK:
-		if len(reply) == 2 || len(reply) == 3 && (reply[2] == protocol.ReplyReplayed || reply[2] == protocol.ReplyByNameStale) {
-			return parseRevision(reply[1])
-		}
-	case protocol.ReplyReused:
-		return 0, ErrRequestIDReused
-	case protocol.ReplyConflict:
-		if len(reply)%2 == 1 && len(reply) > 1 {
-			return 0, conflictError(b, reply[1:])
-		}
-	case protocol.ReplyStale:
-		if len(reply) == 4 {
-			return 0, staleError(reply[1:])
-		}
-	case protocol.ReplyCorrupt, protocol.ReplyLimit, protocol.ReplyWrongType:
-		if err := swarmRefusal(reply); err != nil {
-			return 0, err
-		}
-		if len(reply) == 2 {
-			i, err := parseInt(reply[1])
-			if err != nil || i < 0 || int(i) >= len(b.Writes) {
-				break
-			}
-			w := &b.Writes[i]
-			if reply[0] == protocol.ReplyLimit {
-				return 0, &LimitError{Section: w.Section, Key: w.Key}
-			}
-			return 0, &CorruptError{Section: w.Section, Key: w.Key}
-		}
-	}
-	return 0, fmt.Errorf("%w: %q", ErrMalformedReply, reply)
-}
-
-func conflictError(b *batch.Batch, pairs []string) error {
-	e := &ConflictError{Conflicts: make([]Conflict, 0, len(pairs)/2)}
-	for j := 0; j < len(pairs); j += 2 {
-		i, err := parseInt(pairs[j])
-		if err != nil {
-			return err
-		}
-		actual, err := parseInt(pairs[j+1])
-		if err != nil {
-			return err
-		}
-		if i < 0 || int(i) >= len(b.Writes) {
-			return fmt.Errorf("%w: conflict names write %d of %d", ErrMalformedReply, i, len(b.Writes))
-		}
-		w := &b.Writes[i]
-		e.Conflicts = append(e.Conflicts, Conflict{Index: int(i), Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual})
-	}
-	return e
-}
-
-func staleError(f []string) error {
-	if f[1] == "" {
-		return &StaleError{}
-	}
-	epoch, err := parseInt(f[1])
-	if err != nil {
-		return err
-	}
-	expires, err := parseInt(f[2])
-	if err != nil {
-		return err
-	}
-	return &StaleError{Present: true, Owner: f[0], Epoch: epoch, ExpiresAtMs: expires}
-}
 
 // documentExists reports whether P:state:fencing:current holds the swarm's
 // whole document (the document layout).

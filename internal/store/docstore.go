@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
 

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // The document layout (docs/design.md §2.6): older

@@ -1,55 +1,119 @@
 package store
 
+// Every exported error of the store: the sentinels callers match with
+// errors.Is, and the types that carry them with what went wrong (matched
+// with errors.As). Each sentinel says its shape (the type it comes as, if
+// any), what returns it, what the caller should do, and the gRPC code
+// internal/server's error table (internal/server/errors.go) answers it
+// with, with its ErrorInfo reason. The decoding that produces them from
+// Redis's replies is in reply.go.
+//
+// Still beside their code, until they move here too: ErrRevisionCompacted,
+// ErrWatcherTooSlow and CompactedError (watch.go); ErrDocumentOnCluster,
+// ErrMigrationContended and ErrDocumentContended (docstore.go).
+
 import (
-	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
-
-	"github.com/agentihooks/fenced/internal/store/protocol"
-	"github.com/redis/rueidis"
 )
 
 var (
 	// ErrLeaseStale: the batch's fence does not match a live lease (no
 	// lease, another owner, another epoch, or expired by the later of the
-	// fence's now_ms and Redis's clock). Returned as *StaleError. The
-	// caller's lease is gone: it must stop writing, not retry.
+	// fence's now_ms and Redis's clock). Returned as *StaleError by Commit
+	// and CommitDurable (a fenced batch), Renew and Release. The caller's
+	// lease is gone: it must stop writing, not retry. gRPC:
+	// FAILED_PRECONDITION, LEASE_STALE.
 	ErrLeaseStale = errors.New("lease stale")
+	// ErrLeaseHeld: another owner holds a live lease on the swarm.
+	// Returned as *HeldError naming the holder by Acquire. gRPC:
+	// FAILED_PRECONDITION, LEASE_HELD (with a RetryInfo of the time the
+	// lease has left).
+	ErrLeaseHeld = errors.New("lease held by another owner")
 	// ErrLayoutDocument: the swarm is still stored as one document by older
-	// writers and must be migrated before fenced writes it.
+	// writers and must be migrated before fenced writes it there: returned
+	// by commits and lease changes where the document layout is not served
+	// (Redis Cluster: ErrDocumentOnCluster wraps it). gRPC:
+	// FAILED_PRECONDITION, LAYOUT_DOCUMENT.
 	ErrLayoutDocument = errors.New("swarm is on the document layout")
-	// ErrCorruptRecord: a stored field is not a record ({"r":N,"v":...}).
-	// Returned as *CorruptError naming the field.
+	// ErrCorruptRecord: a stored field is not a record ({"r":N,"v":...}),
+	// a swarm counter is not a revision, or a key fenced writes holds
+	// another Redis type. Returned as *CorruptError naming it, by reads,
+	// commits and lease changes; nothing was written. gRPC: DATA_LOSS,
+	// RECORD_CORRUPT.
 	ErrCorruptRecord = errors.New("stored field is not a record")
-	// ErrUnavailable: Redis is unreachable, loading, busy, or failing over;
-	// the call may be retried later. A commit that fails this way may or may
-	// not have been applied.
+	// ErrUnavailable: Redis is unreachable, loading, busy, or failing over,
+	// or did not answer within the Redis timeout (WithRedisTimeout); the
+	// call may be retried later. Returned, wrapped, by every call that
+	// talks to Redis; every *RefusalError but ErrRedisOutOfMemory's matches
+	// it too. A commit that fails this way may or may not have been
+	// applied. gRPC: UNAVAILABLE, REDIS_UNAVAILABLE (a refusal: its own
+	// ReasonRedis*).
 	ErrUnavailable = errors.New("redis unavailable")
 	// ErrRequestIDReused: the batch's request id already names a different
-	// request within the window. Choose a new id for a new request.
+	// request within the window (WithRequestIDWindow). Returned by Commit
+	// and CommitDurable; nothing was written. Choose a new id for a new
+	// request. gRPC: INVALID_ARGUMENT, REQUEST_ID_REUSED.
 	ErrRequestIDReused = errors.New("request id reused for a different request")
-	// ErrReplicationTimeout: the batch committed on the primary, but fewer
-	// replicas than asked acknowledged it in time; a failover may lose it.
-	// Returned as *ReplicationError.
+	// ErrReplicationTimeout: the batch or lease grant committed on the
+	// primary, but fewer replicas than asked acknowledged it in time; a
+	// failover may lose it. Returned as *ReplicationError by CommitDurable,
+	// and by Acquire and Renew under WithLeaseDurability (no lease is
+	// handed out then). gRPC: UNAVAILABLE, REPLICATION_TIMEOUT.
 	ErrReplicationTimeout = errors.New("replication timeout")
-	// ErrSnapshotTooLarge: a Sections read would hold more records than the
-	// snapshot limit. Returned as *TooLargeError. Read the section page by
-	// page with ScanSection.
+	// ErrSnapshotTooLarge: a Sections read would hold more records or
+	// bytes than the snapshot limits (WithMaxSnapshotRecords,
+	// WithMaxSnapshotBytes). Returned as *TooLargeError by Sections. Read
+	// the section page by page with ScanSection. gRPC: RESOURCE_EXHAUSTED,
+	// SNAPSHOT_TOO_LARGE.
 	ErrSnapshotTooLarge = errors.New("snapshot too large")
-	// ErrInvalidCursor: a scan cursor that Redis did not hand out.
+	// ErrInvalidCursor: a scan position that Redis did not hand out.
+	// Returned by ScanSection. gRPC: INVALID_ARGUMENT, INVALID_ARGUMENT.
 	ErrInvalidCursor = errors.New("invalid scan cursor")
 	// ErrRevisionLimit: the batch or lease change would issue a revision or
 	// epoch above MaxRevision (2^53-1), or a BLIND write targets a record
 	// whose stored revision is above it. Nothing was written. Returned as
-	// *LimitError. Only a swarm whose numbers were set by hand gets there
-	// (revisions follow the clock in µs: 2^53 µs is in the 23rd century).
+	// *LimitError by commits and lease changes. Only a swarm whose numbers
+	// were set by hand gets there (revisions follow the clock in µs: 2^53
+	// µs is in the 23rd century). gRPC: OUT_OF_RANGE, REVISION_LIMIT.
 	ErrRevisionLimit = errors.New("revision limit")
 	// ErrMalformedReply: a script answered something fenced does not
-	// understand (a bug, or a foreign script under the same SHA).
+	// understand (a bug, or a foreign script under the same SHA): returned,
+	// wrapped with the reply quoted, by the decoders of reply.go and the
+	// reads. gRPC: none of its own, so INTERNAL.
 	ErrMalformedReply = errors.New("malformed script reply")
+	// ErrReplicaWaitsExhausted: a commit or lease change that would wait
+	// for replicas was refused before anything was sent to Redis, because
+	// as many waits as the process (or the swarm) allows are already in
+	// flight (see WithReplicaWaitLimits). Nothing was written; retry later,
+	// or without a replica acknowledgement. gRPC: RESOURCE_EXHAUSTED,
+	// TOO_MANY_REPLICA_WAITS.
+	ErrReplicaWaitsExhausted = errors.New("too many replica acknowledgement waits in flight")
+	// ErrRedisMayEvict: Redis is configured so that it may evict keys
+	// (maxmemory > 0 and maxmemory-policy other than noeviction), and the
+	// Store was not told to allow it (WithAllowEviction). Returned as
+	// *EvictionError by Ping and CheckEviction, and by commits and lease
+	// changes (before anything is sent) while the last probe found it.
+	// Fix: CONFIG SET maxmemory-policy noeviction. gRPC: UNAVAILABLE,
+	// REDIS_MAY_EVICT.
+	ErrRedisMayEvict = errors.New("redis may evict keys")
+	// ErrRedisOutOfMemory: Redis refused a write because its used memory is
+	// over maxmemory and its policy (noeviction) frees nothing (-OOM).
+	// Returned as *RefusalError with ReasonRedisOutOfMemory, by any call
+	// that writes. Nothing was written; retry once an operator freed memory
+	// or raised maxmemory. It is the one refusal that does not match
+	// ErrUnavailable. gRPC: RESOURCE_EXHAUSTED, REDIS_OUT_OF_MEMORY.
+	ErrRedisOutOfMemory = errors.New("redis out of memory")
+	// ErrRedisNotPermitted: Redis refused fenced's own credentials
+	// (-NOAUTH, -WRONGPASS, -NOPERM): the ACL user fenced connects as lacks
+	// a command or key pattern, or its password changed. Returned as
+	// *RefusalError with ReasonRedisNotPermitted, by any call; matches
+	// ErrUnavailable too, since the caller's request is fine and only an
+	// operator can fix fenced's Redis user. gRPC: UNAVAILABLE,
+	// REDIS_NOT_PERMITTED (never PERMISSION_DENIED: that is the caller's
+	// own token).
+	ErrRedisNotPermitted = errors.New("redis refused fenced's credentials")
 )
 
 // StaleError is ErrLeaseStale with the lease found in meta/lease.
@@ -71,6 +135,20 @@ func (e *StaleError) Error() string {
 
 // Is makes errors.Is(err, ErrLeaseStale) true.
 func (e *StaleError) Is(target error) bool { return target == ErrLeaseStale }
+
+// HeldError is ErrLeaseHeld with the live lease and Redis's now.
+type HeldError struct {
+	Holder Lease
+	// NowMs is Redis's clock when the acquire was refused, in ms.
+	NowMs int64
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("lease held by %q at epoch %d for %d ms more", e.Holder.Owner, e.Holder.Epoch, e.Holder.ExpiresAtMs-e.NowMs)
+}
+
+// Is makes errors.Is(err, ErrLeaseHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
 // ReplicationError is ErrReplicationTimeout with the committed revision.
 type ReplicationError struct {
@@ -196,38 +274,6 @@ func (e *LimitError) Error() string {
 // Is makes errors.Is(err, ErrRevisionLimit) true.
 func (e *LimitError) Is(target error) bool { return target == ErrRevisionLimit }
 
-// swarmRefusal decodes the {'CORRUPT', ”, what} and {'LIMIT', ”, what}
-// replies of the committing scripts; nil when reply is neither.
-func swarmRefusal(reply []string) error {
-	if len(reply) == 4 && reply[0] == protocol.ReplyWrongType {
-		return &CorruptError{Key: reply[1], Type: reply[2], Want: reply[3]}
-	}
-	if len(reply) != 3 || reply[1] != "" {
-		return nil
-	}
-	section, key, _ := strings.Cut(reply[2], "/")
-	if key == "" {
-		section, key = "", reply[2]
-	}
-	switch reply[0] {
-	case protocol.ReplyCorrupt:
-		return &CorruptError{Section: section, Key: key}
-	case protocol.ReplyLimit:
-		return &LimitError{Section: section, Key: key}
-	}
-	return nil
-}
-
-// parseRevision reads a swarm revision counter as a script answered it
-// (absent: "0"): *CorruptError unless it is an integer 0..MaxRevision.
-func parseRevision(s string) (int64, error) {
-	n, ok := parseRevisionText(s)
-	if !ok {
-		return 0, &CorruptError{Key: protocol.KeyRevision}
-	}
-	return n, nil
-}
-
 // Is makes errors.Is(err, ErrCorruptRecord) true.
 func (e *CorruptError) Is(target error) bool { return target == ErrCorruptRecord }
 
@@ -240,9 +286,10 @@ type RedisError struct {
 func (e *RedisError) Error() string { return "redis: " + e.Message }
 
 // Refusal reasons: the ErrorInfo reason (domain "fenced") of each kind of
-// Redis refusal, carried by *RefusalError and defined here, beside the table
-// that produces them, so that the server, the metrics and the client use the
-// same words.
+// Redis refusal, carried by *RefusalError (and ReasonRedisMayEvict by
+// *EvictionError) and defined here, beside the errors that carry them (the
+// table that produces them is reply.go's refusalTable), so that the server,
+// the metrics and the client use the same words.
 const (
 	ReasonRedisOutOfMemory  = "REDIS_OUT_OF_MEMORY"
 	ReasonRedisWriteError   = "REDIS_WRITE_ERROR"
@@ -257,20 +304,6 @@ const (
 	ReasonRedisNotPermitted = "REDIS_NOT_PERMITTED"
 	ReasonRedisMayEvict     = "REDIS_MAY_EVICT"
 )
-
-// ErrRedisOutOfMemory: Redis refused a write because its used memory is
-// over maxmemory and its policy (noeviction) frees nothing
-// (-OOM). Returned as *RefusalError with ReasonRedisOutOfMemory. Nothing
-// was written; retry once an operator freed memory or raised maxmemory.
-// It is the one refusal that does not match ErrUnavailable.
-var ErrRedisOutOfMemory = errors.New("redis out of memory")
-
-// ErrRedisNotPermitted: Redis refused fenced's own credentials (-NOAUTH,
-// -WRONGPASS, -NOPERM): the ACL user fenced connects as lacks a command or
-// key pattern, or its password changed. Returned as *RefusalError with
-// ReasonRedisNotPermitted; matches ErrUnavailable too, since the caller's
-// request is fine and only an operator can fix fenced's Redis user.
-var ErrRedisNotPermitted = errors.New("redis refused fenced's credentials")
 
 // RefusalError is an error reply by which Redis refused a command because
 // of a state of its own (out of memory, a replica, failing saves, too few
@@ -299,159 +332,23 @@ func (e *RefusalError) Is(target error) bool {
 	return target == e.kind || (target == ErrUnavailable && e.kind != ErrRedisOutOfMemory)
 }
 
-// refusal is one row of refusalTable.
-type refusal struct {
-	// prefix is the error code Redis's reply starts with (its first word).
-	prefix    string
-	reason    string
-	kind      error
-	reconnect bool
+// EvictionError is ErrRedisMayEvict with the settings found.
+type EvictionError struct {
+	// Addr is the node's host:port.
+	Addr string
+	// MaxmemoryBytes and Policy are the node's maxmemory and
+	// maxmemory-policy.
+	MaxmemoryBytes int64
+	Policy         string
 }
 
-// refusalTable classifies every error reply Redis documents for a write
-// (and for the commands fenced reads with) that means "not now, for a
-// reason of Redis's own". The server maps each reason to a gRPC code
-// (internal/server/errors.go); metrics count them by reason.
-var refusalTable = []refusal{
-	{"OOM", ReasonRedisOutOfMemory, ErrRedisOutOfMemory, false},
-	{"MISCONF", ReasonRedisWriteError, ErrUnavailable, false},
-	{"READONLY", ReasonRedisReadOnly, ErrUnavailable, true},
-	{"NOREPLICAS", ReasonRedisNoReplicas, ErrUnavailable, false},
-	{"BUSY", ReasonRedisBusy, ErrUnavailable, false},
-	{"LOADING", ReasonRedisLoading, ErrUnavailable, true},
-	{"MASTERDOWN", ReasonRedisMasterDown, ErrUnavailable, true},
-	{"TRYAGAIN", ReasonRedisTryAgain, ErrUnavailable, false},
-	{"CLUSTERDOWN", ReasonRedisClusterDown, ErrUnavailable, false},
-	{"NOSCRIPT", ReasonRedisNoScript, ErrUnavailable, false},
-	{"NOAUTH", ReasonRedisNotPermitted, ErrRedisNotPermitted, false},
-	{"WRONGPASS", ReasonRedisNotPermitted, ErrRedisNotPermitted, false},
-	{"NOPERM", ReasonRedisNotPermitted, ErrRedisNotPermitted, false},
+func (e *EvictionError) Error() string {
+	return fmt.Sprintf("redis %s may evict keys (maxmemory %d bytes, maxmemory-policy %s): an evicted key can let a request commit twice or an epoch be granted twice; run CONFIG SET maxmemory-policy noeviction (and set it in redis.conf), or pass --allow-evicting-redis to accept the risk",
+		e.Addr, e.MaxmemoryBytes, e.Policy)
 }
 
-// RefusalReasons lists every reason a *RefusalError may carry, in table
-// order without repeats (for metrics to start each series at zero).
-func RefusalReasons() []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, r := range refusalTable {
-		if !seen[r.reason] {
-			seen[r.reason] = true
-			out = append(out, r.reason)
-		}
-	}
-	return out
-}
+// Is makes errors.Is(err, ErrRedisMayEvict) true.
+func (e *EvictionError) Is(target error) bool { return target == ErrRedisMayEvict }
 
-// Refusal classifies one Redis error reply text (without the leading '-')
-// by refusalTable: a *RefusalError, or nil when it is not a refusal.
-func Refusal(reply string) *RefusalError { return refused(reply) }
-
-// refused classifies one Redis error reply text; nil when it is not a
-// refusal of refusalTable. A script that called a refused command answers
-// the command's error code first, as Redis 7 passes it through (on older
-// Redis an "ERR Error running script ... -OOM ..." text is searched too).
-func refused(msg string) *RefusalError {
-	if strings.HasPrefix(msg, nonLocalKey) || strings.Contains(msg, " "+nonLocalKey) {
-		return &RefusalError{Reason: ReasonRedisTryAgain, Message: msg, kind: ErrUnavailable}
-	}
-	code, _, _ := strings.Cut(msg, " ")
-	for _, r := range refusalTable {
-		if code == r.prefix || (code == "ERR" && strings.Contains(msg, " -"+r.prefix+" ")) {
-			return &RefusalError{Reason: r.reason, Message: msg, kind: r.kind, reconnect: r.reconnect}
-		}
-	}
-	return nil
-}
-
-// nonLocalKey starts the error a Cluster node answers when a script names
-// a key it does not declare (the commit's by-name-index, §3.7) in a slot
-// that is migrating and that key is no longer on the node: the slot is
-// moving, as with TRYAGAIN. The commit reads the index's type before its
-// first write, so the batch wrote nothing.
-const nonLocalKey = "Script attempted to access a non local key in a cluster node"
-
-// movedPrefixes are redirections rueidis follows itself on Cluster; one
-// that reaches fenced means the topology is changing: try again later.
-var movedPrefixes = []string{"MOVED ", "ASK "}
-
-// classify sorts an error from rueidis into the package's vocabulary:
-// context errors stay themselves; a call cut by the Store's own bound
-// (WithRedisTimeout) becomes ErrUnavailable; Redis refusals of
-// refusalTable become *RefusalError; transport errors become
-// ErrUnavailable; other error replies become *RedisError.
-func classify(ctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctxErr)) {
-		if cause := context.Cause(ctx); errors.Is(cause, errRedisTimeout) {
-			return fmt.Errorf("%w: %w", ErrUnavailable, cause)
-		}
-		return fmt.Errorf("%w", ctxErr)
-	}
-	// rueidis sets its connection deadline from ctx's: a call cut there can
-	// return before ctx's own timer has fired, while ctx.Err() is still nil.
-	if dl, ok := ctx.Deadline(); ok && errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(dl) {
-		if own, ok := ctx.Value(boundKey{}).(time.Time); ok && own.Equal(dl) {
-			return fmt.Errorf("%w: %w", ErrUnavailable, errRedisTimeout)
-		}
-		return fmt.Errorf("%w", context.DeadlineExceeded)
-	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok {
-		msg := strings.ToValidUTF8(rerr.Error(), "\uFFFD")
-		if r := refused(msg); r != nil {
-			return r
-		}
-		for _, p := range movedPrefixes {
-			if strings.HasPrefix(msg, p) {
-				return fmt.Errorf("%w: %s", ErrUnavailable, msg)
-			}
-		}
-		return &RedisError{Message: msg}
-	}
-	var already *RedisError
-	var refusedAlready *RefusalError
-	if errors.As(err, &already) || errors.As(err, &refusedAlready) || errors.Is(err, ErrUnavailable) {
-		return err
-	}
-	// A deadline that is not ctx's (ctx.Err() is nil and its deadline, if
-	// any, has not passed): one of rueidis's own, such as a new connection's
-	// handshake to a Redis that accepts but does not answer. Redis did not
-	// answer; it is not the caller's deadline, so the error must not match
-	// context.DeadlineExceeded (the caller would see DEADLINE_EXCEEDED).
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: %w (%v)", ErrUnavailable, errRedisTimeout, err)
-	}
-	// rueidis returns net errors, io.EOF, ErrClosing and the like for a
-	// connection that failed: all of them mean "unreachable now".
-	return fmt.Errorf("%w: %w", ErrUnavailable, err)
-}
-
-// replyStrings decodes a script's array reply of strings (nil elements
-// become "" with present false).
-func replyStrings(res rueidis.RedisResult) ([]string, error) {
-	arr, err := res.ToArray()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, len(arr))
-	for i, m := range arr {
-		if m.IsNil() {
-			continue
-		}
-		s, err := m.ToString()
-		if err != nil {
-			return nil, fmt.Errorf("%w: element %d: %w", ErrMalformedReply, i, err)
-		}
-		out[i] = s
-	}
-	return out, nil
-}
-
-func parseInt(s string) (int64, error) {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %q is not an integer", ErrMalformedReply, s)
-	}
-	return n, nil
-}
+// Reason is the ErrorInfo reason of a health failure for eviction.
+func (e *EvictionError) Reason() string { return ReasonRedisMayEvict }

@@ -12,14 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
 	"github.com/redis/rueidis"
 )
 
 // The committing scripts (commit, commit with by-name, lease) as Redis
 // Functions (docs/design.md §3.8). An EVAL script is one Lua function that
 // Redis calls anew every time: every call built the prelude's P table and
-// every helper of lib.lua (and byname.lua) before its first line of work,
+// every shared helper (lua.go libCommit, and byname.lua) before its first line of work,
 // ~4-5 µs of Redis time per batch. A function library runs that once, when
 // it is loaded; FCALL then runs only the call's own code. The library holds
 // the same files as the scripts, so both ways answer byte for byte alike.
@@ -41,21 +40,34 @@ import (
 // versions with other code (a rolling upgrade) load libraries of their own
 // and never replace one another's.
 var (
-	libraryCode = "local function init()\n" + protocol.Prelude + "\n" + mustScript("lib.lua") + "\n" + mustScript("byname.lua") +
-		"\nlocal function commit_plain()\nlocal byname = nil\n" + mustScript("commit.lua") + "\nend\n" +
-		"\nlocal function commit_byname()\n" + mustScript("commit.lua") + "\nend\n" +
-		"\nlocal function lease_main()\n" + mustScript("lease.lua") + "\nend\n" +
-		"return { begin = begin, commit_plain = commit_plain, commit_byname = commit_byname, lease_main = lease_main }\nend\n" +
-		"local impl = nil\n"
+	libraryCode          = libraryText()
 	libraryName          = "fenced_" + codeHash(libraryCode)
-	functionCommit       = libraryName + "_commit"
-	functionCommitByName = libraryName + "_commit_byname"
-	functionLease        = libraryName + "_lease"
-	fencedLibrary        = "#!lua name=" + libraryName + "\n" + libraryCode +
-		register(functionCommit, "commit_plain") +
-		register(functionCommitByName, "commit_byname") +
-		register(functionLease, "lease_main")
+	functionCommit       = libraryFunction("commit_plain")
+	functionCommitByName = libraryFunction("commit_byname")
+	functionLease        = libraryFunction("lease_main")
+	fencedLibrary        = "#!lua name=" + libraryName + "\n" + libraryCode + registrations()
 )
+
+// libraryFunction is the registered name of the library's Lua function
+// main (libraryFunctions, lua.go).
+func libraryFunction(main string) string {
+	for _, f := range libraryFunctions {
+		if f.main == main {
+			return libraryName + f.suffix
+		}
+	}
+	panic("store: no library function " + main)
+}
+
+// registrations are the library's lines registering each of
+// libraryFunctions (lua.go), in order.
+func registrations() string {
+	var b strings.Builder
+	for _, f := range libraryFunctions {
+		b.WriteString(register(libraryName+f.suffix, f.main))
+	}
+	return b.String()
+}
 
 func codeHash(code string) string {
 	sum := sha1.Sum([]byte(code))
@@ -63,7 +75,7 @@ func codeHash(code string) string {
 }
 
 // register is the library's line registering main as the function name,
-// called with the call's KEYS and ARGV (lib.lua begin). The library's code
+// called with the call's KEYS and ARGV (lib_commit.lua begin). The library's code
 // is run by the first call (init), not when it is loaded: Redis loads a
 // library with no global but `redis` in reach (not even string or
 // tonumber), and the files use them at their top level.

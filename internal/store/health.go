@@ -93,33 +93,6 @@ func (s *Store) bound(ctx context.Context, extra time.Duration) (context.Context
 // noCancel is bound's cancel when it derived nothing.
 func noCancel() {}
 
-// ErrRedisMayEvict: Redis is configured so that it may evict keys
-// (maxmemory > 0 and maxmemory-policy other than noeviction), and the Store
-// was not told to allow it. Returned as *EvictionError by Ping and
-// CheckEviction. Fix: CONFIG SET maxmemory-policy noeviction.
-var ErrRedisMayEvict = errors.New("redis may evict keys")
-
-// EvictionError is ErrRedisMayEvict with the settings found.
-type EvictionError struct {
-	// Addr is the node's host:port.
-	Addr string
-	// MaxmemoryBytes and Policy are the node's maxmemory and
-	// maxmemory-policy.
-	MaxmemoryBytes int64
-	Policy         string
-}
-
-func (e *EvictionError) Error() string {
-	return fmt.Sprintf("redis %s may evict keys (maxmemory %d bytes, maxmemory-policy %s): an evicted key can let a request commit twice or an epoch be granted twice; run CONFIG SET maxmemory-policy noeviction (and set it in redis.conf), or pass --allow-evicting-redis to accept the risk",
-		e.Addr, e.MaxmemoryBytes, e.Policy)
-}
-
-// Is makes errors.Is(err, ErrRedisMayEvict) true.
-func (e *EvictionError) Is(target error) bool { return target == ErrRedisMayEvict }
-
-// Reason is the ErrorInfo reason of a health failure for eviction.
-func (e *EvictionError) Reason() string { return ReasonRedisMayEvict }
-
 // writeProbe is a script that writes nothing but declares that it may
 // write (a Redis 7 shebang without no-writes): Redis refuses it exactly as
 // it would refuse a commit, before running it: -READONLY on a replica,

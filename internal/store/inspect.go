@@ -8,14 +8,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
 // The reads of `fenced inspect`: read-only, each one short (O(1) per key,
 // or one HSCAN page), so that inspecting a large swarm never blocks Redis.
 
-var inspectScript = newScript(ScriptInspect, source("inspect.lua"))
+var inspectScript = newScript(ScriptInspect, luaInspect)
 
 // Overview is what an operator asks first of a swarm, read at one instant
 // (but Layout, read just before).

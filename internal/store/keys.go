@@ -3,7 +3,7 @@ package store
 import (
 	"strings"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // swarmKeys are the Redis keys of one swarm (docs/design.md §2.1). Every one but

@@ -3,7 +3,7 @@ package store
 import (
 	"testing"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // TestSwarmKeysAreTheConcatenations: the keys cut from one string are the

@@ -7,12 +7,8 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 )
-
-// ErrLeaseHeld: another owner holds a live lease on the swarm. Returned as
-// *HeldError naming the holder.
-var ErrLeaseHeld = errors.New("lease held by another owner")
 
 // Lease is the lease record in meta/lease: {"owner","epoch","expires_at"}.
 type Lease struct {
@@ -31,20 +27,6 @@ type Lease struct {
 // LiveAt reports whether l is a lease that expires after nowMs (Redis's
 // clock, in ms); a nil l (no lease) is not live.
 func (l *Lease) LiveAt(nowMs int64) bool { return l != nil && l.ExpiresAtMs > nowMs }
-
-// HeldError is ErrLeaseHeld with the live lease and Redis's now.
-type HeldError struct {
-	Holder Lease
-	// NowMs is Redis's clock when the acquire was refused, in ms.
-	NowMs int64
-}
-
-func (e *HeldError) Error() string {
-	return fmt.Sprintf("lease held by %q at epoch %d for %d ms more", e.Holder.Owner, e.Holder.Epoch, e.Holder.ExpiresAtMs-e.NowMs)
-}
-
-// Is makes errors.Is(err, ErrLeaseHeld) true.
-func (e *HeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
 // Acquire grants the swarm's lease to owner for ttlMs by Redis's clock when
 // no live lease exists (absent, expired or released): a new epoch above
@@ -132,44 +114,7 @@ func (s *Store) runLease(ctx context.Context, slug, op, owner string, epoch, ttl
 		return e, 0
 	}
 	defer func() { e, rev = durableLease(e, rev, acked, op, d) }()
-	switch {
-	case reply[0] == protocol.ReplyOK && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
-		nums, err := parseInts(reply[1], reply[3], reply[4])
-		if err != nil {
-			e.Err = err
-			return e, 0
-		}
-		if nums[0] < 0 || nums[0] > MaxRevision || nums[1] < 0 || nums[1] > MaxRevision {
-			e.Err = fmt.Errorf("%w: revision or epoch out of range: %q", ErrMalformedReply, reply)
-			return e, 0
-		}
-		e.Lease, e.Granted = Lease{Owner: reply[2], Epoch: nums[1], ExpiresAtMs: nums[2]}, reply[5] == "1"
-		if reply[7] != "" {
-			old, err := parseInts(reply[7], reply[8])
-			if err != nil {
-				e.Err = err
-				return LeaseEvent{Op: op, Err: err}, 0
-			}
-			e.Replaced = &Lease{Owner: reply[6], Epoch: old[0], ExpiresAtMs: old[1]}
-		}
-		return e, nums[0]
-	case reply[0] == protocol.ReplyHeld && len(reply) == 5:
-		nums, err := parseInts(reply[2], reply[3], reply[4])
-		if err != nil {
-			e.Err = err
-			return e, 0
-		}
-		e.Err = &HeldError{Holder: Lease{Owner: reply[1], Epoch: nums[0], ExpiresAtMs: nums[1]}, NowMs: nums[2]}
-		return e, 0
-	case reply[0] == protocol.ReplyStale && len(reply) == 4:
-		e.Err = staleError(reply[1:])
-		return e, 0
-	case swarmRefusal(reply) != nil:
-		e.Err = swarmRefusal(reply)
-		return e, 0
-	}
-	e.Err = fmt.Errorf("%w: %q", ErrMalformedReply, reply)
-	return e, 0
+	return leaseResult(op, reply)
 }
 
 // durableLease applies the replica rule to a lease operation's outcome: a
@@ -183,18 +128,6 @@ func durableLease(e LeaseEvent, rev int64, acked int, op string, d Durability) (
 		e.Lease.ReplicasAcked = acked
 	}
 	return e, rev
-}
-
-func parseInts(ss ...string) ([]int64, error) {
-	out := make([]int64, len(ss))
-	for i, s := range ss {
-		n, err := parseInt(s)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = n
-	}
-	return out, nil
 }
 
 // CurrentLease reads the lease record, Redis's now (ms) and the swarm

@@ -8,12 +8,12 @@ import (
 )
 
 // luaMetaFormsScript answers, for each ARGV (a kind letter, ':', a stored
-// field), what lib.lua's pattern-first reader and its general reader make
+// field), what lib_meta.lua's pattern-first reader and its general reader make
 // of the field, as "fast=<answer> general=<answer>". Kinds: 'l' meta/lease
 // (lease_of, lease_general), 's' meta/section_revisions
 // (section_revisions_record, section_revisions_general), 'y' meta/layout
 // (layout_is_document, record_value).
-var luaMetaFormsScript = source("lib.lua") + `
+var luaMetaFormsScript = withLib(`
 local function lease_text(l, over)
   if l == nil then return tostring(over) end
   return l.owner .. '|' .. int(l.epoch) .. '|' .. int(l.expires_at)
@@ -47,7 +47,7 @@ for i = 1, #ARGV do
   out[i] = 'fast=' .. fast .. ' general=' .. general
 end
 return out
-`
+`)
 
 // TestMetaFieldsReadByPatternAsByTheRecordGrammar: the commit script reads
 // meta/lease, meta/section_revisions and meta/layout by anchored patterns

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/store/protocol"
 )
 
 // luaFiles answers every embedded script's name and text.
@@ -70,19 +70,24 @@ var chanceLiterals = map[string]map[string]int{
 	"byname.lua": {"LIMIT": 2},
 	// '-': ZRANGEBYLEX's lowest bound, not MemberUnnamed; 'LIMIT' as above.
 	"byname_rebuild.lua": {"-": 1, "LIMIT": 3},
-	// '~': json_exact's stand-in for a consumed sequence, not FlagPrefix;
-	// 'S': json_valid's stand-in for a string, not KindCheckSection; 'r':
-	// the record grammar's member "r", not CheckRecord; ',': the separator
-	// of section_revisions' JSON object (twice: building it, and the fast
-	// reader checking that only commas separate its entries), not
-	// LogSectionsSeparator; '-': base36's minus sign, not ModeNone.
-	"lib.lua": {"~": 9, "S": 1, "r": 1, ",": 2, "-": 1},
+	// '~': json_exact's stand-in for a consumed sequence, not FlagPrefix
+	// (nor LogTrim); 'S': json_valid's stand-in for a string, not
+	// KindCheckSection.
+	"lib_json.lua": {"~": 9, "S": 1},
+	// 'r': the record grammar's member "r", not CheckRecord.
+	"lib_record.lua": {"r": 1},
+	// ',': the separator of section_revisions' JSON object, not
+	// LogSectionsSeparator: the fast reader checks that only commas
+	// separate its entries (lib_meta.lua), finish_commit builds it
+	// (lib_commit.lua). '-': base36's minus sign, not ModeNone.
+	"lib_meta.lua":   {",": 1},
+	"lib_commit.lua": {",": 1, "-": 1},
 }
 
 // TestScriptsSpellNoProtocolValue: no script spells a value of the Go↔Lua
 // protocol (a reply tag, key or field name, kind or mode letter, flag...)
 // as a literal: each takes it from the prelude, so that changing it in
-// internal/store/protocol changes it on both sides.
+// internal/protocol changes it on both sides.
 func TestScriptsSpellNoProtocolValue(t *testing.T) {
 	values := map[string]string{}
 	for name, v := range protocol.Values() {
@@ -109,12 +114,12 @@ func TestScriptsSpellNoProtocolValue(t *testing.T) {
 // protocol value by chance.
 var goAllowed = map[string]map[string]bool{
 	// Redis's own BUSY error (a script running too long), not ReplyBusy.
-	"errors.go": {protocol.ReplyBusy: true},
+	"reply.go": {protocol.ReplyBusy: true},
 }
 
 // TestGoDecodesByProtocolConstants: the store's Go code names every reply
 // tag, key name and meta field the scripts share through
-// internal/store/protocol, never as a literal of its own. Observer
+// internal/protocol, never as a literal of its own. Observer
 // operation names ("layout", "log", "revision") are labels, not protocol:
 // only values that cannot be such a label are checked.
 func TestGoDecodesByProtocolConstants(t *testing.T) {
@@ -175,8 +180,11 @@ func TestEveryScriptStartsWithThePrelude(t *testing.T) {
 			t.Errorf("script %s does not start with protocol.Prelude", sc.name)
 		}
 	}
-	if a, b := source("lib.lua", "commit.lua"), source("lib.lua", "commit.lua"); a != b {
-		t.Errorf("source(lib.lua, commit.lua) differs between two builds")
+	if a, b := luaCommit.eval(), luaCommit.eval(); a != b {
+		t.Errorf("luaCommit.eval() differs between two builds")
+	}
+	if a, b := libraryText(), libraryText(); a != b {
+		t.Errorf("libraryText() differs between two builds")
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
 

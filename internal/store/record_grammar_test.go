@@ -13,10 +13,10 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 )
 
-// luaParseScript wraps lib.lua's parse_record: for each ARGV it answers
+// luaParseScript wraps lib_record.lua's parse_record: for each ARGV it answers
 // "ok:<revision>:<value>", "over" (a record but for a revision above
 // 2^53-1) or "no".
-var luaParseScript = source("lib.lua") + `
+var luaParseScript = withLib(`
 local out = {}
 for i = 1, #ARGV do
   local rev, value = parse_record(ARGV[i])
@@ -29,7 +29,7 @@ for i = 1, #ARGV do
   end
 end
 return out
-`
+`)
 
 // goParse is parseRecord's answer in the form of luaParseScript's.
 func goParse(raw string) string {
@@ -154,7 +154,7 @@ func mutations(corpus []string, n int) []string {
 
 // TestRecordGrammarSameInLuaAndGo runs one corpus (the fuzz corpus, the
 // reported examples, the edges of every rule, and deterministic mutations
-// of them) through lib.lua's parse_record on a real redis-server and
+// of them) through lib_record.lua's parse_record on a real redis-server and
 // through parseRecord, and requires the same answer for every input: not a
 // record, or the same revision and the same value bytes. A record whose
 // revision is above 2^53-1 is no record to Go and "over" to Lua.

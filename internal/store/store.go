@@ -11,7 +11,6 @@ package store
 import (
 	"context"
 	"crypto/sha1"
-	"embed"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -20,48 +19,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/agentihooks/fenced/internal/store/protocol"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
-
-//go:embed lua/*.lua
-var scripts embed.FS
-
-func mustScript(name string) string {
-	b, err := scripts.ReadFile("lua/" + name)
-	if err != nil {
-		panic(err)
-	}
-	return string(b)
-}
-
-// source is the text of a script made of the named files in order, after
-// protocol.Prelude (the `local P` table of every value the scripts share with
-// Go): deterministic, so a script's SHA-1 is the same in every fenced. A
-// script with lib.lua starts its call right after it (lib.lua's begin, with
-// EVAL's KEYS and ARGV): the files after it run as they are written.
-func source(names ...string) string {
-	var b strings.Builder
-	b.WriteString(protocol.Prelude)
-	for _, n := range names {
-		if n == "lib.lua" {
-			b.WriteString("\nlocal EVAL_KEYS, EVAL_ARGV = KEYS, ARGV")
-		}
-		b.WriteString("\n")
-		b.WriteString(mustScript(n))
-		if n == "lib.lua" {
-			b.WriteString("\nbegin(EVAL_KEYS, EVAL_ARGV)")
-		}
-	}
-	return b.String()
-}
-
-// committing prepends lib.lua, the helpers every committing script shares.
-func committing(name string) string { return source("lib.lua", name) }
-
-// withByName prepends lib.lua and byname.lua (the by-name rule and its
-// index) to a script.
-func withByName(name string) string { return source("lib.lua", "byname.lua", name) }
 
 // The scripts are called by SHA, with EVAL as the fallback on NOSCRIPT
 // (after a restart, failover or SCRIPT FLUSH); LoadScripts loads them ahead
@@ -69,16 +29,16 @@ func withByName(name string) string { return source("lib.lua", "byname.lua", nam
 // retryable: it is not idempotent.
 var (
 	// commitScript is a batch that puts or deletes no execution: it runs
-	// without the by-name code (byname = nil) and is sent neither the
+	// without the by-name code (lua.go luaCommit) and is sent neither the
 	// by-name nor the executions key; commitByNameScript is any other.
-	commitScript       = newScript(ScriptCommit, source("lib.lua")+"\nlocal byname = nil\n"+mustScript("commit.lua")).as(functionCommit)
-	commitByNameScript = newScript(ScriptCommit, withByName("commit.lua")).as(functionCommitByName)
-	leaseScript        = newScript(ScriptLease, committing("lease.lua")).as(functionLease)
-	readSectionsScript = newScript(ScriptReadSections, source("read_sections.lua"))
-	readRecordScript   = newScript(ScriptReadRecord, source("read_record.lua"))
-	readLeaseScript    = newScript(ScriptReadLease, source("read_lease.lua"))
-	readScanScript     = newScript(ScriptScanSection, source("scan_section.lua"))
-	readScanKeysScript = newScript(ScriptScanSection, source("scan_keys.lua"))
+	commitScript       = newScript(ScriptCommit, luaCommit).as(functionCommit)
+	commitByNameScript = newScript(ScriptCommit, luaCommitByName).as(functionCommitByName)
+	leaseScript        = newScript(ScriptLease, luaLease).as(functionLease)
+	readSectionsScript = newScript(ScriptReadSections, luaReadSections)
+	readRecordScript   = newScript(ScriptReadRecord, luaReadRecord)
+	readLeaseScript    = newScript(ScriptReadLease, luaReadLease)
+	readScanScript     = newScript(ScriptScanSection, luaScanSection)
+	readScanKeysScript = newScript(ScriptScanSection, luaScanKeys)
 
 	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
 )
@@ -100,7 +60,10 @@ func (sc *script) as(fn string) *script {
 	return sc
 }
 
-func newScript(name, src string) *script {
+// newScript is the script l as EVAL sends it (lua.go), named name for the
+// Observer.
+func newScript(name string, l luaScript) *script {
+	src := l.eval()
 	sum := sha1.Sum([]byte(src))
 	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }

@@ -1,18 +1,9 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 )
-
-// ErrReplicaWaitsExhausted: a commit or lease change that would wait for
-// replicas was refused before anything was sent to Redis, because as many
-// waits as the process (or the swarm) allows are already in flight (see
-// WithReplicaWaitLimits). Nothing was written; retry later, or without a
-// replica acknowledgement. The server answers RESOURCE_EXHAUSTED +
-// TOO_MANY_REPLICA_WAITS.
-var ErrReplicaWaitsExhausted = errors.New("too many replica acknowledgement waits in flight")
 
 // Defaults of WithReplicaWaitLimits. rueidis runs a pipeline holding WAIT
 // on a dedicated connection from its blocking pool (BlockingPoolSize,

@@ -1,6 +1,6 @@
 -- byname.lua: the by-name rule and its index, in one place. fenced prepends
--- this file (after lib.lua) to the commit of a batch that puts or deletes in
--- executions, to the index rebuild and to the by-name check (see store.go);
+-- this file (after the shared lib_*.lua) to the commit of a batch that puts or deletes in
+-- executions, to the index rebuild and to the by-name check (see lua.go);
 -- a batch that does not touch executions runs without it. It defines the
 -- local table `byname` and writes nothing by itself.
 --

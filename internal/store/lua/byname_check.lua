@@ -1,5 +1,5 @@
 -- byname_check.lua: one HSCAN page of executions read through the by-name
--- rule (after lib.lua and byname.lua), for `fenced inspect`: read-only,
+-- rule (after lib_*.lua and byname.lua), for `fenced inspect`: read-only,
 -- bounded by the page size. The rule lives in byname.lua alone; Go only
 -- compares the members it answers (byte order is the rule's order).
 --

@@ -1,5 +1,5 @@
 -- byname_rebuild.lua: one bounded step of rebuilding by-name's index and
--- by-name itself from executions (after lib.lua and byname.lua). The index
+-- by-name itself from executions (after lib_*.lua and byname.lua). The index
 -- is rebuilt in place: batches keep it as usual meanwhile, and every step
 -- is safe to repeat or to run beside another rebuild. Each step reads at
 -- most ARGV[3] records (one HSCAN page, or that many index members or

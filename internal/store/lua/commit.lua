@@ -2,10 +2,10 @@
 -- fence and every revision, then writes all of the batch or nothing. No
 -- write happens before every check has passed: Redis has no rollback.
 --
--- Two variants are built from this file (store.go): a batch that puts or
+-- Two variants are built from this file (lua.go): a batch that puts or
 -- deletes in executions runs it after byname.lua, which defines `byname`
--- and keeps by-name and its index; any other batch runs it with
--- `byname = nil` and sends neither key.
+-- and keeps by-name and its index; any other batch runs it after
+-- byname_none.lua (`byname = nil`) and sends neither key.
 --
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
 -- with byname: KEYS[4] executions, KEYS[5] by-name (by-name-index is

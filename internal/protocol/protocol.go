@@ -329,7 +329,7 @@ func prelude() string {
 	sorted := slices.Clone(entries)
 	slices.SortFunc(sorted, func(a, b struct{ name, value string }) int { return strings.Compare(a.name, b.name) })
 	var b strings.Builder
-	b.WriteString("-- Generated from internal/store/protocol (Go): the values the scripts\n")
+	b.WriteString("-- Generated from internal/protocol (Go): the values the scripts\n")
 	b.WriteString("-- share with fenced's Go code. Do not spell them in a script: use P.<NAME>.\n")
 	b.WriteString("local P = {\n")
 	for i, e := range sorted {

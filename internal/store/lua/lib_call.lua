@@ -1,0 +1,54 @@
+-- lib_call.lua: the call of a committing script. It is the first of the
+-- helpers every committing script shares, assembled in this order before
+-- the script's own files (lua.go, libCommit): lib_call.lua, lib_json.lua,
+-- lib_memo.lua, lib_record.lua, lib_meta.lua, lib_commit.lua. Each defines
+-- locals (functions, patterns, the call's caches) and returns nothing.
+--
+-- Every script starts with the prelude generated from internal/protocol:
+-- `local P`, the values the scripts share with Go (reply tags P.REPLY_*,
+-- key names P.KEY_*, meta fields P.FIELD_*, write kinds P.KIND_*, mode
+-- letters P.MODE_*, P.LOG_CAP, P.REV_MAX...). A script never spells one of
+-- them: a test (protocol_test.go) fails if it does.
+--
+-- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
+-- and, on standalone Redis, P:state:fencing:current as its last key.
+--
+-- The committing scripts run two ways (lua.go, docs/design.md §3.8): as
+-- Redis Functions of one library loaded once (FCALL: these files' functions
+-- are built once, not on every call), and as EVAL scripts where functions
+-- are not available. KEYS and ARGV below are the call's, set by begin
+-- (lib_commit.lua) in both: a function gets them as arguments, an EVAL
+-- script from its globals. Everything a call caches (the clock here, the
+-- meta fields, the decoded section revisions) lives in locals that begin
+-- resets, because a function library's locals outlive the call.
+--
+-- Owns: KEYS and ARGV, and Redis's clock read once per call (clock,
+-- now_ms, now_us).
+-- Needs: the prelude only; begin (lib_commit.lua) sets KEYS and ARGV and
+-- resets the clock.
+
+local KEYS, ARGV = nil, nil
+
+-- clock is Redis's TIME, read once per script: a script runs atomically,
+-- so one reading serves its lease check and its revision alike (one
+-- redis.call fewer per commit).
+local clock_reply = nil
+local function clock()
+  if clock_reply == nil then
+    clock_reply = redis.call('TIME')
+  end
+  return clock_reply
+end
+
+-- now_ms is Redis's clock in ms.
+local function now_ms()
+  local t = clock()
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- now_us is Redis's clock in microseconds since 1970 (below 2^53 until the
+-- 23rd century: exact in a Lua number).
+local function now_us()
+  local t = clock()
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end

@@ -1,0 +1,275 @@
+-- lib_commit.lua: the commit core, what every committing script (commit,
+-- lease) does around its own checks: reading its arguments, the floor and
+-- the numbering of revisions, the log entry, the first writes
+-- (start_commit) and the last ones (finish_commit), and begin, which starts
+-- each call. It is the last of the shared files (lib_call.lua says the
+-- order).
+--
+-- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
+-- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, wrong_type,
+-- refusal_of, start_commit, finish_commit, begin.
+-- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_us, the
+-- clock's cache), lib_json.lua (json_string, int), lib_memo.lua (memo,
+-- memo_on, remember, forget), lib_record.lua (canonical_digits,
+-- digits_in_range, REV_MAX), lib_meta.lua (section_revisions_field,
+-- section_revisions_record, section_revisions_rewrite, section_revisions
+-- and the meta caches begin resets).
+
+-- The patterns commit.lua reads its arguments with (built once: a function
+-- library keeps them across calls): ARGV[1], then one write.
+local COMMIT_HEADER_PATTERN = '^(' .. P.MODE_PATTERN .. '+):(%w*):(%w+):(%d*):(%x*):(.*)$'
+local WRITE_PATTERN = '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$'
+
+-- base36 reads a number the caller wrote in base 36 ('-' first when
+-- negative: tonumber's base conversion takes no sign); exact below 2^53.
+local function base36(s)
+  if sub(s, 1, 1) == '-' then
+    return -tonumber(sub(s, 2), 36)
+  end
+  return tonumber(s, 36)
+end
+
+-- swarm_floor reads what every commit checks before it writes: the swarm
+-- counter and meta/section_revisions (its record revision and every section
+-- revision in it; meta/section_revisions is rewritten by every commit, so
+-- its revision is a floor that survives a lost counter). It answers the
+-- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
+-- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
+-- prior_revision is the swarm revision before this commit (the log entry's
+-- prev): swarm_floor's answer, so that a lost counter does not make it 0
+-- (a prev of 0 would tell a resuming watch that nothing before the entry
+-- left the log).
+local prior_revision = '0'
+-- section_revisions_body (lib_meta.lua) is the stored meta/section_revisions'
+-- text between its value's braces when it has fenced's own form
+-- (section_revisions_record's third answer, or the memo's), for
+-- finish_commit to rewrite in place; nil otherwise.
+local function swarm_floor()
+  local highest = 0
+  local counter = redis.call('GET', KEYS[2])
+  if counter then
+    if not canonical_digits(counter) then
+      return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
+    end
+    if not digits_in_range(counter) then
+      return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
+    end
+    highest = tonumber(counter)
+  end
+  local raw = section_revisions_field()
+  local revs = {}
+  if raw then
+    local m = memo[raw]
+    if type(m) == 'table' and m.body then
+      -- Written by this library in fenced's own form: its highest
+      -- revision is known; section_revisions decodes it only if asked.
+      section_revisions_body = m.body
+      if m.highest > highest then
+        highest = m.highest
+      end
+      prior_revision = int(highest)
+      return highest
+    end
+    local r, revs_or_over, body = section_revisions_record(raw)
+    section_revisions_body = body
+    if revs_or_over == 'over' then
+      return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
+    end
+    revs = revs_or_over
+    if type(revs) ~= 'table' then
+      return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
+    end
+    for name, v in pairs(revs) do
+      if type(name) ~= 'string' or type(v) ~= 'number' or v < 0 or v ~= math.floor(v) then
+        return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
+      end
+      if v > REV_MAX then
+        return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
+      end
+      if v > highest then
+        highest = v
+      end
+    end
+    if r > highest then
+      highest = r
+    end
+  end
+  section_revs_decoded = revs
+  prior_revision = int(highest)
+  return highest
+end
+
+-- next_revision answers the revision of a commit as a decimal string
+-- (start_commit sets the swarm counter to it): above highest (the floors: swarm_floor's
+-- and the stored revisions of the records the commit writes) and at least
+-- Redis's clock in microseconds, so that no revision is issued twice even
+-- after Redis lost acknowledged writes (a crash, a failover to a lagging
+-- replica, a restored snapshot): whatever was issued before the loss is
+-- below the clock after it (docs/design.md §5).
+-- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
+local function next_revision(highest)
+  local rev = highest + 1
+  local now = now_us()
+  if now > rev then
+    rev = now
+  end
+  if rev > REV_MAX then
+    return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
+  end
+  return int(rev)
+end
+
+-- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
+-- the log keeps P.LOG_CAP entries, so a swarm's log stays under ~16 MB
+-- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
+-- A batch over it logs `sections` instead (docs/design.md §6.1).
+
+local LOG_CHANGES_MAX = tonumber(P.LOG_CHANGES_MAX)
+
+-- log_change appends one change to a log entry's list (changes): op
+-- P.KIND_PUT or P.KIND_DELETE, then '<section>:<key length in bytes>:<key>', so
+-- that any key (':' and NUL included) is read back exactly. Built here from
+-- what the script already has: nothing more is sent to Redis per batch.
+local function log_change(changes, op, section, key)
+  changes[#changes + 1] = op .. section .. ':' .. #key .. ':' .. key
+end
+
+-- wrong_type answers {'WRONGTYPE', name, type, want} for the first entry
+-- {key, want, name} of list whose key exists as another Redis type than
+-- want; nil when every key is absent or of its type.
+local function wrong_type(list)
+  for _, k in ipairs(list) do
+    local t = redis.call('TYPE', k[1])
+    if type(t) == 'table' then
+      t = t.ok
+    end
+    if t ~= 'none' and t ~= k[2] then
+      return { P.REPLY_WRONGTYPE, k[3], t, k[2] }
+    end
+  end
+  return nil
+end
+
+-- refusal_of is the answer to a write that Redis refused (err, the error
+-- pcall answered) on key, which the commit writes without reading it
+-- first (want: its Redis type, name: how a refusal names it):
+-- {'WRONGTYPE', name, type, want} when the key holds another type, else
+-- Redis's own error reply.
+local function refusal_of(err, key, want, name)
+  return wrong_type({ { key, want, name } }) or err
+end
+
+-- start_commit makes a commit's first writes, after every check: first
+-- those to keys it has not read, whose Redis type it does not know: the
+-- log entry (XADD), then on standalone the stamp; then the swarm counter.
+-- The first two go by pcall: when XADD refuses (a key of another type, a
+-- stream whose last id is the largest there is), nothing was written; when
+-- the stamp refuses, the log entry is deleted again (XDEL; what XADD's
+-- approximate trim dropped stays dropped: entries past the cap). So no
+-- TYPE is needed before the first write, and no refusal leaves a commit
+-- half done (Redis does not undo a script's writes when a later one fails).
+-- It answers the refusal, nil when the commit goes on.
+--
+-- The log entry (the log keeps at least the last P.LOG_CAP, XADD MAXLEN ~;
+-- request_id only when given): revision, owner, records, [request_id], then
+-- changes (log_change's items, concatenated) or, over P.LOG_CHANGES_MAX
+-- bytes, sections (the changed sections' names, sorted, joined by ','),
+-- then prev: the swarm revision before this commit (the previous entry's
+-- revision), so that a reader resuming after revision r knows nothing
+-- between r and the oldest entry left the log when prev <= r.
+local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
+  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
+  if request_id then
+    entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
+    entry[#entry + 1] = request_id
+  end
+  local text = table.concat(changes)
+  if #text <= LOG_CHANGES_MAX then
+    entry[#entry + 1] = P.LOG_FIELD_CHANGES
+    entry[#entry + 1] = text
+  else
+    local names = {}
+    for name in pairs(changed) do
+      names[#names + 1] = name
+    end
+    table.sort(names)
+    entry[#entry + 1] = P.LOG_FIELD_SECTIONS
+    entry[#entry + 1] = table.concat(names, P.LOG_SECTIONS_SEPARATOR)
+  end
+  entry[#entry + 1] = P.LOG_FIELD_PREV
+  entry[#entry + 1] = prior_revision
+  local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
+  if type(id) == 'table' and id.err then
+    if string.find(id.err, 'exhausted the last possible ID', 1, true) then
+      -- Not Redis refusing writes (OOM, READONLY, an ACL: its own reply,
+      -- which inside a script may also begin with ERR) but this stream
+      -- refusing entries: one whose last id is the largest.
+      return { P.REPLY_CORRUPT, '', P.KEY_LOG }
+    end
+    return refusal_of(id, KEYS[3], 'stream', P.KEY_LOG)
+  end
+  if stamp then
+    local set = redis.pcall('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
+    if type(set) == 'table' and set.err then
+      redis.call('XDEL', KEYS[3], id)
+      return refusal_of(set, KEYS[#KEYS], 'hash', 'state:fencing:current')
+    end
+  end
+  redis.call('SET', KEYS[2], rev)
+  return nil
+end
+
+-- finish_commit does what every commit ends with (after start_commit and
+-- its own writes): the section revisions of the sections the batch
+-- changed (a set of names; nil: none) raised to rev, and meta/layout set to
+-- records when absent. Both are fields of meta, a hash the commit has read.
+local function finish_commit(rev, layout, changed)
+  local head = '{"r":' .. rev .. ',"v":'
+  local rewritten = nil
+  if changed and next(changed) then
+    forget(section_revisions_field())
+  end
+  if changed and next(changed) and section_revisions_body then
+    rewritten = section_revisions_rewrite(section_revisions_body, changed, rev)
+  end
+  if rewritten then
+    local field = head .. '{' .. rewritten .. '}}'
+    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, field)
+    -- Every entry it kept was a floor of this commit: rev is above them.
+    local r = tonumber(rev)
+    remember(field, { rev = r, highest = r, body = rewritten })
+  elseif changed and next(changed) then
+    local revs = section_revisions()
+    for name in pairs(changed) do
+      revs[name] = tonumber(rev)
+    end
+    local names = {}
+    for name, r in pairs(revs) do
+      if type(name) == 'string' and type(r) == 'number' then
+        names[#names + 1] = name
+      end
+    end
+    table.sort(names)
+    local parts = {}
+    for i, name in ipairs(names) do
+      parts[i] = json_string(name) .. ':' .. int(revs[name])
+    end
+    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, head .. '{' .. table.concat(parts, ',') .. '}}')
+  end
+  if not layout then
+    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
+  end
+end
+
+-- begin starts a call: its KEYS and ARGV, and nothing cached from another
+-- call (a function library's locals live as long as the library).
+local function begin(keys, argv, library)
+  KEYS, ARGV = keys, argv
+  memo_on = library == true
+  clock_reply = nil
+  meta_fields = nil
+  section_revs_decoded = nil
+  prior_revision = '0'
+  section_revisions_body = nil
+end

@@ -1,0 +1,149 @@
+-- lib_record.lua: the record grammar, the rule by which a stored field is
+-- a record and what its revision and value are, and the revision range
+-- (0..REV_MAX) every number fenced writes or compares stays in.
+--
+-- Owns: MAX_DEPTH, REV_MAX, REV_MAX_TEXT, digits_in_range,
+-- canonical_digits, canonical_in_range, digits_canonical_in_range,
+-- in_range, parse_record, record_revision, record_value.
+-- Needs: lib_json.lua (json_valid, string_end, value_end; find, sub),
+-- lib_memo.lua (memo: record_revision answers a field this library wrote
+-- without judging it again).
+
+-- The record grammar (docs/design.md §2.2; Go:
+-- internal/store/record.go parseRecord accepts exactly the same fields). A
+-- stored field is a record when it is one JSON text (RFC 8259: JSON
+-- whitespace only, valid UTF-8, at most MAX_DEPTH nested arrays/objects,
+-- the field's own object counting 1) that is an object naming "r" exactly
+-- once and "v" exactly once, whose "r" is written as a non-negative integer
+-- without sign, leading zero, fraction or exponent. Its revision is that
+-- integer, in range when at most REV_MAX; its value is the bytes of "v".
+local MAX_DEPTH = 1000
+-- REV_MAX is 2^53-1, the largest integer Lua numbers (doubles) and JSON
+-- parsers keep exact: no revision or epoch above it is written or compared
+-- (from the prelude: internal/protocol RevMax).
+local REV_MAX = P.REV_MAX
+local REV_MAX_TEXT = P.REV_MAX_TEXT
+
+-- digits_in_range: d (canonical decimal digits) is at most REV_MAX,
+-- compared as text so that no digit is lost.
+local function digits_in_range(d)
+  return #d < #REV_MAX_TEXT or (#d == #REV_MAX_TEXT and d <= REV_MAX_TEXT)
+end
+
+-- canonical_digits: s is a JSON integer >= 0 (no sign, no leading zero).
+local function canonical_digits(s)
+  return s ~= nil and (s == '0' or find(s, '^[1-9]%d*$') ~= nil)
+end
+
+-- canonical_in_range: s is canonical decimal digits of at most REV_MAX.
+local function canonical_in_range(s)
+  return canonical_digits(s) and digits_in_range(s)
+end
+
+-- digits_canonical_in_range is canonical_in_range for a string already
+-- known to be one or more decimal digits (a %d+ capture): no pattern scan.
+local function digits_canonical_in_range(d)
+  return (d == '0' or string.byte(d) ~= 48) and digits_in_range(d)
+end
+
+-- in_range: n is an integer in 0..REV_MAX (a decoded JSON number).
+local function in_range(n)
+  return type(n) == 'number' and n >= 0 and n <= REV_MAX and n == math.floor(n)
+end
+
+-- parse_record reads a stored field by the record grammar: its revision (a
+-- number) and the text of its value; nil when the field is not a record;
+-- nil, 'over' when it is one but for a revision above REV_MAX. fenced's own
+-- form {"r":N,"v":VALUE} is read by an anchored match and a check of VALUE;
+-- anything else (other writers' spacing, order, members) by a scan.
+local function parse_record(raw)
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and canonical_digits(digits) and sub(raw, -1) == '}' then
+    local value = sub(raw, #digits + 11, -2) -- after {"r":N,"v":
+    if json_valid(value, MAX_DEPTH - 1) then
+      if not digits_in_range(digits) then
+        return nil, 'over'
+      end
+      return tonumber(digits), value
+    end
+  end
+  if not json_valid(raw, MAX_DEPTH) then
+    return nil
+  end
+  local p = find(raw, '[^ \t\n\r]')
+  if sub(raw, p, p) ~= '{' then
+    return nil
+  end
+  local rtext, value, rs, vs = nil, nil, 0, 0
+  p = p + 1
+  while true do
+    p = find(raw, '[^ \t\n\r,]', p)
+    if sub(raw, p, p) == '}' then
+      break
+    end
+    local ke = string_end(raw, p)
+    local key = sub(raw, p + 1, ke - 1)
+    if find(key, '\\', 1, true) then
+      local ok, k = pcall(cjson.decode, sub(raw, p, ke))
+      key = ok and k or ''
+    end
+    local s = find(raw, '[^ \t\n\r:]', ke + 1)
+    local e = value_end(raw, s)
+    if key == 'r' then
+      rtext, rs = sub(raw, s, e), rs + 1
+    elseif key == 'v' then
+      value, vs = sub(raw, s, e), vs + 1
+    end
+    p = e + 1
+  end
+  if rs ~= 1 or vs ~= 1 or not canonical_digits(rtext) then
+    return nil
+  end
+  if not digits_in_range(rtext) then
+    return nil, 'over'
+  end
+  return tonumber(rtext), value
+end
+
+-- record_revision is the revision of a stored record field; nil when the
+-- field is not a record, nil, 'over' when its revision is above REV_MAX.
+-- fenced's own form is checked as parse_record does, without answering
+-- the value. (Checking the whole field instead of cutting the value out
+-- measured slower: cjson then also reads the revision, 16 digits through
+-- strtod.)
+local function record_revision(raw)
+  local m = memo[raw]
+  if m then
+    if type(m) == 'number' then
+      return m, false
+    end
+    return m.rev, false
+  end
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' and json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1) then
+    if not digits_in_range(digits) then
+      return nil, true
+    end
+    return tonumber(digits), false
+  end
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil, value == 'over'
+  end
+  return rev, false
+end
+
+-- record_value decodes the value of a stored record field, nil when the
+-- field is not a record or cjson cannot decode the value. Decoding only:
+-- values are never re-encoded.
+local function record_value(raw)
+  local rev, value = parse_record(raw)
+  if rev == nil then
+    return nil
+  end
+  local ok, v = pcall(cjson.decode, value)
+  if ok then
+    return v
+  end
+  return nil
+end
