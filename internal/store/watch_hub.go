@@ -123,7 +123,7 @@ func (h *hub) leave(w *Watch) {
 // that has not taken b yet is woken whatever the chain's progress: one
 // caller that does not read (its sends blocked by flow control) holds its
 // connection's others back by at most that.
-func (h *hub) fanOut(b *Batch) {
+func (h *hub) fanOut(b *EventBatch) {
 	var groups map[string][]*Watch
 	for w := range h.watchers {
 		if w.group == "" || !w.idle() {

@@ -12,10 +12,12 @@ import (
 	"time"
 )
 
-// Batch is events handed out together: one read of a swarm's reader, the
-// same *Batch to every watcher that had seen none of them, or a watcher's
-// own (its backlog, or the part of a read it had not seen).
-type Batch struct {
+// EventBatch is events handed out together (not a batch.Batch, which is
+// one change's writes: each event is one committed batch): one read of a
+// swarm's reader, the same *EventBatch to every watcher that had seen none
+// of them, or a watcher's own (its backlog, or the part of a read it had
+// not seen).
+type EventBatch struct {
 	// Events in increasing revision order; never empty.
 	Events []*Event
 	// memo holds what callers derived from the batch (Memo).
@@ -23,9 +25,9 @@ type Batch struct {
 }
 
 // Memo answers the value build makes of the batch for key, built once per
-// batch and key (safe for concurrent use): the watchers handed one *Batch
-// share one encoding of it.
-func (b *Batch) Memo(key string, build func() any) any {
+// batch and key (safe for concurrent use): the watchers handed one
+// *EventBatch share one encoding of it.
+func (b *EventBatch) Memo(key string, build func() any) any {
 	if v, ok := b.memo.Load(key); ok {
 		return v
 	}
@@ -88,7 +90,7 @@ func (w *Watch) MarkSent(rev int64) {
 // queued is a read queued for a watcher, with the next watcher of its group
 // to wake once this one has sent it (nil: none).
 type queued struct {
-	b    *Batch
+	b    *EventBatch
 	next *Watch
 }
 
@@ -174,7 +176,7 @@ func (w *Watch) drop(err error) {
 // push queues b for w, with next, the watcher of its group w is to wake
 // once it has sent b (nil: none), and wakes w when wake; false when w
 // already holds limit reads (it is then to be dropped).
-func (w *Watch) push(b *Batch, limit int, next *Watch, wake bool) bool {
+func (w *Watch) push(b *EventBatch, limit int, next *Watch, wake bool) bool {
 	w.qmu.Lock()
 	if len(w.queue)-w.head >= limit {
 		w.qmu.Unlock()
@@ -190,7 +192,7 @@ func (w *Watch) push(b *Batch, limit int, next *Watch, wake bool) bool {
 
 // pop takes the oldest read queued (nil when none); the watcher the read
 // taken before was to wake, if not woken yet, is woken now.
-func (w *Watch) pop() *Batch {
+func (w *Watch) pop() *EventBatch {
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
 	if w.head == len(w.queue) {
@@ -230,14 +232,14 @@ func (w *Watch) Next(ctx context.Context) (*Event, error) {
 // nothing this one has seen). It waits until there is one or ctx ends.
 // Errors: ErrWatcherTooSlow or *CompactedError (dropped: DropErr), ctx's
 // error.
-func (w *Watch) NextBatch(ctx context.Context) (*Batch, error) {
+func (w *Watch) NextBatch(ctx context.Context) (*EventBatch, error) {
 	return w.NextBatchUntil(ctx, nil)
 }
 
 // NextBatchUntil is NextBatch that also stops waiting when until delivers
 // (say a reused time.Timer's C: cheaper per call than a context with a
 // deadline), answering nil, nil.
-func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Batch, error) {
+func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*EventBatch, error) {
 	if b := w.atHand(); b != nil {
 		return b, nil
 	}
@@ -270,7 +272,7 @@ func (w *Watch) NextBatchUntil(ctx context.Context, until <-chan time.Time) (*Ba
 
 // TryNextBatch is NextBatch without waiting: nil when nothing is ready (or
 // the watcher was dropped: NextBatch then says so).
-func (w *Watch) TryNextBatch() *Batch {
+func (w *Watch) TryNextBatch() *EventBatch {
 	if b := w.atHand(); b != nil {
 		return b
 	}
@@ -292,18 +294,18 @@ func (w *Watch) TryNextBatch() *Batch {
 
 // atHand answers what is already at hand: events of a batch Next began, or
 // the backlog (nil when none).
-func (w *Watch) atHand() *Batch {
+func (w *Watch) atHand() *EventBatch {
 	evs := append(w.pending, w.backlog...)
 	w.pending, w.backlog = nil, nil
 	if len(evs) == 0 {
 		return nil
 	}
-	return w.unseen(&Batch{Events: evs})
+	return w.unseen(&EventBatch{Events: evs})
 }
 
 // unseen is b when all of it is after last, else a batch of its events
 // after last (nil when none); last moves to its end.
-func (w *Watch) unseen(b *Batch) *Batch {
+func (w *Watch) unseen(b *EventBatch) *EventBatch {
 	evs := b.Events
 	if len(evs) == 0 {
 		return nil
@@ -318,7 +320,7 @@ func (w *Watch) unseen(b *Batch) *Batch {
 		if len(after) == 0 {
 			return nil
 		}
-		b = &Batch{Events: after}
+		b = &EventBatch{Events: after}
 	}
 	if first := b.Events[0]; w.known && first.hasPrev && first.prev < w.last {
 		w.wentBack(first)
@@ -367,7 +369,7 @@ func (w *Watch) idle() bool {
 }
 
 // holds: b is queued for w, not taken yet.
-func (w *Watch) holds(b *Batch) bool {
+func (w *Watch) holds(b *EventBatch) bool {
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
 	for _, q := range w.queue[w.head:] {

@@ -319,7 +319,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			continue
 		}
 		lastFanout = now
-		b := &Batch{Events: pending}
+		b := &EventBatch{Events: pending}
 		pending = nil
 		h.mu.Lock()
 		if lostOldest != 0 {
