@@ -23,20 +23,6 @@ import (
 // writes is planned by internal/store/docplan (pure); this file reads
 // under WATCH, runs the plan and writes what it answers.
 
-// ErrDocumentOnCluster: the swarm is on the document layout and the Store
-// talks to a Redis Cluster, where that layout does not exist (its bucket
-// key has no hash tag). errors.Is(err, ErrLayoutDocument) holds too.
-var ErrDocumentOnCluster = fmt.Errorf("%w on Redis Cluster: the document layout is served on standalone Redis only; migrate the swarm there first", ErrLayoutDocument)
-
-// ErrMigrationContended: the swarm's fencing state kept changing during
-// every attempt of a Migrate; nothing was committed.
-var ErrMigrationContended = errors.New("the swarm fencing state kept changing; nothing was committed")
-
-// ErrDocumentContended: a document batch or lease operation lost its
-// WATCH to other writers on every attempt; nothing was written. fenced
-// maps it to ABORTED (re-read and run the change again).
-var ErrDocumentContended = errors.New("the swarm's document kept changing; nothing was written")
-
 // MaxTransactionAttempts bounds the plans of one document write or
 // migration that lost its WATCH (issue 13: 16).
 const MaxTransactionAttempts = 16

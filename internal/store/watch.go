@@ -2,45 +2,18 @@ package store
 
 // Watch: following a swarm's committed batches (docs/design.md §6.1). This
 // file owns the entry point (Store.Watch: join the swarm's reader, then a
-// backlog when resuming) and its refusals; the pieces are watch_hub.go (a
-// Store's swarm readers and their watchers: join, leave, fan-out),
-// watch_reader.go (the reads of a swarm's log: the reader's XREAD loop and
-// a resume's backlog), watch_queue.go (one watcher: its queue of reads and
-// what it hands its consumer), watch_log.go (the log's entries decoded
-// into events) and watch_options.go (settings and bounds).
+// backlog when resuming); the pieces are watch_hub.go (a Store's swarm
+// readers and their watchers: join, leave, fan-out), watch_reader.go (the
+// reads of a swarm's log: the reader's XREAD loop and a resume's backlog),
+// watch_queue.go (one watcher: its queue of reads and what it hands its
+// consumer), watch_log.go (the log's entries decoded into events) and
+// watch_options.go (settings and bounds); its errors are in
+// errors_watch_doc.go.
 
 import (
 	"context"
-	"errors"
 	"fmt"
 )
-
-var (
-	// ErrRevisionCompacted: batches after the revision a Watch starts from
-	// have left the log (it keeps at least the last LogCap). Returned as
-	// *CompactedError. Read again (Sections) and watch from that snapshot's
-	// revision.
-	ErrRevisionCompacted = errors.New("revision compacted")
-	// ErrWatcherTooSlow: a watcher fell more than the Store's watch buffer
-	// behind its swarm's reader and was dropped, so that its events are not
-	// buffered without bound. Resume from the last event it received.
-	ErrWatcherTooSlow = errors.New("watcher too slow")
-)
-
-// CompactedError is ErrRevisionCompacted with what the log still holds.
-type CompactedError struct {
-	// Start is the revision the watch asked to start after.
-	Start int64
-	// Oldest is the revision of the oldest batch the log still holds.
-	Oldest int64
-}
-
-func (e *CompactedError) Error() string {
-	return fmt.Sprintf("%v: batches after revision %d have left the log; the oldest it holds is %d", ErrRevisionCompacted, e.Start, e.Oldest)
-}
-
-// Unwrap makes errors.Is(err, ErrRevisionCompacted) hold.
-func (e *CompactedError) Unwrap() error { return ErrRevisionCompacted }
 
 // Watch starts following slug's committed batches after revision after (0:
 // from now). All watchers of one swarm in this process share one reader
