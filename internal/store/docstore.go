@@ -14,14 +14,14 @@ import (
 )
 
 // Swarms on the document layout are served through the same calls as the
-// records layout (docs/design.md §2.6): reads
-// answer the document's records at its revision; batches and lease
-// operations run in Go under WATCH/MULTI/EXEC on the bucket (a records
-// commit's stamp on <slug>:records aborts them too) and write the document
-// back whole, the old copy pushed to the history list. Migrate moves a
-// swarm onto the records in one such transaction. What each transaction
-// writes is planned by internal/store/docplan (pure); this file reads
-// under WATCH, runs the plan and writes what it answers.
+// records layout (docs/design.md §2.6): reads answer the document's
+// records at its revision; batches and lease operations run in Go under
+// WATCH/MULTI/EXEC on the bucket (a records commit's stamp on
+// <slug>:records aborts them too) and write the document back whole, the
+// old copy pushed to the history list. Migrate moves a swarm onto the
+// records in one such transaction. What each transaction writes is planned
+// by internal/store/docplan (pure); this file reads under WATCH, runs the
+// plan and writes what it answers.
 
 // MaxTransactionAttempts bounds the plans of one document write or
 // migration that lost its WATCH (issue 13: 16).
