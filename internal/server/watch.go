@@ -264,12 +264,12 @@ const (
 	maxBytesPerMessage  = 1 << 20
 )
 
-// encodedBatch is a store.Batch's events (filtered by sections) in wire
-// form: buf is the concatenation of each event's encoding as a
+// encodedBatch is a store.EventBatch's events (filtered by sections) in
+// wire form: buf is the concatenation of each event's encoding as a
 // WatchResponse holding it alone, so any run of them, start(i):ends[j-1],
 // is the encoding of a WatchResponse holding events i..j-1. Built once per
-// batch and filter (store.Batch.Memo) and shared, never written, by every
-// watcher handed the batch.
+// batch and filter (store.EventBatch.Memo) and shared, never written, by
+// every watcher handed the batch.
 type encodedBatch struct {
 	buf []byte
 	// ends[i] is where event i ends in buf; revs[i] is its revision.
@@ -362,7 +362,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		}
 	}
 	filter := strings.Join(sections, ",")
-	encoded := func(b *store.Batch) *encodedBatch {
+	encoded := func(b *store.EventBatch) *encodedBatch {
 		e, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).(*encodedBatch)
 		return e
 	}
@@ -375,7 +375,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 	var curLast int64
 	quiet := time.NewTimer(every)
 	defer quiet.Stop()
-	take := func(b *store.Batch) {
+	take := func(b *store.EventBatch) {
 		cur, seg, next, curLast = encoded(b), 0, 0, w.Last()
 		if len(cur.ends) == 0 {
 			cur = nil // filtered out
@@ -460,7 +460,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 // filter empties are left out. The messages each event is marshalled from
 // are reused (eventScratch), and the buffer is sized from the first event:
 // a fan-out's encoding allocates about its bytes, once.
-func encodeBatch(b *store.Batch, sections []string) *encodedBatch {
+func encodeBatch(b *store.EventBatch, sections []string) *encodedBatch {
 	e := &encodedBatch{segs: []int{0}}
 	var sc eventScratch
 	segStart := 0

@@ -31,7 +31,7 @@ import (
 // events, the benchmark's shape.
 func TestAFanOutOfThousandsOfBatchesIsOneMessage(t *testing.T) {
 	const n = 2900
-	b := &store.Batch{}
+	b := &store.EventBatch{}
 	for i := range n {
 		rev := int64(1796079180861000 + i)
 		b.Events = append(b.Events, &store.Event{Revision: rev, Changes: []store.Change{{Section: "claims", Key: "k" + strconv.Itoa(i%8),
@@ -53,7 +53,7 @@ func TestAFanOutOfThousandsOfBatchesIsOneMessage(t *testing.T) {
 // itself, filtered.
 func TestEncodedEventsReadBackAsTheEvents(t *testing.T) {
 	rec := func(rev int64, v string) *store.Record { return &store.Record{Revision: rev, Value: v} }
-	b := &store.Batch{Events: []*store.Event{
+	b := &store.EventBatch{Events: []*store.Event{
 		{Revision: 1, Owner: "hive-1", RequestID: "r1", Changes: []store.Change{{Section: "claims", Key: "a", Record: rec(1, `1`)}}},
 		{Revision: 2, Changes: []store.Change{{Section: "claims", Key: "a", Delete: true}, {Section: "grants", Key: "g", Record: rec(5, `"x"`)},
 			{Section: "claims", Key: "b"}}},

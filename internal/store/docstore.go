@@ -2,40 +2,26 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/store/docplan"
 	"github.com/redis/rueidis"
 )
 
 // Swarms on the document layout are served through the same calls as the
-// records layout (docs/design.md §2.6): reads
-// answer the document's records at its revision; batches and lease
-// operations run in Go under WATCH/MULTI/EXEC on the bucket (a records
-// commit's stamp on <slug>:records aborts them too) and write the document
-// back whole, the old copy pushed to the history list. Migrate moves a
-// swarm onto the records in one such transaction.
-
-// ErrDocumentOnCluster: the swarm is on the document layout and the Store
-// talks to a Redis Cluster, where that layout does not exist (its bucket
-// key has no hash tag). errors.Is(err, ErrLayoutDocument) holds too.
-var ErrDocumentOnCluster = fmt.Errorf("%w on Redis Cluster: the document layout is served on standalone Redis only; migrate the swarm there first", ErrLayoutDocument)
-
-// ErrMigrationContended: the swarm's fencing state kept changing during
-// every attempt of a Migrate; nothing was committed.
-var ErrMigrationContended = errors.New("the swarm fencing state kept changing; nothing was committed")
-
-// ErrDocumentContended: a document batch or lease operation lost its
-// WATCH to other writers on every attempt; nothing was written. fenced
-// maps it to ABORTED (re-read and run the change again).
-var ErrDocumentContended = errors.New("the swarm's document kept changing; nothing was written")
+// records layout (docs/design.md §2.6): reads answer the document's
+// records at its revision; batches and lease operations run in Go under
+// WATCH/MULTI/EXEC on the bucket (a records commit's stamp on
+// <slug>:records aborts them too) and write the document back whole, the
+// old copy pushed to the history list. Migrate moves a swarm onto the
+// records in one such transaction. What each transaction writes is planned
+// by internal/store/docplan (pure); this file reads under WATCH, runs the
+// plan and writes what it answers.
 
 // MaxTransactionAttempts bounds the plans of one document write or
 // migration that lost its WATCH (issue 13: 16).
@@ -286,19 +272,6 @@ func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
 	return 0, false, contended
 }
 
-// nextDocRevision is the numbering rule of every commit (lib.lua
-// next_revision) applied to a document: above the counter and the
-// document's revision, at least Redis's clock in µs. *LimitError past
-// MaxRevision.
-func nextDocRevision(counter, docRev, nowUs int64) (int64, error) {
-	rev := max(counter, docRev) + 1
-	rev = max(rev, nowUs)
-	if rev > MaxRevision {
-		return 0, &LimitError{Key: "revision"}
-	}
-	return rev, nil
-}
-
 // commitDocument runs a batch on a swarm still on the document layout
 // (DESIGN §3 rules; every record is at the document's revision; a section
 // check compares the document's revision). moved: the swarm is on the
@@ -311,10 +284,10 @@ func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch,
 			if doc == nil || doc.MovedTo != "" || layout {
 				return docTx{moved: true}, nil
 			}
-			newDoc, r, err := planDocumentBatch(doc, b, counter, nowUs, nowMs)
+			newDoc, r, err := docplan.PlanBatch(doc.Document, b, counter, nowUs, nowMs)
 			rev = r
 			if err != nil || newDoc == nil {
-				return docTx{}, err
+				return docTx{}, storeError(err)
 			}
 			return writeDocument(k, newDoc, d), nil
 		})
@@ -324,96 +297,6 @@ func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch,
 	c.Revision = rev
 	c.ReplicasAcked = acked
 	return c, false, nil
-}
-
-// planDocumentBatch checks b against doc (fence, then every revision) and
-// answers the rewritten document and its revision; newDoc nil when b
-// writes nothing (rev: the document's).
-func planDocumentBatch(doc *document, b *batch.Batch, counter, nowUs, nowMs int64) (newDoc []byte, rev int64, err error) {
-	if f := b.Fence; f != nil {
-		l, err := doc.lease()
-		if err != nil {
-			return nil, 0, err
-		}
-		now := max(f.NowMs, nowMs)
-		if l == nil {
-			return nil, 0, &StaleError{}
-		}
-		if (f.Owner != "" && l.Owner != f.Owner) || l.Epoch != f.Epoch || l.ExpiresAtMs <= now {
-			return nil, 0, &StaleError{Present: true, Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
-		}
-	}
-	sections := map[string]object{}
-	sectionOf := func(name string) (object, error) {
-		if o, ok := sections[name]; ok {
-			return o, nil
-		}
-		o, err := doc.section(name)
-		if err != nil {
-			return nil, err
-		}
-		sections[name] = o
-		return o, nil
-	}
-	var conflicts []Conflict
-	writes := false
-	for i := range b.Writes {
-		w := &b.Writes[i]
-		if w.Kind == batch.KindPut || w.Kind == batch.KindDelete {
-			writes = true
-		}
-		if w.Expected == batch.Blind {
-			continue
-		}
-		actual := doc.Revision
-		if w.Kind != batch.KindCheckSection {
-			o, err := sectionOf(w.Section)
-			if err != nil {
-				return nil, 0, err
-			}
-			if o.get(w.Key) == nil {
-				actual = 0
-			}
-		}
-		if actual != w.Expected {
-			conflicts = append(conflicts, Conflict{Index: i, Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual})
-		}
-	}
-	if len(conflicts) > 0 {
-		return nil, 0, &ConflictError{Conflicts: conflicts}
-	}
-	if !writes {
-		return nil, doc.Revision, nil
-	}
-	if rev, err = nextDocRevision(counter, doc.Revision, nowUs); err != nil {
-		return nil, 0, err
-	}
-	changed := map[string]object{}
-	meta := doc.meta
-	var metaChanged *object
-	for i := range b.Writes {
-		w := &b.Writes[i]
-		if w.Kind != batch.KindPut && w.Kind != batch.KindDelete {
-			continue
-		}
-		o := meta
-		if w.Section != batch.MetaSection {
-			if o, err = sectionOf(w.Section); err != nil {
-				return nil, 0, err
-			}
-		}
-		if w.Kind == batch.KindPut {
-			o = o.set(w.Key, []byte(w.Value))
-		} else {
-			o = o.del(w.Key)
-		}
-		if w.Section == batch.MetaSection {
-			meta, metaChanged = o, &meta
-		} else {
-			sections[w.Section], changed[w.Section] = o, o
-		}
-	}
-	return doc.rewrite(rev, changed, metaChanged), rev, nil
 }
 
 // leaseDocument runs a lease operation on a swarm still on the document
@@ -426,11 +309,11 @@ func (s *Store) leaseDocument(ctx context.Context, k swarmKeys, op, owner string
 			if doc == nil || doc.MovedTo != "" || layout {
 				return docTx{moved: true}, nil
 			}
-			ev, newDoc, r, err := planDocumentLease(doc, op, owner, epoch, ttlMs, counter, nowUs, nowMs)
+			ch, newDoc, r, err := docplan.PlanLease(doc.Document, op, owner, epoch, ttlMs, counter, nowUs, nowMs)
 			if err != nil {
-				return docTx{}, err
+				return docTx{}, storeError(err)
 			}
-			e, rev = ev, r
+			e, rev = leaseEventOf(op, ch), r
 			return writeDocument(k, newDoc, d), nil
 		})
 	if err != nil {
@@ -442,86 +325,23 @@ func (s *Store) leaseDocument(ctx context.Context, k swarmKeys, op, owner string
 	return e, rev, acked, false
 }
 
-// planDocumentLease applies lease.lua's rules to a document's meta.
-func planDocumentLease(doc *document, op, owner string, epoch, ttlMs, counter, nowUs, nowMs int64) (e LeaseEvent, newDoc []byte, rev int64, err error) {
-	e.Op = op
-	l, err := doc.lease()
-	if err != nil {
-		return e, nil, 0, err
+// leaseEventOf is the LeaseEvent of op, which planned ch.
+func leaseEventOf(op string, ch docplan.LeaseChange) LeaseEvent {
+	e := LeaseEvent{Op: op, Lease: leaseOf(ch.Lease), Granted: ch.Granted}
+	if ch.Replaced != nil {
+		r := leaseOf(*ch.Replaced)
+		e.Replaced = &r
 	}
-	live := l != nil && l.ExpiresAtMs > nowMs
-	stale := func() error {
-		if l == nil {
-			return &StaleError{}
-		}
-		return &StaleError{Present: true, Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
-	}
-	lastEpoch := doc.metaInt(protocol.FieldEpoch)
-	var newEpoch, expires int64
-	granted := false
-	switch op {
-	case protocol.LeaseAcquire:
-		if live && l.Owner != owner {
-			return e, nil, 0, &HeldError{Holder: *l, NowMs: nowMs}
-		}
-		if live {
-			newEpoch = l.Epoch
-		} else {
-			last := lastEpoch
-			if l != nil && l.Epoch > last {
-				last = l.Epoch
-			}
-			newEpoch, granted = max(last+1, nowMs), true
-			if newEpoch > MaxRevision {
-				return e, nil, 0, &LimitError{Key: "epoch"}
-			}
-		}
-		expires = nowMs + ttlMs
-	case protocol.LeaseRenew, protocol.LeaseRelease:
-		if !live || l.Owner != owner || l.Epoch != epoch {
-			return e, nil, 0, stale()
-		}
-		newEpoch, expires = epoch, nowMs+ttlMs
-		if op == protocol.LeaseRelease {
-			expires = nowMs
-		}
-	default:
-		return e, nil, 0, fmt.Errorf("store: lease: unknown op %q", op)
-	}
-	if rev, err = nextDocRevision(counter, doc.Revision, nowUs); err != nil {
-		return e, nil, 0, err
-	}
-	meta := doc.meta
-	e.Lease = Lease{Owner: owner, Epoch: newEpoch, ExpiresAtMs: expires}
-	if op == protocol.LeaseRelease {
-		meta = meta.del(protocol.FieldLease)
-	} else {
-		meta = meta.set(protocol.FieldLease, leaseValue(e.Lease))
-	}
-	if granted || newEpoch > lastEpoch {
-		meta = meta.set(protocol.FieldEpoch, []byte(strconv.FormatInt(newEpoch, 10)))
-	}
-	if granted {
-		meta = meta.set(protocol.FieldLeaderChanges, []byte(strconv.FormatInt(doc.metaInt(protocol.FieldLeaderChanges)+1, 10)))
-		if l != nil && l.Owner != owner {
-			old := *l
-			e.Replaced = &old
-		}
-	}
-	e.Granted = granted
-	return e, doc.rewrite(rev, nil, &meta), rev, nil
+	return e
 }
 
-// SectionPlan is what a migration writes for one section.
-type SectionPlan struct {
-	// Name of the section ("meta": the meta records, the layout marker
-	// included).
-	Name string
-	// Records is how many records it writes.
-	Records int
-	// Bytes is the bytes of those records' values (as stored).
-	Bytes int
+// leaseOf is a document's lease as the store answers it.
+func leaseOf(l docplan.Lease) Lease {
+	return Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
 }
+
+// SectionPlan is what a migration writes for one section (docplan's).
+type SectionPlan = docplan.SectionPlan
 
 // Migration reports a Migrate.
 type Migration struct {
@@ -592,16 +412,20 @@ func (s *Store) migrate(ctx context.Context, slug string, dryRun bool) (*Migrati
 				m.AlreadyMoved = true
 				return docTx{}, nil
 			}
-			rev, err := nextDocRevision(counter, doc.Revision, nowUs)
+			rev, err := docplan.NextRevision(counter, doc.Revision, nowUs)
 			if err != nil {
-				return docTx{}, err
+				return docTx{}, storeError(err)
 			}
-			cmds, err := planMigration(k, doc, rev, m)
-			if err != nil || dryRun {
-				return docTx{}, err
+			mv, err := docplan.PlanMigration(doc.Document, rev, executions)
+			if err != nil {
+				return docTx{}, storeError(err)
+			}
+			m.Sections, m.Records = mv.Sections, mv.Records
+			if dryRun {
+				return docTx{}, nil
 			}
 			m.Revision = rev
-			return docTx{cmds: cmds}, nil
+			return docTx{cmds: migrationCommands(k, mv, rev)}, nil
 		})
 	if err != nil {
 		return nil, fmt.Errorf("store: migrate: %w", err)
@@ -609,108 +433,21 @@ func (s *Store) migrate(ctx context.Context, slug string, dryRun bool) (*Migrati
 	return m, nil
 }
 
-// planMigration fills m's plan and answers the commands of the move.
-func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(rueidis.DedicatedClient) rueidis.Commands, error) {
-	head := `{"r":` + strconv.FormatInt(rev, 10) + `,"v":`
-	type hset struct {
-		key    string
-		fields []string // field, value, ...
-	}
-	var sets []hset
-	var sectionNames []string
-	byName := map[string]struct {
-		id  string
-		gen float64
-	}{}
-	for _, name := range doc.sectionNames() {
-		if name == batch.MetaSection {
-			return nil, errDocument("sections/meta")
-		}
-		o, err := doc.section(name)
-		if err != nil {
-			return nil, err
-		}
-		if len(o) == 0 {
-			continue
-		}
-		p := SectionPlan{Name: name}
-		h := hset{key: k.section(name)}
-		seen := map[string]bool{}
-		for i := len(o) - 1; i >= 0; i-- { // the last copy of a key wins
-			mb := o[i]
-			if seen[mb.key] {
-				continue
-			}
-			seen[mb.key] = true
-			h.fields = append(h.fields, mb.key, head+string(mb.value)+"}")
-			p.Records++
-			p.Bytes += len(mb.value)
-			if name == executions {
-				if n, gen, ok := agentOf(mb.value); ok {
-					cur, had := byName[n]
-					if !had || gen > cur.gen || (gen == cur.gen && mb.key > cur.id) {
-						byName[n] = struct {
-							id  string
-							gen float64
-						}{mb.key, gen}
-					}
-				}
-			}
-		}
-		sets = append(sets, h)
-		sectionNames = append(sectionNames, name)
-		m.Sections = append(m.Sections, p)
-		m.Records += p.Records
-	}
-	meta := SectionPlan{Name: batch.MetaSection}
-	h := hset{key: k.meta()}
-	seen := map[string]bool{protocol.FieldLayout: true, protocol.FieldSectionRevisions: true}
-	for i := len(doc.meta) - 1; i >= 0; i-- {
-		mb := doc.meta[i]
-		if seen[mb.key] {
-			continue
-		}
-		seen[mb.key] = true
-		h.fields = append(h.fields, mb.key, head+string(mb.value)+"}")
-		meta.Records++
-		meta.Bytes += len(mb.value)
-	}
-	h.fields = append(h.fields, protocol.FieldLayout, head+`"`+protocol.LayoutRecords+`"}`)
-	meta.Records++
-	meta.Bytes += len(protocol.LayoutRecords) + 2
-	slices.Sort(sectionNames)
-	revs := make([]string, len(sectionNames))
-	for i, n := range sectionNames {
-		revs[i] = jsonString(n) + ":" + strconv.FormatInt(rev, 10)
-	}
-	if len(revs) > 0 {
-		h.fields = append(h.fields, protocol.FieldSectionRevisions, head+"{"+joinComma(revs)+"}}")
-	}
-	sets = append(sets, h)
-	m.Sections = append(m.Sections, meta)
-	m.Records += meta.Records
-	if len(byName) > 0 {
-		bn := hset{key: k.byName()}
-		for _, n := range sortedKeys(byName) {
-			bn.fields = append(bn.fields, n, head+jsonString(byName[n].id)+"}")
-		}
-		sets = append(sets, bn)
-	}
-	closing := len(doc.raw)
-	for closing > 0 && doc.raw[closing-1] != '}' {
-		closing--
-	}
-	records := m.Records
+// migrationCommands are the commands of the move mv planned at revision
+// rev: its HSETs, by-name's index flagged stale (when it writes by-name),
+// the revision counter, one log entry, the standalone stamp, and the
+// document marked moved (its old copy pushed to the history).
+func migrationCommands(k swarmKeys, mv *docplan.Move, rev int64) func(rueidis.DedicatedClient) rueidis.Commands {
 	return func(dc rueidis.DedicatedClient) rueidis.Commands {
 		var cmds rueidis.Commands
-		for _, h := range sets {
-			fv := dc.B().Hset().Key(h.key).FieldValue()
-			for i := 0; i < len(h.fields); i += 2 {
-				fv = fv.FieldValue(h.fields[i], h.fields[i+1])
+		for _, h := range mv.Hashes {
+			fv := dc.B().Hset().Key(k.section(h.Name)).FieldValue()
+			for i := 0; i < len(h.FieldValues); i += 2 {
+				fv = fv.FieldValue(h.FieldValues[i], h.FieldValues[i+1])
 			}
 			cmds = append(cmds, fv.Build())
 		}
-		if len(byName) > 0 {
+		if mv.ByName {
 			cmds = append(cmds, dc.B().Zincrby().Key(k.byNameIndex()).Increment(1).Member(protocol.FlagStale).Build())
 		}
 		r := strconv.FormatInt(rev, 10)
@@ -718,39 +455,13 @@ func planMigration(k swarmKeys, doc *document, rev int64, m *Migration) (func(ru
 			dc.B().Set().Key(k.revision()).Value(r).Build(),
 			dc.B().Xadd().Key(k.log()).Maxlen().Almost().Threshold(strconv.Itoa(protocol.LogCap)).Id("*").
 				FieldValue().FieldValue("revision", r).FieldValue("owner", "").
-				FieldValue("records", strconv.Itoa(records)).Build(),
+				FieldValue("records", strconv.Itoa(mv.Records)).Build(),
 			dc.B().Hset().Key(k.current).FieldValue().FieldValue(k.slug+protocol.StampSuffix, r).Build(),
 			dc.B().Eval().Script(docWriteScript).Numkeys(2).Key(k.current, k.history()).
-				Arg(k.slug, "", strconv.Itoa(closing)).Build())
+				Arg(k.slug, "", strconv.Itoa(mv.MovedAt)).Build())
 		return cmds
-	}, nil
-}
-
-// agentOf reads the top-level "name" (a string) and "generation" (a
-// number; else 0) of an executions value, as byname.lua does.
-func agentOf(value []byte) (name string, generation float64, ok bool) {
-	var v struct {
-		Name       *string         `json:"name"`
-		Generation json.RawMessage `json:"generation"`
 	}
-	if json.Unmarshal(value, &v) != nil || v.Name == nil {
-		return "", 0, false
-	}
-	if g, err := strconv.ParseFloat(string(v.Generation), 64); err == nil {
-		generation = g
-	}
-	return *v.Name, generation, true
 }
-
-// jsonString is s as a JSON string.
-func jsonString(s string) string {
-	b, _ := json.Marshal(s)
-	return string(b)
-}
-
-func joinComma(parts []string) string { return strings.Join(parts, ",") }
-
-func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // DocumentSlugs answers the slugs of every swarm with a document in
 // P:state:fencing:current (moved ones included: Migrate writes nothing for

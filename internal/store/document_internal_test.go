@@ -1,42 +1,43 @@
 package store
 
 import (
-	"os"
+	"errors"
+	"reflect"
 	"testing"
+
+	"github.com/agentihooks/fenced/internal/store/docplan"
 )
 
-// BenchmarkDocumentRewrite is the Go work of one document write on the 2 MB
-// fixture: locate every member, change one record, frame the document.
-func BenchmarkDocumentRewrite(b *testing.B) {
-	raw, err := os.ReadFile("../../testdata/swarm-state.json")
-	if err != nil {
-		b.Fatal(err)
+func TestStoreErrorAnswersDocplanRefusalsInTheStoresTerms(t *testing.T) {
+	other := errors.New("other")
+	tests := []struct {
+		name string
+		in   error
+		want error
+		is   error // a sentinel the answer matches (nil: none)
+	}{
+		{"nil", nil, nil, nil},
+		{"corrupt document", &docplan.CorruptError{Section: "document", Key: "revision"}, &CorruptError{Section: "document", Key: "revision"}, nil},
+		{"corrupt lease", &docplan.CorruptError{Section: "meta", Key: "lease"}, &CorruptError{Section: "meta", Key: "lease"}, nil},
+		{"stale without a lease", &docplan.StaleError{}, &StaleError{}, ErrLeaseStale},
+		{"stale", &docplan.StaleError{Lease: &docplan.Lease{Owner: "a", Epoch: 7, ExpiresAtMs: 2000}},
+			&StaleError{Present: true, Owner: "a", Epoch: 7, ExpiresAtMs: 2000}, ErrLeaseStale},
+		{"held", &docplan.HeldError{Holder: docplan.Lease{Owner: "a", Epoch: 7, ExpiresAtMs: 2000}, NowMs: 1000},
+			&HeldError{Holder: Lease{Owner: "a", Epoch: 7, ExpiresAtMs: 2000}, NowMs: 1000}, ErrLeaseHeld},
+		{"conflicts", &docplan.ConflictError{Conflicts: []docplan.Conflict{{Index: 2, Section: "a", Key: "x", Expected: 4, Actual: 5}, {Index: 3, Section: "b", Expected: 1}}},
+			&ConflictError{Conflicts: []Conflict{{Index: 2, Section: "a", Key: "x", Expected: 4, Actual: 5}, {Index: 3, Section: "b", Expected: 1}}}, nil},
+		{"limit", &docplan.LimitError{Key: "epoch"}, &LimitError{Key: "epoch"}, ErrRevisionLimit},
+		{"anything else", other, other, other},
 	}
-	b.SetBytes(int64(len(raw)))
-	for range b.N {
-		d, err := parseDocument(raw)
-		if err != nil {
-			b.Fatal(err)
-		}
-		o, err := d.section("executions")
-		if err != nil || len(o) == 0 {
-			b.Fatal(err)
-		}
-		o = o.set(o[0].key, []byte(`{"changed":true}`))
-		_ = d.rewrite(2, map[string]object{"executions": o}, nil)
-	}
-}
-
-func TestDocumentRewriteKeepsUntouchedBytes(t *testing.T) {
-	raw := []byte(`{"revision": 4, "meta": {"epoch": 7}, "sections": {"a": {"x": [ ], "y": {"n":12345678901234567890,"s":"\u00e9\/"}}, "b": {"z": 1}}}`)
-	d, err := parseDocument(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _ := d.section("a")
-	got := string(d.rewrite(5, map[string]object{"a": a.set("x", []byte(`2`))}, nil))
-	want := `{"revision":5,"meta":{"epoch": 7},"sections":{"a":{"x":2,"y":{"n":12345678901234567890,"s":"\u00e9\/"}},"b":{"z": 1}}}`
-	if got != want {
-		t.Fatalf("rewrite =\n%s\nwant\n%s", got, want)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := storeError(tt.in)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("storeError(%#v) = %#v, want %#v", tt.in, got, tt.want)
+			}
+			if tt.is != nil && !errors.Is(got, tt.is) {
+				t.Errorf("storeError(%#v) = %v, want errors.Is %v", tt.in, got, tt.is)
+			}
+		})
 	}
 }

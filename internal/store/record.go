@@ -3,12 +3,12 @@ package store
 import (
 	"bytes"
 	"encoding/json"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/store/docplan"
 )
 
 // Record is one stored record: the revision that last wrote it and its JSON
@@ -114,22 +114,9 @@ func parseCompact(raw string) (rec Record, ok, own bool) {
 }
 
 // parseRevisionText reads a revision as the grammar writes it: decimal
-// digits, no sign, no leading zero, at most MaxRevision.
-func parseRevisionText(s string) (int64, bool) {
-	if s == "" || (s[0] == '0' && len(s) > 1) {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n > MaxRevision {
-		return 0, false
-	}
-	return n, true
-}
+// digits, no sign, no leading zero, at most MaxRevision. Both layouts read
+// it alike: the rule is docplan.ParseRevision.
+func parseRevisionText(s string) (int64, bool) { return docplan.ParseRevision(s) }
 
 // validJSON reports whether s is one JSON text (RFC 8259) in valid UTF-8
 // nesting at most depth arrays and objects. Nesting deeper than depth takes

@@ -1,0 +1,242 @@
+package docplan
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"testing"
+)
+
+// BenchmarkRewrite is the Go work of one document write on the 2 MB
+// fixture: locate every member, change one record, frame the document.
+func BenchmarkRewrite(b *testing.B) {
+	raw, err := os.ReadFile("../../../testdata/swarm-state.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(raw)))
+	for range b.N {
+		d, err := Parse(raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		o, err := d.Section("executions")
+		if err != nil || len(o) == 0 {
+			b.Fatal(err)
+		}
+		o = o.set(o[0].Key, []byte(`{"changed":true}`))
+		_ = d.rewrite(2, map[string]Object{"executions": o}, nil)
+	}
+}
+
+func TestRewriteKeepsUntouchedBytes(t *testing.T) {
+	raw := []byte(`{"revision": 4, "meta": {"epoch": 7}, "sections": {"a": {"x": [ ], "y": {"n":12345678901234567890,"s":"\u00e9\/"}}, "b": {"z": 1}}}`)
+	d, err := Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := d.Section("a")
+	got := string(d.rewrite(5, map[string]Object{"a": a.set("x", []byte(`2`))}, nil))
+	want := `{"revision":5,"meta":{"epoch": 7},"sections":{"a":{"x":2,"y":{"n":12345678901234567890,"s":"\u00e9\/"}},"b":{"z": 1}}}`
+	if got != want {
+		t.Fatalf("rewrite =\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestRewriteFramesTheTopLevelAndWhatChanged(t *testing.T) {
+	const raw = `{"slug": "s", "revision": 4, "meta": {"epoch": 7}, "sections": {"a": {"x": 1}, "b": {"z": 1}}}`
+	d, err := Parse([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := d.meta.set("epoch", []byte(`8`))
+	tests := []struct {
+		name    string
+		changed map[string]Object
+		meta    *Object
+		want    string
+	}{
+		{"revision only", nil, nil, `{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"a":{"x": 1},"b":{"z": 1}}}`},
+		{"meta", nil, &meta, `{"slug":"s","revision":5,"meta":{"epoch":8},"sections":{"a":{"x": 1},"b":{"z": 1}}}`},
+		{"an emptied section is dropped", map[string]Object{"a": nil}, nil, `{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"b":{"z": 1}}}`},
+		{"a new section is appended", map[string]Object{"c": Object(nil).set("k", []byte(`[]`))}, nil,
+			`{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"a":{"x": 1},"b":{"z": 1},"c":{"k":[]}}}`},
+	}
+	for _, tt := range tests {
+		if got := string(d.rewrite(5, tt.changed, tt.meta)); got != tt.want {
+			t.Errorf("%s: rewrite =\n%s\nwant\n%s", tt.name, got, tt.want)
+		}
+	}
+	bare, err := Parse([]byte(`{"revision":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(bare.rewrite(2, nil, nil)), `{"revision":2}`; got != want {
+		t.Errorf("rewrite of a document without sections = %s, want %s (no sections member added)", got, want)
+	}
+}
+
+func TestParseReadsRevisionMovedToAndSections(t *testing.T) {
+	const raw = ` {"revision": 41, "moved_to": "records", "meta": {"epoch": 3},
+		"sections": {"b": {"k": "v"}, "a": null, "b": {"k2": 1}, "c": {}}} `
+	d, err := Parse([]byte(raw))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if d.Revision != 41 || d.MovedTo != "records" {
+		t.Errorf("Parse: revision %d, moved_to %q; want 41, records", d.Revision, d.MovedTo)
+	}
+	if got, want := d.SectionNames(), []string{"b", "a", "c"}; !slices.Equal(got, want) {
+		t.Errorf("SectionNames() = %q, want %q (stored order, each once)", got, want)
+	}
+	if o, err := d.Section("b"); err != nil || string(o.Get("k2")) != "1" || o.Get("k") != nil {
+		t.Errorf(`Section("b") = %q, %v; want the last copy of b, {"k2": 1}`, spans(o), err)
+	}
+	for _, name := range []string{"a", "absent"} {
+		if o, err := d.Section(name); o != nil || err != nil {
+			t.Errorf("Section(%q) = %q, %v; want nil, nil", name, spans(o), err)
+		}
+	}
+	if o, err := d.Section("meta"); err != nil || string(o.Get("epoch")) != "3" {
+		t.Errorf(`Section("meta") = %q, %v; want the meta records`, spans(o), err)
+	}
+	empty, err := Parse([]byte(`{}`))
+	if err != nil || empty.Revision != 0 || empty.MovedTo != "" || len(empty.SectionNames()) != 0 {
+		t.Errorf("Parse({}) = %+v, %v; want revision 0, no sections", empty, err)
+	}
+}
+
+func TestParseNamesThePartItCannotRead(t *testing.T) {
+	tests := []struct {
+		raw, part string
+	}{
+		{`{"revision":`, "not JSON"},
+		{"{\"a\":\"\xff\"", "not JSON"},
+		{`[1]`, "not an object"},
+		{`"doc"`, "not an object"},
+		{`{"revision":"5"}`, "revision"},
+		{`{"revision":-1}`, "revision"},
+		{`{"revision":1.5}`, "revision"},
+		{`{"revision":9007199254740992}`, "revision"},
+		{`{"meta":[]}`, "meta"},
+		{`{"sections":1}`, "sections"},
+		{`{"moved_to":1}`, "moved_to"},
+	}
+	for _, tt := range tests {
+		_, err := Parse([]byte(tt.raw))
+		var ce *CorruptError
+		if !errors.As(err, &ce) || *ce != (CorruptError{Section: "document", Key: tt.part}) {
+			t.Errorf("Parse(%q) = %v, want *CorruptError document/%s", tt.raw, err, tt.part)
+		}
+	}
+	d, err := Parse([]byte(`{"sections":{"a":[1]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Section("a")
+	var ce *CorruptError
+	if !errors.As(err, &ce) || *ce != (CorruptError{Section: "document", Key: "sections/a"}) {
+		t.Errorf(`Section("a") of an array = %v, want *CorruptError document/sections/a`, err)
+	}
+}
+
+func TestLeaseReadsTheLeaseRecordOfMeta(t *testing.T) {
+	tests := []struct {
+		name    string
+		meta    string
+		want    *Lease
+		corrupt bool
+	}{
+		{"no meta", ``, nil, false},
+		{"no lease", `"meta":{"epoch":3}`, nil, false},
+		{"null", `"meta":{"lease":null}`, nil, false},
+		{"a lease", `"meta":{"lease":{"expires_at":1700000005000,"owner":"hive-a","epoch":7,"extra":1}}`,
+			&Lease{Owner: "hive-a", Epoch: 7, ExpiresAtMs: 1_700_000_005_000}, false},
+		{"expires_at may be negative", `"meta":{"lease":{"owner":"","epoch":0,"expires_at":-1}}`, &Lease{ExpiresAtMs: -1}, false},
+		{"no owner", `"meta":{"lease":{"epoch":7,"expires_at":1}}`, nil, true},
+		{"no epoch", `"meta":{"lease":{"owner":"a","expires_at":1}}`, nil, true},
+		{"no expires_at", `"meta":{"lease":{"owner":"a","epoch":7}}`, nil, true},
+		{"owner not a string", `"meta":{"lease":{"owner":1,"epoch":7,"expires_at":1}}`, nil, true},
+		{"negative epoch", `"meta":{"lease":{"owner":"a","epoch":-1,"expires_at":1}}`, nil, true},
+		{"epoch past 2^53-1", `"meta":{"lease":{"owner":"a","epoch":9007199254740992,"expires_at":1}}`, nil, true},
+		{"expires_at past 2^53-1", `"meta":{"lease":{"owner":"a","epoch":1,"expires_at":9007199254740992}}`, nil, true},
+		{"not an object", `"meta":{"lease":"a"}`, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := `{"revision":1` + map[bool]string{true: ",", false: ""}[tt.meta != ""] + tt.meta + `}`
+			d, err := Parse([]byte(raw))
+			if err != nil {
+				t.Fatalf("Parse(%s): %v", raw, err)
+			}
+			got, err := d.Lease()
+			if tt.corrupt {
+				var ce *CorruptError
+				if !errors.As(err, &ce) || *ce != (CorruptError{Section: "meta", Key: "lease"}) {
+					t.Errorf("Lease() of %s = %+v, %v; want *CorruptError meta/lease", raw, got, err)
+				}
+				return
+			}
+			if err != nil || (got == nil) != (tt.want == nil) || (got != nil && *got != *tt.want) {
+				t.Errorf("Lease() of %s = %+v, %v; want %+v", raw, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLeaseValueReadsBackAsTheLease(t *testing.T) {
+	for _, l := range []Lease{
+		{Owner: "hive-a", Epoch: 7, ExpiresAtMs: 1_700_000_005_000},
+		{Owner: `q"uote</>é`, Epoch: 9007199254740991, ExpiresAtMs: 0},
+	} {
+		v := leaseValue(l)
+		got, ok := parseLeaseValue(v)
+		if !ok || got != l {
+			t.Errorf("parseLeaseValue(leaseValue(%+v)) = %+v, %v (text %s); want the lease", l, got, ok, v)
+		}
+	}
+	if got, want := string(leaseValue(Lease{Owner: "a", Epoch: 2, ExpiresAtMs: 3})), `{"owner":"a","epoch":2,"expires_at":3}`; got != want {
+		t.Errorf("leaseValue = %s, want %s", got, want)
+	}
+}
+
+func TestParseRevisionReadsTheRecordGrammar(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true},
+		{"7", 7, true},
+		{"9007199254740991", 9007199254740991, true},
+		{"9007199254740992", 0, false},
+		{"99999999999999999999", 0, false},
+		{"", 0, false},
+		{"00", 0, false},
+		{"07", 0, false},
+		{"-1", 0, false},
+		{"+1", 0, false},
+		{"1e3", 0, false},
+		{"1.0", 0, false},
+		{" 1", 0, false},
+		{"1 ", 0, false},
+		{`"1"`, 0, false},
+	}
+	for _, tt := range tests {
+		if got, ok := ParseRevision(tt.in); got != tt.want || ok != tt.ok {
+			t.Errorf("ParseRevision(%q) = %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestMetaIntReadsZeroForWhatIsNoRevision(t *testing.T) {
+	d, err := Parse([]byte(`{"meta":{"epoch":12,"leader_changes":"3","x":-1,"y":1.5}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]int64{"epoch": 12, "leader_changes": 0, "x": 0, "y": 0, "absent": 0} {
+		if got := d.metaInt(key); got != want {
+			t.Errorf("metaInt(%q) = %d, want %d", key, got, want)
+		}
+	}
+}

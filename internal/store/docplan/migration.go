@@ -1,0 +1,172 @@
+package docplan
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/protocol"
+)
+
+// SectionPlan is what a migration writes for one section.
+type SectionPlan struct {
+	// Name of the section ("meta": the meta records, the layout marker
+	// included).
+	Name string
+	// Records is how many records it writes.
+	Records int
+	// Bytes is the bytes of those records' values (as stored).
+	Bytes int
+}
+
+// Hash is one HSET of a move: the swarm key named Name (a section,
+// protocol.KeyMeta or protocol.KeyByName: the key is the swarm's key base
+// followed by it) and the fields it sets, each followed by its value.
+type Hash struct {
+	Name        string
+	FieldValues []string
+}
+
+// Move is what PlanMigration plans.
+type Move struct {
+	// Sections is the plan, one entry per section written, in the
+	// document's order, meta last.
+	Sections []SectionPlan
+	// Records is how many records it writes, the meta records and the
+	// layout marker included (by-name's derived entries not).
+	Records int
+	// Hashes are the HSETs: one per section, in the document's order, then
+	// meta, then by-name when executions names any agent.
+	Hashes []Hash
+	// ByName: by-name is among Hashes (its index is then to be flagged
+	// stale, and rebuilt).
+	ByName bool
+	// MovedAt is the byte offset (from 1) of the document's closing '}',
+	// before which the move splices ,"moved_to":"records".
+	MovedAt int
+}
+
+// PlanMigration plans the move of doc onto the records layout at revision
+// rev (NextRevision): every record of every section written as a record
+// {"r":rev,"v":<value as stored>} (the last copy of a repeated key), meta's
+// records likewise with meta/layout set to records and
+// meta/section_revisions naming every section written at rev (a
+// document's own layout and section_revisions are dropped), and by-name
+// derived from the section named executions as byname.lua derives it (per
+// agent name, the record of the highest generation, then the highest id).
+// Errors: *CorruptError (a section named meta, or one that is not an
+// object).
+func PlanMigration(doc *Document, rev int64, executions string) (*Move, error) {
+	head := `{"r":` + strconv.FormatInt(rev, 10) + `,"v":`
+	m := &Move{}
+	var sectionNames []string
+	byName := map[string]struct {
+		id  string
+		gen float64
+	}{}
+	for _, name := range doc.SectionNames() {
+		if name == batch.MetaSection {
+			return nil, errDocument("sections/meta")
+		}
+		o, err := doc.Section(name)
+		if err != nil {
+			return nil, err
+		}
+		if len(o) == 0 {
+			continue
+		}
+		p := SectionPlan{Name: name}
+		h := Hash{Name: name}
+		seen := map[string]bool{}
+		for i := len(o) - 1; i >= 0; i-- { // the last copy of a key wins
+			mb := o[i]
+			if seen[mb.Key] {
+				continue
+			}
+			seen[mb.Key] = true
+			h.FieldValues = append(h.FieldValues, mb.Key, head+string(mb.Value)+"}")
+			p.Records++
+			p.Bytes += len(mb.Value)
+			if name == executions {
+				if n, gen, ok := agentOf(mb.Value); ok {
+					cur, had := byName[n]
+					if !had || gen > cur.gen || (gen == cur.gen && mb.Key > cur.id) {
+						byName[n] = struct {
+							id  string
+							gen float64
+						}{mb.Key, gen}
+					}
+				}
+			}
+		}
+		m.Hashes = append(m.Hashes, h)
+		sectionNames = append(sectionNames, name)
+		m.Sections = append(m.Sections, p)
+		m.Records += p.Records
+	}
+	meta := SectionPlan{Name: batch.MetaSection}
+	h := Hash{Name: protocol.KeyMeta}
+	seen := map[string]bool{protocol.FieldLayout: true, protocol.FieldSectionRevisions: true}
+	for i := len(doc.meta) - 1; i >= 0; i-- {
+		mb := doc.meta[i]
+		if seen[mb.Key] {
+			continue
+		}
+		seen[mb.Key] = true
+		h.FieldValues = append(h.FieldValues, mb.Key, head+string(mb.Value)+"}")
+		meta.Records++
+		meta.Bytes += len(mb.Value)
+	}
+	h.FieldValues = append(h.FieldValues, protocol.FieldLayout, head+`"`+protocol.LayoutRecords+`"}`)
+	meta.Records++
+	meta.Bytes += len(protocol.LayoutRecords) + 2
+	slices.Sort(sectionNames)
+	revs := make([]string, len(sectionNames))
+	for i, n := range sectionNames {
+		revs[i] = jsonString(n) + ":" + strconv.FormatInt(rev, 10)
+	}
+	if len(revs) > 0 {
+		h.FieldValues = append(h.FieldValues, protocol.FieldSectionRevisions, head+"{"+strings.Join(revs, ",")+"}}")
+	}
+	m.Hashes = append(m.Hashes, h)
+	m.Sections = append(m.Sections, meta)
+	m.Records += meta.Records
+	if len(byName) > 0 {
+		bn := Hash{Name: protocol.KeyByName}
+		for _, n := range slices.Sorted(maps.Keys(byName)) {
+			bn.FieldValues = append(bn.FieldValues, n, head+jsonString(byName[n].id)+"}")
+		}
+		m.Hashes = append(m.Hashes, bn)
+		m.ByName = true
+	}
+	m.MovedAt = len(doc.raw)
+	for m.MovedAt > 0 && doc.raw[m.MovedAt-1] != '}' {
+		m.MovedAt--
+	}
+	return m, nil
+}
+
+// agentOf reads the top-level "name" (a string) and "generation" (a
+// number; else 0) of an executions value, as byname.lua does.
+func agentOf(value []byte) (name string, generation float64, ok bool) {
+	var v struct {
+		Name       *string         `json:"name"`
+		Generation json.RawMessage `json:"generation"`
+	}
+	if json.Unmarshal(value, &v) != nil || v.Name == nil {
+		return "", 0, false
+	}
+	if g, err := strconv.ParseFloat(string(v.Generation), 64); err == nil {
+		generation = g
+	}
+	return *v.Name, generation, true
+}
+
+// jsonString is s as a JSON string.
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
