@@ -18,7 +18,7 @@ import (
 // what they would send: every command passes through to Redis but the
 // committing scripts' calls (FCALL, EVALSHA, EVAL), which it keeps,
 // unsent. So (a) calls the commit script with exactly the bytes Commit
-// sends (docs/design.md §3: KEYS and ARGV are the store's to lay out)
+// sends (docs/design/03-fenced-batch.md §3: KEYS and ARGV are the store's to lay out)
 // without the store exporting how it lays them out.
 type scriptRecorder struct {
 	rueidis.Client

@@ -24,7 +24,7 @@ import (
 	"strings"
 )
 
-// Key layout of one swarm (docs/design.md §2.1). Every key of a
+// Key layout of one swarm (docs/design/02-redis-layout.md §2.1). Every key of a
 // swarm but Current is "<prefix>:swarm:{<slug>}" + FenceInfix + a name:
 // a section's name, or one of the Key* names below.
 const (

@@ -18,7 +18,7 @@ import (
 // rueidis retries only read-only commands: a commit is never sent twice.
 // AlwaysPipelining keeps a goroutine reading every connection, so one that
 // Redis closed (a restart, its idle timeout) is replaced before the next
-// call instead of failing it with EOF (docs/design.md §10.3).
+// call instead of failing it with EOF (docs/design/10-running-and-operating.md §10.3).
 func ClientOptions(url string) (rueidis.ClientOption, error) {
 	opt, err := rueidis.ParseURL(url)
 	if err != nil {

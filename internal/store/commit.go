@@ -16,7 +16,7 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// Commit runs a batch as one atomic script (docs/design.md §3): the layout, the
+// Commit runs a batch as one atomic script (docs/design/03-fenced-batch.md §3): the layout, the
 // lease fence and every revision are checked before the first write; then
 // the swarm revision is raised once, every put is stamped with it, by-name
 // follows executions, meta/layout is set, the standalone stamp is written

@@ -14,7 +14,7 @@ import (
 )
 
 // Swarms on the document layout are served through the same calls as the
-// records layout (docs/design.md §2.6): reads answer the document's
+// records layout (docs/design/02-redis-layout.md §2.6): reads answer the document's
 // records at its revision; batches and lease operations run in Go under
 // WATCH/MULTI/EXEC on the bucket (a records commit's stamp on
 // <slug>:records aborts them too) and write the document back whole, the

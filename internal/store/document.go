@@ -6,7 +6,7 @@ import (
 	"github.com/agentihooks/fenced/internal/store/docplan"
 )
 
-// The document layout (docs/design.md §2.6) as the store serves it: the
+// The document layout (docs/design/02-redis-layout.md §2.6) as the store serves it: the
 // document is read, and every write planned, by internal/store/docplan
 // (pure: no Redis); this file answers its documents and refusals in the
 // store's terms, and docstore.go runs its plans under WATCH/MULTI/EXEC.

@@ -16,7 +16,7 @@ import (
 )
 
 // The committing scripts (commit, commit with by-name, lease) as Redis
-// Functions (docs/design.md §3.8). An EVAL script is one Lua function that
+// Functions (docs/design/03-fenced-batch.md §3.8). An EVAL script is one Lua function that
 // Redis calls anew every time: every call built the prelude's P table and
 // every shared helper (lua.go libCommit, and byname.lua) before its first line of work,
 // ~4-5 µs of Redis time per batch. A function library runs that once, when

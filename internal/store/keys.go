@@ -6,7 +6,7 @@ import (
 	"github.com/agentihooks/fenced/internal/protocol"
 )
 
-// swarmKeys are the Redis keys of one swarm (docs/design.md §2.1). Every one but
+// swarmKeys are the Redis keys of one swarm (docs/design/02-redis-layout.md §2.1). Every one but
 // current carries the slug as its hash tag, so that one script can touch
 // all of them on Redis Cluster.
 type swarmKeys struct {

@@ -7,7 +7,7 @@ import (
 )
 
 // TestSwarmKeysAreTheConcatenations: the keys cut from one string are the
-// keys of docs/design.md §2.1, for slugs of any length.
+// keys of docs/design/02-redis-layout.md §2.1, for slugs of any length.
 func TestSwarmKeysAreTheConcatenations(t *testing.T) {
 	s := &Store{prefix: "P:swarm", currentKey: "P:swarm:" + protocol.CurrentKey}
 	for _, slug := range []string{"", "a", "swarm-1", "a:{b}\x00c-long-slug-with-more-bytes-than-the-names"} {

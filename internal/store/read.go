@@ -227,7 +227,7 @@ func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
 // Layout is how a swarm's fencing state is stored.
 type Layout int
 
-// The layouts of docs/design.md §2.5.
+// The layouts of docs/design/02-redis-layout.md §2.5.
 const (
 	// LayoutNone: the swarm has no fencing state.
 	LayoutNone Layout = iota

@@ -39,7 +39,7 @@ const (
 )
 
 // parseRecord reads a stored field of a swarm's hashes by the record
-// grammar (docs/design.md §2.2), which lib_record.lua's
+// grammar (docs/design/02-redis-layout.md §2.2), which lib_record.lua's
 // parse_record applies identically: the field is one JSON text (RFC 8259,
 // JSON whitespace only, valid UTF-8, nesting at most MaxRecordDepth), an
 // object naming "r" once and "v" once, whose "r" is written as an integer

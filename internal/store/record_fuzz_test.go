@@ -15,7 +15,7 @@ import (
 var revisionToken = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 
 // referenceRecord reads a stored field by the record grammar
-// (docs/design.md §2.2) with the standard library alone, independently of
+// (docs/design/02-redis-layout.md §2.2) with the standard library alone, independently of
 // parseRecord's slicing: the whole field is one JSON text (RFC 8259) in
 // valid UTF-8 nesting at most MaxRecordDepth, an object naming "r" and "v"
 // once each, whose "r" is an integer revision (0 to 2^53-1); the value is

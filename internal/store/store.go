@@ -1,5 +1,5 @@
 // Package store is everything of fenced that talks to Redis: the key names of
-// a swarm (docs/design.md §2), the embedded Lua scripts, the reads, the fenced batch
+// a swarm (docs/design/02-redis-layout.md §2), the embedded Lua scripts, the reads, the fenced batch
 // commit, and client construction (standalone, Cluster, Sentinel, embedded).
 // No other package issues Redis commands.
 //

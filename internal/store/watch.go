@@ -1,6 +1,6 @@
 package store
 
-// Watch: following a swarm's committed batches (docs/design.md §6.1). This
+// Watch: following a swarm's committed batches (docs/design/06-reads-and-scans.md §6.1). This
 // file owns the entry point (Store.Watch: join the swarm's reader, then a
 // backlog when resuming); the pieces are watch_hub.go (a Store's swarm
 // readers and their watchers: join, leave, fan-out), watch_reader.go (the

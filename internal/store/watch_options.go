@@ -26,7 +26,7 @@ const (
 	// at once, but under a stream of commits each fan-out carries every
 	// batch since the last one, so the cost of watching (one message per
 	// watcher per fan-out) stays bounded whatever the write rate
-	// (BenchmarkWatch measures the trade; docs/design.md §6.1).
+	// (BenchmarkWatch measures the trade; docs/design/06-reads-and-scans.md §6.1).
 	DefaultWatchCoalesce = 50 * time.Millisecond
 	// DefaultWatchCoalesceWatchers is how many watchers of one swarm one
 	// coalescing interval serves: with more, the interval between two

@@ -1,4 +1,4 @@
-// Package docplan is the pure side of the document layout (docs/design.md
+// Package docplan is the pure side of the document layout (docs/design/02-redis-layout.md
 // §2.6), where older writers keep a swarm's whole fencing state as one JSON
 // document in P:state:fencing:current, field <slug>:
 //
@@ -90,7 +90,7 @@ func Parse(raw []byte) (*Document, error) {
 }
 
 // ParseRevision reads a revision as the record grammar writes it
-// (docs/design.md §2.2): decimal digits, no sign, no leading zero, at most
+// (docs/design/02-redis-layout.md §2.2): decimal digits, no sign, no leading zero, at most
 // protocol.RevMax. The document's revision and its integer meta records
 // are read by it, and so are the records layout's (internal/store).
 func ParseRevision(s string) (int64, bool) {

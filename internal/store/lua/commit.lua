@@ -1,4 +1,4 @@
--- commit.lua: the fenced batch (docs/design.md §3). Checks the layout, the lease
+-- commit.lua: the fenced batch (docs/design/03-fenced-batch.md §3). Checks the layout, the lease
 -- fence and every revision, then writes all of the batch or nothing. No
 -- write happens before every check has passed: Redis has no rollback.
 --

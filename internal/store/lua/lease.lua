@@ -1,4 +1,4 @@
--- lease.lua: grant, renew or release a swarm's lease (docs/design.md §4),
+-- lease.lua: grant, renew or release a swarm's lease (docs/design/04-leases-and-epochs.md §4),
 -- by Redis's clock, as one committed batch on meta: the swarm revision
 -- is raised, the changed meta records are stamped with it, and one log entry
 -- names the owner. Every check comes before the first write.

@@ -13,7 +13,7 @@
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
 --
--- The committing scripts run two ways (lua.go, docs/design.md §3.8): as
+-- The committing scripts run two ways (lua.go, docs/design/03-fenced-batch.md §3.8): as
 -- Redis Functions of one library loaded once (FCALL: these files' functions
 -- are built once, not on every call), and as EVAL scripts where functions
 -- are not available. KEYS and ARGV below are the call's, set by begin

@@ -106,7 +106,7 @@ end
 -- Redis's clock in microseconds, so that no revision is issued twice even
 -- after Redis lost acknowledged writes (a crash, a failover to a lagging
 -- replica, a restored snapshot): whatever was issued before the loss is
--- below the clock after it (docs/design.md §5).
+-- below the clock after it (docs/design/05-numbering.md §5).
 -- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
 local function next_revision(highest)
   local rev = highest + 1
@@ -123,7 +123,7 @@ end
 -- P.LOG_CHANGES_MAX bounds the `changes` field of one log entry, in bytes:
 -- the log keeps P.LOG_CAP entries, so a swarm's log stays under ~16 MB
 -- whatever its batches (1024 writes of 1 KiB keys would be 1 MB an entry).
--- A batch over it logs `sections` instead (docs/design.md §6.1).
+-- A batch over it logs `sections` instead (docs/design/06-reads-and-scans.md §6.1).
 
 local LOG_CHANGES_MAX = tonumber(P.LOG_CHANGES_MAX)
 

@@ -7,7 +7,7 @@
 -- Needs: begin (lib_commit.lua) to set memo_on for each call.
 
 -- The memo: fields this library wrote, by their exact bytes, with what
--- reading them answers (docs/design.md §3.9). A commit reads back, as the
+-- reading them answers (docs/design/03-fenced-batch.md §3.9). A commit reads back, as the
 -- stored field of each record it overwrites, meta/section_revisions and
 -- meta/lease, what an earlier commit wrote; judging them again (the record
 -- grammar's JSON check of a value, ~3 us for 200 bytes; parsing every

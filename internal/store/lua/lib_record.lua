@@ -9,7 +9,7 @@
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
 
--- The record grammar (docs/design.md §2.2; Go:
+-- The record grammar (docs/design/02-redis-layout.md §2.2; Go:
 -- internal/store/record.go parseRecord accepts exactly the same fields). A
 -- stored field is a record when it is one JSON text (RFC 8259: JSON
 -- whitespace only, valid UTF-8, at most MAX_DEPTH nested arrays/objects,

@@ -1,4 +1,4 @@
--- read_sections.lua: one consistent snapshot of whole sections (docs/design.md §6).
+-- read_sections.lua: one consistent snapshot of whole sections (docs/design/06-reads-and-scans.md §6).
 -- KEYS[1] revision, KEYS[2] meta, KEYS[3..] the section hashes.
 -- ARGV[1] the most records one snapshot may hold: counted first (HLEN, cheap),
 -- so that a section too large for one read is refused before it is read.
