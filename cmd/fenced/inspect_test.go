@@ -120,7 +120,7 @@ func TestInspect(t *testing.T) {
 	epoch := itoa(l.Epoch)
 
 	t.Run("text", func(t *testing.T) {
-		out := runInspect(t, slug, "--redis-url", srv.URL())
+		out := runInspect(t, slug, "--redis-url", patientURL(srv))
 		want := []string{
 			`(?m)^swarm +` + slug + `  \(standalone Redis, key prefix agentihooks\)$`,
 			`(?m)^layout +records$`,
@@ -154,7 +154,7 @@ func TestInspect(t *testing.T) {
 	})
 
 	t.Run("json", func(t *testing.T) {
-		out := runInspect(t, slug, "--redis-url", srv.URL(), "--json", "--log-entries", "3")
+		out := runInspect(t, slug, "--redis-url", patientURL(srv), "--json", "--log-entries", "3")
 		var got inspection
 		dec := json.NewDecoder(strings.NewReader(out))
 		dec.DisallowUnknownFields()
@@ -205,12 +205,12 @@ func TestInspect(t *testing.T) {
 
 	t.Run("stamp differs", func(t *testing.T) {
 		srv.Do(t, "HSET", keyPrefix+":swarm:state:fencing:current", slug+":records", "1")
-		out := runInspect(t, slug, "--redis-url", srv.URL())
+		out := runInspect(t, slug, "--redis-url", patientURL(srv))
 		if !regexp.MustCompile(`(?m)^stamp +1: DIFFERS from the revision`).MatchString(out) {
 			t.Errorf("inspect with a stale stamp does not say it differs:\n%s", out)
 		}
 		var got inspection
-		if err := json.Unmarshal([]byte(runInspect(t, slug, "--redis-url", srv.URL(), "--json")), &got); err != nil {
+		if err := json.Unmarshal([]byte(runInspect(t, slug, "--redis-url", patientURL(srv), "--json")), &got); err != nil {
 			t.Fatal(err)
 		}
 		if got.Stamp.Agrees || got.Stamp.Status != "differs" || *got.Stamp.Value != "1" {
@@ -225,11 +225,11 @@ func TestInspect(t *testing.T) {
 		index := fenceKey(slug, "by-name-index")
 		srv.Do(t, "ZREM", index, srv.DoArray(t, "ZRANGE", index, "0", "0")[0])
 		srv.Do(t, "ZINCRBY", index, "1", "~stale")
-		before := runInspect(t, slug, "--redis-url", srv.URL())
+		before := runInspect(t, slug, "--redis-url", patientURL(srv))
 		if want := `(?m)^ +index   ` + strconv.Itoa(counts["executions"]-1) + ` records, 1 executions records missing, STALE \(`; !regexp.MustCompile(want).MatchString(before) {
 			t.Errorf("inspect of a stale index does not match %s:\n%s", want, before)
 		}
-		out := runInspect(t, slug, "--redis-url", srv.URL(), "--repair", "--page-size", "100")
+		out := runInspect(t, slug, "--redis-url", patientURL(srv), "--repair", "--page-size", "100")
 		if !regexp.MustCompile(`(?m)^ +repaired: clean; 1 rounds, \d+ steps, `+strconv.Itoa(counts["executions"])+` records scanned, 0 index members removed, 2 entries set, 1 removed$`).MatchString(out) ||
 			!regexp.MustCompile(`(?m)^by-name +consistent with executions`).MatchString(out) {
 			t.Errorf("inspect --repair does not report a clean repair of 2 entries and 1 extra:\n%s", out)
@@ -277,7 +277,7 @@ func TestInspectJudgesUndecodableExecutionsAsTheScriptDoes(t *testing.T) {
 	// record that the script cannot decode: unnamed, so no by-name entry is
 	// expected for it, and none is reported as a mismatch.
 	var got inspection
-	if err := json.Unmarshal([]byte(runInspect(t, slug, "--redis-url", srv.URL(), "--json")), &got); err != nil {
+	if err := json.Unmarshal([]byte(runInspect(t, slug, "--redis-url", patientURL(srv), "--json")), &got); err != nil {
 		t.Fatal(err)
 	}
 	if len(got.ByName.Mismatches) != 0 || got.ByName.Expected != 1 || !slices.Equal(got.ByName.Unreadable, []string{"executions/exe-deep"}) {
@@ -309,7 +309,7 @@ func TestInspectExpiredLeaseAndEmptySwarm(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	out := runInspect(t, "short", "--redis-url", srv.URL(), "--log-entries", "0")
+	out := runInspect(t, "short", "--redis-url", patientURL(srv), "--log-entries", "0")
 	for _, w := range []string{
 		`(?m)^lease +"tick-b" at epoch ` + itoa(l.Epoch) + `, EXPIRED \S+ ago  \(at \S+ by Redis's clock\)$`,
 		`(?m)^log +newest 0 of 1 entries$`,
@@ -319,7 +319,7 @@ func TestInspectExpiredLeaseAndEmptySwarm(t *testing.T) {
 			t.Errorf("inspect short does not match %s:\n%s", w, out)
 		}
 	}
-	out = runInspect(t, "nothing-here", "--redis-url", srv.URL())
+	out = runInspect(t, "nothing-here", "--redis-url", patientURL(srv))
 	for _, w := range []string{
 		`(?m)^layout +none  \(no fencing state: nothing was ever committed\)$`,
 		`(?m)^revision +0$`,
@@ -475,4 +475,12 @@ func TestInspectCallsTheEmbeddedRedisStandalone(t *testing.T) {
 	if got.Topology != "standalone" || !got.Stamp.Kept || got.Stamp.Status != "agrees" {
 		t.Errorf("inspect --json on the embedded Redis: topology %q, stamp %+v; want standalone, kept, agrees", got.Topology, got.Stamp)
 	}
+}
+
+// patientURL is srv's URL with rueidis's write timeout (5 s by default: it
+// cuts a connection whose replies are that late, "i/o timeout") lifted to
+// 60 s: a failure bound, never a measurement, that a busy box's slow
+// replies of whole sections stay within (the default did not, at load 11).
+func patientURL(srv *redistest.Server) string {
+	return srv.URL() + "?write_timeout=60s"
 }

@@ -131,6 +131,9 @@ func TestFirstMessageBoundLeavesSlowButSteadyRequestsAndLongCalls(t *testing.T) 
 		t.Errorf("a 1 MiB batch sent over 5.1 s or more under a %v bound = %v; want DEADLINE_EXCEEDED", bound, err)
 	}
 	t.Logf("the slower batch: %v", err)
+	// The cut is counted just after the call is cancelled: the caller may
+	// hear of it first (counted 0 at load 11), so the count is awaited.
+	await(t, "the cut counted", func() bool { _, _, refused := lc.get(); return refused[server.LimitFirstMessage] >= 1 })
 	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != 1 {
 		t.Errorf("first_message refusals counted %d; want 1", refused[server.LimitFirstMessage])
 	}

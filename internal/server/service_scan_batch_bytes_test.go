@@ -1,9 +1,11 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -36,7 +38,11 @@ func TestScanSectionPageReadsAboutItsBytesFromRedis(t *testing.T) {
 	seen := map[string]int{}
 	for page := 0; page < records; page++ {
 		before := srv.InfoInt(t, "stats", "total_net_output_bytes")
-		resp, err := e.records.ScanSection(ctxT(t), &fencedv1.ScanSectionRequest{Slug: "wide", Section: "claims", PageSize: 10000, PageToken: token})
+		// A page of ~3 MB took more than waitLimit at load 11 under -race:
+		// this call's bound is longer (a failure bound, not a measurement).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		resp, err := e.records.ScanSection(ctx, &fencedv1.ScanSectionRequest{Slug: "wide", Section: "claims", PageSize: 10000, PageToken: token})
+		cancel()
 		if err != nil {
 			t.Fatalf("ScanSection page %d: %v", page, err)
 		}

@@ -74,7 +74,13 @@ func TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused(t *testing.T) {
 // each once.
 func TestCommitsAcrossARedisPauseAreNotRefused(t *testing.T) {
 	srv := redistest.Start(t)
-	st := open(t, srv)
+	// The default timeouts (open lifts them): the 7 s pause must outlast
+	// the write timeout.
+	st, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
+	}
+	t.Cleanup(st.Close)
 	revs := seedSwarms(t, st, "pause")
 	pause := func(d time.Duration, during func()) {
 		if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
@@ -164,6 +170,12 @@ func TestCommitsAfterASentinelFailoverAreNotRefused(t *testing.T) {
 			t.Fatal("B never linked to A")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// Linked is not caught up: B must hold the seeded swarms before it is
+	// promoted, or the failover loses them (on a busy box it did: every
+	// commit after it conflicted, actual 0).
+	if got := a.Do(t, "WAIT", "1", "30000"); got != "1" {
+		t.Fatalf("WAIT 1 on A after seeding = %s; want B to acknowledge the seeded swarms", got)
 	}
 	sentinel.Failover(t, "fenced-master", b)
 	deadline = time.Now().Add(40 * time.Second)

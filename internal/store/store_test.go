@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -19,13 +20,22 @@ const prefix = "agentihooks"
 
 func open(t *testing.T, srv *redistest.Server) *store.Store {
 	t.Helper()
-	st, err := store.Open(srv.URL(), prefix)
+	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
+	st, err := store.Open(url, prefix, store.WithRedisTimeout(redisTimeout))
 	if err != nil {
-		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
+		t.Fatalf("store.Open(%s): %v", url, err)
 	}
 	t.Cleanup(st.Close)
 	return st
 }
+
+// redisTimeout is the Redis timeout of open's stores, and their
+// connections' write timeout (rueidis cuts a connection whose replies are
+// that late: 5 s by default, store.ClientOptions): a failure bound, never a
+// measurement, so that a Redis slowed by a busy box never answers a test
+// ErrUnavailable (the default Redis timeout, 3 s, was hit at load 11-19).
+// A test of the timeouts themselves opens its store with its own.
+const redisTimeout = 30 * time.Second
 
 func key(slug, name string) string { return prefix + ":swarm:{" + slug + "}:fence:" + name }
 
