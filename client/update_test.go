@@ -299,6 +299,9 @@ func TestUpdateWritesNothing(t *testing.T) {
 // stale lease and on the change's own error; it gives up after
 // MaxUpdateAttempts conflicts with ErrKeptChanging and commits nothing.
 func TestUpdateStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits out Update's rerun backoff; run without -short")
+	}
 	t.Parallel()
 	f := start(t)
 	other := f.dial(t)

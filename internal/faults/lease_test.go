@@ -285,6 +285,9 @@ func (lr *leaseRacer) lastGrantRev() int64 {
 // free races go either way depends on the box's speed: it is logged, not
 // asserted.
 func TestLeaseRaces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: 1,000 lease races; run without -short")
+	}
 	seed := seedFor(t, 9001)
 	races := envInt(t, "FAULTS_LEASE_RACES", 1000)
 	const swarms = 8

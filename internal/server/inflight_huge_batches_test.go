@@ -112,6 +112,9 @@ func (c *stallingClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed)
 // the budget: the burst's peak heap is logged (~600-660 MB, before and
 // after), not asserted.
 func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: 32 batches of 8 MiB against a paused Redis; run without -short")
+	}
 	// burstLimit bounds the wait for the calls past the budget to be
 	// answered; the admitted ones wait for Redis meanwhile, so their
 	// deadline, the store's Redis timeout and the server's first message

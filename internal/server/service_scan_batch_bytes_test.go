@@ -23,6 +23,9 @@ import (
 // is answered by names and lengths, and only the page's records are read:
 // Redis sends about the page.
 func TestScanSectionPageReadsAboutItsBytesFromRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: scans 48 records of 1 MiB; run without -short")
+	}
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
 	value := `"` + strings.Repeat("x", batch.DefaultLimits().MaxValueBytes-2) + `"`
