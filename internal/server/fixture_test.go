@@ -2,7 +2,7 @@ package server_test
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -289,13 +289,23 @@ func (s *logSink) dump(t *testing.T) {
 // await returns the first record that match accepts, waiting up to
 // waitLimit for one to be logged.
 func (s *logSink) await(match func(logRecord) bool) (logRecord, error) {
+	return s.awaitNth(match, 1)
+}
+
+// awaitNth waits, up to waitLimit, until n records match (match must be
+// stateless: every wait scans all records again) and returns the nth, in
+// the order they were logged.
+func (s *logSink) awaitNth(match func(logRecord) bool, n int) (logRecord, error) {
 	timeout := time.After(waitLimit)
 	for {
 		s.mu.Lock()
+		seen := 0
 		for _, r := range s.records {
 			if match(r) {
-				s.mu.Unlock()
-				return r, nil
+				if seen++; seen == n {
+					s.mu.Unlock()
+					return r, nil
+				}
 			}
 		}
 		changed := s.changed
@@ -303,7 +313,7 @@ func (s *logSink) await(match func(logRecord) bool) (logRecord, error) {
 		select {
 		case <-changed:
 		case <-timeout:
-			return logRecord{}, errors.New("no matching log record")
+			return logRecord{}, fmt.Errorf("fewer than %d matching log records", n)
 		}
 	}
 }

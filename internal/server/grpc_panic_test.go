@@ -95,13 +95,9 @@ func TestPanicBecomesInternal(t *testing.T) {
 		})
 	}
 
-	n := 0
-	if _, err := e.logs.await(func(r logRecord) bool {
-		if r.level == slog.LevelError && r.attrs["panic"] != "" {
-			n++
-		}
-		return n == 2*len(tests)
-	}); err != nil {
-		t.Errorf("server log: %v: want one error record with the panic per panicking call (%d), got %d", err, 2*len(tests), n)
+	if _, err := e.logs.awaitNth(func(r logRecord) bool {
+		return r.level == slog.LevelError && r.attrs["panic"] != ""
+	}, 2*len(tests)); err != nil {
+		t.Errorf("server log: %v: want one error record with the panic per panicking call (%d)", err, 2*len(tests))
 	}
 }

@@ -54,13 +54,7 @@ func TestDeadlineWhileRedisSleeps(t *testing.T) {
 	// the commit could beat the server's own deadline). The client's own
 	// deadline usually fires first and cancels the call, so CANCELED is as
 	// right as DEADLINE_EXCEEDED.
-	n := 0
-	rec, err := e.logs.await(func(r logRecord) bool {
-		if callFinished("FencedBatch")(r) {
-			n++
-		}
-		return n == 2
-	})
+	rec, err := e.logs.awaitNth(callFinished("FencedBatch"), 2)
 	if err != nil {
 		t.Fatalf("server log: %v for the FencedBatch cut by its deadline", err)
 	}
