@@ -35,7 +35,7 @@ build: ## Build ./fenced.
 
 .PHONY: test
 test: redis-server test-deploy test-python ## Run every test with -race against a real redis-server (installed if missing), and the Python client's.
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout=30m ./...
 
 .PHONY: test-short
 test-short: redis-server ## The fast loop while working: every package's quick tests with -short (the slow ones, such as fault injection, Sentinel and Cluster, skip themselves); without -race, which make test runs.
