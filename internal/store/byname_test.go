@@ -112,6 +112,9 @@ func diffByName(t *testing.T, what string, got, want map[string]string) {
 // Deleting e-top names agent-007's next-highest generation, and the batch
 // reads no hash whole (the old upkeep ran HGETALL over the section: 797 ms).
 func TestDeletingAHolderAmong200000ExecutionsReadsNoSection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: seeds 200,000 executions; run without -short")
+	}
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	const slug, agents, gens = "by-name-200k", 100, 2000
@@ -207,6 +210,9 @@ func TestByNameOrdersEveryGeneration(t *testing.T) {
 // batch of random puts (new records, generations raised and lowered, names
 // changed), deletes and non-executions writes on a 10,000-record section.
 func TestByNameEqualsTheRuleAfterEveryBatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: checks the by-name index after every batch of a long run; run without -short")
+	}
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	ctx := context.Background()

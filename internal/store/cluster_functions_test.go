@@ -18,6 +18,9 @@ import (
 // commits there (as a script, by itself and pipelined with WAIT), and the
 // library is loaded again so that the next commits are FCALLs.
 func TestClusterMasterWithoutTheLibraryStillCommits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), prefix)
 	if err != nil {

@@ -26,6 +26,9 @@ import (
 // *RedisError, INTERNAL "redis: Script attempted to access a non local key
 // in a cluster node ...": a bug to the caller, for a slot being moved.
 func TestExecutionsBatchWhileItsIndexMigratedIsNotHalfApplied(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: migrates a Cluster slot; run without -short")
+	}
 	c := redistest.StartCluster(t, 2)
 	st, err := store.Open(c.URL(), prefix)
 	if err != nil {

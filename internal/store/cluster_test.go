@@ -26,6 +26,9 @@ func nodeOf(t *testing.T, c *redistest.Cluster, key string) *redistest.Server {
 }
 
 func TestClusterBatchesOnEveryMaster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), prefix)
 	if err != nil {
@@ -103,6 +106,9 @@ func TestClusterBatchesOnEveryMaster(t *testing.T) {
 }
 
 func TestClusterRefusesDocumentSwarms(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), prefix)
 	if err != nil {

@@ -454,6 +454,9 @@ func TestConcurrentDocumentWritesOneWinsTheRestConflict(t *testing.T) {
 // transaction, so a replica that never received the batch (here: asleep)
 // counted as having acknowledged it.
 func TestDocumentBatchWaitsForReplicasAfterItsTransaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits on replicas; run without -short")
+	}
 	srv := redistest.Start(t)
 	replica := redistest.StartReplica(t, srv)
 	st := open(t, srv)
@@ -489,6 +492,9 @@ func TestDocumentBatchWaitsForReplicasAfterItsTransaction(t *testing.T) {
 // document swarms. Before: document waits took no slot, and one more
 // was sent at once.
 func TestDocumentWaitsTakeReplicaWaitSlots(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits on replicas; run without -short")
+	}
 	srv := redistest.Start(t)
 	replica := redistest.StartReplica(t, srv)
 	st, err := store.Open(srv.URL(), prefix, store.WithReplicaWaitLimits(1, 1))

@@ -14,6 +14,9 @@ import (
 )
 
 func TestDurableCommitWaitsForReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits on replicas; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st := open(t, primary)
@@ -53,6 +56,9 @@ func TestDurableCommitWaitsForReplicas(t *testing.T) {
 // that grant) to another owner, no two callers were ever told they hold
 // it.
 func TestLeaseGrantsUnacknowledgedByReplicasAreNotHandedOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts replicas and waits on them; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st, err := store.Open(primary.URL(), prefix, store.WithLeaseDurability(store.Durability{Replicas: 1, Timeout: 2 * time.Second}))
@@ -104,6 +110,9 @@ func TestLeaseGrantsUnacknowledgedByReplicasAreNotHandedOut(t *testing.T) {
 // replicas to reach the server's whole offset, up to its timeout, and a
 // document batch waited twice.
 func TestRefusedDurableBatchSendsNoWait(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits on replicas; run without -short")
+	}
 	srv := redistest.Start(t)
 	redistest.StartReplica(t, srv)
 	st := open(t, srv)

@@ -146,6 +146,9 @@ func TestLoadScriptsDeletesOtherFencedVersionsLibraries(t *testing.T) {
 // field bytes were ~170,000 entries: 21-25 MB of used_memory_vm_functions,
 // which maxmemory does not count.
 func TestMemoOfSmallRecordsStaysWithinItsBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: fills the memo; run without -short")
+	}
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	peak, k := 0, 0

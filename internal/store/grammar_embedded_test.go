@@ -13,6 +13,9 @@ import (
 // run` (miniredis, gopher-lua) parses records as redis-server does: the
 // same corpus, the same answers as parseRecord.
 func TestRecordGrammarOnEmbeddedRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: the record grammar through the embedded Redis; run without -short")
+	}
 	m := miniredis.RunT(t)
 	// gopher-lua under -race checks a value nested 1000 deep (json_exact:
 	// depth x length) in 2-5 s; the first chunk holds two, and took 9.2 s

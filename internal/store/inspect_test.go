@@ -195,6 +195,9 @@ func TestLogEntries(t *testing.T) {
 // TestOverviewOnCluster: the stamp is not kept on Cluster, and every read
 // goes to the swarm's slot.
 func TestOverviewOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), prefix)
 	if err != nil {
@@ -234,6 +237,9 @@ func TestOverviewOnCluster(t *testing.T) {
 // refuses such values, left it) is an extra entry, which the rebuild
 // removes.
 func TestCheckByNameJudgesUndecodableValuesAsTheScriptDoes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: many undecodable values through the script; run without -short")
+	}
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	ctx := context.Background()

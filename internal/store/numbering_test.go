@@ -283,6 +283,9 @@ func TestRestoredSnapshotNeverReissuesRevisionsOrEpochs(t *testing.T) {
 // TestLaggingReplicaPromotedNeverReissuesRevisionsOrEpochs: the replica
 // stops replicating before the last commits and is then promoted.
 func TestLaggingReplicaPromotedNeverReissuesRevisionsOrEpochs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: promotes a lagging replica; run without -short")
+	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	st := open(t, primary)

@@ -45,6 +45,9 @@ func commitEachOnce(t *testing.T, st *store.Store, tag string, revs []int64) []e
 // `timeout 1` closes every connection idle for a second; the next commit
 // on every swarm goes through, each once.
 func TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits out Redis's idle timeout; run without -short")
+	}
 	srv := redistest.Start(t)
 	st := open(t, srv)
 	revs := seedSwarms(t, st, "idle")
@@ -73,6 +76,9 @@ func TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused(t *testing.T) {
 // outcome is unknown), but once a read answers again every swarm commits,
 // each once.
 func TestCommitsAcrossARedisPauseAreNotRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: pauses Redis for seconds; run without -short")
+	}
 	srv := redistest.Start(t)
 	// The default timeouts (open lifts them): the 7 s pause must outlast
 	// the write timeout.
@@ -155,6 +161,9 @@ func TestCommitsAcrossARedisPauseAreNotRefused(t *testing.T) {
 // the store answers from B, a commit on every swarm goes through, each
 // once, and lands on B.
 func TestCommitsAfterASentinelFailoverAreNotRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: a Sentinel failover; run without -short")
+	}
 	a := redistest.Start(t)
 	b := redistest.StartReplica(t, a)
 	sentinel := redistest.StartSentinel(t, "fenced-master", a)

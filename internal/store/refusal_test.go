@@ -51,6 +51,9 @@ func rawClient(t *testing.T, addr string) rueidis.Client {
 // to refuse the same way where writes are refused for a reason an operator
 // must fix.
 func TestRedisRefusalsCarryTheirReason(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: drives Redis into each refusal; run without -short")
+	}
 	ctx := context.Background()
 	putBatch := func(slug string) *batch.Batch {
 		return &batch.Batch{Slug: slug, Writes: []batch.Write{put("intents", "i1", 0, `{"a":1}`)}}
@@ -284,6 +287,9 @@ func TestRefusalTableClassifiesEveryDocumentedReply(t *testing.T) {
 // -CLUSTERDOWN; rueidis retries it until the call's bound is near, then the
 // Store answers REDIS_CLUSTER_DOWN, not a bare error or a hang.
 func TestClusterDownIsARefusal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	c := redistest.StartCluster(t, 3)
 	st, err := store.Open(c.URL(), prefix, store.WithRedisTimeout(time.Second))
 	if err != nil {
@@ -324,6 +330,9 @@ func TestClusterDownIsARefusal(t *testing.T) {
 // ErrUnavailable. Redis stays stopped until both have answered, however
 // long a busy box takes.
 func TestRedisTimeoutBoundsEveryCall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits out the Redis timeout on every call; run without -short")
+	}
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(200*time.Millisecond))
 	if err != nil {

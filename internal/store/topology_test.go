@@ -15,6 +15,9 @@ import (
 // cluster client for it; fenced must still treat it as the standalone
 // Redis it is and keep the stamp of P:state:fencing:current.
 func TestOpenTellsStandaloneFromCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	emb, err := store.StartEmbedded()
 	if err != nil {
 		t.Fatalf("StartEmbedded: %v", err)

@@ -181,6 +181,9 @@ func xreaders(t *testing.T, srv *redistest.Server) (all, blocked int) {
 }
 
 func TestWatchersShareOneReaderPerSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: many watchers over many swarms; run without -short")
+	}
 	srv := redistest.Start(t)
 	// Fan-outs at the coalescing interval whatever the watchers: the test
 	// waits for each of its 265 batches at every watcher.
@@ -295,6 +298,9 @@ func TestWatchersShareOneReaderPerSwarm(t *testing.T) {
 }
 
 func TestWatchOnClusterFollowsEachSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a Redis Cluster; run without -short")
+	}
 	cl := redistest.StartCluster(t, 3)
 	st, err := store.Open(cl.URL(), prefix)
 	if err != nil {
