@@ -8,7 +8,7 @@
 -- `local P`, the values the scripts share with Go (reply tags P.REPLY_*,
 -- key names P.KEY_*, meta fields P.FIELD_*, write kinds P.KIND_*, mode
 -- letters P.MODE_*, P.LOG_CAP, P.REV_MAX...). A script never spells one of
--- them: a test (protocol_test.go) fails if it does.
+-- them: a test (lua_protocol_test.go) fails if it does.
 --
 -- Every committing script takes KEYS[1] meta, KEYS[2] revision, KEYS[3] log,
 -- and, on standalone Redis, P:state:fencing:current as its last key.
