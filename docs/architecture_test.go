@@ -13,7 +13,7 @@ var (
 	// codePath is a backticked path in ARCHITECTURE.md: a package folder
 	// ("internal/store", "cmd/fenced") or a file ("internal/store/lua/commit.lua").
 	codePath = regexp.MustCompile("`((?:internal|cmd|proto|client|clients|examples|deploy)(?:/[a-z0-9_.]+)*)`")
-	// codeFile is a backticked bare file name: "commit.go", "lib.lua".
+	// codeFile is a backticked bare file name: "commit.go", "commit.lua".
 	codeFile = regexp.MustCompile("`([a-z0-9_]+\\.(?:go|lua|proto))`")
 )
 

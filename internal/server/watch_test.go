@@ -353,7 +353,7 @@ func TestWatchMessagesStayUnderTheByteBound(t *testing.T) {
 
 // appendLog appends n entries to slug's log in one script (atomically),
 // revisions after+1 .. after+n, each with its prev and one put of
-// claims/k, capped as lib.lua caps the log.
+// claims/k, capped as lib_commit.lua caps the log.
 func appendLog(t *testing.T, srv *redistest.Server, slug string, after int64, n int) {
 	t.Helper()
 	const script = `for i = 1, #ARGV - 2 do

@@ -366,7 +366,7 @@ type Migration struct {
 // in one transaction (WATCH on the bucket, meta and the revision counter;
 // planned again, up to MaxTransactionAttempts times, when another writer
 // changed them): every record of the document (archive included) written
-// as a record with one new revision (lib.lua's numbering rule), meta moved
+// as a record with one new revision (lib_commit.lua's numbering rule), meta moved
 // with the lease and epoch kept byte for byte, meta/layout set to records,
 // by-name derived from executions, one log entry, the standalone stamp,
 // and the document rewritten with "moved_to":"records" and otherwise

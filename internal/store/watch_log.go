@@ -1,6 +1,6 @@
 package store
 
-// A swarm's log as Watch reads it: the log's entries (lib.lua start_commit
+// A swarm's log as Watch reads it: the log's entries (lib_commit.lua start_commit
 // and log_change write them) decoded into events, from the stream replies
 // of XRANGE, XREVRANGE and XREAD, read in place.
 
@@ -14,7 +14,7 @@ import (
 )
 
 // LogCap is the number of entries a swarm's log keeps at least (XADD
-// MAXLEN ~ in lib.lua start_commit: whole stream nodes are dropped): a Watch can resume from any revision whose next
+// MAXLEN ~ in lib_commit.lua start_commit: whole stream nodes are dropped): a Watch can resume from any revision whose next
 // batches are still among them.
 const LogCap = protocol.LogCap
 
@@ -54,7 +54,7 @@ type Event struct {
 	hasPrev bool
 }
 
-// parseChanges reads a log entry's changes field (lib.lua log_change):
+// parseChanges reads a log entry's changes field (lib_commit.lua log_change):
 // items '<KindPut|KindDelete><section>:<key length>:<key>', concatenated.
 func parseChanges(s string) ([]Change, error) {
 	var out []Change
@@ -193,7 +193,7 @@ func eventOf(e *logEntry) (ev *Event, ok bool, err error) {
 			return nil, false, err
 		}
 	} else {
-		// Truncated by lib.lua, or written by a writer that logs no keys.
+		// Truncated by lib_commit.lua, or written by a writer that logs no keys.
 		ev.Truncated = true
 		if secs, _ := e.get(protocol.LogFieldSections); secs != "" {
 			ev.Sections = strings.Split(secs, protocol.LogSectionsSeparator)

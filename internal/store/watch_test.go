@@ -342,7 +342,7 @@ func waitUntil(t *testing.T, cond func() bool, what string) {
 // appendLog appends n entries to slug's log in one script (atomically, so
 // that its reader sees all of them or none), with revisions after+1 ..
 // after+n, each with its prev and the given changes, capped exactly at
-// LogCap (MAXLEN =): what lib.lua's MAXLEN ~ keeps at the least, so that a
+// LogCap (MAXLEN =): what lib_commit.lua's MAXLEN ~ keeps at the least, so that a
 // test knows exactly which entries are gone.
 func appendLog(t *testing.T, srv *redistest.Server, slug string, after int64, n int, changes string) {
 	t.Helper()

@@ -13,7 +13,7 @@ import (
 // swarm, applied to the document (every record is at the document's
 // revision).
 
-// NextRevision is the numbering rule of every commit (lib.lua
+// NextRevision is the numbering rule of every commit (lib_commit.lua
 // next_revision) applied to a document: above the swarm's revision counter
 // and the document's revision, at least Redis's clock in µs (nowUs).
 // *LimitError ("revision") past protocol.RevMax.
