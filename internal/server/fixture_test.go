@@ -349,3 +349,18 @@ func (h *sinkHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (h *sinkHandler) WithGroup(string) slog.Handler { return h }
+
+// serveWithShortRedisTimeout starts a redis-server and fenced over it with
+// a 300 ms Redis timeout and a 50 ms health interval, for the tests of
+// calls made while that Redis is down or paused: each must answer within
+// the timeout, not when Redis comes back.
+func serveWithShortRedisTimeout(t *testing.T) (*redistest.Server, *endpoint) {
+	t.Helper()
+	srv := redistest.Start(t)
+	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return srv, serve(t, st, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+}

@@ -202,13 +202,7 @@ func TestEvictionAllowedServes(t *testing.T) {
 // Before: Layout (and the other reads rueidis retries) waited until Redis
 // came back or the client gave up.
 func TestCallsAnswerUnavailableWhileRedisIsDown(t *testing.T) {
-	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(300*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	e := serve(t, st, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	srv, e := serveWithShortRedisTimeout(t)
 	const slug = "down"
 	awaitHealth(t, e, "fenced", serving)
 	rev := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})

@@ -100,13 +100,7 @@ func TestCallsAnswerUnavailableWhileRedisIsPaused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: pauses Redis (SIGSTOP) for several rounds of calls; run without -short")
 	}
-	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(300*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	e := serve(t, st, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	srv, e := serveWithShortRedisTimeout(t)
 	const slug = "paused"
 	awaitHealth(t, e, "fenced", serving)
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
