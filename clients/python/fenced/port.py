@@ -7,18 +7,18 @@ instead of Redis, on either layout (fenced serves document swarms on
 standalone Redis, and a migration in the middle of a write is one more
 conflict)::
 
-    from fenced import port as fencing          # was: the in-house port and fencing
+    from fenced import port as fencing      # was: the in-house port and fencing
 
-    fencing.configure(fenced.Client(os.environ["FENCED_ADDR"]))   # or only set FENCED_ADDR
-
-    def change(doc):                            # may run several times
-        claims = doc["sections"]["claims"]      # key -> decoded JSON value
+    def tick(doc):                          # may run several times: no side effects outside doc
+        claims = doc["sections"]["claims"]  # key -> decoded JSON value
         done = [k for k, v in claims.items() if v.get("state") == "done"]   # a whole read
         for k in done:
             doc["sections"]["archive"][k] = claims.pop(k)   # archive: BLIND puts, never checked
-        return len(done)
+        return done
 
-    moved = fencing.write(slug, change, keeper)  # change's own result
+    with fenced.Client(addr) as c, c.keep(slug, owner, ttl_ms=10_000) as keeper:
+        fencing.configure(c)                # or only set FENCED_ADDR
+        archived = fencing.write(slug, tick, keeper)   # tick's own result
 
 What it keeps of the in-house rules (docs/clients.md, "fenced.port"):
 
@@ -693,7 +693,8 @@ class Port:
             except errors.FencedError as e:
                 raise _port_error(e) from e
         assert last is not None
-        raise KeptChanging(slug, MAX_WRITE_ATTEMPTS, _port_error(last)) from last  # type: ignore[arg-type]
+        conflict = _port_error(last)
+        raise KeptChanging(slug, MAX_WRITE_ATTEMPTS, conflict) from conflict  # type: ignore[arg-type]
 
     def _commit(self, slug: str, writes: list[Write], fence: Optional[LeaseFence]) -> int:
         """One batch under a fresh request id, resent under the same id while

@@ -12,7 +12,6 @@ import pytest
 import fenced
 from conftest import KEY_PREFIX, Fenced, Redis, swarm_key, wait_until
 from fenced import port
-from fenced.v1 import records_pb2
 from test_update import BatchRecorder, kinds, log_entries, recorded  # noqa: F401 (recorded: a fixture)
 
 BUCKET = f"{KEY_PREFIX}:swarm:state:fencing:current"
@@ -466,7 +465,7 @@ def test_write_reruns_sixteen_times_after_1_to_32_ms_then_raises_kept_changing(
     assert str(err) == "the swarm fencing state kept changing; nothing was committed"
     assert isinstance(err, port.RevisionConflict) and isinstance(err, fenced.KeptChanging)
     assert isinstance(err, fenced.RevisionConflict) and err.last is not None and err.conflicts == err.last.conflicts
-    assert isinstance(err.__cause__, fenced.RevisionConflict)
+    assert err.__cause__ is err.last and isinstance(err.last, port.RevisionConflict)
     assert p.record(slug, "claims", "hot").value == 16 * 1000  # type: ignore[union-attr]  # none of the change's puts
     assert len(sleeps) == 15
     for k, s in enumerate(sleeps, start=2):  # before attempt k: within [max(1, c/2), c], c = min(2^(k-2), 32) ms
@@ -601,3 +600,22 @@ def test_a_whole_read_of_a_section_over_max_writes_commits(p: port.Port, slug: s
         return n
 
     assert p.write(slug, change) == 1200
+
+
+def test_the_docs_example_runs(server: Fenced, p: port.Port, slug: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """docs/clients.md's fenced.port example, run as a tick would run it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import PYCLIENT, ROOT
+
+    text = (ROOT / "docs" / "clients.md").read_text(encoding="utf-8")
+    m = re.search(r"### fenced\.port: drop-in for the in-house port\n.*?```python\n(.*?)```", text, re.S)
+    assert m, "docs/clients.md has no fenced.port example"
+    p.fenced_batch(slug, [fenced.Put("claims", "T-1", 0, '{"state":"done"}'), fenced.Put("claims", "T-2", 0, '{"state":"open"}')])
+    env = dict(os.environ, FENCED_ADDR=server.addr, SWARM=slug, PYTHONPATH=str(PYCLIENT))
+    out = subprocess.run([sys.executable, "-c", m.group(1)], env=env, cwd=tmp_path, check=True, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout == "archived ['T-1']\n", out
+    assert p.sections(slug, "claims", "archive") == {"claims": {"T-2": {"state": "open"}}, "archive": {"T-1": {"state": "done"}}}
