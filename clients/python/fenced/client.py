@@ -23,6 +23,8 @@ from .model import (
     Layout,
     Lease,
     LeaseFence,
+    MigratedSection,
+    MigrateResult,
     Page,
     Put,
     Record,
@@ -33,7 +35,7 @@ from .model import (
 )
 from .update import Txn
 from .update import update as _update
-from .v1 import lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
+from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
 
 __all__ = ["Client", "MAX_MESSAGE_BYTES", "new_request_id"]
 
@@ -229,6 +231,7 @@ class Client:
         self._plain_watch = False
         self._records = records_pb2_grpc.RecordsServiceStub(channel)
         self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)
 
     def close(self) -> None:
         """Close the channel the Client opened (not one given to from_channel)."""
@@ -498,3 +501,39 @@ class Client:
     def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> LeaseKeeper:
         """Acquire and keep the swarm's lease: see :class:`fenced.LeaseKeeper`."""
         return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)
+
+    # Administration.
+
+    def migrate(
+        self, slug: str, *, dry_run: bool = False, writers_upgraded: bool = False, timeout: Optional[float] = None
+    ) -> MigrateResult:
+        """Move the swarm from the document layout onto the records
+        (AdminService/Migrate, as ``fenced migrate``: docs/migration.md), in
+        one transaction; a swarm already on the records, or without state,
+        answers ``already_moved`` / ``no_state`` and writes nothing, and
+        ``dry_run`` answers the plan and writes nothing. Never retried by the
+        transport; a repeat is safe (the second answers ``already_moved``).
+
+        Args:
+            writers_upgraded: confirms that every live reader and writer of the
+                swarm's fencing state reads and writes the records layout
+                (older readers read only the document); required.
+            timeout: the call's deadline in seconds (None: the Client's).
+
+        Raises:
+            InvalidArgument (field ``writers_upgraded`` when it is False;
+            nothing moved), LayoutDocument (on Redis Cluster),
+            RevisionConflict (the state kept changing; nothing committed: run
+            it again), Unavailable, FencedError.
+        """
+        req = admin_pb2.MigrateRequest(slug=slug, writers_upgraded=writers_upgraded, dry_run=dry_run)
+        resp = self._call(self._admin.Migrate, req, timeout)
+        if resp.revision:
+            self._saw(slug, resp.revision)
+        return MigrateResult(
+            records=resp.records,
+            revision=resp.revision,
+            sections=tuple(MigratedSection(s.name, s.records, s.bytes) for s in resp.sections),
+            already_moved=resp.already_moved,
+            no_state=resp.no_state,
+        )

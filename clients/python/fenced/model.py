@@ -20,6 +20,8 @@ __all__ = [
     "Layout",
     "Lease",
     "LeaseFence",
+    "MigratedSection",
+    "MigrateResult",
     "Page",
     "Put",
     "Record",
@@ -201,6 +203,42 @@ class BatchResult:
     revision: int
     replayed: bool = False
     replicas_acked: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MigratedSection:
+    """What a migration writes (or, dry run, would write) for one section.
+
+    Attributes:
+        name: the section ("meta": the meta records and the layout marker).
+        records: records written in it.
+        bytes: bytes of their values, as stored.
+    """
+
+    name: str
+    records: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MigrateResult:
+    """A move of a swarm from the document layout onto the records
+    (:meth:`fenced.Client.migrate`; AdminService/Migrate).
+
+    Attributes:
+        records: records written (dry run: would be), meta records and the
+            layout marker included; 0 when already moved or without state.
+        revision: the revision every written record carries; 0 when nothing was written.
+        sections: the plan, one entry per section written, meta last.
+        already_moved: the swarm was on the records layout already (nothing written).
+        no_state: the swarm has no fencing state (nothing written).
+    """
+
+    records: int
+    revision: int
+    sections: tuple[MigratedSection, ...] = ()
+    already_moved: bool = False
+    no_state: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
