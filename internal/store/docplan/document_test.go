@@ -304,3 +304,36 @@ func TestMetaIntReadsZeroForWhatIsNoRevision(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseNeverFails: no stored text crashes the scanner, and every
+// record a document answers is one the records layout reads (its value
+// passes ValidJSON as "v" of a record).
+func FuzzParseNeverFails(f *testing.F) {
+	for _, s := range []string{
+		`{"revision": 41, "meta": {"epoch": 7}, "sections": {"a": {"x": NaN, "y": [1, {"z": "\u00e9"}]}, "b": []}}`,
+		"{\"sections\":{\"a\":{\"\\ud800\":1,\"s\":\"\xed\xa0\x80\"}}}",
+		`{"a":[1}`, `{"a":{"b":[}]}}`, `{"sections":{"a":{"k":'x',"j":-Infinity}}}`, `{`, `}`, `{"":}`, `{"a":1,}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		d, err := Parse(raw)
+		if err != nil {
+			return
+		}
+		for _, name := range append(d.SectionNames(), "meta") {
+			o, err := d.Records(name)
+			if err != nil {
+				continue
+			}
+			for _, m := range o {
+				if !ValidJSON(`{"r":1,"v":`+string(m.Value)+`}`, 1000) {
+					t.Fatalf("Records(%q) answered %q, which no record holds", name, m.Value)
+				}
+				if v, err := d.Record(name, m.Key); err != nil || string(v) != string(m.Value) {
+					t.Fatalf("Record(%q, %q) = %q, %v; want %q as Records answers it", name, m.Key, v, err, m.Value)
+				}
+			}
+		}
+	})
+}
