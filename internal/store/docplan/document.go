@@ -8,7 +8,10 @@
 // It reads a document (Parse) with a scanner that only locates the byte
 // span of every member: a value is never decoded and re-encoded (cjson and
 // encoding/json both would reorder keys, turn [] into {} or round integers
-// past 2^53). It plans what a batch (PlanBatch), a lease operation
+// past 2^53), and each record is judged on its own (Record, Records:
+// ValueProblem, NameProblem), so that one that is no record (Python's NaN,
+// bytes that are no UTF-8) is that record's problem and never the whole
+// document's. It plans what a batch (PlanBatch), a lease operation
 // (PlanLease) or the move onto the records layout (PlanMigration) writes,
 // by the rules the scripts apply to a records swarm. A rewrite splices
 // spans: untouched members keep their bytes, and only the objects that
@@ -16,8 +19,9 @@
 //
 // It talks to nothing: internal/store reads the document and Redis's clock
 // under WATCH, calls a plan, and writes what it answers inside MULTI. Its
-// refusals (*CorruptError, *StaleError, *HeldError, *ConflictError,
-// *LimitError) are its own; the store answers its errors from them.
+// refusals (*CorruptError, *UnmovableError, *StaleError, *HeldError,
+// *ConflictError, *LimitError) are its own; the store answers its errors
+// from them.
 package docplan
 
 import (
