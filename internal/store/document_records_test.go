@@ -171,9 +171,15 @@ func TestDocumentAndRecordsLayoutsReadTheSameValueBytesAlike(t *testing.T) {
 					t.Fatalf("%s: Record(claims/ok) beside it = %+v, %v", slug, rec, err)
 				}
 			}
+			// The scripts judge the field alike (lib_record.lua's
+			// parse_record, on a put expecting its revision).
+			_, err := commit(t, st, &batch.Batch{Slug: recSlug, Writes: []batch.Write{put("claims", "v", 41, "1")}})
+			if (tt.why == "") != (err == nil) || (err != nil && !errors.Is(err, store.ErrCorruptRecord)) {
+				t.Fatalf("%s: a put expecting 41 = %v; want %s", recSlug, err, map[bool]string{true: "committed", false: "RECORD_CORRUPT"}[tt.why == ""])
+			}
 			// The migration moves a value byte for byte, or refuses it: it
 			// never writes a record the records layout refuses.
-			_, err := st.Migrate(ctx, docSlug, false)
+			m, err := st.Migrate(ctx, docSlug, false)
 			if tt.why != "" {
 				var ue *store.UnmovableError
 				if !errors.As(err, &ue) || len(ue.Records) != 1 || ue.Records[0].Key != "v" {
@@ -188,8 +194,11 @@ func TestDocumentAndRecordsLayoutsReadTheSameValueBytesAlike(t *testing.T) {
 				t.Fatalf("Migrate: %v", err)
 			}
 			rec, _, err := st.Record(ctx, docSlug, "claims", "v")
-			if err != nil || rec == nil || rec.Value != tt.value {
-				t.Fatalf("Record after the move = %+v, %v; want the value byte for byte", rec, err)
+			if err != nil || rec == nil || rec.Value != tt.value || rec.Revision != m.Revision {
+				t.Fatalf("Record after the move = %+v, %v; want the value byte for byte at %d", rec, err, m.Revision)
+			}
+			if _, err := commit(t, st, &batch.Batch{Slug: docSlug, Writes: []batch.Write{put("claims", "v", m.Revision, "1")}}); err != nil {
+				t.Fatalf("a put expecting the moved record's revision = %v; want the scripts to read it as a record", err)
 			}
 		})
 	}
