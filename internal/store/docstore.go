@@ -373,8 +373,9 @@ type Migration struct {
 // unchanged (its old copy pushed to the history). A swarm already on the
 // records layout writes nothing (Records 0). dryRun plans and writes
 // nothing. Errors: ErrDocumentOnCluster, ErrMigrationContended,
-// *CorruptError (the document cannot be read), *LimitError, ErrUnavailable,
-// context errors, *RedisError.
+// *CorruptError (the document cannot be read), *UnmovableError (it holds
+// records the records layout would not read; nothing written), *LimitError,
+// ErrUnavailable, context errors, *RedisError.
 func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*Migration, error) {
 	m, err := s.migrate(ctx, slug, dryRun)
 	if err == nil && m.Revision != 0 {

@@ -229,12 +229,21 @@ func (e *ConflictError) Error() string {
 //
 // With Name set, Key (clipped) names a section field whose name is no
 // record key (Name says why), as a foreign writer could store.
+//
+// With Why set, it names a part of a swarm on the document layout
+// (docs/design/02-redis-layout.md §2.6) and says why it cannot be read: a
+// record (Section and Key) whose value is no record's value by the same
+// rule the records layout reads "v" by (docplan.ValueProblem); a section
+// (Key "") or meta (Section "meta", Key "") that is not a JSON object; or
+// the document itself (Section "document", Key "not JSON", "not an
+// object", "revision", "sections", "moved_to" or "sections/<name>").
 type CorruptError struct {
 	Section string
 	Key     string
 	Type    string
 	Want    string
 	Name    string
+	Why     string
 }
 
 func (e *CorruptError) Error() string {
@@ -244,11 +253,66 @@ func (e *CorruptError) Error() string {
 	if e.Name != "" {
 		return fmt.Sprintf("stored field %s/%s is not a record: %s; nothing fenced writes (repair the key by hand)", e.Section, e.Key, e.Name)
 	}
+	if e.Why != "" {
+		switch {
+		case e.Section == "document":
+			return fmt.Sprintf("the swarm's stored document cannot be read (%s): %s; repair it by hand", e.Key, e.Why)
+		case e.Key == "":
+			return fmt.Sprintf("stored section %s of the swarm's document cannot be read: %s; repair it by hand", e.Section, e.Why)
+		}
+		return fmt.Sprintf("stored record %s/%s of the swarm's document is not a record: %s (repair: a put expecting its revision, or a BLIND put, overwrites it; a delete removes it)", e.Section, e.Key, e.Why)
+	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)
 	}
 	return fmt.Sprintf("stored field %s/%s is not a record: want a JSON object with \"r\" (an integer from 0 to 2^53-1) and \"v\"", e.Section, e.Key)
 }
+
+// UnmovableError is Migrate's refusal of a swarm whose document holds
+// parts the records layout would not read as the document layout does
+// (docs/design/02-redis-layout.md §2.6, docs/migration.md): Records names
+// every one (section, key, why; *CorruptError each), in the document's
+// order. Nothing was written. errors.Is(err, ErrCorruptRecord) holds, and
+// errors.As finds the first part as a *CorruptError: the server answers
+// DATA_LOSS RECORD_CORRUPT naming it, the message listing the first
+// MaxUnmovableListed.
+type UnmovableError struct {
+	Records []CorruptError
+}
+
+// MaxUnmovableListed is how many parts an UnmovableError's text lists.
+const MaxUnmovableListed = 16
+
+func (e *UnmovableError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the document holds %d part(s) the records layout would not read; nothing was written (repair them, then migrate again):", len(e.Records))
+	for i, r := range e.Records {
+		if i == MaxUnmovableListed {
+			fmt.Fprintf(&b, "; and %d more", len(e.Records)-i)
+			break
+		}
+		sep := "; "
+		if i == 0 {
+			sep = " "
+		}
+		why := r.Why
+		if r.Name != "" {
+			why = r.Name
+		}
+		if r.Key == "" {
+			fmt.Fprintf(&b, "%s%s: %s", sep, r.Section, why)
+		} else {
+			fmt.Fprintf(&b, "%s%s/%s: %s", sep, r.Section, r.Key, why)
+		}
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrCorruptRecord) true.
+func (e *UnmovableError) Is(target error) bool { return target == ErrCorruptRecord }
+
+// Unwrap answers the first part, so that errors.As finds a *CorruptError.
+func (e *UnmovableError) Unwrap() error { return &e.Records[0] }
 
 // LimitError is ErrRevisionLimit naming what reached the limit: a record
 // (Section/Key), or with Section "" the swarm's "revision" counter or new

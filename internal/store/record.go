@@ -3,10 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
-	"unicode/utf8"
 
-	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/docplan"
 )
@@ -119,38 +116,7 @@ func parseCompact(raw string) (rec Record, ok, own bool) {
 func parseRevisionText(s string) (int64, bool) { return docplan.ParseRevision(s) }
 
 // validJSON reports whether s is one JSON text (RFC 8259) in valid UTF-8
-// nesting at most depth arrays and objects. Nesting deeper than depth takes
-// more than depth opening brackets: a text with fewer (nearly every one,
-// counted at memory speed) is not scanned for its nesting.
-func validJSON(s string, depth int) bool {
-	return utf8.ValidString(s) && batch.ValidJSON(s) &&
-		(len(s) <= depth || strings.Count(s, "{")+strings.Count(s, "[") <= depth || nesting(s) <= depth)
-}
-
-// nesting is the deepest nesting of arrays and objects in s, a JSON text.
-func nesting(s string) int {
-	depth, deepest := 0, 0
-	inString := false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if inString {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inString = false
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-		case '{', '[':
-			depth++
-			deepest = max(deepest, depth)
-		case '}', ']':
-			depth--
-		}
-	}
-	return deepest
-}
+// nesting at most depth arrays and objects: the rule both layouts judge a
+// record by (docplan.ValidJSON; a document's record values by
+// docplan.ValueProblem).
+func validJSON(s string, depth int) bool { return docplan.ValidJSON(s, depth) }

@@ -7,21 +7,47 @@ import "fmt"
 // ConflictError, LimitError), which it builds from these: this package
 // imports nothing of the store's.
 
-// CorruptError names the part of a document that cannot be read: Section
-// "document" and Key the part ("not JSON", "not an object", "revision",
-// "meta", "sections", "sections/<name>", "moved_to"), or Section "meta" and
-// Key "lease" for a lease record that is not {"owner","epoch","expires_at"}.
+// CorruptError names the part of a document that cannot be read, and Why
+// says why: a record (Section and Key: its value is no record's value, or,
+// with Name set, its name is no record key and Key is its stored bytes); a
+// section that is not a JSON object (Key ""); meta when it is not one
+// (Section "meta", Key ""); or the document itself (Section "document",
+// Key the part: "not JSON", "not an object", "revision", "sections",
+// "moved_to", "sections/<name>" for a section whose name is no section
+// name). Section "meta" and Key "lease" is a lease record that is not
+// {"owner","epoch","expires_at"}.
 type CorruptError struct {
 	Section, Key string
+	// Why says what is wrong, in words ("" when the part says it).
+	Why string
+	// Name: the record's name is no record key (Key holds its stored
+	// bytes).
+	Name bool
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("document: %s/%s cannot be read", e.Section, e.Key)
+	if e.Why == "" {
+		return fmt.Sprintf("document: %s/%s cannot be read", e.Section, e.Key)
+	}
+	return fmt.Sprintf("document: %s/%s cannot be read: %s", e.Section, e.Key, e.Why)
 }
 
 // errDocument is what a document that cannot be read fails with, naming
-// the part.
-func errDocument(what string) error { return &CorruptError{Section: "document", Key: what} }
+// the part and why.
+func errDocument(what, why string) error {
+	return &CorruptError{Section: "document", Key: what, Why: why}
+}
+
+// UnmovableError is PlanMigration's refusal of a document holding parts
+// the records layout would not read: Records lists every one, in the
+// document's order (sections, then meta). Nothing is planned.
+type UnmovableError struct {
+	Records []CorruptError
+}
+
+func (e *UnmovableError) Error() string {
+	return fmt.Sprintf("migration: %d part(s) of the document cannot be moved", len(e.Records))
+}
 
 // StaleError: a batch's fence, or a renew or release, does not name the
 // document's live lease. Lease is the lease in meta (nil when none).

@@ -102,6 +102,9 @@ func PlanBatch(doc *Document, b *batch.Batch, counter, nowUs, nowMs int64) (newD
 			continue
 		}
 		o := meta
+		if w.Section == batch.MetaSection && doc.metaErr != nil {
+			return nil, 0, doc.metaErr
+		}
 		if w.Section != batch.MetaSection {
 			if o, err = sectionOf(w.Section); err != nil {
 				return nil, 0, err
@@ -140,14 +143,18 @@ type LeaseChange struct {
 // owner's live lease at epoch). It answers the change, the rewritten
 // document and its revision (NextRevision). Errors: *HeldError (acquire:
 // another owner's live lease), *StaleError (renew, release: not owner's
-// live lease at epoch), *CorruptError, *LimitError ("epoch", "revision").
+// live lease at epoch), *CorruptError, *LimitError ("epoch", "revision",
+// "meta/epoch").
 func PlanLease(doc *Document, op, owner string, epoch, ttlMs, counter, nowUs, nowMs int64) (c LeaseChange, newDoc []byte, rev int64, err error) {
 	l, err := doc.Lease()
 	if err != nil {
 		return c, nil, 0, err
 	}
 	live := l != nil && l.ExpiresAtMs > nowMs
-	lastEpoch := doc.metaInt(protocol.FieldEpoch)
+	lastEpoch, err := doc.lastEpoch()
+	if err != nil {
+		return c, nil, 0, err
+	}
 	var newEpoch, expires int64
 	granted := false
 	switch op {

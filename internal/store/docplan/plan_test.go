@@ -92,7 +92,7 @@ func TestPlanBatchRefusesAStaleFence(t *testing.T) {
 	}
 	_, _, err := PlanBatch(mustParse(t, `{"meta":{"lease":{"owner":"a"}}}`), &batch.Batch{Fence: &batch.Fence{Epoch: 1}}, 0, 0, 0)
 	var ce *CorruptError
-	if !errors.As(err, &ce) || *ce != (CorruptError{Section: "meta", Key: "lease"}) {
+	if !errors.As(err, &ce) || ce.Section != "meta" || ce.Key != "lease" {
 		t.Errorf("PlanBatch fenced on an unreadable lease = %v, want *CorruptError meta/lease", err)
 	}
 }
@@ -258,7 +258,7 @@ func sameRefusal(got, want error) bool {
 		return errors.As(got, &g) && (g.Lease == nil) == (w.Lease == nil) && (g.Lease == nil || *g.Lease == *w.Lease)
 	case *CorruptError:
 		var g *CorruptError
-		return errors.As(got, &g) && *g == *w
+		return errors.As(got, &g) && g.Section == w.Section && g.Key == w.Key
 	case *LimitError:
 		var g *LimitError
 		return errors.As(got, &g) && *g == *w
@@ -275,6 +275,19 @@ func TestPlanLeaseUpToTheLimits(t *testing.T) {
 	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, protocol.RevMax, 0, 0); !sameRefusal(err, &LimitError{Key: "revision"}) {
 		t.Errorf("PlanLease at the revision limit = %v, want *LimitError revision", err)
 	}
+	for _, epoch := range []string{`9007199254740992`, `1e300`, `Infinity`} {
+		over := mustParse(t, `{"revision":5,"meta":{"epoch":`+epoch+`}}`)
+		_, _, _, err := PlanLease(over, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0)
+		if epoch == `Infinity` {
+			if err != nil {
+				t.Errorf("PlanLease with meta/epoch Infinity (no JSON number: counts 0) = %v, want a grant", err)
+			}
+			continue
+		}
+		if !sameRefusal(err, &LimitError{Key: "meta/epoch"}) {
+			t.Errorf("PlanLease with meta/epoch %s = %v, want *LimitError meta/epoch (no epoch above it can be granted)", epoch, err)
+		}
+	}
 	if _, _, _, err := PlanLease(doc, "steal", "a", 0, 1000, 0, 0, 0); err == nil {
 		t.Error("PlanLease of an unknown op = nil, want an error")
 	}
@@ -290,6 +303,12 @@ func TestPlanLeaseGrantsAboveEveryEarlierEpoch(t *testing.T) {
 		{"meta/epoch is above the expired lease's", `{"meta":{"lease":{"owner":"b","epoch":4,"expires_at":1},"epoch":9}}`, 10},
 		{"no lease", `{"meta":{"epoch":9}}`, 10},
 		{"no epoch at all: the clock", `{}`, 5},
+		// meta/epoch as a writer formatting doubles stores it (cjson's %.14g,
+		// Python's float): read as lease.lua reads it, rounded up; before,
+		// read as 0 and granted below it.
+		{"meta/epoch written as a double", `{"meta":{"epoch":1.7961503264679e+12}}`, 1_796_150_326_469},
+		{"meta/epoch with a fraction", `{"meta":{"epoch":8.5}}`, 10},
+		{"meta/epoch that is no number counts 0", `{"meta":{"epoch":"9"}}`, 5},
 	}
 	for _, tt := range tests {
 		c, _, _, err := PlanLease(mustParse(t, tt.doc), protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 5)
