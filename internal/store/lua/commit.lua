@@ -148,11 +148,13 @@ local highest, refused = swarm_floor() -- then also the written records' revisio
 if refused then
   return refused
 end
--- The records checks' fields, read before the loop by HMGET, at most
--- CHECK_CHUNK fields a call (unpack's bound is Lua's C stack, ~8000): one
--- redis.call per record was most of a large check's cost.
-local CHECK_CHUNK = 1024
-local checked_raws = {} -- write index -> stored field (false: absent)
+-- The records checks' pairs, read before the loop by HMGET, at most
+-- CHECK_CHUNK fields a call (one redis.call per record was most of a large
+-- check's cost), each field's revision taken at once (checked_revision)
+-- and its text dropped: Lua holds at most one chunk of fields (Redis's
+-- maxmemory does not count Lua's memory), not the whole section.
+local CHECK_CHUNK = 256
+local checked = {} -- write index -> stored revision (0: absent; false: not a record)
 do
   local i = 1
   while i <= n do
@@ -167,7 +169,11 @@ do
       end
       local got = redis.call('HMGET', KEYS[ki], unpack(fields))
       for j = 1, #fields do
-        checked_raws[first + j - 1] = got[j]
+        local actual = 0
+        if got[j] then
+          actual = checked_revision(got[j]) or false
+        end
+        checked[first + j - 1] = actual
       end
     end
   end
@@ -186,15 +192,12 @@ for i = 1, n do
       actual = revs[name]
     end
   elseif kind == P.KIND_CHECK_RECORDS then
-    local raw = checked_raws[i]
-    if raw then
-      actual = checked_revision(raw)
-      if actual == nil then
-        return { P.REPLY_CORRUPT, int(i - 1) }
-      end
-      if actual > highest then
-        highest = actual
-      end
+    actual = checked[i]
+    if actual == false then
+      return { P.REPLY_CORRUPT, int(i - 1) }
+    end
+    if actual > highest then
+      highest = actual
     end
   else
     local raw = redis.call('HGET', KEYS[ki], key)
