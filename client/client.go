@@ -308,8 +308,17 @@ const (
 	Put    = fencedv1.WriteKind_WRITE_KIND_PUT
 	Delete = fencedv1.WriteKind_WRITE_KIND_DELETE
 	Check  = fencedv1.WriteKind_WRITE_KIND_CHECK
-	// CheckSection compares a section's revision; Key is empty.
+	// CheckSection compares a section's revision; Key is empty. It also
+	// catches records inserted since the read, but not the changes of a
+	// writer that bypasses fenced (it raises no section revision), and it
+	// conflicts on every insert into the section.
 	CheckSection = fencedv1.WriteKind_WRITE_KIND_CHECK_SECTION
+	// CheckRecords compares the revision of every record in Checks (of
+	// Section); Key is empty and Expected 0. One such write counts as one
+	// write of the batch whatever its pairs (at most the server's
+	// --max-checks, default 65536, in all; their keys count in
+	// --max-batch-value-bytes). How Update fences a section read whole.
+	CheckRecords = fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS
 )
 
 // Blind is the Expected revision that disables a write's check.
@@ -323,6 +332,15 @@ type Write struct {
 	Key      string
 	Expected int64
 	Value    json.RawMessage
+	// Checks are the records a CheckRecords compares; nil for other kinds.
+	Checks []RecordCheck
+}
+
+// RecordCheck is one record of a CheckRecords write: Key must be stored at
+// revision Expected (0: must be absent; never Blind).
+type RecordCheck struct {
+	Key      string
+	Expected int64
 }
 
 // BatchOption sets an optional field of a FencedBatch.
@@ -359,6 +377,13 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
 		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value)}
+		if len(w.Checks) > 0 {
+			checks := make([]*fencedv1.RecordCheck, len(w.Checks))
+			for j, c := range w.Checks {
+				checks[j] = &fencedv1.RecordCheck{Key: c.Key, Expected: c.Expected}
+			}
+			req.Writes[i].Checks = checks
+		}
 	}
 	for _, o := range opts {
 		o(req)

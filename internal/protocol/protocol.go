@@ -90,6 +90,9 @@ const (
 	KindDelete       = "d"
 	KindCheck        = "c"
 	KindCheckSection = "S"
+	// KindCheckRecords: one record (pair) of a records check; a write of
+	// n pairs is n arguments of this kind.
+	KindCheckRecords = "R"
 )
 
 // Mode letters: the first field of a commit's (and the lease script's)
@@ -234,6 +237,7 @@ var entries = []struct{ name, value string }{
 	{"KIND_DELETE", KindDelete},
 	{"KIND_CHECK", KindCheck},
 	{"KIND_CHECK_SECTION", KindCheckSection},
+	{"KIND_CHECK_RECORDS", KindCheckRecords},
 	{"MODE_STAMP", ModeStamp},
 	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
 	{"MODE_REQUEST", ModeRequest},
@@ -291,7 +295,7 @@ var entries = []struct{ name, value string }{
 	// letter. SECTION_PATTERN captures a section's name out of its key;
 	// REQUEST_PATTERN a request id out of its request key; SLUG_PATTERN the
 	// slug out of any key of the swarm.
-	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection)},
+	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords)},
 	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeNone)},
 	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
 	{"REQUEST_PATTERN", luaPatternQuote(FenceInfix+KeyRequestPrefix) + "(.*)$"},

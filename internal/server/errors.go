@@ -180,7 +180,9 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 			Subject:     c.Section + "/" + c.Key,
 			Description: fmt.Sprintf("writes[%d]: expected revision %d, actual %d", c.Index, c.Expected, c.Actual),
 		}
-		if c.Key == "" { // a WRITE_KIND_CHECK_SECTION
+		if c.InChecks { // a pair of a WRITE_KIND_CHECK_RECORDS
+			v.Description = fmt.Sprintf("writes[%d].checks[%d]: expected revision %d, actual %d", c.Index, c.Check, c.Expected, c.Actual)
+		} else if c.Key == "" { // a WRITE_KIND_CHECK_SECTION
 			v.Type, v.Subject = "SECTION_REVISION", c.Section
 			v.Description = fmt.Sprintf("writes[%d]: expected section revision %d, actual %d", c.Index, c.Expected, c.Actual)
 		}

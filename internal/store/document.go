@@ -124,7 +124,7 @@ func storeError(err error) error {
 	case errors.As(err, &conflict):
 		cs := make([]Conflict, len(conflict.Conflicts))
 		for i, c := range conflict.Conflicts {
-			cs[i] = Conflict{Index: c.Index, Section: c.Section, Key: c.Key, Expected: c.Expected, Actual: c.Actual}
+			cs[i] = Conflict{Index: c.Index, Section: c.Section, Key: c.Key, Expected: c.Expected, Actual: c.Actual, InChecks: c.InChecks, Check: c.Check}
 		}
 		return &ConflictError{Conflicts: cs}
 	case errors.As(err, &limit):

@@ -183,15 +183,22 @@ func (e *TooLargeError) Error() string {
 // Is makes errors.Is(err, ErrSnapshotTooLarge) true.
 func (e *TooLargeError) Is(target error) bool { return target == ErrSnapshotTooLarge }
 
-// Conflict is one write whose expected revision did not match.
+// Conflict is one write whose expected revision did not match, or one
+// record of a records check (batch.KindCheckRecords) whose did.
 type Conflict struct {
 	// Index is the write's position in the batch, from 0.
-	Index    int
-	Section  string
+	Index   int
+	Section string
+	// Key is the record's (a records check's: the pair's); "" for a
+	// section check.
 	Key      string
 	Expected int64
 	// Actual is the stored revision; 0 when the record is absent.
 	Actual int64
+	// InChecks: the conflict is a pair of a records check; Check is then
+	// its position in the write's Checks, from 0.
+	InChecks bool
+	Check    int
 }
 
 // ConflictError lists every write of a batch whose expected revision did

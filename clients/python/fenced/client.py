@@ -16,6 +16,7 @@ from .model import (
     BatchResult,
     Change,
     Check,
+    CheckRecords,
     CheckSection,
     Current,
     Delete,
@@ -88,6 +89,7 @@ _KINDS = {
     Delete: records_pb2.WRITE_KIND_DELETE,
     Check: records_pb2.WRITE_KIND_CHECK,
     CheckSection: records_pb2.WRITE_KIND_CHECK_SECTION,
+    CheckRecords: records_pb2.WRITE_KIND_CHECK_RECORDS,
 }
 
 T = TypeVar("T")
@@ -142,7 +144,13 @@ def _watch_resumable(err: grpc.RpcError) -> bool:
 def _write(w: Write) -> records_pb2.RecordWrite:
     kind = _KINDS.get(type(w))
     if kind is None:
-        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check or CheckSection)")
+        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check, CheckSection or CheckRecords)")
+    if isinstance(w, CheckRecords):
+        return records_pb2.RecordWrite(
+            kind=kind,
+            section=w.section,
+            checks=[records_pb2.RecordCheck(key=k, expected=e) for k, e in w.checks.items()],
+        )
     return records_pb2.RecordWrite(
         kind=kind,
         section=w.section,
@@ -346,7 +354,7 @@ class Client:
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
     ) -> BatchResult:
-        """Commit ``writes`` (Put, Delete, Check, CheckSection) all or none.
+        """Commit ``writes`` (Put, Delete, Check, CheckSection, CheckRecords) all or none.
 
         Args:
             slug: the swarm.

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import secrets
+import types
 from typing import Any, Mapping, Optional, Union
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "BatchResult",
     "Change",
     "Check",
+    "CheckRecords",
     "CheckSection",
     "Current",
     "Delete",
@@ -153,13 +155,38 @@ class Check:
 class CheckSection:
     """Write nothing; require the section's revision to be ``expected``. One
     check stands for the whole section, and also catches records inserted
-    since it was read."""
+    since it was read (by anyone: every insert conflicts it). Caveat: only
+    fenced raises section revisions, so it misses the changes of a writer that
+    bypasses fenced (an older Lua batch writing the hash)."""
 
     section: str
     expected: int
 
 
-Write = Union[Put, Delete, Check, CheckSection]
+@dataclasses.dataclass(frozen=True)
+class CheckRecords:
+    """Write nothing; require every record of ``checks`` (key -> the revision
+    it was read at; 0: must be absent; never BLIND) in ``section`` to be at it,
+    compared in the batch's atomic step: how :meth:`Client.update` fences a
+    section read whole. It catches every writer's changes to those records,
+    fenced's or not, and lets inserts of other keys through.
+
+    One CheckRecords counts as one write of the batch whatever its pairs: at
+    most the server's ``--max-checks`` (default 65536) pairs in all, their key
+    bytes counted in ``--max-batch-value-bytes``. A key may be named once in a
+    batch (not also by another write). A mismatch raises RevisionConflict with
+    one Conflict per record (its ``key``, and ``write`` the CheckRecords'
+    index). ``checks`` is copied into a read-only mapping, in its order.
+    """
+
+    section: str
+    checks: Mapping[str, int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", types.MappingProxyType(dict(self.checks)))
+
+
+Write = Union[Put, Delete, Check, CheckSection, CheckRecords]
 """One write of a batch."""
 
 

@@ -75,12 +75,17 @@ func (e *HeldError) Error() string {
 
 // Conflict is one write of a batch whose expected revision is not the
 // document's: Index is its position in the batch (from 0), Actual the
-// revision it found (the document's; 0 when the record is absent).
+// revision it found (the document's; 0 when the record is absent). For a
+// pair of a records check (batch.KindCheckRecords), InChecks is true, Check
+// is the pair's position in the write's Checks and Key and Expected are
+// the pair's.
 type Conflict struct {
 	Index        int
 	Section, Key string
 	Expected     int64
 	Actual       int64
+	InChecks     bool
+	Check        int
 }
 
 // ConflictError lists every write of a batch whose expected revision did

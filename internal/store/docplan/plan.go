@@ -28,7 +28,8 @@ func NextRevision(counter, docRev, nowUs int64) (int64, error) {
 
 // PlanBatch checks b against doc (fence, then every revision: a record
 // reads at the document's revision, 0 when absent; a section check
-// compares the document's revision) and answers the rewritten document and
+// compares the document's revision; a records check each of its pairs as
+// a record) and answers the rewritten document and
 // its revision (NextRevision of counter and nowUs); newDoc nil when b
 // writes nothing (rev: the document's). nowMs is Redis's clock in ms (a
 // fence's NowMs above it counts instead). Errors: *StaleError,
@@ -66,6 +67,27 @@ func PlanBatch(doc *Document, b *batch.Batch, counter, nowUs, nowMs int64) (newD
 		w := &b.Writes[i]
 		if w.Kind == batch.KindPut || w.Kind == batch.KindDelete {
 			writes = true
+		}
+		if w.Kind == batch.KindCheckRecords {
+			o, err := sectionOf(w.Section)
+			if err != nil {
+				return nil, 0, err
+			}
+			// Object.Get scans the section: look many pairs up in a set.
+			present := make(map[string]bool, len(o))
+			for _, m := range o {
+				present[m.Key] = true
+			}
+			for j, c := range w.Checks {
+				actual := doc.Revision
+				if !present[c.Key] {
+					actual = 0
+				}
+				if actual != c.Expected {
+					conflicts = append(conflicts, Conflict{Index: i, Section: w.Section, Key: c.Key, Expected: c.Expected, Actual: actual, InChecks: true, Check: j})
+				}
+			}
+			continue
 		}
 		if w.Expected == batch.Blind {
 			continue

@@ -129,6 +129,35 @@ func TestPlanBatchListsEveryConflictInBatchOrder(t *testing.T) {
 	}
 }
 
+// TestPlanBatchChecksEveryPairOfARecordsCheck: each pair of a
+// WRITE_KIND_CHECK_RECORDS reads as a record (the document's revision, 0
+// when absent); its conflicts name the write and the pair, in order.
+func TestPlanBatchChecksEveryPairOfARecordsCheck(t *testing.T) {
+	doc := mustParse(t, leaseDoc)
+	recs := batch.Write{Kind: batch.KindCheckRecords, Section: "a", Checks: []batch.RecordCheck{
+		{Key: "x", Expected: 5}, {Key: "y", Expected: batch.Absent}, {Key: "x2", Expected: 5}, {Key: "x", Expected: 4},
+	}}
+	b := &batch.Batch{Slug: "s", Writes: []batch.Write{put("b", "n", batch.Absent, `1`), recs}}
+	_, _, err := PlanBatch(doc, b, 0, 0, 0)
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("PlanBatch = %v; want *ConflictError", err)
+	}
+	want := []Conflict{
+		{Index: 1, Section: "a", Key: "x2", Expected: 5, Actual: 0, InChecks: true, Check: 2},
+		{Index: 1, Section: "a", Key: "x", Expected: 4, Actual: 5, InChecks: true, Check: 3},
+	}
+	if !slices.Equal(ce.Conflicts, want) {
+		t.Errorf("PlanBatch conflicts = %+v\nwant %+v", ce.Conflicts, want)
+	}
+	recs.Checks = recs.Checks[:2]
+	b.Writes[1] = recs
+	newDoc, rev, err := PlanBatch(doc, b, 0, 0, 0)
+	if err != nil || newDoc == nil || rev <= 5 {
+		t.Errorf("PlanBatch with every pair matching = %s, %d, %v; want a new document above revision 5", newDoc, rev, err)
+	}
+}
+
 func TestPlanBatchOfChecksOnlyPlansNothing(t *testing.T) {
 	b := &batch.Batch{Slug: "s", Fence: &batch.Fence{Epoch: 7}, Writes: []batch.Write{
 		{Kind: batch.KindCheck, Section: "a", Key: "x", Expected: 5},

@@ -24,10 +24,14 @@
 --         digest ('' without a request key). owner: the fence's ('' = any;
 --         last, so it may hold ':').
 -- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
--- (put), 'd' (delete), 'c' (check) or 'S' (check a section's revision; key
--- empty), key index points into KEYS at its section, expected is the
+-- (put), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
+-- empty) or 'R' (one record of a records check: the Go side sends one such
+-- argument per pair, a write's pairs in a row), key index points into KEYS
+-- at its section, expected is the
 -- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
--- a put is followed by one more argument, its value.
+-- a put is followed by one more argument, its value. The indices of the
+-- replies count these write arguments (a put's value not counted): a
+-- records check of n pairs is n of them.
 -- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
 -- packed because every byte is sent on every commit.
 --
@@ -144,6 +148,36 @@ local highest, refused = swarm_floor() -- then also the written records' revisio
 if refused then
   return refused
 end
+-- The records checks' pairs, read before the loop by HMGET, at most
+-- CHECK_CHUNK fields a call (one redis.call per record was most of a large
+-- check's cost), each field's revision taken at once (checked_revision)
+-- and its text dropped: Lua holds at most one chunk of fields (Redis's
+-- maxmemory does not count Lua's memory), not the whole section.
+local CHECK_CHUNK = 256
+local checked = {} -- write index -> stored revision (0: absent; false: not a record)
+do
+  local i = 1
+  while i <= n do
+    local ki = kis[i]
+    if kinds[i] ~= P.KIND_CHECK_RECORDS then
+      i = i + 1
+    else
+      local first, fields = i, {}
+      while i <= n and kinds[i] == P.KIND_CHECK_RECORDS and kis[i] == ki and #fields < CHECK_CHUNK do
+        fields[#fields + 1] = wkeys[i]
+        i = i + 1
+      end
+      local got = redis.call('HMGET', KEYS[ki], unpack(fields))
+      for j = 1, #fields do
+        local actual = 0
+        if got[j] then
+          actual = checked_revision(got[j]) or false
+        end
+        checked[first + j - 1] = actual
+      end
+    end
+  end
+end
 local conflicts = { P.REPLY_CONFLICT }
 local mutates = false
 local old_exec = {} -- write index -> stored executions field (or false)
@@ -156,6 +190,14 @@ for i = 1, n do
     local name = string.match(KEYS[ki], P.SECTION_PATTERN)
     if type(revs[name]) == 'number' then
       actual = revs[name]
+    end
+  elseif kind == P.KIND_CHECK_RECORDS then
+    actual = checked[i]
+    if actual == false then
+      return { P.REPLY_CORRUPT, int(i - 1) }
+    end
+    if actual > highest then
+      highest = actual
     end
   else
     local raw = redis.call('HGET', KEYS[ki], key)

@@ -4,7 +4,8 @@
 --
 -- Owns: MAX_DEPTH, REV_MAX, REV_MAX_TEXT, digits_in_range,
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
--- in_range, parse_record, record_revision, record_value.
+-- in_range, parse_record, record_revision, checked_revision,
+-- record_value.
 -- Needs: lib_json.lua (json_valid, string_end, value_end; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
@@ -131,6 +132,24 @@ local function record_revision(raw)
     return nil, value == 'over'
   end
   return rev, false
+end
+
+-- checked_revision is the revision a records check (P.KIND_CHECK_RECORDS)
+-- compares: that of a stored field of fenced's own form {"r":N,"v":...}
+-- read from its "r" alone, the value not judged (a check writes nothing,
+-- and judging every value of a section read whole, ~3 us per 200 bytes,
+-- was most of its cost); any other form by the record grammar
+-- (record_revision). nil when the field is not a record, nil, true when
+-- its revision is above REV_MAX.
+local function checked_revision(raw)
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' then
+    if not digits_in_range(digits) then
+      return nil, true
+    end
+    return tonumber(digits), false
+  end
+  return record_revision(raw)
 end
 
 -- record_value decodes the value of a stored record field, nil when the
