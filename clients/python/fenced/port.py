@@ -59,7 +59,7 @@ import grpc
 from . import errors
 from .client import Client
 from .keeper import LeaseKeeper
-from .model import BLIND, Check, Delete, Layout, Lease, LeaseFence, Put, Record, Write, dumps, new_request_id
+from .model import BLIND, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Write, dumps, new_request_id
 
 __all__ = [
     "ARCHIVE",
@@ -253,13 +253,13 @@ def _record_checks(section: str, expected: Mapping[str, int]) -> list[Write]:
     section (revision 0: must be absent): the in-house rule for a section
     read whole, and for every record read.
 
-    TODO(CHECK_RECORDS): today one Check per record, so a whole read of a
-    section bigger than the server's --max-writes (1024 writes a batch; the
-    fixture's executions has 1,352 records) is refused INVALID_ARGUMENT. Once
-    fenced has the CHECK_RECORDS write kind (issue 24 §1: one write carrying
-    many key/revision pairs of one section), return that one write here; this
-    is the only place that builds these checks."""
-    return [Check(section, key, rev) for key, rev in sorted(expected.items())]
+    One WRITE_KIND_CHECK_RECORDS write carries them all (docs/design/03-fenced-batch.md
+    §3.2): it counts as one of the server's --max-writes, so a whole read of a
+    section bigger than that (the fixture's executions has 1,352 records)
+    still fits one batch; its pairs are bounded by --max-checks."""
+    if not expected:
+        return []
+    return [CheckRecords(section, dict(sorted(expected.items())))]
 
 
 class _Entry:

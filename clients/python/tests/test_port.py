@@ -376,9 +376,9 @@ def test_a_scanned_section_is_checked_whole(client: fenced.Client, p: port.Port,
     assert runs == 2 and p.record(slug, "operations", "summary").value == {"running": 1}  # type: ignore[union-attr]
     assert sent_kinds(rec)[0] == [
         ("WRITE_KIND_PUT", "operations", "summary", 0),
-        ("WRITE_KIND_CHECK", "claims", "T-1", rev),
-        ("WRITE_KIND_CHECK", "claims", "T-2", rev),
-    ]  # one check per record held, no section check
+        ("WRITE_KIND_CHECK_RECORDS", "claims", "", 0),
+    ]  # one check of every record held, no section check
+    assert [(c.key, c.expected) for c in rec.sent[0].writes[1].checks] == [("T-1", rev), ("T-2", rev)]
 
     # Inserts of other keys, by the in-house writer and through fenced: the first attempt commits.
     runs = 0
@@ -434,8 +434,9 @@ def test_archive_puts_are_blind_and_never_checked(client: fenced.Client, p: port
     assert sent_kinds(rec) == [[
         ("WRITE_KIND_PUT", "archive", "new", fenced.BLIND),
         ("WRITE_KIND_PUT", "intents", "i", 0),
-        ("WRITE_KIND_CHECK", "claims", "c", rev),
+        ("WRITE_KIND_CHECK_RECORDS", "claims", "", 0),
     ]]
+    assert [(c.key, c.expected) for c in rec.sent[0].writes[2].checks] == [("c", rev)]
     assert p.record(slug, "archive", "new").value == {"ours": 1}  # type: ignore[union-attr]
     # A delete in the archive is BLIND too.
     q.write(slug, lambda doc: doc["sections"]["archive"].pop("old"))
@@ -588,8 +589,6 @@ def test_document_view_behaves_as_the_document(p: port.Port, slug: str) -> None:
     assert p.sections(slug, "archive") == {"archive": {"x": 0}}
 
 
-@pytest.mark.xfail(strict=True, reason="until the CHECK_RECORDS write lands (issue 24 §1): one Check per record "
-                   "exceeds --max-writes (1024) for a whole read of a bigger section; wire it in port._record_checks")
 def test_a_whole_read_of_a_section_over_max_writes_commits(p: port.Port, slug: str) -> None:
     for start in (0, 600):
         p.fenced_batch(slug, [fenced.Put("executions", f"exe-{i:04d}", 0, '{"generation":1}') for i in range(start, start + 600)])
