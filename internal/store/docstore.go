@@ -59,7 +59,7 @@ func docRetry() backoff.BackOff {
 // from and writes only when nothing changed (compare-and-set): the
 // document's length and SHA-1 (redis.sha1hex: the plan's bytes never go
 // back to Redis), meta/layout and the revision counter as read ('=' and
-// the text; ” when absent). It answers 0 when any differs (plan again)
+// the text; empty when absent). It answers 0 when any differs (plan again)
 // and writes nothing then.
 //
 // KEYS[1] P:state:fencing:current  KEYS[2] P:state:fencing:history:<slug>
