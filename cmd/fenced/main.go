@@ -338,6 +338,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 		store.WithLeaseDurability(durable),
 		store.WithRedisTimeout(c.RedisTimeout),
 		store.WithAllowEviction(c.AllowEvictingRedis),
+		store.WithSections(c.Sections),
 		store.WithLogger(log),
 		c.limitFlags.storeOption()}
 	if !c.RedisFunctions {
