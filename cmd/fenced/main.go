@@ -31,7 +31,7 @@ func main() {
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fenced:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
