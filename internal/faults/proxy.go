@@ -26,9 +26,9 @@ type Proxy struct {
 	dropped chan struct{}
 	// stall: the armed marker's connection stays open, its replies dropped
 	// (StallReplyTo).
-	stall bool
-	closed  bool
-	wg      sync.WaitGroup
+	stall  bool
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // proxyConn is one client connection and its server side.
