@@ -65,7 +65,9 @@ type migrateCmd struct {
 	// other is refused before anything is written.
 	Sections []string `env:"FENCED_SECTIONS" default:"executions,archive,intents,orphans,grants,registrations,claims,journals,fences,operations" help:"Section names fenced serves besides meta, comma-separated (as fenced serve's --sections): a document holding another section is refused before anything is written."`
 	// Timeout bounds each swarm's migration.
-	Timeout time.Duration `default:"60s" help:"Give up on one swarm after this long (its attempts, up to 16, and their waits); each call to Redis is bounded by 3s within it."`
+	Timeout time.Duration `default:"60s" help:"Give up on one swarm after this long (its attempts, up to 16, and their waits); each call to Redis is bounded by --redis-timeout within it."`
+	// RedisTimeout bounds every call to Redis (as serve's).
+	RedisTimeout time.Duration `name:"redis-timeout" env:"FENCED_REDIS_TIMEOUT" default:"3s" help:"Longest one call waits for Redis (a read of the document, the move): past it the attempt is tried again, within --timeout."`
 }
 
 // migrateOutcome is what one swarm's migration came to.
@@ -89,8 +91,8 @@ func (c *migrateCmd) Run(e *env) error {
 			return fmt.Errorf("slug: %w", err)
 		}
 	}
-	if c.Timeout <= 0 {
-		return errors.New("--timeout must be above 0")
+	if c.Timeout <= 0 || c.RedisTimeout < time.Millisecond {
+		return errors.New("--timeout must be above 0 and --redis-timeout at least 1ms")
 	}
 	if err := (batch.Limits{Sections: c.Sections, MaxWrites: 1, MaxValueBytes: 1, MaxBatchValueBytes: 1}).Check(); err != nil {
 		return fmt.Errorf("--sections: %w", err)
@@ -99,7 +101,7 @@ func (c *migrateCmd) Run(e *env) error {
 		return errors.New("migrate needs a Redis: set --redis-url, FENCED_REDIS_URL or AGENTIHOOKS_SWARM_REDIS_URL")
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, closeStore, err := c.open(log, store.WithSections(c.Sections))
+	st, closeStore, err := c.open(log, store.WithSections(c.Sections), store.WithRedisTimeout(c.RedisTimeout))
 	if err != nil {
 		return err
 	}
