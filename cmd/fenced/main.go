@@ -31,7 +31,7 @@ func main() {
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fenced:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -342,6 +342,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 		store.WithLeaseDurability(durable),
 		store.WithRedisTimeout(c.RedisTimeout),
 		store.WithAllowEviction(c.AllowEvictingRedis),
+		store.WithSections(c.Sections),
 		store.WithLogger(log),
 		c.limitFlags.storeOption()}
 	if !c.RedisFunctions {

@@ -458,13 +458,48 @@ func (e *CompactedError) Unwrap() error { return ErrRevisionCompacted }
 // gRPC: FAILED_PRECONDITION, LAYOUT_DOCUMENT.
 var ErrDocumentOnCluster = fmt.Errorf("%w on Redis Cluster: the document layout is served on standalone Redis only; migrate the swarm there first", ErrLayoutDocument)
 
-// ErrMigrationContended: the swarm's fencing state kept changing during
-// every attempt of a Migrate; nothing was committed. gRPC: ABORTED,
-// REVISION_CONFLICT.
+// ErrMigrationContended: the swarm's own fencing state (its document,
+// meta/layout or counter) kept changing during every attempt of a Migrate
+// (16); nothing was committed. gRPC: ABORTED, REVISION_CONFLICT.
 var ErrMigrationContended = errors.New("the swarm fencing state kept changing; nothing was committed")
 
-// ErrDocumentContended: a document batch or lease operation lost its
-// WATCH to other writers on every attempt; nothing was written. fenced
-// maps it to ABORTED, REVISION_CONFLICT (re-read and run the change
+// ErrDocumentContended: a document batch or lease operation found the
+// swarm's own document (or its meta/layout, or its counter) changed by
+// another writer between its read and its write on every attempt (16);
+// nothing was written. Writes to other swarms' documents never cause it.
+// fenced maps it to ABORTED, REVISION_CONFLICT (re-read and run the change
 // again).
 var ErrDocumentContended = errors.New("the swarm's document kept changing; nothing was written")
+
+// ErrOutcomeUnknown: a Migrate sent its move to Redis, got no answer (the
+// reply was lost, or came after the deadline) and could not learn
+// afterwards whether the move committed. Returned wrapping the last
+// failure (ErrUnavailable, a context error...). Run the migration again: a
+// repeat is safe (the move is a compare-and-set on the document: it
+// commits at most once, and a repeat after it answers AlreadyMoved). gRPC:
+// that of the failure it wraps (UNAVAILABLE, DEADLINE_EXCEEDED).
+var ErrOutcomeUnknown = errors.New("the move's outcome is unknown (Redis did not answer it); run it again: a repeat is safe")
+
+// ErrSectionNotServed: the swarm's document holds a section that fenced is
+// not configured to serve. Returned as *SectionNotServedError by Migrate
+// (dry run included) before anything is written: moved, its records could
+// be neither read nor written through fenced. Configure the section on
+// every fenced (--sections, FENCED_SECTIONS; fenced migrate --sections
+// too), or remove it from the document, and migrate again. gRPC:
+// FAILED_PRECONDITION, SECTION_NOT_SERVED (metadata "sections": the
+// names, comma-separated).
+var ErrSectionNotServed = errors.New("the swarm's document holds a section fenced does not serve")
+
+// SectionNotServedError is ErrSectionNotServed naming the sections.
+type SectionNotServedError struct {
+	// Sections are the document's sections not served, in its order.
+	Sections []string
+}
+
+func (e *SectionNotServedError) Error() string {
+	return fmt.Sprintf("%v: %s; nothing was written: add it to --sections (FENCED_SECTIONS) of every fenced, or remove it from the document, then migrate again",
+		ErrSectionNotServed, strings.Join(e.Sections, ", "))
+}
+
+// Is makes errors.Is(err, ErrSectionNotServed) true.
+func (e *SectionNotServedError) Is(target error) bool { return target == ErrSectionNotServed }

@@ -300,7 +300,7 @@ for i = 1, n do
 end
 
 -- The first writes: the log entry, the stamp, the counter.
-local refused_write = start_commit(rev, stamp, slug, log_owner, records, changed, request_id, log_changes)
+local refused_write = start_commit(rev, stamp_command(stamp, layout), slug, log_owner, records, changed, request_id, log_changes)
 if refused_write then
   return refused_write
 end

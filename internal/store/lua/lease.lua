@@ -160,7 +160,7 @@ if granted then
 end
 -- The first writes: the log entry, the stamp, the counter.
 local changed = { [P.KEY_META] = true }
-local refused_write = start_commit(rev, stamp, slug, owner, records, changed, nil, log_changes)
+local refused_write = start_commit(rev, stamp_command(stamp, layout), slug, owner, records, changed, nil, log_changes)
 if refused_write then
   return refused_write
 end

@@ -160,9 +160,27 @@ local function refusal_of(err, key, want, name)
   return wrong_type({ { key, want, name } }) or err
 end
 
+-- stamp_command is the command a commit stamps P:state:fencing:current
+-- with (nil: none, on Cluster): HSET when the swarm had no meta/layout,
+-- since this commit puts it on the records and an older writer that read
+-- the bucket before must lose its WATCH; else HSETNX, which writes only a
+-- missing stamp: the swarm's layout does not change, and a write to the
+-- bucket, which every document swarm shares, would abort every older
+-- writer's WATCH on it (docs/design/02-redis-layout.md §2.5).
+local function stamp_command(stamp, layout)
+  if not stamp then
+    return nil
+  end
+  if layout then
+    return 'HSETNX'
+  end
+  return 'HSET'
+end
+
 -- start_commit makes a commit's first writes, after every check: first
 -- those to keys it has not read, whose Redis type it does not know: the
--- log entry (XADD), then on standalone the stamp; then the swarm counter.
+-- log entry (XADD), then on standalone the stamp (stamp: stamp_command's
+-- command); then the swarm counter.
 -- The first two go by pcall: when XADD refuses (a key of another type, a
 -- stream whose last id is the largest there is), nothing was written; when
 -- the stamp refuses, the log entry is deleted again (XDEL; what XADD's
@@ -210,7 +228,7 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
     return refusal_of(id, KEYS[3], 'stream', P.KEY_LOG)
   end
   if stamp then
-    local set = redis.pcall('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
+    local set = redis.pcall(stamp, KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
     if type(set) == 'table' and set.err then
       redis.call('XDEL', KEYS[3], id)
       return refusal_of(set, KEYS[#KEYS], 'hash', 'state:fencing:current')
