@@ -94,7 +94,11 @@ func (c *migrateCmd) Run(e *env) error {
 	if c.Timeout <= 0 || c.RedisTimeout < time.Millisecond {
 		return errors.New("--timeout must be above 0 and --redis-timeout at least 1ms")
 	}
-	if err := (batch.Limits{Sections: c.Sections, MaxWrites: 1, MaxValueBytes: 1, MaxBatchValueBytes: 1}).Check(); err != nil {
+	// The section names are checked as serve checks them; the other limits
+	// play no part in a migration.
+	limits := batch.DefaultLimits()
+	limits.Sections = c.Sections
+	if err := limits.Check(); err != nil {
 		return fmt.Errorf("--sections: %w", err)
 	}
 	if c.RedisURL == "" && os.Getenv("AGENTIHOOKS_SWARM_REDIS_URL") == "" {
