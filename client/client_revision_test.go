@@ -191,3 +191,34 @@ func TestCompareRevisionsOrdersTheEras(t *testing.T) {
 		}
 	}
 }
+
+// TestClientTakesAFourteenDigitRevisionAfterASixteenDigitOne: the client
+// saw a swarm at a 16-digit revision; the swarm then shows a 14-digit one
+// (fenced's numbering after issue 24). That is later by the issue order:
+// no ErrRevisionWentBackwards (before: the read failed with it).
+func TestClientTakesAFourteenDigitRevisionAfterASixteenDigitOne(t *testing.T) {
+	srv := redistest.Start(t)
+	f := startOn(t, srv)
+	ctx := context.Background()
+	const slug = "eras-mark"
+	seedMicrosecondSwarm(t, srv, slug)
+	if _, rev, err := f.c.Get(ctx, slug, "claims", "T-1"); err != nil || rev != oldUs {
+		t.Fatalf("Get = r%d, %v; want r%d", rev, err, int64(oldUs))
+	}
+	const next14 = 17_961_503_264_679
+	srv.Do(t, "SET", prefix+":swarm:{"+slug+"}:fence:revision", strconv.FormatInt(next14, 10))
+	for _, read := range []func() (int64, error){
+		func() (int64, error) { _, rev, err := f.c.Get(ctx, slug, "claims", "T-1"); return rev, err },
+		func() (int64, error) {
+			snap, err := f.c.Snapshot(ctx, slug, "claims")
+			if err != nil {
+				return 0, err
+			}
+			return snap.Revision, nil
+		},
+	} {
+		if rev, err := read(); err != nil || rev != next14 {
+			t.Errorf("read after the swarm moved to 14 digits = r%d, %v; want r%d, no error", rev, err, int64(next14))
+		}
+	}
+}

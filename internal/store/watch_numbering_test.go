@@ -70,3 +70,43 @@ func TestWatchFromAMicrosecondRevisionGetsTheNewBatches(t *testing.T) {
 		t.Errorf("live event after the resumes = r%d, want r%d", ev.Revision, more)
 	}
 }
+
+// TestWatchOrdersLogEntriesByTheIssueOrder: the log holds batches at 16
+// digits, then batches at 14 digits whose prev is the last 16-digit one (as
+// fenced writes them when it moves a swarm on). A live watch from the last
+// 16-digit revision and a resume from before it hand out the 14-digit
+// batches, in log order (before: they ranked below the start and a watch
+// never handed them out).
+func TestWatchOrdersLogEntriesByTheIssueOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "eras-log"
+	seedMicrosecondSwarm(t, srv, slug)
+	appendLog(t, srv, slug, oldUs-2, 2, "pclaims:3:T-1") // oldUs-1, oldUs
+	live, err := st.Watch(ctx, slug, oldUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	blockedReader(t, srv)
+	const next14 = 17_961_503_264_679
+	srv.Do(t, "EVAL", `redis.call('XADD', KEYS[1], '*', 'revision', ARGV[1], 'owner', '', 'records', '1', 'changes', 'pclaims:3:T-2', 'prev', ARGV[3])
+redis.call('XADD', KEYS[1], '*', 'revision', ARGV[2], 'owner', '', 'records', '1', 'changes', 'pclaims:3:T-2', 'prev', ARGV[1])`,
+		"1", key(slug, "log"), strconv.FormatInt(next14, 10), strconv.FormatInt(next14+1, 10), strconv.FormatInt(oldUs, 10))
+	for _, want := range []int64{next14, next14 + 1} {
+		if ev := next(t, live); ev.Revision != want {
+			t.Fatalf("live event = r%d, want r%d", ev.Revision, want)
+		}
+	}
+	resumed, err := st.Watch(ctx, slug, oldUs-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resumed.Close()
+	for _, want := range []int64{oldUs, next14, next14 + 1} {
+		if ev := next(t, resumed); ev.Revision != want {
+			t.Fatalf("resumed event = r%d, want r%d", ev.Revision, want)
+		}
+	}
+}

@@ -246,6 +246,19 @@ def test_client_follows_a_swarm_from_microsecond_to_new_revisions(start_fenced) 
         assert c.record_at(slug, "claims", "T-1")[1] == old  # said once
 
 
+def test_client_takes_a_14_digit_revision_after_a_16_digit_one(client: fenced.Client, redis: Redis, slug: str) -> None:
+    """The client saw a swarm at a 16-digit revision; the swarm then shows a
+    14-digit one (fenced's numbering after issue 24): later by the issue order,
+    no RevisionWentBackwards (before: the read raised it)."""
+    old, new = 1796079180861096, 17961503264679
+    redis.cli("SET", swarm_key(slug, "revision"), str(old))
+    redis.cli("HSET", swarm_key(slug, "claims"), "T-1", f'{{"r":{old},"v":1}}')
+    assert client.record_at(slug, "claims", "T-1")[1] == old
+    redis.cli("SET", swarm_key(slug, "revision"), str(new))
+    assert client.record_at(slug, "claims", "T-1")[1] == new
+    assert client.sections(slug, "claims").revision == new
+
+
 def test_compare_revisions_orders_the_eras() -> None:
     """Counters (< 10^13) before µs revisions (>= 10^14) before today's 14-digit ones."""
     order = [0, 7, 10**13 - 1, 10**14, 1796079180861096, 2**53 - 1, 10**13, 17961503264679, 10**14 - 1]
