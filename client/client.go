@@ -32,12 +32,14 @@ import (
 
 // Client calls one fenced deployment. It is safe for concurrent use.
 //
-// It remembers the highest swarm revision it has seen per swarm (from every
-// read, commit and lease change): fenced issues every revision above every
-// earlier one, even after Redis lost acknowledged writes, so a read showing
-// a lower swarm revision means Redis lost data the client saw. That read
-// fails with ErrRevisionWentBackwards (*RevisionWentBackwardsError), once:
-// the client then goes on from the lower revision.
+// It remembers the latest swarm revision it has seen per swarm (from every
+// read, commit and lease change, in issue order: CompareRevisions): fenced
+// issues every revision after every earlier one, even after Redis lost
+// acknowledged writes, so a read showing an earlier swarm revision means
+// Redis lost data the client saw. That read fails with
+// ErrRevisionWentBackwards (*RevisionWentBackwardsError), once: the client
+// then goes on from the earlier revision. A swarm moving from fenced's
+// former 16-digit revisions to its 14-digit ones is not going backwards.
 type Client struct {
 	conn    *grpc.ClientConn // nil when built with New
 	records fencedv1.RecordsServiceClient
@@ -49,7 +51,7 @@ type Client struct {
 	plainWatch atomic.Bool
 
 	mu   sync.Mutex
-	seen map[string]int64 // slug -> highest swarm revision seen
+	seen map[string]int64 // slug -> latest swarm revision seen
 }
 
 // saw records a swarm revision a commit or lease change answered: it only
@@ -57,12 +59,12 @@ type Client struct {
 func (c *Client) saw(slug string, revision int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if revision > c.seen[slug] {
+	if laterRevision(revision, c.seen[slug]) {
 		c.seen[slug] = revision
 	}
 }
 
-// mark is the highest swarm revision seen so far: a read takes it before
+// mark is the latest swarm revision seen so far: a read takes it before
 // it is sent, and compares its answer with it (a commit that ends while the
 // read is in flight may have a higher revision than the read's, rightly).
 func (c *Client) mark(slug string) int64 {
@@ -72,20 +74,20 @@ func (c *Client) mark(slug string) int64 {
 }
 
 // read records the swarm revision a read answered, given the mark taken
-// before the read was sent: *RevisionWentBackwardsError when it is below
+// before the read was sent: *RevisionWentBackwardsError when it is earlier
 // (the mark then moves down to it, unless a later answer raised it
 // meanwhile, so that the caller is told once), else nil. 0 (no batch ever
 // committed, as after a restart without persistence) counts too.
 func (c *Client) read(slug string, before, revision int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if revision < before {
+	if laterRevision(before, revision) {
 		if c.seen[slug] == before {
 			c.seen[slug] = revision
 		}
 		return &RevisionWentBackwardsError{Slug: slug, Highest: before, Revision: revision}
 	}
-	if revision > c.seen[slug] {
+	if laterRevision(revision, c.seen[slug]) {
 		c.seen[slug] = revision
 	}
 	return nil

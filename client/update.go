@@ -145,10 +145,10 @@ type Txn struct {
 	whole        map[string]bool
 	pending      map[ref]*pendingWrite
 	order        []ref // first-write order of pending
-	seen         int64 // the highest swarm revision seen
+	seen         int64 // the latest swarm revision seen (CompareRevisions)
 }
 
-func (tx *Txn) see(rev int64) { tx.seen = max(tx.seen, rev) }
+func (tx *Txn) see(rev int64) { tx.seen = latestRevision(tx.seen, rev) }
 
 // lookup reads (section, key) as of the Txn's first read of it.
 func (tx *Txn) lookup(r ref) (Record, bool, error) {

@@ -257,9 +257,9 @@ func (s *Store) execWaitPipelined(wctx, ctx context.Context, sc *script, keys, a
 // one-record change sends its value plus under 512 bytes to Redis. Only a
 // batch that puts or deletes in executions runs the by-name variant and
 // sends the executions and by-name keys; any other batch sends neither (a check of executions sends the executions key, as
-// for any section). Revisions, epochs and now_ms go in base 36 (11
-// characters for a revision of Redis's clock in µs, 9 for an epoch, instead
-// of 16 and 13 decimal digits).
+// for any section). Revisions, epochs and now_ms go in base 36 (9
+// characters for a revision of Redis's clock in 100 µs, 8 for an epoch,
+// instead of 14 and 13 decimal digits).
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args []string) {
 	sc = commitScript
 	keys = append(make([]string, 0, 7+len(b.Writes)), k.meta(), k.revision(), k.log())

@@ -68,11 +68,14 @@ var (
 	// Returned by ScanSection. gRPC: INVALID_ARGUMENT, INVALID_ARGUMENT.
 	ErrInvalidCursor = errors.New("invalid scan cursor")
 	// ErrRevisionLimit: the batch or lease change would issue a revision or
-	// epoch above MaxRevision (2^53-1), or a BLIND write targets a record
-	// whose stored revision is above it. Nothing was written. Returned as
+	// epoch above protocol.IssueMax (10^14-1), or meets a stored number
+	// (the counter, a section revision, meta/epoch, the lease's) above
+	// MaxRevision (2^53-1), or a BLIND write targets a record whose stored
+	// revision is above MaxRevision. Nothing was written. Returned as
 	// *LimitError by commits and lease changes. Only a swarm whose numbers
-	// were set by hand gets there (revisions follow the clock in µs: 2^53
-	// µs is in the 23rd century). gRPC: OUT_OF_RANGE, REVISION_LIMIT.
+	// were set by hand gets there (revisions follow the clock in 100 µs,
+	// epochs in ms: 10^14 of either is in the 23rd century). gRPC:
+	// OUT_OF_RANGE, REVISION_LIMIT.
 	ErrRevisionLimit = errors.New("revision limit")
 	// ErrMalformedReply: a script answered something fenced does not
 	// understand (a bug, or a foreign script under the same SHA): returned,
@@ -335,7 +338,7 @@ func (e *LimitError) Error() string {
 	if e.Section != "" {
 		what = e.Section + "/" + e.Key
 	}
-	return fmt.Sprintf("revision limit: %s is at or near 2^53-1, above which no revision or epoch is issued; nothing was written (repair the swarm's stored numbers by hand)", what)
+	return fmt.Sprintf("revision limit: %s is above 2^53-1, or the revision or epoch it needs would pass 10^14-1, the largest fenced issues; nothing was written (repair the swarm's stored numbers by hand)", what)
 }
 
 // Is makes errors.Is(err, ErrRevisionLimit) true.

@@ -17,12 +17,19 @@ type Record struct {
 	Value string
 }
 
-// MaxRevision is 2^53-1, the largest revision or epoch fenced writes or
+// MaxRevision is 2^53-1, the largest revision or epoch fenced reads or
 // compares: the largest integer that Lua numbers (doubles), which the
 // scripts compute with, and most JSON parsers keep exact. A stored revision
-// above it is not a record (*CorruptError); a batch or lease grant whose new
-// revision or epoch would pass it is refused (*LimitError).
+// above it is not a record (*CorruptError). What fenced issues stays at
+// most MaxIssued: a batch or lease grant whose new revision or epoch would
+// pass that is refused (*LimitError).
 const MaxRevision = protocol.RevMax
+
+// MaxIssued is 10^14-1, the largest revision or epoch fenced issues: every
+// one it issues has at most 14 digits, which a writer formatting it as a
+// Lua number (14 significant digits, as cjson does) writes exactly
+// (docs/design/05-numbering.md §5.1).
+const MaxIssued = protocol.IssueMax
 
 // MaxRecordDepth is the most arrays and objects a stored field may nest,
 // the field's own object counting 1: cjson's limit, which the scripts

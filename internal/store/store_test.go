@@ -430,7 +430,7 @@ func TestChecksAloneWriteNothing(t *testing.T) {
 func TestRevisionNeverGoesBackwards(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
-	const ahead = 5_000_000_000_000_000 // µs: the year 2128
+	const ahead = 50_000_000_000_000 // 100 µs: the year 2128
 	srv.Do(t, "HSET", key("lost", "claims"), "c", fmt.Sprintf(`{"r":%d,"v":1}`, ahead))
 	// The counter is gone (lost, or restored from an older snapshot).
 	rev := mustCommit(t, st, &batch.Batch{Slug: "lost", Writes: []batch.Write{put("claims", "c", ahead, `2`)}})
@@ -613,7 +613,7 @@ func TestLostCounterDoesNotRestartRevisions(t *testing.T) {
 	st := open(t, srv)
 	// Section revisions ahead of the clock (set by hand: the floor, not the
 	// clock, must decide here).
-	const ahead = 5_000_000_000_000_000
+	const ahead = 50_000_000_000_000 // 100 µs: the year 2128
 	srv.Do(t, "HSET", key("floor", "meta"), "section_revisions", fmt.Sprintf(`{"r":%d,"v":{"claims":%d}}`, int64(ahead), int64(ahead)))
 	srv.Do(t, "SET", key("floor", "revision"), strconv.FormatInt(ahead, 10))
 	srv.Do(t, "DEL", key("floor", "revision"))

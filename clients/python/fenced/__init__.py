@@ -65,6 +65,7 @@ from .model import (
     dumps,
     new_request_id,
 )
+from .revisions import compare_revisions
 from .update import MAX_LOST_REPLY_RETRIES, MAX_UPDATE_ATTEMPTS, SectionView, Txn
 
 __version__ = "0.1.0"
@@ -117,6 +118,7 @@ __all__ = [
     "Txn",
     "Unavailable",
     "Write",
+    "compare_revisions",
     "decode",
     "declared_reasons",
     "dumps",

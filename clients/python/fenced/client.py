@@ -34,6 +34,7 @@ from .model import (
     Write,
     new_request_id,
 )
+from .revisions import compare_revisions, later_revision
 from .update import Txn
 from .update import update as _update
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
@@ -184,12 +185,13 @@ class Client:
     Raises:
         ValueError: a token over plaintext without ``insecure_token``.
 
-    It remembers the highest swarm revision it has seen per swarm (from every
-    read, commit and lease change): fenced issues every revision above every
-    earlier one, even after Redis lost acknowledged writes, so a read showing a
-    lower one means Redis lost data this client saw. That read raises
-    :class:`RevisionWentBackwards`, once; the client then goes on from the lower
-    revision.
+    It remembers the latest swarm revision it has seen per swarm (from every
+    read, commit and lease change, in issue order: :func:`compare_revisions`):
+    fenced issues every revision after every earlier one, even after Redis lost
+    acknowledged writes, so a read showing an earlier one means Redis lost data
+    this client saw. That read raises :class:`RevisionWentBackwards`, once; the
+    client then goes on from the earlier revision. A swarm moving from fenced's
+    former 16-digit revisions to its 14-digit ones is not going backwards.
 
     Fork safety: a gRPC channel must not be used across ``fork()``. Create the
     Client (and any LeaseKeeper) in the process that uses it, after forking
@@ -261,7 +263,7 @@ class Client:
     def _saw(self, slug: str, revision: int) -> None:
         """Record a swarm revision a commit or lease change answered: it only raises the mark."""
         with self._seen_lock:
-            if revision > self._seen.get(slug, 0):
+            if compare_revisions(revision, self._seen.get(slug, 0)) > 0:
                 self._seen[slug] = revision
 
     def _mark(self, slug: str) -> int:
@@ -272,14 +274,14 @@ class Client:
 
     def _read(self, slug: str, before: int, revision: int) -> None:
         """Check the swarm revision a read answered against the mark taken
-        before it: below it raises RevisionWentBackwards and moves the mark
+        before it: earlier raises RevisionWentBackwards and moves the mark
         down (unless a later answer raised it meanwhile), so it is said once."""
         with self._seen_lock:
-            if revision < before:
+            if compare_revisions(revision, before) < 0:
                 if self._seen.get(slug, 0) == before:
                     self._seen[slug] = revision
                 raise errors.RevisionWentBackwards(slug, before, revision)
-            if revision > self._seen.get(slug, 0):
+            if compare_revisions(revision, self._seen.get(slug, 0)) > 0:
                 self._seen[slug] = revision
 
     # Records.
@@ -389,7 +391,7 @@ class Client:
         progress: bool = False,
     ) -> Iterator[Event]:
         """Follow a swarm's committed batches after ``from_revision`` (0: from
-        now), in revision order, each once: a generator of :class:`Event`. A
+        now), in issue order, each once: a generator of :class:`Event`. A
         broken stream (fenced restarting, a lost connection, Redis away for a
         while, the server dropping a watcher that read too slowly) is reopened
         from the last revision seen, with backoff (50 ms to 5 s), yielding
@@ -433,7 +435,7 @@ class Client:
                 for resp in call:
                     wait = initial
                     for e in resp.events:
-                        from_revision = max(from_revision, e.revision)
+                        from_revision = later_revision(from_revision, e.revision)
                         if e.progress and not progress:
                             continue
                         self._saw(slug, e.revision)

@@ -334,7 +334,8 @@ class Event:
     """One committed batch of a watched swarm (:meth:`fenced.Client.watch`).
 
     Attributes:
-        revision: the revision it committed at; events come in increasing order.
+        revision: the revision it committed at; events come in issue order
+            (:func:`fenced.compare_revisions`).
         owner: the lease owner that fenced it ("" when unfenced).
         request_id: its request id, when it had one.
         changes: the records it put or deleted (only the watched sections'); empty when truncated.

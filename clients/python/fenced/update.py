@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, MutableMapping, Optio
 
 from . import errors
 from .model import Check, CheckRecords, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+from .revisions import later_revision
 
 if TYPE_CHECKING:
     from .client import Client
@@ -71,7 +72,7 @@ class Txn:
         """The highest swarm revision this Txn read at."""
 
     def _see(self, rev: int) -> None:
-        self.seen = max(self.seen, rev)
+        self.seen = later_revision(self.seen, rev)
 
     def _lookup(self, r: _Ref) -> Optional[Record]:
         if r in self._read:

@@ -99,11 +99,11 @@ func (e *ConflictError) Error() string {
 }
 
 // LimitError: the new revision ("revision") or epoch ("epoch"), named by
-// Key, would pass protocol.RevMax (2^53-1).
+// Key, would pass protocol.IssueMax (10^14-1), the largest fenced issues.
 type LimitError struct {
 	Key string
 }
 
 func (e *LimitError) Error() string {
-	return fmt.Sprintf("revision limit: the new %s would pass 2^53-1", e.Key)
+	return fmt.Sprintf("revision limit: the new %s would pass 10^14-1", e.Key)
 }

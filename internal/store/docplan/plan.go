@@ -14,13 +14,19 @@ import (
 // revision).
 
 // NextRevision is the numbering rule of every commit (lib_commit.lua
-// next_revision) applied to a document: above the swarm's revision counter
-// and the document's revision, at least Redis's clock in µs (nowUs).
-// *LimitError ("revision") past protocol.RevMax.
+// next_revision) applied to a document: later in issue order
+// (protocol.CompareRevisions) than the swarm's revision counter and the
+// document's revision, at least Redis's clock nowUs (µs) in units of
+// protocol.RevisionTickUs (protocol.ClockRevision): the clock unless an
+// era-2 floor is at or above it, then that floor plus one.
+// *LimitError ("revision") past protocol.IssueMax (10^14-1).
 func NextRevision(counter, docRev, nowUs int64) (int64, error) {
-	rev := max(counter, docRev) + 1
-	rev = max(rev, nowUs)
-	if rev > protocol.RevMax {
+	highest := protocol.LatestRevision(counter, docRev)
+	rev := protocol.ClockRevision(nowUs)
+	if !protocol.RevisionLater(rev, highest) {
+		rev = highest + 1
+	}
+	if rev > protocol.IssueMax {
 		return 0, &LimitError{Key: "revision"}
 	}
 	return rev, nil
@@ -192,7 +198,7 @@ func PlanLease(doc *Document, op, owner string, epoch, ttlMs, counter, nowUs, no
 				last = l.Epoch
 			}
 			newEpoch, granted = max(last+1, nowMs), true
-			if newEpoch > protocol.RevMax {
+			if newEpoch > protocol.IssueMax {
 				return c, nil, 0, &LimitError{Key: "epoch"}
 			}
 		}

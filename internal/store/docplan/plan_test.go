@@ -26,7 +26,17 @@ func put(section, key string, expected int64, value string) batch.Write {
 	return batch.Write{Kind: batch.KindPut, Section: section, Key: key, Expected: expected, Value: value}
 }
 
-func TestNextRevisionIsAboveBothAndAtLeastTheClock(t *testing.T) {
+// TestNextRevisionIsLaterThanBothAndAtLeastTheClock: the document's
+// numbering rule is lib_commit.lua's: the clock in 100 µs unless an era-2
+// floor is at or above it (then that floor plus one); an era-1 floor
+// (fenced's former µs revisions, 16 digits) or an era-0 one (a counter)
+// ranks below the clock; nothing above 10^14-1 is issued.
+func TestNextRevisionIsLaterThanBothAndAtLeastTheClock(t *testing.T) {
+	const (
+		nowUs  = 1_796_150_326_467_912 // 2026-12-01
+		nowRev = 17_961_503_264_679    // the same in 100 µs
+		oldUs  = 1_796_079_180_861_096 // a revision fenced issued in µs
+	)
 	tests := []struct {
 		name                   string
 		counter, docRev, nowUs int64
@@ -34,16 +44,24 @@ func TestNextRevisionIsAboveBothAndAtLeastTheClock(t *testing.T) {
 	}{
 		{"the counter is ahead", 10, 4, 0, 11},
 		{"the document is ahead", 4, 10, 0, 11},
-		{"the clock is ahead", 4, 10, 1_700_000_000_000_000, 1_700_000_000_000_000},
-		{"the clock is behind", 1_700_000_000_000_001, 0, 1_700_000_000_000_000, 1_700_000_000_000_002},
-		{"up to the limit", protocol.RevMax - 1, 0, 0, protocol.RevMax},
+		{"the clock is ahead", 4, 10, nowUs, nowRev},
+		{"the clock is behind", nowRev + 5, 0, nowUs, nowRev + 6},
+		{"the document is behind the clock", 0, nowRev + 5, nowUs, nowRev + 6},
+		{"a µs counter ranks below the clock", oldUs, 4, nowUs, nowRev},
+		{"a µs counter far ahead ranks below the clock", protocol.RevMax, 0, nowUs, nowRev},
+		{"a µs document ranks below an era-2 counter", nowRev + 5, oldUs, nowUs, nowRev + 6},
+		{"up to the limit", protocol.IssueMax - 1, 0, nowUs, protocol.IssueMax},
 	}
 	for _, tt := range tests {
-		if got, err := NextRevision(tt.counter, tt.docRev, tt.nowUs); got != tt.want || err != nil {
+		got, err := NextRevision(tt.counter, tt.docRev, tt.nowUs)
+		if got != tt.want || err != nil {
 			t.Errorf("%s: NextRevision(%d, %d, %d) = %d, %v; want %d", tt.name, tt.counter, tt.docRev, tt.nowUs, got, err, tt.want)
 		}
+		if got >= 100_000_000_000_000 {
+			t.Errorf("%s: NextRevision = %d, want below 10^14", tt.name, got)
+		}
 	}
-	for _, args := range [][3]int64{{protocol.RevMax, 0, 0}, {0, protocol.RevMax, 0}, {0, 0, protocol.RevMax + 1}} {
+	for _, args := range [][3]int64{{protocol.IssueMax, 0, nowUs}, {0, protocol.IssueMax, nowUs}, {0, 0, (protocol.IssueMax + 1) * protocol.RevisionTickUs}} {
 		_, err := NextRevision(args[0], args[1], args[2])
 		var le *LimitError
 		if !errors.As(err, &le) || le.Key != "revision" {
@@ -74,7 +92,7 @@ func TestPlanBatchRefusesAStaleFence(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := &batch.Batch{Slug: "s", Fence: tt.fence, Writes: []batch.Write{put("a", "y", batch.Absent, `2`)}}
-			newDoc, rev, err := PlanBatch(mustParse(t, tt.doc), b, 0, 100, tt.nowMs)
+			newDoc, rev, err := PlanBatch(mustParse(t, tt.doc), b, 0, 100*protocol.RevisionTickUs, tt.nowMs)
 			if tt.ok {
 				if err != nil || newDoc == nil || rev != 100 {
 					t.Errorf("PlanBatch = %s, %d, %v; want a document at revision 100", newDoc, rev, err)
@@ -194,7 +212,7 @@ func TestPlanBatchRewritesWhatItWritesAndKeepsTheRest(t *testing.T) {
 
 func TestPlanBatchUpToTheRevisionLimit(t *testing.T) {
 	b := &batch.Batch{Slug: "s", Writes: []batch.Write{put("a", "y", batch.Blind, `1`)}}
-	_, _, err := PlanBatch(mustParse(t, leaseDoc), b, protocol.RevMax, 0, 0)
+	_, _, err := PlanBatch(mustParse(t, leaseDoc), b, protocol.IssueMax, 0, 0)
 	var le *LimitError
 	if !errors.As(err, &le) || le.Key != "revision" {
 		t.Errorf("PlanBatch past the limit = %v, want *LimitError revision", err)
@@ -295,13 +313,21 @@ func sameRefusal(got, want error) bool {
 	return false
 }
 
+// TestPlanLeaseUpToTheLimits: no epoch or revision above 10^14-1 is issued
+// (before: up to 2^53-1, which a Lua writer formats as 1.7961503264679e+15).
 func TestPlanLeaseUpToTheLimits(t *testing.T) {
-	doc := mustParse(t, `{"revision":5,"meta":{"epoch":9007199254740991}}`)
-	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0); !sameRefusal(err, &LimitError{Key: "epoch"}) {
-		t.Errorf("PlanLease granting past 2^53-1 = %v, want *LimitError epoch", err)
+	for _, epoch := range []string{"99999999999999", "9007199254740991"} {
+		doc := mustParse(t, `{"revision":5,"meta":{"epoch":`+epoch+`}}`)
+		if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0); !sameRefusal(err, &LimitError{Key: "epoch"}) {
+			t.Errorf("PlanLease granting after epoch %s = %v, want *LimitError epoch", epoch, err)
+		}
+	}
+	doc := mustParse(t, `{"revision":99999999999998,"meta":{"epoch":99999999999998}}`)
+	if c, _, rev, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0); err != nil || c.Lease.Epoch != protocol.IssueMax || rev != protocol.IssueMax {
+		t.Errorf("PlanLease just below the limits = epoch %d r%d, %v; want both at 10^14-1", c.Lease.Epoch, rev, err)
 	}
 	doc = mustParse(t, `{"revision":5}`)
-	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, protocol.RevMax, 0, 0); !sameRefusal(err, &LimitError{Key: "revision"}) {
+	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, protocol.IssueMax, 0, 0); !sameRefusal(err, &LimitError{Key: "revision"}) {
 		t.Errorf("PlanLease at the revision limit = %v, want *LimitError revision", err)
 	}
 	for _, epoch := range []string{`9007199254740992`, `1e300`, `Infinity`} {

@@ -18,7 +18,7 @@
 --         checked the document layout (Cluster), 'r' with a request key,
 --         '-' for none. epoch: the fence's, '' for an unfenced batch.
 --         now_ms: the caller's clock, '0' when unknown (epoch and now_ms
---         in base 36: revisions and epochs follow the clock, 16 and 13
+--         in base 36: revisions and epochs follow the clock, 14 and 13
 --         decimal digits, and every byte is sent on every commit). window_ms and
 --         digest: how long the request key is kept, and the request's
 --         digest ('' without a request key). owner: the fence's ('' = any;
@@ -51,13 +51,14 @@
 --   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions') is
 --                        not a revision
 --   {'LIMIT', index}     a BLIND write on a record whose revision is above
---                        2^53-1 (REV_MAX): nothing can be issued above it
+--                        2^53-1 (REV_MAX): not a number a script reads
+--                        exactly
 --   {'WRONGTYPE', name, type, want}  a key the commit writes without
 --                        reading it first (log, by-name, by-name-index,
 --                        state:fencing:current) holds another Redis type
 --   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
 --                        'meta/lease') holds a number above REV_MAX, or the
---                        new revision would be above it
+--                        new revision would be above ISSUE_MAX (10^14-1)
 local META, REV, LOG = 1, 2, 3
 local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
@@ -144,7 +145,7 @@ end
 
 -- 3. Revisions: the swarm's floors must be revisions (and in range); then
 -- collect every mismatch, in request order.
-local highest, refused = swarm_floor() -- then also the written records' revisions
+local highest, refused = swarm_floor() -- then also the written records' revisions (the latest in issue order)
 if refused then
   return refused
 end
@@ -206,8 +207,8 @@ for i = 1, n do
       actual, over = record_revision(raw)
       if actual == nil then
         -- A field that is not a record can only be overwritten blind
-        -- (repair); one whose revision is above REV_MAX not even so: its
-        -- next revision would have to be above it.
+        -- (repair); one whose revision is above REV_MAX not even so: no
+        -- script reads that number exactly (repair by hand).
         if expected ~= -1 or kind == P.KIND_CHECK then
           return { P.REPLY_CORRUPT, int(i - 1) }
         end
@@ -217,9 +218,7 @@ for i = 1, n do
         actual = 0
       end
     end
-    if actual > highest then
-      highest = actual
-    end
+    highest = rev_latest(highest, actual)
     if kind ~= P.KIND_CHECK then
       mutates = true
       olds[i] = raw

@@ -8,10 +8,10 @@
 -- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
 -- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, wrong_type,
 -- refusal_of, start_commit, finish_commit, begin.
--- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_us, the
+-- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
 -- clock's cache), lib_json.lua (json_string, int), lib_memo.lua (memo,
 -- memo_on, remember, forget), lib_record.lua (canonical_digits,
--- digits_in_range, REV_MAX), lib_meta.lua (section_revisions_field,
+-- digits_in_range, REV_MAX, ISSUE_MAX, rev_later, rev_latest), lib_meta.lua (section_revisions_field,
 -- section_revisions_record, section_revisions_rewrite, section_revisions
 -- and the meta caches begin resets).
 
@@ -33,7 +33,7 @@ end
 -- counter and meta/section_revisions (its record revision and every section
 -- revision in it; meta/section_revisions is rewritten by every commit, so
 -- its revision is a floor that survives a lost counter). It answers the
--- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
+-- latest of them in issue order (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 -- prior_revision is the swarm revision before this commit (the log entry's
@@ -65,9 +65,7 @@ local function swarm_floor()
       -- Written by this library in fenced's own form: its highest
       -- revision is known; section_revisions decodes it only if asked.
       section_revisions_body = m.body
-      if m.highest > highest then
-        highest = m.highest
-      end
+      highest = rev_latest(highest, m.highest)
       prior_revision = int(highest)
       return highest
     end
@@ -87,13 +85,9 @@ local function swarm_floor()
       if v > REV_MAX then
         return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
       end
-      if v > highest then
-        highest = v
-      end
+      highest = rev_latest(highest, v)
     end
-    if r > highest then
-      highest = r
-    end
+    highest = rev_latest(highest, r)
   end
   section_revs_decoded = revs
   prior_revision = int(highest)
@@ -101,20 +95,24 @@ local function swarm_floor()
 end
 
 -- next_revision answers the revision of a commit as a decimal string
--- (start_commit sets the swarm counter to it): above highest (the floors: swarm_floor's
--- and the stored revisions of the records the commit writes) and at least
--- Redis's clock in microseconds, so that no revision is issued twice even
--- after Redis lost acknowledged writes (a crash, a failover to a lagging
--- replica, a restored snapshot): whatever was issued before the loss is
--- below the clock after it (docs/design/05-numbering.md §5).
--- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
+-- (start_commit sets the swarm counter to it): later than highest in issue
+-- order (the latest floor: swarm_floor's and the stored revisions of the
+-- records the commit writes) and at least Redis's clock in units of 100 µs
+-- (now_rev), so that no revision is issued twice even after Redis lost
+-- acknowledged writes (a crash, a failover to a lagging replica, a
+-- restored snapshot): whatever was issued before the loss is below the
+-- clock after it (docs/design/05-numbering.md §5). The clock reading is
+-- in era 2, later than every floor of era 0 or 1 (older writers' counters,
+-- fenced's former µs revisions): only an era-2 floor at or above it makes
+-- the revision that floor plus one. nil and {'LIMIT', '', 'revision'} when
+-- the revision would pass ISSUE_MAX (10^14-1: it must stay exact as a Lua
+-- number for other writers, and in era 2).
 local function next_revision(highest)
-  local rev = highest + 1
-  local now = now_us()
-  if now > rev then
-    rev = now
+  local rev = now_rev()
+  if not rev_later(rev, highest) then
+    rev = highest + 1
   end
-  if rev > REV_MAX then
+  if rev > ISSUE_MAX then
     return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
   end
   return int(rev)
