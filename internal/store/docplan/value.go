@@ -30,6 +30,23 @@ func ValidJSON(s string, depth int) bool {
 // nesting is the deepest nesting of arrays and objects in s, a JSON text.
 func nesting(s string) int {
 	depth, deepest := 0, 0
+	outsideStrings(s, func(i int) bool {
+		switch s[i] {
+		case '{', '[':
+			depth++
+			deepest = max(deepest, depth)
+		case '}', ']':
+			depth--
+		}
+		return true
+	})
+	return deepest
+}
+
+// outsideStrings calls visit with the index of every byte of s, a JSON
+// text, that lies outside its strings (the quotes excluded), in order,
+// until visit answers false.
+func outsideStrings(s string, visit func(i int) bool) {
 	inString := false
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -42,17 +59,14 @@ func nesting(s string) int {
 			}
 			continue
 		}
-		switch c {
-		case '"':
+		if c == '"' {
 			inString = true
-		case '{', '[':
-			depth++
-			deepest = max(deepest, depth)
-		case '}', ']':
-			depth--
+			continue
+		}
+		if !visit(i) {
+			return
 		}
 	}
-	return deepest
 }
 
 // ValueProblem says why v, a value as a document stores it, is no
@@ -78,30 +92,17 @@ func ValueProblem(v []byte) string {
 // nonJSONNumber answers the first NaN, Infinity or -Infinity token of s
 // outside its strings, or "".
 func nonJSONNumber(s string) string {
-	inString := false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if inString {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inString = false
+	found := ""
+	outsideStrings(s, func(i int) bool {
+		for _, tok := range []string{"NaN", "-Infinity", "Infinity"} {
+			if strings.HasPrefix(s[i:], tok) {
+				found = tok
+				return false
 			}
-			continue
 		}
-		switch {
-		case c == '"':
-			inString = true
-		case strings.HasPrefix(s[i:], "NaN"):
-			return "NaN"
-		case strings.HasPrefix(s[i:], "-Infinity"):
-			return "-Infinity"
-		case strings.HasPrefix(s[i:], "Infinity"):
-			return "Infinity"
-		}
-	}
-	return ""
+		return true
+	})
+	return found
 }
 
 // NameProblem says why name is no record key (batch's key rules: 1 to
