@@ -318,7 +318,7 @@ const (
 	// CheckRecords compares the revision of every record in Checks (of
 	// Section); Key is empty and Expected 0. One such write counts as one
 	// write of the batch whatever its pairs (at most the server's
-	// --max-checks, default 65536, in all; their keys count in
+	// --max-checks, default 20000, in all; their keys count in
 	// --max-batch-value-bytes). How Update fences a section read whole.
 	CheckRecords = fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS
 )

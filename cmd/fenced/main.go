@@ -98,7 +98,7 @@ type serveCmd struct {
 	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch (put values, and the keys of record checks)."`
 	// MaxChecks bounds the record checks (WRITE_KIND_CHECK_RECORDS pairs)
 	// of one batch.
-	MaxChecks int `env:"FENCED_MAX_CHECKS" default:"65536" help:"Most record checks (WRITE_KIND_CHECK_RECORDS pairs, in all) in one batch."`
+	MaxChecks int `env:"FENCED_MAX_CHECKS" default:"20000" help:"Most record checks (WRITE_KIND_CHECK_RECORDS pairs, in all) in one batch."`
 	// WaitReplicas and WaitTimeout: the default replica acknowledgement.
 	WaitReplicas int           `env:"FENCED_WAIT_REPLICAS" default:"0" help:"Replicas that must acknowledge every commit and lease change (Redis WAIT) unless a batch says otherwise; a lease grant or renewal fewer acknowledge is refused (REPLICATION_TIMEOUT); 0: do not wait."`
 	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit or lease change waits for replica acknowledgements."`

@@ -99,7 +99,7 @@ func TestCheckBatchRecordsCheckSaysWhy(t *testing.T) {
 		batch *Batch
 		want  []string
 	}{
-		{"over max checks", fenced(manyRecs("executions", DefaultMaxChecks+1)), []string{"at most 65536 record checks", "--max-checks", "got 65537"}},
+		{"over max checks", fenced(manyRecs("executions", DefaultMaxChecks+1)), []string{"at most 20000 record checks", "--max-checks", "got 20001"}},
 		{"blind", fenced(recs("claims", "a", -1)), []string{"BLIND"}},
 		{"named by a put", fenced(put("claims", "T-1", 3, `1`), recs("claims", "T-1", 3)), []string{"claims/T-1", "writes[0]"}},
 		{"repeated", fenced(recs("claims", "a", 1, "a", 1)), []string{"claims/a", "writes[0].checks[0]"}},

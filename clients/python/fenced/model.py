@@ -172,7 +172,7 @@ class CheckRecords:
     fenced's or not, and lets inserts of other keys through.
 
     One CheckRecords counts as one write of the batch whatever its pairs: at
-    most the server's ``--max-checks`` (default 65536) pairs in all, their key
+    most the server's ``--max-checks`` (default 20000) pairs in all, their key
     bytes counted in ``--max-batch-value-bytes``. A key may be named once in a
     batch (not also by another write). A mismatch raises RevisionConflict with
     one Conflict per record (its ``key``, and ``write`` the CheckRecords'

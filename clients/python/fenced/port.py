@@ -60,6 +60,7 @@ from . import errors
 from .client import Client
 from .keeper import LeaseKeeper
 from .model import BLIND, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Write, dumps, new_request_id
+from .revisions import later_revision
 
 __all__ = [
     "ARCHIVE",
@@ -349,7 +350,7 @@ class Document(Mapping[str, Any]):
             raise RuntimeError("fenced.port: the document view is valid only inside the change that got it")
 
     def _see(self, rev: int) -> None:
-        self._seen = max(self._seen, rev)
+        self._seen = later_revision(self._seen, rev)
 
     def _load(self, name: str) -> dict[str, Record]:
         """The section's records at one instant (one Sections read, once)."""

@@ -127,7 +127,7 @@ local log_owner = ''
 if fence_epoch ~= '' then
   local lease, over = read_lease()
   if over then
-    return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
+    return lease_refusal(over)
   end
   local now = now_ms()
   if caller_now > now then
@@ -197,9 +197,7 @@ for i = 1, n do
     if actual == false then
       return { P.REPLY_CORRUPT, int(i - 1) }
     end
-    if actual > highest then
-      highest = actual
-    end
+    highest = rev_latest(highest, actual)
   else
     local raw = redis.call('HGET', KEYS[ki], key)
     if raw then

@@ -41,7 +41,7 @@ end
 local now = now_ms()
 local lease, over = read_lease()
 if over then
-  return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
+  return lease_refusal(over)
 end
 local floor, refused = swarm_floor()
 if refused then

@@ -167,7 +167,7 @@ const (
 	// compared: the stored value is not judged. `key` and `value` must be
 	// empty and `expected` 0; `checks` holds 1 or more pairs. The write
 	// counts as one of the batch's writes; its pairs, with every other such
-	// write's, count against the server's --max-checks (default 65536), and
+	// write's, count against the server's --max-checks (default 20000), and
 	// their key bytes against its --max-batch-value-bytes.
 	WriteKind_WRITE_KIND_CHECK_RECORDS WriteKind = 5
 )
