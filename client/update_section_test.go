@@ -73,10 +73,7 @@ func TestUpdateOfASectionReadWholeCatchesAWriterThatBypassesFenced(t *testing.T)
 		t.Run(fmt.Sprintf("phantom proof %v", phantomProof), func(t *testing.T) {
 			ctx, slug := ctxT(t), newSlug(t)
 			seedTasks(t, f, slug)
-			var opts []client.SectionOption
-			if phantomProof {
-				opts = append(opts, client.PhantomProof())
-			}
+			opts := sectionOptions(phantomProof)
 			runs := 0
 			_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
 				runs++
@@ -131,10 +128,7 @@ func TestUpdateOfASectionReadWholeLetsInsertsThrough(t *testing.T) {
 			c := recordingClient(t, f.addr, rec)
 			ctx, slug := ctxT(t), newSlug(t)
 			seeded := seedTasks(t, f, slug)
-			var opts []client.SectionOption
-			if phantomProof {
-				opts = append(opts, client.PhantomProof())
-			}
+			opts := sectionOptions(phantomProof)
 			runs := 0
 			_, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
 				runs++
@@ -198,10 +192,7 @@ func TestUpdateOfABusySectionReadWholeCommits(t *testing.T) {
 	for _, phantomProof := range []bool{false, true} {
 		ctx, slug := ctxT(t), newSlug(t)
 		seedTasks(t, f, slug)
-		var opts []client.SectionOption
-		if phantomProof {
-			opts = append(opts, client.PhantomProof())
-		}
+		opts := sectionOptions(phantomProof)
 		runs := 0
 		_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
 			runs++
@@ -324,4 +315,13 @@ func TestBatchCheckRecordsConflictNamesThePair(t *testing.T) {
 	if !slices.Equal(ce.Conflicts, want) || ce.Total != 1 {
 		t.Errorf("Conflicts = %+v (total %d), want %+v", ce.Conflicts, ce.Total, want)
 	}
+}
+
+// sectionOptions are Txn.Section's options for a read whole checked by its
+// records (none) or, with phantomProof, by the section revision.
+func sectionOptions(phantomProof bool) []client.SectionOption {
+	if phantomProof {
+		return []client.SectionOption{client.PhantomProof()}
+	}
+	return nil
 }
