@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -233,7 +234,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		if w.DropErr() != nil {
 			return dropped()
 		}
-		return toStatus(err)
+		return sendEnd(ctx, err)
 	}
 	// Without it (a transport stream of another kind), the handler returns
 	// on a drop while a second goroutine sends: returning ends the stream.
@@ -246,10 +247,31 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		if w.DropErr() != nil {
 			return dropped()
 		}
-		return toStatus(err)
+		return sendEnd(ctx, err)
 	case <-w.Dropped():
 		return dropped()
 	}
+}
+
+// sendEnd is the status a Watch stream ends with when sending stopped on
+// err. A caller that went away (its process exited, its connection closed
+// while fenced was sending it a backlog) is CANCELED: its context ended,
+// or grpc-go's own status for the stream (UNAVAILABLE "transport is
+// closing"), never INTERNAL, which the error table gives what it does not
+// know, and which is logged at ERROR and fires FencedInternalErrors
+// (TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal). The
+// core's errors (a failed read of the records) go through the error table.
+func sendEnd(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if _, ok := status.FromError(err); ok {
+		return err // grpc-go's, from SendMsg
+	}
+	if errors.Is(err, io.EOF) {
+		return status.Error(codes.Canceled, "watch: the caller's stream closed")
+	}
+	return toStatus(err)
 }
 
 // Coalescing: a watcher that is behind gets the events it has in one

@@ -1,0 +1,68 @@
+package server_test
+
+// Watch streams as callers end them and open them (issue 26 §2): a caller
+// that goes away mid-backlog, one that opens and cancels in a loop, one
+// that holds every slot, a start no batch can have, a revoked token.
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/server"
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal: a watcher
+// resumes from an old revision, so fenced sends it a backlog of ~5 MB, and
+// its process exits (its connection closes) while fenced's sends to it are
+// blocked by flow control. Before, the handler answered the send's error
+// through the error table, which does not know it: INTERNAL, logged at
+// ERROR, counted grpc_code="Internal", and the FencedInternalErrors alert
+// fired for a normal disconnect. Now it is CANCELED (or UNAVAILABLE), and
+// not logged above INFO.
+func TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal(t *testing.T) {
+	counts := &watchCounts{}
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Telemetry: server.Telemetry{Limits: counts}})
+	r0 := commitPut(t, e, "leaver", "claims", "c", `0`)
+	value := `"` + strings.Repeat("x", 16<<10) + `"`
+	for i := range 300 {
+		commitPut(t, e, "leaver", "claims", "k"+strings.Repeat("0", i%7)+string(rune('a'+i%26)), value)
+	}
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	if _, err := fencedv1.NewRecordsServiceClient(conn).Watch(ctx, &fencedv1.WatchRequest{Slug: "leaver", StartRevision: r0}); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	// The first message is handed to gRPC; the next sends block on the
+	// caller's window, which it never opens.
+	deadline := time.Now().Add(waitLimit)
+	for counts.sent.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no Watch message was sent")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	conn.Close() // the caller's process exits
+	rec, err := e.logs.await(callFinished("Watch"))
+	if err != nil {
+		t.Fatalf("no finished-call line for the Watch: %v", err)
+	}
+	if code := rec.attrs["grpc.code"]; code != "Canceled" && code != "Unavailable" {
+		t.Errorf("Watch of a caller gone mid-backlog ended %s (%v), want Canceled or Unavailable", code, rec.attrs)
+	}
+	if rec.level > slog.LevelInfo {
+		t.Errorf("Watch of a caller gone mid-backlog logged at %v, want at most INFO: %v", rec.level, rec.attrs)
+	}
+}
