@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding/gzip"
@@ -159,6 +161,19 @@ func compactedDetails(err error) []protoadapt.MessageV1 {
 	return []protoadapt.MessageV1{info(ReasonRevisionCompacted, map[string]string{
 		"oldest_revision": strconv.FormatInt(ce.Oldest, 10),
 	})}
+}
+
+// startAheadDetails names start_revision and why, as a request check
+// would (BadRequest): a revision no batch of the swarm can have.
+func startAheadDetails(err error) []protoadapt.MessageV1 {
+	why := "is later than any revision the swarm has issued and than Redis's clock: no batch can follow it yet"
+	var se *store.StartAheadError
+	if errors.As(err, &se) {
+		why = fmt.Sprintf("%d is later than any revision the swarm has issued (latest %d) and than Redis's clock (%d as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent",
+			se.Start, se.Latest, se.Clock)
+	}
+	return []protoadapt.MessageV1{info(ReasonInvalidArgument, nil), &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+		{Field: "start_revision", Description: why}}}}
 }
 
 func tooManyWatchersDetails(err error) []protoadapt.MessageV1 {

@@ -7,15 +7,19 @@ package server_test
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -65,4 +69,53 @@ func TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal(t *testing.T)
 	if rec.level > slog.LevelInfo {
 		t.Errorf("Watch of a caller gone mid-backlog logged at %v, want at most INFO: %v", rec.level, rec.attrs)
 	}
+}
+
+// TestWatchFromARevisionNoBatchCanHaveIsRefused: a Watch from a revision
+// later than both the swarm's counter and Redis's clock (now + 1 h) opened
+// OK and then carried nothing, not a batch, for an hour (its progress
+// events named that future revision). It is refused INVALID_ARGUMENT
+// naming start_revision. What stays served: a 16-digit revision (fenced's
+// former µs era, which every batch issued now follows), a revision at the
+// counter that the swarm's reader has not read (a counter ahead of the
+// clock, as floors make it), and the counter's next is refused there too.
+func TestWatchFromARevisionNoBatchCanHaveIsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	r0 := commitPut(t, e, "ahead", "claims", "a", `1`)
+	refused := func(slug string, start int64) {
+		t.Helper()
+		stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: slug, StartRevision: start})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		d := decode(t, err)
+		if d.code != codes.InvalidArgument || d.info.GetReason() != server.ReasonInvalidArgument || !slices.Equal(d.fields(), []string{"start_revision"}) {
+			t.Errorf("Watch(%s after %d) = %v (%v %v), want INVALID_ARGUMENT naming start_revision", slug, start, err, d.info, d.badReq)
+		}
+	}
+	served := func(slug string, start int64, want int64) {
+		t.Helper()
+		raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: slug, StartRevision: start})
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		stream := &events{stream: raw}
+		rev := commitPut(t, e, slug, "claims", "b", `2`)
+		if want == 0 {
+			want = rev
+		}
+		if ev, err := stream.Recv(); err != nil || ev.GetRevision() != want {
+			t.Errorf("Watch(%s after %d): %v, %v; want the batch at %d", slug, start, ev, err, want)
+		}
+	}
+	hourAhead := protocol.ClockRevision(time.Now().Add(time.Hour).UnixMicro())
+	refused("ahead", hourAhead)
+	refused("never-written", hourAhead)
+	served("ahead", 1<<53-1, r0) // era 1: the log's batches follow it
+	// A counter ahead of the clock (the floors of another writer).
+	const counter = 50_000_000_000_000
+	srv.Do(t, "SET", redisKey("floored", "revision"), strconv.FormatInt(counter, 10))
+	refused("floored", counter+1)
+	served("floored", counter, counter+1)
 }
