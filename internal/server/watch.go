@@ -44,6 +44,13 @@ type WatchOptions struct {
 	// Default (New): DefaultMaxWatchersPerConnection, at most half of
 	// Transport.MaxConcurrentStreams.
 	MaxPerConnection int
+	// MaxPerIP bounds the Watch streams open at once from one peer IP
+	// address, over all its connections (limit "address"), so that one
+	// caller cannot take every slot of the process by opening more
+	// connections, as MaxConnectionsPerIP shares connections. Default
+	// (0): a quarter of Max, at least 1; < 0: unbounded (behind a proxy
+	// every caller shares its address).
+	MaxPerIP int
 	// ProgressInterval: a stream quiet for this long gets a progress event,
 	// so that proxies with idle timeouts do not cut it. Default
 	// DefaultWatchProgressInterval.
@@ -64,9 +71,9 @@ var (
 	// ReasonRevisionCompacted (OUT_OF_RANGE): batches after start_revision
 	// have left the log. Metadata oldest_revision.
 	ReasonRevisionCompacted = fencedv1.ErrorReason_REVISION_COMPACTED.String()
-	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process or the
-	// connection has as many Watch streams as it allows. Metadata limit:
-	// "process" or "connection".
+	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process, the
+	// caller's IP address or its connection has as many Watch streams as
+	// it allows. Metadata limit: "process", "address" or "connection".
 	ReasonTooManyWatchers = fencedv1.ErrorReason_TOO_MANY_WATCHERS.String()
 	// ReasonWatcherTooSlow (RESOURCE_EXHAUSTED): the caller fell too far
 	// behind and was dropped. Metadata last_revision.
@@ -102,37 +109,48 @@ func (o WatchOptions) withDefaults() WatchOptions {
 	if o.MaxPerConnection <= 0 {
 		o.MaxPerConnection = DefaultMaxWatchersPerConnection
 	}
+	if o.MaxPerIP == 0 {
+		o.MaxPerIP = max(1, o.Max/4)
+	}
 	if o.ProgressInterval <= 0 {
 		o.ProgressInterval = DefaultWatchProgressInterval
 	}
 	return o
 }
 
-// watchSlots counts the open Watch streams, in all and per connection
-// (keyed by the peer's address: one per TCP connection).
+// watchSlots counts the open Watch streams, in all, per connection (keyed
+// by the peer's address: one per TCP connection) and per peer IP address.
 type watchSlots struct {
 	mu     sync.Mutex
 	open   int
 	byConn map[string]int
+	byIP   map[string]int
 }
 
-func (w *watchSlots) acquire(conn string, o WatchOptions) (release func(), limit string) {
+func (w *watchSlots) acquire(conn, ip string, o WatchOptions) (release func(), limit string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.open >= o.Max {
 		return nil, "process"
+	}
+	if o.MaxPerIP > 0 && w.byIP[ip] >= o.MaxPerIP {
+		return nil, "address"
 	}
 	if w.byConn[conn] >= o.MaxPerConnection {
 		return nil, "connection"
 	}
 	w.open++
 	w.byConn[conn]++
+	w.byIP[ip]++
 	return func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.open--
 		if w.byConn[conn]--; w.byConn[conn] == 0 {
 			delete(w.byConn, conn)
+		}
+		if w.byIP[ip]--; w.byIP[ip] == 0 {
+			delete(w.byIP, ip)
 		}
 	}, ""
 }
@@ -204,11 +222,11 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		return fitTrailers(codes.Unimplemented, "watch is not served by this core", nil).Err()
 	}
 	ctx := stream.Context()
-	conn := ""
+	conn, ip := "", ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		conn = p.Addr.String()
+		conn, ip = p.Addr.String(), peerIP(p.Addr)
 	}
-	release, limit := s.watchSlots.acquire(conn, s.opts.Watch)
+	release, limit := s.watchSlots.acquire(conn, ip, s.opts.Watch)
 	if release == nil {
 		s.limitsObs.Refused(LimitWatchers)
 		return toStatus(&tooManyWatchersError{limit: limit})

@@ -7,6 +7,7 @@ package server_test
 import (
 	"context"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal: a watcher
@@ -118,4 +120,59 @@ func TestWatchFromARevisionNoBatchCanHaveIsRefused(t *testing.T) {
 	srv.Do(t, "SET", redisKey("floored", "revision"), strconv.FormatInt(counter, 10))
 	refused("floored", counter+1)
 	served("floored", counter, counter+1)
+}
+
+// dialFrom is a client connection to addr from the loopback address
+// local (127.0.0.2: another caller's IP address on this machine).
+func dialFrom(t *testing.T, addr, local string) fencedv1.RecordsServiceClient {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	return dialConn(t, addr, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", a)
+	}))
+}
+
+// TestOneAddressCannotTakeEveryWatcherSlot: with --max-watchers 500 and
+// 100 per connection, one caller (one IP address) opens Watch streams on
+// connection after connection. Before, it took all 500 (the sixth
+// connection's were refused limit "process"), and so was every other
+// caller's Watch. The streams of one address are bounded (a quarter of
+// --max-watchers by default: limit "address"), and a caller from another
+// address still opens one.
+func TestOneAddressCannotTakeEveryWatcherSlot(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
+		Records: server.ServiceOptions{Watch: server.WatchOptions{Max: 500, MaxPerConnection: 100}},
+	})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	open := func(c fencedv1.RecordsServiceClient) error {
+		stream, err := c.Watch(ctx, &fencedv1.WatchRequest{Slug: "greedy"})
+		if err != nil {
+			return err
+		}
+		_, err = stream.Recv() // the progress event, or the refusal
+		return err
+	}
+	opened := 0
+	var refusal error
+	for conn := 0; conn < 6 && refusal == nil; conn++ {
+		c := dialConn(t, e.addr)
+		for range 100 {
+			if refusal = open(c); refusal != nil {
+				break
+			}
+			opened++
+		}
+	}
+	info := errorInfoOf(refusal)
+	t.Logf("one address opened %d Watch streams, then: %v (%v)", opened, refusal, info)
+	if status.Code(refusal) != codes.ResourceExhausted || info.GetReason() != server.ReasonTooManyWatchers || info.GetMetadata()["limit"] != "address" {
+		t.Errorf("Watch %d from one address = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit address", opened+1, refusal, info)
+	}
+	if opened >= 500 {
+		t.Errorf("one address holds %d of the 500 watcher slots", opened)
+	}
+	if err := open(dialFrom(t, e.addr, "127.0.0.2")); err != nil {
+		t.Errorf("Watch from another address while one holds %d streams: %v", opened, err)
+	}
 }
