@@ -48,8 +48,8 @@ type WatchOptions struct {
 	// address, over all its connections (limit "address"), so that one
 	// caller cannot take every slot of the process by opening more
 	// connections, as MaxConnectionsPerIP shares connections. Default
-	// (0): a quarter of Max, at least 1; < 0: unbounded (behind a proxy
-	// every caller shares its address).
+	// (0): a quarter of Max, at least MaxPerConnection; < 0: unbounded
+	// (behind a proxy every caller shares its address).
 	MaxPerIP int
 	// ProgressInterval: a stream quiet for this long gets a progress event,
 	// so that proxies with idle timeouts do not cut it. Default
@@ -110,7 +110,7 @@ func (o WatchOptions) withDefaults() WatchOptions {
 		o.MaxPerConnection = DefaultMaxWatchersPerConnection
 	}
 	if o.MaxPerIP == 0 {
-		o.MaxPerIP = max(1, o.Max/4)
+		o.MaxPerIP = max(o.MaxPerConnection, o.Max/4)
 	}
 	if o.ProgressInterval <= 0 {
 		o.ProgressInterval = DefaultWatchProgressInterval
