@@ -289,17 +289,26 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 // sendEnd is the status a Watch stream ends with when sending stopped on
 // err. A caller that went away (its process exited, its connection closed
 // while fenced was sending it a backlog) is CANCELED: its context ended,
-// or grpc-go's own status for the stream (UNAVAILABLE "transport is
-// closing"), never INTERNAL, which the error table gives what it does not
-// know, and which is logged at ERROR and fires FencedInternalErrors
+// or SendMsg failed with grpc-go's own status for a stream that is gone
+// (UNAVAILABLE "transport is closing", which may come before the context
+// ends), logged at DEBUG as cancelled calls are. Never INTERNAL, which the
+// error table gives what it does not know, and which is logged at ERROR
+// and fires FencedInternalErrors
 // (TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal). The
-// core's errors (a failed read of the records) go through the error table.
+// caller cannot hear this status (its stream is gone): it is what the
+// call is logged and counted as. grpc-go's other statuses are kept; the
+// core's errors (a failed read of the records) go through the error
+// table.
 func sendEnd(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return status.FromContextError(ctx.Err()).Err()
 	}
-	if _, ok := status.FromError(err); ok {
-		return err // grpc-go's, from SendMsg
+	if st, ok := status.FromError(err); ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
+			return status.Error(codes.Canceled, "watch: the caller's stream is gone: "+st.Message())
+		}
+		return err // grpc-go's own
 	}
 	if errors.Is(err, io.EOF) {
 		return status.Error(codes.Canceled, "watch: the caller's stream closed")
