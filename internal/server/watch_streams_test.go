@@ -35,7 +35,17 @@ import (
 // not logged above INFO.
 func TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal(t *testing.T) {
 	counts := &watchCounts{}
-	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Telemetry: server.Telemetry{Limits: counts}})
+	// What the Prometheus interceptor counts (grpc_server_handled_total's
+	// grpc_code, which FencedInternalErrors reads): the handler's status.
+	counted := make(chan codes.Code, 1)
+	metrics := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		err := h(srv, ss)
+		if info.FullMethod == fencedv1.RecordsService_Watch_FullMethodName {
+			counted <- status.Code(err)
+		}
+		return err
+	}
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Telemetry: server.Telemetry{Limits: counts, Stream: metrics}})
 	r0 := commitPut(t, e, "leaver", "claims", "c", `0`)
 	value := `"` + strings.Repeat("x", 16<<10) + `"`
 	for i := range 300 {
@@ -70,6 +80,14 @@ func TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal(t *testing.T)
 	}
 	if rec.level > slog.LevelInfo {
 		t.Errorf("Watch of a caller gone mid-backlog logged at %v, want at most INFO: %v", rec.level, rec.attrs)
+	}
+	select {
+	case c := <-counted:
+		if c != codes.Canceled && c != codes.Unavailable {
+			t.Errorf("Watch of a caller gone mid-backlog counted grpc_code=%q, want Canceled or Unavailable", c)
+		}
+	case <-time.After(waitLimit):
+		t.Error("the Watch was never counted")
 	}
 }
 
