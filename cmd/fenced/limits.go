@@ -47,10 +47,11 @@ type limitFlags struct {
 	// MaxReplicaWaits and MaxReplicaWaitsPerSwarm bound waits in flight.
 	MaxReplicaWaits         int `name:"max-replica-waits" env:"FENCED_MAX_REPLICA_WAITS" default:"512" help:"Most commits and lease changes waiting for replicas (Redis WAIT, each on a dedicated Redis connection) at once in this process; more are refused RESOURCE_EXHAUSTED before anything is written. Waits no longer than --wait-timeout (lease changes, batches without replica_ack) may take a quarter more, which longer replica_ack waits never use. Keep it and that quarter below the Redis client's blocking pool (1024)."`
 	MaxReplicaWaitsPerSwarm int `name:"max-replica-waits-per-swarm" env:"FENCED_MAX_REPLICA_WAITS_PER_SWARM" default:"64" help:"Most of those waits for one swarm, so that one swarm cannot take them all."`
-	// MaxWatchers and MaxWatchersPerConnection bound RecordsService Watch
-	// streams; WatchBuffer and WatchProgressInterval shape each one.
+	// MaxWatchers, MaxWatchersPerConnection and MaxWatchersPerIP bound
+	// RecordsService Watch streams; WatchBuffer and WatchProgressInterval shape each one.
 	MaxWatchers              int           `name:"max-watchers" env:"FENCED_MAX_WATCHERS" default:"10000" help:"Most RecordsService Watch streams open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS. Watchers of one swarm share one Redis reader."`
 	MaxWatchersPerConnection int           `name:"max-watchers-per-connection" env:"FENCED_MAX_WATCHERS_PER_CONNECTION" default:"128" help:"Most Watch streams open at once on one client connection; below --max-concurrent-streams, so that a connection's watchers leave streams for its other calls and one more Watch is refused (RESOURCE_EXHAUSTED) instead of queued."`
+	MaxWatchersPerIP         int           `name:"max-watchers-per-ip" env:"FENCED_MAX_WATCHERS_PER_IP" default:"0" help:"Most Watch streams open at once from one client IP address, over all its connections, so that one caller cannot take every --max-watchers slot (more: RESOURCE_EXHAUSTED TOO_MANY_WATCHERS, limit address). 0: a quarter of --max-watchers, at least --max-watchers-per-connection; -1: no per-address bound (behind a proxy every client shares its address)."`
 	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, under 3,000) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
 	WatchCoalesce            time.Duration `name:"watch-coalesce" env:"FENCED_WATCH_COALESCE" default:"50ms" help:"Shortest time between two fan-outs of one swarm's Watch reader: a batch after a quiet spell goes out at once; under a stream of commits each fan-out carries every batch since the last, so watching costs one message per watcher per interval whatever the write rate (0: no coalescing)."`
 	WatchCoalesceWatchers    int           `name:"watch-coalesce-watchers" env:"FENCED_WATCH_COALESCE_WATCHERS" default:"512" help:"Watchers of one swarm one --watch-coalesce interval serves: with more, the time between two fan-outs under a stream of commits grows in proportion (1,000 watchers: twice the interval), at most 1s, so that a swarm's fan-outs cost about as much whatever its watchers (0: it does not grow)."`
@@ -97,6 +98,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --max-replica-waits and --max-replica-waits-per-swarm must be >= 1")
 	case l.MaxWatchers < 1 || l.MaxWatchersPerConnection < 1 || l.WatchBuffer < 1 || l.WatchProgressInterval < 100*time.Millisecond || l.WatchCoalesce < 0 || l.WatchCoalesceWatchers < 0:
 		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce and --watch-coalesce-watchers >= 0")
+	case l.MaxWatchersPerIP < -1:
+		return fmt.Errorf("configuration: --max-watchers-per-ip must be >= 1, 0 (a quarter of --max-watchers, at least --max-watchers-per-connection) or -1 (off)")
 	case l.MaxWatchersPerConnection >= int(l.MaxConcurrentStreams):
 		return fmt.Errorf("configuration: --max-watchers-per-connection %d must be below --max-concurrent-streams %d: a connection's watchers would take all its streams, and its next Watch and its other calls would wait instead of the Watch being refused", l.MaxWatchersPerConnection, l.MaxConcurrentStreams)
 	}
@@ -170,5 +173,5 @@ func (l *limitFlags) storeOption() store.Option {
 
 // watch is the server's WatchOptions for these flags.
 func (l *limitFlags) watch() server.WatchOptions {
-	return server.WatchOptions{Max: l.MaxWatchers, MaxPerConnection: l.MaxWatchersPerConnection, ProgressInterval: l.WatchProgressInterval}
+	return server.WatchOptions{Max: l.MaxWatchers, MaxPerConnection: l.MaxWatchersPerConnection, MaxPerIP: l.MaxWatchersPerIP, ProgressInterval: l.WatchProgressInterval}
 }

@@ -20,6 +20,9 @@ type Authorizer struct {
 	// lastErr is the last reload error logged, so that a file that stays
 	// broken or missing is logged once, not every poll.
 	lastErr string
+	// streams are the open streams these tokens authorized, checked again
+	// on every reload (streams.go).
+	streams openStreams
 }
 
 // Option configures LoadTokens and LoadServerTLS.
@@ -93,6 +96,9 @@ func (a *Authorizer) reload() {
 			a.cur.Store(ts)
 			a.lastErr = ""
 			a.log.Info("auth: token file reloaded", "path", a.path, "tokens", ts.Len())
+			if n := a.streams.recheck(ts); n > 0 {
+				a.log.Info("auth: ended the streams the new tokens no longer permit", "path", a.path, "streams", n)
+			}
 			return
 		}
 	}

@@ -101,9 +101,11 @@ func (a *Authorizer) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // StreamServerInterceptor is UnaryServerInterceptor for streams: the token
-// is checked when the stream opens, the slug of every message received.
-// fenced has no streaming RPC of its own (health Watch and reflection are
-// open), so today every stream that needs a token is an unclassified one.
+// is checked when the stream opens, the slug of every message received,
+// and again on every reload of the token file while the stream is open
+// (streams.go): RecordsService Watch, opened with a token the file then
+// drops or narrows, ends UNAUTHENTICATED or PERMISSION_DENIED within a
+// reload interval.
 func (a *Authorizer) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	authn := mwauth.StreamServerInterceptor(a.authenticate)
 	check := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -111,7 +113,12 @@ func (a *Authorizer) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			if _, ok := MethodAccess[info.FullMethod]; !ok {
 				return refuse(ss.Context(), info.FullMethod, "", errMethodDenied)
 			}
-			return handler(srv, &checkedStream{ServerStream: ss, method: info.FullMethod})
+			cs := &checkedStream{ServerStream: ss, method: info.FullMethod, a: a}
+			err := handler(srv, cs)
+			if cs.done != nil {
+				err = cs.done(err)
+			}
+			return err
 		})
 	}
 	return selector.StreamServerInterceptor(check, selector.MatchFunc(needsToken))
@@ -194,15 +201,35 @@ func refuse(ctx context.Context, method, slug string, err error) error {
 	return st.Err()
 }
 
-// checkedStream authorizes every message a stream receives.
+// checkedStream authorizes every message a stream receives; once the
+// first is authorized, the stream is registered for the token file's
+// reloads (Authorizer.watchRevocation) and its handler runs under the
+// context a revocation cancels.
 type checkedStream struct {
 	grpc.ServerStream
 	method string
+	a      *Authorizer
+	ctx    context.Context
+	done   func(error) error
+}
+
+func (s *checkedStream) Context() context.Context {
+	if s.ctx != nil {
+		return s.ctx
+	}
+	return s.ServerStream.Context()
 }
 
 func (s *checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return authorize(s.Context(), s.method, m)
+	if err := authorize(s.Context(), s.method, m); err != nil {
+		return err
+	}
+	if s.done == nil {
+		sl, _ := m.(slugged) // authorize refuses a message without a slug
+		s.ctx, s.done = s.a.watchRevocation(s.ServerStream.Context(), s.method, sl.GetSlug(), MethodAccess[s.method])
+	}
+	return nil
 }

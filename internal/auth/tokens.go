@@ -142,6 +142,18 @@ func (ts *Tokens) Authorize(bearer, slug string, need Access) (*Token, error) {
 	return t, t.Permits(slug, need)
 }
 
+// Recheck checks a token loaded before against these tokens: the token of
+// the same digest (ErrTokenUnknown when none) must permit need on slug
+// (ErrSlugDenied, ErrReadOnly). It answers the token found.
+func (ts *Tokens) Recheck(t *Token, slug string, need Access) (*Token, error) {
+	for i := range ts.list {
+		if subtle.ConstantTimeCompare(t.digest[:], ts.list[i].digest[:]) == 1 {
+			return &ts.list[i], ts.list[i].Permits(slug, need)
+		}
+	}
+	return nil, ErrTokenUnknown
+}
+
 // fileEntry is one token of the file format.
 type fileEntry struct {
 	Name        string   `json:"name"`

@@ -90,6 +90,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
 	{is(store.ErrRevisionLimit), codes.OutOfRange, limitDetails},
 	{is(store.ErrRevisionCompacted), codes.OutOfRange, compactedDetails},
+	{is(store.ErrStartAhead), codes.InvalidArgument, startAheadDetails},
 	{as[*tooManyWatchersError](), codes.ResourceExhausted, tooManyWatchersDetails},
 	{is(store.ErrWatcherTooSlow), codes.ResourceExhausted, tooSlowDetails},
 	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},

@@ -162,6 +162,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 				t.Errorf("client.Decode = %T %v; want *client.CompactedError with Oldest 9", got, got)
 			}
 		}},
+		{"watch start ahead", &store.StartAheadError{Start: 30, Latest: 10, Clock: 20}, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
 		{"too many watchers", &tooManyWatchersError{limit: "process"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_WATCHERS, same},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, fencedv1.ErrorReason_WATCHER_TOO_SLOW, same},
 		{"unknown", errors.New("something else"), codes.Internal, fencedv1.ErrorReason_REASON_UNSPECIFIED, same},

@@ -137,6 +137,9 @@ func TestErrorTable(t *testing.T) {
 			errInfo("REVISION_LIMIT", map[string]string{"max_revision": "9007199254740991"})}},
 		{"revision compacted", fmt.Errorf("store: watch: %w", &store.CompactedError{Start: 5, Oldest: 9}), codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_COMPACTED", map[string]string{"oldest_revision": "9"})}},
+		{"watch start ahead", fmt.Errorf("store: watch: %w", &store.StartAheadError{Start: 30, Latest: 10, Clock: 20}), codes.InvalidArgument, []proto.Message{
+			errInfo("INVALID_ARGUMENT", nil), &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "start_revision",
+				Description: "30 is later than any revision the swarm has issued (latest 10) and than Redis's clock (20 as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent"}}}}},
 		{"too many watchers", &tooManyWatchersError{limit: "connection"}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_WATCHERS", map[string]string{"limit": "connection"})}},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, []proto.Message{

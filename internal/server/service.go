@@ -85,7 +85,7 @@ func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Serv
 	}
 	opts.Watch = opts.Watch.withDefaults()
 	return &Service{records: records, limits: limits, opts: opts,
-		watchSlots: &watchSlots{byConn: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{}}
+		watchSlots: &watchSlots{byConn: map[string]int{}, byIP: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{}}
 }
 
 var layouts = map[store.Layout]fencedv1.Layout{

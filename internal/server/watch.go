@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding/gzip"
@@ -41,6 +44,13 @@ type WatchOptions struct {
 	// Default (New): DefaultMaxWatchersPerConnection, at most half of
 	// Transport.MaxConcurrentStreams.
 	MaxPerConnection int
+	// MaxPerIP bounds the Watch streams open at once from one peer IP
+	// address, over all its connections (limit "address"), so that one
+	// caller cannot take every slot of the process by opening more
+	// connections, as MaxConnectionsPerIP shares connections. Default
+	// (0): a quarter of Max, at least MaxPerConnection; < 0: unbounded
+	// (behind a proxy every caller shares its address).
+	MaxPerIP int
 	// ProgressInterval: a stream quiet for this long gets a progress event,
 	// so that proxies with idle timeouts do not cut it. Default
 	// DefaultWatchProgressInterval.
@@ -61,9 +71,9 @@ var (
 	// ReasonRevisionCompacted (OUT_OF_RANGE): batches after start_revision
 	// have left the log. Metadata oldest_revision.
 	ReasonRevisionCompacted = fencedv1.ErrorReason_REVISION_COMPACTED.String()
-	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process or the
-	// connection has as many Watch streams as it allows. Metadata limit:
-	// "process" or "connection".
+	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process, the
+	// caller's IP address or its connection has as many Watch streams as
+	// it allows. Metadata limit: "process", "address" or "connection".
 	ReasonTooManyWatchers = fencedv1.ErrorReason_TOO_MANY_WATCHERS.String()
 	// ReasonWatcherTooSlow (RESOURCE_EXHAUSTED): the caller fell too far
 	// behind and was dropped. Metadata last_revision.
@@ -99,37 +109,48 @@ func (o WatchOptions) withDefaults() WatchOptions {
 	if o.MaxPerConnection <= 0 {
 		o.MaxPerConnection = DefaultMaxWatchersPerConnection
 	}
+	if o.MaxPerIP == 0 {
+		o.MaxPerIP = max(o.MaxPerConnection, o.Max/4)
+	}
 	if o.ProgressInterval <= 0 {
 		o.ProgressInterval = DefaultWatchProgressInterval
 	}
 	return o
 }
 
-// watchSlots counts the open Watch streams, in all and per connection
-// (keyed by the peer's address: one per TCP connection).
+// watchSlots counts the open Watch streams, in all, per connection (keyed
+// by the peer's address: one per TCP connection) and per peer IP address.
 type watchSlots struct {
 	mu     sync.Mutex
 	open   int
 	byConn map[string]int
+	byIP   map[string]int
 }
 
-func (w *watchSlots) acquire(conn string, o WatchOptions) (release func(), limit string) {
+func (w *watchSlots) acquire(conn, ip string, o WatchOptions) (release func(), limit string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.open >= o.Max {
 		return nil, "process"
+	}
+	if o.MaxPerIP > 0 && w.byIP[ip] >= o.MaxPerIP {
+		return nil, "address"
 	}
 	if w.byConn[conn] >= o.MaxPerConnection {
 		return nil, "connection"
 	}
 	w.open++
 	w.byConn[conn]++
+	w.byIP[ip]++
 	return func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.open--
 		if w.byConn[conn]--; w.byConn[conn] == 0 {
 			delete(w.byConn, conn)
+		}
+		if w.byIP[ip]--; w.byIP[ip] == 0 {
+			delete(w.byIP, ip)
 		}
 	}, ""
 }
@@ -160,6 +181,19 @@ func compactedDetails(err error) []protoadapt.MessageV1 {
 	})}
 }
 
+// startAheadDetails names start_revision and why, as a request check
+// would (BadRequest): a revision no batch of the swarm can have.
+func startAheadDetails(err error) []protoadapt.MessageV1 {
+	why := "is later than any revision the swarm has issued and than Redis's clock: no batch can follow it yet"
+	var se *store.StartAheadError
+	if errors.As(err, &se) {
+		why = fmt.Sprintf("%d is later than any revision the swarm has issued (latest %d) and than Redis's clock (%d as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent",
+			se.Start, se.Latest, se.Clock)
+	}
+	return []protoadapt.MessageV1{info(ReasonInvalidArgument, nil), &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+		{Field: "start_revision", Description: why}}}}
+}
+
 func tooManyWatchersDetails(err error) []protoadapt.MessageV1 {
 	var te *tooManyWatchersError
 	errors.As(err, &te)
@@ -188,11 +222,11 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		return fitTrailers(codes.Unimplemented, "watch is not served by this core", nil).Err()
 	}
 	ctx := stream.Context()
-	conn := ""
+	conn, ip := "", ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		conn = p.Addr.String()
+		conn, ip = p.Addr.String(), peerIP(p.Addr)
 	}
-	release, limit := s.watchSlots.acquire(conn, s.opts.Watch)
+	release, limit := s.watchSlots.acquire(conn, ip, s.opts.Watch)
 	if release == nil {
 		s.limitsObs.Refused(LimitWatchers)
 		return toStatus(&tooManyWatchersError{limit: limit})
@@ -233,7 +267,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		if w.DropErr() != nil {
 			return dropped()
 		}
-		return toStatus(err)
+		return sendEnd(ctx, err)
 	}
 	// Without it (a transport stream of another kind), the handler returns
 	// on a drop while a second goroutine sends: returning ends the stream.
@@ -246,10 +280,40 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		if w.DropErr() != nil {
 			return dropped()
 		}
-		return toStatus(err)
+		return sendEnd(ctx, err)
 	case <-w.Dropped():
 		return dropped()
 	}
+}
+
+// sendEnd is the status a Watch stream ends with when sending stopped on
+// err. A caller that went away (its process exited, its connection closed
+// while fenced was sending it a backlog) is CANCELED: its context ended,
+// or SendMsg failed with grpc-go's own status for a stream that is gone
+// (UNAVAILABLE "transport is closing", which may come before the context
+// ends), logged at DEBUG as cancelled calls are. Never INTERNAL, which the
+// error table gives what it does not know, and which is logged at ERROR
+// and fires FencedInternalErrors
+// (TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal). The
+// caller cannot hear this status (its stream is gone): it is what the
+// call is logged and counted as. grpc-go's other statuses are kept; the
+// core's errors (a failed read of the records) go through the error
+// table.
+func sendEnd(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if st, ok := status.FromError(err); ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
+			return status.Error(codes.Canceled, "watch: the caller's stream is gone: "+st.Message())
+		}
+		return err // grpc-go's own
+	}
+	if errors.Is(err, io.EOF) {
+		return status.Error(codes.Canceled, "watch: the caller's stream closed")
+	}
+	return toStatus(err)
 }
 
 // Coalescing: a watcher that is behind gets the events it has in one

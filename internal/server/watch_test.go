@@ -163,7 +163,7 @@ func TestWatchFromACompactedRevisionIsOutOfRange(t *testing.T) {
 func TestWatchRefusesOverTheWatcherBounds(t *testing.T) {
 	counts := &watchCounts{}
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
-		Records:   server.ServiceOptions{Watch: server.WatchOptions{Max: 3, MaxPerConnection: 2}},
+		Records:   server.ServiceOptions{Watch: server.WatchOptions{Max: 3, MaxPerConnection: 2, MaxPerIP: -1}},
 		Telemetry: server.Telemetry{Limits: counts},
 	})
 	open := func(c fencedv1.RecordsServiceClient) error {

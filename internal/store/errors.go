@@ -436,7 +436,33 @@ var (
 	// buffered without bound. Resume from the last event it received.
 	// gRPC: RESOURCE_EXHAUSTED, WATCHER_TOO_SLOW.
 	ErrWatcherTooSlow = errors.New("watcher too slow")
+	// ErrStartAhead: a Watch's start revision is one no batch of the swarm
+	// can have: later, in issue order, than both the swarm's counter (the
+	// latest revision issued) and Redis's clock as a revision (the least a
+	// new one is: docs/design/05-numbering.md §5). Such a stream would
+	// carry nothing until the clock passed it (now + 1 h: an hour of
+	// silence). Returned as *StartAheadError by Watch. gRPC:
+	// INVALID_ARGUMENT, INVALID_ARGUMENT, BadRequest field start_revision.
+	ErrStartAhead = errors.New("start revision ahead of the swarm")
 )
+
+// StartAheadError is ErrStartAhead with what the swarm and Redis's clock
+// had.
+type StartAheadError struct {
+	// Start is the revision the watch asked to start after.
+	Start int64
+	// Latest is the swarm's counter (0 when it has none), Clock Redis's
+	// clock as a revision (protocol.ClockRevision).
+	Latest, Clock int64
+}
+
+func (e *StartAheadError) Error() string {
+	return fmt.Sprintf("%v: revision %d is later than any this swarm has issued (its latest is %d) and than Redis's clock (%d as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent",
+		ErrStartAhead, e.Start, e.Latest, e.Clock)
+}
+
+// Unwrap makes errors.Is(err, ErrStartAhead) hold.
+func (e *StartAheadError) Unwrap() error { return ErrStartAhead }
 
 // CompactedError is ErrRevisionCompacted with what the log still holds.
 type CompactedError struct {

@@ -12,15 +12,19 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/redis/rueidis"
 )
 
 // Watch starts following slug's committed batches after revision after (0:
 // from now), "after" in issue order (protocol.CompareRevisions: a batch
 // of 14 digits follows one of 16). All watchers of one swarm in this process share one reader
 // (one XREAD BLOCK at a time on its own connection, fanned out in memory).
-// Errors: *CompactedError (OUT_OF_RANGE), ErrUnavailable, context errors,
+// A start later than what the swarm's reader has read costs one round
+// trip (checkStart). Errors: *CompactedError (OUT_OF_RANGE),
+// *StartAheadError (INVALID_ARGUMENT), ErrUnavailable, context errors,
 // *RedisError. Close the Watch when done.
 func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, error) {
 	h, err := s.feeds.join(ctx, s, slug)
@@ -40,6 +44,14 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 		w.Close()
 		return nil, fmt.Errorf("store: watch: %w", &CompactedError{Start: after, Oldest: loss.oldest})
 	}
+	if after != 0 && protocol.RevisionLater(after, lastRev) {
+		// Past what the reader has seen: a batch committed since, or a
+		// revision no batch can have (StartAheadError).
+		if err := s.checkStart(ctx, slug, after); err != nil {
+			w.Close()
+			return nil, err
+		}
+	}
 	if after == 0 || !protocol.RevisionLater(lastRev, after) {
 		if after == 0 {
 			after = lastRev
@@ -56,4 +68,45 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 		return nil, err
 	}
 	return w, nil
+}
+
+// checkStart refuses a start revision no batch of slug can have: later, in
+// issue order, than both the swarm's counter and Redis's clock as a
+// revision (*StartAheadError). A revision of an earlier era (16 digits:
+// fenced's former µs revisions; 13 or fewer: older writers' counters) is
+// never refused: every batch fenced issues now follows it. Nor is one at
+// or below the counter that the reader has not read yet (a batch
+// committed a moment ago), or one at or below the clock (a swarm whose
+// counter Redis lost). One round trip: TIME and GET of the counter.
+func (s *Store) checkStart(ctx context.Context, slug string, after int64) error {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	c := s.c()
+	res := c.DoMulti(ctx, c.B().Time().Build(), c.B().Get().Key(s.keys(slug).revision()).Build())
+	tm, err := res[0].AsStrSlice()
+	if err == nil && len(tm) != 2 {
+		err = fmt.Errorf("%w: TIME answered %d fields", ErrMalformedReply, len(tm))
+	}
+	var counter string
+	if err == nil {
+		if counter, err = res[1].ToString(); rueidis.IsRedisNil(err) {
+			counter, err = "0", nil
+		}
+	}
+	if err != nil {
+		err = s.classify(ctx, err)
+		s.observe.RedisFailed("watch", err)
+		return fmt.Errorf("store: watch: read the swarm's revision: %w", err)
+	}
+	sec, err1 := strconv.ParseInt(tm[0], 10, 64)
+	usec, err2 := strconv.ParseInt(tm[1], 10, 64)
+	latest, err3 := strconv.ParseInt(counter, 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return nil // nothing to tell a start by: served as before
+	}
+	clock := protocol.ClockRevision(sec*1_000_000 + usec)
+	if protocol.RevisionLater(after, protocol.LatestRevision(latest, clock)) {
+		return fmt.Errorf("store: watch: %w", &StartAheadError{Start: after, Latest: latest, Clock: clock})
+	}
+	return nil
 }

@@ -89,7 +89,12 @@ func (f *feeds) join(ctx context.Context, s *Store, slug string) (*hub, error) {
 	return h, nil
 }
 
-// leave removes w; the last one out stops the reader.
+// leave removes w. The last one out does not stop the reader: it stops by
+// itself once its read in flight is over and nobody joined meanwhile
+// (retire), so that a caller opening and cancelling Watch in a loop
+// neither starts a reader per open nor cuts its blocked XREAD, which
+// rueidis answers by closing that connection: the next reader then dialled
+// Redis again (617 new connections for 782 opens, issue 26 §2a).
 func (h *hub) leave(w *Watch) {
 	h.mu.Lock()
 	delete(h.watchers, w)
@@ -97,15 +102,26 @@ func (h *hub) leave(w *Watch) {
 	f := h.feeds
 	f.mu.Lock()
 	h.refs--
-	if h.refs == 0 {
-		if f.hubs[h.slug] == h {
-			delete(f.hubs, h.slug)
-		}
-		if h.cancel != nil {
-			h.cancel()
-		}
-	}
 	f.mu.Unlock()
+}
+
+// retire is the reader's check between two reads: with nobody left (no
+// watcher, no join in progress) the hub leaves feeds and its reader
+// stops, its connection back in rueidis's pool for the next reader; a
+// Watch after that starts a new hub. A Watch that joined while the last
+// read was in flight keeps this one.
+func (h *hub) retire() bool {
+	f := h.feeds
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h.refs > 0 {
+		return false
+	}
+	if f.hubs[h.slug] == h {
+		delete(f.hubs, h.slug)
+	}
+	h.cancel()
+	return true
 }
 
 // fanOut queues b for every watcher (h.mu held); a watcher whose buffer is

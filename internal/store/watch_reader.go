@@ -240,6 +240,9 @@ func (h *hub) run(ctx context.Context, s *Store) {
 		}
 	}
 	for ctx.Err() == nil {
+		if h.retire() {
+			return
+		}
 		h.mu.Lock()
 		fanout := h.feeds.interval(len(h.watchers))
 		h.mu.Unlock()

@@ -131,9 +131,9 @@ const (
 	// with Sections and watch from its revision. Metadata: "oldest_revision"
 	// (the oldest batch the log still holds, or the batch after the loss).
 	ErrorReason_REVISION_COMPACTED ErrorReason_Reason = 31
-	// RESOURCE_EXHAUSTED: the process or the connection has as many Watch
-	// streams open as it allows; nothing was started. Metadata: "limit"
-	// ("process" or "connection").
+	// RESOURCE_EXHAUSTED: the process, the caller's IP address or its
+	// connection has as many Watch streams open as it allows; nothing was
+	// started. Metadata: "limit" ("process", "address" or "connection").
 	ErrorReason_TOO_MANY_WATCHERS ErrorReason_Reason = 32
 	// RESOURCE_EXHAUSTED: the watcher fell too far behind and was dropped;
 	// watch again from the last revision received. Metadata:
