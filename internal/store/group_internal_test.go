@@ -356,3 +356,53 @@ func TestGroupCommitOnClusterGroupsOneSlotOnly(t *testing.T) {
 		t.Errorf("slot %d sends %v; want calls alone only (its one swarm)", b, got)
 	}
 }
+
+// TestGroupCommitQueuedCallGivenUpIsNeverSent: a call whose caller gives up
+// while it waits in the queue answers its context's error and is never
+// sent: nothing of it is written.
+func TestGroupCommitQueuedCallGivenUpIsNeverSent(t *testing.T) {
+	srv := redistest.Start(t)
+	s := openGrouped(t, srv.URL())
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var sends []int
+	s.groups.inFlight = 1
+	s.groups.beforeSend = func(_ uint16, members int) {
+		mu.Lock()
+		sends = append(sends, members)
+		first := len(sends) == 1
+		mu.Unlock()
+		if first {
+			<-release
+		}
+	}
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(context.Background(), groupPut("q-first", "k", 0, ""))
+		firstDone <- err
+	}()
+	waitQueued(t, s, 0, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	queuedDone := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(ctx, groupPut("q-given-up", "k", 0, ""))
+		queuedDone <- err
+	}()
+	waitQueued(t, s, 0, 2)
+	cancel()
+	if err := <-queuedDone; !errors.Is(err, context.Canceled) {
+		t.Errorf("a queued call given up: %v; want context.Canceled", err)
+	}
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Errorf("the call in flight: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(sends, []int{1}) {
+		t.Errorf("sends %v; want only the call in flight", sends)
+	}
+	if keys := srv.DoArray(t, "KEYS", "*{q-given-up}*"); len(keys) != 0 {
+		t.Errorf("a call never sent wrote %v", keys)
+	}
+}
