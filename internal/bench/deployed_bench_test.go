@@ -32,7 +32,7 @@ func BenchmarkDeployedBatch(b *testing.B) {
 // one swarm, sending batches of size puts.
 func deployedBatches(b *testing.B, e *env, fc fencedv1.RecordsServiceClient, size int) {
 	const conc = 16
-	c := newMinimalCase(b, e, nil, fc, conc, size)
+	c := newMinimalCase(b, e, nil, fc, nil, conc, size)
 	run := deployedRuns.Add(1) // each call writes swarms of its own
 	for g := range conc {
 		c.fenced[g].slug = fmt.Sprintf("deployed%d-%s", run, c.fenced[g].slug)

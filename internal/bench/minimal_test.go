@@ -178,10 +178,10 @@ func startMinimal(b *testing.B, e *env) *grpc.ClientConn {
 // cmd/fenced installs no stats handler), the production logger (Info,
 // JSON). It has a Store of its own, over the shared Redis, so that the
 // store reports to the metrics.
-func startDeployed(b *testing.B, e *env) fencedv1.RecordsServiceClient {
+func startDeployed(b *testing.B, e *env, opts ...store.Option) fencedv1.RecordsServiceClient {
 	b.Helper()
 	m := metrics.New()
-	st, err := store.Open(e.srv.URL(), prefix, store.WithObserver(m))
+	st, err := store.Open(e.srv.URL(), prefix, append([]store.Option{store.WithObserver(m)}, opts...)...)
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
@@ -211,15 +211,15 @@ type swarmWriter struct {
 // minimalCase is one (concurrency, batch size) of BenchmarkMinimal: the
 // swarms of both sides, kept across rounds.
 type minimalCase struct {
-	conc, size         int
-	min, floor, fenced []*swarmWriter
-	minConn            *grpc.ClientConn
-	fencedClient       fencedv1.RecordsServiceClient
+	conc, size                int
+	min, floor, fenced, alone []*swarmWriter
+	minConn                   *grpc.ClientConn
+	fencedClient, aloneClient fencedv1.RecordsServiceClient
 }
 
-func newMinimalCase(b *testing.B, e *env, cc *grpc.ClientConn, fc fencedv1.RecordsServiceClient, conc, size int) *minimalCase {
+func newMinimalCase(b *testing.B, e *env, cc *grpc.ClientConn, fc, ac fencedv1.RecordsServiceClient, conc, size int) *minimalCase {
 	b.Helper()
-	c := &minimalCase{conc: conc, size: size, minConn: cc, fencedClient: fc}
+	c := &minimalCase{conc: conc, size: size, minConn: cc, fencedClient: fc, aloneClient: ac}
 	ctx := context.Background()
 	tm := e.srv.DoArray(b, "TIME")
 	sec, _ := strconv.ParseInt(tm[0], 10, 64)
@@ -237,6 +237,12 @@ func newMinimalCase(b *testing.B, e *env, cc *grpc.ClientConn, fc fencedv1.Recor
 			b.Fatalf("acquire %s: %v", fslug, err)
 		}
 		c.fenced = append(c.fenced, &swarmWriter{slug: fslug, epoch: l.Epoch})
+		aslug := fmt.Sprintf("alone-c%d-n%d-g%d", conc, size, g)
+		l, _, err = e.st.Acquire(ctx, aslug, leaseOwner, time.Hour.Milliseconds())
+		if err != nil {
+			b.Fatalf("acquire %s: %v", aslug, err)
+		}
+		c.alone = append(c.alone, &swarmWriter{slug: aslug, epoch: l.Epoch})
 	}
 	return c
 }
@@ -277,7 +283,15 @@ func (c *minimalCase) rawCall(ctx context.Context, w *swarmWriter, g int, method
 
 // fencedCall sends w's next batch through fenced.
 func (c *minimalCase) fencedCall(ctx context.Context, g int) error {
-	w := c.fenced[g]
+	return c.fencedVia(ctx, c.fencedClient, c.fenced[g], g)
+}
+
+// aloneCall sends w's next batch through fenced without group commit.
+func (c *minimalCase) aloneCall(ctx context.Context, g int) error {
+	return c.fencedVia(ctx, c.aloneClient, c.alone[g], g)
+}
+
+func (c *minimalCase) fencedVia(ctx context.Context, client fencedv1.RecordsServiceClient, w *swarmWriter, g int) error {
 	first := (w.next * c.size) % minimalRecords
 	req := &fencedv1.FencedBatchRequest{Slug: w.slug, Fence: &fencedv1.LeaseFence{Owner: leaseOwner, Epoch: w.epoch}}
 	for j := first; j < first+c.size; j++ {
@@ -286,7 +300,7 @@ func (c *minimalCase) fencedCall(ctx context.Context, g int) error {
 			Expected: w.seen[j], Value: minimalValue(g, w.next),
 		})
 	}
-	resp, err := c.fencedClient.FencedBatch(ctx, req)
+	resp, err := client.FencedBatch(ctx, req)
 	if err != nil {
 		return fmt.Errorf("fenced: %w", err)
 	}
@@ -299,7 +313,9 @@ func (c *minimalCase) fencedCall(ctx context.Context, g int) error {
 
 // minimalSample is one round of one side: per batch, wall time (with conc
 // batches in flight), CPU of this process and of redis-server, and Redis's
-// EVALSHA time (INFO commandstats usec_per_call, reset before the round).
+// script time per batch (INFO commandstats usec of EVALSHA, EVAL and FCALL,
+// reset before the round, over the round's batches: a group commit is one
+// call for several batches).
 type minimalSample struct {
 	sample
 	redisUs float64
@@ -335,20 +351,16 @@ func (c *minimalCase) round(ctx context.Context, b *testing.B, e *env, call func
 	if first != nil {
 		b.Fatalf("conc=%d size=%d: %v", c.conc, c.size, first)
 	}
-	return minimalSample{perBatch(from, to, elapsed.Nanoseconds(), int(ops.Load())), evalshaUsec(b, e)}
+	usec, _ := scriptUsec(b, e.srv)
+	return minimalSample{perBatch(from, to, elapsed.Nanoseconds(), int(ops.Load())), usec / float64(max(ops.Load(), 1))}
 }
-
-// evalshaUsec is Redis's time per script call of a round: the prototype
-// calls its script by EVALSHA, fenced its commit function by FCALL (or by
-// EVALSHA where Redis refuses functions): scriptUsecPerCall.
-func evalshaUsec(b *testing.B, e *env) float64 { return scriptUsecPerCall(b, e.srv) }
 
 // minimalResults are BenchmarkMinimal's rounds: [case] -> rounds of
 // [prototype, fenced, floor path].
 var minimalResults = struct {
 	sync.Mutex
-	rounds map[[2]int][][3]minimalSample
-}{rounds: map[[2]int][][3]minimalSample{}}
+	rounds map[[2]int][][4]minimalSample
+}{rounds: map[[2]int][][4]minimalSample{}}
 
 // BenchmarkMinimal compares fenced, deployed as by default (metrics on,
 // authorization and tracing off), with the thinnest service that does a
@@ -364,18 +376,18 @@ var minimalResults = struct {
 // when FENCED_BENCH_ETCD names bench/etcd's output.
 func BenchmarkMinimal(b *testing.B) {
 	e := getEnv(b)
-	cc, fc := startMinimal(b, e), startDeployed(b, e)
+	cc, fc, ac := startMinimal(b, e), startDeployed(b, e), startDeployed(b, e, store.WithoutGroupCommit())
 	for _, conc := range minimalConcs {
 		for _, size := range sizes {
-			c := newMinimalCase(b, e, cc, fc, conc, size)
+			c := newMinimalCase(b, e, cc, fc, ac, conc, size)
 			b.Run(fmt.Sprintf("conc=%d/size=%d", conc, size), func(b *testing.B) {
 				ctx := context.Background()
 				var ratios []float64
 				for it := range b.N {
-					var r [3]minimalSample
-					calls := [3]func(context.Context, int) error{c.minimalCall, c.fencedCall, c.floorCall}
-					for k := range 3 {
-						side := (it + k) % 3
+					var r [4]minimalSample
+					calls := [4]func(context.Context, int) error{c.minimalCall, c.fencedCall, c.floorCall, c.aloneCall}
+					for k := range 4 {
+						side := (it + k) % 4
 						r[side] = c.round(ctx, b, e, calls[side])
 					}
 					ratios = append(ratios, r[0].ns/r[1].ns)
@@ -426,16 +438,19 @@ func printMinimal(w io.Writer) {
 	p("\nfenced vs the minimal gRPC→Lua→Redis path vs etcd 3.6 Txn (fsync): each goroutine one swarm holding a lease, ~200-byte values, every batch commits\n")
 	p("  batches/s (medians of %v rounds, the three sides in rotating order); fenced/min = median of paired ratios; targets: fenced/min >= 0.85, fenced/etcd >= 1.5, Redis µs fenced/min <= 1.3\n", roundTime)
 	p("  floor: the prototype's server running floorScript, the plainest Lua writing fenced's bytes (floor/min, fenced/floor: medians of paired ratios)\n")
-	p("%-8s %6s %9s %9s %9s %9s %11s %14s %16s %9s %7s %9s %12s %10s\n", "conc×n", "rounds", "minimal", "fenced", "fenced/min", "etcd", "fenced/etcd", "redis µs m/f", "go cpu µs m/f/e", "rds µs m/f",
-		"floor", "floor/min", "fenced/floor", "redis µs fl")
+	p("  alone: fenced without group commit (store.WithoutGroupCommit), its own server on the same Redis; grp/alone: median of paired ratios\n")
+	p("%-8s %6s %9s %9s %9s %9s %11s %14s %16s %9s %7s %9s %12s %10s %8s %9s %14s\n", "conc×n", "rounds", "minimal", "fenced", "fenced/min", "etcd", "fenced/etcd", "redis µs m/f", "go cpu µs m/f/e", "rds µs m/f",
+		"floor", "floor/min", "fenced/floor", "redis µs fl", "alone", "grp/alone", "redis/rds µs a")
 	for _, conc := range minimalConcs {
 		for _, size := range sizes {
 			rs := minimalResults.rounds[[2]int{conc, size}]
 			if len(rs) == 0 {
 				continue
 			}
-			var mns, fns, mus, fus, mgo, fgo, mr, fr, ratio, lns, lus, lRatio, flRatio []float64
+			var mns, fns, mus, fus, mgo, fgo, mr, fr, ratio, lns, lus, lRatio, flRatio, ans, aus, ar, gaRatio []float64
 			for _, r := range rs {
+				ans, aus, ar = append(ans, r[3].ns), append(aus, r[3].redisUs), append(ar, r[3].redisCPU)
+				gaRatio = append(gaRatio, r[3].ns/r[1].ns)
 				lns, lus = append(lns, r[2].ns), append(lus, r[2].redisUs)
 				lRatio, flRatio = append(lRatio, r[0].ns/r[2].ns), append(flRatio, r[2].ns/r[1].ns)
 				mns, fns = append(mns, r[0].ns), append(fns, r[1].ns)
@@ -451,13 +466,14 @@ func printMinimal(w io.Writer) {
 				etcdRate, fe, ecpu = fmt.Sprintf("%.0f", et[0]), fmt.Sprintf("%.2f", fRate/et[0]), fmt.Sprintf("%.0f", et[1])
 			}
 			goCPU := fmt.Sprintf("%.0f/%.0f/%s", median(mgo)/1e3, median(fgo)/1e3, ecpu)
-			p("%-8s %6d %9.0f %9.0f %9.2f %9s %11s %7.0f/%-6.0f %16s %4.0f/%-4.0f %7.0f %9.2f %12.2f %10.0f\n",
+			p("%-8s %6d %9.0f %9.0f %9.2f %9s %11s %7.0f/%-6.0f %16s %4.0f/%-4.0f %7.0f %9.2f %12.2f %10.0f %8.0f %9.2f %7.0f/%-6.0f\n",
 				fmt.Sprintf("%d×%d", conc, size), len(rs), mRate, fRate, median(ratio), etcdRate, fe,
 				median(mus), median(fus), goCPU, median(mr)/1e3, median(fr)/1e3,
-				1e9/median(lns), median(lRatio), median(flRatio), median(lus))
+				1e9/median(lns), median(lRatio), median(flRatio), median(lus),
+				1e9/median(ans), median(gaRatio), median(aus), median(ar)/1e3)
 		}
 	}
-	p("  redis µs: EVALSHA or FCALL usec_per_call (INFO commandstats); go cpu: this process (client + server) per batch, e = etcd's process (client + server);\n")
+	p("  redis µs: Redis's script time per batch (INFO commandstats usec of EVALSHA, EVAL and FCALL ÷ batches); go cpu: this process (client + server) per batch, e = etcd's process (client + server);\n")
 	p("  rds: redis-server CPU per batch. etcd figures come from bench/etcd run just before (FENCED_BENCH_ETCD).\n")
 	w.Write(buf.Bytes())
 }

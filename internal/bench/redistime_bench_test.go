@@ -101,7 +101,16 @@ func BenchmarkRedisTimePerCommit(b *testing.B) {
 // scriptUsecPerCall is INFO commandstats' usec over calls of EVALSHA,
 // EVAL and FCALL together.
 func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
-	var usec, calls float64
+	usec, calls := scriptUsec(b, srv)
+	if calls == 0 {
+		return 0
+	}
+	return usec / calls
+}
+
+// scriptUsec is INFO commandstats' usec and calls of EVALSHA, EVAL and
+// FCALL together.
+func scriptUsec(b *testing.B, srv *redistest.Server) (usec, calls float64) {
 	for line := range strings.SplitSeq(srv.Do(b, "INFO", "commandstats"), "\n") {
 		line = strings.TrimSpace(line)
 		var rest string
@@ -125,10 +134,7 @@ func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
 			}
 		}
 	}
-	if calls == 0 {
-		return 0
-	}
-	return usec / calls
+	return usec, calls
 }
 
 // scriptSwarm is one swarm of a benchmark script's (minimalScript's or

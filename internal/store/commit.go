@@ -179,7 +179,7 @@ func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, key
 // execWaitPipelined.
 func (s *Store) execWait(ctx context.Context, sc *script, keys, args []string, d Durability) ([]string, int, error) {
 	if d.Replicas <= 0 {
-		reply, err := replyStrings(s.exec(ctx, sc, keys, args))
+		reply, err := s.execGrouped(ctx, sc, keys, args)
 		return reply, 0, err
 	}
 	// rueidis runs a call whose context has a deadline synchronously, under

@@ -45,6 +45,7 @@ var (
 	functionCommit       = libraryFunction("commit_plain")
 	functionCommitByName = libraryFunction("commit_byname")
 	functionLease        = libraryFunction("lease_main")
+	functionGroup        = libraryName + groupSuffix
 	fencedLibrary        = "#!lua name=" + libraryName + "\n" + libraryCode + registrations()
 )
 
@@ -66,6 +67,7 @@ func registrations() string {
 	for _, f := range libraryFunctions {
 		b.WriteString(register(libraryName+f.suffix, f.main))
 	}
+	b.WriteString(fmt.Sprintf("\nredis.register_function('%s', function(keys, args)\n  if impl == nil then impl = init() end\n  return impl.%s(keys, args)\nend)\n", functionGroup, groupMain))
 	return b.String()
 }
 

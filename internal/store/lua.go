@@ -85,6 +85,27 @@ var libraryFunctions = []struct {
 	{"_lease", "lease_main", luaLease},
 }
 
+// The group commit (docs/design/03-fenced-batch.md §3.10): groupFile
+// defines groupMain, registered as the function <library name>groupSuffix
+// (functions.go), which runs several calls of libraryFunctions, each a
+// member naming its function by groupMember.
+const (
+	groupFile   = "commit_group.lua"
+	groupMain   = "commit_group"
+	groupSuffix = "_commit_group"
+)
+
+// groupMember is the number commit_group.lua knows the library function
+// main by: its place in libraryFunctions, from 1.
+func groupMember(main string) int {
+	for i, f := range libraryFunctions {
+		if f.main == main {
+			return i + 1
+		}
+	}
+	panic("store: no library function " + main)
+}
+
 // The lines that start a call, one per form: an EVAL script keeps EVAL's
 // globals before lib shadows them (lib_call.lua declares local KEYS and
 // ARGV) and starts the call after lib; a library function is handed them
@@ -147,7 +168,17 @@ func libraryText() string {
 		}
 		b.WriteString("\nend\n")
 	}
-	b.WriteString("return { begin = begin")
+	// The group commit (commit_group.lua) runs any of them by its place in
+	// libraryFunctions (groupMember).
+	b.WriteString("\nlocal group_mains = {")
+	for i, f := range libraryFunctions {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(f.main)
+	}
+	b.WriteString("}\n" + luaFile(groupFile))
+	b.WriteString("return { begin = begin, " + groupMain + " = " + groupMain)
 	for _, f := range libraryFunctions {
 		b.WriteString(", " + f.main + " = " + f.main)
 	}

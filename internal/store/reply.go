@@ -29,6 +29,11 @@ func replyStrings(res rueidis.RedisResult) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return arrayStrings(arr)
+}
+
+// arrayStrings is a script's array reply as strings (a nil element "").
+func arrayStrings(arr []rueidis.RedisMessage) ([]string, error) {
 	out := make([]string, len(arr))
 	for i, m := range arr {
 		if m.IsNil() {

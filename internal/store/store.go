@@ -54,11 +54,18 @@ type script struct {
 	src  string
 	sha  string
 	fn   string
+	// member is how a group commit names fn (groupMember); 0: none.
+	member int
 }
 
 // as is sc, also callable as the function named fn of fencedLibrary.
 func (sc *script) as(fn string) *script {
 	sc.fn = fn
+	for _, f := range libraryFunctions {
+		if libraryName+f.suffix == fn {
+			sc.member = groupMember(f.main)
+		}
+	}
 	return sc
 }
 
@@ -128,6 +135,8 @@ type Store struct {
 	// rebuilds runs by-name index rebuilds in the background; nil without
 	// WithByNameRebuild.
 	rebuilds *rebuilds
+	// groups queue committing calls into group commits (group.go).
+	groups groups
 	// waits bounds the replica waits in flight (waits.go).
 	waits *waitSlots
 	// feeds are the swarms' log readers of Watch (watch.go).

@@ -1,0 +1,281 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// The group commit (docs/design/03-fenced-batch.md §3.10). A committing
+// call (a batch, a lease change) that finds groupInFlight calls of its
+// lane already on their way to Redis waits in the lane's queue; when one
+// of them returns, whatever is queued goes as one call of the library's
+// group function (commit_group.lua), which runs each member as if it had
+// been sent alone and answers each its own reply. So the per-call cost
+// (the command, the function's entry, the reply, the clock) is paid once
+// per group, and nothing waits when Redis is idle: no timer, a call goes
+// at once while its lane has a free place.
+//
+// A lane is one Redis: on standalone and Sentinel every swarm's calls share
+// one; on Cluster each slot has its own (a group's keys must share a slot;
+// a lane exists while it has calls in flight).
+
+// The bounds of one group: at most groupMaxMembers calls, and no call
+// joins a group it would take past groupMaxBytes of keys and arguments (a
+// larger call goes alone): a group runs atomically in Redis, which serves
+// no one else meanwhile, and the per-call cost a group saves (a few µs)
+// is nothing beside a large batch's own.
+const (
+	groupMaxMembers = 64
+	groupMaxBytes   = 64 << 10
+	// groupInFlight is how many calls (single or groups) of one lane may
+	// be on their way to Redis before the next ones queue.
+	groupInFlight = 2
+)
+
+// pending is a call waiting in a lane's queue.
+type pending struct {
+	ctx        context.Context
+	sc         *script
+	keys, args []string
+	bytes      int
+	// sent: taken into a group; gone: its caller stopped waiting before
+	// that (it is never sent). Both under groups.mu.
+	sent, gone bool
+	done       chan struct{}
+	reply      []string
+	err        error
+}
+
+// lane is one Redis's (standalone) or one slot's (Cluster) calls.
+type lane struct {
+	inflight int
+	queue    []*pending
+}
+
+// groups are a Store's lanes.
+type groups struct {
+	mu    sync.Mutex
+	lanes map[uint16]*lane
+	// inFlight is groupInFlight, or what a test set.
+	inFlight int
+	// off: every call goes alone (WithoutGroupCommit).
+	off bool
+	// beforeSend, when set (tests only), is called with the lane and the
+	// number of calls before the lane sends them (1: a call alone).
+	beforeSend func(slot uint16, members int)
+}
+
+// WithoutGroupCommit has every committing call go to Redis alone, as its
+// own FCALL or EVALSHA (docs/design/03-fenced-batch.md §3.10).
+func WithoutGroupCommit() Option {
+	return func(s *Store) { s.groups.off = true }
+}
+
+// execGrouped runs sc (a committing script, d without replica waits) and
+// answers its reply as strings, as replyStrings(s.exec(...)) does: alone
+// while its lane has a free place, else in the next group of its lane.
+// Only calls that go as functions are grouped (the group is a function of
+// the library): others go alone. A call whose ctx ends while it is queued
+// is never sent (ctx's error); once sent, its caller may stop waiting, as
+// for a call alone (the outcome is then unknown).
+func (s *Store) execGrouped(ctx context.Context, sc *script, keys, args []string) ([]string, error) {
+	g := &s.groups
+	if sc.member == 0 || g.off || s.noFunctions || functionsState(s.fns.state.Load()) != functionsLoaded {
+		return replyStrings(s.exec(ctx, sc, keys, args))
+	}
+	slot := uint16(0)
+	if !s.stamp {
+		// Cluster: the lane of the call's slot (every key of a call
+		// carries the swarm's hash tag).
+		cmd := s.c().B().Get().Key(keys[0]).Build()
+		slot = cmd.Slot()
+	}
+	g.mu.Lock()
+	if g.lanes == nil {
+		g.lanes = map[uint16]*lane{}
+	}
+	l := g.lanes[slot]
+	if l == nil {
+		l = &lane{}
+		g.lanes[slot] = l
+	}
+	limit := g.inFlight
+	if limit <= 0 {
+		limit = groupInFlight
+	}
+	if l.inflight < limit && len(l.queue) == 0 {
+		l.inflight++
+		g.mu.Unlock()
+		if g.beforeSend != nil {
+			g.beforeSend(slot, 1)
+		}
+		reply, err := replyStrings(s.exec(ctx, sc, keys, args))
+		s.laneDone(slot)
+		return reply, err
+	}
+	p := &pending{ctx: ctx, sc: sc, keys: keys, args: args, done: make(chan struct{})}
+	for _, k := range keys {
+		p.bytes += len(k)
+	}
+	for _, a := range args {
+		p.bytes += len(a)
+	}
+	l.queue = append(l.queue, p)
+	g.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.reply, p.err
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	sent := p.sent
+	p.gone = !sent
+	g.mu.Unlock()
+	if sent {
+		select {
+		case <-p.done: // answered meanwhile: the answer is known
+			return p.reply, p.err
+		default:
+		}
+	}
+	return nil, ctx.Err()
+}
+
+// laneDone ends one call in flight of the lane of slot: the lane's queue,
+// when not empty, goes next as one group (taking over the place in
+// flight), in a goroutine of its own.
+func (s *Store) laneDone(slot uint16) {
+	g := &s.groups
+	g.mu.Lock()
+	l := g.lanes[slot]
+	group := l.take()
+	if len(group) == 0 {
+		l.inflight--
+		if l.inflight == 0 {
+			delete(g.lanes, slot)
+		}
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	go func() {
+		s.sendGroup(slot, group)
+		s.laneDone(slot)
+	}()
+}
+
+// take removes from l's queue the next group within the bounds (calls
+// whose callers stopped waiting left out) and marks them sent; under
+// groups.mu.
+func (l *lane) take() []*pending {
+	var group []*pending
+	bytes, n := 0, 0
+	for ; n < len(l.queue); n++ {
+		p := l.queue[n]
+		if p.gone {
+			continue
+		}
+		if len(group) == groupMaxMembers || (len(group) > 0 && bytes+p.bytes > groupMaxBytes) {
+			break
+		}
+		p.sent = true
+		group = append(group, p)
+		bytes += p.bytes
+	}
+	l.queue = l.queue[n:]
+	if len(l.queue) == 0 {
+		l.queue = nil
+	}
+	return group
+}
+
+// sendGroup sends the calls of group (taken from one lane) and answers
+// each. One call goes alone. Several go as one FCALL of the group
+// function; when Redis refuses that call before running it the way a
+// function may be refused (fcallFallsBack: the library gone, OOM,
+// READONLY, MISCONF, NOREPLICAS), nothing of it ran, and each call is sent
+// again alone, as it would have been (so each gets the answer it would
+// have had, a replay under OOM included). Any other error of the call as
+// a whole (the connection lost, the Redis timeout) is every member's: each
+// outcome is then unknown, as for a call alone.
+func (s *Store) sendGroup(slot uint16, group []*pending) {
+	if s.groups.beforeSend != nil {
+		s.groups.beforeSend(slot, len(group))
+	}
+	if len(group) == 1 {
+		p := group[0]
+		p.reply, p.err = replyStrings(s.exec(p.ctx, p.sc, p.keys, p.args))
+		close(p.done)
+		return
+	}
+	var keys, args []string
+	var layout strings.Builder
+	for _, p := range group {
+		keys = append(keys, p.keys...)
+		layout.WriteString(strconv.Itoa(p.sc.member) + ":" + strconv.Itoa(len(p.keys)) + ":" + strconv.Itoa(len(p.args)) + ",")
+	}
+	args = append(make([]string, 0, 1+len(group)*3), layout.String())
+	for _, p := range group {
+		args = append(args, p.args...)
+	}
+	// The group's own bound: the Redis timeout (its members' callers each
+	// wait only as long as their own contexts let them).
+	ctx, cancel := s.bound(context.Background(), 0)
+	defer cancel()
+	c := s.c()
+	start := time.Now()
+	res := c.Do(ctx, c.B().Fcall().Function(functionGroup).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if err := res.Error(); err != nil {
+		if s.fcallFallsBack(err) {
+			var wg sync.WaitGroup
+			for _, p := range group {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					p.reply, p.err = replyStrings(s.exec(p.ctx, p.sc, p.keys, p.args))
+					close(p.done)
+				}()
+			}
+			wg.Wait()
+			return
+		}
+		for _, p := range group {
+			s.observeScript(p.ctx, p.sc, start, err)
+			p.err = err
+			close(p.done)
+		}
+		return
+	}
+	replies, err := res.ToArray()
+	if err == nil && len(replies) != len(group) {
+		err = fmt.Errorf("%w: a group of %d calls answered %d replies", ErrMalformedReply, len(group), len(replies))
+	}
+	for i, p := range group {
+		if err != nil {
+			p.err = err
+		} else {
+			p.reply, p.err = messageStrings(replies[i])
+		}
+		s.observeScript(p.ctx, p.sc, start, p.err)
+		close(p.done)
+	}
+}
+
+// messageStrings is one reply of a group (an array of strings, or the
+// member's error reply) as replyStrings reads a call's.
+func messageStrings(m rueidis.RedisMessage) ([]string, error) {
+	if err := m.Error(); err != nil {
+		return nil, err
+	}
+	arr, err := m.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	return arrayStrings(arr)
+}

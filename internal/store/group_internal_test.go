@@ -1,0 +1,408 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/faults"
+	"github.com/agentihooks/fenced/internal/redistest"
+)
+
+// groupGate holds the first call a Store sends alone on each lane until
+// a given number of calls queue behind it there, so that they go as one
+// group (no timing: the held call waits for the queue, polled). It records
+// the size of every send (1: alone) by lane.
+type groupGate struct {
+	t     *testing.T
+	s     *Store
+	want  map[uint16]int
+	mu    sync.Mutex
+	held  map[uint16]bool
+	sends map[uint16][]int
+}
+
+// newGroupGate sets up s to group with one call in flight per lane, held
+// as groupGate says; want: lane -> calls to queue behind its first.
+func newGroupGate(t *testing.T, s *Store, want map[uint16]int) *groupGate {
+	g := &groupGate{t: t, s: s, want: want, held: map[uint16]bool{}, sends: map[uint16][]int{}}
+	s.groups.inFlight = 1
+	s.groups.beforeSend = g.beforeSend
+	return g
+}
+
+func (g *groupGate) beforeSend(slot uint16, members int) {
+	g.mu.Lock()
+	g.sends[slot] = append(g.sends[slot], members)
+	hold := members == 1 && !g.held[slot]
+	g.held[slot] = true
+	g.mu.Unlock()
+	if !hold {
+		return
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		g.s.groups.mu.Lock()
+		n := 0
+		if l := g.s.groups.lanes[slot]; l != nil {
+			n = len(l.queue)
+		}
+		g.s.groups.mu.Unlock()
+		if n >= g.want[slot] {
+			return
+		}
+		if time.Now().After(deadline) {
+			g.t.Errorf("lane %d: %d calls queued after a minute, want %d", slot, n, g.want[slot])
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitQueued waits (bounded) until n calls are queued on lane slot.
+func waitQueued(t *testing.T, s *Store, slot uint16, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		s.groups.mu.Lock()
+		got := 0
+		if l := s.groups.lanes[slot]; l != nil {
+			got = len(l.queue) + l.inflight
+		}
+		s.groups.mu.Unlock()
+		if got >= n {
+			return
+		}
+	}
+	t.Fatalf("lane %d: fewer than %d calls after a minute", slot, n)
+}
+
+func groupPut(slug, key string, expected int64, requestID string) *batch.Batch {
+	return &batch.Batch{Slug: slug, RequestID: requestID,
+		Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: key, Expected: expected, Value: `{"by":"` + slug + `"}`}}}
+}
+
+// commitAll commits first, and once it is held in flight, each of rest
+// (in order, each queued before the next starts); it answers every
+// outcome, first's first.
+func commitAll(t *testing.T, s *Store, slot uint16, first *batch.Batch, rest ...*batch.Batch) ([]Committed, []error) {
+	t.Helper()
+	all := append([]*batch.Batch{first}, rest...)
+	cs, errs := make([]Committed, len(all)), make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, b := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cs[i], errs[i] = s.CommitDurable(context.Background(), b, Durability{})
+		}()
+		if i < len(all)-1 {
+			// (The gate lets the first go once the last is queued: the
+			// last may be answered before this could see it queued.)
+			waitQueued(t, s, slot, i+1)
+		}
+	}
+	wg.Wait()
+	return cs, errs
+}
+
+// swarmDump is every key of slug and its content.
+func swarmDump(t *testing.T, srv *redistest.Server, slug string) string {
+	t.Helper()
+	keys := srv.DoArray(t, "KEYS", "*{"+slug+"}*")
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		switch srv.Do(t, "TYPE", k) {
+		case "hash":
+			fmt.Fprintf(&b, "%s %v\n", k, srv.DoArray(t, "HGETALL", k))
+		case "string":
+			fmt.Fprintf(&b, "%s %s\n", k, srv.Do(t, "GET", k))
+		case "stream":
+			fmt.Fprintf(&b, "%s %s entries\n", k, srv.Do(t, "XLEN", k))
+		default:
+			fmt.Fprintf(&b, "%s %s\n", k, srv.Do(t, "TYPE", k))
+		}
+	}
+	return b.String()
+}
+
+func openGrouped(t *testing.T, url string, opts ...Option) *Store {
+	t.Helper()
+	s, err := Open(url, "grp", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	// The first commit loads the function library; groups need it.
+	if _, err := s.Commit(context.Background(), groupPut("warm-up", "k", -1, "")); err != nil {
+		t.Fatal(err)
+	}
+	if functionsState(s.fns.state.Load()) != functionsLoaded {
+		t.Fatal("the function library is not loaded")
+	}
+	return s
+}
+
+// TestGroupCommitAnswersEachMemberAsAlone: batches queued behind one in
+// flight go as one group, and each is applied or refused on its own, as
+// it would be alone: a conflict, a section key of another type (Redis's
+// error, raised by a read), a log of another type (a refused first write)
+// write nothing of theirs and change nothing of the others'; the others
+// commit, a second batch of one swarm after its first.
+func TestGroupCommitAnswersEachMemberAsAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	s := openGrouped(t, srv.URL())
+	// The refusals each batch gets alone, on swarms set up alike.
+	setUp := func(suffix string) {
+		srv.Do(t, "SET", "grp:swarm:{g-section"+suffix+"}:fence:claims", "not a hash")
+		srv.Do(t, "SET", "grp:swarm:{g-log"+suffix+"}:fence:log", "not a stream")
+	}
+	setUp("-alone")
+	_, aloneSection := s.Commit(context.Background(), groupPut("g-section-alone", "k", 0, ""))
+	_, aloneLog := s.Commit(context.Background(), groupPut("g-log-alone", "k", 0, ""))
+	if aloneSection == nil || aloneLog == nil {
+		t.Fatalf("alone: section of another type %v, log of another type %v; want refusals", aloneSection, aloneLog)
+	}
+	setUp("")
+	before := map[string]string{}
+	for _, slug := range []string{"g-conflict", "g-section", "g-log"} {
+		before[slug] = swarmDump(t, srv, slug)
+	}
+	gate := newGroupGate(t, s, map[uint16]int{0: 6})
+	cs, errs := commitAll(t, s, 0, groupPut("g-first", "k", 0, ""),
+		groupPut("g-ok", "a", 0, ""),
+		groupPut("g-conflict", "a", 5, ""),
+		groupPut("g-section", "k", 0, ""),
+		groupPut("g-log", "k", 0, ""),
+		groupPut("g-ok", "b", 0, ""),
+		groupPut("g-other", "a", 0, ""))
+	if got := gate.sends[0]; !slices.Equal(got, []int{1, 6}) {
+		t.Fatalf("sends %v; want the first alone, then one group of 6", got)
+	}
+	for _, i := range []int{0, 1, 5, 6} {
+		if errs[i] != nil || cs[i].Revision <= 0 {
+			t.Errorf("batch %d: %+v, %v; want committed", i, cs[i], errs[i])
+		}
+	}
+	if cs[5].Revision <= cs[1].Revision {
+		t.Errorf("g-ok's second batch committed at r%d, not after its first (r%d)", cs[5].Revision, cs[1].Revision)
+	}
+	var conflict *ConflictError
+	if !errors.As(errs[2], &conflict) {
+		t.Errorf("conflicting batch: %v; want *ConflictError", errs[2])
+	}
+	for i, alone := range map[int]error{3: aloneSection, 4: aloneLog} {
+		if fmt.Sprintf("%T", errors.Unwrap(errs[i])) != fmt.Sprintf("%T", errors.Unwrap(alone)) || !strings.HasPrefix(strings.ReplaceAll(alone.Error(), "-alone", ""), errs[i].Error()) {
+			// (Alone, Redis adds where the script raised it.)
+			t.Errorf("batch %d in a group: %v (%T); alone: %v (%T)", i, errs[i], errors.Unwrap(errs[i]), alone, errors.Unwrap(alone))
+		}
+	}
+	for slug, was := range before {
+		if now := swarmDump(t, srv, slug); now != was {
+			t.Errorf("refused batch of %s changed Redis:\n%s->\n%s", slug, was, now)
+		}
+	}
+	for _, key := range []string{"a", "b"} {
+		if rec, _, err := s.Record(context.Background(), "g-ok", "claims", key); err != nil || rec == nil {
+			t.Errorf("g-ok/claims/%s: %v, %v; want the record", key, rec, err)
+		}
+	}
+}
+
+// TestGroupCommitRefusedByRedisRunsEachAlone: a group that Redis refuses
+// before running it (over maxmemory: OOM) is sent again call by call, as
+// scripts, so each answers what it would alone: the replay of a committed
+// request id answers its revision (a script is refused only at its first
+// write), the others Redis's refusal; nothing is written.
+func TestGroupCommitRefusedByRedisRunsEachAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	s := openGrouped(t, srv.URL(), WithRequestIDWindow(time.Hour))
+	replay := groupPut("o-replay", "k", 0, "req-1")
+	rev, err := s.Commit(context.Background(), replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
+	t.Cleanup(func() { srv.Do(t, "CONFIG", "SET", "maxmemory", "0") })
+	before := swarmDump(t, srv, "o-a") + swarmDump(t, srv, "o-b") + swarmDump(t, srv, "o-replay")
+	gate := newGroupGate(t, s, map[uint16]int{0: 2})
+	cs, errs := commitAll(t, s, 0, groupPut("o-first", "k", 0, ""), groupPut("o-a", "k", 0, ""), replay)
+	if got := gate.sends[0]; !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("sends %v; want the first alone, then one group of 2", got)
+	}
+	for _, i := range []int{0, 1} {
+		var r *RefusalError
+		if !errors.As(errs[i], &r) || !strings.HasPrefix(r.Message, "OOM") {
+			t.Errorf("batch %d over maxmemory: %v; want the OOM refusal", i, errs[i])
+		}
+	}
+	if errs[2] != nil || !cs[2].Replayed || cs[2].Revision != rev {
+		t.Errorf("replay over maxmemory: %+v, %v; want replayed at r%d", cs[2], errs[2], rev)
+	}
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "0")
+	if after := swarmDump(t, srv, "o-a") + swarmDump(t, srv, "o-b") + swarmDump(t, srv, "o-replay"); after != before {
+		t.Errorf("a refused group changed Redis:\n%s->\n%s", before, after)
+	}
+}
+
+// TestGroupCommitLostReplyIsUnknownAndResendSafe: when a group's reply is
+// lost (the connection cut after Redis got it), every member answers
+// ErrUnavailable (its outcome unknown), never a refusal; each, sent again
+// with its request id, answers the revision it committed at, and each
+// swarm holds one commit.
+func TestGroupCommitLostReplyIsUnknownAndResendSafe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: a proxy that loses a reply; run without -short")
+	}
+	srv := redistest.Start(t)
+	proxy, err := faults.StartProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	s := openGrouped(t, "redis://"+proxy.Addr(), WithRequestIDWindow(time.Hour))
+	lost := proxy.LoseReplyTo([]byte(functionGroup))
+	gate := newGroupGate(t, s, map[uint16]int{0: 3})
+	members := []*batch.Batch{groupPut("l-a", "k", 0, "req-a"), groupPut("l-b", "k", 0, "req-b"), groupPut("l-c", "k", 0, "req-c")}
+	_, errs := commitAll(t, s, 0, groupPut("l-first", "k", 0, ""), members...)
+	<-lost
+	if got := gate.sends[0]; !slices.Equal(got, []int{1, 3}) {
+		t.Fatalf("sends %v; want the first alone, then one group of 3", got)
+	}
+	if errs[0] != nil {
+		t.Errorf("the call alone: %v", errs[0])
+	}
+	s.groups.beforeSend = nil
+	for i, b := range members {
+		if !errors.Is(errs[i+1], ErrUnavailable) {
+			t.Errorf("%s with its reply lost: %v; want ErrUnavailable", b.Slug, errs[i+1])
+		}
+		var c Committed
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+			// The client reconnects after the cut; until then a resend may
+			// fail as unavailable too.
+			if c, err = s.CommitDurable(context.Background(), b, Durability{}); err == nil || !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil || !c.Replayed {
+			t.Errorf("%s sent again: %+v, %v; want replayed", b.Slug, c, err)
+		}
+		if n := srv.Do(t, "XLEN", "grp:swarm:{"+b.Slug+"}:fence:log"); n != "1" {
+			t.Errorf("%s: %s log entries; want 1", b.Slug, n)
+		}
+	}
+}
+
+// TestGroupCommitOnClusterGroupsOneSlotOnly: on Cluster each slot has a
+// lane of its own: batches of two swarms of one slot queued behind a
+// third go as one group, a batch of another slot goes in its own lane,
+// and every batch commits (a group of keys of two slots would be refused
+// CROSSSLOT).
+func TestGroupCommitOnClusterGroupsOneSlotOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: a Redis Cluster; run without -short")
+	}
+	c := redistest.StartCluster(t, 3)
+	s := openGrouped(t, c.URL())
+	slotOf := func(slug string) uint16 {
+		cmd := s.c().B().Get().Key(s.keys(slug).meta()).Build()
+		return cmd.Slot()
+	}
+	// Three swarms of one slot, one of another.
+	same := []string{"c-0"}
+	for i := 1; len(same) < 3 && i < 1_000_000; i++ {
+		if slug := fmt.Sprintf("c-%d", i); slotOf(slug) == slotOf(same[0]) {
+			same = append(same, slug)
+		}
+	}
+	other := "c-other"
+	if len(same) < 3 || slotOf(other) == slotOf(same[0]) {
+		t.Fatalf("no three swarms of one slot and one of another: %v, %s", same, other)
+	}
+	a, b := slotOf(same[0]), slotOf(other)
+	gate := newGroupGate(t, s, map[uint16]int{a: 2, b: 0})
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i, slug := range []string{same[0], same[1], same[2], other} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = s.Commit(context.Background(), groupPut(slug, "k", 0, ""))
+		}()
+		if i < 2 {
+			waitQueued(t, s, a, i+1)
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("batch %d: %v", i, err)
+		}
+	}
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	// (A swarm's first batch on Cluster is sent twice: LAYOUT_UNKNOWN,
+	// then again once the caller looked for its document.)
+	if got := gate.sends[a]; !slices.Contains(got, 2) || slices.Max(got) > 3 {
+		t.Errorf("slot %d sends %v; want a group of 2, none of more than its 3 swarms", a, got)
+	}
+	if got := gate.sends[b]; len(got) == 0 || slices.Max(got) != 1 {
+		t.Errorf("slot %d sends %v; want calls alone only (its one swarm)", b, got)
+	}
+}
+
+// TestGroupCommitQueuedCallGivenUpIsNeverSent: a call whose caller gives up
+// while it waits in the queue answers its context's error and is never
+// sent: nothing of it is written.
+func TestGroupCommitQueuedCallGivenUpIsNeverSent(t *testing.T) {
+	srv := redistest.Start(t)
+	s := openGrouped(t, srv.URL())
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var sends []int
+	s.groups.inFlight = 1
+	s.groups.beforeSend = func(_ uint16, members int) {
+		mu.Lock()
+		sends = append(sends, members)
+		first := len(sends) == 1
+		mu.Unlock()
+		if first {
+			<-release
+		}
+	}
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(context.Background(), groupPut("q-first", "k", 0, ""))
+		firstDone <- err
+	}()
+	waitQueued(t, s, 0, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	queuedDone := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(ctx, groupPut("q-given-up", "k", 0, ""))
+		queuedDone <- err
+	}()
+	waitQueued(t, s, 0, 2)
+	cancel()
+	if err := <-queuedDone; !errors.Is(err, context.Canceled) {
+		t.Errorf("a queued call given up: %v; want context.Canceled", err)
+	}
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Errorf("the call in flight: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(sends, []int{1}) {
+		t.Errorf("sends %v; want only the call in flight", sends)
+	}
+	if keys := srv.DoArray(t, "KEYS", "*{q-given-up}*"); len(keys) != 0 {
+		t.Errorf("a call never sent wrote %v", keys)
+	}
+}
