@@ -38,15 +38,39 @@ func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Rec
 	if rec, err = doc.record(section, key); err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w", err)
 	}
+	if rec != nil && len(rec.Value) > s.recordLimit(key) {
+		return nil, 0, fmt.Errorf("store: read record: %w", s.recordTooLarge(section, key, int64(len(rec.Value))))
+	}
 	return rec, doc.Revision, nil
+}
+
+// recordLimit is the longest stored record Record and ScanSection answer
+// under key: the byte limit less the key and the answer's framing.
+func (s *Store) recordLimit(key string) int {
+	return s.maxSnapshotBytes - len(key) - pageRecordOverhead
+}
+
+// recordTooLarge is the refusal of the record (section, key) of size
+// stored bytes.
+func (s *Store) recordTooLarge(section, key string, size int64) *TooLargeError {
+	return &TooLargeError{Section: section, Key: key, Bytes: size, MaxBytes: s.maxSnapshotBytes}
 }
 
 // readRecord is Record on the records layout.
 func (s *Store) readRecord(ctx context.Context, k swarmKeys, section, key string) (rec *Record, revision int64, err error) {
 	arr, err := s.exec(ctx, readRecordScript,
-		[]string{k.revision(), k.section(section)}, []string{key}).ToArray()
+		[]string{k.revision(), k.section(section)}, []string{key, strconv.Itoa(s.recordLimit(key))}).ToArray()
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w", s.classify(ctx, err))
+	}
+	if len(arr) == 3 {
+		tag, _ := arr[1].ToString()
+		n, err := arr[2].ToString()
+		size, err2 := parseInt(n)
+		if tag != protocol.ReplyTooLarge || err != nil || err2 != nil {
+			return nil, 0, fmt.Errorf("store: read record: %w: %d elements", ErrMalformedReply, len(arr))
+		}
+		return nil, 0, fmt.Errorf("store: read record: %w", s.recordTooLarge(section, key, size))
 	}
 	if len(arr) != 2 {
 		return nil, 0, fmt.Errorf("store: read record: %w: %d elements", ErrMalformedReply, len(arr))
@@ -211,7 +235,7 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		if err != nil {
 			if _, answered := rueidis.IsRedisErr(err); answered && i%2 == 1 {
 				s.memoryUsageRefused.Store(true)
-				s.log.Warn("store: Redis refused MEMORY USAGE; Sections reads go through read_sections.lua (~7x the Redis time)", "err", err)
+				s.log.Info("store: Redis refused MEMORY USAGE; Sections reads go through read_sections.lua (~4x the Redis time)", "err", err)
 				return nil, false, nil
 			}
 			if ctx.Err() != nil || !answered(err) {
@@ -527,6 +551,9 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 			from++
 		}
 	}
+	if from < len(keys) && len(records[keys[from]].Value) > s.recordLimit(keys[from]) {
+		return nil, s.scanTooLarge(slug, section, keys[from], len(records[keys[from]].Value), "0:"+keysFingerprint(keys[:from+1])+":"+keys[from])
+	}
 	to := min(from+count, len(keys))
 	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
 	to = s.pageEnd(keys, from, to, func(key string) int { return len(records[key].Value) })
@@ -540,6 +567,14 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 		p.Next = "0:" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
 	}
 	return p, nil
+}
+
+// scanTooLarge is ScanSection's refusal of the record (section, key) of
+// size stored bytes, with the position (and page token) past it.
+func (s *Store) scanTooLarge(slug, section, key string, size int, next string) error {
+	e := s.recordTooLarge(section, key, int64(size))
+	e.Next, e.NextPageToken = next, batch.EncodePageToken(slug, section, next)
+	return fmt.Errorf("store: scan section: %w", e)
 }
 
 // pageRecordOverhead is the most bytes a record's map entry adds to its key
@@ -610,6 +645,19 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 			from = done
 		}
 	}
+	// past is the position past keys[i].
+	past := func(i int) string {
+		if whole {
+			return cursor + ":" + wholeHash + ":" + keys[i]
+		}
+		return cursor + ":" + keysFingerprint(keys[:i+1]) + ":" + keys[i]
+	}
+	// A record alone over the byte limit (a foreign writer's) is refused,
+	// naming it, before it is read; the error says how to go on past it.
+	// Another one ends the page before it (pageEnd), so it comes first.
+	if from < len(keys) && size[keys[from]] > s.recordLimit(keys[from]) {
+		return nil, s.scanTooLarge(k.slug, section, keys[from], size[keys[from]], past(from))
+	}
 	to := s.pageEnd(keys, from, min(from+count, len(keys)), func(key string) int { return size[key] })
 	p := &Page{Records: make(map[string]Record, to-from)}
 	revs := arr[:2]
@@ -652,10 +700,8 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 	}
 	p.SectionRevision = sectionRevs[section]
 	switch {
-	case to < len(keys) && whole:
-		p.Next = cursor + ":" + wholeHash + ":" + keys[to-1]
 	case to < len(keys):
-		p.Next = cursor + ":" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
+		p.Next = past(to - 1)
 	case next != "0":
 		p.Next = next
 	}
