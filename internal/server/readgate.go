@@ -62,7 +62,7 @@ type ReadShare struct {
 	// takes at most Share of the time (measured in its handler: the
 	// answer's encoding and sending come on top). Default 0.1
 	// (BenchmarkReadFlood: a caller looping Sections of a 2 MB swarm
-	// kept another caller's FencedBatch p99 at 1.7x idle, against 7.2x
+	// kept another caller's FencedBatch p99 at 1.0-2.6x idle, against 7.2x
 	// unpaced).
 	Share float64
 	// Burst is the budget's size: how much heavy-read time a caller may
