@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -233,7 +234,7 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 			continue // MEMORY USAGE of a key that is not there
 		}
 		if err != nil {
-			if _, answered := rueidis.IsRedisErr(err); answered && i%2 == 1 {
+			if re, answered := rueidis.IsRedisErr(err); answered && i%2 == 1 && memoryUsageUnknown(re.Error()) {
 				s.memoryUsageRefused.Store(true)
 				s.log.Info("store: Redis refused MEMORY USAGE; Sections reads go through read_sections.lua (~4x the Redis time)", "err", err)
 				return nil, false, nil
@@ -315,6 +316,18 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	}
 	snap, err := decodeSnapshot(names, arr, func(i int) (map[string]Record, error) { return fieldMapRecords(names[i], fieldMaps[i]) })
 	return snap, true, err
+}
+
+// memoryUsageUnknown tells a refusal of MEMORY USAGE that will not change
+// (an ACL without it, a Redis or proxy that does not have it) from one of
+// the moment (BUSY, LOADING, ...), after which it is tried again.
+func memoryUsageUnknown(msg string) bool {
+	for _, now := range []string{"BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "OOM"} {
+		if strings.HasPrefix(msg, now) {
+			return false
+		}
+	}
+	return true
 }
 
 // answered tells a Redis error reply from a transport failure.
