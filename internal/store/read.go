@@ -234,7 +234,7 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 			continue // MEMORY USAGE of a key that is not there
 		}
 		if err != nil {
-			if re, answered := rueidis.IsRedisErr(err); answered && i%2 == 1 && memoryUsageUnknown(re.Error()) {
+			if re, answered := rueidis.IsRedisErr(err); answered && i%2 == 1 && s.memoryUsageUnknown(ctx, re) {
 				s.memoryUsageRefused.Store(true)
 				s.log.Info("store: Redis refused MEMORY USAGE; Sections reads go through read_sections.lua (~4x the Redis time)", "err", err)
 				return nil, false, nil
@@ -319,15 +319,12 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 }
 
 // memoryUsageUnknown tells a refusal of MEMORY USAGE that will not change
-// (an ACL without it, a Redis or proxy that does not have it) from one of
-// the moment (BUSY, LOADING, ...), after which it is tried again.
-func memoryUsageUnknown(msg string) bool {
-	for _, now := range []string{"BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "OOM"} {
-		if strings.HasPrefix(msg, now) {
-			return false
-		}
-	}
-	return true
+// (an ACL without it, a Redis or proxy that does not have it) from a
+// refusal of the moment (BUSY, LOADING, ...: a *RefusalError of the
+// store's table), after which it is tried again.
+func (s *Store) memoryUsageUnknown(ctx context.Context, err error) bool {
+	var rf *RefusalError
+	return strings.HasPrefix(err.Error(), "NOPERM") || !errors.As(s.classify(ctx, err), &rf)
 }
 
 // answered tells a Redis error reply from a transport failure.
