@@ -55,7 +55,14 @@ type limitFlags struct {
 	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, under 3,000) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
 	WatchCoalesce            time.Duration `name:"watch-coalesce" env:"FENCED_WATCH_COALESCE" default:"50ms" help:"Shortest time between two fan-outs of one swarm's Watch reader: a batch after a quiet spell goes out at once; under a stream of commits each fan-out carries every batch since the last, so watching costs one message per watcher per interval whatever the write rate (0: no coalescing)."`
 	WatchCoalesceWatchers    int           `name:"watch-coalesce-watchers" env:"FENCED_WATCH_COALESCE_WATCHERS" default:"512" help:"Watchers of one swarm one --watch-coalesce interval serves: with more, the time between two fan-outs under a stream of commits grows in proportion (1,000 watchers: twice the interval), at most 1s, so that a swarm's fan-outs cost about as much whatever its watchers (0: it does not grow)."`
-	WatchProgressInterval    time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
+	// MaxHeavyReadsPerCaller, MaxHeavyReads, HeavyReadShare and
+	// HeavyReadBurst share Sections and ScanSection between callers
+	// (server.ReadShare).
+	MaxHeavyReadsPerCaller int           `name:"max-heavy-reads-per-caller" env:"FENCED_MAX_HEAVY_READS_PER_CALLER" default:"1" help:"Heavy reads (Sections, ScanSection) one caller (peer IP) runs at once; its others wait their turn, bounded by their deadline."`
+	MaxHeavyReads          int           `name:"max-heavy-reads" env:"FENCED_MAX_HEAVY_READS" default:"0" help:"Heavy reads all callers run at once in this process; the others wait their turn, bounded by their deadline (0: GOMAXPROCS/2, at least 1, so that other calls keep a core)."`
+	HeavyReadShare         float64       `name:"heavy-read-share" env:"FENCED_HEAVY_READ_SHARE" default:"0.1" help:"Fraction of wall time (0 < share <= 1) one caller's heavy reads may take once --heavy-read-burst is spent: a caller reading in a loop is paced to it, one reading now and then never waits (1: no pacing)."`
+	HeavyReadBurst         time.Duration `name:"heavy-read-burst" env:"FENCED_HEAVY_READ_BURST" default:"250ms" help:"Heavy-read time one caller may take in one go before --heavy-read-share paces it; it refills at --heavy-read-share seconds a second."`
+	WatchProgressInterval  time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
 }
 
 // connectionReserve is the file descriptors kept for everything but gRPC
@@ -100,6 +107,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce and --watch-coalesce-watchers >= 0")
 	case l.MaxWatchersPerIP < -1:
 		return fmt.Errorf("configuration: --max-watchers-per-ip must be >= 1, 0 (a quarter of --max-watchers, at least --max-watchers-per-connection) or -1 (off)")
+	case l.MaxHeavyReadsPerCaller < 1 || l.MaxHeavyReads < 0 || !(l.HeavyReadShare > 0 && l.HeavyReadShare <= 1) || l.HeavyReadBurst <= 0:
+		return fmt.Errorf("configuration: --max-heavy-reads-per-caller must be >= 1, --max-heavy-reads >= 0, --heavy-read-share above 0 and at most 1, --heavy-read-burst above 0")
 	case l.MaxWatchersPerConnection >= int(l.MaxConcurrentStreams):
 		return fmt.Errorf("configuration: --max-watchers-per-connection %d must be below --max-concurrent-streams %d: a connection's watchers would take all its streams, and its next Watch and its other calls would wait instead of the Watch being refused", l.MaxWatchersPerConnection, l.MaxConcurrentStreams)
 	}
@@ -169,6 +178,11 @@ func (l *limitFlags) storeOption() store.Option {
 	coalesce := store.WithWatchCoalesce(l.WatchCoalesce)
 	perInterval := store.WithWatchCoalesceWatchers(l.WatchCoalesceWatchers)
 	return func(s *store.Store) { waits(s); buffer(s); coalesce(s); perInterval(s) }
+}
+
+// reads is the server's ReadShare for these flags.
+func (l *limitFlags) reads() server.ReadShare {
+	return server.ReadShare{PerCaller: l.MaxHeavyReadsPerCaller, Total: l.MaxHeavyReads, Share: l.HeavyReadShare, Burst: l.HeavyReadBurst}
 }
 
 // watch is the server's WatchOptions for these flags.

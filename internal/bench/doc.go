@@ -71,4 +71,11 @@
 // with a WRITE_KIND_CHECK_SECTION of executions, and with a
 // WRITE_KIND_CHECK_RECORDS of the fixture's 1,352 executions, beside a
 // Sections read of executions (docs/design/03-fenced-batch.md §3.4).
+//
+// BenchmarkSnapshotRedisTime is a whole-swarm snapshot's Redis time (INFO
+// commandstats, the CPU caches flushed before each read): Store.Sections of
+// every section but archive of the fixture loaded into a swarm of its own
+// (2,403 records with meta's) against one MULTI of HGETALLs of the same
+// keys, with the wall time of the read and of a gRPC Sections call
+// (docs/design/06-reads-and-scans.md §6; target ≤ 1.3×).
 package bench

@@ -95,7 +95,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrWatcherTooSlow), codes.ResourceExhausted, tooSlowDetails},
 	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
 	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
-	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, reason(ReasonSnapshotTooLarge)},
+	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, tooLargeDetails},
 	{is(store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
 	{is(errBytesInFlight), codes.ResourceExhausted, bytesInFlightDetails},
 	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
@@ -110,6 +110,22 @@ var errorTable = []errorMapping{
 	{as[*store.RefusalError](), codes.Unavailable, refusalDetails},
 	{is(store.ErrRedisMayEvict), codes.Unavailable, reason(store.ReasonRedisMayEvict)},
 	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
+}
+
+// tooLargeDetails is SNAPSHOT_TOO_LARGE, naming the record when one alone
+// is over the byte limit (section, key, bytes stored, max_bytes, and for
+// ScanSection next_page_token: the page past it).
+func tooLargeDetails(err error) []protoadapt.MessageV1 {
+	var tl *store.TooLargeError
+	if !errors.As(err, &tl) || tl.Key == "" {
+		return []protoadapt.MessageV1{info(ReasonSnapshotTooLarge, nil)}
+	}
+	md := map[string]string{"section": tl.Section, "key": tl.Key,
+		"bytes": strconv.FormatInt(tl.Bytes, 10), "max_bytes": strconv.Itoa(tl.MaxBytes)}
+	if tl.NextPageToken != "" {
+		md["next_page_token"] = tl.NextPageToken
+	}
+	return []protoadapt.MessageV1{info(ReasonSnapshotTooLarge, md)}
 }
 
 // sectionNotServedDetails names the sections a migration found but fenced

@@ -204,6 +204,9 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	if wo, ok := s.limits.(WatchObserver); ok {
 		svc.watchObs = wo
 	}
+	if ro, ok := s.limits.(ReadObserver); ok {
+		svc.reads.obs = ro
+	}
 	fencedv1.RegisterRecordsServiceServer(s.grpc, svc)
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(core, opts.LeaseBounds))
 	if m, ok := core.(Migrator); ok {

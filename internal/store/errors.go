@@ -60,9 +60,14 @@ var (
 	ErrReplicationTimeout = errors.New("replication timeout")
 	// ErrSnapshotTooLarge: a Sections read would hold more records or
 	// bytes than the snapshot limits (WithMaxSnapshotRecords,
-	// WithMaxSnapshotBytes). Returned as *TooLargeError by Sections. Read
-	// the section page by page with ScanSection. gRPC: RESOURCE_EXHAUSTED,
-	// SNAPSHOT_TOO_LARGE.
+	// WithMaxSnapshotBytes), or one record alone is larger than the byte
+	// limit (a foreign writer's: fenced writes at most
+	// --max-value-bytes). Returned as *TooLargeError by Sections (read the
+	// section page by page with ScanSection), and, naming the record, by
+	// Record and ScanSection (nothing of it read; the scan goes on past it
+	// from TooLargeError.Next). gRPC: RESOURCE_EXHAUSTED,
+	// SNAPSHOT_TOO_LARGE (ErrorInfo metadata section, key, bytes,
+	// max_bytes, next_page_token for a record).
 	ErrSnapshotTooLarge = errors.New("snapshot too large")
 	// ErrInvalidCursor: a scan position that Redis did not hand out.
 	// Returned by ScanSection. gRPC: INVALID_ARGUMENT, INVALID_ARGUMENT.
@@ -166,7 +171,8 @@ func (e *ReplicationError) Is(target error) bool { return target == ErrReplicati
 
 // TooLargeError is ErrSnapshotTooLarge with the sizes: Records and Max when
 // the snapshot holds too many records; Bytes and MaxBytes (MaxBytes > 0)
-// when its answer would be too large.
+// when its answer would be too large; Section and Key (Key != "") when one
+// record alone is: Bytes is its stored length.
 type TooLargeError struct {
 	// Records the snapshot would hold, and the limit.
 	Records int64
@@ -174,9 +180,22 @@ type TooLargeError struct {
 	// Bytes the answer would hold at least, and the limit.
 	Bytes    int64
 	MaxBytes int
+	// Section and Key name a record larger than MaxBytes alone (Record,
+	// ScanSection).
+	Section, Key string
+	// Next is, for ScanSection, the scan position past that record, and
+	// NextPageToken the page token of it (batch.EncodePageToken).
+	Next, NextPageToken string
 }
 
 func (e *TooLargeError) Error() string {
+	if e.Key != "" {
+		msg := fmt.Sprintf("record %s/%s is %d bytes stored, more than the %d bytes one answer may hold (clients take 4 MiB by default); it was not read: rewrite it smaller", e.Section, e.Key, e.Bytes, e.MaxBytes)
+		if e.NextPageToken != "" {
+			msg += "; to scan on past it, ask for the next page with this error's next_page_token"
+		}
+		return "too large: " + msg
+	}
 	if e.MaxBytes > 0 {
 		return fmt.Sprintf("snapshot too large: at least %d bytes, at most %d in one Sections answer; read large sections page by page with ScanSection", e.Bytes, e.MaxBytes)
 	}

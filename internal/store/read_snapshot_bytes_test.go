@@ -79,8 +79,9 @@ func TestSectionsAreNotRefusedForTheirRecordText(t *testing.T) {
 // scanned 200 at a time came back as one page of 5.4 MB, which a gRPC
 // client with the default 4 MiB receive limit cannot take (every page of
 // the section, however many times asked). Pages are cut by bytes too: four
-// records, then two, each once. A record alone above the limit is a page
-// of its own.
+// records, then two, each once. A record alone above the limit (here: a
+// Store whose limit is 1,000 bytes) is refused naming it, and the scan goes
+// on past it (TestAForeignRecordOverTheLimitIsRefusedByName).
 func TestScanSectionPagesStayUnderTheByteLimit(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -93,13 +94,34 @@ func TestScanSectionPagesStayUnderTheByteLimit(t *testing.T) {
 	for i := range 6 {
 		mustCommit(t, st, &batch.Batch{Slug: "heavy", Writes: []batch.Write{put("claims", fmt.Sprintf("c-%d", i), 0, value)}})
 	}
-	for _, c := range []struct {
-		st    *store.Store
-		sizes []int
-	}{{st, []int{4, 2}}, {small, []int{1, 1, 1, 1, 1, 1}}} {
-		sizes, seen := scanPageSizes(t, c.st, "heavy", "claims")
-		if !slices.Equal(sizes, c.sizes) || seen != 6 {
-			t.Errorf("pages of %v records (%d distinct), want %v (6)", sizes, seen, c.sizes)
+	sizes, seen := scanPageSizes(t, st, "heavy", "claims")
+	if !slices.Equal(sizes, []int{4, 2}) || seen != 6 {
+		t.Errorf("pages of %v records (%d distinct), want [4 2] (6)", sizes, seen)
+	}
+	refused := map[string]int{}
+	for pos, n := "", 0; n < 100; n++ {
+		p, err := small.ScanSection(context.Background(), "heavy", "claims", pos, 200)
+		var tl *store.TooLargeError
+		switch {
+		case errors.As(err, &tl):
+			refused[tl.Key]++
+			pos = tl.Next
+			continue
+		case err != nil:
+			t.Fatalf("ScanSection(%q) under a 1,000-byte limit: %v", pos, err)
+		case len(p.Records) != 0:
+			t.Errorf("a page of %d records of 900,000 bytes under a 1,000-byte limit", len(p.Records))
+		}
+		if pos = p.Next; pos == "" {
+			break
+		}
+	}
+	if len(refused) != 6 {
+		t.Errorf("under a 1,000-byte limit, refused %v; want each of the six records once", refused)
+	}
+	for k, n := range refused {
+		if n != 1 {
+			t.Errorf("%s refused %d times, want once", k, n)
 		}
 	}
 }

@@ -130,6 +130,9 @@ type Store struct {
 	maxSnapshotRecords int
 	// maxSnapshotBytes bounds one Sections answer, checked in Redis.
 	maxSnapshotBytes int
+	// memoryUsageRefused is set once Redis refused MEMORY USAGE: Sections
+	// reads go through read_sections.lua alone (readSectionsMulti).
+	memoryUsageRefused atomic.Bool
 	// observe is told of every script call, batch and lease operation.
 	observe Observer
 	// rebuilds runs by-name index rebuilds in the background; nil without

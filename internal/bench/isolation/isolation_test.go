@@ -21,6 +21,9 @@
 //     refused one again after 1 s, while the victim's plain batches and lease
 //     renewals on swarm victim-a are timed. Reported: p99-ratio, waits
 //     refused.
+//   - BenchmarkReadFlood (reads_test.go): callers looping Sections or
+//     ScanSection of the fixture swarm, and the same snapshots read
+//     straight from Redis as a control; the victim timed in paired rounds.
 //
 // FENCED_BENCH_BINARY runs another fenced binary instead of building this
 // tree's (to compare with an older build: the flags used are the defaults
@@ -221,6 +224,11 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(attackerEnv); addr != "" {
 		a, r, o := watchFlood(addr)
 		fmt.Println(a, r, o)
+		os.Exit(0)
+	}
+	if arg := os.Getenv(readAttackerEnv); arg != "" {
+		reads, errs := readFlood(arg)
+		fmt.Println(reads, errs)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
