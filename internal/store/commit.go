@@ -277,11 +277,17 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 	}
 	if b.RequestID != "" {
 		mode += protocol.ModeRequest
-		keys = append(keys, k.request(b.RequestID))
+		if s.legacyRequestKeys {
+			mode += protocol.ModeLegacyRequest
+		}
+		keys = append(keys, k.requestIDs())
 		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
 	}
 	if f := b.Fence; f != nil {
 		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
+	}
+	if b.RequestID != "" {
+		owner = strconv.Itoa(len(b.RequestID)) + ":" + b.RequestID + owner
 	}
 	checks := 0
 	for i := range b.Writes {
