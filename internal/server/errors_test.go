@@ -108,6 +108,11 @@ func TestErrorTable(t *testing.T) {
 		want []proto.Message // nil: no details
 	}{
 		{"validation", validation, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil), badRequest}},
+		{"deadline of a batch with Redis, with an id", &outcomeUnknownError{err: context.DeadlineExceeded, requestID: "r-1"}, codes.DeadlineExceeded, []proto.Message{
+			errInfo("OUTCOME_UNKNOWN", map[string]string{"request_id": "r-1"})}},
+		{"deadline of a batch with Redis, without an id", &outcomeUnknownError{err: context.DeadlineExceeded}, codes.DeadlineExceeded, []proto.Message{errInfo("OUTCOME_UNKNOWN", nil)}},
+		{"cancelled batch", &outcomeUnknownError{err: context.Canceled, requestID: "r-1"}, codes.Canceled, nil},
+		{"deadline elsewhere", context.DeadlineExceeded, codes.DeadlineExceeded, nil},
 		{"conflict one", conflicts(1), codes.Aborted, []proto.Message{conflictInfo(1, 1), revisionViolations(1, 1)}},
 		{"conflict several in request order", conflicts(3), codes.Aborted, []proto.Message{conflictInfo(3, 3), revisionViolations(3, 3)}},
 		{"stale with a lease", stale, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", staleMD)}},

@@ -154,6 +154,16 @@ const (
 	// or remove it from the document, then migrate again. Metadata:
 	// "sections" (the names, comma-separated, in the document's order).
 	ErrorReason_SECTION_NOT_SERVED ErrorReason_Reason = 35
+	// DEADLINE_EXCEEDED: a FencedBatch's deadline passed after fenced sent
+	// it to Redis and before the answer came: the batch may still commit
+	// (Redis runs a script it was sent, whenever it gets to it), so its
+	// outcome is unknown. Resend it under the same request_id, within the
+	// window (--request-id-window): a committed batch answers replayed, one
+	// that did not commit runs; without a request_id, read before rerunning.
+	// Metadata: "request_id" (the batch's, when it has one). A caller whose
+	// own deadline passed first sees its client's DEADLINE_EXCEEDED without
+	// it; the outcome is as unknown.
+	ErrorReason_OUTCOME_UNKNOWN ErrorReason_Reason = 36
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -195,6 +205,7 @@ var (
 		33: "WATCHER_TOO_SLOW",
 		34: "TOO_MANY_BYTES_IN_FLIGHT",
 		35: "SECTION_NOT_SERVED",
+		36: "OUTCOME_UNKNOWN",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -233,6 +244,7 @@ var (
 		"WATCHER_TOO_SLOW":         33,
 		"TOO_MANY_BYTES_IN_FLIGHT": 34,
 		"SECTION_NOT_SERVED":       35,
+		"OUTCOME_UNKNOWN":          36,
 	}
 )
 
@@ -319,8 +331,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xc6\x06\n" +
-	"\vErrorReason\"\xb6\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xdb\x06\n" +
+	"\vErrorReason\"\xcb\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -360,7 +372,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x11TOO_MANY_WATCHERS\x10 \x12\x14\n" +
 	"\x10WATCHER_TOO_SLOW\x10!\x12\x1c\n" +
 	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"\x12\x16\n" +
-	"\x12SECTION_NOT_SERVED\x10#B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x12SECTION_NOT_SERVED\x10#\x12\x13\n" +
+	"\x0fOUTCOME_UNKNOWN\x10$B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once
