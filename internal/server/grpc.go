@@ -139,7 +139,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	s.bounded = &boundedHealth{Server: s.health, max: int64(s.transport.MaxHealthWatchers), obs: s.limits}
 	callLog := unaryCallLog(logger)
-	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.limits)
+	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.transport.MaxRequestBytesPerCaller, s.limits)
 	// Health checks are neither counted (Shutdown does not wait for them),
 	// nor weighed against the request bytes budget, nor logged. One
 	// interceptor does all three, tested on the method name: a
@@ -152,11 +152,11 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
-		weight, err := s.requests.take(req)
+		hold, err := s.requests.take(ctx, req)
 		if err != nil {
 			return callLog(ctx, req, info, refusedCall(err))
 		}
-		defer s.requests.release(weight)
+		defer s.requests.release(hold)
 		return callLog(ctx, req, info, h)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {

@@ -77,6 +77,13 @@ type Transport struct {
 	// before that (one message per stream being received) is bounded by the
 	// connection and stream bounds. Default DefaultMaxRequestBytesInFlight.
 	MaxRequestBytesInFlight int64
+	// MaxRequestBytesPerCaller bounds what the calls of one caller (a peer
+	// IP address) hold of MaxRequestBytesInFlight; a call over it is
+	// refused likewise (metadata "caller_bytes_in_flight"). A request
+	// larger than it is served when its caller has nothing else in flight.
+	// Default MaxRequestBytesInFlight / 2; above MaxRequestBytesInFlight:
+	// MaxRequestBytesInFlight (no share).
+	MaxRequestBytesPerCaller int64
 	// FirstMessageTimeout bounds how long a call may take, from its headers,
 	// to send its request (a stream: its first message); past it the call
 	// ends DEADLINE_EXCEEDED and its goroutine is freed. Default
@@ -182,6 +189,9 @@ func (t Transport) withDefaults() Transport {
 	def(&t.FirstMessageTimeout, DefaultFirstMessageTimeout)
 	if t.MaxRequestBytesInFlight <= 0 {
 		t.MaxRequestBytesInFlight = DefaultMaxRequestBytesInFlight
+	}
+	if t.MaxRequestBytesPerCaller <= 0 {
+		t.MaxRequestBytesPerCaller = t.MaxRequestBytesInFlight / 2
 	}
 	return t
 }

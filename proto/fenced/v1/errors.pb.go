@@ -143,9 +143,13 @@ const (
 	// hold as many bytes as it allows (--max-request-bytes-in-flight); this
 	// one, over 64 KiB (smaller requests are never refused for bytes), was
 	// refused as soon as it was read, before anything was written.
-	// Retry later, with a backoff: it is load, not the request. Metadata:
-	// "request_bytes" (this request's size) and "max_bytes_in_flight" (the
-	// bound), in bytes.
+	// Or the calls from the caller's address already hold its share
+	// (--max-request-bytes-per-caller). Retry later, with a backoff: it is
+	// load, not the request. Metadata, in bytes: "request_bytes" (this
+	// request's size), "max_bytes_in_flight" (the bound),
+	// "max_bytes_in_flight_per_caller" (the share) and, when the share
+	// refused it, "caller_bytes_in_flight" (what the caller's other calls
+	// hold).
 	ErrorReason_TOO_MANY_BYTES_IN_FLIGHT ErrorReason_Reason = 34
 	// FAILED_PRECONDITION: AdminService.Migrate found a section in the
 	// swarm's document that fenced is not configured to serve (its
