@@ -117,6 +117,9 @@ type Store struct {
 	stamp bool
 	// requestWindow is how long a committed request id is remembered.
 	requestWindow time.Duration
+	// rebuildStep is the Redis time a by-name rebuild step aims at
+	// (WithRebuildStepTime; 0: DefaultRebuildStepTime).
+	rebuildStep time.Duration
 	// legacyRequestKeys: commits also read and write request ids' keys of
 	// the layout before request-ids (WithLegacyRequestKeys).
 	legacyRequestKeys bool
