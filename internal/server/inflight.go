@@ -149,6 +149,14 @@ func (e *bytesInFlightError) Unwrap() error { return errBytesInFlight }
 
 func bytesInFlightDetails(err error) []protoadapt.MessageV1 {
 	md := map[string]string{}
+	var ue *unreadAnswersError
+	if errors.As(err, &ue) {
+		md["unread_answer_bytes"] = strconv.FormatInt(ue.held, 10)
+		md["max_unread_answer_bytes"] = strconv.FormatInt(ue.max, 10)
+		if ue.size > 0 {
+			md["answer_bytes"] = strconv.FormatInt(ue.size, 10)
+		}
+	}
 	var be *bytesInFlightError
 	if errors.As(err, &be) {
 		md["request_bytes"] = strconv.FormatInt(be.size, 10)

@@ -149,7 +149,11 @@ const (
 	// request's size), "max_bytes_in_flight" (the bound),
 	// "max_bytes_in_flight_per_caller" (the share) and, when the share
 	// refused it, "caller_bytes_in_flight" (what the caller's other calls
-	// hold).
+	// hold). A read (Sections, ScanSection, Record) is refused with it too
+	// when answers its address has not read (no HTTP/2 flow-control
+	// credit) hold --max-unread-answer-bytes-per-caller: metadata
+	// "unread_answer_bytes", "max_unread_answer_bytes" and, when its answer
+	// was built, "answer_bytes"; read what was answered, then retry.
 	ErrorReason_TOO_MANY_BYTES_IN_FLIGHT ErrorReason_Reason = 34
 	// FAILED_PRECONDITION: AdminService.Migrate found a section in the
 	// swarm's document that fenced is not configured to serve (its
