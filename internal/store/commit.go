@@ -133,7 +133,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
 	if e := s.evicting.Load(); e != nil {
 		// The last health probe found a Redis that may evict keys: an
-		// evicted request key or meta would let a request commit or an
+		// evicted request-ids or meta would let a request commit or an
 		// epoch be granted twice.
 		return nil, 0, e
 	}
