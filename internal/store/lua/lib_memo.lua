@@ -74,7 +74,7 @@ end
 -- and written too in legacy mode (during a rolling upgrade), derived from
 -- the hash's key and not declared, by redis.pcall: refused (on Cluster, a
 -- key of a migrating slot not on this node), it is left out.
-local REQUEST_PRUNE = 4
+local REQUEST_PRUNE = 2
 local request_ids_key, request_id, request_legacy = nil, nil, false
 
 -- request_begin takes the request id out of field, '<length>:<id><rest>',
@@ -132,8 +132,10 @@ end
 -- request_commit remembers the request as committed at rev (digits) for
 -- window_ms, after dropping the expired ids among REQUEST_PRUNE of the
 -- hash's fields picked at random (HRANDFIELD: each commit with an id adds
--- one and looks at four, so expired ids stay a fraction of the hash, which
--- never empties: the new id is set after).
+-- one and looks at two, so at most about half the hash is expired ids
+-- however the rate changes (four cost a commit ~10 µs more of Redis time:
+-- BenchmarkRequestIDCommit); the hash never empties: the new id is set
+-- after).
 local function request_commit(rev, digest, window_ms)
   local now = now_ms()
   local sample = redis.call('HRANDFIELD', request_ids_key, REQUEST_PRUNE, 'WITHVALUES')
