@@ -48,6 +48,11 @@ var (
 	// fenced never issues those revisions again, so stale expectations
 	// fail as conflicts. As *RevisionWentBackwardsError.
 	ErrRevisionWentBackwards = errors.New("fenced: swarm revision went backwards")
+	// ErrOutcomeUnknown: the server answered DEADLINE_EXCEEDED
+	// OUTCOME_UNKNOWN: the batch's deadline passed while it was with Redis,
+	// and it may still commit. Resend it under the same request id (Update
+	// does, within the caller's context).
+	ErrOutcomeUnknown = errors.New("fenced: outcome unknown: the batch may still commit")
 	// ErrKeptChanging: Update met a revision conflict on every attempt.
 	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
 )
@@ -265,6 +270,8 @@ func Decode(err error) error {
 		ce := &CompactedError{Err: err}
 		ce.Oldest, _ = strconv.ParseInt(md["oldest_revision"], 10, 64)
 		return ce
+	case st.Code() == codes.DeadlineExceeded && is(fencedv1.ErrorReason_OUTCOME_UNKNOWN):
+		return &codeError{kind: ErrOutcomeUnknown, err: err}
 	case st.Code() == codes.OutOfRange && is(fencedv1.ErrorReason_REVISION_LIMIT):
 		return &codeError{kind: ErrRevisionLimit, err: err}
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // MaxUpdateAttempts is how many times Update runs a change that keeps
@@ -49,10 +51,16 @@ const (
 // (including change's own), it stops at once. It answers the revision the
 // batch committed at.
 //
-// Every batch carries a fresh request id; a batch answered UNAVAILABLE (its
-// reply may be lost after the commit) is resent under the same id, up to
-// MaxLostReplyRetries times, so it is applied at most once. opts apply to
-// every batch sent (WithReplicaAck; a WithRequestID is overridden).
+// Every batch carries a fresh request id; a batch whose outcome is unknown
+// is resent under the same id, up to MaxLostReplyRetries times, so it is
+// applied at most once: one answered UNAVAILABLE (its reply may be lost
+// after the commit; not REPLICATION_TIMEOUT, which committed),
+// DEADLINE_EXCEEDED while ctx is still live (fenced's OUTCOME_UNKNOWN,
+// ErrOutcomeUnknown: the batch may still commit; or a deadline of that
+// attempt alone, set by an interceptor or a proxy), or CANCELED while ctx
+// is still live (cancelled by fenced's shutdown or a proxy, not by the
+// caller). The resends stay within ctx. opts apply to every batch sent
+// (WithReplicaAck; a WithRequestID is overridden).
 func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error, opts ...BatchOption) (int64, error) {
 	jitter := &backoff.ExponentialBackOff{
 		InitialInterval:     RerunWaitInitial,
@@ -94,20 +102,22 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 	return rev, err
 }
 
-// MaxLostReplyRetries is how many times Update resends a batch whose answer
-// was UNAVAILABLE (the reply may have been lost after a commit), under the
-// same request id, so that a commit is never applied twice.
+// MaxLostReplyRetries is how many times Update resends a batch whose
+// outcome is unknown (UNAVAILABLE, or DEADLINE_EXCEEDED or CANCELED not
+// caused by the caller's context: the reply may have been lost after a
+// commit, or the batch may still commit), under the same request id, so
+// that a commit is never applied twice.
 const MaxLostReplyRetries = 3
 
 // commitRetryingLostReplies sends one batch under a fresh request id and,
-// while the answer is UNAVAILABLE (but not a replication timeout, which did
-// commit), resends it under the same id: the server answers a batch that
-// did commit with its original revision.
+// while its outcome is unknown (outcomeUnknown), resends it under the same
+// id: the server answers a batch that did commit with its original
+// revision.
 func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fence *Fence, writes []Write, opts []BatchOption) (int64, error) {
 	opts = append(slices.Clip(opts), WithRequestID(NewRequestID()))
 	rev, err := backoff.Retry(ctx, func() (int64, error) {
 		rev, err := c.Batch(ctx, slug, fence, writes, opts...)
-		if err != nil && (!errors.Is(err, ErrUnavailable) || errors.Is(err, ErrReplicationTimeout)) {
+		if err != nil && !outcomeUnknown(ctx, err) {
 			return 0, backoff.Permanent(err)
 		}
 		return rev, err
@@ -116,6 +126,22 @@ func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fen
 		return 0, p.Unwrap()
 	}
 	return rev, err
+}
+
+// outcomeUnknown reports whether err, the answer to one attempt of a
+// batch, leaves its outcome unknown and is not the caller's doing: UNAVAILABLE
+// but not REPLICATION_TIMEOUT (which committed), and DEADLINE_EXCEEDED or
+// CANCELED while ctx is still live (fenced's OUTCOME_UNKNOWN, a deadline
+// of the attempt alone, a cancellation by fenced's shutdown or a proxy).
+func outcomeUnknown(ctx context.Context, err error) bool {
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		return !errors.Is(err, ErrReplicationTimeout)
+	case ctx.Err() != nil:
+		return false
+	}
+	code := status.Code(err)
+	return code == codes.DeadlineExceeded || code == codes.Canceled
 }
 
 type ref struct{ section, key string }

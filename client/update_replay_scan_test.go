@@ -21,6 +21,7 @@ import (
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/redistest"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,6 +37,9 @@ type batchRecorder struct {
 	// loseReply says, for the n-th FencedBatch (from 0), whether to drop the
 	// server's answer and report UNAVAILABLE instead.
 	loseReply func(n int) bool
+	// replyWith, when set, answers the n-th FencedBatch's error in place of
+	// the server's answer (nil: the server's), after the server's commit.
+	replyWith func(n int) error
 }
 
 func (r *batchRecorder) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -47,10 +51,17 @@ func (r *batchRecorder) intercept(ctx context.Context, method string, req, reply
 	n := len(r.reqs)
 	r.reqs = append(r.reqs, proto.Clone(b).(*fencedv1.FencedBatchRequest))
 	lose := r.loseReply != nil && r.loseReply(n)
+	var replace error
+	if r.replyWith != nil {
+		replace = r.replyWith(n)
+	}
 	r.mu.Unlock()
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if lose && err == nil {
 		return status.Error(codes.Unavailable, "test: reply lost after the commit")
+	}
+	if replace != nil && err == nil {
+		return replace
 	}
 	return err
 }
@@ -271,6 +282,69 @@ func TestUpdateResendsLostReplyUnderItsRequestID(t *testing.T) {
 	if err != nil || got == nil || string(got.Value) != `{"n":1}` || got.Revision != rev {
 		t.Errorf("operations/counter = %v, %v; want {\"n\":1} at r%d", got, err, rev)
 	}
+}
+
+// TestUpdateResendsUnderItsRequestIDWhenTheOutcomeIsUnknown: the first
+// answer to Update's commit, which did commit, is DEADLINE_EXCEEDED or
+// CANCELED while the caller's context is live (fenced's OUTCOME_UNKNOWN;
+// a deadline of that attempt alone, as a proxy's; a cancellation by
+// fenced's shutdown or a proxy). Update resends the same batch under the
+// same request id and answers the original revision: applied once, the
+// change run once. Before, Update gave up on the first such answer,
+// leaving the caller to rerun a change that had committed. A CANCELED
+// caused by the caller's own context is not resent.
+func TestUpdateResendsUnderItsRequestIDWhenTheOutcomeIsUnknown(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	unknown := status.New(codes.DeadlineExceeded, "test: deadline passed with Redis")
+	unknown, _ = unknown.WithDetails(&errdetails.ErrorInfo{Reason: "OUTCOME_UNKNOWN", Domain: "fenced"})
+	for name, answer := range map[string]error{
+		"fenced's OUTCOME_UNKNOWN":              unknown.Err(),
+		"the attempt's own deadline":            status.Error(codes.DeadlineExceeded, "context deadline exceeded"),
+		"cancelled, not by the caller":          status.Error(codes.Canceled, "grpc: the server is shutting down"),
+		"unavailable (a lost reply, as before)": status.Error(codes.Unavailable, "test: reply lost"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := &batchRecorder{replyWith: func(n int) error {
+				if n == 0 {
+					return answer
+				}
+				return nil
+			}}
+			c := recordingClient(t, f.addr, rec)
+			ctx, slug := ctxT(t), newSlug(t)
+			runs := 0
+			rev, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+				runs++
+				return tx.PutJSON("operations", "counter", counter{N: int64(runs)})
+			})
+			if err != nil {
+				t.Fatalf("Update whose first answer was %v: %v", answer, err)
+			}
+			sent := rec.sent()
+			if runs != 1 || len(sent) != 2 || !proto.Equal(sent[0], sent[1]) || sent[0].GetRequestId() == "" {
+				t.Fatalf("change ran %d times and sent %d batches (%v); want once, and one resend of the same batch under its request id", runs, len(sent), sent)
+			}
+			if log := f.log(t, slug); len(log) != 1 || log[0].revision != rev {
+				t.Errorf("log = %+v, want one entry at r%d", log, rev)
+			}
+		})
+	}
+	t.Run("cancelled by the caller", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(ctxT(t))
+		defer cancel()
+		rec := &batchRecorder{replyWith: func(n int) error {
+			cancel()
+			return status.Error(codes.Canceled, "context canceled")
+		}}
+		c := recordingClient(t, f.addr, rec)
+		_, err := c.Update(ctx, newSlug(t), nil, func(tx *client.Txn) error {
+			return tx.PutJSON("operations", "counter", counter{N: 1})
+		})
+		if err == nil || len(rec.sent()) != 1 {
+			t.Errorf("Update cancelled by its caller = %v after %d batches; want an error after one", err, len(rec.sent()))
+		}
+	})
 }
 
 // TestBatchRequestIDReplaysAndRefusesAnotherRequest: Batch under a request id replays the original

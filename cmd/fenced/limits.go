@@ -41,6 +41,11 @@ type limitFlags struct {
 	FirstMessageTimeout time.Duration `name:"first-message-timeout" env:"FENCED_FIRST_MESSAGE_TIMEOUT" default:"30s" help:"Longest a call may take, from its headers, to send its whole request (a stream: its first message); past it the call ends DEADLINE_EXCEEDED and frees its goroutine. Leave room for the largest batch over a slow or shared link (30s: ~9 MiB at 3 Mbit/s; 0: unbounded)."`
 	// MaxRequestBytesInFlight bounds the request bytes being handled.
 	MaxRequestBytesInFlight int64 `name:"max-request-bytes-in-flight" env:"FENCED_MAX_REQUEST_BYTES_IN_FLIGHT" default:"67108864" help:"Most request bytes (their encoded size) the calls being handled may hold at once in this process, from when a request is read until its call ends; a call that does not fit is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT before anything is written. Requests of at most 64 KiB are not weighed, so large batches filling it never starve small calls (default 64 MiB: seven batches at the default limits, each holding ~8 MB while it waits for Redis). At least --max-batch-value-bytes."`
+	// MaxUnreadAnswerBytesPerCaller bounds the read answers one peer
+	// address has not read.
+	MaxUnreadAnswerBytesPerCaller int64 `name:"max-unread-answer-bytes-per-caller" env:"FENCED_MAX_UNREAD_ANSWER_BYTES_PER_CALLER" default:"16777216" help:"Most bytes of read answers (Sections, ScanSection, Record) queued to one peer IP address and not yet written to it, because it grants no HTTP/2 flow-control credit; a read whose answer would go over it is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata unread_answer_bytes), one answer alone always goes (default 16 MiB: four Sections answers at the largest)."`
+	// MaxRequestBytesPerCaller bounds one peer address's share of it.
+	MaxRequestBytesPerCaller int64 `name:"max-request-bytes-per-caller" env:"FENCED_MAX_REQUEST_BYTES_PER_CALLER" default:"33554432" help:"Most of --max-request-bytes-in-flight the calls from one peer IP address may hold at once; one more over 64 KiB is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata caller_bytes_in_flight), so that one caller's large batches waiting on replicas or a slow Redis leave the rest to the others (default 32 MiB, half the default budget). A request larger than it is served when its caller has nothing else in flight; at or above --max-request-bytes-in-flight: no share."`
 	// MaxAckReplicas and MaxAckTimeout bound a batch's replica_ack.
 	MaxAckReplicas int           `name:"max-ack-replicas" env:"FENCED_MAX_ACK_REPLICAS" default:"8" help:"Largest replica_ack.replicas a batch may ask for; more is INVALID_ARGUMENT before anything is written."`
 	MaxAckTimeout  time.Duration `name:"max-ack-timeout" env:"FENCED_MAX_ACK_TIMEOUT" default:"5m" help:"Longest replica_ack.timeout_ms a batch may ask for; longer is INVALID_ARGUMENT before anything is written."`
@@ -147,8 +152,10 @@ func (l *limitFlags) transport(maxConnections int) server.Transport {
 		MaxConnectionsPerIP:  l.MaxConnectionsPerIP,
 		StreamWorkers:        streamWorkers(l.StreamWorkers),
 
-		MaxRequestBytesInFlight: l.MaxRequestBytesInFlight,
-		FirstMessageTimeout:     firstMessageTimeout(l.FirstMessageTimeout),
+		MaxRequestBytesInFlight:       l.MaxRequestBytesInFlight,
+		MaxRequestBytesPerCaller:      l.MaxRequestBytesPerCaller,
+		MaxUnreadAnswerBytesPerCaller: l.MaxUnreadAnswerBytesPerCaller,
+		FirstMessageTimeout:           firstMessageTimeout(l.FirstMessageTimeout),
 	}
 }
 

@@ -104,9 +104,12 @@ type serveCmd struct {
 	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit or lease change waits for replica acknowledgements."`
 	// RequestIDWindow is how long committed request ids are remembered.
 	RequestIDWindow time.Duration `env:"FENCED_REQUEST_ID_WINDOW" default:"10m" help:"How long a committed batch's request_id is remembered (retries inside it are answered, not rerun)."`
+	// LegacyRequestKeys: also read and write request ids' keys of the
+	// layout before the request-ids hash (a rolling upgrade).
+	LegacyRequestKeys bool `env:"FENCED_LEGACY_REQUEST_KEYS" default:"true" negatable:"" help:"Also read and write each request id's key of the layout before request-ids (request:<id>), so that a batch resent across a rolling upgrade from an older fenced is answered, not rerun; turn off once every replica runs this version and --request-id-window has passed."`
 	// ByNameRebuildPage is the records one step of a background by-name
 	// index rebuild reads; 0 turns the background rebuild off.
-	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, this many records per script (each about 2 ms of Redis time at 200); 0: never (fenced inspect --repair does it)."`
+	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, at most this many records per script, each step sized by the Redis time the previous ones took to about 1 ms; 0: never (fenced inspect --repair does it)."`
 	// MaxSnapshotRecords and MaxSnapshotBytes bound one Sections answer.
 	MaxSnapshotRecords int `env:"FENCED_MAX_SNAPSHOT_RECORDS" default:"20000" help:"Most records one Sections read may hold (counted before reading); larger sections are read with ScanSection."`
 	MaxSnapshotBytes   int `env:"FENCED_MAX_SNAPSHOT_BYTES" default:"4128768" help:"Largest Sections answer and ScanSection page, in bytes (default: 4 MiB less 64 KiB, under gRPC clients' default receive limit)."`
@@ -337,6 +340,7 @@ func (c *serveCmd) checkConfig() (batch.Limits, error) {
 func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observability, durable store.Durability) (*store.Store, func(), error) {
 	opts := []store.Option{obs.storeOption(),
 		store.WithRequestIDWindow(c.RequestIDWindow),
+		store.WithLegacyRequestKeys(c.LegacyRequestKeys),
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
 		store.WithMaxSnapshotBytes(c.MaxSnapshotBytes),
 		store.WithLeaseDurability(durable),

@@ -577,6 +577,7 @@ func TestLimitsCheck(t *testing.T) {
 		{name: "reserved meta", modify: func(l *Limits) { l.Sections = append(l.Sections, "meta") }, want: []string{"sections[10]"}},
 		{name: "reserved by-name", modify: func(l *Limits) { l.Sections = []string{"a", "by-name"} }, want: []string{"sections[1]"}},
 		{name: "reserved revision", modify: func(l *Limits) { l.Sections = []string{"revision"} }, want: []string{"sections[0]"}},
+		{name: "reserved request-ids", modify: func(l *Limits) { l.Sections = []string{"request-ids"} }, want: []string{"sections[0]"}},
 		{name: "reserved log", modify: func(l *Limits) { l.Sections = []string{"log", "a"} }, want: []string{"sections[0]"}},
 		{name: "duplicate", modify: func(l *Limits) { l.Sections = []string{"a", "b", "a", "a"} }, want: []string{"sections[2]", "sections[3]"}},
 		{name: "uppercase", modify: func(l *Limits) { l.Sections = []string{"Executions"} }, want: []string{"sections[0]"}},

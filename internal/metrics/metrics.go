@@ -258,7 +258,7 @@ func New() *Metrics {
 	for _, r := range store.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
 	}
-	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage} {
+	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage, server.LimitUnreadAnswers} {
 		m.limitRefusals.WithLabelValues(l)
 	}
 	for _, r := range []string{server.ReadWaitCaller, server.ReadWaitShare, server.ReadWaitTotal} {

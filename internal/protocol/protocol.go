@@ -47,8 +47,12 @@ const (
 	// executions by generation. The scripts derive it from the by-name key
 	// (same hash tag) instead of receiving it.
 	KeyByNameIndex = "by-name-index"
-	// KeyRequestPrefix starts the key that remembers a committed request
-	// id: KeyRequestPrefix + id.
+	// KeyRequestIDs is the hash of the swarm's committed request ids:
+	// request id -> "<revision>:<digest>:<expires_ms>".
+	KeyRequestIDs = "request-ids"
+	// KeyRequestPrefix starts the key that remembered a committed request
+	// id before KeyRequestIDs (KeyRequestPrefix + id = "<revision>:<digest>",
+	// with a PX): read and written in legacy mode only (ModeLegacyRequest).
 	KeyRequestPrefix = "request:"
 	// CurrentKey is the key, after "<prefix>:swarm:", that holds the document
 	// layout and the standalone stamp (no hash tag).
@@ -104,8 +108,13 @@ const (
 	// ModeLayoutChecked: the caller checked the document layout (Cluster,
 	// after a ReplyLayoutUnknown).
 	ModeLayoutChecked = "l"
-	// ModeRequest: the batch carries a request key.
+	// ModeRequest: the batch carries a request id (its key is the swarm's
+	// KeyRequestIDs hash).
 	ModeRequest = "r"
+	// ModeLegacyRequest, with ModeRequest: also read and write the request
+	// id's KeyRequestPrefix key, as fenced did before KeyRequestIDs (a
+	// rolling upgrade).
+	ModeLegacyRequest = "k"
 	// ModeNone: none of the above (alone, or replaced by ModeLayoutChecked
 	// on the second call).
 	ModeNone = "-"
@@ -227,6 +236,7 @@ var entries = []struct{ name, value string }{
 	{"KEY_BY_NAME", KeyByName},
 	{"KEY_BY_NAME_INDEX", KeyByNameIndex},
 	{"KEY_REQUEST_PREFIX", KeyRequestPrefix},
+	{"KEY_REQUEST_IDS", KeyRequestIDs},
 	{"STAMP_SUFFIX", StampSuffix},
 	{"FIELD_LEASE", FieldLease},
 	{"FIELD_EPOCH", FieldEpoch},
@@ -243,6 +253,7 @@ var entries = []struct{ name, value string }{
 	{"MODE_STAMP", ModeStamp},
 	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
 	{"MODE_REQUEST", ModeRequest},
+	{"MODE_LEGACY_REQUEST", ModeLegacyRequest},
 	{"MODE_NONE", ModeNone},
 	{"REPLY_OK", ReplyOK},
 	{"REPLY_REPLAYED", ReplyReplayed},
@@ -298,12 +309,10 @@ var entries = []struct{ name, value string }{
 	// Patterns the scripts match with, built from the values above.
 	// KIND_PATTERN / MODE_PATTERN: one character class of every kind / mode
 	// letter. SECTION_PATTERN captures a section's name out of its key;
-	// REQUEST_PATTERN a request id out of its request key; SLUG_PATTERN the
-	// slug out of any key of the swarm.
+	// SLUG_PATTERN the slug out of any key of the swarm.
 	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords)},
-	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeNone)},
+	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeLegacyRequest, ModeNone)},
 	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
-	{"REQUEST_PATTERN", luaPatternQuote(FenceInfix+KeyRequestPrefix) + "(.*)$"},
 	{"SLUG_PATTERN", "{(.-)" + luaPatternQuote(FenceInfix)},
 }
 

@@ -45,7 +45,41 @@ var (
 	// replica acknowledgement waits in flight as it allows; nothing was
 	// written.
 	ReasonTooManyReplicaWaits = fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS.String()
+	// ReasonOutcomeUnknown: a batch's deadline passed while it was with
+	// Redis; it may still commit (outcomeUnknownError).
+	ReasonOutcomeUnknown = fencedv1.ErrorReason_OUTCOME_UNKNOWN.String()
 )
+
+// outcomeUnknownError is a FencedBatch whose deadline passed (err, a
+// context error) once it may have reached Redis: the script may still run
+// and commit, so the answer says the outcome is unknown and to resend
+// under the same request id (DEADLINE_EXCEEDED OUTCOME_UNKNOWN, metadata
+// "request_id" when the batch has one).
+type outcomeUnknownError struct {
+	err       error
+	requestID string
+}
+
+func (e *outcomeUnknownError) Error() string {
+	if e.requestID == "" {
+		return e.err.Error() + ": the batch may still commit (outcome unknown): read before rerunning"
+	}
+	return e.err.Error() + ": the batch may still commit (outcome unknown): resend it under the same request_id"
+}
+
+func (e *outcomeUnknownError) Unwrap() error { return e.err }
+
+func outcomeUnknownDetails(err error) []protoadapt.MessageV1 {
+	var oe *outcomeUnknownError
+	if !errors.As(err, &oe) || !errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	var md map[string]string
+	if oe.requestID != "" {
+		md = map[string]string{"request_id": oe.requestID}
+	}
+	return []protoadapt.MessageV1{info(ReasonOutcomeUnknown, md)}
+}
 
 // MaxConflictDetails and MaxConflictDetailBytes (of subjects, section/key)
 // bound the PreconditionFailure violations of one REVISION_CONFLICT answer
@@ -76,7 +110,7 @@ func as[T error]() func(error) bool {
 // errors come first so that a deadline never turns into anything else.
 var errorTable = []errorMapping{
 	{is(context.Canceled), codes.Canceled, nil},
-	{is(context.DeadlineExceeded), codes.DeadlineExceeded, nil},
+	{is(context.DeadlineExceeded), codes.DeadlineExceeded, outcomeUnknownDetails},
 	{as[*batch.ValidationError](), codes.InvalidArgument, badRequest},
 	{as[*store.ConflictError](), codes.Aborted, conflictDetails},
 	// A document write or a migration that lost its WATCH on every

@@ -71,6 +71,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 	}{
 		{"canceled", context.Canceled, codes.Canceled, fencedv1.ErrorReason_REASON_UNSPECIFIED, same},
 		{"deadline", fmt.Errorf("store: x: %w", context.DeadlineExceeded), codes.DeadlineExceeded, fencedv1.ErrorReason_REASON_UNSPECIFIED, same},
+		{"deadline of a batch with Redis", &outcomeUnknownError{err: fmt.Errorf("store: x: %w", context.DeadlineExceeded), requestID: "r-1"}, codes.DeadlineExceeded, fencedv1.ErrorReason_OUTCOME_UNKNOWN, is(client.ErrOutcomeUnknown)},
 		{"validation", &batch.ValidationError{Violations: []batch.Violation{{Field: "writes[0].key", Description: "empty"}}},
 			codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, func(t *testing.T, got error) {
 				var ie *client.InvalidArgumentError
@@ -253,7 +254,7 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		store.ReasonRedisClusterDown, store.ReasonRedisNoScript, store.ReasonRedisNotPermitted, store.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
 		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
-		ReasonSectionNotServed,
+		ReasonSectionNotServed, ReasonOutcomeUnknown,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {

@@ -108,6 +108,11 @@ func TestErrorTable(t *testing.T) {
 		want []proto.Message // nil: no details
 	}{
 		{"validation", validation, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil), badRequest}},
+		{"deadline of a batch with Redis, with an id", &outcomeUnknownError{err: context.DeadlineExceeded, requestID: "r-1"}, codes.DeadlineExceeded, []proto.Message{
+			errInfo("OUTCOME_UNKNOWN", map[string]string{"request_id": "r-1"})}},
+		{"deadline of a batch with Redis, without an id", &outcomeUnknownError{err: context.DeadlineExceeded}, codes.DeadlineExceeded, []proto.Message{errInfo("OUTCOME_UNKNOWN", nil)}},
+		{"cancelled batch", &outcomeUnknownError{err: context.Canceled, requestID: "r-1"}, codes.Canceled, nil},
+		{"deadline elsewhere", context.DeadlineExceeded, codes.DeadlineExceeded, nil},
 		{"conflict one", conflicts(1), codes.Aborted, []proto.Message{conflictInfo(1, 1), revisionViolations(1, 1)}},
 		{"conflict several in request order", conflicts(3), codes.Aborted, []proto.Message{conflictInfo(3, 3), revisionViolations(3, 3)}},
 		{"stale with a lease", stale, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", staleMD)}},
@@ -168,8 +173,10 @@ func TestErrorTable(t *testing.T) {
 		{"replication timeout sentinel alone", store.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
 		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
 		{"replica waits exhausted", fmt.Errorf("%w: 64 for swarm s, its limit", store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, []proto.Message{errInfo("TOO_MANY_REPLICA_WAITS", nil)}},
-		{"request bytes in flight", &bytesInFlightError{size: 9 << 20, max: 64 << 20}, codes.ResourceExhausted, []proto.Message{
-			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864"})}},
+		{"request bytes in flight", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: -1}, codes.ResourceExhausted, []proto.Message{
+			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432"})}},
+		{"request bytes in flight of one caller", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: 24 << 20}, codes.ResourceExhausted, []proto.Message{
+			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432", "caller_bytes_in_flight": "25165824"})}},
 		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
 		{"canceled", context.Canceled, codes.Canceled, nil},
 		{"deadline exceeded", context.DeadlineExceeded, codes.DeadlineExceeded, nil},

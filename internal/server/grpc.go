@@ -100,6 +100,7 @@ type Server struct {
 	// requests is the budget of request bytes being handled
 	// (Transport.MaxRequestBytesInFlight).
 	requests *requestBytes
+	unread   *unreadAnswers
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -139,7 +140,8 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	s.bounded = &boundedHealth{Server: s.health, max: int64(s.transport.MaxHealthWatchers), obs: s.limits}
 	callLog := unaryCallLog(logger)
-	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.limits)
+	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.transport.MaxRequestBytesPerCaller, s.limits)
+	s.unread = newUnreadAnswers(s.transport.MaxUnreadAnswerBytesPerCaller, s.limits)
 	// Health checks are neither counted (Shutdown does not wait for them),
 	// nor weighed against the request bytes budget, nor logged. One
 	// interceptor does all three, tested on the method name: a
@@ -152,11 +154,27 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
-		weight, err := s.requests.take(req)
+		hold, err := s.requests.take(ctx, req)
 		if err != nil {
 			return callLog(ctx, req, info, refusedCall(err))
 		}
-		defer s.requests.release(weight)
+		defer s.requests.release(hold)
+		if readMethods[info.FullMethod] {
+			// Answers its caller has not read are bounded (unread.go).
+			conn, err := s.unread.admit(ctx)
+			if err != nil {
+				return callLog(ctx, req, info, refusedCall(err))
+			}
+			return callLog(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+				resp, err := h(ctx, req)
+				if err == nil {
+					if qerr := s.unread.queue(conn, resp); qerr != nil {
+						return nil, toStatus(qerr)
+					}
+				}
+				return resp, err
+			})
+		}
 		return callLog(ctx, req, info, h)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -286,7 +304,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.watchRedis(ctx)
-	err := s.grpc.Serve(newLimitListener(lis, s.transport, s.limits))
+	err := s.grpc.Serve(unreadListener{Listener: newLimitListener(lis, s.transport, s.limits), u: s.unread})
 	if err == grpc.ErrServerStopped {
 		return nil
 	}

@@ -11,11 +11,12 @@ import (
 // BenchmarkRequestBytesTake is what the request bytes budget costs a
 // one-write batch: its size taken and given back, callers in parallel.
 func BenchmarkRequestBytesTake(b *testing.B) {
-	r := newRequestBytes(DefaultMaxRequestBytesInFlight, nopLimits{})
+	r := newRequestBytes(DefaultMaxRequestBytesInFlight, DefaultMaxRequestBytesInFlight/2, nopLimits{})
+	ctx := context.Background()
 	req := &fencedv1.FencedBatchRequest{Slug: "bench", Writes: []*fencedv1.RecordWrite{{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: "claims", Key: "k", Expected: 3, Value: `{"a":1}`}}}
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			w, err := r.take(req)
+			w, err := r.take(ctx, req)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,7 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"os"
+	"net"
 	"strings"
 	"testing"
 
@@ -50,10 +50,13 @@ func sizedHeldBatch(t *testing.T, slug string, size int) *fencedv1.FencedBatchRe
 // stream bounds, like what grpc-go reads before the budget): a 100-byte
 // batch and a Record read from another caller go through, while a fifth
 // large batch is still refused.
+//
+// The caller's share is the whole budget here (MaxRequestBytesPerCaller),
+// so that one caller can fill it.
 func TestGreedyCallerFillingTheBytesBudgetDoesNotStarveSmallBatches(t *testing.T) {
 	srv := redistest.Start(t)
 	const budget = 1 << 20
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget, MaxRequestBytesPerCaller: budget}})
 	holdBudget(t, srv, e, budget)
 
 	_, err := e.records.FencedBatch(ctxT(t), sizedHeldBatch(t, "greedy4", budget/4))
@@ -93,27 +96,56 @@ func holdBudget(t *testing.T, srv *redistest.Server, e *endpoint, budget int) {
 }
 
 // TestGreedyCallerFillingTheBytesBudgetDoesNotStarveOtherLargeBatches:
-// the greedy caller above, on its own connection and address, still
-// refuses every other caller's large batch (here 128 KiB, a tenth of
-// the largest) for as long as its waits last (up to --max-ack-timeout,
-// 5 min). A known gap: skipped unless FENCED_KNOWN_GAPS=1 (docs/design/11-known-gaps.md
-// §11: the budget has no per-caller share).
+// one caller (127.0.0.1) sends four batches of 256 KiB into a 1 MiB
+// budget, each waiting (replica_ack, up to --max-ack-timeout) for a
+// replica that does not exist. Its share (half the budget by default)
+// holds two of them; the other two are refused TOO_MANY_BYTES_IN_FLIGHT
+// naming what the caller holds. Another caller, connecting from another
+// address (127.0.0.2), commits a 128 KiB batch meanwhile. Before, the
+// greedy caller held the whole budget, and every other caller's batch
+// over 64 KiB was refused at once for as long as its waits lasted.
 func TestGreedyCallerFillingTheBytesBudgetDoesNotStarveOtherLargeBatches(t *testing.T) {
-	if os.Getenv("FENCED_KNOWN_GAPS") == "" {
-		t.Skip("known gap (docs/design/11-known-gaps.md §11: the request bytes budget has no per-caller share); FENCED_KNOWN_GAPS=1 runs it")
-	}
 	srv := redistest.Start(t)
 	const budget = 1 << 20
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget}})
-	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+			return d.DialContext(ctx, "tcp", addr)
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	other := fencedv1.NewRecordsServiceClient(conn)
-	holdBudget(t, srv, e, budget)
+
+	waitCtx, stopWait := context.WithCancel(context.Background())
+	held := make(chan error, 4)
+	for i := range 4 {
+		req := sizedHeldBatch(t, fmt.Sprintf("greedy%d", i), budget/4)
+		go func() {
+			_, err := e.records.FencedBatch(waitCtx, req)
+			held <- err
+		}()
+	}
+	refused := 0
+	for refused < 2 {
+		err := <-held
+		d := decode(t, err)
+		if d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonTooManyBytesInFlight || d.info.GetMetadata()["caller_bytes_in_flight"] == "" {
+			t.Fatalf("a greedy batch = %v (%v); want RESOURCE_EXHAUSTED %s with caller_bytes_in_flight", err, d.info, server.ReasonTooManyBytesInFlight)
+		}
+		refused++
+	}
+	t.Cleanup(func() {
+		stopWait()
+		for range 2 {
+			<-held
+		}
+	})
+	await(t, "the greedy caller's two admitted waits blocked in Redis", func() bool { return blockedClients(t, srv) >= 2 })
 	req := &fencedv1.FencedBatchRequest{Slug: "other", Writes: []*fencedv1.RecordWrite{put("claims", "l", batch.Blind, `"`+strings.Repeat("x", 128<<10)+`"`)}}
 	if _, err := other.FencedBatch(ctxT(t), req); err != nil {
-		t.Errorf("another connection's %d-byte batch while one caller holds the budget full: %v; want it committed", proto.Size(req), err)
+		t.Errorf("another address's %d-byte batch while one caller holds its share of the budget: %v; want it committed", proto.Size(req), err)
 	}
 }

@@ -141,7 +141,7 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 	t.Cleanup(st.Close)
 	// The first message bound (30 s) is lifted too: 8 such calls share
 	// each connection, and a busy box reads them slower than that.
-	e := serve(t, st, batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: 2 * burstLimit}})
+	e := serve(t, st, batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: 2 * burstLimit, MaxRequestBytesPerCaller: server.DefaultMaxRequestBytesInFlight}})
 	const callers, writes = 32, 1024
 	batchOf := func(tag string) *fencedv1.FencedBatchRequest {
 		value := `"` + tag + strings.Repeat("v", 8<<10-16-len(tag)) + `"`
@@ -277,7 +277,7 @@ func TestCallOverRequestBytesInFlightWritesNothingAndGoesThroughLater(t *testing
 	srv := redistest.Start(t)
 	const budget = 256 << 10
 	lc := newLimitCounter()
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget}, Telemetry: server.Telemetry{Limits: lc}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget, MaxRequestBytesPerCaller: budget}, Telemetry: server.Telemetry{Limits: lc}})
 	big := func(slug, key string, n int) *fencedv1.FencedBatchRequest {
 		return &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", key, batch.Blind, `"`+strings.Repeat("x", n)+`"`)}}
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
-	"google.golang.org/grpc/peer"
 )
 
 // Reasons a heavy read waited, as ReadObserver.ReadWaited reports them
@@ -119,14 +118,6 @@ func newReadGate(cfg ReadShare, obs ReadObserver) *readGate {
 		obs = nopReads{}
 	}
 	return &readGate{cfg: cfg, total: semaphore.NewWeighted(int64(cfg.Total)), obs: obs, now: time.Now, callers: map[string]*readCaller{}}
-}
-
-// callerOf is the caller a call comes from: its peer's IP.
-func callerOf(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return peerIP(p.Addr)
-	}
-	return ""
 }
 
 // readCallersSweep is how many callers readGate keeps before it forgets

@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -197,6 +198,11 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 	}
 	c, err := s.records.CommitDurable(ctx, b, s.durability(ack))
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The script may have been sent: it runs whenever Redis gets
+			// to it (docs/design/03-fenced-batch.md §3.5).
+			err = &outcomeUnknownError{err: err, requestID: b.RequestID}
+		}
 		return nil, toStatus(err)
 	}
 	return &fencedv1.FencedBatchResponse{Revision: c.Revision, Replayed: c.Replayed, ReplicasAcked: int32(c.ReplicasAcked)}, nil

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -89,5 +91,64 @@ func TestDeadlineWhileRedisSleeps(t *testing.T) {
 		t.Logf("the batch cut by its deadline (server: %s) committed after Redis woke (revision %d): DEADLINE_EXCEEDED means may or may not have committed", serverCode, snap.GetRevision())
 	default:
 		t.Errorf("half a batch in Redis: d1 = %v, d2 = %v", d1, d2)
+	}
+}
+
+// TestDeadlinePassedWithRedisSaysTheOutcomeIsUnknown: a FencedBatch whose
+// deadline passes while Redis holds it (stopped with SIGSTOP) is answered
+// by the server DEADLINE_EXCEEDED with ErrorInfo OUTCOME_UNKNOWN naming
+// its request_id: the script was sent and may still run. Once Redis runs
+// again, resending under that id answers whichever happened (here called
+// on the service itself, so the server's answer is what is seen, not a
+// client's own deadline). Before, the answer had no details at all.
+func TestDeadlinePassedWithRedisSaysTheOutcomeIsUnknown(t *testing.T) {
+	srv := redistest.Start(t)
+	svc := server.NewService(openStore(t, srv), batch.DefaultLimits(), server.ServiceOptions{})
+	const slug = "unknown"
+	req := &fencedv1.FencedBatchRequest{Slug: slug, RequestId: "req-unknown", Writes: []*fencedv1.RecordWrite{put("intents", "d1", batch.Blind, `"one"`)}}
+	if _, err := svc.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP redis: %v", err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = syscall.Kill(srv.Pid(), syscall.SIGCONT)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err := svc.FencedBatch(ctx, req)
+	cancel()
+	resumed = true
+	if err := syscall.Kill(srv.Pid(), syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT redis: %v", err)
+	}
+	st := status.Convert(err)
+	if st.Code() != codes.DeadlineExceeded {
+		t.Fatalf("FencedBatch cut by its deadline = %v; want DEADLINE_EXCEEDED", err)
+	}
+	var got *errdetails.ErrorInfo
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			got = ei
+		}
+	}
+	if got.GetReason() != "OUTCOME_UNKNOWN" || got.GetMetadata()["request_id"] != "req-unknown" {
+		t.Errorf("DEADLINE_EXCEEDED details = %v; want ErrorInfo OUTCOME_UNKNOWN with request_id req-unknown", st.Details())
+	}
+	if !strings.Contains(st.Message(), "resend it under the same request_id") {
+		t.Errorf("message %q does not say to resend under the same request_id", st.Message())
+	}
+	// The resend under the same id answers the outcome: committed once.
+	resp, err := svc.FencedBatch(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("resend under the same id: %v", err)
+	}
+	t.Logf("resend after the deadline: r%d replayed=%v", resp.GetRevision(), resp.GetReplayed())
+	again, err := svc.FencedBatch(ctxT(t), req)
+	if err != nil || !again.GetReplayed() || again.GetRevision() != resp.GetRevision() {
+		t.Errorf("second resend = %v, %v; want r%d replayed", again, err, resp.GetRevision())
 	}
 }

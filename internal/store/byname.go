@@ -25,13 +25,60 @@ var (
 	byNameCheckScript   = newScript(ScriptByNameCheck, luaByNameCheck)
 )
 
-// DefaultByNamePage is the records (or index members, or names) one
-// rebuild step reads by default. Measured (BenchmarkByNameScriptTime,
-// 200,000 executions of ~140 bytes, rebuilt from nothing): 200 a step ran
-// 1.2 ms of Redis time at the median, 1.8 ms at the longest (2,004 steps,
-// 2.9 s in all); 500 a step ran 4.5 ms median and 12 ms longest on a busier
-// machine. A batch waits at most one step.
+// DefaultByNamePage is the most records (or index members, or names) one
+// rebuild step reads by default; steps are sized below it by the Redis
+// time they take (stepPacer, DefaultRebuildStepTime). Measured
+// (BenchmarkByNameScriptTime, 200,000 executions of ~140 bytes, rebuilt
+// from nothing): 200 a step ran 1.2 ms of Redis time at the median, 1.8 ms
+// at the longest on a quiet box, but 6-11 ms each on a loaded 2-core box;
+// 500 a step ran 4.5 ms median and 12 ms longest on a busier machine. A
+// batch waits at most one step.
 const DefaultByNamePage = 200
+
+// DefaultRebuildStepTime is the Redis time a rebuild step aims at
+// (WithRebuildStepTime): each paged step answers the time it ran (TIME at
+// its start and end, in the script), and the next is sized so that it
+// would take this long, so that a step stays near 1 ms, under ~2 ms,
+// whatever the box and the records.
+const DefaultRebuildStepTime = time.Millisecond
+
+// rebuildFirstPage is where the pages of each pass's phase start, before
+// any step of it was timed: a phase's records cost their own time each
+// (an HSCAN of executions, the index's members, the names' ranges).
+const rebuildFirstPage = 16
+
+// stepPacer sizes the steps of one phase of a rebuild: a step that took
+// took for page records makes the next page*target/took, at least 1, at
+// most max, and at most twice the last (a step that ran fast because its
+// records were few or small does not make the next one huge).
+type stepPacer struct {
+	page, max int
+	target    time.Duration
+}
+
+func newStepPacer(max int, target time.Duration) *stepPacer {
+	return &stepPacer{page: min(max, rebuildFirstPage), max: max, target: target}
+}
+
+// took records that the last step (of p.page records) ran d in Redis.
+func (p *stepPacer) took(d time.Duration) {
+	next := 2 * p.page
+	if d > 0 {
+		next = min(next, int(float64(p.page)*float64(p.target)/float64(d)))
+	}
+	p.page = max(1, min(p.max, next))
+}
+
+// WithRebuildStepTime sets the Redis time a by-name rebuild step aims at
+// (default DefaultRebuildStepTime; at least 1 µs): steps are sized from
+// the time the previous ones ran, up to the page size asked.
+func WithRebuildStepTime(d time.Duration) Option {
+	return func(s *Store) {
+		if d >= time.Microsecond {
+			s.rebuildStep = d
+		}
+	}
+}
 
 // errBusy stops a rebuild whose claim another rebuild took.
 var errBusy = errors.New("another rebuild holds the claim")
@@ -51,6 +98,11 @@ type ByNameRebuild struct {
 	// Steps is the number of scripts run; Scanned the executions fields
 	// read (HSCAN may return a field twice).
 	Steps, Scanned int64
+	// LargestPage is the most records a step was asked to read (at most
+	// the page size asked); LongestStep the most Redis time a paged step
+	// ran, as the script measured it (TIME at its start and end).
+	LargestPage int
+	LongestStep time.Duration
 	// Removed is the index members removed (not backed by their record),
 	// Fixed the by-name entries set and Extra those removed (a name with
 	// no record).
@@ -70,8 +122,10 @@ const (
 )
 
 // RebuildByName rebuilds a swarm's by-name index from its executions and
-// sets by-name from it, in place, pageSize records a script (at least 1;
-// 0: DefaultByNamePage), so that no step is a long script; batches keep
+// sets by-name from it, in place, at most pageSize records a script (at
+// least 1; 0: DefaultByNamePage), each step sized from the Redis time the
+// previous ones of its phase ran to take about WithRebuildStepTime's (1 ms),
+// so that no step is a long script, on a quiet box or a loaded one; batches keep
 // committing meanwhile. Passes: add every record's member, remove members
 // no record backs, set each name's entry to its top, remove entries of
 // names with no record, then clear the stale flag unless a batch raised it
@@ -87,7 +141,10 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 	}
 	k := s.keys(slug)
 	keys := []string{k.section(executions), k.byName(), k.byNameIndex(), k.revision()}
-	page := strconv.Itoa(pageSize)
+	target := s.rebuildStep
+	if target <= 0 {
+		target = DefaultRebuildStepTime
+	}
 	r = &ByNameRebuild{}
 	call := func(ctx context.Context, name, cursor, n string) ([]string, error) {
 		r.Steps++
@@ -138,31 +195,43 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 			err = nil
 		}
 	}()
-	step := func(name, cursor string) (string, int64, error) {
+	// step runs one step; pacer (nil for the unpaged steps) sizes it and
+	// is told the time it ran.
+	step := func(name, cursor string, pacer *stepPacer) (string, int64, error) {
 		if err := renew(); err != nil {
 			return "", 0, err
+		}
+		page := "0"
+		if pacer != nil {
+			page = strconv.Itoa(pacer.page)
+			r.LargestPage = max(r.LargestPage, pacer.page)
 		}
 		reply, err := call(ctx, name, cursor, page)
 		if err != nil {
 			return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w", slug, name, s.classify(ctx, err))
 		}
-		if len(reply) == 1 {
+		if len(reply) == 1 && pacer == nil {
 			return reply[0], 0, nil
 		}
-		if len(reply) != 2 {
+		if len(reply) != 3 || pacer == nil {
 			return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w: %q", slug, name, ErrMalformedReply, reply)
 		}
 		n, err := strconv.ParseInt(reply[1], 10, 64)
-		if err != nil {
+		us, uerr := strconv.ParseInt(reply[2], 10, 64)
+		if err != nil || uerr != nil {
 			return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w: %q", slug, name, ErrMalformedReply, reply)
 		}
+		took := time.Duration(us) * time.Microsecond
+		r.LongestStep = max(r.LongestStep, took)
+		pacer.took(took)
 		return reply[0], n, nil
 	}
 	// pages runs a step from its first cursor until it answers the last.
 	pages := func(name, first, last string, total *int64) error {
 		cursor := first
+		pacer := newStepPacer(pageSize, target)
 		for {
-			next, n, err := step(name, cursor)
+			next, n, err := step(name, cursor, pacer)
 			if err != nil {
 				return err
 			}
@@ -175,7 +244,7 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 	}
 	for r.Rounds < maxRebuildRounds {
 		r.Rounds++
-		flag, _, err := step(protocol.RebuildStart, "")
+		flag, _, err := step(protocol.RebuildStart, "", nil)
 		if err != nil {
 			return r, err
 		}
@@ -191,7 +260,7 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 		if err := pages(protocol.RebuildExtras, "0", "0", &r.Extra); err != nil {
 			return r, err
 		}
-		done, _, err := step(protocol.RebuildFinish, flag)
+		done, _, err := step(protocol.RebuildFinish, flag, nil)
 		if err != nil {
 			return r, err
 		}

@@ -114,8 +114,9 @@ func TestByNameMatchesAFullScanAfterManyPutsInOneBatch(t *testing.T) {
 }
 
 // TestReplayKeepsTheRequestWindow: answering a replay rewrites nothing
-// visible: the request key keeps its value and its expiry (the window is
-// counted from the commit, not extended by retries).
+// visible: the request id's entry in request-ids keeps its value, which
+// holds its expiry, and so does the legacy request key with its PX (the
+// window is counted from the commit, not extended by retries).
 func TestReplayKeepsTheRequestWindow(t *testing.T) {
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), prefix, store.WithRequestIDWindow(time.Hour))
@@ -128,11 +129,15 @@ func TestReplayKeepsTheRequestWindow(t *testing.T) {
 	reqKey := key("window", "request:r-1")
 	value := srv.Do(t, "GET", reqKey)
 	expireAt := srv.Do(t, "PEXPIRETIME", reqKey)
+	entry := srv.Do(t, "HGET", key("window", "request-ids"), "r-1")
 	if got, err := commit(t, st, b); err != nil || got != rev {
 		t.Fatalf("replay = r%d, %v; want r%d", got, err, rev)
 	}
 	if v, e := srv.Do(t, "GET", reqKey), srv.Do(t, "PEXPIRETIME", reqKey); v != value || e != expireAt {
-		t.Errorf("request key after a replay = %q expiring at %s, want %q expiring at %s", v, e, value, expireAt)
+		t.Errorf("legacy request key after a replay = %q expiring at %s, want %q expiring at %s", v, e, value, expireAt)
+	}
+	if got := srv.Do(t, "HGET", key("window", "request-ids"), "r-1"); got != entry || entry == "" {
+		t.Errorf("request-ids/r-1 after a replay = %q, want %q", got, entry)
 	}
 }
 

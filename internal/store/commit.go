@@ -133,7 +133,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 func (s *Store) execCommitting(ctx context.Context, k swarmKeys, sc *script, keys, args []string, d Durability) ([]string, int, error) {
 	if e := s.evicting.Load(); e != nil {
 		// The last health probe found a Redis that may evict keys: an
-		// evicted request key or meta would let a request commit or an
+		// evicted request-ids or meta would let a request commit or an
 		// epoch be granted twice.
 		return nil, 0, e
 	}
@@ -277,11 +277,17 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 	}
 	if b.RequestID != "" {
 		mode += protocol.ModeRequest
-		keys = append(keys, k.request(b.RequestID))
+		if s.legacyRequestKeys {
+			mode += protocol.ModeLegacyRequest
+		}
+		keys = append(keys, k.requestIDs())
 		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
 	}
 	if f := b.Fence; f != nil {
 		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
+	}
+	if b.RequestID != "" {
+		owner = strconv.Itoa(len(b.RequestID)) + ":" + b.RequestID + owner
 	}
 	checks := 0
 	for i := range b.Writes {

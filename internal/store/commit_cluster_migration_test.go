@@ -87,3 +87,75 @@ func TestExecutionsBatchWhileItsIndexMigratedIsNotHalfApplied(t *testing.T) {
 		t.Errorf("by-name/agent on the new node = %s", got)
 	}
 }
+
+// TestRequestIDBatchCommitsWhileItsSlotMigrates: a swarm that committed
+// with a request id before has its request-ids hash; while its slot
+// migrates (SETSLOT MIGRATING / IMPORTING), first with every key still on
+// the source, then with every key moved to the target, batches with new
+// request ids commit (on the source, then through ASK on the target) and
+// their resends answer replayed. Before, each such batch named
+// request:<id>, a key that did not exist yet: Redis answered TRYAGAIN on
+// both nodes for the whole move (UNAVAILABLE REDIS_TRY_AGAIN), with the
+// legacy keys read and written (the default) or not.
+func TestRequestIDBatchCommitsWhileItsSlotMigrates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: migrates a Cluster slot; run without -short")
+	}
+	c := redistest.StartCluster(t, 2)
+	for _, legacy := range []bool{true, false} {
+		t.Run(fmt.Sprintf("legacy request keys %v", legacy), func(t *testing.T) {
+			st, err := store.Open(c.URL(), prefix, store.WithLegacyRequestKeys(legacy))
+			if err != nil {
+				t.Fatalf("store.Open: %v", err)
+			}
+			t.Cleanup(st.Close)
+			src, dst := c.Nodes()[0], c.Nodes()[1]
+			slug := ""
+			for i := 0; i < 1000 && slug == ""; i++ {
+				if s := fmt.Sprintf("req-moving-%v-%d", legacy, i); nodeOf(t, c, key(s, "meta")) == src {
+					slug = s
+				}
+			}
+			ctx := context.Background()
+			reqBatch := func(id string) *batch.Batch {
+				return &batch.Batch{Slug: slug, RequestID: id, Writes: []batch.Write{put("claims", "c-"+id, batch.Blind, `1`)}}
+			}
+			mustCommit(t, st, reqBatch("before"))
+
+			slot := src.Do(t, "CLUSTER", "KEYSLOT", key(slug, "meta"))
+			dst.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", src.NodeID(t))
+			src.Do(t, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.NodeID(t))
+			commitAndReplay := func(id, where string) int64 {
+				t.Helper()
+				b := reqBatch(id)
+				rev, err := st.Commit(ctx, b)
+				if err != nil {
+					t.Fatalf("request-id batch %s while the slot migrates (%s) = %v; want it committed", id, where, err)
+				}
+				again, err := st.Commit(ctx, b)
+				if err != nil || again != rev {
+					t.Errorf("its resend = r%d, %v; want r%d replayed", again, err, rev)
+				}
+				return rev
+			}
+			r1 := commitAndReplay("during-1", "every key on the source")
+			host, port, _ := net.SplitHostPort(dst.Addr())
+			for _, k := range src.DoArray(t, "CLUSTER", "GETKEYSINSLOT", slot, "100") {
+				if got := src.Do(t, "MIGRATE", host, port, k, "0", "5000"); got != "OK" {
+					t.Fatalf("MIGRATE %s: %s", k, got)
+				}
+			}
+			commitAndReplay("during-2", "every key on the target")
+			// The ids committed on the source moved with the hash.
+			if again, err := st.Commit(ctx, reqBatch("during-1")); err != nil || again != r1 {
+				t.Errorf("resend of during-1 on the target = r%d, %v; want r%d replayed", again, err, r1)
+			}
+			dst.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dst.NodeID(t))
+			src.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dst.NodeID(t))
+			mustCommit(t, st, reqBatch("after"))
+			if n := dst.Do(t, "HLEN", key(slug, "request-ids")); n != "4" {
+				t.Errorf("request-ids holds %s ids, want 4", n)
+			}
+		})
+	}
+}

@@ -162,10 +162,10 @@ func TestCommitArgs(t *testing.T) {
 			args: []string{"s::0:::", "p6:-1:c", "1", "p4:-1:e", `{"name":"a"}`},
 		},
 		{
-			name: "a request id: mode r, its key after the fixed ones, the window in ms and the digest",
+			name: "a request id: mode r (k: the legacy keys too), request-ids after the fixed ones, the window in ms, the digest, the id before the owner",
 			b:    withID,
-			keys: []string{meta, rev, log, "p:swarm:{s}:fence:request:req-1", claims, current},
-			args: []string{"sr:7:mim9k1s0:600000:" + requestDigest(withID) + ":ctl:a", "p5:hdh6hgxds0:c", `{"x":1}`},
+			keys: []string{meta, rev, log, "p:swarm:{s}:fence:request-ids", claims, current},
+			args: []string{"srk:7:mim9k1s0:600000:" + requestDigest(withID) + ":5:req-1ctl:a", "p5:hdh6hgxds0:c", `{"x":1}`},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

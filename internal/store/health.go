@@ -53,7 +53,7 @@ func WithDial(dial func() (rueidis.Client, error)) Option {
 // WithAllowEviction lets the Store serve on a Redis that may evict keys
 // (maxmemory > 0 with a policy other than noeviction): Ping then answers
 // nil and logs a warning on every probe instead of failing with
-// ErrRedisMayEvict. An evicted request key lets a resent batch commit twice;
+// ErrRedisMayEvict. An evicted request-ids lets a resent batch commit twice;
 // an evicted meta lets an epoch be granted twice.
 func WithAllowEviction(allow bool) Option {
 	return func(s *Store) { s.allowEviction = allow }

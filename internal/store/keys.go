@@ -58,5 +58,6 @@ func (k swarmKeys) byName() string             { return k.base + protocol.KeyByN
 // by generation (byname.lua).
 func (k swarmKeys) byNameIndex() string { return k.base + protocol.KeyByNameIndex }
 
-// request is the key that remembers a committed batch's request id.
-func (k swarmKeys) request(id string) string { return k.base + protocol.KeyRequestPrefix + id }
+// requestIDs is the hash of the swarm's committed request ids
+// (lib_memo.lua).
+func (k swarmKeys) requestIDs() string { return k.base + protocol.KeyRequestIDs }

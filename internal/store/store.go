@@ -124,6 +124,12 @@ type Store struct {
 	stamp bool
 	// requestWindow is how long a committed request id is remembered.
 	requestWindow time.Duration
+	// rebuildStep is the Redis time a by-name rebuild step aims at
+	// (WithRebuildStepTime; 0: DefaultRebuildStepTime).
+	rebuildStep time.Duration
+	// legacyRequestKeys: commits also read and write request ids' keys of
+	// the layout before request-ids (WithLegacyRequestKeys).
+	legacyRequestKeys bool
 	// leaseDurability is what lease grants, renewals and releases wait for.
 	leaseDurability Durability
 	// maxSnapshotRecords bounds one Sections read.
@@ -223,6 +229,22 @@ func WithRequestIDWindow(d time.Duration) Option {
 	}
 }
 
+// WithLegacyRequestKeys sets whether commits with a request id also read
+// and write its key of the layout before the request-ids hash,
+// P:{slug}:fence:request:<id> (docs/design/03-fenced-batch.md §3.5), so
+// that during a rolling upgrade a batch committed by an older fenced and
+// resent to this one is answered replayed, and the reverse; default
+// DefaultLegacyRequestKeys. Those keys are read and written without being
+// declared to Redis, best effort: on Cluster, while the swarm's slot
+// migrates, one not on the node running the commit is left out.
+func WithLegacyRequestKeys(on bool) Option {
+	return func(s *Store) { s.legacyRequestKeys = on }
+}
+
+// DefaultLegacyRequestKeys is WithLegacyRequestKeys's default: on, for
+// the release that introduced request-ids.
+const DefaultLegacyRequestKeys = true
+
 // New returns a Store over client with the given key prefix (DefaultPrefix
 // when empty). The prefix may not contain '{' or '}'.
 func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
@@ -236,6 +258,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		prefix:             prefix + ":swarm",
 		stamp:              client.Mode() != rueidis.ClientModeCluster,
 		requestWindow:      DefaultRequestIDWindow,
+		legacyRequestKeys:  DefaultLegacyRequestKeys,
 		maxSnapshotRecords: DefaultMaxSnapshotRecords,
 		maxSnapshotBytes:   DefaultMaxSnapshotBytes,
 		observe:            nopObserver{},

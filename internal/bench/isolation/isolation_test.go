@@ -24,6 +24,11 @@
 //   - BenchmarkReadFlood (reads_test.go): callers looping Sections or
 //     ScanSection of the fixture swarm, and the same snapshots read
 //     straight from Redis as a control; the victim timed in paired rounds.
+//   - BenchmarkGreedyLargeBatches: one address keeps 8 batches at the limits
+//     waiting on a replica that does not exist, while a victim on another
+//     address sends 128 KiB batches. Reported: victim-refused (the share per
+//     address, --max-request-bytes-per-caller, at work), attacker-refused,
+//     p99-ratio.
 //
 // FENCED_BENCH_BINARY runs another fenced binary instead of building this
 // tree's (to compare with an older build: the flags used are the defaults
@@ -429,4 +434,89 @@ func BenchmarkReplicaWaitFlood(b *testing.B) {
 	}
 	b.Logf("1,100 waits on attacker-b: %d sent, %d refused; Redis %s; victim p99 idle %v, during %v (%.2fx), %d of %d failed",
 		sent.Load(), refusedWaits.Load(), bc, p99(idle), p99(during), float64(p99(during))/float64(p99(idle)), failed, len(during))
+}
+
+// BenchmarkGreedyLargeBatches: an attacker (127.0.0.1) keeps 8 batches at
+// the limits (8 puts of ~1 MiB: 8.38 MB each, the 8 filling the default
+// 64 MiB budget but 34 KB) waiting on replica_ack {replicas: 1, timeout_ms: 300000} for a
+// replica that does not exist, sending a refused one again after 1 s, while
+// a victim on another address (127.0.0.2) sends 200 batches of one 128 KiB
+// put, one at a time. Reported: the victim's batches refused
+// (victim-refused: before --max-request-bytes-per-caller, the attacker held
+// the whole 64 MiB budget and every one was refused
+// TOO_MANY_BYTES_IN_FLIGHT), the attacker's refused, and the victim's p99
+// over idle.
+func BenchmarkGreedyLargeBatches(b *testing.B) {
+	const attackers, victimBatches = 8, 200
+	srv := redistest.Start(b)
+	f := startFenced(b, srv.URL())
+	from := func(ip net.IP) grpc.DialOption {
+		return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}
+			return d.DialContext(ctx, "tcp", addr)
+		})
+	}
+	vc, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), from(net.IPv4(127, 0, 0, 2)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer vc.Close()
+	value := []byte(`"` + strings.Repeat("v", 128<<10) + `"`)
+	victimRun := func() (lat []time.Duration, refused int) {
+		for i := range victimBatches {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			start := time.Now()
+			_, err := vc.Batch(ctx, "victim-large", nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "k" + strconv.Itoa(i%16), Expected: client.Blind, Value: value}})
+			lat = append(lat, time.Since(start))
+			cancel()
+			if err != nil {
+				refused++
+			}
+		}
+		return lat, refused
+	}
+	idle, _ := victimRun()
+
+	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), from(net.IPv4(127, 0, 0, 1)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer att.Close()
+	big := `"` + strings.Repeat("a", 1_048_000) + `"`
+	ctx, cancel := context.WithCancel(context.Background())
+	var sent, refusedAtt atomic.Int64
+	var wg sync.WaitGroup
+	for i := range attackers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var ws []client.Write
+			for j := range 8 {
+				ws = append(ws, client.Write{Kind: client.Put, Section: "claims", Key: fmt.Sprintf("a%d-%d", i, j), Expected: client.Blind, Value: []byte(big)})
+			}
+			for ctx.Err() == nil {
+				sent.Add(1)
+				_, err := att.Batch(ctx, "attacker-large", nil, ws, client.WithReplicaAck(1, 300*time.Second))
+				if status.Code(err) == codes.ResourceExhausted {
+					refusedAtt.Add(1)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); sent.Load() < attackers && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // the batches arrive and wait
+	during, refused := victimRun()
+	cancel()
+	wg.Wait()
+	b.ReportMetric(float64(refused), "victim-refused")
+	b.ReportMetric(float64(refusedAtt.Load()), "attacker-refused")
+	b.ReportMetric(float64(p99(during))/float64(p99(idle)), "p99-ratio")
+	b.Logf("8 attackers' 8.38 MB batches waiting on a replica: %d sent, %d refused; victim's %d batches of 128 KiB from another address: %d refused, p99 idle %v, during %v",
+		sent.Load(), refusedAtt.Load(), victimBatches, refused, p99(idle), p99(during))
 }

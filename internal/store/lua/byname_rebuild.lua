@@ -15,17 +15,17 @@
 --                            another rebuild runs (another fenced replica)
 --   'release', token      -> { 'OK' }: its claim (and expired ones) removed
 --   'start'               -> { flag }: the '~stale' count now ('0': clean)
---   'add', cursor         -> { cursor, n }: an HSCAN page of executions, each
+--   'add', cursor         -> { cursor, n, us }: an HSCAN page of executions, each
 --                            record's member added (n records)
---   'verify', after       -> { after, removed }: the members after `after`
+--   'verify', after       -> { after, removed, us }: the members after `after`
 --                            ('' = the first), each removed when its record
 --                            does not back it; after '' when done
---   'names', after        -> { after, fixed }: the names after the prefix
+--   'names', after        -> { after, fixed, us }: the names after the prefix
 --                            `after` ('' = the first), each name's by-name
 --                            entry set to the checked top of its range
 --                            (stamped with the swarm revision, which is not
 --                            raised); after '' when done
---   'extras', cursor      -> { cursor, removed }: an HSCAN page of by-name,
+--   'extras', cursor      -> { cursor, removed, us }: an HSCAN page of by-name,
 --                            each entry of a name with no record removed
 --   'finish', flag        -> { 'CLEAN' } when the flag is still what 'start'
 --                            answered and the index holds one member per
@@ -61,6 +61,17 @@ if step == P.REBUILD_CLAIM or step == P.REBUILD_RELEASE then
   return { P.REPLY_OK }
 end
 
+-- timed appends to reply the µs since the step began (a paged step).
+local started = nil
+local function timed(reply)
+  local t = redis.call('TIME')
+  reply[#reply + 1] = int((tonumber(t[1]) - tonumber(started[1])) * 1000000 + tonumber(t[2]) - tonumber(started[2]))
+  return reply
+end
+if step == P.REBUILD_ADD or step == P.REBUILD_VERIFY or step == P.REBUILD_NAMES or step == P.REBUILD_EXTRAS then
+  started = redis.call('TIME')
+end
+
 if step == P.REBUILD_START then
   return { byname.stale_count(INDEX) }
 end
@@ -71,7 +82,7 @@ if step == P.REBUILD_ADD then
   for i = 1, #fields, 2 do
     redis.call('ZADD', INDEX, 0, byname.member(fields[i], byname.stored_agent(fields[i + 1])))
   end
-  return { page[1], string.format('%d', #fields / 2) }
+  return timed({ page[1], string.format('%d', #fields / 2) })
 end
 
 if step == P.REBUILD_VERIFY then
@@ -100,7 +111,7 @@ if step == P.REBUILD_VERIFY then
   if #members == count then
     after = members[#members]
   end
-  return { after, string.format('%d', removed) }
+  return timed({ after, string.format('%d', removed) })
 end
 
 if step == P.REBUILD_NAMES then
@@ -115,7 +126,7 @@ if step == P.REBUILD_NAMES then
   while done < count do
     local first = redis.call('ZRANGEBYLEX', INDEX, from, '(' .. P.FLAG_PREFIX, 'LIMIT', 0, 1)[1]
     if first == nil then
-      return { '', string.format('%d', fixed) }
+      return timed({ '', string.format('%d', fixed) })
     end
     if byname.member_id(first) == nil then
       -- Not a member fenced writes: dropped (it would break the walk).
@@ -139,9 +150,9 @@ if step == P.REBUILD_NAMES then
     -- Only dropped members this step: go on from where it started (from
     -- the start, '' ends the pass; the count check of 'finish' then asks
     -- for another).
-    return { cursor, string.format('%d', fixed) }
+    return timed({ cursor, string.format('%d', fixed) })
   end
-  return { last, string.format('%d', fixed) }
+  return timed({ last, string.format('%d', fixed) })
 end
 
 if step == P.REBUILD_EXTRAS then
@@ -154,7 +165,7 @@ if step == P.REBUILD_EXTRAS then
       removed = removed + 1
     end
   end
-  return { page[1], string.format('%d', removed) }
+  return timed({ page[1], string.format('%d', removed) })
 end
 
 if step == P.REBUILD_FINISH then

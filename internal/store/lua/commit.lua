@@ -9,20 +9,22 @@
 --
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
 -- with byname: KEYS[4] executions, KEYS[5] by-name (by-name-index is
--- derived from it: see byname.lua); in mode 'r', the next key is the batch's request key
--- (P:{slug}:fence:request:<request_id>); then the other sections the batch
+-- derived from it: see byname.lua); in mode 'r', the next key is the swarm's request-ids
+-- hash (P:{slug}:fence:request-ids, lib_memo.lua); then the other sections the batch
 -- names; in mode 's', the last key is P:state:fencing:current.
 --
 -- ARGV[1] '<mode>:<epoch>:<now_ms>:<window_ms>:<digest>:<owner>'. mode:
 --         's' when standalone (stamp the last key), 'l' when the caller
---         checked the document layout (Cluster), 'r' with a request key,
+--         checked the document layout (Cluster), 'r' with a request id,
+--         'k' with 'r' to read and write the legacy request keys too,
 --         '-' for none. epoch: the fence's, '' for an unfenced batch.
 --         now_ms: the caller's clock, '0' when unknown (epoch and now_ms
 --         in base 36: revisions and epochs follow the clock, 14 and 13
 --         decimal digits, and every byte is sent on every commit). window_ms and
---         digest: how long the request key is kept, and the request's
---         digest ('' without a request key). owner: the fence's ('' = any;
---         last, so it may hold ':').
+--         digest: how long the request id is kept, and the request's
+--         digest ('' without a request id). owner: the fence's ('' = any;
+--         last, so it may hold ':'), in mode 'r' after
+--         '<length of the request id>:<request id>'.
 -- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
 -- (put), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
 -- empty) or 'R' (one record of a records check: the Go side sends one such
@@ -40,9 +42,9 @@
 --   {'OK', revision, 'BYNAME_STALE'}  committed; by-name's index was found
 --                                  not to reflect executions (flagged
 --                                  '~stale'): rebuild it (byname_rebuild.lua)
---   {'OK', revision, 'REPLAYED'}   the request key named this request: it
+--   {'OK', revision, 'REPLAYED'}   the request id named this request: it
 --                                  committed before; nothing was written
---   {'REUSED'}                     the request key names another request
+--   {'REUSED'}                     the request id names another request
 --   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices
 --   {'STALE', owner, epoch, expires_at_ms}           '' when no lease
 --   {'LAYOUT_DOCUMENT'}
@@ -71,9 +73,10 @@ end
 caller_now = base36(caller_now)
 local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
 local layout_checked = string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil
-local request_key = nil
+local request_id = nil
 if string.find(mode, P.MODE_REQUEST, 1, true) then
-  request_key = KEYS[fixed_keys + 1]
+  fence_owner = request_begin(KEYS[fixed_keys + 1], fence_owner, string.find(mode, P.MODE_LEGACY_REQUEST, 1, true) ~= nil)
+  request_id = request_id_of()
 end
 
 -- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
@@ -101,23 +104,10 @@ if refusal then
 end
 
 -- A retried request: answer the revision it committed at, write nothing.
-local request_id = nil
-if request_key then
-  request_id = string.match(request_key, P.REQUEST_PATTERN)
-  local prior = redis.call('GET', request_key)
+if request_id then
+  local prior = request_prior(digest)
   if prior then
-    local rev, prior_digest = string.match(prior, '^(%d+):(%x+)$')
-    if rev and prior_digest == digest then
-      -- Rewrite the key as it is (value and TTL) so that the call
-      -- propagates: from Redis 7.2 a connection's WAIT offset moves only
-      -- with commands that propagate, and a WAIT after a replay must cover
-      -- the original commit, whichever connection ran it. pcall: the answer
-      -- is known whatever Redis says (SET is refused when Redis is out of
-      -- memory, or read-only); then the replay writes nothing at all.
-      redis.pcall('SET', request_key, prior, 'KEEPTTL')
-      return { P.REPLY_OK, rev, P.REPLY_REPLAYED }
-    end
-    return { P.REPLY_REUSED }
+    return prior
   end
 end
 
@@ -361,8 +351,8 @@ if byname then
   byname_stale = byname.commit(exec_writes, head)
 end
 
-if request_key then
-  redis.call('SET', request_key, rev .. ':' .. digest, 'PX', window)
+if request_id then
+  request_commit(rev, digest, window)
 end
 finish_commit(rev, layout, changed)
 if byname_stale then

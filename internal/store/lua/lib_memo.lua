@@ -3,8 +3,10 @@
 --
 -- Owns: memo (read directly by lib_record.lua's record_revision,
 -- lib_meta.lua's lease_of and lib_commit.lua's swarm_floor), memo_on,
--- remember, forget.
--- Needs: begin (lib_commit.lua) to set memo_on for each call.
+-- remember, forget; and what a commit remembers of request ids
+-- (request_begin, request_id_of, request_prior, request_commit).
+-- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms
+-- (lib_call.lua), int (lib_json.lua).
 
 -- The memo: fields this library wrote, by their exact bytes, with what
 -- reading them answers (docs/design/03-fenced-batch.md §3.9). A commit reads back, as the
@@ -59,5 +61,97 @@ local function forget(raw)
   if memo_on and raw and memo[raw] ~= nil then
     memo_bytes = memo_bytes - (#raw + MEMO_ENTRY_BYTES)
     memo[raw] = nil
+  end
+end
+
+-- Request ids (docs/design/03-fenced-batch.md §3.5): the swarm's hash
+-- request-ids holds, per request id, '<revision>:<digest>:<expires_ms>'
+-- (digits, hex, digits) of the batch that committed under it. One key per
+-- swarm that exists once created: a commit names only keys that exist, so
+-- Redis Cluster runs it while the swarm's slot migrates (a missing key
+-- there is TRYAGAIN). The layout before it, a string key
+-- P:{slug}:fence:request:<id> = '<revision>:<digest>' with a PX, is read
+-- and written too in legacy mode (during a rolling upgrade), derived from
+-- the hash's key and not declared, by redis.pcall: refused (on Cluster, a
+-- key of a migrating slot not on this node), it is left out.
+local REQUEST_PRUNE = 2
+local request_ids_key, request_id, request_legacy = nil, nil, false
+
+-- request_begin takes the request id out of field, '<length>:<id><rest>',
+-- and answers rest; key is the request-ids hash, legacy whether the legacy
+-- keys are read and written.
+local function request_begin(key, field, legacy)
+  local len, rest = string.match(field, '^(%d+):(.*)$')
+  len = tonumber(len)
+  request_ids_key, request_id, request_legacy = key, string.sub(rest, 1, len), legacy
+  return string.sub(rest, len + 1)
+end
+
+-- request_id_of is the request id of this call (after request_begin).
+local function request_id_of()
+  return request_id
+end
+
+local function request_legacy_key()
+  return string.sub(request_ids_key, 1, #request_ids_key - #P.KEY_REQUEST_IDS) .. P.KEY_REQUEST_PREFIX .. request_id
+end
+
+-- request_prior answers the reply of a request already committed: the
+-- revision it committed at (replayed) when its entry names digest,
+-- REUSED when it names another request, nil when none is remembered (or
+-- its entry expired). A replay rewrites the entry as it is (pcall) so
+-- that the call propagates: from Redis 7.2 a connection's WAIT offset
+-- moves only with commands that propagate.
+local function request_prior(digest)
+  local prior = redis.call('HGET', request_ids_key, request_id)
+  if prior then
+    local rev, prior_digest, expires = string.match(prior, '^(%d+):(%x+):(%d+)$')
+    if rev and tonumber(expires) > now_ms() then
+      if prior_digest ~= digest then
+        return { P.REPLY_REUSED }
+      end
+      redis.pcall('HSET', request_ids_key, request_id, prior)
+      return { P.REPLY_OK, rev, P.REPLY_REPLAYED }
+    end
+  end
+  if request_legacy then
+    local key = request_legacy_key()
+    local old = redis.pcall('GET', key)
+    if type(old) == 'string' then
+      local rev, prior_digest = string.match(old, '^(%d+):(%x+)$')
+      if rev and prior_digest == digest then
+        redis.pcall('SET', key, old, 'KEEPTTL')
+        return { P.REPLY_OK, rev, P.REPLY_REPLAYED }
+      end
+      return { P.REPLY_REUSED }
+    end
+  end
+  return nil
+end
+
+-- request_commit remembers the request as committed at rev (digits) for
+-- window_ms, after dropping the expired ids among REQUEST_PRUNE of the
+-- hash's fields picked at random (HRANDFIELD: each commit with an id adds
+-- one and looks at two, so at most about half the hash is expired ids
+-- however the rate changes (four cost a commit ~10 µs more of Redis time:
+-- BenchmarkRequestIDCommit); the hash never empties: the new id is set
+-- after).
+local function request_commit(rev, digest, window_ms)
+  local now = now_ms()
+  local sample = redis.call('HRANDFIELD', request_ids_key, REQUEST_PRUNE, 'WITHVALUES')
+  local expired = {}
+  for i = 1, #sample, 2 do
+    local expires = string.match(sample[i + 1], ':(%d+)$')
+    if expires == nil or tonumber(expires) <= now then
+      expired[#expired + 1] = sample[i]
+    end
+  end
+  if #expired > 0 then
+    redis.call('HDEL', request_ids_key, unpack(expired))
+  end
+  local value = rev .. ':' .. digest
+  redis.call('HSET', request_ids_key, request_id, value .. ':' .. int(now + tonumber(window_ms)))
+  if request_legacy then
+    redis.pcall('SET', request_legacy_key(), value, 'PX', window_ms)
   end
 end

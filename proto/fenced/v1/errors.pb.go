@@ -143,9 +143,17 @@ const (
 	// hold as many bytes as it allows (--max-request-bytes-in-flight); this
 	// one, over 64 KiB (smaller requests are never refused for bytes), was
 	// refused as soon as it was read, before anything was written.
-	// Retry later, with a backoff: it is load, not the request. Metadata:
-	// "request_bytes" (this request's size) and "max_bytes_in_flight" (the
-	// bound), in bytes.
+	// Or the calls from the caller's address already hold its share
+	// (--max-request-bytes-per-caller). Retry later, with a backoff: it is
+	// load, not the request. Metadata, in bytes: "request_bytes" (this
+	// request's size), "max_bytes_in_flight" (the bound),
+	// "max_bytes_in_flight_per_caller" (the share) and, when the share
+	// refused it, "caller_bytes_in_flight" (what the caller's other calls
+	// hold). A read (Sections, ScanSection, Record) is refused with it too
+	// when answers its address has not read (no HTTP/2 flow-control
+	// credit) hold --max-unread-answer-bytes-per-caller: metadata
+	// "unread_answer_bytes", "max_unread_answer_bytes" and, when its answer
+	// was built, "answer_bytes"; read what was answered, then retry.
 	ErrorReason_TOO_MANY_BYTES_IN_FLIGHT ErrorReason_Reason = 34
 	// FAILED_PRECONDITION: AdminService.Migrate found a section in the
 	// swarm's document that fenced is not configured to serve (its
@@ -154,6 +162,16 @@ const (
 	// or remove it from the document, then migrate again. Metadata:
 	// "sections" (the names, comma-separated, in the document's order).
 	ErrorReason_SECTION_NOT_SERVED ErrorReason_Reason = 35
+	// DEADLINE_EXCEEDED: a FencedBatch's deadline passed after fenced sent
+	// it to Redis and before the answer came: the batch may still commit
+	// (Redis runs a script it was sent, whenever it gets to it), so its
+	// outcome is unknown. Resend it under the same request_id, within the
+	// window (--request-id-window): a committed batch answers replayed, one
+	// that did not commit runs; without a request_id, read before rerunning.
+	// Metadata: "request_id" (the batch's, when it has one). A caller whose
+	// own deadline passed first sees its client's DEADLINE_EXCEEDED without
+	// it; the outcome is as unknown.
+	ErrorReason_OUTCOME_UNKNOWN ErrorReason_Reason = 36
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -195,6 +213,7 @@ var (
 		33: "WATCHER_TOO_SLOW",
 		34: "TOO_MANY_BYTES_IN_FLIGHT",
 		35: "SECTION_NOT_SERVED",
+		36: "OUTCOME_UNKNOWN",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -233,6 +252,7 @@ var (
 		"WATCHER_TOO_SLOW":         33,
 		"TOO_MANY_BYTES_IN_FLIGHT": 34,
 		"SECTION_NOT_SERVED":       35,
+		"OUTCOME_UNKNOWN":          36,
 	}
 )
 
@@ -319,8 +339,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xc6\x06\n" +
-	"\vErrorReason\"\xb6\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xdb\x06\n" +
+	"\vErrorReason\"\xcb\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -360,7 +380,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x11TOO_MANY_WATCHERS\x10 \x12\x14\n" +
 	"\x10WATCHER_TOO_SLOW\x10!\x12\x1c\n" +
 	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"\x12\x16\n" +
-	"\x12SECTION_NOT_SERVED\x10#B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x12SECTION_NOT_SERVED\x10#\x12\x13\n" +
+	"\x0fOUTCOME_UNKNOWN\x10$B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

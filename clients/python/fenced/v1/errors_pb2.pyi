@@ -14,6 +14,7 @@ class ErrorReason(_message.Message):
     LEASE_HELD: ErrorReason.Reason
     LEASE_STALE: ErrorReason.Reason
     METHOD_NOT_PERMITTED: ErrorReason.Reason
+    OUTCOME_UNKNOWN: ErrorReason.Reason
     REASON_UNSPECIFIED: ErrorReason.Reason
     RECORD_CORRUPT: ErrorReason.Reason
     REDIS_BUSY: ErrorReason.Reason
