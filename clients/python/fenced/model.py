@@ -20,6 +20,8 @@ __all__ = [
     "Layout",
     "Lease",
     "LeaseFence",
+    "MigratedSection",
+    "Migration",
     "Page",
     "Put",
     "Record",
@@ -286,3 +288,38 @@ class Event:
     truncated: bool = False
     sections: tuple[str, ...] = ()
     progress: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MigratedSection:
+    """What a migration writes (or would write) for one section.
+
+    Attributes:
+        name: the section ("meta": meta records and the layout marker).
+        records: records written in it.
+        bytes: bytes of their values, as stored.
+    """
+
+    name: str
+    records: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """The answer of a migration (AdminService.Migrate) or of its dry run.
+
+    Attributes:
+        records: records written (dry run: that would be), meta records and the
+            layout marker included; 0 when already moved or without state.
+        revision: the revision every written record carries; 0 when nothing was written.
+        sections: the plan, one entry per section written, meta last.
+        already_moved: the swarm was on the records layout already.
+        no_state: the swarm has no fencing state.
+    """
+
+    records: int
+    revision: int
+    sections: tuple[MigratedSection, ...] = ()
+    already_moved: bool = False
+    no_state: bool = False

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import signal
 import threading
 from typing import Callable, Optional
 
@@ -10,7 +13,7 @@ import grpc
 import pytest
 
 import fenced
-from conftest import Fenced, Redis, swarm_key
+from conftest import WAIT_S, Fenced, Redis, swarm_key, wait_until
 from fenced.v1 import records_pb2
 
 
@@ -316,3 +319,123 @@ def test_rerun_wait_is_the_go_clients() -> None:
     assert update._RERUN_MAX_S == duration_s(const("RerunWaitMax"))
     assert update._RERUN_RANDOMISATION == float(const("RerunWaitRandomization"))
     assert fenced.MAX_UPDATE_ATTEMPTS == int(const("MaxUpdateAttempts"))
+
+
+class Outcomes(grpc.UnaryUnaryClientInterceptor):
+    """Records every FencedBatch: its request id and how it ended (the
+    response, or the status code)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self._mu = threading.Lock()
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        outcome = continuation(details, request)
+        if details.method.endswith("/FencedBatch"):
+            try:
+                got: object = outcome.result()
+            except grpc.RpcError as e:
+                got = e.code()
+            with self._mu:
+                self.calls.append((request.request_id, got))
+        return outcome
+
+
+def _stopping_change(redis: Redis, stopped: list[bool]) -> Callable[[fenced.Txn], None]:
+    """A change that reads, then SIGSTOPs redis (once): its batch reaches a
+    Redis that answers nothing until SIGCONT."""
+
+    def change(tx: fenced.Txn) -> None:
+        v = tx.get_json("operations", "counter", {"n": 0})
+        tx.put_json("operations", "counter", {"n": v["n"] + 1})
+        if not stopped:
+            stopped.append(True)
+            os.kill(redis.proc.pid, signal.SIGSTOP)
+
+    return change
+
+
+def test_update_resends_a_batch_whose_call_deadline_passed_under_the_same_id(start_fenced, slug: str) -> None:  # type: ignore[no-untyped-def]
+    """A batch whose call passed its deadline (Redis stopped under it) may
+    have committed: update resends it under the same request id, logging the
+    resend, and the resend answers the original revision, replayed. (Before:
+    update raised the DEADLINE_EXCEEDED at once and never resent.)"""
+    f, r = start_fenced()
+    rec = Outcomes()
+    ch = grpc.intercept_channel(grpc.insecure_channel(f.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
+    c = fenced.Client.from_channel(ch, timeout=1.0)
+    resumed: list[str] = []
+
+    class Resume(logging.Handler):
+        """On update's first resend: SIGCONT Redis and wait (a hang bound)
+        until the first attempt's commit is in the log, so the resend meets it."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            rid = getattr(record, "request_id", "")
+            if resumed or not rid:
+                return
+            resumed.append(rid)
+            os.kill(r.proc.pid, signal.SIGCONT)
+            wait_until(lambda: any(e.get("request_id") == rid for e in log_entries(r, slug)),
+                       "the first attempt's commit")
+
+    handler = Resume(level=logging.WARNING)
+    logger = logging.getLogger("fenced.update")
+    logger.addHandler(handler)
+    stopped: list[bool] = []
+    try:
+        rev = c.update(slug, _stopping_change(r, stopped), timeout=WAIT_S)
+    finally:
+        logger.removeHandler(handler)
+        os.kill(r.proc.pid, signal.SIGCONT)
+        ch.close()
+    assert resumed, "update did not log a resend"
+    rid = resumed[0]
+    assert [i for i, _ in rec.calls] == [rid] * len(rec.calls) and len(rec.calls) >= 2, rec.calls
+    assert rec.calls[0][1] == grpc.StatusCode.DEADLINE_EXCEEDED
+    last = rec.calls[-1][1]
+    assert isinstance(last, records_pb2.FencedBatchResponse) and last.replayed and last.revision == rev
+    log = [e for e in log_entries(r, slug) if e.get("request_id") == rid]
+    assert len(log) == 1  # committed once
+    with fenced.Client(f.addr) as check:
+        assert check.record(slug, "operations", "counter") == fenced.Record(rev, '{"n":1}')
+
+
+def test_update_gives_up_at_its_timeout_naming_the_request_id(start_fenced, slug: str) -> None:  # type: ignore[no-untyped-def]
+    """Redis stays stopped: update raises DeadlineExceeded once its own
+    timeout passes, with the request id its batch went under; that batch
+    commits once Redis is back, and only once. (Before: a plain FencedError
+    DEADLINE_EXCEEDED with no request id, and no overall timeout.)"""
+    f, r = start_fenced()
+    rec = Outcomes()
+    ch = grpc.intercept_channel(grpc.insecure_channel(f.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
+    c = fenced.Client.from_channel(ch, timeout=0.5)
+    stopped: list[bool] = []
+    try:
+        with pytest.raises(fenced.DeadlineExceeded) as e:
+            c.update(slug, _stopping_change(r, stopped), timeout=2.0)
+    finally:
+        os.kill(r.proc.pid, signal.SIGCONT)
+    err = e.value
+    assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED and isinstance(err, fenced.Unavailable)
+    assert err.request_id and [i for i, _ in rec.calls] == [err.request_id] * len(rec.calls) and rec.calls, rec.calls
+    assert "timeout of 2s passed" in str(err) and err.request_id in str(err)
+    wait_until(lambda: any(x.get("request_id") == err.request_id for x in log_entries(r, slug)), "the batch's commit")
+    # Resent now under that id, the batch answers its commit, replayed.
+    again = c.fenced_batch(slug, [fenced.Put("operations", "counter", 0, '{"n":1}')], request_id=err.request_id)
+    assert again.replayed
+    assert len([x for x in log_entries(r, slug) if x.get("request_id") == err.request_id]) == 1
+    ch.close()
+
+
+def test_every_error_of_a_batch_carries_its_request_id(client: fenced.Client, slug: str) -> None:
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    with pytest.raises(fenced.RevisionConflict) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")], request_id="rid-conflict")
+    assert e.value.request_id == "rid-conflict" and "rid-conflict" in str(e.value)
+    with pytest.raises(fenced.StaleLease) as s:
+        client.update(slug, lambda tx: tx.put("claims", "b", "1"), fence=fenced.LeaseFence("ghost", 9))
+    assert len(s.value.request_id) == 32
+    with pytest.raises(fenced.RevisionConflict) as n:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")])
+    assert n.value.request_id == ""
