@@ -32,12 +32,14 @@ import (
 
 // Client calls one fenced deployment. It is safe for concurrent use.
 //
-// It remembers the highest swarm revision it has seen per swarm (from every
-// read, commit and lease change): fenced issues every revision above every
-// earlier one, even after Redis lost acknowledged writes, so a read showing
-// a lower swarm revision means Redis lost data the client saw. That read
-// fails with ErrRevisionWentBackwards (*RevisionWentBackwardsError), once:
-// the client then goes on from the lower revision.
+// It remembers the latest swarm revision it has seen per swarm (from every
+// read, commit and lease change, in issue order: CompareRevisions): fenced
+// issues every revision after every earlier one, even after Redis lost
+// acknowledged writes, so a read showing an earlier swarm revision means
+// Redis lost data the client saw. That read fails with
+// ErrRevisionWentBackwards (*RevisionWentBackwardsError), once: the client
+// then goes on from the earlier revision. A swarm moving from fenced's
+// former 16-digit revisions to its 14-digit ones is not going backwards.
 type Client struct {
 	conn    *grpc.ClientConn // nil when built with New
 	records fencedv1.RecordsServiceClient
@@ -49,7 +51,7 @@ type Client struct {
 	plainWatch atomic.Bool
 
 	mu   sync.Mutex
-	seen map[string]int64 // slug -> highest swarm revision seen
+	seen map[string]int64 // slug -> latest swarm revision seen
 }
 
 // saw records a swarm revision a commit or lease change answered: it only
@@ -57,12 +59,12 @@ type Client struct {
 func (c *Client) saw(slug string, revision int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if revision > c.seen[slug] {
+	if laterRevision(revision, c.seen[slug]) {
 		c.seen[slug] = revision
 	}
 }
 
-// mark is the highest swarm revision seen so far: a read takes it before
+// mark is the latest swarm revision seen so far: a read takes it before
 // it is sent, and compares its answer with it (a commit that ends while the
 // read is in flight may have a higher revision than the read's, rightly).
 func (c *Client) mark(slug string) int64 {
@@ -72,20 +74,20 @@ func (c *Client) mark(slug string) int64 {
 }
 
 // read records the swarm revision a read answered, given the mark taken
-// before the read was sent: *RevisionWentBackwardsError when it is below
+// before the read was sent: *RevisionWentBackwardsError when it is earlier
 // (the mark then moves down to it, unless a later answer raised it
 // meanwhile, so that the caller is told once), else nil. 0 (no batch ever
 // committed, as after a restart without persistence) counts too.
 func (c *Client) read(slug string, before, revision int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if revision < before {
+	if laterRevision(before, revision) {
 		if c.seen[slug] == before {
 			c.seen[slug] = revision
 		}
 		return &RevisionWentBackwardsError{Slug: slug, Highest: before, Revision: revision}
 	}
-	if revision > c.seen[slug] {
+	if laterRevision(revision, c.seen[slug]) {
 		c.seen[slug] = revision
 	}
 	return nil
@@ -308,8 +310,17 @@ const (
 	Put    = fencedv1.WriteKind_WRITE_KIND_PUT
 	Delete = fencedv1.WriteKind_WRITE_KIND_DELETE
 	Check  = fencedv1.WriteKind_WRITE_KIND_CHECK
-	// CheckSection compares a section's revision; Key is empty.
+	// CheckSection compares a section's revision; Key is empty. It also
+	// catches records inserted since the read, but not the changes of a
+	// writer that bypasses fenced (it raises no section revision), and it
+	// conflicts on every insert into the section.
 	CheckSection = fencedv1.WriteKind_WRITE_KIND_CHECK_SECTION
+	// CheckRecords compares the revision of every record in Checks (of
+	// Section); Key is empty and Expected 0. One such write counts as one
+	// write of the batch whatever its pairs (at most the server's
+	// --max-checks, default 20000, in all; their keys count in
+	// --max-batch-value-bytes). How Update fences a section read whole.
+	CheckRecords = fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS
 )
 
 // Blind is the Expected revision that disables a write's check.
@@ -323,6 +334,15 @@ type Write struct {
 	Key      string
 	Expected int64
 	Value    json.RawMessage
+	// Checks are the records a CheckRecords compares; nil for other kinds.
+	Checks []RecordCheck
+}
+
+// RecordCheck is one record of a CheckRecords write: Key must be stored at
+// revision Expected (0: must be absent; never Blind).
+type RecordCheck struct {
+	Key      string
+	Expected int64
 }
 
 // BatchOption sets an optional field of a FencedBatch.
@@ -359,6 +379,13 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
 		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value)}
+		if len(w.Checks) > 0 {
+			checks := make([]*fencedv1.RecordCheck, len(w.Checks))
+			for j, c := range w.Checks {
+				checks[j] = &fencedv1.RecordCheck{Key: c.Key, Expected: c.Expected}
+			}
+			req.Writes[i].Checks = checks
+		}
 	}
 	for _, o := range opts {
 		o(req)

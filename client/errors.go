@@ -36,17 +36,17 @@ var (
 	// replicas than asked acknowledged it in time. As *ReplicationError;
 	// also matches ErrUnavailable.
 	ErrReplicationTimeout = errors.New("fenced: replication timeout")
-	// ErrRevisionLimit: the batch or lease change would take a revision or
-	// epoch past 2^53-1 (OUT_OF_RANGE, reason REVISION_LIMIT); nothing was
-	// written. Only a swarm whose stored numbers were set by hand gets
-	// there: repair them.
+	// ErrRevisionLimit: the batch or lease change would issue a revision
+	// or epoch past 10^14-1, or meets a stored number past 2^53-1
+	// (OUT_OF_RANGE, reason REVISION_LIMIT); nothing was written. Only a
+	// swarm whose stored numbers were set by hand gets there: repair them.
 	ErrRevisionLimit = errors.New("fenced: revision limit")
-	// ErrRevisionWentBackwards: a read showed a swarm revision below one
-	// this client saw before: Redis lost acknowledged writes (a crash, a
-	// failover to a lagging replica, a restored snapshot). Records read or
-	// written since may be gone; fenced never issues those revisions again,
-	// so stale expectations fail as conflicts. As
-	// *RevisionWentBackwardsError.
+	// ErrRevisionWentBackwards: a read showed a swarm revision earlier
+	// (CompareRevisions) than one this client saw before: Redis lost
+	// acknowledged writes (a crash, a failover to a lagging replica, a
+	// restored snapshot). Records read or written since may be gone;
+	// fenced never issues those revisions again, so stale expectations
+	// fail as conflicts. As *RevisionWentBackwardsError.
 	ErrRevisionWentBackwards = errors.New("fenced: swarm revision went backwards")
 	// ErrKeptChanging: Update met a revision conflict on every attempt.
 	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
@@ -142,8 +142,8 @@ func (e *RedisRefusalError) Unwrap() error { return e.Err }
 // RevisionWentBackwardsError is ErrRevisionWentBackwards for one swarm.
 type RevisionWentBackwardsError struct {
 	Slug string
-	// Highest is the highest swarm revision the client had seen; Revision
-	// the lower one the read answered.
+	// Highest is the latest swarm revision the client had seen; Revision
+	// the earlier one the read answered (CompareRevisions).
 	Highest, Revision int64
 }
 

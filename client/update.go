@@ -35,9 +35,10 @@ const (
 // each key, and whether a section was read whole (iterated, counted,
 // copied). The result is diffed into puts and deletes expecting the
 // revisions they were read at, plus a check of every record read but not
-// written (every record of a section read whole), and sent as one
-// FencedBatch under fence (nil: unfenced). A change that writes nothing
-// sends nothing and answers the highest revision it saw.
+// written: the records of a section read whole in one CheckRecords write
+// per section (or one CheckSection for a section read PhantomProof), and
+// sent as one FencedBatch under fence (nil: unfenced). A change that writes
+// nothing sends nothing and answers the highest revision it saw.
 //
 // On a revision conflict (ABORTED) Update waits (2 ms, doubling up to 256
 // ms, ±50 %: RerunWaitInitial), reads
@@ -64,7 +65,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		attempts++
 		tx := &Txn{ctx: ctx, c: c, slug: slug,
 			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
-			sectionRevs: map[string]int64{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
+			sectionRevs: map[string]int64{}, phantomProof: map[string]bool{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
 		if err := change(tx); err != nil {
 			return 0, backoff.Permanent(err)
 		}
@@ -137,15 +138,17 @@ type Txn struct {
 	read     map[ref]Record
 	absent   map[ref]bool
 	sections map[string]map[string]Record
-	// sectionRevs: the section revision of each section loaded whole.
-	sectionRevs map[string]int64
-	whole       map[string]bool
-	pending     map[ref]*pendingWrite
-	order       []ref // first-write order of pending
-	seen        int64 // the highest swarm revision seen
+	// sectionRevs: the section revision of each section loaded whole;
+	// phantomProof: the sections read with PhantomProof.
+	sectionRevs  map[string]int64
+	phantomProof map[string]bool
+	whole        map[string]bool
+	pending      map[ref]*pendingWrite
+	order        []ref // first-write order of pending
+	seen         int64 // the latest swarm revision seen (CompareRevisions)
 }
 
-func (tx *Txn) see(rev int64) { tx.seen = max(tx.seen, rev) }
+func (tx *Txn) see(rev int64) { tx.seen = latestRevision(tx.seen, rev) }
 
 // lookup reads (section, key) as of the Txn's first read of it.
 func (tx *Txn) lookup(r ref) (Record, bool, error) {
@@ -230,13 +233,39 @@ func (tx *Txn) write(r ref, p *pendingWrite) error {
 	return nil
 }
 
+// SectionOption chooses how a section read whole is checked at commit.
+type SectionOption func(*sectionOptions)
+
+type sectionOptions struct{ phantomProof bool }
+
+// PhantomProof has a section read whole fenced by the section's revision
+// (one CheckSection write) instead of by the records it held: the batch
+// then also conflicts with records inserted into the section since the
+// read (phantoms), by anyone, so a busy section's update may rerun until
+// ErrKeptChanging. Its caveat: section revisions are kept by fenced alone;
+// a writer that bypasses fenced (an older Lua batch writing the hash)
+// raises none, so its changes to the records read are missed. Use it only
+// when every writer of the section goes through fenced and the change
+// depends on no record having been added.
+func PhantomProof() SectionOption { return func(o *sectionOptions) { o.phantomProof = true } }
+
 // Section loads a whole section (one snapshot, on first use) and returns a
-// view of it. Reading single keys through it checks only those keys;
-// iterating, counting or copying it fences the batch on the section's
-// revision (one WRITE_KIND_CHECK_SECTION), which also catches records
-// inserted meanwhile. Section revisions are kept by fenced: a record
-// changed by a writer that bypasses fenced does not raise it.
-func (tx *Txn) Section(name string) (*Section, error) {
+// view of it. Reading single keys through it checks only those keys.
+// Iterating, counting or copying it fences the batch by every record the
+// section held when read (one CheckRecords write: each record must still
+// be at the revision read, absent ones absent), the rule of the in-house
+// fencing.write: it catches every writer's changes to those records,
+// fenced's or not, and lets inserts of other keys through. With
+// PhantomProof (in any call of the Txn for name) the section is fenced on
+// its revision instead: see there for what that catches and misses.
+func (tx *Txn) Section(name string, opts ...SectionOption) (*Section, error) {
+	var o sectionOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.phantomProof {
+		tx.phantomProof[name] = true
+	}
 	if _, ok := tx.sections[name]; !ok {
 		snap, err := tx.c.Snapshot(tx.ctx, tx.slug, name)
 		if err != nil {
@@ -331,13 +360,9 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 	if len(writes) == 0 {
 		return nil, false
 	}
-	// A section read whole is fenced by one section check, whatever its
-	// size: it also catches records inserted since (phantoms). A record of
-	// it read on its own at another revision than the snapshot's is still
-	// checked by itself (it changed between the two reads).
-	for _, name := range slices.Sorted(maps.Keys(tx.whole)) {
-		writes = append(writes, Write{Kind: CheckSection, Section: name, Expected: tx.sectionRevs[name]})
-	}
+	// A record of a section read whole that was also read on its own at
+	// another revision than the snapshot's (it changed between the two
+	// reads) is checked by itself, not by the section's check.
 	coveredBySection := func(r ref) bool {
 		if !tx.whole[r.section] {
 			return false
@@ -347,6 +372,34 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 			return inSnap && snap.Revision == rec.Revision
 		}
 		return !inSnap // read as absent, and absent from the snapshot
+	}
+	// A section read whole is fenced by one write, whatever its size: a
+	// CheckRecords of every record of the snapshot and every key of it read
+	// as absent (unless written, or checked by itself), or with
+	// PhantomProof a CheckSection at the section revision read.
+	for _, name := range slices.Sorted(maps.Keys(tx.whole)) {
+		if tx.phantomProof[name] {
+			writes = append(writes, Write{Kind: CheckSection, Section: name, Expected: tx.sectionRevs[name]})
+			continue
+		}
+		snap := tx.sections[name]
+		var checks []RecordCheck
+		for k, rec := range snap {
+			r := ref{name, k}
+			_, read := tx.read[r]
+			if !written[r] && (!read && !tx.absent[r] || coveredBySection(r)) {
+				checks = append(checks, RecordCheck{Key: k, Expected: rec.Revision})
+			}
+		}
+		for r := range tx.absent {
+			if r.section == name && !written[r] && coveredBySection(r) {
+				checks = append(checks, RecordCheck{Key: r.key, Expected: 0})
+			}
+		}
+		slices.SortFunc(checks, func(a, b RecordCheck) int { return compare(a.Key, b.Key) })
+		if len(checks) > 0 {
+			writes = append(writes, Write{Kind: CheckRecords, Section: name, Checks: checks})
+		}
 	}
 	checked := map[ref]bool{}
 	check := func(r ref) {

@@ -1,7 +1,9 @@
 package client_test
 
 // Through the Go client: Update fences a section read whole with one
-// WRITE_KIND_CHECK_SECTION whatever its size and reruns on a phantom; Update
+// write whatever its size (one WRITE_KIND_CHECK_RECORDS, which lets a
+// phantom through; with PhantomProof one WRITE_KIND_CHECK_SECTION, which
+// reruns on it); Update
 // resends a batch whose reply was lost under the same request id;
 // replication timeouts decode to *ReplicationError; ScanSection reports
 // whether the section changed during the scan.
@@ -88,13 +90,64 @@ func seedSection(t *testing.T, c *client.Client, slug, section string, n int) ma
 	return want
 }
 
-// TestUpdateFencesWholeSectionWithOneCheck: a change that counts a
-// 500-record section conflicts with a concurrent insert of a new record into
-// it (a phantom, which per-record checks cannot catch), and its rerun
-// commits the new count. Each batch it sends holds exactly one
-// WRITE_KIND_CHECK_SECTION for that section, at the section revision read,
-// and no per-record check of it: two writes, whatever the section's size.
-func TestUpdateFencesWholeSectionWithOneCheck(t *testing.T) {
+// TestUpdateFencesWholeSectionWithOneRecordsCheck: a change that counts a
+// 500-record section commits at once despite a concurrent insert of a new
+// record into it (the in-house rule: inserts of other keys pass). Its
+// batch holds one WRITE_KIND_CHECK_RECORDS of the 500 records at the
+// revisions read (key-0007, also read by key, among them) and the put:
+// two writes, whatever the section's size.
+func TestUpdateFencesWholeSectionWithOneRecordsCheck(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	rec := &batchRecorder{}
+	c := recordingClient(t, f.addr, rec)
+	ctx, slug := ctxT(t), newSlug(t)
+	seedSection(t, f.c, slug, "claims", 500)
+	seeded := f.revision(t, slug)
+	runs := 0
+	_, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		runs++
+		s, err := tx.Section("claims")
+		if err != nil {
+			return err
+		}
+		n := s.Len()
+		if _, ok, err := s.Get("key-0007"); err != nil || !ok {
+			return fmt.Errorf("claims/key-0007: present %v, %v", ok, err)
+		}
+		if _, err := f.c.Batch(ctx, slug, nil, []client.Write{
+			{Kind: client.Put, Section: "claims", Key: "phantom", Expected: 0, Value: json.RawMessage(`{"new":true}`)}}); err != nil {
+			return fmt.Errorf("phantom insert: %w", err)
+		}
+		return tx.PutJSON("operations", "claims-count", n)
+	})
+	if err != nil || runs != 1 {
+		t.Fatalf("Update = %v after %d runs, want a commit at the first", err, runs)
+	}
+	sent := rec.sent()
+	if len(sent) != 1 || len(sent[0].GetWrites()) != 2 {
+		t.Fatalf("Update sent %v, want one batch of two writes", sent)
+	}
+	rc := sent[0].GetWrites()[1]
+	if rc.GetKind() != fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS || rc.GetSection() != "claims" || len(rc.GetChecks()) != 500 {
+		t.Fatalf("second write = %v %s with %d pairs, want a records check of claims with 500", rc.GetKind(), rc.GetSection(), len(rc.GetChecks()))
+	}
+	for i, p := range rc.GetChecks() {
+		if p.GetKey() != fmt.Sprintf("key-%04d", i) || p.GetExpected() != seeded {
+			t.Errorf("pair %d = %s@%d, want key-%04d@%d", i, p.GetKey(), p.GetExpected(), i, seeded)
+			break
+		}
+	}
+}
+
+// TestUpdatePhantomProofFencesWholeSectionWithOneSectionCheck: with
+// client.PhantomProof, a change that counts a 500-record section conflicts
+// with a concurrent insert of a new record into it (a phantom, which
+// per-record checks cannot catch), and its rerun commits the new count.
+// Each batch it sends holds exactly one WRITE_KIND_CHECK_SECTION for that
+// section, at the section revision read, and no per-record check of it:
+// two writes, whatever the section's size.
+func TestUpdatePhantomProofFencesWholeSectionWithOneSectionCheck(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	rec := &batchRecorder{}
@@ -108,7 +161,7 @@ func TestUpdateFencesWholeSectionWithOneCheck(t *testing.T) {
 	var sectionRevs []int64
 	rev, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
 		runs++
-		s, err := tx.Section("claims")
+		s, err := tx.Section("claims", client.PhantomProof())
 		if err != nil {
 			return err
 		}

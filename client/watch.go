@@ -59,7 +59,8 @@ type Change struct {
 
 // Event is one committed batch of a watched swarm.
 type Event struct {
-	// Revision the batch committed at; events come in increasing order.
+	// Revision the batch committed at; events come in issue order
+	// (CompareRevisions).
 	Revision int64
 	// Owner is the lease owner that fenced the batch ("" when unfenced).
 	Owner string
@@ -96,7 +97,7 @@ func WatchSections(names ...string) WatchOption {
 func WatchProgress() WatchOption { return func(c *watchConfig) { c.progress = true } }
 
 // Watch follows a swarm's committed batches after revision from (0: from
-// now), in revision order, each once, until ctx ends or an error that a
+// now), in issue order (CompareRevisions), each once, until ctx ends or an error that a
 // reconnect cannot mend. A broken stream (fenced restarting, a connection
 // lost, Redis unreachable for a while, the server dropping a watcher that
 // read too slowly) is reopened from the last revision seen, with backoff
@@ -151,7 +152,7 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 				}
 				wait.Reset()
 				for _, e := range resp.GetEvents() {
-					from = max(from, e.GetRevision())
+					from = latestRevision(from, e.GetRevision())
 					if e.GetProgress() && !cfg.progress {
 						continue
 					}

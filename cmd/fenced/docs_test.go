@@ -22,9 +22,19 @@ type docFlag struct {
 	defaultVal string // "" when the row gives none (an italic note: off, none, plaintext)
 }
 
-// configurationTable reads the rows of the table whose header is
-// "| flag | env | default | meaning |", keyed by flag name without "--".
+// migrationDoc is the user's page of fenced migrate, with a table of the
+// flags it has and fenced serve has not.
+const migrationDoc = "../../docs/migration.md"
+
+// configurationTable reads the rows of configurationDoc's flag table.
 func configurationTable(t *testing.T) map[string]docFlag {
+	t.Helper()
+	return flagTable(t, configurationDoc)
+}
+
+// flagTable reads the rows of the table of doc whose header is
+// "| flag | env | default | meaning |", keyed by flag name without "--".
+func flagTable(t *testing.T, configurationDoc string) map[string]docFlag {
 	t.Helper()
 	raw, err := os.ReadFile(configurationDoc)
 	if err != nil {
@@ -119,5 +129,50 @@ func TestConfigurationTableMatchesTheFlags(t *testing.T) {
 	}
 	if flags < 40 {
 		t.Errorf("fenced serve has %d flags as read here; want its 50-odd: the model walk is broken", flags)
+	}
+}
+
+// TestMigrationTableMatchesTheFlags: docs/migration.md has one row for
+// every flag of "fenced migrate" that fenced serve does not have (those are
+// configuration.md's) and none other, each with its environment variables
+// and default.
+func TestMigrationTableMatchesTheFlags(t *testing.T) {
+	parser, err := kong.New(&cli{}, kong.Name("fenced"), kong.Exit(func(int) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]*kong.Node{}
+	for _, n := range parser.Model.Children {
+		nodes[n.Name] = n
+	}
+	serveFlags := map[string]bool{}
+	for _, group := range nodes["serve"].AllFlags(false) {
+		for _, f := range group {
+			serveFlags[f.Name] = true
+		}
+	}
+	rows := flagTable(t, migrationDoc)
+	for _, group := range nodes["migrate"].AllFlags(false) {
+		for _, f := range group {
+			if f.Name == "help" || (serveFlags[f.Name] && f.Name != "sections") {
+				continue
+			}
+			row, ok := rows[f.Name]
+			if !ok {
+				t.Errorf("%s has no row for --%s (env %v, default %q)", migrationDoc, f.Name, f.Envs, f.Default)
+				continue
+			}
+			delete(rows, f.Name)
+			want := f.Default
+			if want == "" && f.IsBool() {
+				want = "false"
+			}
+			if !slices.Equal(row.envs, f.Envs) || row.defaultVal != want {
+				t.Errorf("%s:%d: --%s env %q default %q; the flag reads %q, default %q", migrationDoc, row.line, f.Name, row.envs, row.defaultVal, f.Envs, want)
+			}
+		}
+	}
+	for name, row := range rows {
+		t.Errorf("%s:%d: a row for --%s, which fenced migrate does not have (or shares with serve)", migrationDoc, row.line, name)
 	}
 }

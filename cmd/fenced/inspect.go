@@ -113,7 +113,8 @@ type stampReport struct {
 	Field string `json:"field,omitempty"`
 	// Value is the stamp as stored; null when absent (or not kept).
 	Value *string `json:"value"`
-	// Agrees: the stamp names the swarm revision (or both are absent).
+	// Agrees: the stamp names a revision from 1 to the swarm revision (that
+	// of the commit that put the swarm on the records), or both are absent.
 	Agrees bool `json:"agrees"`
 	// Status: "agrees", "differs", "absent", "not kept on Cluster".
 	Status string `json:"status"`
@@ -319,7 +320,7 @@ func (r *inspection) writeFacts(b *strings.Builder) {
 	default:
 		status := r.Stamp.Status
 		if !r.Stamp.Agrees {
-			status = "DIFFERS from the revision: a writer bypassed the records commit, or the stamp was lost"
+			status = "DIFFERS: above the revision, or not a revision (the stamp names the commit that put the swarm on the records, at or below the revision): a writer bypassed the records commit, or the stamp was damaged"
 		}
 		p("stamp", "%s: %s  (%s field %s)", *r.Stamp.Value, status, r.Stamp.Key, r.Stamp.Field)
 	}

@@ -81,6 +81,13 @@ func TestInspect(t *testing.T) {
 	ctx := t.Context()
 
 	slug, counts, fixtureRev := seedFixture(t, st)
+	// The stamp is the revision of the commit that put the swarm on the
+	// records: the one meta/layout carries.
+	layout := regexp.MustCompile(`^\{"r":(\d+),"v":"records"\}$`).FindStringSubmatch(srv.Do(t, "HGET", fenceKey(slug, "meta"), "layout"))
+	if layout == nil {
+		t.Fatal("meta/layout is not the records marker")
+	}
+	firstRev := layout[1]
 	l, grantRev, err := st.Acquire(ctx, slug, "tick-a", 600000)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -125,7 +132,7 @@ func TestInspect(t *testing.T) {
 			`(?m)^swarm +` + slug + `  \(standalone Redis, key prefix agentihooks\)$`,
 			`(?m)^layout +records$`,
 			`(?m)^revision +` + itoa(rev) + `$`,
-			`(?m)^stamp +` + itoa(rev) + `: agrees  \(agentihooks:swarm:state:fencing:current field ` + slug + `:records\)$`,
+			`(?m)^stamp +` + firstRev + `: agrees  \(agentihooks:swarm:state:fencing:current field ` + slug + `:records\)$`,
 			`(?m)^lease +"tick-a" at epoch ` + epoch + `, live: \d+m\d+s left  \(expires \S+ by Redis's clock\)$`,
 			`(?m)^ +last epoch granted ` + epoch + `, leader changes 1, Redis's clock \S+$`,
 			`(?m)^executions +` + strconv.Itoa(counts["executions"]) + `  \d+$`,
@@ -164,7 +171,7 @@ func TestInspect(t *testing.T) {
 		if got.Lease.RemainingMs <= 0 || got.Lease.NowMs <= 0 || got.Log.Entries[0].ID == "" {
 			t.Errorf("inspect --json lease %+v, log %+v: want time left, Redis's clock, entry ids", got.Lease, got.Log.Entries)
 		}
-		stamp := itoa(rev)
+		stamp := firstRev
 		want := inspection{
 			Slug: slug, Prefix: keyPrefix, Topology: "standalone", Layout: "records", Revision: rev,
 			Stamp: stampReport{Kept: true, Key: keyPrefix + ":swarm:state:fencing:current", Field: slug + ":records", Value: &stamp, Agrees: true, Status: "agrees"},
@@ -204,17 +211,18 @@ func TestInspect(t *testing.T) {
 	})
 
 	t.Run("stamp differs", func(t *testing.T) {
-		srv.Do(t, "HSET", keyPrefix+":swarm:state:fencing:current", slug+":records", "1")
+		above := itoa(rev + 1)
+		srv.Do(t, "HSET", keyPrefix+":swarm:state:fencing:current", slug+":records", above)
 		out := runInspect(t, slug, "--redis-url", patientURL(srv))
-		if !regexp.MustCompile(`(?m)^stamp +1: DIFFERS from the revision`).MatchString(out) {
+		if !regexp.MustCompile(`(?m)^stamp +` + above + `: DIFFERS: above the revision`).MatchString(out) {
 			t.Errorf("inspect with a stale stamp does not say it differs:\n%s", out)
 		}
 		var got inspection
 		if err := json.Unmarshal([]byte(runInspect(t, slug, "--redis-url", patientURL(srv), "--json")), &got); err != nil {
 			t.Fatal(err)
 		}
-		if got.Stamp.Agrees || got.Stamp.Status != "differs" || *got.Stamp.Value != "1" {
-			t.Errorf("inspect --json stamp = %+v, want value 1, differs", got.Stamp)
+		if got.Stamp.Agrees || got.Stamp.Status != "differs" || *got.Stamp.Value != above {
+			t.Errorf("inspect --json stamp = %+v, want value %s, differs", got.Stamp, above)
 		}
 	})
 

@@ -31,7 +31,7 @@ func main() {
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fenced:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -95,7 +95,10 @@ type serveCmd struct {
 	// MaxValueBytes bounds one put's value, in bytes.
 	MaxValueBytes int `env:"FENCED_MAX_VALUE_BYTES" default:"1048576" help:"Largest value of one put, in bytes."`
 	// MaxBatchValueBytes bounds the values of one batch, in bytes.
-	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch."`
+	MaxBatchValueBytes int `env:"FENCED_MAX_BATCH_VALUE_BYTES" default:"8388608" help:"Most value bytes in one batch (put values, and the keys of record checks)."`
+	// MaxChecks bounds the record checks (WRITE_KIND_CHECK_RECORDS pairs)
+	// of one batch.
+	MaxChecks int `env:"FENCED_MAX_CHECKS" default:"20000" help:"Most record checks (WRITE_KIND_CHECK_RECORDS pairs, in all) in one batch."`
 	// WaitReplicas and WaitTimeout: the default replica acknowledgement.
 	WaitReplicas int           `env:"FENCED_WAIT_REPLICAS" default:"0" help:"Replicas that must acknowledge every commit and lease change (Redis WAIT) unless a batch says otherwise; a lease grant or renewal fewer acknowledge is refused (REPLICATION_TIMEOUT); 0: do not wait."`
 	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit or lease change waits for replica acknowledgements."`
@@ -183,6 +186,7 @@ func (c *serveCmd) limits() (batch.Limits, error) {
 		MaxWrites:          c.MaxWrites,
 		MaxValueBytes:      c.MaxValueBytes,
 		MaxBatchValueBytes: c.MaxBatchValueBytes,
+		MaxChecks:          c.MaxChecks,
 	}
 	if err := l.Check(); err != nil {
 		var ve *batch.ValidationError
@@ -338,6 +342,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 		store.WithLeaseDurability(durable),
 		store.WithRedisTimeout(c.RedisTimeout),
 		store.WithAllowEviction(c.AllowEvictingRedis),
+		store.WithSections(c.Sections),
 		store.WithLogger(log),
 		c.limitFlags.storeOption()}
 	if !c.RedisFunctions {

@@ -3,7 +3,7 @@
 // ({"n":N,"by":owner,"epoch":E}) through client.Update, every write fenced
 // with the lease's epoch. It prints one line per commit:
 //
-//	committed n=12 revision=1796079180861096 epoch=1796079187256 owner=host-4242
+//	committed n=12 revision=17960791808610 epoch=1796079187256 owner=host-4242
 //
 // It deliberately does not ask its Keeper whether it still holds the lease
 // before writing: the server's fence is the authority. A controller that was

@@ -32,9 +32,16 @@ const (
 	// it catches records inserted into a section read whole (phantoms). Its
 	// Key is empty.
 	KindCheckSection
+	// KindCheckRecords writes nothing and compares the revision of every
+	// record of Checks (records of Section): the check of a section read
+	// whole by the records it held, which catches writers that bypass
+	// fenced and lets inserts of other keys through. Its Key and Value are
+	// empty and its Expected 0.
+	KindCheckRecords
 )
 
-// String returns "put", "delete", "check", or "kind(N)" for an invalid Kind.
+// String returns "put", "delete", "check", "section check", "records
+// check", or "kind(N)" for an invalid Kind.
 func (k Kind) String() string {
 	switch k {
 	case KindPut:
@@ -45,6 +52,8 @@ func (k Kind) String() string {
 		return "check"
 	case KindCheckSection:
 		return "section check"
+	case KindCheckRecords:
+		return "records check"
 	}
 	return fmt.Sprintf("kind(%d)", int32(k))
 }
@@ -74,6 +83,17 @@ type Write struct {
 	Expected int64
 	// Value is the JSON text to store, byte for byte; puts only.
 	Value string
+	// Checks are the records a KindCheckRecords compares, in request
+	// order; nil for every other kind.
+	Checks []RecordCheck
+}
+
+// RecordCheck is one record of a KindCheckRecords write: its Key (in the
+// write's Section) must be stored at revision Expected (Absent: must not
+// exist; never Blind).
+type RecordCheck struct {
+	Key      string
+	Expected int64
 }
 
 // Fence is a batch's condition on the swarm's lease (docs/design/03-fenced-batch.md §3.2): the batch

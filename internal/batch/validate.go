@@ -13,6 +13,12 @@ const (
 	DefaultMaxWrites          = 1024
 	DefaultMaxValueBytes      = 1 << 20 // 1 MiB
 	DefaultMaxBatchValueBytes = 8 << 20 // 8 MiB
+	// DefaultMaxChecks bounds the record checks (KindCheckRecords pairs) of
+	// one batch: as many as a Sections read answers (the server's default
+	// --max-snapshot-records), so a section read whole (the fixture's
+	// largest, executions, holds 1,352) is checked in one batch; each pair
+	// costs Redis a read of its record (65,536 pairs ran ~400 ms).
+	DefaultMaxChecks = 20000
 	// MaxSlugLen is the longest slug in characters (= bytes: slugs are ASCII).
 	MaxSlugLen = 128
 	// MaxKeyBytes is the longest record key, in bytes.
@@ -51,8 +57,12 @@ type Limits struct {
 	MaxWrites int
 	// MaxValueBytes is the largest value one put may carry, in bytes.
 	MaxValueBytes int
-	// MaxBatchValueBytes is the most value bytes one batch may carry in all.
+	// MaxBatchValueBytes is the most value bytes one batch may carry in all:
+	// its puts' values and the keys of its record checks.
 	MaxBatchValueBytes int
+	// MaxChecks is the most record checks (the pairs of its KindCheckRecords
+	// writes, in all) one batch may carry.
+	MaxChecks int
 }
 
 // DefaultLimits returns the default sections and limits.
@@ -62,6 +72,7 @@ func DefaultLimits() Limits {
 		MaxWrites:          DefaultMaxWrites,
 		MaxValueBytes:      DefaultMaxValueBytes,
 		MaxBatchValueBytes: DefaultMaxBatchValueBytes,
+		MaxChecks:          DefaultMaxChecks,
 	}
 }
 
@@ -74,6 +85,9 @@ func (l Limits) Check() error {
 	}
 	if l.MaxValueBytes < 1 {
 		vs.add("max_value_bytes", "must be at least 1, got %d", l.MaxValueBytes)
+	}
+	if l.MaxChecks < 1 {
+		vs.add("max_checks", "must be at least 1, got %d", l.MaxChecks)
 	}
 	if l.MaxBatchValueBytes < l.MaxValueBytes {
 		vs.add("max_batch_value_bytes", "must be at least max_value_bytes (%d), got %d", l.MaxValueBytes, l.MaxBatchValueBytes)
@@ -262,8 +276,9 @@ func (l Limits) CheckSections(slug string, names []string) ([]string, error) {
 }
 
 // CheckBatch validates a batch against the limits: cheap checks first
-// (slug, counts, sizes, fence), then each write's names and kind, then the
-// costly ones (JSON of each value, duplicate records). It returns a
+// (slug, counts of writes and record checks, sizes, fence), then each
+// write's names and kind (and each record check's key and revision), then
+// the costly ones (JSON of each value, duplicate records). It returns a
 // *ValidationError listing every violation, or nil. A valid batch needs no
 // further checking before it reaches Redis.
 func (l Limits) CheckBatch(b *Batch) error {
@@ -281,12 +296,30 @@ func (l Limits) CheckBatch(b *Batch) error {
 		vs.add("writes", "at most %d writes per batch, got %d", l.MaxWrites, n)
 		return vs.err() // do not walk an oversized batch
 	}
+	checks, over := 0, -1
+	for i := range b.Writes {
+		if checks += len(b.Writes[i].Checks); checks > l.MaxChecks && over < 0 {
+			over = i
+		}
+	}
+	if over >= 0 {
+		vs.add(fmt.Sprintf("writes[%d].checks", over), "at most %d record checks per batch (--max-checks), got %d", l.MaxChecks, checks)
+		return vs.err() // do not walk an oversized batch
+	}
 	total := 0
 	for i := range b.Writes {
-		total += len(b.Writes[i].Value)
+		w := &b.Writes[i]
+		total += len(w.Value)
+		for j := range w.Checks {
+			total += len(w.Checks[j].Key)
+		}
 	}
 	if total > l.MaxBatchValueBytes {
-		vs.add("writes", "at most %d value bytes per batch, got %d", l.MaxBatchValueBytes, total)
+		if checks > 0 {
+			vs.add("writes", "at most %d value bytes per batch (put values and record check keys), got %d", l.MaxBatchValueBytes, total)
+		} else {
+			vs.add("writes", "at most %d value bytes per batch, got %d", l.MaxBatchValueBytes, total)
+		}
 		return vs.err()
 	}
 	if f := b.Fence; f != nil {
@@ -317,9 +350,9 @@ func (l Limits) CheckBatch(b *Batch) error {
 func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 	field := func(name string) string { return fmt.Sprintf("writes[%d].%s", i, name) }
 	switch w.Kind {
-	case KindPut, KindDelete, KindCheck, KindCheckSection:
+	case KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords:
 	default:
-		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE, WRITE_KIND_CHECK or WRITE_KIND_CHECK_SECTION, got %s", w.Kind)
+		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE, WRITE_KIND_CHECK, WRITE_KIND_CHECK_SECTION or WRITE_KIND_CHECK_RECORDS, got %s", w.Kind)
 	}
 	sectionOK := false
 	if why := l.validSection(w.Section); why != "" {
@@ -327,9 +360,9 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 	} else {
 		sectionOK = true
 	}
-	if w.Kind == KindCheckSection {
+	if w.Kind == KindCheckSection || w.Kind == KindCheckRecords {
 		if w.Key != "" {
-			vs.add(field("key"), "must be empty for a section check")
+			vs.add(field("key"), "must be empty for a %s (a records check names its keys in checks)", w.Kind)
 		}
 	} else if why := validKey(w.Key); why != "" {
 		vs.add(field("key"), "%s", why)
@@ -343,6 +376,13 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		vs.add(field("expected"), "a check cannot be BLIND (-1): name the revision read, or 0 for absent")
 	case w.Expected == Blind && w.Kind == KindCheckSection:
 		vs.add(field("expected"), "a section check cannot be BLIND (-1): name the section revision read (0: never written)")
+	case w.Expected != 0 && w.Kind == KindCheckRecords:
+		vs.add(field("expected"), "must be 0 for a records check (each of checks names its own revision), got %d", w.Expected)
+	}
+	if w.Kind == KindCheckRecords {
+		checkRecordChecks(vs, i, w)
+	} else if len(w.Checks) > 0 {
+		vs.add(field("checks"), "must be empty for a %s (only WRITE_KIND_CHECK_RECORDS carries checks)", w.Kind)
 	}
 	switch w.Kind {
 	case KindPut:
@@ -362,27 +402,88 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 				vs.add(field("value"), "%s; an executions value must decode in the script to be indexed by name", why)
 			}
 		}
-	case KindDelete, KindCheck, KindCheckSection:
+	case KindDelete, KindCheck, KindCheckSection, KindCheckRecords:
 		if w.Value != "" {
 			vs.add(field("value"), "must be empty for a %s", w.Kind)
 		}
 	}
 }
 
+// checkRecordChecks checks the pairs of a KindCheckRecords write: at least
+// one, each a valid key (any meta record may be checked, lease-owned ones
+// included) and a revision 0 to 2^53-1. Repeated keys are
+// checkDuplicates'.
+func checkRecordChecks(vs *violations, i int, w *Write) {
+	if len(w.Checks) == 0 {
+		vs.add(fmt.Sprintf("writes[%d].checks", i), "a records check names at least one record (a section read whole and found empty needs no check)")
+		return
+	}
+	for j := range w.Checks {
+		if vs.full() {
+			return
+		}
+		c := &w.Checks[j]
+		if why := validKey(c.Key); why != "" {
+			vs.add(fmt.Sprintf("writes[%d].checks[%d].key", i, j), "%s", why)
+		}
+		switch {
+		case c.Expected == Blind:
+			vs.add(fmt.Sprintf("writes[%d].checks[%d].expected", i, j), "a record check cannot be BLIND (-1): name the revision read, or 0 for absent")
+		case c.Expected < Blind || c.Expected > MaxSafeInteger:
+			vs.add(fmt.Sprintf("writes[%d].checks[%d].expected", i, j), "must be a revision 1 to 2^53-1 or 0 (must be absent), got %d", c.Expected)
+		}
+	}
+}
+
+// checkDuplicates refuses a (section, key) named twice in the batch: by two
+// writes, by a write and a records check's pair, or by two pairs; and a
+// section checked twice by WRITE_KIND_CHECK_SECTION. Pairs are walked after
+// every other write, so that a record named by both is reported at the
+// pair.
 func checkDuplicates(vs *violations, ws []Write) {
 	type ref struct{ section, key string }
-	seen := make(map[ref]int, len(ws))
+	type at struct{ write, check int } // check -1: the write itself
+	name := func(a at) string {
+		if a.check < 0 {
+			return fmt.Sprintf("writes[%d]", a.write)
+		}
+		return fmt.Sprintf("writes[%d].checks[%d]", a.write, a.check)
+	}
+	n := len(ws)
 	for i := range ws {
+		n += len(ws[i].Checks)
+	}
+	seen := make(map[ref]at, n)
+	for i := range ws {
+		if ws[i].Kind == KindCheckRecords {
+			continue
+		}
 		r := ref{ws[i].Section, ws[i].Key}
-		if j, ok := seen[r]; ok {
+		if by, ok := seen[r]; ok {
 			if r.key == "" {
-				vs.add(fmt.Sprintf("writes[%d].section", i), "section %s is already checked by writes[%d]; a batch checks each section once", r.section, j)
+				vs.add(fmt.Sprintf("writes[%d].section", i), "section %s is already checked by %s; a batch checks each section once", r.section, name(by))
 			} else {
-				vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by writes[%d]; a batch names each record once", r.section, clip(r.key), j)
+				vs.add(fmt.Sprintf("writes[%d].key", i), "record %s/%s is already written by %s; a batch names each record once", r.section, clip(r.key), name(by))
 			}
 			continue
 		}
-		seen[r] = i
+		seen[r] = at{i, -1}
+	}
+	for i := range ws {
+		if ws[i].Kind != KindCheckRecords {
+			continue
+		}
+		for j := range ws[i].Checks {
+			if vs.full() {
+				return
+			}
+			r := ref{ws[i].Section, ws[i].Checks[j].Key}
+			if by, ok := seen[r]; ok {
+				vs.add(fmt.Sprintf("writes[%d].checks[%d].key", i, j), "record %s/%s is already named by %s; a batch names each record once", r.section, clip(r.key), name(by))
+				continue
+			}
+			seen[r] = at{i, j}
+		}
 	}
 }
 

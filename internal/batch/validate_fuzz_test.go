@@ -16,7 +16,7 @@ import (
 var slugPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // fieldPattern is every Field a CheckBatch violation may name.
-var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)|writes\[(0|[1-9][0-9]*)\]\.(kind|section|key|expected|value))$`)
+var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)|writes\[(0|[1-9][0-9]*)\]\.(kind|section|key|expected|value|checks|checks\[(0|[1-9][0-9]*)\]\.(key|expected)))$`)
 
 // FuzzCheckBatch checks CheckBatch against the rules of docs/design/02-redis-layout.md §2.4 and docs/design/03-fenced-batch.md §3.1 stated
 // independently: it never panics; nil means the batch keeps every rule (so a
@@ -47,6 +47,9 @@ func FuzzCheckBatch(f *testing.F) {
 		{"a{b}", "by-name", "agent", -2, `"e1"`, 1, false, "", "", false, "", 0, 0},
 		{".x", "", "", 1 << 53, "1 2", 0, true, "nope", "\xff", true, "", -1, 1 << 53},
 		{"x", "claims", "c", 1, "{}", 2, false, "", "", false, "", 0, 0},
+		{"x", "claims", "T-1", 4, "", 5, false, "", "", true, "", 1, 0},
+		{"x", "claims", "T-1", 4, "", 5, true, "claims", "T-1", true, "", 1, 0},
+		{"x", "claims", "T-1", Blind, "", 5, true, "claims", "T-2", false, "", 0, 0},
 		{"x", "fences", "f", Blind, "", 3, false, "", "", false, "", 0, 0},
 		{"x", "journals", "j", 1, "\"\xff\"", 1, false, "", "", false, "", 0, 0},
 		{"x", "journals", "j", 1, `{"n":12345678901234567890,"f":0.1}`, 7, false, "", "", false, "", 0, 0},
@@ -60,6 +63,10 @@ func FuzzCheckBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, slug, section, key string, expected int64, value string, kind int32,
 		second bool, section2, key2 string, isFenced bool, owner string, epoch, nowMs int64) {
 		b := &Batch{Slug: slug, Writes: []Write{{Kind: Kind(kind), Section: section, Key: key, Expected: expected, Value: value}}}
+		if b.Writes[0].Kind == KindCheckRecords {
+			// A records check names its record in its one pair.
+			b.Writes[0].Key, b.Writes[0].Expected, b.Writes[0].Checks = "", 0, []RecordCheck{{Key: key, Expected: expected}}
+		}
 		if second {
 			b.Writes = append(b.Writes, Write{Kind: KindCheck, Section: section2, Key: key2, Expected: 1})
 		}
@@ -79,7 +86,18 @@ func FuzzCheckBatch(f *testing.F) {
 				t.Fatalf("CheckBatch accepted slug %q, which does not match %s", b.Slug, slugPattern)
 			}
 			for i, w := range b.Writes {
-				if !utf8.ValidString(w.Key) || len(w.Key) < 1 || len(w.Key) > MaxKeyBytes {
+				for j, c := range w.Checks {
+					if !utf8.ValidString(c.Key) || len(c.Key) < 1 || len(c.Key) > MaxKeyBytes {
+						t.Fatalf("CheckBatch accepted writes[%d].checks[%d].key %q, want 1-%d bytes of valid UTF-8", i, j, c.Key, MaxKeyBytes)
+					}
+				}
+				if w.Kind == KindCheckSection && w.Key != "" {
+					t.Fatalf("CheckBatch accepted writes[%d] %+v, want a section check of no key", i, w)
+				} else if w.Kind == KindCheckRecords {
+					if w.Key != "" || len(w.Checks) == 0 {
+						t.Fatalf("CheckBatch accepted writes[%d] %+v, want a records check of no key and 1 or more pairs", i, w)
+					}
+				} else if !utf8.ValidString(w.Key) || len(w.Key) < 1 || len(w.Key) > MaxKeyBytes {
 					t.Fatalf("CheckBatch accepted writes[%d].key %q, want 1-%d bytes of valid UTF-8", i, w.Key, MaxKeyBytes)
 				}
 				if !limits.HasSection(w.Section) || w.Section == "by-name" {
@@ -177,10 +195,38 @@ func brokenRules(l Limits, b *Batch) []string {
 	total := 0
 	type ref struct{ section, key string }
 	var seen []ref
+	checks := 0
 	for _, w := range b.Writes {
 		total += len(w.Value)
-		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck && w.Kind != KindCheckSection {
+		checks += len(w.Checks)
+		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck && w.Kind != KindCheckSection && w.Kind != KindCheckRecords {
 			broken = append(broken, "kind")
+		}
+		if w.Kind == KindCheckRecords {
+			if w.Key != "" || w.Expected != 0 || w.Value != "" || len(w.Checks) == 0 {
+				broken = append(broken, "records check's own fields")
+			}
+			if !(w.Section == MetaSection || slices.Contains(l.Sections, w.Section)) {
+				broken = append(broken, "section")
+			}
+			for _, c := range w.Checks {
+				total += len(c.Key)
+				if len(c.Key) < 1 || len(c.Key) > MaxKeyBytes || !utf8.ValidString(c.Key) {
+					broken = append(broken, "pair key")
+				}
+				if c.Expected < 0 || c.Expected > 1<<53-1 {
+					broken = append(broken, "pair expected")
+				}
+				r := ref{w.Section, c.Key}
+				if slices.Contains(seen, r) {
+					broken = append(broken, "duplicate record")
+				}
+				seen = append(seen, r)
+			}
+			continue
+		}
+		if len(w.Checks) > 0 {
+			broken = append(broken, "checks of another kind")
 		}
 		configured := w.Section == MetaSection || slices.Contains(l.Sections, w.Section)
 		if !configured {
@@ -216,6 +262,9 @@ func brokenRules(l Limits, b *Batch) []string {
 	}
 	if total > l.MaxBatchValueBytes {
 		broken = append(broken, "batch value bytes")
+	}
+	if checks > l.MaxChecks {
+		broken = append(broken, "record checks")
 	}
 	if f := b.Fence; f != nil {
 		if f.Epoch < 1 || f.Epoch > 1<<53-1 {

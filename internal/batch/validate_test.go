@@ -3,6 +3,7 @@ package batch
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -421,7 +422,7 @@ func TestCheckBatchDoesNotModify(t *testing.T) {
 	beforeWrites := slices.Clone(b.Writes)
 	beforeFence := *b.Fence
 	_ = DefaultLimits().CheckBatch(b)
-	if b.Slug != before.Slug || !slices.Equal(b.Writes, beforeWrites) || *b.Fence != beforeFence {
+	if b.Slug != before.Slug || !reflect.DeepEqual(b.Writes, beforeWrites) || *b.Fence != beforeFence {
 		t.Errorf("CheckBatch modified its batch: got %+v, want %+v", *b, before)
 	}
 }
@@ -591,11 +592,12 @@ func TestLimitsCheck(t *testing.T) {
 		{name: "max value bytes 0", modify: func(l *Limits) { l.MaxValueBytes = 0 }, want: []string{"max_value_bytes"}},
 		{name: "batch below value", modify: func(l *Limits) { l.MaxBatchValueBytes = l.MaxValueBytes - 1 }, want: []string{"max_batch_value_bytes"}},
 		{name: "batch equal to value", modify: func(l *Limits) { l.MaxBatchValueBytes = l.MaxValueBytes }},
-		{name: "zero value", modify: func(l *Limits) { *l = Limits{} }, want: []string{"max_writes", "max_value_bytes", "sections"}},
+		{name: "max checks 0", modify: func(l *Limits) { l.MaxChecks = 0 }, want: []string{"max_checks"}},
+		{name: "zero value", modify: func(l *Limits) { *l = Limits{} }, want: []string{"max_writes", "max_value_bytes", "max_checks", "sections"}},
 		{
 			name: "everything bad",
 			modify: func(l *Limits) {
-				*l = Limits{Sections: []string{"meta", "A", "x", "x"}, MaxWrites: -1, MaxValueBytes: 5, MaxBatchValueBytes: 4}
+				*l = Limits{Sections: []string{"meta", "A", "x", "x"}, MaxWrites: -1, MaxValueBytes: 5, MaxBatchValueBytes: 4, MaxChecks: 1}
 			},
 			want: []string{"max_writes", "max_batch_value_bytes", "sections[0]", "sections[1]", "sections[3]"},
 		},

@@ -185,8 +185,8 @@ func onlyScript(b *testing.B, srv *redistest.Server, slug string) time.Duration 
 
 func BenchmarkBatchBytes(b *testing.B) {
 	e := getEnv(b)
-	// A 16-digit revision, as revisions are Redis TIME in µs.
-	const expected = 1764540000000000
+	// A 14-digit revision, as revisions are Redis TIME in 100 µs.
+	const expected = 17645400000000
 	for _, section := range []string{"executions", "claims"} {
 		bt := &batch.Batch{Slug: e.slug, Fence: fence(), Writes: []batch.Write{{
 			Kind: batch.KindPut, Section: section, Key: e.changeKey, Expected: expected, Value: e.changeValue,

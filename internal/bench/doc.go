@@ -65,4 +65,10 @@
 // total_net_input_bytes before and after, less the cost of an INFO call
 // itself (two back-to-back INFOs), the least over all tries. It reports
 // redis-bytes/change and overhead-bytes/change (the bytes beyond the value).
+//
+// BenchmarkWholeSectionCheck is what fencing a section read whole costs: the
+// bytes Redis reads and its µs per batch for a fenced one-put batch alone,
+// with a WRITE_KIND_CHECK_SECTION of executions, and with a
+// WRITE_KIND_CHECK_RECORDS of the fixture's 1,352 executions, beside a
+// Sections read of executions (docs/design/03-fenced-batch.md §3.4).
 package bench

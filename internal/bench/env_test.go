@@ -64,6 +64,9 @@ type env struct {
 	templates []template
 	// change is the fixture record BenchmarkOneRecordChangeBytes rewrites.
 	changeKey, changeValue string
+	// executions are the fixture's executions keys, sorted (other
+	// benchmarks add records of their own to the section).
+	executions []string
 }
 
 type template struct {
@@ -197,6 +200,7 @@ func newEnv(b *testing.B) *env {
 			b.Fatalf("fixture executions/%s: no execution_id or name (%v)", k, err)
 		}
 		e.templates = append(e.templates, template{value: string(execs[k]), id: v.ID, name: v.Name})
+		e.executions = append(e.executions, k)
 		if e.changeKey == "" {
 			e.changeKey, e.changeValue = k, string(execs[k])
 		}

@@ -26,11 +26,11 @@ import (
 // ARGV: owner, epoch, section, slug, then field, expected, value per put.
 const floorScript = `
 local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_rev = tonumber(t[1]) * 10000 + math.floor(tonumber(t[2]) / 100)
 local m = redis.call('HMGET', KEYS[1], 'layout', 'lease', 'section_revisions')
 if not m[1] then return redis.error_reply('LAYOUT') end
 local owner, epoch, exp = string.match(m[2] or '', '"owner":"([^"]*)","epoch":(%d+),"expires_at":(%d+)')
-if owner ~= ARGV[1] or epoch ~= ARGV[2] or tonumber(exp) <= math.floor(now_us / 1000) then
+if owner ~= ARGV[1] or epoch ~= ARGV[2] or tonumber(exp) <= math.floor(now_rev / 10) then
   return redis.error_reply('STALE lease')
 end
 local prev = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -48,7 +48,7 @@ for i = 0, n - 1 do
   if tonumber(r) > highest then highest = tonumber(r) end
 end
 local revn = highest + 1
-if now_us > revn then revn = now_us end
+if now_rev > revn then revn = now_rev end
 local rev = string.format('%.0f', revn)
 local hs, changes = {}, {}
 for i = 0, n - 1 do

@@ -98,3 +98,78 @@ func BenchmarkDocumentVsRecordsChangeBytes(b *testing.B) {
 	b.ReportMetric(float64(doc), "document-bytes/change")
 	b.ReportMetric(float64(records), "records-bytes/change")
 }
+
+// BenchmarkDocumentCompareAndSetRedisTime is Redis's own time for one
+// document write of the 2 MB fixture (INFO commandstats usec_per_call of
+// EVAL, the least of 5 rounds of 10 writes): fenced's write through
+// Store.Commit, a compare-and-set script (the document's length and
+// redis.sha1hex of its 2 MB, meta/layout and the counter, then the history
+// push and the write), against the same write without the compare
+// (what the WATCH/MULTI/EXEC transaction ran inside EXEC before issue 24).
+// The ratio is what the compare costs in Redis; the old transaction also
+// lost to any write to another swarm's field of the bucket.
+func BenchmarkDocumentCompareAndSetRedisTime(b *testing.B) {
+	raw, err := os.ReadFile(fixture)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sections struct {
+		Sections json.RawMessage `json:"sections"`
+	}
+	if err := json.Unmarshal(raw, &sections); err != nil {
+		b.Fatal(err)
+	}
+	srv := redistest.Start(b)
+	st, err := store.Open(srv.URL(), prefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	bucket := prefix + ":swarm:state:fencing:current"
+	const slug = "cas-doc"
+	srv.Do(b, "HSET", bucket, slug, `{"revision":1,"meta":{},"sections":`+string(sections.Sections)+`}`)
+	ctx := context.Background()
+	usecPerEval := func(write func(i int)) float64 {
+		best := math.MaxFloat64
+		for round := range 5 {
+			srv.Do(b, "CONFIG", "RESETSTAT")
+			for i := range 10 {
+				write(round*10 + i)
+			}
+			s := srv.Do(b, "INFO", "commandstats")
+			const field = "cmdstat_eval:"
+			line := s[strings.Index(s, field):]
+			line = line[:strings.IndexAny(line, "\r\n")]
+			v := line[strings.Index(line, "usec_per_call=")+len("usec_per_call="):]
+			v = v[:strings.IndexByte(v, ',')]
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			best = min(best, f)
+		}
+		return best
+	}
+	for range max(b.N, 1) {
+		cas := usecPerEval(func(i int) {
+			if _, err := st.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{{
+				Kind: batch.KindPut, Section: "claims", Key: "bench", Expected: batch.Blind, Value: strconv.Itoa(i)}}}); err != nil {
+				b.Fatal(err)
+			}
+		})
+		doc := srv.Do(b, "HGET", bucket, slug)
+		const plain = `local old = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], old)
+redis.call('LTRIM', KEYS[2], 0, 1)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1`
+		noCompare := usecPerEval(func(int) {
+			srv.Do(b, "EVAL", plain, "2", bucket, prefix+":swarm:state:fencing:history:"+slug, slug, doc)
+		})
+		b.Logf("one document write of the %d-byte fixture: %.0f µs of Redis time with the compare-and-set, %.0f µs without (%.2fx)",
+			len(doc), cas, noCompare, cas/noCompare)
+		b.ReportMetric(cas, "cas-redis-µs/write")
+		b.ReportMetric(noCompare, "plain-redis-µs/write")
+		b.ReportMetric(cas/noCompare, "cas/plain")
+	}
+}

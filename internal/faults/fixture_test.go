@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/fencedtest"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -186,12 +187,13 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// revisionsAfter is the revisions of the log entries above from, in log
-// order: what a watcher started at from must get.
+// revisionsAfter is the revisions of the log entries after from (in issue
+// order, protocol.CompareRevisions), in log order: what a watcher started
+// at from must get.
 func revisionsAfter(entries []logEntry, from int64) []int64 {
 	var revs []int64
 	for _, e := range entries {
-		if e.Revision > from {
+		if protocol.RevisionLater(e.Revision, from) {
 			revs = append(revs, e.Revision)
 		}
 	}

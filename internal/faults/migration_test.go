@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"google.golang.org/grpc/status"
@@ -230,7 +231,7 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 		if _, dup := byRev[e.Revision]; dup {
 			t.Errorf("revision %d logged twice", e.Revision)
 		}
-		if i > 0 && e.Revision <= entries[i-1].Revision {
+		if i > 0 && !protocol.RevisionLater(e.Revision, entries[i-1].Revision) {
 			t.Errorf("log goes back: %d after %d", e.Revision, entries[i-1].Revision)
 		}
 		byRev[e.Revision] = e
@@ -260,7 +261,7 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 			t.Errorf("revision %d issued to two batches: %s and %s", rev, other, a.key)
 		}
 		seenRev[rev] = a.key
-		if rev < entries[0].Revision {
+		if protocol.RevisionLater(entries[0].Revision, rev) {
 			continue // its entry left the log (it keeps the last 1000)
 		}
 		if e, ok := byRev[rev]; !ok || e.Records != 2 || e.RequestID != a.reqID {
@@ -283,10 +284,10 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 		t.Errorf("watch ended: %v", watchErr)
 	}
 	for i, rev := range watched {
-		if i > 0 && rev <= watched[i-1] {
+		if i > 0 && !protocol.RevisionLater(rev, watched[i-1]) {
 			t.Errorf("watcher got r%d after r%d", rev, watched[i-1])
 		}
-		if len(want) > 0 && rev < want[0] {
+		if len(want) > 0 && protocol.RevisionLater(want[0], rev) {
 			keptFrom = i + 1
 		}
 	}

@@ -22,10 +22,13 @@ type Proxy struct {
 	conns  map[*proxyConn]struct{}
 	marker []byte
 	// dropped is closed when an armed marker was seen and its connection
-	// closed; nil until armed.
+	// closed (or, stall, forwarded); nil until armed.
 	dropped chan struct{}
-	closed  bool
-	wg      sync.WaitGroup
+	// stall: the armed marker's connection stays open, its replies dropped
+	// (StallReplyTo).
+	stall  bool
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // proxyConn is one client connection and its server side.
@@ -69,6 +72,18 @@ func (p *Proxy) LoseReplyTo(marker []byte) <-chan struct{} {
 	p.marker = append([]byte(nil), marker...)
 	p.dropped = make(chan struct{})
 	return p.dropped
+}
+
+// StallReplyTo arms the proxy like LoseReplyTo, but the connection stays
+// open: the request reaches the server, and every reply on that connection
+// from then on is dropped, as if the server had stalled after running it.
+// The channel is closed once the marker was forwarded.
+func (p *Proxy) StallReplyTo(marker []byte) <-chan struct{} {
+	ch := p.LoseReplyTo(marker)
+	p.mu.Lock()
+	p.stall = true
+	p.mu.Unlock()
+	return ch
 }
 
 // CutAll closes every open connection (both sides) at once.
@@ -150,10 +165,10 @@ func (p *Proxy) upstream(pc *proxyConn) {
 		if n > 0 {
 			chunk := buf[:n]
 			p.mu.Lock()
-			marker, dropped := p.marker, p.dropped
+			marker, dropped, stall := p.marker, p.dropped, p.stall
 			hit := marker != nil && bytes.Contains(append(tail, chunk...), marker)
 			if hit {
-				p.marker = nil
+				p.marker, p.stall = nil, false
 			}
 			p.mu.Unlock()
 			if hit {
@@ -162,6 +177,10 @@ func (p *Proxy) upstream(pc *proxyConn) {
 			}
 			if _, werr := pc.server.Write(chunk); werr != nil {
 				return
+			}
+			if hit && stall {
+				close(dropped)
+				hit = false
 			}
 			if hit {
 				// Give the server time to run the command, then cut.

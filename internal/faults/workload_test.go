@@ -77,12 +77,13 @@ func acquireLease(t testing.TB, c *client.Client, slug, owner string) (epoch, re
 	return l.Epoch, rev
 }
 
-// counterAhead is where newWorkload starts a swarm's revision counter: µs
-// of the year 2223, ahead of Redis's clock, so that every commit is the
-// counter plus one (the floor of the revision rule, not the clock) and the
-// model can predict revisions exactly. The clock part of the rule is tested
-// in internal/store.
-const counterAhead = 8_000_000_000_000_000
+// counterAhead is where newWorkload starts a swarm's revision counter: the
+// year 2255 in units of 100 µs (14 digits, the era fenced issues in),
+// ahead of Redis's clock, so that every commit is the counter plus one (the
+// floor of the revision rule, not the clock) and the model can predict
+// revisions exactly. The clock part of the rule is tested in
+// internal/store.
+const counterAhead = 90_000_000_000_000
 
 // newWorkload prepares a run on slug: the counter is set ahead of the
 // clock, the lease is taken, the clients are the given ones.

@@ -2,7 +2,8 @@
 // its Lua scripts (internal/store/lua) must agree on: the key layout of a
 // swarm, the meta records only fenced writes, the write kinds and mode
 // letters of a commit's arguments, the reply tags of every script, the step
-// names of the by-name rebuild, the log cap and the largest revision.
+// names of the by-name rebuild, the log cap, the largest revision and the
+// issue order of revisions (revision.go).
 //
 // The Go side uses the constants below. The Lua side never spells them: each
 // script is prefixed with Prelude, a `local P = {...}` table generated here
@@ -90,6 +91,9 @@ const (
 	KindDelete       = "d"
 	KindCheck        = "c"
 	KindCheckSection = "S"
+	// KindCheckRecords: one record (pair) of a records check; a write of
+	// n pairs is n arguments of this kind.
+	KindCheckRecords = "R"
 )
 
 // Mode letters: the first field of a commit's (and the lease script's)
@@ -209,8 +213,9 @@ const LogCap = 1000
 // LogTrim is XADD's MAXLEN modifier for the log: approximate.
 const LogTrim = "~"
 
-// RevMax (2^53-1) is the largest revision, epoch or time fenced writes or
-// compares: Redis's Lua numbers are doubles, exact up to it.
+// RevMax (2^53-1) is the largest revision, epoch or time fenced reads,
+// writes or compares: Redis's Lua numbers are doubles, exact up to it. The
+// revisions and epochs fenced issues stay at most IssueMax (revision.go).
 const RevMax = 1<<53 - 1
 
 // entries are the Lua names of the values above, as Prelude defines them.
@@ -234,6 +239,7 @@ var entries = []struct{ name, value string }{
 	{"KIND_DELETE", KindDelete},
 	{"KIND_CHECK", KindCheck},
 	{"KIND_CHECK_SECTION", KindCheckSection},
+	{"KIND_CHECK_RECORDS", KindCheckRecords},
 	{"MODE_STAMP", ModeStamp},
 	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
 	{"MODE_REQUEST", ModeRequest},
@@ -286,12 +292,15 @@ var entries = []struct{ name, value string }{
 	{"CHECK_INDEXED", CheckIndexed},
 	{"CHECK_MISSING", CheckMissing},
 	{"REV_MAX_TEXT", strconv.FormatInt(RevMax, 10)},
+	{"ISSUE_MAX_TEXT", strconv.FormatInt(IssueMax, 10)},
+	{"CLOCK_ERA_MIN_TEXT", strconv.FormatInt(ClockEraMin, 10)},
+	{"REVISION_TICK_US", strconv.Itoa(RevisionTickUs)},
 	// Patterns the scripts match with, built from the values above.
 	// KIND_PATTERN / MODE_PATTERN: one character class of every kind / mode
 	// letter. SECTION_PATTERN captures a section's name out of its key;
 	// REQUEST_PATTERN a request id out of its request key; SLUG_PATTERN the
 	// slug out of any key of the swarm.
-	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection)},
+	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords)},
 	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeNone)},
 	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
 	{"REQUEST_PATTERN", luaPatternQuote(FenceInfix+KeyRequestPrefix) + "(.*)$"},

@@ -38,6 +38,9 @@ var (
 	ReasonReplication      = fencedv1.ErrorReason_REPLICATION_TIMEOUT.String()
 	ReasonSnapshotTooLarge = fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE.String()
 	ReasonRevisionLimit    = fencedv1.ErrorReason_REVISION_LIMIT.String()
+	// ReasonSectionNotServed: a migration found a section fenced does not
+	// serve in the swarm's document; nothing was written.
+	ReasonSectionNotServed = fencedv1.ErrorReason_SECTION_NOT_SERVED.String()
 	// ReasonTooManyReplicaWaits: the process or the swarm has as many
 	// replica acknowledgement waits in flight as it allows; nothing was
 	// written.
@@ -83,6 +86,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
 	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
 	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
+	{as[*store.SectionNotServedError](), codes.FailedPrecondition, sectionNotServedDetails},
 	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
 	{is(store.ErrRevisionLimit), codes.OutOfRange, limitDetails},
 	{is(store.ErrRevisionCompacted), codes.OutOfRange, compactedDetails},
@@ -105,6 +109,14 @@ var errorTable = []errorMapping{
 	{as[*store.RefusalError](), codes.Unavailable, refusalDetails},
 	{is(store.ErrRedisMayEvict), codes.Unavailable, reason(store.ReasonRedisMayEvict)},
 	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
+}
+
+// sectionNotServedDetails names the sections a migration found but fenced
+// does not serve.
+func sectionNotServedDetails(err error) []protoadapt.MessageV1 {
+	var se *store.SectionNotServedError
+	errors.As(err, &se)
+	return []protoadapt.MessageV1{info(ReasonSectionNotServed, map[string]string{"sections": strings.Join(se.Sections, ",")})}
 }
 
 // refusalDetails is the refusal's ErrorInfo reason (one of store's
@@ -180,7 +192,9 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 			Subject:     c.Section + "/" + c.Key,
 			Description: fmt.Sprintf("writes[%d]: expected revision %d, actual %d", c.Index, c.Expected, c.Actual),
 		}
-		if c.Key == "" { // a WRITE_KIND_CHECK_SECTION
+		if c.InChecks { // a pair of a WRITE_KIND_CHECK_RECORDS
+			v.Description = fmt.Sprintf("writes[%d].checks[%d]: expected revision %d, actual %d", c.Index, c.Check, c.Expected, c.Actual)
+		} else if c.Key == "" { // a WRITE_KIND_CHECK_SECTION
 			v.Type, v.Subject = "SECTION_REVISION", c.Section
 			v.Description = fmt.Sprintf("writes[%d]: expected section revision %d, actual %d", c.Index, c.Expected, c.Actual)
 		}

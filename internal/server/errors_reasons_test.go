@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +119,12 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 				}
 			}},
 		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, fencedv1.ErrorReason_LAYOUT_DOCUMENT, is(client.ErrLayoutDocument)},
+		{"section not served", &store.SectionNotServedError{Sections: []string{"widgets"}}, codes.FailedPrecondition, fencedv1.ErrorReason_SECTION_NOT_SERVED,
+			func(t *testing.T, got error) {
+				if got == nil || !strings.Contains(got.Error(), "widgets") {
+					t.Errorf("client.Decode = %v; want an error naming widgets", got)
+				}
+			}},
 		{"document kept changing", store.ErrDocumentContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
 		{"migration kept changing", store.ErrMigrationContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
 		{"corrupt", &store.CorruptError{Section: "claims", Key: "a"}, codes.DataLoss, fencedv1.ErrorReason_RECORD_CORRUPT, same},
@@ -245,6 +252,7 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		store.ReasonRedisClusterDown, store.ReasonRedisNoScript, store.ReasonRedisNotPermitted, store.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
 		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
+		ReasonSectionNotServed,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {

@@ -120,6 +120,8 @@ func TestErrorTable(t *testing.T) {
 		{"held sentinel alone", store.ErrLeaseHeld, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", nil)}},
 		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
 		{"document on cluster", store.ErrDocumentOnCluster, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"section not served", &store.SectionNotServedError{Sections: []string{"widgets", "gadgets"}}, codes.FailedPrecondition,
+			[]proto.Message{errInfo("SECTION_NOT_SERVED", map[string]string{"sections": "widgets,gadgets"})}},
 		{"document kept changing", store.ErrDocumentContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
 		{"migration kept changing", store.ErrMigrationContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
 		{"corrupt record", corrupt, codes.DataLoss, []proto.Message{

@@ -108,8 +108,11 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		opts.Logger = slog.Default()
 	}
 	if opts.MaxRecvMsgBytes == 0 {
-		// Values, keys and per-write framing of the largest batch, plus slack.
-		opts.MaxRecvMsgBytes = limits.MaxBatchValueBytes + limits.MaxWrites*(batch.MaxKeyBytes+64) + 1<<20
+		// Values, keys and per-write framing of the largest batch, the
+		// framing of its record checks (their keys count in the value
+		// bytes; a pair's tags, lengths and revision are at most 24 bytes),
+		// plus slack.
+		opts.MaxRecvMsgBytes = limits.MaxBatchValueBytes + limits.MaxWrites*(batch.MaxKeyBytes+64) + limits.MaxChecks*24 + 1<<20
 	}
 	if opts.HealthInterval == 0 {
 		opts.HealthInterval = time.Second

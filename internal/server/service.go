@@ -227,6 +227,13 @@ func BatchFromProto(req *fencedv1.FencedBatchRequest) *batch.Batch {
 			Expected: w.GetExpected(),
 			Value:    w.GetValue(),
 		}
+		if cs := w.GetChecks(); len(cs) > 0 {
+			checks := make([]batch.RecordCheck, len(cs))
+			for j, c := range cs {
+				checks[j] = batch.RecordCheck{Key: c.GetKey(), Expected: c.GetExpected()}
+			}
+			b.Writes[i].Checks = checks
+		}
 	}
 	if f := req.GetFence(); f != nil {
 		a.f = batch.Fence{Owner: f.GetOwner(), Epoch: f.GetEpoch(), NowMs: f.GetNowMs()}

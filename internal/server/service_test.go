@@ -588,6 +588,7 @@ func TestWriteKindNumbering(t *testing.T) {
 		"WRITE_KIND_DELETE":        batch.KindDelete,
 		"WRITE_KIND_CHECK":         batch.KindCheck,
 		"WRITE_KIND_CHECK_SECTION": batch.KindCheckSection,
+		"WRITE_KIND_CHECK_RECORDS": batch.KindCheckRecords,
 	}
 	values := fencedv1.WriteKind(0).Descriptor().Values()
 	for i := 0; i < values.Len(); i++ {
@@ -615,6 +616,7 @@ func TestWriteKindNumbering(t *testing.T) {
 		Slug: "s",
 		Writes: []*fencedv1.RecordWrite{
 			put("intents", "a", 0, `1`), del("claims", "b", 4), chk("meta", "lease", 2), {Section: "x"},
+			{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS, Section: "claims", Checks: []*fencedv1.RecordCheck{{Key: "T-1", Expected: 7}, {Key: "T-2"}}},
 		},
 		Fence: &fencedv1.LeaseFence{Owner: "hive-1", Epoch: 3, NowMs: 17},
 	}
@@ -625,6 +627,7 @@ func TestWriteKindNumbering(t *testing.T) {
 			{Kind: batch.KindDelete, Section: "claims", Key: "b", Expected: 4},
 			{Kind: batch.KindCheck, Section: "meta", Key: "lease", Expected: 2},
 			{Kind: 0, Section: "x"},
+			{Kind: batch.KindCheckRecords, Section: "claims", Checks: []batch.RecordCheck{{Key: "T-1", Expected: 7}, {Key: "T-2"}}},
 		},
 		Fence: &batch.Fence{Owner: "hive-1", Epoch: 3, NowMs: 17},
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -256,9 +257,9 @@ func (s *Store) execWaitPipelined(wctx, ctx context.Context, sc *script, keys, a
 // one-record change sends its value plus under 512 bytes to Redis. Only a
 // batch that puts or deletes in executions runs the by-name variant and
 // sends the executions and by-name keys; any other batch sends neither (a check of executions sends the executions key, as
-// for any section). Revisions, epochs and now_ms go in base 36 (11
-// characters for a revision of Redis's clock in µs, 9 for an epoch, instead
-// of 16 and 13 decimal digits).
+// for any section). Revisions, epochs and now_ms go in base 36 (9
+// characters for a revision of Redis's clock in 100 µs, 8 for an epoch,
+// instead of 14 and 13 decimal digits).
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args []string) {
 	sc = commitScript
 	keys = append(make([]string, 0, 7+len(b.Writes)), k.meta(), k.revision(), k.log())
@@ -282,7 +283,11 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 	if f := b.Fence; f != nil {
 		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
 	}
-	args = make([]string, 1, 1+2*len(b.Writes))
+	checks := 0
+	for i := range b.Writes {
+		checks += len(b.Writes[i].Checks)
+	}
+	args = make([]string, 1, 1+2*len(b.Writes)+checks)
 	args[0] = mode + ":" + epoch + ":" + now + ":" + window + ":" + digest + ":" + owner
 	for i := range b.Writes {
 		w := &b.Writes[i]
@@ -291,6 +296,15 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 			keys = append(keys, k.section(w.Section))
 			ki = len(keys)
 			index[w.Section] = ki
+		}
+		if w.Kind == batch.KindCheckRecords {
+			// One argument per pair, in a row: commit.lua reads them as
+			// writes of their own (commitArgIndex maps them back).
+			prefix := protocol.KindCheckRecords + strconv.Itoa(ki) + ":"
+			for _, c := range w.Checks {
+				args = append(args, prefix+strconv.FormatInt(c.Expected, 36)+":"+c.Key)
+			}
+			continue
 		}
 		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 36)+":"+w.Key)
 		if w.Kind == batch.KindPut {
@@ -340,13 +354,78 @@ func requestDigest(b *batch.Batch) string {
 		field(w.Key)
 		field(strconv.FormatInt(w.Expected, 10))
 		field(w.Value)
+		if w.Kind == batch.KindCheckRecords {
+			field(strconv.Itoa(len(w.Checks)))
+			for _, c := range w.Checks {
+				field(c.Key)
+				field(strconv.FormatInt(c.Expected, 10))
+			}
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// kindArg is the protocol letter of each write kind.
+// kindArg is the protocol letter of each write kind (KindCheckRecords: of
+// each of its pairs' arguments).
 var kindArg = map[batch.Kind]string{batch.KindPut: protocol.KindPut, batch.KindDelete: protocol.KindDelete,
-	batch.KindCheck: protocol.KindCheck, batch.KindCheckSection: protocol.KindCheckSection}
+	batch.KindCheck: protocol.KindCheck, batch.KindCheckSection: protocol.KindCheckSection,
+	batch.KindCheckRecords: protocol.KindCheckRecords}
+
+// commitArgIndex maps the index of one of commit.lua's write arguments
+// (from 0, as its replies name them) back to b's write and, when that is a
+// KindCheckRecords, the pair (else pair -1); ok false past the last. A
+// records check of n pairs is n arguments; any other write is one.
+type commitArgIndex struct {
+	b *batch.Batch
+	// starts[i] is write i's first argument; nil when no write has pairs
+	// (arguments are then writes one for one).
+	starts []int
+}
+
+func newCommitArgIndex(b *batch.Batch) commitArgIndex {
+	x := commitArgIndex{b: b}
+	for i := range b.Writes {
+		if b.Writes[i].Kind == batch.KindCheckRecords {
+			x.starts = make([]int, len(b.Writes)+1)
+			a := 0
+			for j := range b.Writes {
+				x.starts[j] = a
+				if b.Writes[j].Kind == batch.KindCheckRecords {
+					a += len(b.Writes[j].Checks)
+				} else {
+					a++
+				}
+			}
+			x.starts[len(b.Writes)] = a
+			break
+		}
+	}
+	return x
+}
+
+func (x commitArgIndex) at(arg int) (write, pair int, ok bool) {
+	if arg < 0 {
+		return 0, 0, false
+	}
+	if x.starts == nil {
+		return arg, -1, arg < len(x.b.Writes)
+	}
+	if arg >= x.starts[len(x.b.Writes)] {
+		return 0, 0, false
+	}
+	// The last write starting at or before arg.
+	i, found := slices.BinarySearch(x.starts[:len(x.b.Writes)], arg)
+	if !found {
+		i--
+	}
+	for i+1 < len(x.b.Writes) && x.starts[i+1] == arg {
+		i++ // skip writes of no argument (a records check of no pair)
+	}
+	if x.b.Writes[i].Kind == batch.KindCheckRecords {
+		return i, arg - x.starts[i], true
+	}
+	return i, -1, true
+}
 
 // documentExists reports whether P:state:fencing:current holds the swarm's
 // whole document (the document layout).

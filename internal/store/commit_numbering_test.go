@@ -1,7 +1,9 @@
 package store_test
 
-// Revisions and epochs: never above 2^53-1, never issued twice (even after
-// Redis lost acknowledged writes), and a replay writes nothing.
+// Revisions and epochs: none issued above 10^14-1 (and none stored above
+// 2^53-1 read or compared), never issued twice (even after Redis lost
+// acknowledged writes), ordered across the eras of numbering, and a replay
+// writes nothing.
 
 import (
 	"context"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
 )
@@ -22,7 +25,9 @@ import (
 // (before: the put committed and the record read back at
 // 9007199254740992, a revision that went backwards). The same for the
 // counter, meta/section_revisions, meta/epoch and the lease, and for a new
-// revision or epoch that would pass 2^53-1.
+// revision or epoch that would pass 10^14-1, the largest fenced issues. A
+// record or counter at 2^53-1 (a µs revision of era 1) is no limit: the
+// next revision is of era 2, later by the issue order.
 func TestRevisionAboveLimitIsCorruptAndNeverWritten(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -64,19 +69,32 @@ func TestRevisionAboveLimitIsCorruptAndNeverWritten(t *testing.T) {
 		if rec, _, err := st.Record(ctx, slug, "claims", "c"); err != nil || rec.Revision != 1<<53-1 {
 			t.Errorf("Record(claims/c at r%s) = %+v, %v; want it read exactly", limit, rec, err)
 		}
+		rev, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", 1<<53-1, `2`)}})
+		if err != nil || rev > store.MaxIssued || rev < protocol.ClockEraMin {
+			t.Errorf("Commit expecting r%s = r%d, %v; want a 14-digit revision (era 2 follows era 1)", limit, rev, err)
+		}
+	})
+	t.Run("record at the issue limit", func(t *testing.T) {
+		const slug = "at-issue-limit"
+		srv.Do(t, "HSET", key(slug, "claims"), "c", `{"r":99999999999999,"v":1}`)
 		before := dumpSwarm(t, srv)
-		_, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", 1<<53-1, `2`)}})
+		_, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", store.MaxIssued, `2`)}})
 		refused(t, slug, err, "", "revision")
 		unchanged(t, before)
 	})
 	t.Run("counter", func(t *testing.T) {
-		for _, c := range []string{limit, over} {
+		for _, c := range []string{"99999999999999", over} {
 			slug := "counter-" + c
 			srv.Do(t, "SET", key(slug, "revision"), c)
 			before := dumpSwarm(t, srv)
 			_, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}})
 			refused(t, slug, err, "", "revision")
 			unchanged(t, before)
+		}
+		slug := "counter-" + limit
+		srv.Do(t, "SET", key(slug, "revision"), limit)
+		if rev, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", batch.Blind, `1`)}}); err != nil || rev > store.MaxIssued {
+			t.Errorf("Commit with the counter at %s = r%d, %v; want a revision below 10^14", limit, rev, err)
 		}
 		_, _, err := st.Record(ctx, "counter-"+over, "claims", "c")
 		var ce *store.CorruptError
@@ -97,13 +115,23 @@ func TestRevisionAboveLimitIsCorruptAndNeverWritten(t *testing.T) {
 	})
 	t.Run("epoch", func(t *testing.T) {
 		const slug = "over-epoch"
-		srv.Do(t, "HSET", key(slug, "meta"), "epoch", `{"r":5,"v":`+limit+`}`)
+		for _, e := range []string{"99999999999999", limit} {
+			srv.Do(t, "HSET", key(slug, "meta"), "epoch", `{"r":5,"v":`+e+`}`)
+			before := dumpSwarm(t, srv)
+			_, _, err := st.Acquire(ctx, slug, "tick", 1000)
+			refused(t, slug, err, "", "epoch")
+			unchanged(t, before)
+		}
+		srv.Do(t, "HSET", key(slug, "meta"), "epoch", `{"r":5,"v":99999999999998}`)
+		if l, _, err := st.Acquire(ctx, slug, "tick", 1000); err != nil || l.Epoch != store.MaxIssued {
+			t.Errorf("Acquire after epoch 10^14-2 = %+v, %v; want epoch 10^14-1", l, err)
+		}
+		if _, err := st.Release(ctx, slug, "tick", store.MaxIssued); err != nil {
+			t.Fatal(err)
+		}
+		srv.Do(t, "HSET", key(slug, "meta"), "epoch", `{"r":5,"v":`+over+`}`)
 		before := dumpSwarm(t, srv)
 		_, _, err := st.Acquire(ctx, slug, "tick", 1000)
-		refused(t, slug, err, "", "epoch")
-		srv.Do(t, "HSET", key(slug, "meta"), "epoch", `{"r":5,"v":`+over+`}`)
-		before = dumpSwarm(t, srv)
-		_, _, err = st.Acquire(ctx, slug, "tick", 1000)
 		refused(t, slug, err, "meta", "epoch")
 		unchanged(t, before)
 	})
@@ -208,7 +236,7 @@ func checkNothingReissued(t *testing.T, st *store.Store, lost lostWrites) {
 	const slug = "loss"
 	var highestLost int64
 	for _, r := range lost.revisions {
-		highestLost = max(highestLost, r)
+		highestLost = protocol.LatestRevision(highestLost, r)
 	}
 	c, rev, err := st.Acquire(ctx, slug, "tick-c", 60_000)
 	if err != nil {
@@ -223,8 +251,8 @@ func checkNothingReissued(t *testing.T, st *store.Store, lost lostWrites) {
 			Writes: []batch.Write{put("claims", "T-1", batch.Blind, fmt.Sprintf(`"other content %d"`, i))}}))
 	}
 	for _, r := range issued {
-		if r <= highestLost {
-			t.Errorf("revision %d issued after the loss, want above every lost one (highest %d): %v", r, highestLost, lost.revisions)
+		if !protocol.RevisionLater(r, highestLost) || r > store.MaxIssued {
+			t.Errorf("revision %d issued after the loss, want later than every lost one (latest %d) and below 10^14: %v", r, highestLost, lost.revisions)
 		}
 	}
 	_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "T-1", lost.claimRev, `"next step"`)}})
@@ -250,9 +278,9 @@ func waitClockPast(t *testing.T, srv *redistest.Server, lost lostWrites) {
 		nowUs := us*1_000_000 + frac
 		var highest int64
 		for _, r := range lost.revisions {
-			highest = max(highest, r)
+			highest = protocol.LatestRevision(highest, r)
 		}
-		if nowUs > highest && nowUs/1000 > lost.epoch {
+		if protocol.RevisionLater(protocol.ClockRevision(nowUs), highest) && nowUs/1000 > lost.epoch {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -314,7 +342,8 @@ func TestRestartWithoutPersistenceNeverReissuesRevisionsOrEpochs(t *testing.T) {
 
 // TestSmallCounterMovesToClockRevisions: a swarm whose counter and records
 // an older writer numbered 1, 2, 3... moves to revisions of Redis's clock
-// (µs) on its next fenced batch, and never goes back.
+// (in 100 µs: 14 digits, below 10^14) on its next fenced batch, and never
+// goes back.
 func TestSmallCounterMovesToClockRevisions(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -322,14 +351,14 @@ func TestSmallCounterMovesToClockRevisions(t *testing.T) {
 	srv.Do(t, "SET", key(slug, "revision"), "5")
 	srv.Do(t, "HSET", key(slug, "claims"), "c", `{"r": 5, "v": 1}`)
 	srv.Do(t, "HSET", key(slug, "meta"), "epoch", `{"r": 4, "v": 3}`)
-	before := redisNowMs(t, srv) * 1000
+	before := redisNowMs(t, srv) * 10 // in 100 µs
 	rev := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", 5, `2`)}})
-	if rev < before {
-		t.Errorf("first fenced batch after revision 5 = r%d, want at least Redis's clock, %d µs", rev, before)
+	if rev < before || rev > store.MaxIssued {
+		t.Errorf("first fenced batch after revision 5 = r%d, want at least Redis's clock, %d (100 µs), and below 10^14", rev, before)
 	}
 	l, _, err := st.Acquire(context.Background(), slug, "tick", 1000)
-	if err != nil || l.Epoch < before/1000 {
-		t.Errorf("first grant after epoch 3 = %+v, %v; want at least Redis's clock, %d ms", l, err, before/1000)
+	if err != nil || l.Epoch < before/10 {
+		t.Errorf("first grant after epoch 3 = %+v, %v; want at least Redis's clock, %d ms", l, err, before/10)
 	}
 	prev := rev
 	for i := range 5 {

@@ -142,6 +142,16 @@ func TestCommitArgs(t *testing.T) {
 			args: []string{"s::0:::", "c4:15:a", "p5:0:b", `"v"`, "S4:0:", "c1:1:lease", "d5:1:c"},
 		},
 		{
+			name: "a records check: one 'R' argument per pair, in a row; its section once; a check of executions is not the by-name variant",
+			b: &batch.Batch{Slug: "s", Writes: []batch.Write{
+				{Kind: batch.KindCheckRecords, Section: "executions", Checks: []batch.RecordCheck{{Key: "e:1", Expected: 1764540000000000}, {Key: "e2"}}},
+				{Kind: batch.KindPut, Section: "claims", Key: "b", Expected: 0, Value: `"v"`},
+				{Kind: batch.KindCheckRecords, Section: "claims", Checks: []batch.RecordCheck{{Key: "c", Expected: 36}}},
+			}},
+			keys: []string{meta, rev, log, execs, claims, current},
+			args: []string{"s::0:::", "R4:hdh6hgxds0:e:1", "R4:0:e2", "p5:0:b", `"v"`, "R5:10:c"},
+		},
+		{
 			name:   "a put in executions: the by-name variant, executions and by-name as KEYS[4] and KEYS[5]",
 			byName: true,
 			b: &batch.Batch{Slug: "s", Writes: []batch.Write{
@@ -205,6 +215,9 @@ func TestRequestDigest(t *testing.T) {
 		"key":      func(b *batch.Batch) { b.Writes[0].Key = "d" },
 		"expected": func(b *batch.Batch) { b.Writes[0].Expected = 1 },
 		"value":    func(b *batch.Batch) { b.Writes[0].Value = `{"x":2}` },
+		"a records check": func(b *batch.Batch) {
+			b.Writes = append(b.Writes, batch.Write{Kind: batch.KindCheckRecords, Section: "claims", Checks: []batch.RecordCheck{{Key: "d", Expected: 1}}})
+		},
 		// Length prefixes: moving a byte from the key to the section is another request.
 		"split": func(b *batch.Batch) { b.Writes[0].Section, b.Writes[0].Key = "claimsc", "" },
 	} {
@@ -212,6 +225,73 @@ func TestRequestDigest(t *testing.T) {
 		change(b)
 		if got := requestDigest(b); got == want {
 			t.Errorf("requestDigest with another %s = %s, the digest of the original request", name, got)
+		}
+	}
+}
+
+// TestRequestDigestOfRecordsChecks: every pair of a records check is part
+// of the request: another key, revision, order or count is another digest.
+func TestRequestDigestOfRecordsChecks(t *testing.T) {
+	base := func() *batch.Batch {
+		return &batch.Batch{Slug: "s", RequestID: "req-1", Writes: []batch.Write{
+			{Kind: batch.KindPut, Section: "claims", Key: "c", Expected: 5, Value: `1`},
+			{Kind: batch.KindCheckRecords, Section: "claims", Checks: []batch.RecordCheck{{Key: "a", Expected: 1}, {Key: "b", Expected: 2}}},
+		}}
+	}
+	want := requestDigest(base())
+	if got := requestDigest(base()); got != want {
+		t.Fatalf("requestDigest is not deterministic: %s, then %s", want, got)
+	}
+	for name, change := range map[string]func(b *batch.Batch){
+		"pair key":      func(b *batch.Batch) { b.Writes[1].Checks[1].Key = "x" },
+		"pair expected": func(b *batch.Batch) { b.Writes[1].Checks[0].Expected = 3 },
+		"pair order": func(b *batch.Batch) {
+			b.Writes[1].Checks[0], b.Writes[1].Checks[1] = b.Writes[1].Checks[1], b.Writes[1].Checks[0]
+		},
+		"one pair fewer": func(b *batch.Batch) { b.Writes[1].Checks = b.Writes[1].Checks[:1] },
+		"a pair more":    func(b *batch.Batch) { b.Writes[1].Checks = append(b.Writes[1].Checks, batch.RecordCheck{Key: "z"}) },
+		"pairs moved to another records check": func(b *batch.Batch) {
+			b.Writes[1].Checks = b.Writes[1].Checks[:1]
+			b.Writes = append(b.Writes, batch.Write{Kind: batch.KindCheckRecords, Section: "claims", Checks: []batch.RecordCheck{{Key: "b", Expected: 2}}})
+		},
+	} {
+		b := base()
+		change(b)
+		if got := requestDigest(b); got == want {
+			t.Errorf("requestDigest with another %s = %s, the digest of the original request", name, got)
+		}
+	}
+}
+
+// TestCommitArgIndex pins how commit.lua's write arguments (a records
+// check of n pairs is n of them) map back to a batch's writes and pairs.
+func TestCommitArgIndex(t *testing.T) {
+	recs := func(n int) batch.Write {
+		return batch.Write{Kind: batch.KindCheckRecords, Section: "claims", Checks: make([]batch.RecordCheck, n)}
+	}
+	plain := &batch.Batch{Writes: []batch.Write{{Kind: batch.KindPut}, {Kind: batch.KindCheck}}}
+	mixed := &batch.Batch{Writes: []batch.Write{{Kind: batch.KindPut}, recs(3), recs(0), {Kind: batch.KindCheck}, recs(2)}}
+	type at struct {
+		write, pair int
+		ok          bool
+	}
+	for _, c := range []struct {
+		name string
+		b    *batch.Batch
+		want []at // for arguments 0, 1, ...; then one past the last: not ok
+	}{
+		{"no records check", plain, []at{{0, -1, true}, {1, -1, true}}},
+		{"records checks", mixed, []at{{0, -1, true}, {1, 0, true}, {1, 1, true}, {1, 2, true}, {3, -1, true}, {4, 0, true}, {4, 1, true}}},
+	} {
+		x := newCommitArgIndex(c.b)
+		for a, want := range append(c.want, at{}) {
+			w, p, ok := x.at(a)
+			if (at{w, p, ok}) != want && (ok || want.ok) {
+				t.Errorf("%s: argument %d -> write %d pair %d ok %v, want %+v", c.name, a, w, p, ok, want)
+			}
+		}
+		if _, _, ok := x.at(-1); ok {
+			t.Errorf("%s: argument -1 answered ok", c.name)
 		}
 	}
 }

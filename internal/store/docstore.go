@@ -2,14 +2,19 @@ package store
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/docplan"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/rueidis"
 )
 
@@ -24,28 +29,125 @@ import (
 // plan and writes what it answers.
 
 // MaxTransactionAttempts bounds the plans of one document write or
-// migration that lost its WATCH (issue 13: 16).
+// migration whose compare-and-set lost to another write of the same swarm
+// (issue 13: 16), and the attempts of a migration that Redis did not
+// answer.
 const MaxTransactionAttempts = 16
 
-// docWriteScript pushes the stored document onto the history list (kept
-// at its last 2 copies) and stores the new one: run inside MULTI, so that
-// the old copy is never sent over the wire.
+// The wait between two plans of a document write or migration: from
+// docRetryInitial, doubling up to docRetryMax, ±50 % (the in-house port's
+// 1-32 ms); after a Redis failure of a migration, docRetryUnavailable.
+const (
+	docRetryInitial     = time.Millisecond
+	docRetryMax         = 32 * time.Millisecond
+	docRetryUnavailable = 250 * time.Millisecond
+)
+
+// DefaultMigrateTimeout bounds a Migrate whose context has no deadline.
+const DefaultMigrateTimeout = time.Minute
+
+// docRetry is the backoff between the plans of one document transaction.
+func docRetry() backoff.BackOff {
+	return &backoff.ExponentialBackOff{InitialInterval: docRetryInitial, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: docRetryMax}
+}
+
+// Document swarms share one hash, the bucket (field <slug> per swarm), so
+// a WATCH on it would abort a transaction on one swarm for a write to any
+// other (issue 24 §4). Instead every document write and migration is one
+// script that compares the swarm's own state with what its plan was made
+// from and writes only when nothing changed (compare-and-set): the
+// document's length and SHA-1 (redis.sha1hex: the plan's bytes never go
+// back to Redis), meta/layout and the revision counter as read ('=' and
+// the text; empty when absent). It answers 0 when any differs (plan again)
+// and writes nothing then.
 //
-// KEYS[1] P:state:fencing:current   KEYS[2] P:state:fencing:history:<slug>
-// ARGV[1] slug   ARGV[2] the new document; or ARGV[2] ” and ARGV[3] the
-// byte offset (1-based) of the document's closing '}', before which
-// ',"moved_to":"records"' is spliced (Migrate).
-var docWriteScript = `local old = redis.call('HGET', KEYS[1], ARGV[1])
-local new = ARGV[2]
-if old then
-  redis.call('LPUSH', KEYS[2], old)
-  redis.call('LTRIM', KEYS[2], 0, ` + strconv.Itoa(protocol.HistoryCopies-1) + `)
-  if new == '' then
-    local at = tonumber(ARGV[3])
-    new = string.sub(old, 1, at - 1) .. ',"moved_to":"` + protocol.LayoutRecords + `"' .. string.sub(old, at)
+// KEYS[1] P:state:fencing:current  KEYS[2] P:state:fencing:history:<slug>
+// KEYS[3] P:{<slug>}:fence:meta    KEYS[4] P:{<slug>}:fence:revision
+// ARGV[1] slug  ARGV[2] the document's length  ARGV[3] its SHA-1 (hex)
+// ARGV[4] meta/layout as read  ARGV[5] the counter as read
+const docCompare = `local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old or #old ~= tonumber(ARGV[2]) or redis.sha1hex(old) ~= ARGV[3] then
+  return 0
+end
+local layout = redis.call('HGET', KEYS[3], '` + protocol.FieldLayout + `')
+if (layout and ('=' .. layout) or '') ~= ARGV[4] then
+  return 0
+end
+local counter = redis.call('GET', KEYS[4])
+if (counter and ('=' .. counter) or '') ~= ARGV[5] then
+  return 0
+end
+`
+
+// docWriteScript is docCompare, then pushes the stored document onto the
+// history list (kept at its last protocol.HistoryCopies copies) and
+// stores the new one, ARGV[6]; it answers 1.
+var docWriteScript = docCompare + `redis.call('LPUSH', KEYS[2], old)
+redis.call('LTRIM', KEYS[2], 0, ` + strconv.Itoa(protocol.HistoryCopies-1) + `)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[6])
+return 1`
+
+// migrateScript is docCompare, then the move (docs/design/02-redis-layout.md
+// §2.6), all or nothing: first the Redis type of every key it writes
+// without having read it is checked (answered {key index, type, wanted
+// type} when one holds another type; nothing written); then one log entry
+// (XADD, by pcall: refused, nothing written), the HSETs, by-name's index
+// flagged stale (when the move writes by-name), the revision counter, the
+// stamp, and the document pushed to the history and stored again with
+// ',"moved_to":"records"' spliced before its closing '}'. It answers 1.
+//
+// KEYS[5] P:{<slug>}:fence:log  KEYS[6] P:{<slug>}:fence:by-name-index
+// KEYS[7..] the hashes written (sections, meta, by-name)
+// ARGV[6] the revision  ARGV[7] the records written  ARGV[8] the byte
+// offset (from 1) of the document's closing '}'  ARGV[9] '1' when by-name
+// is written; then per hash of KEYS[7..]: its field count, then its fields
+// and values.
+var migrateScript = docCompare + `local function wrong(k, want)
+  local t = redis.call('TYPE', KEYS[k])
+  if type(t) == 'table' then t = t.ok end
+  if t ~= 'none' and t ~= want then return { k, t, want } end
+  return nil
+end
+local bad = wrong(2, 'list') or wrong(5, 'stream')
+if not bad and ARGV[9] == '1' then bad = wrong(6, 'zset') end
+for k = 7, #KEYS do
+  bad = bad or wrong(k, 'hash')
+end
+if bad then
+  return bad
+end
+local rev = ARGV[6]
+local id = redis.pcall('XADD', KEYS[5], 'MAXLEN', '` + protocol.LogTrim + `', ` + strconv.Itoa(protocol.LogCap) + `, '*',
+  'revision', rev, 'owner', '', 'records', ARGV[7])
+if type(id) == 'table' and id.err then
+  return id
+end
+local a = 10
+for k = 7, #KEYS do
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  local done = 0
+  while done < n do
+    local m = math.min(n - done, 256)
+    local fv = {}
+    for j = 1, 2 * m do
+      fv[j] = ARGV[a + j - 1]
+    end
+    redis.call('HSET', KEYS[k], unpack(fv))
+    a = a + 2 * m
+    done = done + m
   end
 end
-redis.call('HSET', KEYS[1], ARGV[1], new)
+if ARGV[9] == '1' then
+  redis.call('ZINCRBY', KEYS[6], 1, '` + protocol.FlagStale + `')
+end
+redis.call('SET', KEYS[4], rev)
+redis.call('HSET', KEYS[1], ARGV[1] .. '` + protocol.StampSuffix + `', rev)
+redis.call('LPUSH', KEYS[2], old)
+redis.call('LTRIM', KEYS[2], 0, ` + strconv.Itoa(protocol.HistoryCopies-1) + `)
+local at = tonumber(ARGV[8])
+redis.call('HSET', KEYS[1], ARGV[1], string.sub(old, 1, at - 1) .. ',"moved_to":"` + protocol.LayoutRecords + `"' .. string.sub(old, at))
 return 1`
 
 // history is P:state:fencing:history:<slug>.
@@ -129,147 +231,210 @@ func timeReply(m []rueidis.RedisMessage) (us, ms int64, err error) {
 	return us, us / 1000, nil
 }
 
-// docTx is one planned document transaction: what it writes (inside
-// MULTI, after the reads under WATCH) and what it answers.
+// docState is what a document transaction's plan is made from: the
+// swarm's document (nil: none, or it moved), whether meta/layout says
+// records, the counter, Redis's clock (µs and ms), and what the
+// compare-and-set compares (the stored texts as read).
+type docState struct {
+	doc                   *document
+	layout                bool
+	counter, nowUs, nowMs int64
+	// raw is the document as stored (nil: absent).
+	raw []byte
+	// layoutRaw and counterRaw are meta/layout and the counter as read,
+	// '=' and the text; "" when absent.
+	layoutRaw, counterRaw string
+}
+
+// readDocState reads what a plan is made from (one round trip, no WATCH):
+// the document, meta/layout, the counter and TIME. Errors: *CorruptError
+// (the document, the counter), ErrMalformedReply, ErrUnavailable, context
+// errors, *RedisError.
+func (s *Store) readDocState(ctx context.Context, k swarmKeys) (*docState, error) {
+	c := s.c()
+	res := c.DoMulti(ctx,
+		c.B().Hget().Key(k.current).Field(k.slug).Build(),
+		c.B().Hget().Key(k.meta()).Field(protocol.FieldLayout).Build(),
+		c.B().Get().Key(k.revision()).Build(),
+		c.B().Time().Build())
+	for _, r := range res {
+		if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
+			return nil, s.classify(ctx, err)
+		}
+	}
+	st := &docState{}
+	if raw, err := res[0].AsBytes(); err == nil {
+		st.raw = raw
+		if st.doc, err = parseDocument(raw); err != nil {
+			return nil, err
+		}
+	}
+	// layout: meta/layout says records (a "document" marker, set by some
+	// older writers, is the document layout).
+	if raw, err := res[1].ToString(); err == nil {
+		st.layoutRaw = "=" + raw
+		rec, ok := parseRecord(raw)
+		st.layout = !ok || rec.Value != `"document"`
+	}
+	if str, err := res[2].ToString(); err == nil {
+		st.counterRaw = "=" + str
+		if st.counter, err = parseRevision(str); err != nil {
+			return nil, err
+		}
+	}
+	tm, err := res[3].ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("%w: TIME: %w", ErrMalformedReply, err)
+	}
+	if st.nowUs, st.nowMs, err = timeReply(tm); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// docTx is one planned document transaction: the script that compares
+// and writes (nil: nothing to write), its keys and the arguments after
+// docCompare's, and what it answers.
 type docTx struct {
-	cmds func(c rueidis.DedicatedClient) rueidis.Commands
-	// wait: after EXEC, WAIT for this many replicas on the same
-	// connection (inside MULTI, WAIT answers at once, before the
-	// transaction's writes have propagated).
+	script string
+	keys   []string
+	args   []string
+	// wait: after the script, WAIT for this many replicas on the same
+	// connection.
 	wait Durability
 	// moved: the swarm is on the records layout; nothing planned.
 	moved bool
+	// keyName names keys[i] in a refusal (*CorruptError).
+	keyName func(i int) string
+}
+
+// compareKeys are the keys docCompare reads: the bucket, the history, meta
+// and the counter.
+func compareKeys(k swarmKeys) []string {
+	return []string{k.current, k.history(), k.meta(), k.revision()}
 }
 
 // writeDocument is the transaction that stores newDoc as k's document
 // (the old copy pushed to its history by docWriteScript), then waits for
 // replicas as d says.
 func writeDocument(k swarmKeys, newDoc []byte, d Durability) docTx {
-	return docTx{wait: d, cmds: func(dc rueidis.DedicatedClient) rueidis.Commands {
-		return rueidis.Commands{dc.B().Eval().Script(docWriteScript).Numkeys(2).
-			Key(k.current, k.history()).Arg(k.slug, string(newDoc)).Build()}
-	}}
+	return docTx{script: docWriteScript, keys: compareKeys(k), args: []string{string(newDoc)}, wait: d}
 }
 
-// watchDocument runs plan under WATCH on the bucket, the swarm's meta and
-// its revision counter, up to MaxTransactionAttempts times while EXEC is
-// aborted. plan gets the document (nil when there is none: the swarm has
-// no state, or moved), whether meta/layout is set, the counter, and
-// Redis's clock. It answers how many replicas acknowledged the planned
-// transaction (its docTx.wait; 0 when it waits for none or plan wrote
-// nothing) and whether the swarm is on the records. Errors:
-// contended (after the last attempt), plan's errors,
-// ErrReplicaWaitsExhausted (a wait planned and no wait slot free; nothing
-// written), ErrUnavailable, context errors, *RedisError.
-func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
-	plan func(d *document, layout bool, counter, nowUs, nowMs int64) (docTx, error)) (acked int, moved bool, err error) {
-	if !s.stamp {
-		return 0, false, ErrDocumentOnCluster
-	}
-	for range MaxTransactionAttempts {
-		aborted := false
-		var planErr error
-		err = s.c().Dedicated(func(dc rueidis.DedicatedClient) error {
-			res := dc.DoMulti(ctx,
-				dc.B().Watch().Key(k.current, k.meta(), k.revision()).Build(),
-				dc.B().Hget().Key(k.current).Field(k.slug).Build(),
-				dc.B().Hget().Key(k.meta()).Field(protocol.FieldLayout).Build(),
-				dc.B().Get().Key(k.revision()).Build(),
-				dc.B().Time().Build())
-			for _, r := range res {
-				if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
-					return err
-				}
-			}
-			var d *document
-			if raw, err := res[1].AsBytes(); err == nil {
-				if d, err = parseDocument(raw); err != nil {
-					return err
-				}
-			}
-			// layout: meta/layout says records (a "document" marker, set
-			// by some older writers, is the document layout).
-			layout := false
-			if raw, err := res[2].ToString(); err == nil {
-				rec, ok := parseRecord(raw)
-				layout = !ok || rec.Value != `"document"`
-			}
-			var counter int64
-			if str, err := res[3].ToString(); err == nil {
-				if counter, err = parseRevision(str); err != nil {
-					return err
-				}
-			}
-			tm, err := res[4].ToArray()
-			if err != nil {
-				return fmt.Errorf("%w: TIME: %w", ErrMalformedReply, err)
-			}
-			us, ms, err := timeReply(tm)
-			if err != nil {
-				return err
-			}
-			tx, err := plan(d, layout, counter, us, ms)
-			if err != nil || tx.cmds == nil {
-				dc.Do(ctx, dc.B().Unwatch().Build())
-				moved, planErr = tx.moved, err
-				return nil
-			}
-			if w := tx.wait; w.Replicas > 0 {
-				// The replica wait holds this dedicated connection: it
-				// takes a wait slot as a records commit does (none free:
-				// ErrReplicaWaitsExhausted, nothing written).
-				release, err := s.waits.acquire(k.slug, w.wait() > s.leaseDurability.wait())
-				if err != nil {
-					dc.Do(ctx, dc.B().Unwatch().Build())
-					planErr = err
-					return nil
-				}
-				defer release()
-			}
-			cmds := append(rueidis.Commands{dc.B().Multi().Build()}, tx.cmds(dc)...)
-			cmds = append(cmds, dc.B().Exec().Build())
-			res = dc.DoMulti(ctx, cmds...)
-			for _, r := range res[:len(res)-1] {
-				if err := r.Error(); err != nil {
-					return err
-				}
-			}
-			arr, err := res[len(res)-1].ToArray()
-			if rueidis.IsRedisNil(err) {
-				aborted = true
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			for _, r := range arr {
-				if err := r.Error(); err != nil {
-					return err
-				}
-			}
-			if w := tx.wait; w.Replicas > 0 {
-				// The transaction committed; only the wait may fail:
-				// then no replica acknowledged.
-				n, _ := dc.Do(ctx, dc.B().Wait().Numreplicas(int64(w.Replicas)).Timeout(w.wait().Milliseconds()).Build()).AsInt64()
-				acked = int(n)
+// errCompareLost: the compare-and-set found the swarm's document, meta/
+// layout or counter changed since the plan was made; nothing was written.
+var errCompareLost = errors.New("store: the swarm changed since the plan")
+
+// runDocTx runs tx as planned from st: the script with docCompare's
+// arguments, then (committed, tx.wait.Replicas > 0) WAIT on the same
+// connection, once a wait slot is taken (none free:
+// ErrReplicaWaitsExhausted, nothing sent). It answers the replicas that
+// acknowledged; errCompareLost when the swarm changed (nothing written);
+// sent is false when the script certainly did not run (nothing was sent,
+// or Redis answered an error reply): an error with sent true may come
+// after the script committed. Errors: *CorruptError (a key of another
+// type), ErrUnavailable, context errors, *RedisError.
+func (s *Store) runDocTx(ctx context.Context, k swarmKeys, st *docState, tx docTx) (acked int, sent bool, err error) {
+	sum := sha1.Sum(st.raw)
+	args := append([]string{k.slug, strconv.Itoa(len(st.raw)), hex.EncodeToString(sum[:]), st.layoutRaw, st.counterRaw}, tx.args...)
+	c := s.c()
+	cmd := c.B().Eval().Script(tx.script).Numkeys(int64(len(tx.keys))).Key(tx.keys...).Arg(args...).Build()
+	var res rueidis.RedisResult
+	if tx.wait.Replicas <= 0 {
+		res = c.Do(ctx, cmd)
+	} else {
+		// The replica wait holds a dedicated connection: it takes a wait
+		// slot as a records commit does.
+		release, err := s.waits.acquire(k.slug, tx.wait.wait() > s.leaseDurability.wait())
+		if err != nil {
+			return 0, false, err
+		}
+		defer release()
+		c.Dedicated(func(dc rueidis.DedicatedClient) error {
+			res = dc.Do(ctx, cmd)
+			if n, err := res.AsInt64(); err == nil && n == 1 {
+				// The transaction committed; only the wait may fail: then
+				// no replica acknowledged.
+				w, _ := dc.Do(ctx, dc.B().Wait().Numreplicas(int64(tx.wait.Replicas)).Timeout(tx.wait.wait().Milliseconds()).Build()).AsInt64()
+				acked = int(w)
 			}
 			return nil
 		})
-		if planErr != nil {
-			return 0, false, planErr
-		}
-		if err != nil {
-			var corrupt *CorruptError
-			if errors.As(err, &corrupt) || errors.Is(err, ErrMalformedReply) {
-				return 0, false, err
-			}
-			return 0, false, s.classify(ctx, err)
-		}
-		if !aborted {
-			return acked, moved, nil
+	}
+	if err := res.Error(); err != nil {
+		_, answered := rueidis.IsRedisErr(err)
+		return 0, !answered, s.classify(ctx, err)
+	}
+	if n, err := res.AsInt64(); err == nil {
+		switch n {
+		case 1:
+			return acked, true, nil
+		case 0:
+			return 0, false, errCompareLost
 		}
 	}
-	return 0, false, contended
+	if arr, err := res.ToArray(); err == nil && len(arr) == 3 {
+		i, err1 := arr[0].AsInt64()
+		typ, err2 := arr[1].ToString()
+		want, err3 := arr[2].ToString()
+		if errors.Join(err1, err2, err3) == nil && i >= 1 && int(i) <= len(tx.keys) && tx.keyName != nil {
+			return 0, false, &CorruptError{Key: tx.keyName(int(i) - 1), Type: typ, Want: want}
+		}
+	}
+	return 0, false, fmt.Errorf("%w: document script: %s", ErrMalformedReply, res.String())
+}
+
+// casDocument plans and runs a document write or lease operation: it
+// reads the swarm's state (readDocState), calls plan, and runs what plan
+// answers (runDocTx); when the compare-and-set finds the swarm changed it
+// plans again (docRetry between plans), up to MaxTransactionAttempts
+// times. Writes to other swarms' fields of the bucket never make it plan
+// again. It answers how many replicas acknowledged (tx.wait; 0 when none
+// was asked or nothing was written) and whether the swarm is on the
+// records. Errors: contended (after the last plan), plan's errors,
+// ErrReplicaWaitsExhausted (nothing written), *CorruptError,
+// ErrUnavailable (the write may have committed), context errors,
+// *RedisError.
+func (s *Store) casDocument(ctx context.Context, k swarmKeys, contended error,
+	plan func(st *docState) (docTx, error)) (acked int, moved bool, err error) {
+	if !s.stamp {
+		return 0, false, ErrDocumentOnCluster
+	}
+	_, err = backoff.Retry(ctx, func() (struct{}, error) {
+		st, err := s.readDocState(ctx, k)
+		if err != nil {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		tx, err := plan(st)
+		if err != nil || tx.script == "" {
+			moved = tx.moved
+			return struct{}{}, backoff.Permanent(err)
+		}
+		if s.afterPlan != nil {
+			s.afterPlan(k.slug)
+		}
+		n, _, err := s.runDocTx(ctx, k, st, tx)
+		if errors.Is(err, errCompareLost) {
+			return struct{}{}, err
+		}
+		acked = n
+		return struct{}{}, backoff.Permanent(err)
+	}, backoff.WithBackOff(docRetry()), backoff.WithMaxTries(MaxTransactionAttempts), backoff.WithMaxElapsedTime(0))
+	var p *backoff.PermanentError
+	if errors.As(err, &p) {
+		err = p.Unwrap()
+	}
+	switch {
+	case err == nil:
+		return acked, moved, nil
+	case errors.Is(err, errCompareLost):
+		return 0, false, contended
+	case errors.Is(err, errRedisTimeout) && ctx.Err() != nil:
+		// backoff.Retry answers the context's cause when it ends between
+		// two plans.
+		return 0, false, s.classify(ctx, ctx.Err())
+	}
+	return 0, false, err
 }
 
 // commitDocument runs a batch on a swarm still on the document layout
@@ -279,12 +444,12 @@ func (s *Store) watchDocument(ctx context.Context, k swarmKeys, contended error,
 // the document layout (a retry of a committed batch answers a conflict).
 func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch, d Durability) (c Committed, moved bool, err error) {
 	var rev int64
-	acked, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
-		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
-			if doc == nil || doc.MovedTo != "" || layout {
+	acked, moved, err := s.casDocument(ctx, k, ErrDocumentContended,
+		func(st *docState) (docTx, error) {
+			if st.doc == nil || st.doc.MovedTo != "" || st.layout {
 				return docTx{moved: true}, nil
 			}
-			newDoc, r, err := docplan.PlanBatch(doc.Document, b, counter, nowUs, nowMs)
+			newDoc, r, err := docplan.PlanBatch(st.doc.Document, b, st.counter, st.nowUs, st.nowMs)
 			rev = r
 			if err != nil || newDoc == nil {
 				return docTx{}, storeError(err)
@@ -304,12 +469,12 @@ func (s *Store) commitDocument(ctx context.Context, k swarmKeys, b *batch.Batch,
 func (s *Store) leaseDocument(ctx context.Context, k swarmKeys, op, owner string, epoch, ttlMs int64) (e LeaseEvent, rev int64, acked int, moved bool) {
 	e.Op = op
 	d := s.leaseDurability
-	acked, moved, err := s.watchDocument(ctx, k, ErrDocumentContended,
-		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
-			if doc == nil || doc.MovedTo != "" || layout {
+	acked, moved, err := s.casDocument(ctx, k, ErrDocumentContended,
+		func(st *docState) (docTx, error) {
+			if st.doc == nil || st.doc.MovedTo != "" || st.layout {
 				return docTx{moved: true}, nil
 			}
-			ch, newDoc, r, err := docplan.PlanLease(doc.Document, op, owner, epoch, ttlMs, counter, nowUs, nowMs)
+			ch, newDoc, r, err := docplan.PlanLease(st.doc.Document, op, owner, epoch, ttlMs, st.counter, st.nowUs, st.nowMs)
 			if err != nil {
 				return docTx{}, storeError(err)
 			}
@@ -363,25 +528,48 @@ type Migration struct {
 }
 
 // Migrate moves a swarm from the document layout onto the records layout
-// in one transaction (WATCH on the bucket, meta and the revision counter;
-// planned again, up to MaxTransactionAttempts times, when another writer
-// changed them): every record of the document (archive included) written
-// as a record with one new revision (lib_commit.lua's numbering rule), meta moved
-// with the lease and epoch kept byte for byte, meta/layout set to records,
-// by-name derived from executions, one log entry, the standalone stamp,
-// and the document rewritten with "moved_to":"records" and otherwise
-// unchanged (its old copy pushed to the history). A swarm already on the
-// records layout writes nothing (Records 0). dryRun plans and writes
-// nothing. Errors: ErrDocumentOnCluster, ErrMigrationContended,
-// *CorruptError (the document cannot be read), *LimitError, ErrUnavailable,
-// context errors, *RedisError.
+// in one compare-and-set script (migrateScript: it writes only when the
+// swarm's document, meta/layout and revision counter are still what the
+// plan was made from; writes to other swarms' fields of the bucket do not
+// matter): every record of the document (archive included) written as a
+// record with one new revision (lib_commit.lua's numbering rule), meta
+// moved with the lease and epoch kept byte for byte, meta/layout set to
+// records, by-name derived from executions, one log entry, the standalone
+// stamp, and the document rewritten with "moved_to":"records" and
+// otherwise unchanged (its old copy pushed to the history). A swarm
+// already on the records layout (or without state) writes nothing
+// (Records 0). dryRun plans and writes nothing. A document holding a
+// section the Store does not serve (WithSections) is refused before
+// anything is written, dry run included.
+//
+// It plans again when the swarm changed (docRetry between plans) and
+// tries again when Redis did not answer (docRetryUnavailable between
+// tries), up to MaxTransactionAttempts attempts in all, within ctx's
+// deadline (DefaultMigrateTimeout when ctx has none); each call to Redis
+// is bounded by the Redis timeout (WithRedisTimeout). When a move was
+// sent and no answer came, a later attempt that finds the swarm moved
+// recognizes its own move by meta/layout's revision and answers it.
+//
+// Errors: ErrDocumentOnCluster; *SectionNotServedError; ErrMigrationContended
+// (the swarm kept changing); *CorruptError (the document cannot be read, or
+// a key the move writes holds another Redis type); *UnmovableError (it
+// holds records the records layout would not read; nothing written);
+// *LimitError;
+// ErrOutcomeUnknown (wrapping the last failure: a move was sent and its
+// outcome could not be learned; a repeat is safe); ErrUnavailable, context
+// errors, *RedisError (nothing was written).
 func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*Migration, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultMigrateTimeout)
+		defer cancel()
+	}
 	m, err := s.migrate(ctx, slug, dryRun)
 	if err == nil && m.Revision != 0 {
-		// by-name was set in the transaction; its index was flagged stale
-		// there, and is built here, step by step, each step bounded on its
-		// own (the move's bound would cut a large swarm's rebuild short);
-		// a batch meanwhile sees the flag.
+		// by-name was set in the move; its index was flagged stale there,
+		// and is built here, step by step, each step bounded on its own (the
+		// move's bound would cut a large swarm's rebuild short); a batch
+		// meanwhile sees the flag.
 		if _, err := s.RebuildByName(ctx, slug, 0); err != nil {
 			s.log.Warn("migrate: by-name index rebuild failed; the next batch rebuilds it", "slug", slug, "err", err)
 		}
@@ -389,78 +577,165 @@ func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*Migrati
 	return m, err
 }
 
-// migrate is Migrate's move, bounded by the Redis timeout.
+// migrate is Migrate's move, its attempts and their outcomes.
 func (s *Store) migrate(ctx context.Context, slug string, dryRun bool) (*Migration, error) {
-	ctx, cancel := s.bound(ctx, 0)
-	defer cancel()
 	k := s.keys(slug)
 	if !s.stamp {
-		if _, err := s.readDocument(ctx, k); err != nil {
+		bctx, cancel := s.bound(ctx, 0)
+		defer cancel()
+		if _, err := s.readDocument(bctx, k); err != nil {
 			return nil, fmt.Errorf("store: migrate: %w", err)
 		}
 		return &Migration{AlreadyMoved: true}, nil
 	}
-	m := &Migration{}
-	_, _, err := s.watchDocument(ctx, k, ErrMigrationContended,
-		func(doc *document, layout bool, counter, nowUs, nowMs int64) (docTx, error) {
-			*m = Migration{Attempts: m.Attempts + 1}
-			switch {
-			case doc == nil && !layout && counter == 0:
-				m.NoState = true
-				return docTx{}, nil
-			case doc == nil || doc.MovedTo != "" || layout:
-				m.AlreadyMoved = true
-				return docTx{}, nil
-			}
-			rev, err := docplan.NextRevision(counter, doc.Revision, nowUs)
-			if err != nil {
-				return docTx{}, storeError(err)
-			}
-			mv, err := docplan.PlanMigration(doc.Document, rev, executions)
-			if err != nil {
-				return docTx{}, storeError(err)
-			}
-			m.Sections, m.Records = mv.Sections, mv.Records
-			if dryRun {
-				return docTx{}, nil
-			}
-			m.Revision = rev
-			return docTx{cmds: migrationCommands(k, mv, rev)}, nil
-		})
-	if err != nil {
-		return nil, fmt.Errorf("store: migrate: %w", err)
+	var (
+		m        *Migration
+		lastErr  error
+		attempts int
+		// pending are the moves sent whose answer never came, by revision.
+		pending = map[int64]*Migration{}
+	)
+	// retry answers err to backoff.Retry: a lost compare-and-set and a
+	// Redis that did not answer are tried again, anything else is final.
+	retry := func(err error) (struct{}, error) {
+		lastErr = err
+		switch {
+		case errors.Is(err, errCompareLost):
+			return struct{}{}, err
+		case errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrRedisNotPermitted):
+			return struct{}{}, &backoff.RetryAfterError{Duration: docRetryUnavailable}
+		}
+		return struct{}{}, backoff.Permanent(err)
 	}
-	return m, nil
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		attempts++
+		bctx, cancel := s.bound(ctx, 0)
+		st, err := s.readDocState(bctx, k)
+		cancel()
+		if err != nil {
+			return retry(err)
+		}
+		plan, tx, err := s.planMigration(k, st, dryRun)
+		if err != nil {
+			return retry(err)
+		}
+		if tx.script == "" {
+			if mine := pending[layoutRevision(st)]; plan.AlreadyMoved && mine != nil {
+				plan = mine // a move of ours whose answer was lost committed
+			}
+			m = plan
+			return struct{}{}, nil
+		}
+		if s.afterPlan != nil {
+			s.afterPlan(slug)
+		}
+		wctx, cancel := s.bound(ctx, 0)
+		_, sent, err := s.runDocTx(wctx, k, st, tx)
+		cancel()
+		if err != nil {
+			if sent {
+				pending[plan.Revision] = plan
+			}
+			return retry(err)
+		}
+		m = plan
+		return struct{}{}, nil
+	}, backoff.WithBackOff(docRetry()), backoff.WithMaxTries(MaxTransactionAttempts), backoff.WithMaxElapsedTime(0))
+	if err == nil {
+		m.Attempts = attempts
+		return m, nil
+	}
+	err = lastErr
+	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		err = fmt.Errorf("%w after %d attempts; the last: %w", ctx.Err(), attempts, err)
+	}
+	if errors.Is(err, errCompareLost) {
+		err = ErrMigrationContended
+	}
+	if len(pending) > 0 {
+		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	return nil, fmt.Errorf("store: migrate: %w", err)
 }
 
-// migrationCommands are the commands of the move mv planned at revision
-// rev: its HSETs, by-name's index flagged stale (when it writes by-name),
-// the revision counter, one log entry, the standalone stamp, and the
-// document marked moved (its old copy pushed to the history).
-func migrationCommands(k swarmKeys, mv *docplan.Move, rev int64) func(rueidis.DedicatedClient) rueidis.Commands {
-	return func(dc rueidis.DedicatedClient) rueidis.Commands {
-		var cmds rueidis.Commands
-		for _, h := range mv.Hashes {
-			fv := dc.B().Hset().Key(k.section(h.Name)).FieldValue()
-			for i := 0; i < len(h.FieldValues); i += 2 {
-				fv = fv.FieldValue(h.FieldValues[i], h.FieldValues[i+1])
-			}
-			cmds = append(cmds, fv.Build())
-		}
-		if mv.ByName {
-			cmds = append(cmds, dc.B().Zincrby().Key(k.byNameIndex()).Increment(1).Member(protocol.FlagStale).Build())
-		}
-		r := strconv.FormatInt(rev, 10)
-		cmds = append(cmds,
-			dc.B().Set().Key(k.revision()).Value(r).Build(),
-			dc.B().Xadd().Key(k.log()).Maxlen().Almost().Threshold(strconv.Itoa(protocol.LogCap)).Id("*").
-				FieldValue().FieldValue("revision", r).FieldValue("owner", "").
-				FieldValue("records", strconv.Itoa(mv.Records)).Build(),
-			dc.B().Hset().Key(k.current).FieldValue().FieldValue(k.slug+protocol.StampSuffix, r).Build(),
-			dc.B().Eval().Script(docWriteScript).Numkeys(2).Key(k.current, k.history()).
-				Arg(k.slug, "", strconv.Itoa(mv.MovedAt)).Build())
-		return cmds
+// planMigration plans the move of the swarm read as st: NoState or
+// AlreadyMoved (nothing to write), the plan alone (dryRun), or the plan and
+// its transaction. Errors: *SectionNotServedError, *CorruptError,
+// *LimitError.
+func (s *Store) planMigration(k swarmKeys, st *docState, dryRun bool) (*Migration, docTx, error) {
+	m := &Migration{}
+	switch {
+	case st.doc == nil && !st.layout && st.counter == 0:
+		m.NoState = true
+		return m, docTx{}, nil
+	case st.doc == nil || st.doc.MovedTo != "" || st.layout:
+		m.AlreadyMoved = true
+		return m, docTx{}, nil
 	}
+	rev, err := docplan.NextRevision(st.counter, st.doc.Revision, st.nowUs)
+	if err != nil {
+		return nil, docTx{}, storeError(err)
+	}
+	mv, err := docplan.PlanMigration(st.doc.Document, rev, executions)
+	if err != nil {
+		return nil, docTx{}, storeError(err)
+	}
+	var unserved []string
+	for _, p := range mv.Sections {
+		if p.Name != batch.MetaSection && !slices.Contains(s.sections, p.Name) {
+			unserved = append(unserved, p.Name)
+		}
+	}
+	if len(unserved) > 0 {
+		return nil, docTx{}, &SectionNotServedError{Sections: unserved}
+	}
+	m.Sections, m.Records = mv.Sections, mv.Records
+	if dryRun {
+		return m, docTx{}, nil
+	}
+	m.Revision = rev
+	return m, migrationTx(k, mv, rev), nil
+}
+
+// layoutRevision is the revision of meta/layout as st read it (0: absent
+// or not a record).
+func layoutRevision(st *docState) int64 {
+	raw, ok := strings.CutPrefix(st.layoutRaw, "=")
+	if !ok {
+		return 0
+	}
+	rec, ok := parseRecord(raw)
+	if !ok {
+		return 0
+	}
+	return rec.Revision
+}
+
+// migrationTx is the move mv planned at revision rev, as migrateScript
+// runs it: the keys it writes (docCompare's, the log, by-name's index,
+// then every hash of mv) and its arguments.
+func migrationTx(k swarmKeys, mv *docplan.Move, rev int64) docTx {
+	fixed := []string{protocol.CurrentKey, protocol.HistoryKeyPrefix + k.slug, protocol.KeyMeta, protocol.KeyRevision,
+		protocol.KeyLog, protocol.KeyByNameIndex}
+	keys := append(compareKeys(k), k.log(), k.byNameIndex())
+	byName := ""
+	if mv.ByName {
+		byName = "1"
+	}
+	args := []string{strconv.FormatInt(rev, 10), strconv.Itoa(mv.Records), strconv.Itoa(mv.MovedAt), byName}
+	names := make([]string, 0, len(mv.Hashes))
+	for _, h := range mv.Hashes {
+		keys = append(keys, k.section(h.Name))
+		names = append(names, h.Name)
+		args = append(args, strconv.Itoa(len(h.FieldValues)/2))
+		args = append(args, h.FieldValues...)
+	}
+	return docTx{script: migrateScript, keys: keys, args: args, keyName: func(i int) string {
+		if i < len(fixed) {
+			return fixed[i]
+		}
+		return names[i-len(fixed)]
+	}}
 }
 
 // DocumentSlugs answers the slugs of every swarm with a document in

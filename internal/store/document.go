@@ -18,13 +18,6 @@ type document struct {
 	*docplan.Document
 }
 
-// object is a section of a document: its members in stored order.
-type object docplan.Object
-
-// get answers the value of key (nil when absent; the last one when a key
-// is repeated).
-func (o object) get(key string) []byte { return docplan.Object(o).Get(key) }
-
 // parseDocument locates the members of a stored document. Errors:
 // *CorruptError naming what is wrong ("document/<what>").
 func parseDocument(raw []byte) (*document, error) {
@@ -35,24 +28,56 @@ func parseDocument(raw []byte) (*document, error) {
 	return &document{d}, nil
 }
 
-// section answers the members of a section ("meta": the meta records);
-// nil when absent. Errors: *CorruptError when it is not an object.
-func (d *document) section(name string) (object, error) {
-	o, err := d.Section(name)
-	return object(o), storeError(err)
+// record answers the record (section, key) at the document's revision;
+// nil when absent. Errors: *CorruptError naming the section (not an
+// object) or the record (not a record: docplan.ValueProblem).
+func (d *document) record(section, key string) (*Record, error) {
+	v, err := d.Record(section, key)
+	if err != nil || v == nil {
+		return nil, storeError(err)
+	}
+	return &Record{Revision: d.Revision, Value: string(v)}, nil
 }
 
 // records answers a section's records, each at the document's revision.
+// Errors: *CorruptError naming the section, or the first member, in stored
+// order, that is not a record (docplan.MemberProblem).
 func (d *document) records(name string) (map[string]Record, error) {
-	o, err := d.section(name)
+	o, err := d.Records(name)
 	if err != nil {
-		return nil, err
+		return nil, storeError(err)
 	}
 	out := make(map[string]Record, len(o))
 	for _, m := range o {
 		out[m.Key] = Record{Revision: d.Revision, Value: string(m.Value)}
 	}
 	return out, nil
+}
+
+// members answers a section's members as a reader sees them, their names
+// judged and their values not (ScanSection judges a page's own:
+// memberError). Errors: *CorruptError naming the section, or the first
+// member whose name is no record key (the records layout's scan answers
+// such a field for the batch of fields holding it, a small section's
+// whole).
+func (d *document) members(name string) (docplan.Object, error) {
+	o, err := d.Section(name)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	o = o.Effective()
+	for _, m := range o {
+		if m.BadName != "" {
+			return nil, memberError(name, m)
+		}
+	}
+	return o, nil
+}
+
+// memberError is the *CorruptError of a section's member that is not a
+// record, or nil.
+func memberError(section string, m docplan.Member) error {
+	return storeError(docplan.MemberProblem(section, m))
 }
 
 // lease answers the lease in meta (nil when none). Errors: *CorruptError.
@@ -65,21 +90,28 @@ func (d *document) lease() (*Lease, error) {
 }
 
 // storeError is err, a refusal of docplan, as the store's error of the
-// same meaning (*CorruptError, *StaleError, *HeldError, *ConflictError,
-// *LimitError); any other error (nil included) unchanged.
+// same meaning (*CorruptError, *UnmovableError, *StaleError, *HeldError,
+// *ConflictError, *LimitError); any other error (nil included) unchanged.
 func storeError(err error) error {
 	var (
-		corrupt  *docplan.CorruptError
-		stale    *docplan.StaleError
-		held     *docplan.HeldError
-		conflict *docplan.ConflictError
-		limit    *docplan.LimitError
+		corrupt   *docplan.CorruptError
+		unmovable *docplan.UnmovableError
+		stale     *docplan.StaleError
+		held      *docplan.HeldError
+		conflict  *docplan.ConflictError
+		limit     *docplan.LimitError
 	)
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &unmovable):
+		out := &UnmovableError{Records: make([]CorruptError, len(unmovable.Records))}
+		for i := range unmovable.Records {
+			out.Records[i] = *corruptOf(&unmovable.Records[i])
+		}
+		return out
 	case errors.As(err, &corrupt):
-		return &CorruptError{Section: corrupt.Section, Key: corrupt.Key}
+		return corruptOf(corrupt)
 	case errors.As(err, &stale):
 		if stale.Lease == nil {
 			return &StaleError{}
@@ -92,11 +124,21 @@ func storeError(err error) error {
 	case errors.As(err, &conflict):
 		cs := make([]Conflict, len(conflict.Conflicts))
 		for i, c := range conflict.Conflicts {
-			cs[i] = Conflict{Index: c.Index, Section: c.Section, Key: c.Key, Expected: c.Expected, Actual: c.Actual}
+			cs[i] = Conflict{Index: c.Index, Section: c.Section, Key: c.Key, Expected: c.Expected, Actual: c.Actual, InChecks: c.InChecks, Check: c.Check}
 		}
 		return &ConflictError{Conflicts: cs}
 	case errors.As(err, &limit):
 		return &LimitError{Key: limit.Key}
 	}
 	return err
+}
+
+// corruptOf is a document's *CorruptError as the store's: a record whose
+// name is no record key as the records layout names a field of that kind
+// (Name says why), anything else with its Why.
+func corruptOf(c *docplan.CorruptError) *CorruptError {
+	if c.Name {
+		return &CorruptError{Section: c.Section, Key: c.Key, Name: c.Why}
+	}
+	return &CorruptError{Section: c.Section, Key: c.Key, Why: c.Why}
 }

@@ -68,11 +68,14 @@ var (
 	// Returned by ScanSection. gRPC: INVALID_ARGUMENT, INVALID_ARGUMENT.
 	ErrInvalidCursor = errors.New("invalid scan cursor")
 	// ErrRevisionLimit: the batch or lease change would issue a revision or
-	// epoch above MaxRevision (2^53-1), or a BLIND write targets a record
-	// whose stored revision is above it. Nothing was written. Returned as
+	// epoch above protocol.IssueMax (10^14-1), or meets a stored number
+	// (the counter, a section revision, meta/epoch, the lease's) above
+	// MaxRevision (2^53-1), or a BLIND write targets a record whose stored
+	// revision is above MaxRevision. Nothing was written. Returned as
 	// *LimitError by commits and lease changes. Only a swarm whose numbers
-	// were set by hand gets there (revisions follow the clock in µs: 2^53
-	// µs is in the 23rd century). gRPC: OUT_OF_RANGE, REVISION_LIMIT.
+	// were set by hand gets there (revisions follow the clock in 100 µs,
+	// epochs in ms: 10^14 of either is in the 23rd century). gRPC:
+	// OUT_OF_RANGE, REVISION_LIMIT.
 	ErrRevisionLimit = errors.New("revision limit")
 	// ErrMalformedReply: a script answered something fenced does not
 	// understand (a bug, or a foreign script under the same SHA): returned,
@@ -183,15 +186,22 @@ func (e *TooLargeError) Error() string {
 // Is makes errors.Is(err, ErrSnapshotTooLarge) true.
 func (e *TooLargeError) Is(target error) bool { return target == ErrSnapshotTooLarge }
 
-// Conflict is one write whose expected revision did not match.
+// Conflict is one write whose expected revision did not match, or one
+// record of a records check (batch.KindCheckRecords) whose did.
 type Conflict struct {
 	// Index is the write's position in the batch, from 0.
-	Index    int
-	Section  string
+	Index   int
+	Section string
+	// Key is the record's (a records check's: the pair's); "" for a
+	// section check.
 	Key      string
 	Expected int64
 	// Actual is the stored revision; 0 when the record is absent.
 	Actual int64
+	// InChecks: the conflict is a pair of a records check; Check is then
+	// its position in the write's Checks, from 0.
+	InChecks bool
+	Check    int
 }
 
 // ConflictError lists every write of a batch whose expected revision did
@@ -229,12 +239,21 @@ func (e *ConflictError) Error() string {
 //
 // With Name set, Key (clipped) names a section field whose name is no
 // record key (Name says why), as a foreign writer could store.
+//
+// With Why set, it names a part of a swarm on the document layout
+// (docs/design/02-redis-layout.md §2.6) and says why it cannot be read: a
+// record (Section and Key) whose value is no record's value by the same
+// rule the records layout reads "v" by (docplan.ValueProblem); a section
+// (Key "") or meta (Section "meta", Key "") that is not a JSON object; or
+// the document itself (Section "document", Key "not JSON", "not an
+// object", "revision", "sections", "moved_to" or "sections/<name>").
 type CorruptError struct {
 	Section string
 	Key     string
 	Type    string
 	Want    string
 	Name    string
+	Why     string
 }
 
 func (e *CorruptError) Error() string {
@@ -244,11 +263,66 @@ func (e *CorruptError) Error() string {
 	if e.Name != "" {
 		return fmt.Sprintf("stored field %s/%s is not a record: %s; nothing fenced writes (repair the key by hand)", e.Section, e.Key, e.Name)
 	}
+	if e.Why != "" {
+		switch {
+		case e.Section == "document":
+			return fmt.Sprintf("the swarm's stored document cannot be read (%s): %s; repair it by hand", e.Key, e.Why)
+		case e.Key == "":
+			return fmt.Sprintf("stored section %s of the swarm's document cannot be read: %s; repair it by hand", e.Section, e.Why)
+		}
+		return fmt.Sprintf("stored record %s/%s of the swarm's document is not a record: %s (repair: a put expecting its revision, or a BLIND put, overwrites it; a delete removes it)", e.Section, e.Key, e.Why)
+	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)
 	}
 	return fmt.Sprintf("stored field %s/%s is not a record: want a JSON object with \"r\" (an integer from 0 to 2^53-1) and \"v\"", e.Section, e.Key)
 }
+
+// UnmovableError is Migrate's refusal of a swarm whose document holds
+// parts the records layout would not read as the document layout does
+// (docs/design/02-redis-layout.md §2.6, docs/migration.md): Records names
+// every one (section, key, why; *CorruptError each), in the document's
+// order. Nothing was written. errors.Is(err, ErrCorruptRecord) holds, and
+// errors.As finds the first part as a *CorruptError: the server answers
+// DATA_LOSS RECORD_CORRUPT naming it, the message listing the first
+// MaxUnmovableListed.
+type UnmovableError struct {
+	Records []CorruptError
+}
+
+// MaxUnmovableListed is how many parts an UnmovableError's text lists.
+const MaxUnmovableListed = 16
+
+func (e *UnmovableError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the document holds %d part(s) the records layout would not read; nothing was written (repair them, then migrate again):", len(e.Records))
+	for i, r := range e.Records {
+		if i == MaxUnmovableListed {
+			fmt.Fprintf(&b, "; and %d more", len(e.Records)-i)
+			break
+		}
+		sep := "; "
+		if i == 0 {
+			sep = " "
+		}
+		why := r.Why
+		if r.Name != "" {
+			why = r.Name
+		}
+		if r.Key == "" {
+			fmt.Fprintf(&b, "%s%s: %s", sep, r.Section, why)
+		} else {
+			fmt.Fprintf(&b, "%s%s/%s: %s", sep, r.Section, r.Key, why)
+		}
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrCorruptRecord) true.
+func (e *UnmovableError) Is(target error) bool { return target == ErrCorruptRecord }
+
+// Unwrap answers the first part, so that errors.As finds a *CorruptError.
+func (e *UnmovableError) Unwrap() error { return &e.Records[0] }
 
 // LimitError is ErrRevisionLimit naming what reached the limit: a record
 // (Section/Key), or with Section "" the swarm's "revision" counter or new
@@ -264,7 +338,7 @@ func (e *LimitError) Error() string {
 	if e.Section != "" {
 		what = e.Section + "/" + e.Key
 	}
-	return fmt.Sprintf("revision limit: %s is at or near 2^53-1, above which no revision or epoch is issued; nothing was written (repair the swarm's stored numbers by hand)", what)
+	return fmt.Sprintf("revision limit: %s is above 2^53-1, or the revision or epoch it needs would pass 10^14-1, the largest fenced issues; nothing was written (repair the swarm's stored numbers by hand)", what)
 }
 
 // Is makes errors.Is(err, ErrRevisionLimit) true.
@@ -387,13 +461,48 @@ func (e *CompactedError) Unwrap() error { return ErrRevisionCompacted }
 // gRPC: FAILED_PRECONDITION, LAYOUT_DOCUMENT.
 var ErrDocumentOnCluster = fmt.Errorf("%w on Redis Cluster: the document layout is served on standalone Redis only; migrate the swarm there first", ErrLayoutDocument)
 
-// ErrMigrationContended: the swarm's fencing state kept changing during
-// every attempt of a Migrate; nothing was committed. gRPC: ABORTED,
-// REVISION_CONFLICT.
+// ErrMigrationContended: the swarm's own fencing state (its document,
+// meta/layout or counter) kept changing during every attempt of a Migrate
+// (16); nothing was committed. gRPC: ABORTED, REVISION_CONFLICT.
 var ErrMigrationContended = errors.New("the swarm fencing state kept changing; nothing was committed")
 
-// ErrDocumentContended: a document batch or lease operation lost its
-// WATCH to other writers on every attempt; nothing was written. fenced
-// maps it to ABORTED, REVISION_CONFLICT (re-read and run the change
+// ErrDocumentContended: a document batch or lease operation found the
+// swarm's own document (or its meta/layout, or its counter) changed by
+// another writer between its read and its write on every attempt (16);
+// nothing was written. Writes to other swarms' documents never cause it.
+// fenced maps it to ABORTED, REVISION_CONFLICT (re-read and run the change
 // again).
 var ErrDocumentContended = errors.New("the swarm's document kept changing; nothing was written")
+
+// ErrOutcomeUnknown: a Migrate sent its move to Redis, got no answer (the
+// reply was lost, or came after the deadline) and could not learn
+// afterwards whether the move committed. Returned wrapping the last
+// failure (ErrUnavailable, a context error...). Run the migration again: a
+// repeat is safe (the move is a compare-and-set on the document: it
+// commits at most once, and a repeat after it answers AlreadyMoved). gRPC:
+// that of the failure it wraps (UNAVAILABLE, DEADLINE_EXCEEDED).
+var ErrOutcomeUnknown = errors.New("the move's outcome is unknown (Redis did not answer it); run it again: a repeat is safe")
+
+// ErrSectionNotServed: the swarm's document holds a section that fenced is
+// not configured to serve. Returned as *SectionNotServedError by Migrate
+// (dry run included) before anything is written: moved, its records could
+// be neither read nor written through fenced. Configure the section on
+// every fenced (--sections, FENCED_SECTIONS; fenced migrate --sections
+// too), or remove it from the document, and migrate again. gRPC:
+// FAILED_PRECONDITION, SECTION_NOT_SERVED (metadata "sections": the
+// names, comma-separated).
+var ErrSectionNotServed = errors.New("the swarm's document holds a section fenced does not serve")
+
+// SectionNotServedError is ErrSectionNotServed naming the sections.
+type SectionNotServedError struct {
+	// Sections are the document's sections not served, in its order.
+	Sections []string
+}
+
+func (e *SectionNotServedError) Error() string {
+	return fmt.Sprintf("%v: %s; nothing was written: add it to --sections (FENCED_SECTIONS) of every fenced, or remove it from the document, then migrate again",
+		ErrSectionNotServed, strings.Join(e.Sections, ", "))
+}
+
+// Is makes errors.Is(err, ErrSectionNotServed) true.
+func (e *SectionNotServedError) Is(target error) bool { return target == ErrSectionNotServed }

@@ -244,9 +244,9 @@ func TestMemoAnswersOnlyForTheBytesFencedWrote(t *testing.T) {
 	if !errors.As(err, &ce) {
 		t.Errorf("a CAS over a field another writer broke at the same revision = %v, want *CorruptError", err)
 	}
-	// A section revision far above the clock, written by another writer:
-	// the next revision is above it.
-	high := int64(9_000_000_000_000_000)
+	// A section revision far above the clock (in 100 µs: the year 2255),
+	// written by another writer: the next revision is above it.
+	high := int64(90_000_000_000_000)
 	srv.Do(t, "HSET", key("memo", "meta"), "section_revisions",
 		`{"r":`+strconv.FormatInt(rev, 10)+`,"v":{"claims":`+strconv.FormatInt(high, 10)+`,"meta":1}}`)
 	next := mustCommit(t, st, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("intents", "i", batch.Blind, `1`)}})

@@ -61,9 +61,13 @@ type Overview struct {
 	Problems []string
 }
 
-// StampAgrees reports whether the standalone stamp names the swarm
-// revision (absent counts as agreeing only while the revision is 0). On
-// Cluster it is false: the stamp is not kept.
+// StampAgrees reports whether the standalone stamp fits the swarm: a
+// revision from 1 to the swarm revision once the swarm has one, absent
+// while the revision is 0. The stamp is the revision of the commit that
+// put the swarm on the records (its first records commit or its
+// migration), written again only when missing (docs/design/02-redis-layout.md
+// §2.5), so later commits leave it below the swarm revision. On Cluster it
+// is false: the stamp is not kept.
 func (o *Overview) StampAgrees() bool {
 	if !o.StampKept {
 		return false
@@ -71,7 +75,11 @@ func (o *Overview) StampAgrees() bool {
 	if !o.StampPresent {
 		return o.Revision == 0
 	}
-	return o.Stamp == strconv.FormatInt(o.Revision, 10)
+	rev, err := parseRevision(o.Stamp)
+	// At or before the swarm revision in issue order (docs/design/05-numbering.md
+	// §5.4): a 16-digit stamp of a swarm put on the records before fenced
+	// numbered in 100 µs agrees with a 14-digit swarm revision.
+	return err == nil && rev >= 1 && !protocol.RevisionLater(rev, o.Revision)
 }
 
 // Overview reads the layout, then in one short script the swarm revision,

@@ -11,11 +11,10 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/store/docplan"
 	"github.com/redis/rueidis"
 )
 
@@ -35,14 +34,10 @@ func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *Rec
 	if err != nil || doc == nil {
 		return rec, revision, err
 	}
-	o, err := doc.section(section)
-	if err != nil {
+	if rec, err = doc.record(section, key); err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w", err)
 	}
-	if v := o.get(key); v != nil {
-		return &Record{Revision: doc.Revision, Value: string(v)}, doc.Revision, nil
-	}
-	return nil, doc.Revision, nil
+	return rec, doc.Revision, nil
 }
 
 // readRecord is Record on the records layout.
@@ -360,10 +355,16 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	}
 	// A document is paged in key order (compared as bytes): each page
 	// resumes after the last key of the one before, so that a record
-	// present for the whole scan is never left out.
-	records, err := doc.records(section)
+	// present for the whole scan is never left out. A page holding a
+	// member that is not a record fails naming it, as the records layout's
+	// does; the other pages read.
+	members, err := doc.members(section)
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	records := make(map[string]docplan.Member, len(members))
+	for _, m := range members {
+		records[m.Key] = m
 	}
 	keys := slices.Sorted(maps.Keys(records))
 	from := 0
@@ -377,7 +378,10 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 	p = &Page{Records: make(map[string]Record, to-from), Revision: doc.Revision, SectionRevision: doc.Revision}
 	to = s.pageEnd(keys, from, to, func(key string) int { return len(records[key].Value) })
 	for _, key := range keys[from:to] {
-		p.Records[key] = records[key]
+		if err := memberError(section, records[key]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		p.Records[key] = Record{Revision: doc.Revision, Value: string(records[key].Value)}
 	}
 	if to < len(keys) {
 		p.Next = "0:" + keysFingerprint(keys[:to]) + ":" + keys[to-1]
@@ -559,24 +563,10 @@ func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, err
 }
 
 // fieldNameProblem says why a section field's name is no record key
-// (batch's key rules: 1 to batch.MaxKeyBytes bytes of UTF-8), or "".
-func fieldNameProblem(name string) string {
-	switch {
-	case name == "":
-		return "its name is empty"
-	case len(name) > batch.MaxKeyBytes:
-		return "its name is " + strconv.Itoa(len(name)) + " bytes long, over the " + strconv.Itoa(batch.MaxKeyBytes) + " of a record key"
-	case !utf8.ValidString(name):
-		return "its name is not valid UTF-8"
-	}
-	return ""
-}
+// (batch's key rules: 1 to batch.MaxKeyBytes bytes of UTF-8), or "": the
+// rule both layouts read names by (docplan.NameProblem).
+func fieldNameProblem(name string) string { return docplan.NameProblem(name) }
 
 // clipField is a field name short enough for an error: its first 64 bytes
 // as valid UTF-8, then "…" when cut.
-func clipField(name string) string {
-	if len(name) <= 64 {
-		return strings.ToValidUTF8(name, "\ufffd")
-	}
-	return strings.ToValidUTF8(name[:64], "") + "…"
-}
+func clipField(name string) string { return docplan.ClipName(name) }

@@ -3,10 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
-	"unicode/utf8"
 
-	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/docplan"
 )
@@ -20,12 +17,19 @@ type Record struct {
 	Value string
 }
 
-// MaxRevision is 2^53-1, the largest revision or epoch fenced writes or
+// MaxRevision is 2^53-1, the largest revision or epoch fenced reads or
 // compares: the largest integer that Lua numbers (doubles), which the
 // scripts compute with, and most JSON parsers keep exact. A stored revision
-// above it is not a record (*CorruptError); a batch or lease grant whose new
-// revision or epoch would pass it is refused (*LimitError).
+// above it is not a record (*CorruptError). What fenced issues stays at
+// most MaxIssued: a batch or lease grant whose new revision or epoch would
+// pass that is refused (*LimitError).
 const MaxRevision = protocol.RevMax
+
+// MaxIssued is 10^14-1, the largest revision or epoch fenced issues: every
+// one it issues has at most 14 digits, which a writer formatting it as a
+// Lua number (14 significant digits, as cjson does) writes exactly
+// (docs/design/05-numbering.md §5.1).
+const MaxIssued = protocol.IssueMax
 
 // MaxRecordDepth is the most arrays and objects a stored field may nest,
 // the field's own object counting 1: cjson's limit, which the scripts
@@ -119,38 +123,7 @@ func parseCompact(raw string) (rec Record, ok, own bool) {
 func parseRevisionText(s string) (int64, bool) { return docplan.ParseRevision(s) }
 
 // validJSON reports whether s is one JSON text (RFC 8259) in valid UTF-8
-// nesting at most depth arrays and objects. Nesting deeper than depth takes
-// more than depth opening brackets: a text with fewer (nearly every one,
-// counted at memory speed) is not scanned for its nesting.
-func validJSON(s string, depth int) bool {
-	return utf8.ValidString(s) && batch.ValidJSON(s) &&
-		(len(s) <= depth || strings.Count(s, "{")+strings.Count(s, "[") <= depth || nesting(s) <= depth)
-}
-
-// nesting is the deepest nesting of arrays and objects in s, a JSON text.
-func nesting(s string) int {
-	depth, deepest := 0, 0
-	inString := false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if inString {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inString = false
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-		case '{', '[':
-			depth++
-			deepest = max(deepest, depth)
-		case '}', ']':
-			depth--
-		}
-	}
-	return deepest
-}
+// nesting at most depth arrays and objects: the rule both layouts judge a
+// record by (docplan.ValidJSON; a document's record values by
+// docplan.ValueProblem).
+func validJSON(s string, depth int) bool { return docplan.ValidJSON(s, depth) }

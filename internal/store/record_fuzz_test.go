@@ -22,7 +22,7 @@ var revisionToken = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 // the bytes of "v" as stored. Members are found with the tokenizer, so
 // whitespace, order and other members are allowed.
 func referenceRecord(raw string) (Record, bool) {
-	if !json.Valid([]byte(raw)) || !utf8.ValidString(raw) || nesting(raw) > MaxRecordDepth || duplicateMember(raw) {
+	if !json.Valid([]byte(raw)) || !utf8.ValidString(raw) || referenceNesting(raw) > MaxRecordDepth || duplicateMember(raw) {
 		return Record{}, false
 	}
 	var members map[string]json.RawMessage
@@ -39,6 +39,26 @@ func referenceRecord(raw string) (Record, bool) {
 		return Record{}, false
 	}
 	return Record{Revision: rev, Value: string(v)}, true
+}
+
+// referenceNesting is the deepest nesting of arrays and objects in raw, a
+// JSON text, counted from encoding/json's tokens.
+func referenceNesting(raw string) int {
+	dec := json.NewDecoder(strings.NewReader(raw))
+	depth, deepest := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return deepest
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			deepest = max(deepest, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
 }
 
 func trimJSONSpace(s string) string { return strings.Trim(s, " \t\n\r") }

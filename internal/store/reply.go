@@ -123,26 +123,36 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 			return 0, err
 		}
 		if len(reply) == 2 {
-			i, err := parseInt(reply[1])
-			if err != nil || i < 0 || int(i) >= len(b.Writes) {
+			a, err := parseInt(reply[1])
+			if err != nil {
+				break
+			}
+			i, pair, ok := newCommitArgIndex(b).at(int(a))
+			if !ok {
 				break
 			}
 			w := &b.Writes[i]
-			if reply[0] == protocol.ReplyLimit {
-				return 0, &LimitError{Section: w.Section, Key: w.Key}
+			key := w.Key
+			if pair >= 0 {
+				key = w.Checks[pair].Key
 			}
-			return 0, &CorruptError{Section: w.Section, Key: w.Key}
+			if reply[0] == protocol.ReplyLimit {
+				return 0, &LimitError{Section: w.Section, Key: key}
+			}
+			return 0, &CorruptError{Section: w.Section, Key: key}
 		}
 	}
 	return 0, fmt.Errorf("%w: %q", ErrMalformedReply, reply)
 }
 
 // conflictError decodes CONFLICT's index/actual pairs into a
-// *ConflictError naming b's writes.
+// *ConflictError naming b's writes (and, for a records check, the pair:
+// commit.lua counts each pair as a write argument of its own).
 func conflictError(b *batch.Batch, pairs []string) error {
 	e := &ConflictError{Conflicts: make([]Conflict, 0, len(pairs)/2)}
+	args := newCommitArgIndex(b)
 	for j := 0; j < len(pairs); j += 2 {
-		i, err := parseInt(pairs[j])
+		a, err := parseInt(pairs[j])
 		if err != nil {
 			return err
 		}
@@ -150,11 +160,16 @@ func conflictError(b *batch.Batch, pairs []string) error {
 		if err != nil {
 			return err
 		}
-		if i < 0 || int(i) >= len(b.Writes) {
-			return fmt.Errorf("%w: conflict names write %d of %d", ErrMalformedReply, i, len(b.Writes))
+		i, pair, ok := args.at(int(a))
+		if !ok {
+			return fmt.Errorf("%w: conflict names write argument %d of a batch of %d writes", ErrMalformedReply, a, len(b.Writes))
 		}
 		w := &b.Writes[i]
-		e.Conflicts = append(e.Conflicts, Conflict{Index: int(i), Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual})
+		c := Conflict{Index: i, Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual}
+		if pair >= 0 {
+			c.Key, c.Expected, c.InChecks, c.Check = w.Checks[pair].Key, w.Checks[pair].Expected, true, pair
+		}
+		e.Conflicts = append(e.Conflicts, c)
 	}
 	return e
 }

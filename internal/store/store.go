@@ -14,11 +14,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
@@ -130,6 +132,12 @@ type Store struct {
 	waits *waitSlots
 	// feeds are the swarms' log readers of Watch (watch.go).
 	feeds *feeds
+	// sections are the section names a migration may write
+	// (WithSections).
+	sections []string
+	// afterPlan, when set (tests only), is called with the slug after a
+	// document write or migration was planned, before it is sent.
+	afterPlan func(slug string)
 }
 
 // DefaultMaxSnapshotRecords is the most records one Sections read holds by
@@ -183,6 +191,16 @@ func WithLeaseDurability(d Durability) Option {
 // Option configures a Store.
 type Option func(*Store)
 
+// WithSections sets the section names the Store serves besides meta
+// (default: batch.DefaultLimits's, fenced's default --sections): Migrate
+// refuses a document holding any other section (*SectionNotServedError)
+// before writing anything, since no batch could read or write it
+// afterwards. Batches are checked against the configured sections by the
+// caller (batch.Limits), not here.
+func WithSections(names []string) Option {
+	return func(s *Store) { s.sections = slices.Clone(names) }
+}
+
 // WithRequestIDWindow sets how long a committed batch's request id is
 // remembered (default DefaultRequestIDWindow); at least 1 ms.
 func WithRequestIDWindow(d time.Duration) Option {
@@ -212,6 +230,7 @@ func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
 		timeout:            DefaultRedisTimeout,
 		log:                slog.Default(),
 		waits:              newWaitSlots(),
+		sections:           batch.DefaultLimits().Sections,
 		feeds:              &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce, coalesceWatchers: DefaultWatchCoalesceWatchers},
 	}
 	s.currentKey = s.prefix + ":" + protocol.CurrentKey

@@ -220,7 +220,21 @@ func TestFenceRefusals(t *testing.T) {
 		{"expired by Redis time", func(s string) { setLease(t, srv, s, "a", 3, now-1) }, batch.Fence{Owner: "a", Epoch: 3}, true},
 		{"caller's clock past expiry", func(s string) { setLease(t, srv, s, "a", 3, now+600_000) }, batch.Fence{Owner: "a", Epoch: 3, NowMs: now + 600_000}, true},
 		{"caller's clock in the past cannot revive", func(s string) { setLease(t, srv, s, "a", 3, now-1) }, batch.Fence{Owner: "a", Epoch: 3, NowMs: 1}, true},
-		{"lease record not JSON", func(s string) { srv.Do(t, "HSET", key(s, "meta"), "lease", "garbage") }, batch.Fence{Epoch: 1}, true},
+	}
+	// A lease record that cannot be read is refused as corrupt, naming
+	// meta/lease, not taken for no lease (the lease script would grant over
+	// it; the document layout refuses it alike): nothing is written.
+	for _, raw := range []string{"garbage", `{"r":5,"v":{"owner":"a","epoch":1,"expires_at":"99999999999999"}}`, `{"r":5,"v":[1]}`} {
+		slug := "fence-corrupt-" + strconv.Itoa(len(raw))
+		srv.Do(t, "HSET", key(slug, "meta"), "lease", raw)
+		_, err := commit(t, st, &batch.Batch{Slug: slug, Fence: &batch.Fence{Epoch: 1}, Writes: []batch.Write{put("orphans", "o", batch.Blind, `1`)}})
+		var ce *store.CorruptError
+		if !errors.As(err, &ce) || ce.Section != "meta" || ce.Key != "lease" {
+			t.Errorf("Commit fenced over meta/lease %s: err = %v, want RECORD_CORRUPT naming meta/lease", raw, err)
+		}
+		if got := srv.Do(t, "HGETALL", key(slug, "orphans")); got != "" {
+			t.Errorf("refused batch wrote orphans: %q", got)
+		}
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -430,7 +444,7 @@ func TestChecksAloneWriteNothing(t *testing.T) {
 func TestRevisionNeverGoesBackwards(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
-	const ahead = 5_000_000_000_000_000 // µs: the year 2128
+	const ahead = 50_000_000_000_000 // 100 µs: the year 2128
 	srv.Do(t, "HSET", key("lost", "claims"), "c", fmt.Sprintf(`{"r":%d,"v":1}`, ahead))
 	// The counter is gone (lost, or restored from an older snapshot).
 	rev := mustCommit(t, st, &batch.Batch{Slug: "lost", Writes: []batch.Write{put("claims", "c", ahead, `2`)}})
@@ -613,7 +627,7 @@ func TestLostCounterDoesNotRestartRevisions(t *testing.T) {
 	st := open(t, srv)
 	// Section revisions ahead of the clock (set by hand: the floor, not the
 	// clock, must decide here).
-	const ahead = 5_000_000_000_000_000
+	const ahead = 50_000_000_000_000 // 100 µs: the year 2128
 	srv.Do(t, "HSET", key("floor", "meta"), "section_revisions", fmt.Sprintf(`{"r":%d,"v":{"claims":%d}}`, int64(ahead), int64(ahead)))
 	srv.Do(t, "SET", key("floor", "revision"), strconv.FormatInt(ahead, 10))
 	srv.Do(t, "DEL", key("floor", "revision"))

@@ -12,10 +12,13 @@ package store
 import (
 	"context"
 	"fmt"
+
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // Watch starts following slug's committed batches after revision after (0:
-// from now). All watchers of one swarm in this process share one reader
+// from now), "after" in issue order (protocol.CompareRevisions: a batch
+// of 14 digits follows one of 16). All watchers of one swarm in this process share one reader
 // (one XREAD BLOCK at a time on its own connection, fanned out in memory).
 // Errors: *CompactedError (OUT_OF_RANGE), ErrUnavailable, context errors,
 // *RedisError. Close the Watch when done.
@@ -32,12 +35,12 @@ func (s *Store) Watch(ctx context.Context, slug string, after int64) (*Watch, er
 	lastID, lastRev, loss := h.lastID, h.lastRev, h.loss
 	h.watchers[w] = struct{}{}
 	h.mu.Unlock()
-	if after != 0 && after > loss.after && after <= loss.upTo {
+	if after != 0 && protocol.RevisionLater(after, loss.after) && !protocol.RevisionLater(after, loss.upTo) {
 		// A resume from a revision this reader saw Redis lose.
 		w.Close()
 		return nil, fmt.Errorf("store: watch: %w", &CompactedError{Start: after, Oldest: loss.oldest})
 	}
-	if after == 0 || after >= lastRev {
+	if after == 0 || !protocol.RevisionLater(lastRev, after) {
 		if after == 0 {
 			after = lastRev
 		}

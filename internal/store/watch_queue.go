@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 // EventBatch is events handed out together (not a batch.Batch, which is
@@ -310,10 +312,10 @@ func (w *Watch) unseen(b *EventBatch) *EventBatch {
 	if len(evs) == 0 {
 		return nil
 	}
-	if evs[0].Revision <= w.last {
+	if !protocol.RevisionLater(evs[0].Revision, w.last) {
 		var after []*Event
 		for _, ev := range evs {
-			if ev.Revision > w.last {
+			if protocol.RevisionLater(ev.Revision, w.last) {
 				after = append(after, ev)
 			}
 		}
@@ -322,7 +324,7 @@ func (w *Watch) unseen(b *EventBatch) *EventBatch {
 		}
 		b = &EventBatch{Events: after}
 	}
-	if first := b.Events[0]; w.known && first.hasPrev && first.prev < w.last {
+	if first := b.Events[0]; w.known && first.hasPrev && protocol.RevisionLater(w.last, first.prev) {
 		w.wentBack(first)
 		return nil
 	}

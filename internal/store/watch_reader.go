@@ -124,7 +124,7 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 			if !ok {
 				continue
 			}
-			if ev.Revision <= after {
+			if !protocol.RevisionLater(ev.Revision, after) {
 				found = true
 				break
 			}
@@ -141,7 +141,7 @@ func (s *Store) backlog(ctx context.Context, slug string, after int64, upTo stri
 	// missing when that is at or below after. (Below after is also what a
 	// resume from a revision Redis lost looks like, but a start between two
 	// batches looks alike: the hub tells a loss it saw, Watch.)
-	if !found && hasPrev && oldestPrev <= after {
+	if !found && hasPrev && !protocol.RevisionLater(oldestPrev, after) {
 		found = true
 	}
 	if !found {
@@ -280,7 +280,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			fill = min(fill, now.Sub(lastRead)*LogCap/2/time.Duration(len(events)))
 		}
 		lastRead = now
-		if len(events) > 0 && events[0].hasPrev && events[0].prev < readRev {
+		if len(events) > 0 && events[0].hasPrev && protocol.RevisionLater(readRev, events[0].prev) {
 			// The swarm went back: Redis lost batches up to readRev (a
 			// restart without persistence, a failover, a restored
 			// snapshot). Each watcher told of them ends compacted when it
@@ -296,7 +296,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			readID = newLast
 		}
 		if len(events) > 0 {
-			readRev = max(readRev, events[len(events)-1].Revision)
+			readRev = protocol.LatestRevision(readRev, events[len(events)-1].Revision)
 		}
 		if lost {
 			// Batches left the log before this reader read them: no
@@ -334,7 +334,7 @@ func (h *hub) run(ctx context.Context, s *Store) {
 			lostOldest = 0
 		}
 		h.lastID = readID
-		h.lastRev = max(h.lastRev, readRev)
+		h.lastRev = protocol.LatestRevision(h.lastRev, readRev)
 		h.fanOut(b)
 		h.mu.Unlock()
 	}
@@ -383,7 +383,7 @@ func (h *hub) read(ctx context.Context, s *Store, lastID string, lastRev int64, 
 			events = append(events, ev)
 		}
 	}
-	if len(events) > 0 && events[0].hasPrev && events[0].prev > lastRev {
+	if len(events) > 0 && events[0].hasPrev && protocol.RevisionLater(events[0].prev, lastRev) {
 		// Either batches the log does not hold (a swarm's batches on the
 		// document layout), or batches trimmed away: only a full log trims.
 		n, err := c.Do(bctx, c.B().Xlen().Key(h.key).Build()).AsInt64()

@@ -70,6 +70,7 @@ from .model import (  # noqa: E402
     BatchResult,
     Change,
     Check,
+    CheckRecords,
     CheckSection,
     Current,
     Delete,
@@ -78,7 +79,7 @@ from .model import (  # noqa: E402
     Lease,
     LeaseFence,
     MigratedSection,
-    Migration,
+    MigrateResult,
     Page,
     Put,
     Record,
@@ -88,6 +89,7 @@ from .model import (  # noqa: E402
     dumps,
     new_request_id,
 )
+from .revisions import compare_revisions  # noqa: E402
 from .update import MAX_LOST_REPLY_RETRIES, MAX_UPDATE_ATTEMPTS, SectionView, Txn  # noqa: E402
 
 __version__ = "0.1.0"
@@ -99,6 +101,7 @@ __all__ = [
     "Cancelled",
     "Change",
     "Check",
+    "CheckRecords",
     "CheckSection",
     "Client",
     "Conflict",
@@ -120,7 +123,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_UPDATE_ATTEMPTS",
     "MigratedSection",
-    "Migration",
+    "MigrateResult",
     "Page",
     "Put",
     "REASONS",
@@ -141,6 +144,7 @@ __all__ = [
     "Txn",
     "Unavailable",
     "Write",
+    "compare_revisions",
     "decode",
     "declared_reasons",
     "dumps",

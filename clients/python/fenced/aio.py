@@ -64,7 +64,7 @@ from .model import (
     Layout,
     Lease,
     LeaseFence,
-    Migration,
+    MigrateResult,
     Page,
     Record,
     ReplicaAck,
@@ -294,7 +294,7 @@ class Client:
 
     async def migrate(
         self, slug: str, *, dry_run: bool = False, writers_upgraded: bool = False, timeout: Optional[float] = None
-    ) -> Migration:
+    ) -> MigrateResult:
         """Move the swarm from the document layout onto records
         (AdminService.Migrate, proto/fenced/v1/admin.proto): every record of
         the document written with one new revision, in one transaction.

@@ -20,6 +20,7 @@ from .model import (
     BatchResult,
     Change,
     Check,
+    CheckRecords,
     CheckSection,
     Current,
     Delete,
@@ -28,7 +29,7 @@ from .model import (
     Lease,
     LeaseFence,
     MigratedSection,
-    Migration,
+    MigrateResult,
     Page,
     Put,
     Record,
@@ -37,6 +38,7 @@ from .model import (
     Write,
     new_request_id,
 )
+from .revisions import compare_revisions, later_revision
 from .update import Txn
 from .update import update as _update
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
@@ -92,6 +94,7 @@ _KINDS = {
     Delete: records_pb2.WRITE_KIND_DELETE,
     Check: records_pb2.WRITE_KIND_CHECK,
     CheckSection: records_pb2.WRITE_KIND_CHECK_SECTION,
+    CheckRecords: records_pb2.WRITE_KIND_CHECK_RECORDS,
 }
 
 _watch_log = logging.getLogger("fenced.watch")
@@ -146,7 +149,13 @@ def _watch_resumable(err: grpc.RpcError) -> bool:
 def _write(w: Write) -> records_pb2.RecordWrite:
     kind = _KINDS.get(type(w))
     if kind is None:
-        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check or CheckSection)")
+        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check, CheckSection or CheckRecords)")
+    if isinstance(w, CheckRecords):
+        return records_pb2.RecordWrite(
+            kind=kind,
+            section=w.section,
+            checks=[records_pb2.RecordCheck(key=k, expected=e) for k, e in w.checks.items()],
+        )
     return records_pb2.RecordWrite(
         kind=kind,
         section=w.section,
@@ -196,8 +205,8 @@ def _current(resp: lease_pb2.CurrentResponse) -> Current:
     return Current(lease, resp.live, resp.now_ms, resp.revision)
 
 
-def _migration(resp: admin_pb2.MigrateResponse) -> Migration:
-    return Migration(
+def _migration(resp: admin_pb2.MigrateResponse) -> MigrateResult:
+    return MigrateResult(
         records=resp.records,
         revision=resp.revision,
         sections=tuple(MigratedSection(s.name, s.records, s.bytes) for s in resp.sections),
@@ -249,7 +258,7 @@ class _WatchLoop:
         self.wait = _WATCH_BACKOFF_S[0]
         out = []
         for e in resp.events:
-            self.from_revision = max(self.from_revision, e.revision)
+            self.from_revision = later_revision(self.from_revision, e.revision)
             if e.progress and not self.progress:
                 continue
             self.c._saw(self.slug, e.revision)
@@ -319,12 +328,13 @@ class Client:
     Raises:
         ValueError: a token over plaintext without ``insecure_token``.
 
-    It remembers the highest swarm revision it has seen per swarm (from every
-    read, commit and lease change): fenced issues every revision above every
-    earlier one, even after Redis lost acknowledged writes, so a read showing a
-    lower one means Redis lost data this client saw. That read raises
-    :class:`RevisionWentBackwards`, once; the client then goes on from the lower
-    revision.
+    It remembers the latest swarm revision it has seen per swarm (from every
+    read, commit and lease change, in issue order: :func:`compare_revisions`):
+    fenced issues every revision after every earlier one, even after Redis lost
+    acknowledged writes, so a read showing an earlier one means Redis lost data
+    this client saw. That read raises :class:`RevisionWentBackwards`, once; the
+    client then goes on from the earlier revision. A swarm moving from fenced's
+    former 16-digit revisions to its 14-digit ones is not going backwards.
 
     fork(): the process may fork (os.fork, multiprocessing's "fork" start
     method) while Clients, LeaseKeepers and watches are in use. Around each
@@ -440,7 +450,7 @@ class Client:
     def _saw(self, slug: str, revision: int) -> None:
         """Record a swarm revision a commit or lease change answered: it only raises the mark."""
         with self._seen_lock:
-            if revision > self._seen.get(slug, 0):
+            if compare_revisions(revision, self._seen.get(slug, 0)) > 0:
                 self._seen[slug] = revision
 
     def _mark(self, slug: str) -> int:
@@ -451,14 +461,14 @@ class Client:
 
     def _read(self, slug: str, before: int, revision: int) -> None:
         """Check the swarm revision a read answered against the mark taken
-        before it: below it raises RevisionWentBackwards and moves the mark
+        before it: earlier raises RevisionWentBackwards and moves the mark
         down (unless a later answer raised it meanwhile), so it is said once."""
         with self._seen_lock:
-            if revision < before:
+            if compare_revisions(revision, before) < 0:
                 if self._seen.get(slug, 0) == before:
                     self._seen[slug] = revision
                 raise errors.RevisionWentBackwards(slug, before, revision)
-            if revision > self._seen.get(slug, 0):
+            if compare_revisions(revision, self._seen.get(slug, 0)) > 0:
                 self._seen[slug] = revision
 
     # Records.
@@ -525,7 +535,7 @@ class Client:
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
     ) -> BatchResult:
-        """Commit ``writes`` (Put, Delete, Check, CheckSection) all or none.
+        """Commit ``writes`` (Put, Delete, Check, CheckSection, CheckRecords) all or none.
 
         Args:
             slug: the swarm.
@@ -558,7 +568,7 @@ class Client:
         progress: bool = False,
     ) -> Iterator[Event]:
         """Follow a swarm's committed batches after ``from_revision`` (0: from
-        now), in revision order, each once: a generator of :class:`Event`. A
+        now), in issue order, each once: a generator of :class:`Event`. A
         broken stream (fenced restarting, a lost connection, Redis away for a
         while, the server dropping a watcher that read too slowly) is reopened
         from the last revision seen, with backoff (50 ms to 5 s), yielding
@@ -685,3 +695,33 @@ class Client:
         for it (None: the Client's timeout; ``math.inf``: as long as it takes):
         see :class:`fenced.LeaseKeeper`."""
         return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)
+
+    # Administration.
+
+    def migrate(
+        self, slug: str, *, dry_run: bool = False, writers_upgraded: bool = False, timeout: Optional[float] = None
+    ) -> MigrateResult:
+        """Move the swarm from the document layout onto the records
+        (AdminService/Migrate, as ``fenced migrate``: docs/migration.md), in
+        one transaction; a swarm already on the records, or without state,
+        answers ``already_moved`` / ``no_state`` and writes nothing, and
+        ``dry_run`` answers the plan and writes nothing. Never retried by the
+        transport; a repeat is safe (the second answers ``already_moved``).
+
+        Args:
+            writers_upgraded: confirms that every live reader and writer of the
+                swarm's fencing state reads and writes the records layout
+                (older readers read only the document); required.
+            timeout: the call's deadline in seconds (None: the Client's).
+
+        Raises:
+            InvalidArgument (field ``writers_upgraded`` when it is False;
+            nothing moved), LayoutDocument (on Redis Cluster),
+            RevisionConflict (the state kept changing; nothing committed: run
+            it again), Unavailable, FencedError.
+        """
+        req = admin_pb2.MigrateRequest(slug=slug, writers_upgraded=writers_upgraded, dry_run=dry_run)
+        resp = self._call("admin", "Migrate", req, timeout)
+        if resp.revision:
+            self._saw(slug, resp.revision)
+        return _migration(resp)

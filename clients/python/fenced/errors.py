@@ -258,14 +258,15 @@ class ResourceExhausted(FencedError):
 
 
 class RevisionLimit(FencedError):
-    """OUT_OF_RANGE + REVISION_LIMIT: the batch or lease change would take a
-    revision or epoch past 2^53-1; nothing was written. Only a swarm whose
-    stored numbers were set by hand gets there: repair them.
+    """OUT_OF_RANGE + REVISION_LIMIT: the batch or lease change would issue a
+    revision or epoch past 10^14-1, or meets a stored number past 2^53-1;
+    nothing was written. Only a swarm whose stored numbers were set by hand
+    gets there: repair them.
 
     Attributes:
         section: the record's section ("" when not a record).
         key: the record's key, or "revision", "epoch", "meta/<name>".
-        max_revision: the limit, 2^53-1.
+        max_revision: the largest stored number fenced reads, 2^53-1.
     """
 
     section: str = ""
@@ -291,18 +292,19 @@ class RevisionCompacted(FencedError):
 
 
 class RevisionWentBackwards(FencedError):
-    """A read showed a swarm revision below one this Client saw before (from a
-    read, a commit or a lease change): Redis lost acknowledged writes (a crash,
-    a failover to a lagging replica, a restored snapshot). Records read or
+    """A read showed a swarm revision earlier (:func:`fenced.compare_revisions`)
+    than one this Client saw before (from a read, a commit or a lease change):
+    Redis lost acknowledged writes (a crash, a failover to a lagging replica, a
+    restored snapshot). Records read or
     written since may be gone; fenced never issues those revisions again, so
     stale expectations fail as conflicts. Raised by the client, once: the next
-    read goes on from the lower revision. Code UNKNOWN, no reason. As the Go
+    read goes on from the earlier revision. Code UNKNOWN, no reason. As the Go
     client's ErrRevisionWentBackwards.
 
     Attributes:
         slug: the swarm.
-        highest: the highest swarm revision the client had seen.
-        revision: the lower one the read answered.
+        highest: the latest swarm revision the client had seen.
+        revision: the earlier one the read answered.
     """
 
     def __init__(self, slug: str, highest: int, revision: int) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import secrets
+import types
 from typing import Any, Mapping, Optional, Union
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "BatchResult",
     "Change",
     "Check",
+    "CheckRecords",
     "CheckSection",
     "Current",
     "Delete",
@@ -21,7 +23,7 @@ __all__ = [
     "Lease",
     "LeaseFence",
     "MigratedSection",
-    "Migration",
+    "MigrateResult",
     "Page",
     "Put",
     "Record",
@@ -153,13 +155,38 @@ class Check:
 class CheckSection:
     """Write nothing; require the section's revision to be ``expected``. One
     check stands for the whole section, and also catches records inserted
-    since it was read."""
+    since it was read (by anyone: every insert conflicts it). Caveat: only
+    fenced raises section revisions, so it misses the changes of a writer that
+    bypasses fenced (an older Lua batch writing the hash)."""
 
     section: str
     expected: int
 
 
-Write = Union[Put, Delete, Check, CheckSection]
+@dataclasses.dataclass(frozen=True)
+class CheckRecords:
+    """Write nothing; require every record of ``checks`` (key -> the revision
+    it was read at; 0: must be absent; never BLIND) in ``section`` to be at it,
+    compared in the batch's atomic step: how :meth:`Client.update` fences a
+    section read whole. It catches every writer's changes to those records,
+    fenced's or not, and lets inserts of other keys through.
+
+    One CheckRecords counts as one write of the batch whatever its pairs: at
+    most the server's ``--max-checks`` (default 20000) pairs in all, their key
+    bytes counted in ``--max-batch-value-bytes``. A key may be named once in a
+    batch (not also by another write). A mismatch raises RevisionConflict with
+    one Conflict per record (its ``key``, and ``write`` the CheckRecords'
+    index). ``checks`` is copied into a read-only mapping, in its order.
+    """
+
+    section: str
+    checks: Mapping[str, int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", types.MappingProxyType(dict(self.checks)))
+
+
+Write = Union[Put, Delete, Check, CheckSection, CheckRecords]
 """One write of a batch."""
 
 
@@ -203,6 +230,42 @@ class BatchResult:
     revision: int
     replayed: bool = False
     replicas_acked: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MigratedSection:
+    """What a migration writes (or, dry run, would write) for one section.
+
+    Attributes:
+        name: the section ("meta": the meta records and the layout marker).
+        records: records written in it.
+        bytes: bytes of their values, as stored.
+    """
+
+    name: str
+    records: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MigrateResult:
+    """A move of a swarm from the document layout onto the records
+    (:meth:`fenced.Client.migrate`; AdminService/Migrate).
+
+    Attributes:
+        records: records written (dry run: would be), meta records and the
+            layout marker included; 0 when already moved or without state.
+        revision: the revision every written record carries; 0 when nothing was written.
+        sections: the plan, one entry per section written, meta last.
+        already_moved: the swarm was on the records layout already (nothing written).
+        no_state: the swarm has no fencing state (nothing written).
+    """
+
+    records: int
+    revision: int
+    sections: tuple[MigratedSection, ...] = ()
+    already_moved: bool = False
+    no_state: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,7 +334,8 @@ class Event:
     """One committed batch of a watched swarm (:meth:`fenced.Client.watch`).
 
     Attributes:
-        revision: the revision it committed at; events come in increasing order.
+        revision: the revision it committed at; events come in issue order
+            (:func:`fenced.compare_revisions`).
         owner: the lease owner that fenced it ("" when unfenced).
         request_id: its request id, when it had one.
         changes: the records it put or deleted (only the watched sections'); empty when truncated.
@@ -288,38 +352,3 @@ class Event:
     truncated: bool = False
     sections: tuple[str, ...] = ()
     progress: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class MigratedSection:
-    """What a migration writes (or would write) for one section.
-
-    Attributes:
-        name: the section ("meta": meta records and the layout marker).
-        records: records written in it.
-        bytes: bytes of their values, as stored.
-    """
-
-    name: str
-    records: int
-    bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Migration:
-    """The answer of a migration (AdminService.Migrate) or of its dry run.
-
-    Attributes:
-        records: records written (dry run: that would be), meta records and the
-            layout marker included; 0 when already moved or without state.
-        revision: the revision every written record carries; 0 when nothing was written.
-        sections: the plan, one entry per section written, meta last.
-        already_moved: the swarm was on the records layout already.
-        no_state: the swarm has no fencing state.
-    """
-
-    records: int
-    revision: int
-    sections: tuple[MigratedSection, ...] = ()
-    already_moved: bool = False
-    no_state: bool = False

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMap
 import grpc
 
 from . import errors
-from .model import Check, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+from .model import Check, CheckRecords, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+from .revisions import later_revision
 
 if TYPE_CHECKING:
     from .client import Client
@@ -57,8 +58,11 @@ class Txn:
     Reading a key (``get``, ``tx.section(s)[key]``, ``key in``) checks that
     record at commit. Reading a section whole (iterating a
     :class:`SectionView`, ``len``, ``==``, ``keys``/``items``/``values``,
-    ``copy``) fences the batch with one section check, which also catches
-    records inserted meanwhile.
+    ``copy``) fences the batch with one :class:`CheckRecords` of every record
+    the section held when read (the in-house ``fencing.write`` rule): any
+    writer's change to them, fenced's or not, conflicts; inserts of other keys
+    pass. ``tx.section(name, phantom_proof=True)`` fences it with one
+    :class:`CheckSection` instead (see :meth:`section`).
     """
 
     def __init__(self, client: "Client", slug: str) -> None:
@@ -68,13 +72,14 @@ class Txn:
         self._absent: set[_Ref] = set()
         self._sections: dict[str, dict[str, Record]] = {}
         self._section_revs: dict[str, int] = {}
+        self._phantom_proof: set[str] = set()
         self._whole: set[str] = set()
         self._pending: dict[_Ref, _Pending] = {}  # insertion order: first-write order
         self.seen = 0
         """The highest swarm revision this Txn read at."""
 
     def _see(self, rev: int) -> None:
-        self.seen = max(self.seen, rev)
+        self.seen = later_revision(self.seen, rev)
 
     def _lookup(self, r: _Ref) -> Optional[Record]:
         if r in self._read:
@@ -126,9 +131,21 @@ class Txn:
         self._lookup(r)
         self._pending[r] = p  # a rewrite keeps the first-write position
 
-    def section(self, name: str) -> "SectionView":
+    def section(self, name: str, *, phantom_proof: bool = False) -> "SectionView":
         """Load a whole section (one snapshot, on first use) and return a
-        mutable mapping view of it, with this Txn's writes applied. Raises FencedError."""
+        mutable mapping view of it, with this Txn's writes applied. Raises FencedError.
+
+        Read whole, the section is checked at commit by every record it held
+        (one CheckRecords). With ``phantom_proof=True`` (in any call of this Txn
+        for ``name``) it is checked by its section revision instead (one
+        CheckSection): the batch then also conflicts with any record inserted
+        into the section since the read, by anyone, so a busy section's update
+        may rerun until KeptChanging. Caveat: section revisions are kept by
+        fenced alone; a writer that bypasses fenced (an older Lua batch writing
+        the hash) raises none, so its changes to the records read are missed.
+        """
+        if phantom_proof:
+            self._phantom_proof.add(name)
         if name not in self._sections:
             snap = self._c.sections(self._slug, name)
             self._see(snap.revision)
@@ -170,12 +187,10 @@ class Txn:
             written.add(r)
         if not writes:
             return None
-        # A section read whole is fenced by one section check, whatever its
-        # size. A record of it read on its own at another revision than the
-        # snapshot's is still checked by itself.
-        for name in sorted(self._whole):
-            writes.append(CheckSection(name, self._section_revs[name]))
 
+        # A record of a section read whole that was also read on its own at
+        # another revision than the snapshot's (it changed between the two
+        # reads) is checked by itself, not by the section's check.
         def covered(r: _Ref) -> bool:
             if r[0] not in self._whole:
                 return False
@@ -184,6 +199,26 @@ class Txn:
             if rec is not None:
                 return snap is not None and snap.revision == rec.revision
             return snap is None
+
+        # A section read whole is fenced by one write, whatever its size: a
+        # CheckRecords of every record of the snapshot and every key of it read
+        # as absent (unless written, or checked by itself), or with
+        # phantom_proof a CheckSection at the section revision read.
+        for name in sorted(self._whole):
+            if name in self._phantom_proof:
+                writes.append(CheckSection(name, self._section_revs[name]))
+                continue
+            checks: dict[str, int] = {}
+            for key, snap_rec in self._sections[name].items():
+                r = (name, key)
+                on_its_own = r in self._read or r in self._absent
+                if r not in written and (not on_its_own or covered(r)):
+                    checks[key] = snap_rec.revision
+            for r in self._absent:
+                if r[0] == name and r not in written and covered(r):
+                    checks[r[1]] = 0
+            if checks:
+                writes.append(CheckRecords(name, dict(sorted(checks.items()))))
 
         checked: set[_Ref] = set()
         for r in sorted(self._read) + sorted(self._absent):
@@ -199,7 +234,9 @@ class SectionView(MutableMapping[str, str]):
     writes applied. ``view[key]``, ``get``, ``in`` read one key (checked at
     commit); ``view[key] = text`` puts, ``del view[key]`` deletes; iterating,
     ``len``, ``==``, ``keys``/``items``/``values`` and ``copy`` read it whole
-    (one section check at commit). Iteration is in key order."""
+    (one CheckRecords of its records at commit; one CheckSection when the
+    section was taken with ``phantom_proof=True``). Iteration is in key
+    order."""
 
     def __init__(self, tx: Txn, name: str) -> None:
         self._tx = tx
@@ -265,8 +302,9 @@ def update(
     Runs ``change`` on a fresh :class:`Txn`, which reads records on demand and
     records what was read: each key, and whether a section was read whole. The
     result is diffed into puts and deletes expecting the revisions they were
-    read at, plus a check of every record read but not written (one section
-    check for a section read whole), and sent as one batch under ``fence``
+    read at, plus a check of every record read but not written (one
+    CheckRecords of its records for a section read whole, or one CheckSection
+    with ``tx.section(name, phantom_proof=True)``), and sent as one batch under ``fence``
     (None: unfenced). A change that writes nothing sends nothing and answers
     the highest revision it saw.
 

@@ -130,7 +130,7 @@ def test_aio_migrate_moves_a_document_swarm(server: Fenced, redis: Redis, client
     redis.cli("HSET", f"{KEY_PREFIX}:swarm:state:fencing:current", slug,
               '{"revision":2,"meta":{},"sections":{"claims":{"c":1}}}')
 
-    async def main() -> tuple[fenced.Migration, fenced.Migration, fenced.Migration]:
+    async def main() -> tuple[fenced.MigrateResult, fenced.MigrateResult, fenced.MigrateResult]:
         async with fenced.aio.Client(server.addr) as c:
             assert await c.layout(slug) == fenced.Layout.DOCUMENT
             with pytest.raises(fenced.InvalidArgument) as e:

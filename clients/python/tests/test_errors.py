@@ -196,13 +196,75 @@ def test_reason_names_are_the_declared_ones() -> None:
 
 
 def test_revision_limit_names_what_reached_it(client: fenced.Client, redis: Redis, slug: str) -> None:
-    redis.cli("SET", swarm_key(slug, "revision"), str(2**53 - 1))
+    redis.cli("SET", swarm_key(slug, "revision"), str(10**14 - 1))  # the next revision would pass 10^14-1
     with pytest.raises(fenced.RevisionLimit) as e:
         client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
     err = e.value
     assert err.code == grpc.StatusCode.OUT_OF_RANGE and err.reason == "REVISION_LIMIT"
     assert (err.section, err.key, err.max_revision) == ("", "revision", 2**53 - 1)
     assert client.record(slug, "claims", "a") is None
+
+
+def test_client_follows_a_swarm_from_microsecond_to_new_revisions(start_fenced) -> None:
+    """A swarm fenced numbered in µs (16 digits) moves to 14-digit revisions,
+    later by the issue order: reads, an update and a watch from the 16-digit
+    revision go on without RevisionWentBackwards; Redis restarting from the
+    snapshot taken at 16 digits (it lost the 14-digit batch) is still reported."""
+    f, r = start_fenced()
+    slug, old = "py-eras", 1796079180861096
+    r.cli("SET", swarm_key(slug, "revision"), str(old))
+    r.cli("HSET", swarm_key(slug, "claims"), "T-1", f'{{"r":{old},"v":"running"}}')
+    r.cli("HSET", swarm_key(slug, "meta"), "layout", f'{{"r":{old},"v":"records"}}',
+          "section_revisions", f'{{"r":{old},"v":{{"claims":{old}}}}}')
+    r.cli("XADD", swarm_key(slug, "log"), "*", "revision", str(old), "owner", "", "records", "1", "changes", "pclaims:3:T-1", "prev", "0")
+    with fenced.Client(f.addr) as c:
+        assert c.record_at(slug, "claims", "T-1")[1] == old
+        r.cli("SAVE")
+
+        def change(tx: fenced.Txn) -> None:
+            tx.section("claims")["T-1"] = '"done"'
+
+        new = c.update(slug, change)
+        assert 10**13 <= new < 10**14 and fenced.compare_revisions(new, old) == 1 and fenced.compare_revisions(old, new) == -1
+        rec, rev = c.record_at(slug, "claims", "T-1")
+        assert rev == new and rec is not None and rec.revision == new
+        stream = c.watch(slug, old)
+        assert next(stream).revision == new  # from the log: the 14-digit batch follows the 16-digit start
+        stream.close()
+        r.restart()
+        deadline = time.monotonic() + WAIT_S
+        while True:  # fenced's Redis client reconnects: UNAVAILABLE meanwhile
+            try:
+                c.record_at(slug, "claims", "T-1")
+                pytest.fail("read after the loss answered; want RevisionWentBackwards")
+            except fenced.Unavailable:
+                assert time.monotonic() < deadline, "fenced did not reconnect to Redis"
+                time.sleep(0.01)
+            except fenced.RevisionWentBackwards as e:
+                assert (e.slug, e.highest, e.revision) == (slug, new, old)
+                break
+        assert c.record_at(slug, "claims", "T-1")[1] == old  # said once
+
+
+def test_client_takes_a_14_digit_revision_after_a_16_digit_one(client: fenced.Client, redis: Redis, slug: str) -> None:
+    """The client saw a swarm at a 16-digit revision; the swarm then shows a
+    14-digit one (fenced's numbering after issue 24): later by the issue order,
+    no RevisionWentBackwards (before: the read raised it)."""
+    old, new = 1796079180861096, 17961503264679
+    redis.cli("SET", swarm_key(slug, "revision"), str(old))
+    redis.cli("HSET", swarm_key(slug, "claims"), "T-1", f'{{"r":{old},"v":1}}')
+    assert client.record_at(slug, "claims", "T-1")[1] == old
+    redis.cli("SET", swarm_key(slug, "revision"), str(new))
+    assert client.record_at(slug, "claims", "T-1")[1] == new
+    assert client.sections(slug, "claims").revision == new
+
+
+def test_compare_revisions_orders_the_eras() -> None:
+    """Counters (< 10^13) before µs revisions (>= 10^14) before today's 14-digit ones."""
+    order = [0, 7, 10**13 - 1, 10**14, 1796079180861096, 2**53 - 1, 10**13, 17961503264679, 10**14 - 1]
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            assert fenced.compare_revisions(a, b) == (i > j) - (i < j), (a, b)
 
 
 def test_client_reports_revision_going_backwards_once(start_fenced) -> None:

@@ -155,3 +155,13 @@ def test_bearer_token_is_sent(start_fenced, tmp_path) -> None:
     assert e.value.code.name == "UNAUTHENTICATED"
     with fenced.Client(f.addr, token="s3cret-token-for-python-tests", insecure_token=True) as c:
         assert c.layout("py-auth") == fenced.Layout.UNSPECIFIED
+
+
+def test_migrate_without_state_or_already_moved_writes_nothing(client: fenced.Client, slug: str) -> None:
+    """Client.migrate (AdminService/Migrate); a document swarm's move: tests/test_port.py."""
+    assert client.migrate(slug, writers_upgraded=True) == fenced.MigrateResult(records=0, revision=0, no_state=True)
+    assert client.layout(slug) == fenced.Layout.UNSPECIFIED
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")]).revision
+    got = client.migrate(slug, writers_upgraded=True, dry_run=True)
+    assert got == fenced.MigrateResult(records=0, revision=0, already_moved=True)
+    assert client.record(slug, "claims", "a") == fenced.Record(rev, "1")

@@ -154,7 +154,7 @@ def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced
     setup.close()
 
 
-def test_phantom_insert_during_whole_section_read_is_caught(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+def test_phantom_insert_during_whole_section_read_is_caught_when_phantom_proof(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
     client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
     rec = BatchRecorder()
     c = recorded(rec)
@@ -163,7 +163,7 @@ def test_phantom_insert_during_whole_section_read_is_caught(client: fenced.Clien
     def change(tx: fenced.Txn) -> None:
         nonlocal runs
         runs += 1
-        claims = tx.section("claims")
+        claims = tx.section("claims", phantom_proof=True)
         n = len(claims)  # reads the section whole
         if runs == 1:  # another writer inserts a record meanwhile
             client.fenced_batch(slug, [fenced.Put("claims", "phantom", 0, "2")])
@@ -198,7 +198,7 @@ def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded) -> N
     assert got == fenced.Record(rev, '{"n":1}')
 
 
-def test_reads_are_checked_and_a_whole_read_is_one_section_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
     r1 = client.fenced_batch(
         slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("claims", "b", 0, '"b"'), fenced.Put("intents", "x", 0, "1")]
     ).revision
@@ -220,21 +220,32 @@ def test_reads_are_checked_and_a_whole_read_is_one_section_check(client: fenced.
         ("WRITE_KIND_CHECK", "claims", "zzz", 0),
     ]
 
-    for whole in (lambda s: list(s), lambda s: dict(s.items()), lambda s: s == {}, lambda s: s.copy(), len):
+    wholes = (lambda s: list(s), lambda s: dict(s.items()), lambda s: s == {}, lambda s: s.copy(), len)
+    for phantom_proof, whole in [(False, w) for w in wholes] + [(True, len)]:
         def change(tx: fenced.Txn) -> None:
-            claims = tx.section("claims")
+            claims = tx.section("claims", phantom_proof=phantom_proof)
             whole(claims)
-            claims["a"] = '"a"'  # unchanged: not a write, covered by the section check
+            claims["a"] = '"a"'  # unchanged: not a write, covered by the section's check
             claims.put_json("c", [1])
             del claims["b"]
 
         sec_rev = client.sections(slug, "claims").section_revisions["claims"]
+        a_rev = client.record(slug, "claims", "a").revision  # type: ignore[union-attr]
         c.update(slug, change)
-        assert kinds(rec.sent[-1]) == [
-            ("WRITE_KIND_PUT", "claims", "c", 0),
-            ("WRITE_KIND_DELETE", "claims", "b", r1),
-            ("WRITE_KIND_CHECK_SECTION", "claims", "", sec_rev),
-        ], whole
+        if phantom_proof:
+            assert kinds(rec.sent[-1]) == [
+                ("WRITE_KIND_PUT", "claims", "c", 0),
+                ("WRITE_KIND_DELETE", "claims", "b", r1),
+                ("WRITE_KIND_CHECK_SECTION", "claims", "", sec_rev),
+            ], whole
+        else:
+            # Every record read but not written (b and c are), in one write.
+            assert kinds(rec.sent[-1]) == [
+                ("WRITE_KIND_PUT", "claims", "c", 0),
+                ("WRITE_KIND_DELETE", "claims", "b", r1),
+                ("WRITE_KIND_CHECK_RECORDS", "claims", "", 0),
+            ], whole
+            assert [(p.key, p.expected) for p in rec.sent[-1].writes[2].checks] == [("a", a_rev)], whole
         # Put b back and drop c for the next form of whole read.
         snap = client.sections(slug, "claims")
         client.fenced_batch(slug, [fenced.Put("claims", "b", 0, '"b"'), fenced.Delete("claims", "c", snap.sections["claims"]["c"].revision)])

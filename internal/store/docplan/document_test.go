@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -56,8 +58,8 @@ func TestRewriteFramesTheTopLevelAndWhatChanged(t *testing.T) {
 		meta    *Object
 		want    string
 	}{
-		{"revision only", nil, nil, `{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"a":{"x": 1},"b":{"z": 1}}}`},
-		{"meta", nil, &meta, `{"slug":"s","revision":5,"meta":{"epoch":8},"sections":{"a":{"x": 1},"b":{"z": 1}}}`},
+		{"revision only: sections kept byte for byte", nil, nil, `{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"a": {"x": 1}, "b": {"z": 1}}}`},
+		{"meta", nil, &meta, `{"slug":"s","revision":5,"meta":{"epoch":8},"sections":{"a": {"x": 1}, "b": {"z": 1}}}`},
 		{"an emptied section is dropped", map[string]Object{"a": nil}, nil, `{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"b":{"z": 1}}}`},
 		{"a new section is appended", map[string]Object{"c": Object(nil).set("k", []byte(`[]`))}, nil,
 			`{"slug":"s","revision":5,"meta":{"epoch": 7},"sections":{"a":{"x": 1},"b":{"z": 1},"c":{"k":[]}}}`},
@@ -101,8 +103,8 @@ func TestParseReadsRevisionMovedToAndSections(t *testing.T) {
 		t.Errorf(`Section("meta") = %q, %v; want the meta records`, spans(o), err)
 	}
 	empty, err := Parse([]byte(`{}`))
-	if err != nil || empty.Revision != 0 || empty.MovedTo != "" || len(empty.SectionNames()) != 0 {
-		t.Errorf("Parse({}) = %+v, %v; want revision 0, no sections", empty, err)
+	if err != nil || !empty.StandIn || empty.MovedTo != "" || len(empty.SectionNames()) != 0 {
+		t.Errorf("Parse({}) = %+v, %v; want the stand-in revision, no sections", empty, err)
 	}
 }
 
@@ -111,32 +113,94 @@ func TestParseNamesThePartItCannotRead(t *testing.T) {
 		raw, part string
 	}{
 		{`{"revision":`, "not JSON"},
-		{"{\"a\":\"\xff\"", "not JSON"},
+		{`{"a":1} x`, "not JSON"},
+		{`{"a" 1}`, "not JSON"},
+		{`{"a":[1}`, "not JSON"},
 		{`[1]`, "not an object"},
 		{`"doc"`, "not an object"},
 		{`{"revision":"5"}`, "revision"},
 		{`{"revision":-1}`, "revision"},
 		{`{"revision":1.5}`, "revision"},
+		{`{"revision":NaN}`, "revision"},
 		{`{"revision":9007199254740992}`, "revision"},
-		{`{"meta":[]}`, "meta"},
-		{`{"sections":1}`, "sections"},
 		{`{"moved_to":1}`, "moved_to"},
 	}
 	for _, tt := range tests {
 		_, err := Parse([]byte(tt.raw))
 		var ce *CorruptError
-		if !errors.As(err, &ce) || *ce != (CorruptError{Section: "document", Key: tt.part}) {
-			t.Errorf("Parse(%q) = %v, want *CorruptError document/%s", tt.raw, err, tt.part)
+		if !errors.As(err, &ce) || ce.Section != "document" || ce.Key != tt.part || ce.Why == "" {
+			t.Errorf("Parse(%q) = %v, want *CorruptError document/%s saying why", tt.raw, err, tt.part)
 		}
 	}
-	d, err := Parse([]byte(`{"sections":{"a":[1]}}`))
+}
+
+func TestParseLeavesWhatIsNotAnObjectToWhatReadsIt(t *testing.T) {
+	d, err := Parse([]byte("{\"meta\":1,\"sections\":{\"a\":[1],\"b\":{\"k\":NaN,\"j\":\"\xff\",\"ok\":[ ]},\"c\":[ ],\"d\":null}}"))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Parse: %v", err)
 	}
-	_, err = d.Section("a")
 	var ce *CorruptError
-	if !errors.As(err, &ce) || *ce != (CorruptError{Section: "document", Key: "sections/a"}) {
-		t.Errorf(`Section("a") of an array = %v, want *CorruptError document/sections/a`, err)
+	if _, err := d.Section("a"); !errors.As(err, &ce) || ce.Section != "a" || ce.Key != "" || ce.Why == "" {
+		t.Errorf(`Section("a") of an array = %v, want *CorruptError naming section a`, err)
+	}
+	if _, err := d.Section("meta"); !errors.As(err, &ce) || ce.Section != "meta" || ce.Key != "" {
+		t.Errorf(`Section("meta") of 1 = %v, want *CorruptError naming meta`, err)
+	}
+	if _, err := d.Lease(); !errors.As(err, &ce) || ce.Section != "meta" {
+		t.Errorf(`Lease() of meta 1 = %v, want *CorruptError naming meta`, err)
+	}
+	for _, name := range []string{"c", "d"} {
+		if o, err := d.Section(name); err != nil || len(o) != 0 {
+			t.Errorf("Section(%q) = %q, %v; want empty ([ ] and null)", name, spans(o), err)
+		}
+	}
+	if v, err := d.Record("b", "ok"); err != nil || string(v) != "[ ]" {
+		t.Errorf(`Record("b", "ok") = %q, %v; want its bytes beside records that are none`, v, err)
+	}
+	for key, why := range map[string]string{"k": "NaN", "j": "UTF-8"} {
+		if _, err := d.Record("b", key); !errors.As(err, &ce) || ce.Section != "b" || ce.Key != key || !strings.Contains(ce.Why, why) {
+			t.Errorf("Record(b, %s) = %v, want *CorruptError b/%s saying %s", key, err, key, why)
+		}
+	}
+	if _, err := d.Records("b"); !errors.As(err, &ce) || ce.Key != "k" {
+		t.Errorf(`Records("b") = %v, want *CorruptError naming the first, b/k`, err)
+	}
+	bad, err := Parse([]byte(`{"sections":[1],"meta":{"epoch":3}}`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if _, err := bad.Section("a"); !errors.As(err, &ce) || ce.Section != "document" || ce.Key != "sections" {
+		t.Errorf(`Section("a") of sections [1] = %v, want *CorruptError document/sections`, err)
+	}
+	if o, err := bad.Section("meta"); err != nil || string(o.Get("epoch")) != "3" {
+		t.Errorf(`Section("meta") beside sections [1] = %q, %v; want meta read`, spans(o), err)
+	}
+}
+
+func TestStandInRevisionIsNeverZeroNorAnOlderWritersCount(t *testing.T) {
+	seen := map[int64]bool{}
+	for i := range 1000 {
+		raw := []byte(`{"sections":{"claims":{"a":` + strconv.Itoa(i) + `}}}`)
+		r := StandInRevision(raw)
+		if r < 1<<32 || r >= 1<<40 {
+			t.Fatalf("StandInRevision(%s) = %d, want 2^32 <= r < 2^40", raw, r)
+		}
+		if StandInRevision(raw) != r {
+			t.Fatalf("StandInRevision(%s) changed between calls", raw)
+		}
+		seen[r] = true
+	}
+	if len(seen) != 1000 {
+		t.Errorf("1000 documents got %d stand-ins, want 1000 (one per content)", len(seen))
+	}
+	for _, raw := range []string{`{}`, `{"revision":null}`, `{"revision":0}`} {
+		d, err := Parse([]byte(raw))
+		if err != nil || !d.StandIn || d.Revision != StandInRevision([]byte(raw)) {
+			t.Errorf("Parse(%s) = %+v, %v; want the stand-in revision", raw, d, err)
+		}
+	}
+	if d, err := Parse([]byte(`{"revision":1}`)); err != nil || d.StandIn || d.Revision != 1 {
+		t.Errorf("Parse of revision 1 = %+v, %v; want 1", d, err)
 	}
 }
 
@@ -172,7 +236,7 @@ func TestLeaseReadsTheLeaseRecordOfMeta(t *testing.T) {
 			got, err := d.Lease()
 			if tt.corrupt {
 				var ce *CorruptError
-				if !errors.As(err, &ce) || *ce != (CorruptError{Section: "meta", Key: "lease"}) {
+				if !errors.As(err, &ce) || ce.Section != "meta" || ce.Key != "lease" || ce.Why == "" {
 					t.Errorf("Lease() of %s = %+v, %v; want *CorruptError meta/lease", raw, got, err)
 				}
 				return
@@ -239,4 +303,37 @@ func TestMetaIntReadsZeroForWhatIsNoRevision(t *testing.T) {
 			t.Errorf("metaInt(%q) = %d, want %d", key, got, want)
 		}
 	}
+}
+
+// FuzzParseNeverFails: no stored text crashes the scanner, and every
+// record a document answers is one the records layout reads (its value
+// passes ValidJSON as "v" of a record).
+func FuzzParseNeverFails(f *testing.F) {
+	for _, s := range []string{
+		`{"revision": 41, "meta": {"epoch": 7}, "sections": {"a": {"x": NaN, "y": [1, {"z": "\u00e9"}]}, "b": []}}`,
+		"{\"sections\":{\"a\":{\"\\ud800\":1,\"s\":\"\xed\xa0\x80\"}}}",
+		`{"a":[1}`, `{"a":{"b":[}]}}`, `{"sections":{"a":{"k":'x',"j":-Infinity}}}`, `{`, `}`, `{"":}`, `{"a":1,}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		d, err := Parse(raw)
+		if err != nil {
+			return
+		}
+		for _, name := range append(d.SectionNames(), "meta") {
+			o, err := d.Records(name)
+			if err != nil {
+				continue
+			}
+			for _, m := range o {
+				if !ValidJSON(`{"r":1,"v":`+string(m.Value)+`}`, 1000) {
+					t.Fatalf("Records(%q) answered %q, which no record holds", name, m.Value)
+				}
+				if v, err := d.Record(name, m.Key); err != nil || string(v) != string(m.Value) {
+					t.Fatalf("Record(%q, %q) = %q, %v; want %q as Records answers it", name, m.Key, v, err, m.Value)
+				}
+			}
+		}
+	})
 }

@@ -7,21 +7,47 @@ import "fmt"
 // ConflictError, LimitError), which it builds from these: this package
 // imports nothing of the store's.
 
-// CorruptError names the part of a document that cannot be read: Section
-// "document" and Key the part ("not JSON", "not an object", "revision",
-// "meta", "sections", "sections/<name>", "moved_to"), or Section "meta" and
-// Key "lease" for a lease record that is not {"owner","epoch","expires_at"}.
+// CorruptError names the part of a document that cannot be read, and Why
+// says why: a record (Section and Key: its value is no record's value, or,
+// with Name set, its name is no record key and Key is its stored bytes); a
+// section that is not a JSON object (Key ""); meta when it is not one
+// (Section "meta", Key ""); or the document itself (Section "document",
+// Key the part: "not JSON", "not an object", "revision", "sections",
+// "moved_to", "sections/<name>" for a section whose name is no section
+// name). Section "meta" and Key "lease" is a lease record that is not
+// {"owner","epoch","expires_at"}.
 type CorruptError struct {
 	Section, Key string
+	// Why says what is wrong, in words ("" when the part says it).
+	Why string
+	// Name: the record's name is no record key (Key holds its stored
+	// bytes).
+	Name bool
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("document: %s/%s cannot be read", e.Section, e.Key)
+	if e.Why == "" {
+		return fmt.Sprintf("document: %s/%s cannot be read", e.Section, e.Key)
+	}
+	return fmt.Sprintf("document: %s/%s cannot be read: %s", e.Section, e.Key, e.Why)
 }
 
 // errDocument is what a document that cannot be read fails with, naming
-// the part.
-func errDocument(what string) error { return &CorruptError{Section: "document", Key: what} }
+// the part and why.
+func errDocument(what, why string) error {
+	return &CorruptError{Section: "document", Key: what, Why: why}
+}
+
+// UnmovableError is PlanMigration's refusal of a document holding parts
+// the records layout would not read: Records lists every one, in the
+// document's order (sections, then meta). Nothing is planned.
+type UnmovableError struct {
+	Records []CorruptError
+}
+
+func (e *UnmovableError) Error() string {
+	return fmt.Sprintf("migration: %d part(s) of the document cannot be moved", len(e.Records))
+}
 
 // StaleError: a batch's fence, or a renew or release, does not name the
 // document's live lease. Lease is the lease in meta (nil when none).
@@ -49,12 +75,17 @@ func (e *HeldError) Error() string {
 
 // Conflict is one write of a batch whose expected revision is not the
 // document's: Index is its position in the batch (from 0), Actual the
-// revision it found (the document's; 0 when the record is absent).
+// revision it found (the document's; 0 when the record is absent). For a
+// pair of a records check (batch.KindCheckRecords), InChecks is true, Check
+// is the pair's position in the write's Checks and Key and Expected are
+// the pair's.
 type Conflict struct {
 	Index        int
 	Section, Key string
 	Expected     int64
 	Actual       int64
+	InChecks     bool
+	Check        int
 }
 
 // ConflictError lists every write of a batch whose expected revision did
@@ -68,11 +99,11 @@ func (e *ConflictError) Error() string {
 }
 
 // LimitError: the new revision ("revision") or epoch ("epoch"), named by
-// Key, would pass protocol.RevMax (2^53-1).
+// Key, would pass protocol.IssueMax (10^14-1), the largest fenced issues.
 type LimitError struct {
 	Key string
 }
 
 func (e *LimitError) Error() string {
-	return fmt.Sprintf("revision limit: the new %s would pass 2^53-1", e.Key)
+	return fmt.Sprintf("revision limit: the new %s would pass 10^14-1", e.Key)
 }

@@ -2,6 +2,7 @@ package docplan
 
 import (
 	"encoding/json"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -57,9 +58,17 @@ type Move struct {
 // document's own layout and section_revisions are dropped), and by-name
 // derived from the section named executions as byname.lua derives it (per
 // agent name, the record of the highest generation, then the highest id).
-// Errors: *CorruptError (a section named meta, or one that is not an
-// object).
+// It writes only records the records layout reads back as they read here:
+// a document holding anything else is refused whole with an
+// *UnmovableError listing every part (unmovable): a section named meta, a
+// section or meta that is not an object, a record whose name is no record
+// key or whose value is no record's value (MemberProblem), an executions
+// value the scripts cannot decode (batch.ScriptUndecodable: by-name could
+// not index it), a lease that is no lease (Lease).
 func PlanMigration(doc *Document, rev int64, executions string) (*Move, error) {
+	if bad := unmovable(doc, executions); len(bad) > 0 {
+		return nil, &UnmovableError{Records: bad}
+	}
 	head := `{"r":` + strconv.FormatInt(rev, 10) + `,"v":`
 	m := &Move{}
 	var sectionNames []string
@@ -68,9 +77,6 @@ func PlanMigration(doc *Document, rev int64, executions string) (*Move, error) {
 		gen float64
 	}{}
 	for _, name := range doc.SectionNames() {
-		if name == batch.MetaSection {
-			return nil, errDocument("sections/meta")
-		}
 		o, err := doc.Section(name)
 		if err != nil {
 			return nil, err
@@ -169,4 +175,59 @@ func agentOf(value []byte) (name string, generation float64, ok bool) {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// unmovable lists what of doc the records layout would not read as the
+// document layout does (PlanMigration), in the document's order.
+func unmovable(doc *Document, executions string) []CorruptError {
+	var bad []CorruptError
+	add := func(err error) {
+		var ce *CorruptError
+		if errors.As(err, &ce) {
+			bad = append(bad, *ce)
+		}
+	}
+	if doc.sectionsErr != nil {
+		add(doc.sectionsErr)
+	}
+	for _, s := range doc.sections.Effective() {
+		name := s.Key
+		switch {
+		case s.BadName != "":
+			add(errDocument("sections/"+ClipName(name), "the section's name is no section name: "+s.BadName))
+			continue
+		case name == batch.MetaSection:
+			add(errDocument("sections/meta", "a section may not be named meta (the meta records are the document's meta)"))
+			continue
+		}
+		o, err := doc.Section(name)
+		if err != nil {
+			add(err)
+			continue
+		}
+		for _, mb := range o.Effective() {
+			if err := MemberProblem(name, mb); err != nil {
+				add(err)
+			} else if name == executions {
+				if why := batch.ScriptUndecodable(string(mb.Value)); why != "" {
+					add(&CorruptError{Section: name, Key: mb.Key, Why: why + "; by-name could not index it"})
+				}
+			}
+		}
+	}
+	if doc.metaErr != nil {
+		add(doc.metaErr)
+	} else {
+		for _, mb := range doc.meta.Effective() {
+			if mb.BadName == "" && (mb.Key == protocol.FieldLayout || mb.Key == protocol.FieldSectionRevisions) {
+				continue // not moved
+			}
+			err := MemberProblem(protocol.KeyMeta, mb)
+			if err == nil && mb.Key == protocol.FieldLease && mb.BadName == "" {
+				_, err = doc.Lease()
+			}
+			add(err)
+		}
+	}
+	return bad
 }

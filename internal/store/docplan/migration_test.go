@@ -3,6 +3,7 @@ package docplan
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -69,15 +70,44 @@ func TestPlanMigrationOfMetaAloneWritesTheLayout(t *testing.T) {
 }
 
 func TestPlanMigrationRefusesWhatIsNoSection(t *testing.T) {
-	for raw, part := range map[string]string{
-		`{"sections":{"meta":{"a":1}}}`: "sections/meta",
-		`{"sections":{"a":[1]}}`:        "sections/a",
+	for raw, want := range map[string]CorruptError{
+		`{"sections":{"meta":{"a":1}}}`: {Section: "document", Key: "sections/meta"},
+		`{"sections":{"a":[1]}}`:        {Section: "a"},
+		`{"sections":[1]}`:              {Section: "document", Key: "sections"},
+		`{"meta":"m"}`:                  {Section: "meta"},
+		`{"sections":{"\ud800":{}}}`:    {Section: "document", Key: `sections/\ud800`},
 	} {
 		_, err := PlanMigration(mustParse(t, raw), 7, "executions")
-		var ce *CorruptError
-		if !errors.As(err, &ce) || *ce != (CorruptError{Section: "document", Key: part}) {
-			t.Errorf("PlanMigration(%s) = %v, want *CorruptError document/%s", raw, err, part)
+		var ue *UnmovableError
+		if !errors.As(err, &ue) || len(ue.Records) != 1 || ue.Records[0].Section != want.Section || ue.Records[0].Key != want.Key || ue.Records[0].Why == "" {
+			t.Errorf("PlanMigration(%s) = %#v, want *UnmovableError naming %s/%s and why", raw, err, want.Section, want.Key)
 		}
+	}
+}
+
+func TestPlanMigrationListsEveryRecordItCannotMove(t *testing.T) {
+	raw := `{"sections":{"claims":{"a":{"x":NaN},"ok":1,"b":"\xff","":2},` +
+		`"executions":{"e":{"name":"n","s":"\udc00"},"f":{"name":"m"}}},` +
+		`"meta":{"lease":{"owner":"a"},"epoch":Infinity}}`
+	raw = strings.Replace(raw, `\xff`, "\xff", 1)
+	_, err := PlanMigration(mustParse(t, raw), 7, "executions")
+	var ue *UnmovableError
+	if !errors.As(err, &ue) {
+		t.Fatalf("PlanMigration = %v, want *UnmovableError", err)
+	}
+	var got []string
+	for _, r := range ue.Records {
+		got = append(got, r.Section+"/"+r.Key)
+		if r.Why == "" {
+			t.Errorf("%s/%s listed without why", r.Section, r.Key)
+		}
+	}
+	want := []string{"claims/a", "claims/b", "claims/", "executions/e", "meta/lease", "meta/epoch"}
+	if !slices.Equal(got, want) {
+		t.Errorf("PlanMigration lists %q, want %q (document order: sections, then meta)", got, want)
+	}
+	if !ue.Records[2].Name {
+		t.Errorf("the empty name listed as %+v, want Name set", ue.Records[2])
 	}
 }
 

@@ -14,13 +14,19 @@ import (
 // revision).
 
 // NextRevision is the numbering rule of every commit (lib_commit.lua
-// next_revision) applied to a document: above the swarm's revision counter
-// and the document's revision, at least Redis's clock in µs (nowUs).
-// *LimitError ("revision") past protocol.RevMax.
+// next_revision) applied to a document: later in issue order
+// (protocol.CompareRevisions) than the swarm's revision counter and the
+// document's revision, at least Redis's clock nowUs (µs) in units of
+// protocol.RevisionTickUs (protocol.ClockRevision): the clock unless an
+// era-2 floor is at or above it, then that floor plus one.
+// *LimitError ("revision") past protocol.IssueMax (10^14-1).
 func NextRevision(counter, docRev, nowUs int64) (int64, error) {
-	rev := max(counter, docRev) + 1
-	rev = max(rev, nowUs)
-	if rev > protocol.RevMax {
+	highest := protocol.LatestRevision(counter, docRev)
+	rev := protocol.ClockRevision(nowUs)
+	if !protocol.RevisionLater(rev, highest) {
+		rev = highest + 1
+	}
+	if rev > protocol.IssueMax {
 		return 0, &LimitError{Key: "revision"}
 	}
 	return rev, nil
@@ -28,7 +34,8 @@ func NextRevision(counter, docRev, nowUs int64) (int64, error) {
 
 // PlanBatch checks b against doc (fence, then every revision: a record
 // reads at the document's revision, 0 when absent; a section check
-// compares the document's revision) and answers the rewritten document and
+// compares the document's revision; a records check each of its pairs as
+// a record) and answers the rewritten document and
 // its revision (NextRevision of counter and nowUs); newDoc nil when b
 // writes nothing (rev: the document's). nowMs is Redis's clock in ms (a
 // fence's NowMs above it counts instead). Errors: *StaleError,
@@ -67,6 +74,27 @@ func PlanBatch(doc *Document, b *batch.Batch, counter, nowUs, nowMs int64) (newD
 		if w.Kind == batch.KindPut || w.Kind == batch.KindDelete {
 			writes = true
 		}
+		if w.Kind == batch.KindCheckRecords {
+			o, err := sectionOf(w.Section)
+			if err != nil {
+				return nil, 0, err
+			}
+			// Object.Get scans the section: look many pairs up in a set.
+			present := make(map[string]bool, len(o))
+			for _, m := range o {
+				present[m.Key] = true
+			}
+			for j, c := range w.Checks {
+				actual := doc.Revision
+				if !present[c.Key] {
+					actual = 0
+				}
+				if actual != c.Expected {
+					conflicts = append(conflicts, Conflict{Index: i, Section: w.Section, Key: c.Key, Expected: c.Expected, Actual: actual, InChecks: true, Check: j})
+				}
+			}
+			continue
+		}
 		if w.Expected == batch.Blind {
 			continue
 		}
@@ -102,6 +130,9 @@ func PlanBatch(doc *Document, b *batch.Batch, counter, nowUs, nowMs int64) (newD
 			continue
 		}
 		o := meta
+		if w.Section == batch.MetaSection && doc.metaErr != nil {
+			return nil, 0, doc.metaErr
+		}
 		if w.Section != batch.MetaSection {
 			if o, err = sectionOf(w.Section); err != nil {
 				return nil, 0, err
@@ -140,14 +171,18 @@ type LeaseChange struct {
 // owner's live lease at epoch). It answers the change, the rewritten
 // document and its revision (NextRevision). Errors: *HeldError (acquire:
 // another owner's live lease), *StaleError (renew, release: not owner's
-// live lease at epoch), *CorruptError, *LimitError ("epoch", "revision").
+// live lease at epoch), *CorruptError, *LimitError ("epoch", "revision",
+// "meta/epoch").
 func PlanLease(doc *Document, op, owner string, epoch, ttlMs, counter, nowUs, nowMs int64) (c LeaseChange, newDoc []byte, rev int64, err error) {
 	l, err := doc.Lease()
 	if err != nil {
 		return c, nil, 0, err
 	}
 	live := l != nil && l.ExpiresAtMs > nowMs
-	lastEpoch := doc.metaInt(protocol.FieldEpoch)
+	lastEpoch, err := doc.lastEpoch()
+	if err != nil {
+		return c, nil, 0, err
+	}
 	var newEpoch, expires int64
 	granted := false
 	switch op {
@@ -163,7 +198,7 @@ func PlanLease(doc *Document, op, owner string, epoch, ttlMs, counter, nowUs, no
 				last = l.Epoch
 			}
 			newEpoch, granted = max(last+1, nowMs), true
-			if newEpoch > protocol.RevMax {
+			if newEpoch > protocol.IssueMax {
 				return c, nil, 0, &LimitError{Key: "epoch"}
 			}
 		}

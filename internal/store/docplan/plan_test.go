@@ -26,7 +26,17 @@ func put(section, key string, expected int64, value string) batch.Write {
 	return batch.Write{Kind: batch.KindPut, Section: section, Key: key, Expected: expected, Value: value}
 }
 
-func TestNextRevisionIsAboveBothAndAtLeastTheClock(t *testing.T) {
+// TestNextRevisionIsLaterThanBothAndAtLeastTheClock: the document's
+// numbering rule is lib_commit.lua's: the clock in 100 µs unless an era-2
+// floor is at or above it (then that floor plus one); an era-1 floor
+// (fenced's former µs revisions, 16 digits) or an era-0 one (a counter)
+// ranks below the clock; nothing above 10^14-1 is issued.
+func TestNextRevisionIsLaterThanBothAndAtLeastTheClock(t *testing.T) {
+	const (
+		nowUs  = 1_796_150_326_467_912 // 2026-12-01
+		nowRev = 17_961_503_264_679    // the same in 100 µs
+		oldUs  = 1_796_079_180_861_096 // a revision fenced issued in µs
+	)
 	tests := []struct {
 		name                   string
 		counter, docRev, nowUs int64
@@ -34,16 +44,24 @@ func TestNextRevisionIsAboveBothAndAtLeastTheClock(t *testing.T) {
 	}{
 		{"the counter is ahead", 10, 4, 0, 11},
 		{"the document is ahead", 4, 10, 0, 11},
-		{"the clock is ahead", 4, 10, 1_700_000_000_000_000, 1_700_000_000_000_000},
-		{"the clock is behind", 1_700_000_000_000_001, 0, 1_700_000_000_000_000, 1_700_000_000_000_002},
-		{"up to the limit", protocol.RevMax - 1, 0, 0, protocol.RevMax},
+		{"the clock is ahead", 4, 10, nowUs, nowRev},
+		{"the clock is behind", nowRev + 5, 0, nowUs, nowRev + 6},
+		{"the document is behind the clock", 0, nowRev + 5, nowUs, nowRev + 6},
+		{"a µs counter ranks below the clock", oldUs, 4, nowUs, nowRev},
+		{"a µs counter far ahead ranks below the clock", protocol.RevMax, 0, nowUs, nowRev},
+		{"a µs document ranks below an era-2 counter", nowRev + 5, oldUs, nowUs, nowRev + 6},
+		{"up to the limit", protocol.IssueMax - 1, 0, nowUs, protocol.IssueMax},
 	}
 	for _, tt := range tests {
-		if got, err := NextRevision(tt.counter, tt.docRev, tt.nowUs); got != tt.want || err != nil {
+		got, err := NextRevision(tt.counter, tt.docRev, tt.nowUs)
+		if got != tt.want || err != nil {
 			t.Errorf("%s: NextRevision(%d, %d, %d) = %d, %v; want %d", tt.name, tt.counter, tt.docRev, tt.nowUs, got, err, tt.want)
 		}
+		if got >= 100_000_000_000_000 {
+			t.Errorf("%s: NextRevision = %d, want below 10^14", tt.name, got)
+		}
 	}
-	for _, args := range [][3]int64{{protocol.RevMax, 0, 0}, {0, protocol.RevMax, 0}, {0, 0, protocol.RevMax + 1}} {
+	for _, args := range [][3]int64{{protocol.IssueMax, 0, nowUs}, {0, protocol.IssueMax, nowUs}, {0, 0, (protocol.IssueMax + 1) * protocol.RevisionTickUs}} {
 		_, err := NextRevision(args[0], args[1], args[2])
 		var le *LimitError
 		if !errors.As(err, &le) || le.Key != "revision" {
@@ -74,7 +92,7 @@ func TestPlanBatchRefusesAStaleFence(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := &batch.Batch{Slug: "s", Fence: tt.fence, Writes: []batch.Write{put("a", "y", batch.Absent, `2`)}}
-			newDoc, rev, err := PlanBatch(mustParse(t, tt.doc), b, 0, 100, tt.nowMs)
+			newDoc, rev, err := PlanBatch(mustParse(t, tt.doc), b, 0, 100*protocol.RevisionTickUs, tt.nowMs)
 			if tt.ok {
 				if err != nil || newDoc == nil || rev != 100 {
 					t.Errorf("PlanBatch = %s, %d, %v; want a document at revision 100", newDoc, rev, err)
@@ -92,7 +110,7 @@ func TestPlanBatchRefusesAStaleFence(t *testing.T) {
 	}
 	_, _, err := PlanBatch(mustParse(t, `{"meta":{"lease":{"owner":"a"}}}`), &batch.Batch{Fence: &batch.Fence{Epoch: 1}}, 0, 0, 0)
 	var ce *CorruptError
-	if !errors.As(err, &ce) || *ce != (CorruptError{Section: "meta", Key: "lease"}) {
+	if !errors.As(err, &ce) || ce.Section != "meta" || ce.Key != "lease" {
 		t.Errorf("PlanBatch fenced on an unreadable lease = %v, want *CorruptError meta/lease", err)
 	}
 }
@@ -126,6 +144,35 @@ func TestPlanBatchListsEveryConflictInBatchOrder(t *testing.T) {
 	}
 	if newDoc != nil || rev != 0 {
 		t.Errorf("PlanBatch with conflicts planned %s at %d; want nothing", newDoc, rev)
+	}
+}
+
+// TestPlanBatchChecksEveryPairOfARecordsCheck: each pair of a
+// WRITE_KIND_CHECK_RECORDS reads as a record (the document's revision, 0
+// when absent); its conflicts name the write and the pair, in order.
+func TestPlanBatchChecksEveryPairOfARecordsCheck(t *testing.T) {
+	doc := mustParse(t, leaseDoc)
+	recs := batch.Write{Kind: batch.KindCheckRecords, Section: "a", Checks: []batch.RecordCheck{
+		{Key: "x", Expected: 5}, {Key: "y", Expected: batch.Absent}, {Key: "x2", Expected: 5}, {Key: "x", Expected: 4},
+	}}
+	b := &batch.Batch{Slug: "s", Writes: []batch.Write{put("b", "n", batch.Absent, `1`), recs}}
+	_, _, err := PlanBatch(doc, b, 0, 0, 0)
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("PlanBatch = %v; want *ConflictError", err)
+	}
+	want := []Conflict{
+		{Index: 1, Section: "a", Key: "x2", Expected: 5, Actual: 0, InChecks: true, Check: 2},
+		{Index: 1, Section: "a", Key: "x", Expected: 4, Actual: 5, InChecks: true, Check: 3},
+	}
+	if !slices.Equal(ce.Conflicts, want) {
+		t.Errorf("PlanBatch conflicts = %+v\nwant %+v", ce.Conflicts, want)
+	}
+	recs.Checks = recs.Checks[:2]
+	b.Writes[1] = recs
+	newDoc, rev, err := PlanBatch(doc, b, 0, 0, 0)
+	if err != nil || newDoc == nil || rev <= 5 {
+		t.Errorf("PlanBatch with every pair matching = %s, %d, %v; want a new document above revision 5", newDoc, rev, err)
 	}
 }
 
@@ -165,7 +212,7 @@ func TestPlanBatchRewritesWhatItWritesAndKeepsTheRest(t *testing.T) {
 
 func TestPlanBatchUpToTheRevisionLimit(t *testing.T) {
 	b := &batch.Batch{Slug: "s", Writes: []batch.Write{put("a", "y", batch.Blind, `1`)}}
-	_, _, err := PlanBatch(mustParse(t, leaseDoc), b, protocol.RevMax, 0, 0)
+	_, _, err := PlanBatch(mustParse(t, leaseDoc), b, protocol.IssueMax, 0, 0)
 	var le *LimitError
 	if !errors.As(err, &le) || le.Key != "revision" {
 		t.Errorf("PlanBatch past the limit = %v, want *LimitError revision", err)
@@ -258,7 +305,7 @@ func sameRefusal(got, want error) bool {
 		return errors.As(got, &g) && (g.Lease == nil) == (w.Lease == nil) && (g.Lease == nil || *g.Lease == *w.Lease)
 	case *CorruptError:
 		var g *CorruptError
-		return errors.As(got, &g) && *g == *w
+		return errors.As(got, &g) && g.Section == w.Section && g.Key == w.Key
 	case *LimitError:
 		var g *LimitError
 		return errors.As(got, &g) && *g == *w
@@ -266,14 +313,35 @@ func sameRefusal(got, want error) bool {
 	return false
 }
 
+// TestPlanLeaseUpToTheLimits: no epoch or revision above 10^14-1 is issued
+// (before: up to 2^53-1, which a Lua writer formats as 1.7961503264679e+15).
 func TestPlanLeaseUpToTheLimits(t *testing.T) {
-	doc := mustParse(t, `{"revision":5,"meta":{"epoch":9007199254740991}}`)
-	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0); !sameRefusal(err, &LimitError{Key: "epoch"}) {
-		t.Errorf("PlanLease granting past 2^53-1 = %v, want *LimitError epoch", err)
+	for _, epoch := range []string{"99999999999999", "9007199254740991"} {
+		doc := mustParse(t, `{"revision":5,"meta":{"epoch":`+epoch+`}}`)
+		if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0); !sameRefusal(err, &LimitError{Key: "epoch"}) {
+			t.Errorf("PlanLease granting after epoch %s = %v, want *LimitError epoch", epoch, err)
+		}
+	}
+	doc := mustParse(t, `{"revision":99999999999998,"meta":{"epoch":99999999999998}}`)
+	if c, _, rev, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0); err != nil || c.Lease.Epoch != protocol.IssueMax || rev != protocol.IssueMax {
+		t.Errorf("PlanLease just below the limits = epoch %d r%d, %v; want both at 10^14-1", c.Lease.Epoch, rev, err)
 	}
 	doc = mustParse(t, `{"revision":5}`)
-	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, protocol.RevMax, 0, 0); !sameRefusal(err, &LimitError{Key: "revision"}) {
+	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, protocol.IssueMax, 0, 0); !sameRefusal(err, &LimitError{Key: "revision"}) {
 		t.Errorf("PlanLease at the revision limit = %v, want *LimitError revision", err)
+	}
+	for _, epoch := range []string{`9007199254740992`, `1e300`, `Infinity`} {
+		over := mustParse(t, `{"revision":5,"meta":{"epoch":`+epoch+`}}`)
+		_, _, _, err := PlanLease(over, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0)
+		if epoch == `Infinity` {
+			if err != nil {
+				t.Errorf("PlanLease with meta/epoch Infinity (no JSON number: counts 0) = %v, want a grant", err)
+			}
+			continue
+		}
+		if !sameRefusal(err, &LimitError{Key: "meta/epoch"}) {
+			t.Errorf("PlanLease with meta/epoch %s = %v, want *LimitError meta/epoch (no epoch above it can be granted)", epoch, err)
+		}
 	}
 	if _, _, _, err := PlanLease(doc, "steal", "a", 0, 1000, 0, 0, 0); err == nil {
 		t.Error("PlanLease of an unknown op = nil, want an error")
@@ -290,6 +358,12 @@ func TestPlanLeaseGrantsAboveEveryEarlierEpoch(t *testing.T) {
 		{"meta/epoch is above the expired lease's", `{"meta":{"lease":{"owner":"b","epoch":4,"expires_at":1},"epoch":9}}`, 10},
 		{"no lease", `{"meta":{"epoch":9}}`, 10},
 		{"no epoch at all: the clock", `{}`, 5},
+		// meta/epoch as a writer formatting doubles stores it (cjson's %.14g,
+		// Python's float): read as lease.lua reads it, rounded up; before,
+		// read as 0 and granted below it.
+		{"meta/epoch written as a double", `{"meta":{"epoch":1.7961503264679e+12}}`, 1_796_150_326_469},
+		{"meta/epoch with a fraction", `{"meta":{"epoch":8.5}}`, 10},
+		{"meta/epoch that is no number counts 0", `{"meta":{"epoch":"9"}}`, 5},
 	}
 	for _, tt := range tests {
 		c, _, _, err := PlanLease(mustParse(t, tt.doc), protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 5)

@@ -18,16 +18,20 @@
 --         checked the document layout (Cluster), 'r' with a request key,
 --         '-' for none. epoch: the fence's, '' for an unfenced batch.
 --         now_ms: the caller's clock, '0' when unknown (epoch and now_ms
---         in base 36: revisions and epochs follow the clock, 16 and 13
+--         in base 36: revisions and epochs follow the clock, 14 and 13
 --         decimal digits, and every byte is sent on every commit). window_ms and
 --         digest: how long the request key is kept, and the request's
 --         digest ('' without a request key). owner: the fence's ('' = any;
 --         last, so it may hold ':').
 -- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
--- (put), 'd' (delete), 'c' (check) or 'S' (check a section's revision; key
--- empty), key index points into KEYS at its section, expected is the
+-- (put), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
+-- empty) or 'R' (one record of a records check: the Go side sends one such
+-- argument per pair, a write's pairs in a row), key index points into KEYS
+-- at its section, expected is the
 -- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
--- a put is followed by one more argument, its value.
+-- a put is followed by one more argument, its value. The indices of the
+-- replies count these write arguments (a put's value not counted): a
+-- records check of n pairs is n of them.
 -- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
 -- packed because every byte is sent on every commit.
 --
@@ -47,13 +51,14 @@
 --   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions') is
 --                        not a revision
 --   {'LIMIT', index}     a BLIND write on a record whose revision is above
---                        2^53-1 (REV_MAX): nothing can be issued above it
+--                        2^53-1 (REV_MAX): not a number a script reads
+--                        exactly
 --   {'WRONGTYPE', name, type, want}  a key the commit writes without
 --                        reading it first (log, by-name, by-name-index,
 --                        state:fencing:current) holds another Redis type
 --   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
 --                        'meta/lease') holds a number above REV_MAX, or the
---                        new revision would be above it
+--                        new revision would be above ISSUE_MAX (10^14-1)
 local META, REV, LOG = 1, 2, 3
 local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
@@ -122,7 +127,7 @@ local log_owner = ''
 if fence_epoch ~= '' then
   local lease, over = read_lease()
   if over then
-    return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
+    return lease_refusal(over)
   end
   local now = now_ms()
   if caller_now > now then
@@ -140,9 +145,39 @@ end
 
 -- 3. Revisions: the swarm's floors must be revisions (and in range); then
 -- collect every mismatch, in request order.
-local highest, refused = swarm_floor() -- then also the written records' revisions
+local highest, refused = swarm_floor() -- then also the written records' revisions (the latest in issue order)
 if refused then
   return refused
+end
+-- The records checks' pairs, read before the loop by HMGET, at most
+-- CHECK_CHUNK fields a call (one redis.call per record was most of a large
+-- check's cost), each field's revision taken at once (checked_revision)
+-- and its text dropped: Lua holds at most one chunk of fields (Redis's
+-- maxmemory does not count Lua's memory), not the whole section.
+local CHECK_CHUNK = 256
+local checked = {} -- write index -> stored revision (0: absent; false: not a record)
+do
+  local i = 1
+  while i <= n do
+    local ki = kis[i]
+    if kinds[i] ~= P.KIND_CHECK_RECORDS then
+      i = i + 1
+    else
+      local first, fields = i, {}
+      while i <= n and kinds[i] == P.KIND_CHECK_RECORDS and kis[i] == ki and #fields < CHECK_CHUNK do
+        fields[#fields + 1] = wkeys[i]
+        i = i + 1
+      end
+      local got = redis.call('HMGET', KEYS[ki], unpack(fields))
+      for j = 1, #fields do
+        local actual = 0
+        if got[j] then
+          actual = checked_revision(got[j]) or false
+        end
+        checked[first + j - 1] = actual
+      end
+    end
+  end
 end
 local conflicts = { P.REPLY_CONFLICT }
 local mutates = false
@@ -157,6 +192,12 @@ for i = 1, n do
     if type(revs[name]) == 'number' then
       actual = revs[name]
     end
+  elseif kind == P.KIND_CHECK_RECORDS then
+    actual = checked[i]
+    if actual == false then
+      return { P.REPLY_CORRUPT, int(i - 1) }
+    end
+    highest = rev_latest(highest, actual)
   else
     local raw = redis.call('HGET', KEYS[ki], key)
     if raw then
@@ -164,8 +205,8 @@ for i = 1, n do
       actual, over = record_revision(raw)
       if actual == nil then
         -- A field that is not a record can only be overwritten blind
-        -- (repair); one whose revision is above REV_MAX not even so: its
-        -- next revision would have to be above it.
+        -- (repair); one whose revision is above REV_MAX not even so: no
+        -- script reads that number exactly (repair by hand).
         if expected ~= -1 or kind == P.KIND_CHECK then
           return { P.REPLY_CORRUPT, int(i - 1) }
         end
@@ -175,9 +216,7 @@ for i = 1, n do
         actual = 0
       end
     end
-    if actual > highest then
-      highest = actual
-    end
+    highest = rev_latest(highest, actual)
     if kind ~= P.KIND_CHECK then
       mutates = true
       olds[i] = raw
@@ -258,7 +297,7 @@ for i = 1, n do
 end
 
 -- The first writes: the log entry, the stamp, the counter.
-local refused_write = start_commit(rev, stamp, slug, log_owner, records, changed, request_id, log_changes)
+local refused_write = start_commit(rev, stamp_command(stamp, layout), slug, log_owner, records, changed, request_id, log_changes)
 if refused_write then
   return refused_write
 end

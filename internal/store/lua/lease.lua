@@ -27,7 +27,7 @@
 --                                                 as commit.lua; what may
 --                                                 also be 'meta/epoch', or
 --                                                 'epoch' when the new epoch
---                                                 would be above 2^53-1
+--                                                 would be above 10^14-1
 local slug = string.match(KEYS[1], P.SLUG_PATTERN)
 local mode, op, owner = ARGV[1], ARGV[2], ARGV[3]
 local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -41,7 +41,7 @@ end
 local now = now_ms()
 local lease, over = read_lease()
 if over then
-  return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
+  return lease_refusal(over)
 end
 local floor, refused = swarm_floor()
 if refused then
@@ -99,7 +99,9 @@ if op == P.LEASE_ACQUIRE then
     if now > new_epoch then
       new_epoch = now
     end
-    if new_epoch > REV_MAX then
+    if new_epoch > ISSUE_MAX then
+      -- Epochs fenced issues stay below 10^14, exact as a Lua number for
+      -- every other writer (as revisions: next_revision).
       return { P.REPLY_LIMIT, '', P.FIELD_EPOCH }
     end
   end
@@ -128,16 +130,16 @@ if highest == nil then
 end
 local changes, changes_rev = nil, 0
 if record_epoch then
-  highest = math.max(highest, epoch_rev)
+  highest = rev_latest(highest, epoch_rev)
 end
 if granted then
   changes, changes_rev = stored(P.FIELD_LEADER_CHANGES)
   if changes_rev == nil then
     return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEADER_CHANGES }
   end
-  highest = math.max(highest, changes_rev)
+  highest = rev_latest(highest, changes_rev)
 end
-local rev, limit = next_revision(math.max(highest, floor))
+local rev, limit = next_revision(rev_latest(highest, floor))
 if limit then
   return limit
 end
@@ -160,7 +162,7 @@ if granted then
 end
 -- The first writes: the log entry, the stamp, the counter.
 local changed = { [P.KEY_META] = true }
-local refused_write = start_commit(rev, stamp, slug, owner, records, changed, nil, log_changes)
+local refused_write = start_commit(rev, stamp_command(stamp, layout), slug, owner, records, changed, nil, log_changes)
 if refused_write then
   return refused_write
 end

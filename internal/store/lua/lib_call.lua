@@ -23,7 +23,7 @@
 -- resets, because a function library's locals outlive the call.
 --
 -- Owns: KEYS and ARGV, and Redis's clock read once per call (clock,
--- now_ms, now_us).
+-- now_ms, now_rev).
 -- Needs: the prelude only; begin (lib_commit.lua) sets KEYS and ARGV and
 -- resets the clock.
 
@@ -46,9 +46,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- now_us is Redis's clock in microseconds since 1970 (below 2^53 until the
--- 23rd century: exact in a Lua number).
-local function now_us()
+-- now_rev is Redis's clock as a revision: µs since 1970 in units of
+-- P.REVISION_TICK_US (100 µs: 14 digits until the year 2286, so below
+-- 10^14 and exact in a Lua number; docs/design/05-numbering.md §5.1).
+local REVISION_TICK_US = tonumber(P.REVISION_TICK_US)
+local TICKS_PER_SECOND = 1000000 / REVISION_TICK_US
+local function now_rev()
   local t = clock()
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return tonumber(t[1]) * TICKS_PER_SECOND + math.floor(tonumber(t[2]) / REVISION_TICK_US)
 end

@@ -8,10 +8,10 @@
 -- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
 -- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, wrong_type,
 -- refusal_of, start_commit, finish_commit, begin.
--- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_us, the
+-- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
 -- clock's cache), lib_json.lua (json_string, int), lib_memo.lua (memo,
 -- memo_on, remember, forget), lib_record.lua (canonical_digits,
--- digits_in_range, REV_MAX), lib_meta.lua (section_revisions_field,
+-- digits_in_range, REV_MAX, ISSUE_MAX, rev_later, rev_latest), lib_meta.lua (section_revisions_field,
 -- section_revisions_record, section_revisions_rewrite, section_revisions
 -- and the meta caches begin resets).
 
@@ -33,7 +33,7 @@ end
 -- counter and meta/section_revisions (its record revision and every section
 -- revision in it; meta/section_revisions is rewritten by every commit, so
 -- its revision is a floor that survives a lost counter). It answers the
--- highest of them, or nil and a refusal: {'CORRUPT', '', what} when one is
+-- latest of them in issue order (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 -- prior_revision is the swarm revision before this commit (the log entry's
@@ -65,9 +65,7 @@ local function swarm_floor()
       -- Written by this library in fenced's own form: its highest
       -- revision is known; section_revisions decodes it only if asked.
       section_revisions_body = m.body
-      if m.highest > highest then
-        highest = m.highest
-      end
+      highest = rev_latest(highest, m.highest)
       prior_revision = int(highest)
       return highest
     end
@@ -87,13 +85,9 @@ local function swarm_floor()
       if v > REV_MAX then
         return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
       end
-      if v > highest then
-        highest = v
-      end
+      highest = rev_latest(highest, v)
     end
-    if r > highest then
-      highest = r
-    end
+    highest = rev_latest(highest, r)
   end
   section_revs_decoded = revs
   prior_revision = int(highest)
@@ -101,20 +95,24 @@ local function swarm_floor()
 end
 
 -- next_revision answers the revision of a commit as a decimal string
--- (start_commit sets the swarm counter to it): above highest (the floors: swarm_floor's
--- and the stored revisions of the records the commit writes) and at least
--- Redis's clock in microseconds, so that no revision is issued twice even
--- after Redis lost acknowledged writes (a crash, a failover to a lagging
--- replica, a restored snapshot): whatever was issued before the loss is
--- below the clock after it (docs/design/05-numbering.md §5).
--- nil and {'LIMIT', '', 'revision'} when that would pass REV_MAX.
+-- (start_commit sets the swarm counter to it): later than highest in issue
+-- order (the latest floor: swarm_floor's and the stored revisions of the
+-- records the commit writes) and at least Redis's clock in units of 100 µs
+-- (now_rev), so that no revision is issued twice even after Redis lost
+-- acknowledged writes (a crash, a failover to a lagging replica, a
+-- restored snapshot): whatever was issued before the loss is below the
+-- clock after it (docs/design/05-numbering.md §5). The clock reading is
+-- in era 2, later than every floor of era 0 or 1 (older writers' counters,
+-- fenced's former µs revisions): only an era-2 floor at or above it makes
+-- the revision that floor plus one. nil and {'LIMIT', '', 'revision'} when
+-- the revision would pass ISSUE_MAX (10^14-1: it must stay exact as a Lua
+-- number for other writers, and in era 2).
 local function next_revision(highest)
-  local rev = highest + 1
-  local now = now_us()
-  if now > rev then
-    rev = now
+  local rev = now_rev()
+  if not rev_later(rev, highest) then
+    rev = highest + 1
   end
-  if rev > REV_MAX then
+  if rev > ISSUE_MAX then
     return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
   end
   return int(rev)
@@ -160,9 +158,27 @@ local function refusal_of(err, key, want, name)
   return wrong_type({ { key, want, name } }) or err
 end
 
+-- stamp_command is the command a commit stamps P:state:fencing:current
+-- with (nil: none, on Cluster): HSET when the swarm had no meta/layout,
+-- since this commit puts it on the records and an older writer that read
+-- the bucket before must lose its WATCH; else HSETNX, which writes only a
+-- missing stamp: the swarm's layout does not change, and a write to the
+-- bucket, which every document swarm shares, would abort every older
+-- writer's WATCH on it (docs/design/02-redis-layout.md §2.5).
+local function stamp_command(stamp, layout)
+  if not stamp then
+    return nil
+  end
+  if layout then
+    return 'HSETNX'
+  end
+  return 'HSET'
+end
+
 -- start_commit makes a commit's first writes, after every check: first
 -- those to keys it has not read, whose Redis type it does not know: the
--- log entry (XADD), then on standalone the stamp; then the swarm counter.
+-- log entry (XADD), then on standalone the stamp (stamp: stamp_command's
+-- command); then the swarm counter.
 -- The first two go by pcall: when XADD refuses (a key of another type, a
 -- stream whose last id is the largest there is), nothing was written; when
 -- the stamp refuses, the log entry is deleted again (XDEL; what XADD's
@@ -210,7 +226,7 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
     return refusal_of(id, KEYS[3], 'stream', P.KEY_LOG)
   end
   if stamp then
-    local set = redis.pcall('HSET', KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
+    local set = redis.pcall(stamp, KEYS[#KEYS], slug .. P.STAMP_SUFFIX, rev)
     if type(set) == 'table' and set.err then
       redis.call('XDEL', KEYS[3], id)
       return refusal_of(set, KEYS[#KEYS], 'hash', 'state:fencing:current')

@@ -3,7 +3,7 @@
 -- HMGET per call), each read by a pattern when it has the form fenced
 -- writes and by the record grammar otherwise.
 --
--- Owns: meta_field (and its cache meta_fields), lease_general, lease_of,
+-- Owns: meta_field (and its cache meta_fields), lease_general, lease_refusal, lease_of,
 -- PLAIN_OWNER, read_lease, layout_is_document, check_layout,
 -- section_revisions_field, section_revisions_general,
 -- section_revisions_record, section_revisions_rewrite, section_revisions
@@ -78,8 +78,11 @@ local function section_revisions_rewrite(body, changed, rev)
 end
 
 -- lease_general decodes a meta/lease field as a record: a table with
--- owner, epoch and expires_at, or nil when it is not a valid lease; nil,
--- 'over' when its epoch or expiry is above REV_MAX.
+-- owner, epoch and expires_at; nil, 'over' when its epoch or expiry is
+-- above REV_MAX; nil, 'corrupt' when it is no lease (no record, or a value
+-- without a string owner and numeric epoch and expires_at). A lease that
+-- cannot be read is never taken for no lease: a grant over it could go
+-- below its epoch (the document layout refuses it alike, docplan).
 local function lease_general(raw)
   local lease = record_value(raw)
   if type(lease) == 'table' and type(lease.owner) == 'string'
@@ -89,7 +92,16 @@ local function lease_general(raw)
     end
     return lease
   end
-  return nil
+  return nil, 'corrupt'
+end
+
+-- lease_refusal is the answer to read_lease's second result: the lease
+-- record above REV_MAX ('over') or no lease ('corrupt'), named meta/lease.
+local function lease_refusal(why)
+  if why == 'over' then
+    return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
+  end
+  return { P.REPLY_CORRUPT, '', P.KEY_META .. '/' .. P.FIELD_LEASE }
 end
 
 -- lease_of is lease_general, answered by patterns alone for the form the
@@ -127,7 +139,8 @@ local function meta_field(name)
   return meta_fields[name]
 end
 
--- read_lease decodes meta/lease (lease_of); nil when absent.
+-- read_lease decodes meta/lease (lease_of); nil when absent; nil and
+-- 'over' or 'corrupt' when it cannot be read (lease_refusal answers it).
 local function read_lease()
   local raw = meta_field(P.FIELD_LEASE)
   if not raw then

@@ -1,10 +1,13 @@
 -- lib_record.lua: the record grammar, the rule by which a stored field is
--- a record and what its revision and value are, and the revision range
--- (0..REV_MAX) every number fenced writes or compares stays in.
+-- a record and what its revision and value are, the revision range
+-- (0..REV_MAX) every number fenced writes or compares stays in, and the
+-- issue order of revisions.
 --
--- Owns: MAX_DEPTH, REV_MAX, REV_MAX_TEXT, digits_in_range,
+-- Owns: MAX_DEPTH, REV_MAX, REV_MAX_TEXT, ISSUE_MAX, CLOCK_ERA_MIN,
+-- rev_era, rev_later, rev_latest, digits_in_range,
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
--- in_range, parse_record, record_revision, record_value.
+-- in_range, parse_record, record_revision, checked_revision,
+-- record_value.
 -- Needs: lib_json.lua (json_valid, string_end, value_end; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
@@ -23,6 +26,47 @@ local MAX_DEPTH = 1000
 -- (from the prelude: internal/protocol RevMax).
 local REV_MAX = P.REV_MAX
 local REV_MAX_TEXT = P.REV_MAX_TEXT
+
+-- The issue order of revisions (docs/design/05-numbering.md §5.1; Go:
+-- internal/protocol CompareRevisions): three eras by magnitude, in this
+-- order: era 0 below CLOCK_ERA_MIN (10^13: older writers' counters), era 1
+-- above ISSUE_MAX (10^14-1: fenced's former revisions of the clock in µs),
+-- era 2 between them (what fenced issues now: the clock in 100 µs). Within
+-- an era the larger is the later; across eras never compare magnitudes.
+-- Every revision compared is an integer of 0..REV_MAX, exact in a double,
+-- as are both bounds: the era is the one its count of digits gives (at
+-- most 13: era 0; 14: era 2; 15 or more: era 1). ISSUE_MAX also bounds
+-- every revision and epoch fenced issues.
+local ISSUE_MAX = tonumber(P.ISSUE_MAX_TEXT)
+local CLOCK_ERA_MIN = tonumber(P.CLOCK_ERA_MIN_TEXT)
+
+-- rev_era is the era of revision n: 0, 1 or 2 (ordered as the numbers).
+local function rev_era(n)
+  if n < CLOCK_ERA_MIN then
+    return 0
+  end
+  if n > ISSUE_MAX then
+    return 1
+  end
+  return 2
+end
+
+-- rev_later: revision a was issued after revision b.
+local function rev_later(a, b)
+  local ea, eb = rev_era(a), rev_era(b)
+  if ea ~= eb then
+    return ea > eb
+  end
+  return a > b
+end
+
+-- rev_latest is the later of revisions a and b.
+local function rev_latest(a, b)
+  if rev_later(b, a) then
+    return b
+  end
+  return a
+end
 
 -- digits_in_range: d (canonical decimal digits) is at most REV_MAX,
 -- compared as text so that no digit is lost.
@@ -131,6 +175,24 @@ local function record_revision(raw)
     return nil, value == 'over'
   end
   return rev, false
+end
+
+-- checked_revision is the revision a records check (P.KIND_CHECK_RECORDS)
+-- compares: that of a stored field of fenced's own form {"r":N,"v":...}
+-- read from its "r" alone, the value not judged (a check writes nothing,
+-- and judging every value of a section read whole, ~3 us per 200 bytes,
+-- was most of its cost); any other form by the record grammar
+-- (record_revision). nil when the field is not a record, nil, true when
+-- its revision is above REV_MAX.
+local function checked_revision(raw)
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' then
+    if not digits_in_range(digits) then
+      return nil, true
+    end
+    return tonumber(digits), false
+  end
+  return record_revision(raw)
 end
 
 -- record_value decodes the value of a stored record field, nil when the

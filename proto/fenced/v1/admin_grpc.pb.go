@@ -34,23 +34,32 @@ const (
 type AdminServiceClient interface {
 	// Migrate moves a swarm from the document layout (one JSON document in
 	// P:state:fencing:current, rewritten whole by older writers) onto the
-	// records layout, in one transaction that watches the document, the
-	// swarm's meta and its revision counter: every record of the document
-	// (archive included) is written as a record with one new revision, meta
-	// moved with the lease and epoch kept exactly, meta/layout set to
-	// "records", by-name derived, one log entry, and the document rewritten
-	// with "moved_to": "records" and otherwise unchanged. A concurrent change
-	// plans it again, up to 16 times.
+	// records layout, in one compare-and-set script that writes only when
+	// the swarm's document, meta/layout and revision counter are still what
+	// the move was planned from (writes to other swarms' documents do not
+	// disturb it): every record of the document (archive included) is
+	// written as a record with one new revision, meta moved with the lease
+	// and epoch kept exactly, meta/layout set to "records", by-name derived,
+	// one log entry, and the document rewritten with "moved_to": "records"
+	// and otherwise unchanged. A concurrent change of the swarm plans it
+	// again, and a Redis that did not answer is tried again, up to 16
+	// attempts within the call's deadline (60 s when it has none); each
+	// call to Redis is bounded by fenced's --redis-timeout.
 	//
 	// A swarm already on the records layout (or without state) answers
 	// records = 0 and writes nothing; dry_run answers the plan and writes
 	// nothing. Errors: INVALID_ARGUMENT (field writers_upgraded) unless
 	// writers_upgraded is set: every live fencing reader and writer must be
 	// upgraded to read the records first, since older readers read only the
-	// document; FAILED_PRECONDITION + LAYOUT_DOCUMENT on Redis Cluster (the
+	// document; FAILED_PRECONDITION + SECTION_NOT_SERVED when the document
+	// holds a section fenced does not serve (nothing written, dry run
+	// included); FAILED_PRECONDITION + LAYOUT_DOCUMENT on Redis Cluster (the
 	// document layout exists on standalone Redis only); ABORTED +
 	// REVISION_CONFLICT when the swarm's state kept changing (nothing was
-	// committed; run it again); UNAVAILABLE.
+	// committed; run it again); UNAVAILABLE or DEADLINE_EXCEEDED when Redis
+	// did not answer: the move may have committed (the message then says
+	// its outcome is unknown); run it again: a repeat is safe, and answers
+	// already_moved once the move committed.
 	Migrate(ctx context.Context, in *MigrateRequest, opts ...grpc.CallOption) (*MigrateResponse, error)
 }
 
@@ -81,23 +90,32 @@ func (c *adminServiceClient) Migrate(ctx context.Context, in *MigrateRequest, op
 type AdminServiceServer interface {
 	// Migrate moves a swarm from the document layout (one JSON document in
 	// P:state:fencing:current, rewritten whole by older writers) onto the
-	// records layout, in one transaction that watches the document, the
-	// swarm's meta and its revision counter: every record of the document
-	// (archive included) is written as a record with one new revision, meta
-	// moved with the lease and epoch kept exactly, meta/layout set to
-	// "records", by-name derived, one log entry, and the document rewritten
-	// with "moved_to": "records" and otherwise unchanged. A concurrent change
-	// plans it again, up to 16 times.
+	// records layout, in one compare-and-set script that writes only when
+	// the swarm's document, meta/layout and revision counter are still what
+	// the move was planned from (writes to other swarms' documents do not
+	// disturb it): every record of the document (archive included) is
+	// written as a record with one new revision, meta moved with the lease
+	// and epoch kept exactly, meta/layout set to "records", by-name derived,
+	// one log entry, and the document rewritten with "moved_to": "records"
+	// and otherwise unchanged. A concurrent change of the swarm plans it
+	// again, and a Redis that did not answer is tried again, up to 16
+	// attempts within the call's deadline (60 s when it has none); each
+	// call to Redis is bounded by fenced's --redis-timeout.
 	//
 	// A swarm already on the records layout (or without state) answers
 	// records = 0 and writes nothing; dry_run answers the plan and writes
 	// nothing. Errors: INVALID_ARGUMENT (field writers_upgraded) unless
 	// writers_upgraded is set: every live fencing reader and writer must be
 	// upgraded to read the records first, since older readers read only the
-	// document; FAILED_PRECONDITION + LAYOUT_DOCUMENT on Redis Cluster (the
+	// document; FAILED_PRECONDITION + SECTION_NOT_SERVED when the document
+	// holds a section fenced does not serve (nothing written, dry run
+	// included); FAILED_PRECONDITION + LAYOUT_DOCUMENT on Redis Cluster (the
 	// document layout exists on standalone Redis only); ABORTED +
 	// REVISION_CONFLICT when the swarm's state kept changing (nothing was
-	// committed; run it again); UNAVAILABLE.
+	// committed; run it again); UNAVAILABLE or DEADLINE_EXCEEDED when Redis
+	// did not answer: the move may have committed (the message then says
+	// its outcome is unknown); run it again: a repeat is safe, and answers
+	// already_moved once the move committed.
 	Migrate(context.Context, *MigrateRequest) (*MigrateResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }

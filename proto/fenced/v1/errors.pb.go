@@ -75,8 +75,9 @@ const (
 	// (--max-snapshot-records) or bytes (--max-snapshot-bytes); read with
 	// ScanSection. No metadata.
 	ErrorReason_SNAPSHOT_TOO_LARGE ErrorReason_Reason = 10
-	// OUT_OF_RANGE: a revision or epoch would pass 2^53-1; nothing was
-	// written. Metadata: "max_revision", "key" and, for a record,
+	// OUT_OF_RANGE: a new revision or epoch would pass 10^14-1, or a stored
+	// one fenced compares is past 2^53-1; nothing was written. Metadata:
+	// "max_revision" (2^53-1), "key" and, for a record,
 	// "section" (key "revision", "epoch" or "meta/<name>" otherwise).
 	ErrorReason_REVISION_LIMIT ErrorReason_Reason = 11
 	// RESOURCE_EXHAUSTED: too many batches wait for replicas (in the
@@ -146,6 +147,13 @@ const (
 	// "request_bytes" (this request's size) and "max_bytes_in_flight" (the
 	// bound), in bytes.
 	ErrorReason_TOO_MANY_BYTES_IN_FLIGHT ErrorReason_Reason = 34
+	// FAILED_PRECONDITION: AdminService.Migrate found a section in the
+	// swarm's document that fenced is not configured to serve (its
+	// --sections), so that the moved records could be neither read nor
+	// written; nothing was written. Configure the section on every fenced,
+	// or remove it from the document, then migrate again. Metadata:
+	// "sections" (the names, comma-separated, in the document's order).
+	ErrorReason_SECTION_NOT_SERVED ErrorReason_Reason = 35
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -186,6 +194,7 @@ var (
 		32: "TOO_MANY_WATCHERS",
 		33: "WATCHER_TOO_SLOW",
 		34: "TOO_MANY_BYTES_IN_FLIGHT",
+		35: "SECTION_NOT_SERVED",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -223,6 +232,7 @@ var (
 		"TOO_MANY_WATCHERS":        32,
 		"WATCHER_TOO_SLOW":         33,
 		"TOO_MANY_BYTES_IN_FLIGHT": 34,
+		"SECTION_NOT_SERVED":       35,
 	}
 )
 
@@ -309,8 +319,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xae\x06\n" +
-	"\vErrorReason\"\x9e\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xc6\x06\n" +
+	"\vErrorReason\"\xb6\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -349,7 +359,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x12REVISION_COMPACTED\x10\x1f\x12\x15\n" +
 	"\x11TOO_MANY_WATCHERS\x10 \x12\x14\n" +
 	"\x10WATCHER_TOO_SLOW\x10!\x12\x1c\n" +
-	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"\x12\x16\n" +
+	"\x12SECTION_NOT_SERVED\x10#B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

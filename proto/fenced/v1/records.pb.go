@@ -3,10 +3,13 @@
 // Vocabulary (see docs/design/01-vocabulary.md §1): a swarm (named by its slug) holds records
 // grouped in sections. Every record is a JSON value stamped with the revision
 // of the batch that last wrote it. The swarm revision is raised once per
-// committed batch: a revision is larger than every one issued before it
-// (larger is later), and is at least the commit's time by Redis's clock in
-// microseconds since 1970, so that no revision is issued twice even after
-// Redis lost acknowledged writes. Revisions and epochs are at most 2^53-1. A
+// committed batch: a revision is later than every one issued before it,
+// and is at least the commit's time by Redis's clock in units of 100 µs
+// since 1970 (14 digits), so that no revision is issued twice even after
+// Redis lost acknowledged writes. Later is larger, except that the
+// 16-digit revisions fenced issued before (Redis's clock in µs) rank before
+// the 14-digit ones (docs/design/05-numbering.md §5.4). Revisions and epochs
+// fenced issues are at most 10^14-1; stored ones are read up to 2^53-1. A
 // controller holds the swarm's lease (owner, epoch, expires_at); the epoch is
 // the fencing token.
 //
@@ -38,8 +41,8 @@
 //                        the server's budget of bytes; nothing was written,
 //                        retry later with a backoff.
 //   OUT_OF_RANGE         REVISION_LIMIT: the new revision or epoch would pass
-//                        2^53-1 (only numbers set by hand get there); nothing
-//                        was written.
+//                        10^14-1, or a stored one is past 2^53-1 (only
+//                        numbers set by hand get there); nothing was written.
 //   DATA_LOSS            RECORD_CORRUPT: a stored field is not a record.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
@@ -146,8 +149,27 @@ const (
 	// Write nothing; compare the section's revision (Section.revision) with
 	// `expected`. `key` must be empty. One check stands for a whole section:
 	// it also catches records inserted since the section was read, which
-	// per-record checks cannot. At most one per section in a batch.
+	// per-record checks cannot. At most one per section in a batch. Section
+	// revisions are kept by fenced: a writer that bypasses fenced (an older
+	// Lua batch writing the hash directly) raises none, so this check misses
+	// its changes; and it conflicts on every insert into the section, by
+	// anyone. WRITE_KIND_CHECK_RECORDS is the check of a section read whole
+	// that catches both kinds of writer and lets inserts of other keys
+	// through.
 	WriteKind_WRITE_KIND_CHECK_SECTION WriteKind = 4
+	// Write nothing; compare the stored revision of every record named in
+	// `checks` (one section's) with its `expected`, in the same atomic step
+	// as every other check of the batch: how a section read whole is fenced
+	// by the records it held when read. A mismatch is ABORTED
+	// REVISION_CONFLICT with one PreconditionFailure violation per
+	// conflicting record, as for WRITE_KIND_CHECK (subject section/key,
+	// description naming writes[i].checks[j]). Only the revision is
+	// compared: the stored value is not judged. `key` and `value` must be
+	// empty and `expected` 0; `checks` holds 1 or more pairs. The write
+	// counts as one of the batch's writes; its pairs, with every other such
+	// write's, count against the server's --max-checks (default 20000), and
+	// their key bytes against its --max-batch-value-bytes.
+	WriteKind_WRITE_KIND_CHECK_RECORDS WriteKind = 5
 )
 
 // Enum value maps for WriteKind.
@@ -158,6 +180,7 @@ var (
 		2: "WRITE_KIND_DELETE",
 		3: "WRITE_KIND_CHECK",
 		4: "WRITE_KIND_CHECK_SECTION",
+		5: "WRITE_KIND_CHECK_RECORDS",
 	}
 	WriteKind_value = map[string]int32{
 		"WRITE_KIND_UNSPECIFIED":   0,
@@ -165,6 +188,7 @@ var (
 		"WRITE_KIND_DELETE":        2,
 		"WRITE_KIND_CHECK":         3,
 		"WRITE_KIND_CHECK_SECTION": 4,
+		"WRITE_KIND_CHECK_RECORDS": 5,
 	}
 )
 
@@ -839,7 +863,66 @@ func (x *RecordResponse) GetRevision() int64 {
 	return 0
 }
 
-// RecordWrite is one put, delete or check of one record.
+// RecordCheck is one record a WRITE_KIND_CHECK_RECORDS write compares.
+type RecordCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The record's key: 1-1024 bytes of valid UTF-8. Named at most once in
+	// the batch: not by another pair, nor by another write of the same
+	// section.
+	Key string `protobuf:"bytes,1,opt,name=key" json:"key,omitempty"`
+	// The revision the record was read at: it must be stored at it; 0 means
+	// it must be absent. -1 (BLIND) and values below it are invalid.
+	Expected      int64 `protobuf:"varint,2,opt,name=expected" json:"expected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordCheck) Reset() {
+	*x = RecordCheck{}
+	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordCheck) ProtoMessage() {}
+
+func (x *RecordCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
+func (*RecordCheck) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RecordCheck) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RecordCheck) GetExpected() int64 {
+	if x != nil {
+		return x.Expected
+	}
+	return 0
+}
+
+// RecordWrite is one put, delete or check of one record, a check of a
+// section's revision, or a check of many records of one section.
 type RecordWrite struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// What the write does. Required.
@@ -862,14 +945,22 @@ type RecordWrite struct {
 	// JSON decoder (cjson) can decode, since by-name indexes it: arrays and
 	// objects nested at most 1000 deep, and every \u escape of a UTF-16
 	// surrogate part of a high+low pair; else INVALID_ARGUMENT.
-	Value         string `protobuf:"bytes,5,opt,name=value" json:"value,omitempty"`
+	Value string `protobuf:"bytes,5,opt,name=value" json:"value,omitempty"`
+	// For WRITE_KIND_CHECK_RECORDS only (else must be empty): the records of
+	// `section` to compare, each key at most once. Errors (INVALID_ARGUMENT
+	// naming writes[i].checks or writes[i].checks[j].key / .expected, nothing
+	// read): none, a bad or repeated key, a key another write of the batch
+	// names, an `expected` of -1 (BLIND) or out of range, more pairs in the
+	// batch than --max-checks, more key and value bytes than
+	// --max-batch-value-bytes.
+	Checks        []*RecordCheck `protobuf:"bytes,6,rep,name=checks" json:"checks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecordWrite) Reset() {
 	*x = RecordWrite{}
-	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	mi := &file_fenced_v1_records_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +972,7 @@ func (x *RecordWrite) String() string {
 func (*RecordWrite) ProtoMessage() {}
 
 func (x *RecordWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	mi := &file_fenced_v1_records_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +985,7 @@ func (x *RecordWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordWrite.ProtoReflect.Descriptor instead.
 func (*RecordWrite) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{10}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RecordWrite) GetKind() WriteKind {
@@ -932,6 +1023,13 @@ func (x *RecordWrite) GetValue() string {
 	return ""
 }
 
+func (x *RecordWrite) GetChecks() []*RecordCheck {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
 // LeaseFence is a batch's condition on the swarm's lease: the batch commits
 // only while the lease in `meta`/`lease` is live and matches.
 type LeaseFence struct {
@@ -951,7 +1049,7 @@ type LeaseFence struct {
 
 func (x *LeaseFence) Reset() {
 	*x = LeaseFence{}
-	mi := &file_fenced_v1_records_proto_msgTypes[11]
+	mi := &file_fenced_v1_records_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1061,7 @@ func (x *LeaseFence) String() string {
 func (*LeaseFence) ProtoMessage() {}
 
 func (x *LeaseFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[11]
+	mi := &file_fenced_v1_records_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1074,7 @@ func (x *LeaseFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseFence.ProtoReflect.Descriptor instead.
 func (*LeaseFence) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{11}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeaseFence) GetOwner() string {
@@ -1006,7 +1104,8 @@ type FencedBatchRequest struct {
 	// The swarm's slug. Required.
 	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
 	// The writes, applied in order: 1 to the configured maximum (default
-	// 1024), with at most the configured total value bytes (default 8 MiB).
+	// 1024), with at most the configured total value bytes (default 8 MiB;
+	// the keys of WRITE_KIND_CHECK_RECORDS pairs count in it too).
 	Writes []*RecordWrite `protobuf:"bytes,2,rep,name=writes" json:"writes,omitempty"`
 	// The lease fence. Unset: the batch is not fenced (only revisions are
 	// checked) and its log entry names no owner.
@@ -1030,7 +1129,7 @@ type FencedBatchRequest struct {
 
 func (x *FencedBatchRequest) Reset() {
 	*x = FencedBatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[12]
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1141,7 @@ func (x *FencedBatchRequest) String() string {
 func (*FencedBatchRequest) ProtoMessage() {}
 
 func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[12]
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1154,7 @@ func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchRequest.ProtoReflect.Descriptor instead.
 func (*FencedBatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{12}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FencedBatchRequest) GetSlug() string {
@@ -1113,7 +1212,7 @@ type ReplicaAck struct {
 
 func (x *ReplicaAck) Reset() {
 	*x = ReplicaAck{}
-	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1224,7 @@ func (x *ReplicaAck) String() string {
 func (*ReplicaAck) ProtoMessage() {}
 
 func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1237,7 @@ func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAck.ProtoReflect.Descriptor instead.
 func (*ReplicaAck) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReplicaAck) GetReplicas() int32 {
@@ -1174,7 +1273,7 @@ type FencedBatchResponse struct {
 
 func (x *FencedBatchResponse) Reset() {
 	*x = FencedBatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[14]
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1285,7 @@ func (x *FencedBatchResponse) String() string {
 func (*FencedBatchResponse) ProtoMessage() {}
 
 func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[14]
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1298,7 @@ func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchResponse.ProtoReflect.Descriptor instead.
 func (*FencedBatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FencedBatchResponse) GetRevision() int64 {
@@ -1243,7 +1342,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1354,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1367,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchRequest) GetSlug() string {
@@ -1313,7 +1412,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1424,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1437,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Change) GetSection() string {
@@ -1384,7 +1483,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1495,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1508,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1452,7 +1551,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	mi := &file_fenced_v1_records_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1563,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	mi := &file_fenced_v1_records_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1576,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchEvent) GetRevision() int64 {
@@ -1576,13 +1675,17 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\tR\x03key\"W\n" +
 	"\x0eRecordResponse\x12)\n" +
 	"\x06record\x18\x01 \x01(\v2\x11.fenced.v1.RecordR\x06record\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"\x95\x01\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\";\n" +
+	"\vRecordCheck\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
+	"\bexpected\x18\x02 \x01(\x03R\bexpected\"\xc5\x01\n" +
 	"\vRecordWrite\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.fenced.v1.WriteKindR\x04kind\x12\x18\n" +
 	"\asection\x18\x02 \x01(\tR\asection\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1a\n" +
 	"\bexpected\x18\x04 \x01(\x03R\bexpected\x12\x14\n" +
-	"\x05value\x18\x05 \x01(\tR\x05value\"O\n" +
+	"\x05value\x18\x05 \x01(\tR\x05value\x12.\n" +
+	"\x06checks\x18\x06 \x03(\v2\x16.fenced.v1.RecordCheckR\x06checks\"O\n" +
 	"\n" +
 	"LeaseFence\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
@@ -1629,13 +1732,14 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x06Layout\x12\x16\n" +
 	"\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n" +
-	"\x0fLAYOUT_DOCUMENT\x10\x02*\x86\x01\n" +
+	"\x0fLAYOUT_DOCUMENT\x10\x02*\xa4\x01\n" +
 	"\tWriteKind\x12\x1a\n" +
 	"\x16WRITE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eWRITE_KIND_PUT\x10\x01\x12\x15\n" +
 	"\x11WRITE_KIND_DELETE\x10\x02\x12\x14\n" +
 	"\x10WRITE_KIND_CHECK\x10\x03\x12\x1c\n" +
-	"\x18WRITE_KIND_CHECK_SECTION\x10\x04*V\n" +
+	"\x18WRITE_KIND_CHECK_SECTION\x10\x04\x12\x1c\n" +
+	"\x18WRITE_KIND_CHECK_RECORDS\x10\x05*V\n" +
 	"\n" +
 	"ChangeKind\x12\x1b\n" +
 	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
@@ -1662,7 +1766,7 @@ func file_fenced_v1_records_proto_rawDescGZIP() []byte {
 }
 
 var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_fenced_v1_records_proto_goTypes = []any{
 	(Layout)(0),                 // 0: fenced.v1.Layout
 	(WriteKind)(0),              // 1: fenced.v1.WriteKind
@@ -1677,53 +1781,55 @@ var file_fenced_v1_records_proto_goTypes = []any{
 	(*ScanSectionResponse)(nil), // 10: fenced.v1.ScanSectionResponse
 	(*RecordRequest)(nil),       // 11: fenced.v1.RecordRequest
 	(*RecordResponse)(nil),      // 12: fenced.v1.RecordResponse
-	(*RecordWrite)(nil),         // 13: fenced.v1.RecordWrite
-	(*LeaseFence)(nil),          // 14: fenced.v1.LeaseFence
-	(*FencedBatchRequest)(nil),  // 15: fenced.v1.FencedBatchRequest
-	(*ReplicaAck)(nil),          // 16: fenced.v1.ReplicaAck
-	(*FencedBatchResponse)(nil), // 17: fenced.v1.FencedBatchResponse
-	(*WatchRequest)(nil),        // 18: fenced.v1.WatchRequest
-	(*Change)(nil),              // 19: fenced.v1.Change
-	(*WatchResponse)(nil),       // 20: fenced.v1.WatchResponse
-	(*WatchEvent)(nil),          // 21: fenced.v1.WatchEvent
-	nil,                         // 22: fenced.v1.Section.RecordsEntry
-	nil,                         // 23: fenced.v1.SectionsResponse.SectionsEntry
-	nil,                         // 24: fenced.v1.ScanSectionResponse.RecordsEntry
+	(*RecordCheck)(nil),         // 13: fenced.v1.RecordCheck
+	(*RecordWrite)(nil),         // 14: fenced.v1.RecordWrite
+	(*LeaseFence)(nil),          // 15: fenced.v1.LeaseFence
+	(*FencedBatchRequest)(nil),  // 16: fenced.v1.FencedBatchRequest
+	(*ReplicaAck)(nil),          // 17: fenced.v1.ReplicaAck
+	(*FencedBatchResponse)(nil), // 18: fenced.v1.FencedBatchResponse
+	(*WatchRequest)(nil),        // 19: fenced.v1.WatchRequest
+	(*Change)(nil),              // 20: fenced.v1.Change
+	(*WatchResponse)(nil),       // 21: fenced.v1.WatchResponse
+	(*WatchEvent)(nil),          // 22: fenced.v1.WatchEvent
+	nil,                         // 23: fenced.v1.Section.RecordsEntry
+	nil,                         // 24: fenced.v1.SectionsResponse.SectionsEntry
+	nil,                         // 25: fenced.v1.ScanSectionResponse.RecordsEntry
 }
 var file_fenced_v1_records_proto_depIdxs = []int32{
 	0,  // 0: fenced.v1.LayoutResponse.layout:type_name -> fenced.v1.Layout
-	22, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
-	23, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
-	24, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
+	23, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
+	24, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
+	25, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
 	5,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
 	1,  // 5: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
-	13, // 6: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
-	14, // 7: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
-	16, // 8: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
-	2,  // 9: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
-	5,  // 10: fenced.v1.Change.record:type_name -> fenced.v1.Record
-	21, // 11: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
-	19, // 12: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
-	5,  // 13: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
-	6,  // 14: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
-	5,  // 15: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
-	3,  // 16: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
-	7,  // 17: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
-	9,  // 18: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
-	11, // 19: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
-	15, // 20: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
-	18, // 21: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
-	4,  // 22: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
-	8,  // 23: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
-	10, // 24: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
-	12, // 25: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
-	17, // 26: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
-	20, // 27: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	13, // 6: fenced.v1.RecordWrite.checks:type_name -> fenced.v1.RecordCheck
+	14, // 7: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
+	15, // 8: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
+	17, // 9: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
+	2,  // 10: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
+	5,  // 11: fenced.v1.Change.record:type_name -> fenced.v1.Record
+	22, // 12: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
+	20, // 13: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
+	5,  // 14: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
+	6,  // 15: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
+	5,  // 16: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
+	3,  // 17: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
+	7,  // 18: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
+	9,  // 19: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
+	11, // 20: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
+	16, // 21: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
+	19, // 22: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
+	4,  // 23: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
+	8,  // 24: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
+	10, // 25: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
+	12, // 26: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
+	18, // 27: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
+	21, // 28: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_fenced_v1_records_proto_init() }
@@ -1737,7 +1843,7 @@ func file_fenced_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_records_proto_rawDesc), len(file_fenced_v1_records_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

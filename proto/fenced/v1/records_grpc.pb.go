@@ -3,10 +3,13 @@
 // Vocabulary (see docs/design/01-vocabulary.md §1): a swarm (named by its slug) holds records
 // grouped in sections. Every record is a JSON value stamped with the revision
 // of the batch that last wrote it. The swarm revision is raised once per
-// committed batch: a revision is larger than every one issued before it
-// (larger is later), and is at least the commit's time by Redis's clock in
-// microseconds since 1970, so that no revision is issued twice even after
-// Redis lost acknowledged writes. Revisions and epochs are at most 2^53-1. A
+// committed batch: a revision is later than every one issued before it,
+// and is at least the commit's time by Redis's clock in units of 100 µs
+// since 1970 (14 digits), so that no revision is issued twice even after
+// Redis lost acknowledged writes. Later is larger, except that the
+// 16-digit revisions fenced issued before (Redis's clock in µs) rank before
+// the 14-digit ones (docs/design/05-numbering.md §5.4). Revisions and epochs
+// fenced issues are at most 10^14-1; stored ones are read up to 2^53-1. A
 // controller holds the swarm's lease (owner, epoch, expires_at); the epoch is
 // the fencing token.
 //
@@ -38,8 +41,8 @@
 //                        the server's budget of bytes; nothing was written,
 //                        retry later with a backoff.
 //   OUT_OF_RANGE         REVISION_LIMIT: the new revision or epoch would pass
-//                        2^53-1 (only numbers set by hand get there); nothing
-//                        was written.
+//                        10^14-1, or a stored one is past 2^53-1 (only
+//                        numbers set by hand get there); nothing was written.
 //   DATA_LOSS            RECORD_CORRUPT: a stored field is not a record.
 //   DEADLINE_EXCEEDED,   your deadline passed or you cancelled; like
 //   CANCELED             UNAVAILABLE, a batch may or may not have committed.
@@ -105,9 +108,9 @@ type RecordsServiceClient interface {
 	Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error)
 	// FencedBatch checks the lease fence and the revision of every write, then
 	// commits all of the writes or none of them, atomically, in one Redis
-	// script. On commit the swarm revision is raised (above every revision
-	// before it and to at least Redis's clock in µs) and every put is stamped
-	// with it. A batch of checks alone commits nothing and
+	// script. On commit the swarm revision is raised (later than every
+	// revision before it and to at least Redis's clock in units of 100 µs)
+	// and every put is stamped with it. A batch of checks alone commits nothing and
 	// answers the current swarm revision.
 	//
 	// Errors: INVALID_ARGUMENT (BadRequest; REQUEST_ID_REUSED), ABORTED +
@@ -121,8 +124,8 @@ type RecordsServiceClient interface {
 	// DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(ctx context.Context, in *FencedBatchRequest, opts ...grpc.CallOption) (*FencedBatchResponse, error)
 	// Watch streams the swarm's committed batches after start_revision, one
-	// WatchEvent per batch, in revision order, none twice, until the caller
-	// cancels or the stream fails; a WatchResponse carries one or more events
+	// WatchEvent per batch, in issue order (docs/design/05-numbering.md
+	// §5.4), none twice, until the caller cancels or the stream fails; a WatchResponse carries one or more events
 	// (every batch since the last message, at most 4,096 events and 1 MiB). The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events
@@ -251,9 +254,9 @@ type RecordsServiceServer interface {
 	Record(context.Context, *RecordRequest) (*RecordResponse, error)
 	// FencedBatch checks the lease fence and the revision of every write, then
 	// commits all of the writes or none of them, atomically, in one Redis
-	// script. On commit the swarm revision is raised (above every revision
-	// before it and to at least Redis's clock in µs) and every put is stamped
-	// with it. A batch of checks alone commits nothing and
+	// script. On commit the swarm revision is raised (later than every
+	// revision before it and to at least Redis's clock in units of 100 µs)
+	// and every put is stamped with it. A batch of checks alone commits nothing and
 	// answers the current swarm revision.
 	//
 	// Errors: INVALID_ARGUMENT (BadRequest; REQUEST_ID_REUSED), ABORTED +
@@ -267,8 +270,8 @@ type RecordsServiceServer interface {
 	// DEADLINE_EXCEEDED, CANCELED, INTERNAL.
 	FencedBatch(context.Context, *FencedBatchRequest) (*FencedBatchResponse, error)
 	// Watch streams the swarm's committed batches after start_revision, one
-	// WatchEvent per batch, in revision order, none twice, until the caller
-	// cancels or the stream fails; a WatchResponse carries one or more events
+	// WatchEvent per batch, in issue order (docs/design/05-numbering.md
+	// §5.4), none twice, until the caller cancels or the stream fails; a WatchResponse carries one or more events
 	// (every batch since the last message, at most 4,096 events and 1 MiB). The list-then-watch pattern: read with
 	// Sections (its `revision` is the snapshot's), then Watch from that
 	// revision; resume a broken stream from the last event's revision. Events

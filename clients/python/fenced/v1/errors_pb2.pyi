@@ -34,6 +34,7 @@ class ErrorReason(_message.Message):
     REVISION_COMPACTED: ErrorReason.Reason
     REVISION_CONFLICT: ErrorReason.Reason
     REVISION_LIMIT: ErrorReason.Reason
+    SECTION_NOT_SERVED: ErrorReason.Reason
     SLUG_NOT_PERMITTED: ErrorReason.Reason
     SNAPSHOT_TOO_LARGE: ErrorReason.Reason
     TOKEN_MISSING: ErrorReason.Reason

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65nced/v1/records.proto\x12\tfenced.v1\"\x1d\n\rLayoutRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\"3\n\x0eLayoutResponse\x12!\n\x06layout\x18\x01 \x01(\x0e\x32\x11.fenced.v1.Layout\")\n\x06Record\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t\"\x90\x01\n\x07Section\x12\x30\n\x07records\x18\x01 \x03(\x0b\x32\x1f.fenced.v1.Section.RecordsEntry\x12\x10\n\x08revision\x18\x02 \x01(\x03\x1a\x41\n\x0cRecordsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.fenced.v1.Record:\x02\x38\x01\".\n\x0fSectionsRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\xa6\x01\n\x10SectionsResponse\x12;\n\x08sections\x18\x01 \x03(\x0b\x32).fenced.v1.SectionsResponse.SectionsEntry\x12\x10\n\x08revision\x18\x02 \x01(\x03\x1a\x43\n\rSectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12!\n\x05value\x18\x02 \x01(\x0b\x32\x12.fenced.v1.Section:\x02\x38\x01\"Z\n\x12ScanSectionRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\xdb\x01\n\x13ScanSectionResponse\x12<\n\x07records\x18\x01 \x03(\x0b\x32+.fenced.v1.ScanSectionResponse.RecordsEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x18\n\x10section_revision\x18\x04 \x01(\x03\x1a\x41\n\x0cRecordsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.fenced.v1.Record:\x02\x38\x01\";\n\rRecordRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\"E\n\x0eRecordResponse\x12!\n\x06record\x18\x01 \x01(\x0b\x32\x11.fenced.v1.Record\x12\x10\n\x08revision\x18\x02 \x01(\x03\"p\n\x0bRecordWrite\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.fenced.v1.WriteKind\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x10\n\x08\x65xpected\x18\x04 \x01(\x03\x12\r\n\x05value\x18\x05 \x01(\t\":\n\nLeaseFence\x12\r\n\x05owner\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"\xb0\x01\n\x12\x46\x65ncedBatchRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12&\n\x06writes\x18\x02 \x03(\x0b\x32\x16.fenced.v1.RecordWrite\x12$\n\x05\x66\x65nce\x18\x03 \x01(\x0b\x32\x15.fenced.v1.LeaseFence\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12*\n\x0breplica_ack\x18\x05 \x01(\x0b\x32\x15.fenced.v1.ReplicaAck\"2\n\nReplicaAck\x12\x10\n\x08replicas\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"Q\n\x13\x46\x65ncedBatchResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x16\n\x0ereplicas_acked\x18\x03 \x01(\x05\"F\n\x0cWatchRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\x12\x10\n\x08sections\x18\x03 \x03(\t\"n\n\x06\x43hange\x12\x0f\n\x07section\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.fenced.v1.ChangeKind\x12!\n\x06record\x18\x04 \x01(\x0b\x32\x11.fenced.v1.Record\"6\n\rWatchResponse\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.fenced.v1.WatchEvent\"\x9c\x01\n\nWatchEvent\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\"\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x11.fenced.v1.Change\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x10\n\x08sections\x18\x06 \x03(\t\x12\x10\n\x08progress\x18\x07 \x01(\x08*I\n\x06Layout\x12\x16\n\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n\x0fLAYOUT_DOCUMENT\x10\x02*\x86\x01\n\tWriteKind\x12\x1a\n\x16WRITE_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eWRITE_KIND_PUT\x10\x01\x12\x15\n\x11WRITE_KIND_DELETE\x10\x02\x12\x14\n\x10WRITE_KIND_CHECK\x10\x03\x12\x1c\n\x18WRITE_KIND_CHECK_SECTION\x10\x04*V\n\nChangeKind\x12\x1b\n\x17\x43HANGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43HANGE_KIND_PUT\x10\x01\x12\x16\n\x12\x43HANGE_KIND_DELETE\x10\x02\x32\xad\x03\n\x0eRecordsService\x12=\n\x06Layout\x12\x18.fenced.v1.LayoutRequest\x1a\x19.fenced.v1.LayoutResponse\x12\x43\n\x08Sections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12L\n\x0bScanSection\x12\x1d.fenced.v1.ScanSectionRequest\x1a\x1e.fenced.v1.ScanSectionResponse\x12=\n\x06Record\x12\x18.fenced.v1.RecordRequest\x1a\x19.fenced.v1.RecordResponse\x12L\n\x0b\x46\x65ncedBatch\x12\x1d.fenced.v1.FencedBatchRequest\x1a\x1e.fenced.v1.FencedBatchResponse\x12<\n\x05Watch\x12\x17.fenced.v1.WatchRequest\x1a\x18.fenced.v1.WatchResponse0\x01\x42\x38Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65nced/v1/records.proto\x12\tfenced.v1\"\x1d\n\rLayoutRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\"3\n\x0eLayoutResponse\x12!\n\x06layout\x18\x01 \x01(\x0e\x32\x11.fenced.v1.Layout\")\n\x06Record\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t\"\x90\x01\n\x07Section\x12\x30\n\x07records\x18\x01 \x03(\x0b\x32\x1f.fenced.v1.Section.RecordsEntry\x12\x10\n\x08revision\x18\x02 \x01(\x03\x1a\x41\n\x0cRecordsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.fenced.v1.Record:\x02\x38\x01\".\n\x0fSectionsRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\xa6\x01\n\x10SectionsResponse\x12;\n\x08sections\x18\x01 \x03(\x0b\x32).fenced.v1.SectionsResponse.SectionsEntry\x12\x10\n\x08revision\x18\x02 \x01(\x03\x1a\x43\n\rSectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12!\n\x05value\x18\x02 \x01(\x0b\x32\x12.fenced.v1.Section:\x02\x38\x01\"Z\n\x12ScanSectionRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\xdb\x01\n\x13ScanSectionResponse\x12<\n\x07records\x18\x01 \x03(\x0b\x32+.fenced.v1.ScanSectionResponse.RecordsEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x18\n\x10section_revision\x18\x04 \x01(\x03\x1a\x41\n\x0cRecordsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.fenced.v1.Record:\x02\x38\x01\";\n\rRecordRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\"E\n\x0eRecordResponse\x12!\n\x06record\x18\x01 \x01(\x0b\x32\x11.fenced.v1.Record\x12\x10\n\x08revision\x18\x02 \x01(\x03\",\n\x0bRecordCheck\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08\x65xpected\x18\x02 \x01(\x03\"\x98\x01\n\x0bRecordWrite\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.fenced.v1.WriteKind\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x10\n\x08\x65xpected\x18\x04 \x01(\x03\x12\r\n\x05value\x18\x05 \x01(\t\x12&\n\x06\x63hecks\x18\x06 \x03(\x0b\x32\x16.fenced.v1.RecordCheck\":\n\nLeaseFence\x12\r\n\x05owner\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"\xb0\x01\n\x12\x46\x65ncedBatchRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12&\n\x06writes\x18\x02 \x03(\x0b\x32\x16.fenced.v1.RecordWrite\x12$\n\x05\x66\x65nce\x18\x03 \x01(\x0b\x32\x15.fenced.v1.LeaseFence\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12*\n\x0breplica_ack\x18\x05 \x01(\x0b\x32\x15.fenced.v1.ReplicaAck\"2\n\nReplicaAck\x12\x10\n\x08replicas\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"Q\n\x13\x46\x65ncedBatchResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x16\n\x0ereplicas_acked\x18\x03 \x01(\x05\"F\n\x0cWatchRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\x12\x10\n\x08sections\x18\x03 \x03(\t\"n\n\x06\x43hange\x12\x0f\n\x07section\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.fenced.v1.ChangeKind\x12!\n\x06record\x18\x04 \x01(\x0b\x32\x11.fenced.v1.Record\"6\n\rWatchResponse\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.fenced.v1.WatchEvent\"\x9c\x01\n\nWatchEvent\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\"\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x11.fenced.v1.Change\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x10\n\x08sections\x18\x06 \x03(\t\x12\x10\n\x08progress\x18\x07 \x01(\x08*I\n\x06Layout\x12\x16\n\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n\x0fLAYOUT_DOCUMENT\x10\x02*\xa4\x01\n\tWriteKind\x12\x1a\n\x16WRITE_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eWRITE_KIND_PUT\x10\x01\x12\x15\n\x11WRITE_KIND_DELETE\x10\x02\x12\x14\n\x10WRITE_KIND_CHECK\x10\x03\x12\x1c\n\x18WRITE_KIND_CHECK_SECTION\x10\x04\x12\x1c\n\x18WRITE_KIND_CHECK_RECORDS\x10\x05*V\n\nChangeKind\x12\x1b\n\x17\x43HANGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43HANGE_KIND_PUT\x10\x01\x12\x16\n\x12\x43HANGE_KIND_DELETE\x10\x02\x32\xad\x03\n\x0eRecordsService\x12=\n\x06Layout\x12\x18.fenced.v1.LayoutRequest\x1a\x19.fenced.v1.LayoutResponse\x12\x43\n\x08Sections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12L\n\x0bScanSection\x12\x1d.fenced.v1.ScanSectionRequest\x1a\x1e.fenced.v1.ScanSectionResponse\x12=\n\x06Record\x12\x18.fenced.v1.RecordRequest\x1a\x19.fenced.v1.RecordResponse\x12L\n\x0b\x46\x65ncedBatch\x12\x1d.fenced.v1.FencedBatchRequest\x1a\x1e.fenced.v1.FencedBatchResponse\x12<\n\x05Watch\x12\x17.fenced.v1.WatchRequest\x1a\x18.fenced.v1.WatchResponse0\x01\x42\x38Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fenced.v1.records_pb2', globals())
@@ -27,12 +27,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _SECTIONSRESPONSE_SECTIONSENTRY._serialized_options = b'8\001'
   _SCANSECTIONRESPONSE_RECORDSENTRY._options = None
   _SCANSECTIONRESPONSE_RECORDSENTRY._serialized_options = b'8\001'
-  _LAYOUT._serialized_start=1862
-  _LAYOUT._serialized_end=1935
-  _WRITEKIND._serialized_start=1938
-  _WRITEKIND._serialized_end=2072
-  _CHANGEKIND._serialized_start=2074
-  _CHANGEKIND._serialized_end=2160
+  _LAYOUT._serialized_start=1949
+  _LAYOUT._serialized_end=2022
+  _WRITEKIND._serialized_start=2025
+  _WRITEKIND._serialized_end=2189
+  _CHANGEKIND._serialized_start=2191
+  _CHANGEKIND._serialized_end=2277
   _LAYOUTREQUEST._serialized_start=38
   _LAYOUTREQUEST._serialized_end=67
   _LAYOUTRESPONSE._serialized_start=69
@@ -59,24 +59,26 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _RECORDREQUEST._serialized_end=902
   _RECORDRESPONSE._serialized_start=904
   _RECORDRESPONSE._serialized_end=973
-  _RECORDWRITE._serialized_start=975
-  _RECORDWRITE._serialized_end=1087
-  _LEASEFENCE._serialized_start=1089
-  _LEASEFENCE._serialized_end=1147
-  _FENCEDBATCHREQUEST._serialized_start=1150
-  _FENCEDBATCHREQUEST._serialized_end=1326
-  _REPLICAACK._serialized_start=1328
-  _REPLICAACK._serialized_end=1378
-  _FENCEDBATCHRESPONSE._serialized_start=1380
-  _FENCEDBATCHRESPONSE._serialized_end=1461
-  _WATCHREQUEST._serialized_start=1463
-  _WATCHREQUEST._serialized_end=1533
-  _CHANGE._serialized_start=1535
-  _CHANGE._serialized_end=1645
-  _WATCHRESPONSE._serialized_start=1647
-  _WATCHRESPONSE._serialized_end=1701
-  _WATCHEVENT._serialized_start=1704
-  _WATCHEVENT._serialized_end=1860
-  _RECORDSSERVICE._serialized_start=2163
-  _RECORDSSERVICE._serialized_end=2592
+  _RECORDCHECK._serialized_start=975
+  _RECORDCHECK._serialized_end=1019
+  _RECORDWRITE._serialized_start=1022
+  _RECORDWRITE._serialized_end=1174
+  _LEASEFENCE._serialized_start=1176
+  _LEASEFENCE._serialized_end=1234
+  _FENCEDBATCHREQUEST._serialized_start=1237
+  _FENCEDBATCHREQUEST._serialized_end=1413
+  _REPLICAACK._serialized_start=1415
+  _REPLICAACK._serialized_end=1465
+  _FENCEDBATCHRESPONSE._serialized_start=1467
+  _FENCEDBATCHRESPONSE._serialized_end=1548
+  _WATCHREQUEST._serialized_start=1550
+  _WATCHREQUEST._serialized_end=1620
+  _CHANGE._serialized_start=1622
+  _CHANGE._serialized_end=1732
+  _WATCHRESPONSE._serialized_start=1734
+  _WATCHRESPONSE._serialized_end=1788
+  _WATCHEVENT._serialized_start=1791
+  _WATCHEVENT._serialized_end=1947
+  _RECORDSSERVICE._serialized_start=2280
+  _RECORDSSERVICE._serialized_end=2709
 # @@protoc_insertion_point(module_scope)

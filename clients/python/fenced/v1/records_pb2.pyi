@@ -12,6 +12,7 @@ LAYOUT_DOCUMENT: Layout
 LAYOUT_RECORDS: Layout
 LAYOUT_UNSPECIFIED: Layout
 WRITE_KIND_CHECK: WriteKind
+WRITE_KIND_CHECK_RECORDS: WriteKind
 WRITE_KIND_CHECK_SECTION: WriteKind
 WRITE_KIND_DELETE: WriteKind
 WRITE_KIND_PUT: WriteKind
@@ -83,6 +84,14 @@ class Record(_message.Message):
     value: str
     def __init__(self, revision: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
 
+class RecordCheck(_message.Message):
+    __slots__ = ["expected", "key"]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    expected: int
+    key: str
+    def __init__(self, key: _Optional[str] = ..., expected: _Optional[int] = ...) -> None: ...
+
 class RecordRequest(_message.Message):
     __slots__ = ["key", "section", "slug"]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,18 +111,20 @@ class RecordResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[Record, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RecordWrite(_message.Message):
-    __slots__ = ["expected", "key", "kind", "section", "value"]
+    __slots__ = ["checks", "expected", "key", "kind", "section", "value"]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SECTION_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    checks: _containers.RepeatedCompositeFieldContainer[RecordCheck]
     expected: int
     key: str
     kind: WriteKind
     section: str
     value: str
-    def __init__(self, kind: _Optional[_Union[WriteKind, str]] = ..., section: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[WriteKind, str]] = ..., section: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[int] = ..., value: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[RecordCheck, _Mapping]]] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
     __slots__ = ["replicas", "timeout_ms"]
