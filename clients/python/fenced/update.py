@@ -8,7 +8,7 @@ import json
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMapping, Optional, Sequence, Union
 
 import grpc
 
@@ -19,7 +19,7 @@ from .revisions import later_revision
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "update"]
+__all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "commit", "update"]
 
 MAX_UPDATE_ATTEMPTS = 16
 """How many times update runs a change that keeps meeting revision conflicts
@@ -338,16 +338,58 @@ def update(
     deadline = _Deadline(per_call if timeout is None else timeout)
     reads = _BoundedReads(client, deadline, per_call)
     steps = _update_steps(slug, deadline, per_call, client._cancelled_by_caller)
+    return _drive(client, slug, steps, fence, replica_ack, lambda: _run_change(reads, slug, change), time.sleep)
+
+
+def commit(
+    client: "Client",
+    slug: str,
+    writes: Sequence[Write],
+    *,
+    fence: Optional[LeaseFence] = None,
+    replica_ack: Optional[ReplicaAck] = None,
+    timeout: Optional[float] = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Send ``writes`` as one fenced batch under a fresh request id and resend
+    it under the same id while its answer leaves open whether it committed:
+    :func:`update`'s resends (the same outcomes, MAX_LOST_REPLY_RETRIES, the
+    same waits, logged the same way) without its reruns. ``timeout`` bounds
+    the sends and their waits in all, in seconds (None: the Client's timeout;
+    ``math.inf``: only the Client's per-call timeout bounds each send); past
+    it, DeadlineExceeded with the ``request_id``. ``sleep`` waits between
+    sends. fenced.port's ``write`` commits through it.
+
+    Returns the revision committed at. Raises what ``fenced_batch`` raises,
+    each error carrying the ``request_id``."""
+    per_call = client._timeout
+    deadline = _Deadline(per_call if timeout is None else timeout)
+    steps = _commit_steps(slug, list(writes), deadline, per_call, client._cancelled_by_caller)
+    return _drive(client, slug, steps, fence, replica_ack, None, sleep)
+
+
+def _drive(
+    client: "Client",
+    slug: str,
+    steps: Generator["_Step", Any, int],
+    fence: Optional[LeaseFence],
+    replica_ack: Optional[ReplicaAck],
+    run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
+    sleep: Callable[[float], None],
+) -> int:
+    """Run a policy's steps (_update_steps, _commit_steps) with blocking I/O;
+    fenced.aio drives the same steps on its event loop."""
     result: Any = None
     try:
         step = next(steps)
         while True:
             try:
                 if isinstance(step, _Sleep):
-                    time.sleep(step.seconds)
+                    sleep(step.seconds)
                     result = None
                 elif isinstance(step, _RunChange):
-                    result = _run_change(reads, slug, change)
+                    assert run_change is not None
+                    result = run_change()
                 else:
                     result = client.fenced_batch(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
@@ -476,9 +518,8 @@ def _commit_steps(
         except errors.Unavailable as e:  # DeadlineExceeded and Cancelled included
             if by_caller(e):
                 raise
-            if isinstance(e, errors.DeadlineExceeded) and timeout < per_call:
-                # The call's deadline was the update's own.
-                raise _gave_up(slug, deadline, request_id, e, f"the batch under request id {request_id} may have committed") from e
+            # A call that ran into the update's own deadline leaves no time
+            # to resend: the pause below outlasts what is left.
             if resend == MAX_LOST_REPLY_RETRIES:
                 raise
             pause = delay * random.uniform(1 - _RESEND_RANDOMISATION, 1 + _RESEND_RANDOMISATION)

@@ -36,8 +36,12 @@ def log_entries(redis: Redis, slug: str) -> list[dict[str, str]]:
 class _LostReply(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     """The error a client sees when fenced's answer is lost on the way."""
 
+    def __init__(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        super().__init__()
+        self._code = code
+
     def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
+        return self._code
 
     def details(self) -> str:
         return "reply lost (test)"
@@ -63,11 +67,14 @@ class _LostReply(grpc.RpcError, grpc.Call):  # type: ignore[misc]
 
 class BatchRecorder(grpc.UnaryUnaryClientInterceptor):
     """Records every FencedBatch sent and, when lose_reply(n) says so, lets the
-    n-th one (from 0) reach fenced but drops its answer."""
+    n-th one (from 0) reach fenced but drops its answer, answering ``lost``
+    instead (UNAVAILABLE by default)."""
 
-    def __init__(self, lose_reply: Callable[[int], bool] = lambda n: False) -> None:
+    def __init__(self, lose_reply: Callable[[int], bool] = lambda n: False,
+                 lost: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
         self.sent: list[records_pb2.FencedBatchRequest] = []
         self._lose = lose_reply
+        self._lost = lost
         self._mu = threading.Lock()
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
@@ -81,7 +88,7 @@ class BatchRecorder(grpc.UnaryUnaryClientInterceptor):
         outcome = continuation(details, request)
         if self._lose(n):
             outcome.result()  # the commit happened; its answer is lost
-            raise _LostReply()
+            raise _LostReply(self._lost)
         return outcome
 
 
@@ -177,8 +184,16 @@ def test_phantom_insert_during_whole_section_read_is_caught_when_phantom_proof(c
     assert got is not None and got.value == "2"  # the rerun counted the phantom
 
 
-def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
-    rec = BatchRecorder(lose_reply=lambda n: n == 0)
+@pytest.mark.parametrize("lost", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED])
+def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded, lost: grpc.StatusCode,  # type: ignore[no-untyped-def]
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A batch that committed but whose answer came back UNAVAILABLE,
+    DEADLINE_EXCEEDED or CANCELLED (not the caller's doing) is resent under
+    the same request id, logged at WARNING, and applied once. (Before:
+    DEADLINE_EXCEEDED and CANCELLED raised a plain FencedError at once, with
+    no resend and no request id.)"""
+    caplog.set_level(logging.INFO, logger="fenced")
+    rec = BatchRecorder(lose_reply=lambda n: n == 0, lost=lost)
     c = recorded(rec)
     runs = 0
 
@@ -196,6 +211,32 @@ def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded) -> N
     assert len(log) == 1 and log[0]["request_id"] == rec.sent[0].request_id
     got = c.record(slug, "operations", "counter")
     assert got == fenced.Record(rev, '{"n":1}')
+    resends = [r for r in caplog.records if r.name == "fenced.update" and r.levelno == logging.WARNING]
+    assert len(resends) == 1 and getattr(resends[0], "request_id") == rec.sent[0].request_id
+    assert lost.name in resends[0].getMessage() and "resending under the same request id" in resends[0].getMessage()
+
+
+def test_a_replication_timeout_or_a_closed_client_is_not_resent(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    """Outcomes after which the batch did or did not commit for sure are
+    raised at once, with the request id: REPLICATION_TIMEOUT (committed on the
+    primary, too few replicas) and CANCELLED by the caller's own close()."""
+    rec = BatchRecorder()
+    c = recorded(rec)
+
+    def change(tx: fenced.Txn) -> None:
+        tx.put("operations", "a", "1")
+
+    with pytest.raises(fenced.ReplicationTimeout) as e:
+        c.update(slug, change, replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=10))
+    assert len(rec.sent) == 1 and e.value.request_id == rec.sent[0].request_id != ""
+    assert client.record(slug, "operations", "a") is not None  # it did commit
+
+    closed = BatchRecorder(lose_reply=lambda n: True, lost=grpc.StatusCode.CANCELLED)
+    d = recorded(closed)
+    d.close()  # the caller closed it: a CANCELLED now is the caller's doing
+    with pytest.raises(fenced.Cancelled) as e2:
+        d.update(slug, lambda tx: tx.put("operations", "b", "1"))
+    assert len(closed.sent) == 1 and e2.value.request_id == closed.sent[0].request_id != ""
 
 
 def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
