@@ -116,6 +116,9 @@ class _Gate:
         self._cond = threading.Condition()  # the parked threads wait on it
         self._hook = threading.Condition(self._cond)  # the forking thread on this one (the same lock)
         self._forking = False
+        self._unsafe_fork = False  # this fork, fork support off, with a Client open (before())
+        self.unsafe_child = False
+        """This process was forked unsafely: check_new_client refuses Clients."""
         self._in_flight = 0  # unary calls and stream openings under way
         self._in_next = 0  # threads inside a Watch's next(), or handling its end
         self._sleepers = 0  # threads in sleep()
@@ -245,7 +248,8 @@ class _Gate:
                 _log.warning("fork(): %d fenced calls still in flight after %.1fs; forking anyway",
                              self._in_flight, DRAIN_S)
             self.generation += 1
-            streams, any_client = list(self._streams), bool(self._clients)
+            streams, any_client = list(self._streams), any(not c._closed for c in self._clients)
+            self._unsafe_fork = any_client and not fork_support_enabled()
             self._cond.notify_all()  # the sleepers park
         for s in streams:
             call, s.call = s.call, None
@@ -279,9 +283,28 @@ class _Gate:
 
     def after_in_child(self) -> None:
         _grpc_child_part()
+        unsafe = self._unsafe_fork
         # Threads that held or waited on these locks did not follow the fork.
         self._reset()
         self.generation += 1
+        self.unsafe_child = unsafe
+
+    def check_new_client(self) -> None:
+        """Refuse a Client in a child forked, fork support off, from a process
+        with an open Client: its gRPC would share the parent's epoll set and
+        hang or fail "Bad file descriptor" (see the module's doc)."""
+        if self.unsafe_child:
+            from . import errors
+            import grpc
+
+            raise errors.FencedError(
+                "this process was forked from one with an open fenced Client while grpcio's fork support was off "
+                "(grpc imported before fenced, or GRPC_ENABLE_FORK_SUPPORT not true): a Client made here would "
+                "hang or fail 'Bad file descriptor'. Import fenced before grpc (or set "
+                "GRPC_ENABLE_FORK_SUPPORT=true before grpc is imported), or start workers with the 'spawn' or "
+                "'forkserver' start method",
+                code=grpc.StatusCode.FAILED_PRECONDITION,
+            )
 
 
 gate = _Gate()

@@ -356,6 +356,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         options: Sequence[tuple[str, Union[int, str]]] = (),
     ) -> None:
+        _gate.check_new_client()
         opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
         if tls:
             creds = grpc.ssl_channel_credentials() if tls is True else tls
