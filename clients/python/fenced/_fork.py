@@ -51,6 +51,11 @@ when nothing is in flight. In the child the parent's Clients and keepers are
 inert (a call raises :class:`~fenced.FencedError`: the Client belongs to the
 parent); a Client made in the child works as in any process.
 
+With fork support off (grpc imported before fenced, or the variable set to
+false), each fork logs a WARNING, and a child forked from a process with an
+open Client is refused a new one (:meth:`_Gate.check_new_client`) rather than
+left to hang.
+
 What it cannot do: make the caller's own gRPC calls or streams in flight wait
 for the fork (grpcio's core then skips its fork handler and the child's
 channels fail), nor anything for a grpcio whose internals differ (it then

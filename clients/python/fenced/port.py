@@ -657,9 +657,10 @@ class Port:
         :class:`KeptChanging`. ``change`` may run several times: no side
         effects outside the view. On StaleLease (this module's), any other
         error, or an exception of ``change`` itself, it stops at once and
-        raises it. A batch whose outcome is unknown (UNAVAILABLE,
-        DEADLINE_EXCEEDED, CANCELLED) is resent under the same request id (up
-        to 3 times), so it is applied at most once.
+        raises it. A batch whose outcome is unknown is resent under the same
+        request id as :func:`fenced.update.commit` resends it (UNAVAILABLE but
+        REPLICATION_TIMEOUT, DEADLINE_EXCEEDED, CANCELLED unless the Client
+        was closed; up to 3 times), so it is applied at most once.
 
         Raises: StaleLease, KeptChanging, ValueError (the change wrote a meta
         record fenced owns; nothing sent), InvalidArgument (e.g. more writes
