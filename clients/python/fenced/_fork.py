@@ -44,7 +44,16 @@ ProcessPoolExecutor):
    as failed, which makes its child handler return at once, running no
    Python; the package does the child's part itself, in Python's own
    after-fork hook, with the GIL Python's again: it closes the parent's
-   channels there as grpcio would, and checks nothing.
+   channels there as grpcio would, and checks nothing;
+5. after gRPC's core has stopped its threads (its own ``pthread_atfork``
+   handler) and right before the fork itself, waits until those threads have
+   exited (``/proc/self/task``): core counts a thread stopped before it has
+   run its thread-exit code, which takes abseil's allocator and free-list
+   spinlocks; forked in that window, a child inherits the lock held and
+   every thread gRPC starts there spins on it for ever (1 hung worker in ~10
+   runs of 20 forks did, before this step). The wait is a ``pthread_atfork``
+   handler the package registers before grpc is first imported, so that it
+   runs after core's; imported after grpc, the package has none.
 
 The parent keeps its channels and connections; the whole takes milliseconds
 when nothing is in flight. In the child the parent's Clients and keepers are
@@ -122,6 +131,7 @@ class _Gate:
         self._hook = threading.Condition(self._cond)  # the forking thread on this one (the same lock)
         self._forking = False
         self._unsafe_fork = False  # this fork, fork support off, with a Client open (before())
+        self._with_clients = False  # this fork, with a Client open (before())
         self.unsafe_child = False
         """This process was forked unsafely: check_new_client refuses Clients."""
         self._in_flight = 0  # unary calls and stream openings under way
@@ -254,6 +264,7 @@ class _Gate:
                              self._in_flight, DRAIN_S)
             self.generation += 1
             streams, any_client = list(self._streams), any(not c._closed for c in self._clients)
+            self._with_clients = any_client
             self._unsafe_fork = any_client and not fork_support_enabled()
             self._cond.notify_all()  # the sleepers park
         for s in streams:
@@ -279,6 +290,10 @@ class _Gate:
                     _log.warning("fork(): fenced's threads or streams still busy after %.1fs; forking anyway", QUIESCE_S)
                     break
                 self._hook.wait(0.002)
+
+    def forking_with_clients(self) -> bool:
+        """Whether a fork is being prepared in a process with an open Client."""
+        return self._forking and self._with_clients
 
     def after_in_parent(self) -> None:
         _log.debug("fork(): done in the parent")
@@ -394,6 +409,72 @@ def _grpc_child_part() -> None:
     state.fork_in_progress = False
 
 
+# Step 5 (see the module's doc): gRPC core's threads, by the names core gives
+# them (Linux truncates a thread's name to 15 bytes).
+_GRPC_THREAD_NAMES = frozenset(
+    {"event_engine", "timer_manager", "grpc_global_tim", "default-executo", "resolver-execut"}
+)
+
+
+def _grpc_threads_alive() -> int:
+    """How many of gRPC core's threads this process still has (0 where
+    /proc/self/task cannot be read)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    n = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "rb") as f:
+                n += f.read().strip().decode("ascii", "replace") in _GRPC_THREAD_NAMES
+        except OSError:
+            pass  # exited meanwhile
+    return n
+
+
+def _after_grpc_prefork() -> None:
+    """A pthread_atfork prepare handler, run after gRPC core's (registered
+    before it): wait until core's stopped threads have exited."""
+    try:
+        if not gate.forking_with_clients():
+            return
+        end = time.monotonic() + QUIESCE_S
+        while _grpc_threads_alive():
+            if time.monotonic() > end:
+                _log.warning("fork(): gRPC's threads still exiting after %.1fs; forking anyway", QUIESCE_S)
+                return
+            time.sleep(0.0005)
+    except BaseException:  # noqa: BLE001 - nothing may escape into fork()
+        pass
+
+
+_late_prepare: Any = None  # the ctypes callback, kept alive for the process's life
+
+
+def _register_after_grpc_prefork() -> None:
+    """Register _after_grpc_prefork with pthread_atfork before gRPC core
+    registers its handler (at grpc's first initialisation): prepare handlers
+    run in the reverse order of their registration, so it runs after core's.
+    Only when grpc is not imported yet and its fork support will be on."""
+    global _late_prepare
+    import sys
+
+    if "grpc" in sys.modules or os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() not in ("true", "1"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        register = libc.__register_atfork  # glibc's pthread_atfork (that one is not exported)
+        hook = ctypes.CFUNCTYPE(None)(_after_grpc_prefork)
+        if register(hook, None, None, None) == 0:
+            _late_prepare = hook
+    except (OSError, AttributeError):  # not glibc: no step 5
+        return
+
+
+_register_after_grpc_prefork()
 _wrap_grpc_fork_state()
 logging.getLogger("grpc._cython.cygrpc").addFilter(_QuietFailure())
 
