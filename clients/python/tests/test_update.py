@@ -375,13 +375,18 @@ def test_rerun_wait_is_the_go_clients() -> None:
 
 class Outcomes(grpc.UnaryUnaryClientInterceptor):
     """Records every FencedBatch: its request id and how it ended (the
-    response, or the status code)."""
+    response, or the status code). batch_timeout: each FencedBatch call's
+    deadline in seconds, whatever update gave it (the reads keep theirs, so
+    a busy box's slow read never times out a test meant for a batch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_timeout: Optional[float] = None) -> None:
         self.calls: list[tuple[str, object]] = []
         self._mu = threading.Lock()
+        self._batch_timeout = batch_timeout
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        if self._batch_timeout is not None and details.method.endswith("/FencedBatch"):
+            details = details._replace(timeout=min(details.timeout or self._batch_timeout, self._batch_timeout))
         outcome = continuation(details, request)
         if details.method.endswith("/FencedBatch"):
             try:
@@ -413,9 +418,9 @@ def test_update_resends_a_batch_whose_call_deadline_passed_under_the_same_id(sta
     resend, and the resend answers the original revision, replayed. (Before:
     update raised the DEADLINE_EXCEEDED at once and never resent.)"""
     f, r = start_fenced()
-    rec = Outcomes()
+    rec = Outcomes(batch_timeout=1.0)
     ch = grpc.intercept_channel(grpc.insecure_channel(f.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
-    c = fenced.Client.from_channel(ch, timeout=1.0)
+    c = fenced.Client.from_channel(ch, timeout=WAIT_S)
     resumed: list[str] = []
 
     class Resume(logging.Handler):
@@ -459,19 +464,21 @@ def test_update_gives_up_at_its_timeout_naming_the_request_id(start_fenced, slug
     commits once Redis is back, and only once. (Before: a plain FencedError
     DEADLINE_EXCEEDED with no request id, and no overall timeout.)"""
     f, r = start_fenced()
-    rec = Outcomes()
+    # Batches of 2 s within 6 s: the third send gets what is left, so the
+    # update's timeout runs out before its resends do.
+    rec = Outcomes(batch_timeout=2.0)
     ch = grpc.intercept_channel(grpc.insecure_channel(f.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
-    c = fenced.Client.from_channel(ch, timeout=0.5)
+    c = fenced.Client.from_channel(ch, timeout=WAIT_S)
     stopped: list[bool] = []
     try:
         with pytest.raises(fenced.DeadlineExceeded) as e:
-            c.update(slug, _stopping_change(r, stopped), timeout=2.0)
+            c.update(slug, _stopping_change(r, stopped), timeout=6.0)
     finally:
         os.kill(r.proc.pid, signal.SIGCONT)
     err = e.value
     assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED and isinstance(err, fenced.Unavailable)
     assert err.request_id and [i for i, _ in rec.calls] == [err.request_id] * len(rec.calls) and rec.calls, rec.calls
-    assert "timeout of 2s passed" in str(err) and err.request_id in str(err)
+    assert "timeout of 6s passed" in str(err) and err.request_id in str(err)
     wait_until(lambda: any(x.get("request_id") == err.request_id for x in log_entries(r, slug)), "the batch's commit")
     # Resent now under that id, the batch answers its commit, replayed.
     again = c.fenced_batch(slug, [fenced.Put("operations", "counter", 0, '{"n":1}')], request_id=err.request_id)
