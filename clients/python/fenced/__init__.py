@@ -14,12 +14,36 @@ one fenced, rerun batch, and :class:`LeaseKeeper` holding a swarm's lease::
         revision = c.update("my-swarm", change, fence=k.fence())
 
 Values go in and out as ``str``: JSON text, byte for byte.
+
+:mod:`fenced.aio` is the same client for asyncio. The package logs through
+:mod:`logging` under the logger ``"fenced"`` (``fenced.keeper``,
+``fenced.update``, ``fenced.watch``, ``fenced.fork``) and never prints.
+
+Imported before grpc, the package sets ``GRPC_ENABLE_FORK_SUPPORT=true`` in
+``os.environ`` unless it is set already (grpcio reads it when first imported):
+with it, and the fork handling of :mod:`fenced._fork`, a process using the
+client may ``fork()`` (multiprocessing's "fork" start method included), and
+each child makes its own Client.
 """
 
-from .client import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, Client
-from .errors import (
+import logging as _logging
+import os as _os
+import sys as _sys
+
+if "grpc" not in _sys.modules:
+    # grpcio's fork support must be chosen before grpc is first imported; a
+    # value the caller set (even "false") is kept. See fenced/_fork.py.
+    _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
+
+_logging.getLogger("fenced").addHandler(_logging.NullHandler())
+
+from . import _fork  # noqa: E402,F401  (registers the fork hooks)
+from .client import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, Client  # noqa: E402
+from .errors import (  # noqa: E402
     REASONS,
+    Cancelled,
     Conflict,
+    DeadlineExceeded,
     FencedError,
     FieldViolation,
     InvalidArgument,
@@ -40,8 +64,8 @@ from .errors import (
     decode,
     declared_reasons,
 )
-from .keeper import LeaseKeeper
-from .model import (
+from .keeper import LeaseKeeper  # noqa: E402
+from .model import (  # noqa: E402
     BLIND,
     BatchResult,
     Change,
@@ -65,8 +89,8 @@ from .model import (
     dumps,
     new_request_id,
 )
-from .revisions import compare_revisions
-from .update import MAX_LOST_REPLY_RETRIES, MAX_UPDATE_ATTEMPTS, SectionView, Txn
+from .revisions import compare_revisions  # noqa: E402
+from .update import MAX_LOST_REPLY_RETRIES, MAX_UPDATE_ATTEMPTS, SectionView, Txn  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -74,6 +98,7 @@ __all__ = [
     "BLIND",
     "BatchResult",
     "CHANNEL_OPTIONS",
+    "Cancelled",
     "Change",
     "Check",
     "CheckRecords",
@@ -81,6 +106,7 @@ __all__ = [
     "Client",
     "Conflict",
     "Current",
+    "DeadlineExceeded",
     "Delete",
     "Event",
     "FencedError",

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
 import threading
 import time
-from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import grpc
 
 from . import errors
+from . import _fork
+from ._fork import gate as _gate
 from .keeper import LeaseKeeper
 from .model import (
     BatchResult,
@@ -93,7 +97,7 @@ _KINDS = {
     CheckRecords: records_pb2.WRITE_KIND_CHECK_RECORDS,
 }
 
-T = TypeVar("T")
+_watch_log = logging.getLogger("fenced.watch")
 
 
 def _record(r: records_pb2.Record) -> Record:
@@ -161,6 +165,143 @@ def _write(w: Write) -> records_pb2.RecordWrite:
     )
 
 
+# Request building and reply decoding, shared by Client and fenced.aio.Client.
+
+
+def _batch_request(
+    slug: str,
+    writes: Sequence[Write],
+    fence: Optional[LeaseFence],
+    request_id: Optional[str],
+    replica_ack: Optional[ReplicaAck],
+) -> records_pb2.FencedBatchRequest:
+    req = records_pb2.FencedBatchRequest(slug=slug, writes=[_write(w) for w in writes], request_id=request_id or "")
+    if fence is not None:
+        req.fence.CopyFrom(records_pb2.LeaseFence(owner=fence.owner, epoch=fence.epoch, now_ms=fence.now_ms))
+    if replica_ack is not None:
+        req.replica_ack.CopyFrom(records_pb2.ReplicaAck(replicas=replica_ack.replicas, timeout_ms=replica_ack.timeout_ms))
+    return req
+
+
+def _snapshot(resp: records_pb2.SectionsResponse) -> Snapshot:
+    return Snapshot(
+        revision=resp.revision,
+        sections={n: {k: _record(r) for k, r in s.records.items()} for n, s in resp.sections.items()},
+        section_revisions={n: s.revision for n, s in resp.sections.items()},
+    )
+
+
+def _page(resp: records_pb2.ScanSectionResponse) -> Page:
+    return Page(
+        records={k: _record(r) for k, r in resp.records.items()},
+        revision=resp.revision,
+        section_revision=resp.section_revision,
+        next_page_token=resp.next_page_token,
+    )
+
+
+def _current(resp: lease_pb2.CurrentResponse) -> Current:
+    lease = _lease(resp.lease) if resp.HasField("lease") else None
+    return Current(lease, resp.live, resp.now_ms, resp.revision)
+
+
+def _migration(resp: admin_pb2.MigrateResponse) -> MigrateResult:
+    return MigrateResult(
+        records=resp.records,
+        revision=resp.revision,
+        sections=tuple(MigratedSection(s.name, s.records, s.bytes) for s in resp.sections),
+        already_moved=resp.already_moved,
+        no_state=resp.no_state,
+    )
+
+
+def _never() -> bool:
+    return False
+
+
+def _drop(stream: "_fork.Stream") -> None:
+    """Cancel a stream's call and let it go."""
+    call, stream.call = stream.call, None
+    if call is not None:
+        call.cancel()
+
+
+class _WatchLoop:
+    """One watch's state across its streams (the Go client's Watch), shared by
+    the sync and asyncio clients: the request to (re)open with, the events of
+    an answer, and what to do when a stream ends."""
+
+    def __init__(self, client: Any, slug: str, from_revision: int, sections: Sequence[str], progress: bool) -> None:
+        self.c = client
+        self.slug = slug
+        self.from_revision = from_revision
+        self.sections = sections
+        self.progress = progress
+        self.wait = _WATCH_BACKOFF_S[0]
+        self.gzipped = True
+        self.generation = 0
+
+    def request(self, generation: int) -> tuple[records_pb2.WatchRequest, grpc.Compression]:
+        """The request of the next stream and its compression; generation:
+        the fork generation it opens in."""
+        self.generation = generation
+        # gzip: fenced answers in kind, compressing each message once
+        # for every watcher that asks (docs/design/06-reads-and-scans.md §6.1); none once a
+        # server refused it.
+        self.gzipped = not self.c._plain_watch
+        compression = grpc.Compression.Gzip if self.gzipped else grpc.Compression.NoCompression
+        req = records_pb2.WatchRequest(slug=self.slug, start_revision=self.from_revision, sections=self.sections)
+        return req, compression
+
+    def events(self, resp: records_pb2.WatchResponse) -> list[Event]:
+        """The events of one answer to yield (progress ones only when asked)."""
+        self.wait = _WATCH_BACKOFF_S[0]
+        out = []
+        for e in resp.events:
+            self.from_revision = later_revision(self.from_revision, e.revision)
+            if e.progress and not self.progress:
+                continue
+            self.c._saw(self.slug, e.revision)
+            out.append(_event(e))
+        return out
+
+    def broke(self, err: Optional[grpc.RpcError], generation: int) -> float:
+        """A stream ended (err None: the server ended it cleanly): the seconds
+        to wait before reopening (0: at once), or raise the decoded error."""
+        if err is not None and self.gzipped and _code(err) == grpc.StatusCode.UNIMPLEMENTED:
+            # A fenced without gzip (older than the clients that ask for
+            # it) refuses the request before reading it: grpc-go answers
+            # 'grpc: Decompressor is not installed for grpc-encoding
+            # "gzip"'. Ask again uncompressed, at once, and so every later
+            # watch of this Client.
+            self.c._plain_watch = True
+            return 0.0
+        if err is not None and _code(err) == grpc.StatusCode.CANCELLED and not self.c._closed:
+            # Not this client's doing (it cancels a stream only when the
+            # watch is left, or around a fork): fenced cancelled it. Reopen.
+            generation = -1
+        if generation != self.generation:
+            # The stream was cut by a fork() of this process (see
+            # fenced/_fork.py): reopen at once, from the last revision.
+            _watch_log.debug("watch %s: stream closed around fork(); reopening from revision %d", self.slug, self.from_revision)
+            return 0.0
+        if err is not None and not _watch_resumable(err):
+            out = errors.decode(err)
+            if isinstance(out, errors.RevisionCompacted):
+                out.from_revision = self.from_revision
+            # Not chained: the error of a stream is its call, which holds its
+            # channel for as long as it is referenced.
+            raise out
+        _, multiplier, most, spread = _WATCH_BACKOFF_S
+        pause = self.wait * random.uniform(1 - spread, 1 + spread)
+        self.wait = min(self.wait * multiplier, most)
+        _watch_log.info(
+            "watch %s: stream ended (%s); reopening from revision %d in %.2fs",
+            self.slug, "closed by the server" if err is None else errors.decode(err), self.from_revision, pause,
+        )
+        return pause
+
+
 class Client:
     """Calls one fenced deployment. Safe for concurrent use by threads.
 
@@ -179,7 +320,9 @@ class Client:
             (grpc.ssl_channel_credentials(...)) ; None or False: plaintext.
         insecure_token: also send ``token`` over plaintext (a connection
             encrypted by other means: a mesh's mTLS, loopback, tests).
-        timeout: each call's deadline in seconds, unless the call is given one.
+        timeout: each call's deadline in seconds, unless the call is given
+            one; also the default overall deadline of :meth:`update` and the
+            default ``wait`` of :meth:`keep`.
         options: extra gRPC channel options; each replaces the default of the same name.
 
     Raises:
@@ -193,9 +336,14 @@ class Client:
     client then goes on from the earlier revision. A swarm moving from fenced's
     former 16-digit revisions to its 14-digit ones is not going backwards.
 
-    Fork safety: a gRPC channel must not be used across ``fork()``. Create the
-    Client (and any LeaseKeeper) in the process that uses it, after forking
-    (multiprocessing with the "fork" start method included).
+    fork(): the process may fork (os.fork, multiprocessing's "fork" start
+    method) while Clients, LeaseKeepers and watches are in use. Around each
+    fork the package holds new calls back, waits for those in flight (at most
+    5 s), cuts the watch streams (each reopens from its last revision after
+    the fork) and parks its threads; see fenced/_fork.py. A child makes its
+    own Client: the parent's raises FencedError there. This needs grpcio's
+    fork support, which importing fenced before grpc turns on
+    (``GRPC_ENABLE_FORK_SUPPORT=true``).
     """
 
     def __init__(
@@ -208,6 +356,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         options: Sequence[tuple[str, Union[int, str]]] = (),
     ) -> None:
+        _gate.check_new_client()
         opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
         if tls:
             creds = grpc.ssl_channel_credentials() if tls is True else tls
@@ -229,7 +378,6 @@ class Client:
         return c
 
     def _init(self, channel: grpc.Channel, *, token: Optional[str], timeout: float, owns: bool) -> None:
-        self._channel = channel
         self._owns = owns
         self._timeout = timeout
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
@@ -239,14 +387,46 @@ class Client:
         # than its gzip support): every later watch of this Client goes
         # uncompressed (watch).
         self._plain_watch = False
+        self._pid = os.getpid()
+        self._closed = False
+        self._channel = channel
         self._records = records_pb2_grpc.RecordsServiceStub(channel)
         self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
+        _gate.register(self)
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise errors.FencedError(
+                f"this Client was made in process {self._pid}, before a fork(); a process made by fork() "
+                "makes its own Client",
+                code=grpc.StatusCode.FAILED_PRECONDITION,
+            )
+
+    def _stub(self, service: str) -> Any:
+        """The stub of ``service`` ("records", "leases", "admin")."""
+        self._check_process()
+        return getattr(self, "_" + service)
+
+    def _streams_open(self) -> int:
+        """Streams grpcio still runs on this Client's channel (its channel
+        spin thread's calls): a fork waits for them to end (fenced/_fork.py)."""
+        state = getattr(self._channel, "_call_state", None)  # grpc._channel.Channel's
+        return getattr(state, "managed_calls", 0) if state is not None else 0
 
     def close(self) -> None:
-        """Close the channel the Client opened (not one given to from_channel)."""
+        """Close the channel the Client opened (not one given to from_channel).
+        In a process forked from the one that made the Client, it does nothing."""
+        if os.getpid() != self._pid:
+            return
+        self._closed = True
         if self._owns:
             self._channel.close()
+
+    def _cancelled_by_caller(self, err: BaseException) -> bool:
+        """Whether a Cancelled error came from this Client's close (update
+        then does not resend)."""
+        return isinstance(err, errors.Cancelled) and self._closed
 
     def __enter__(self) -> "Client":
         return self
@@ -254,11 +434,19 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: Callable[..., T], request: object, timeout: Optional[float]) -> T:
+    def _call(self, service: str, method: str, request: object, timeout: Optional[float], request_id: str = "") -> Any:
+        """One unary call: through the fork gate, errors decoded (carrying request_id)."""
+        self._check_process()  # before the gate: a child's copy of a Client never counts in it
+        _gate.enter()
         try:
-            return method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+            fn = getattr(self._stub(service), method)
+            return fn(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise errors.decode(e) from e
+            err = errors.decode(e)
+            err.request_id = request_id
+            raise err from e
+        finally:
+            _gate.leave()
 
     def _saw(self, slug: str, revision: int) -> None:
         """Record a swarm revision a commit or lease change answered: it only raises the mark."""
@@ -288,7 +476,7 @@ class Client:
 
     def layout(self, slug: str, *, timeout: Optional[float] = None) -> Layout:
         """How the swarm's fencing state is stored. Raises FencedError."""
-        resp = self._call(self._records.Layout, records_pb2.LayoutRequest(slug=slug), timeout)
+        resp = self._call("records", "Layout", records_pb2.LayoutRequest(slug=slug), timeout)
         return Layout(resp.layout)
 
     def record(self, slug: str, section: str, key: str, *, timeout: Optional[float] = None) -> Optional[Record]:
@@ -302,7 +490,8 @@ class Client:
         """One record (None when absent) and the swarm revision, read together.
         Raises RevisionWentBackwards, FencedError."""
         before = self._mark(slug)
-        resp = self._call(self._records.Record, records_pb2.RecordRequest(slug=slug, section=section, key=key), timeout)
+        req = records_pb2.RecordRequest(slug=slug, section=section, key=key)
+        resp = self._call("records", "Record", req, timeout)
         self._read(slug, before, resp.revision)
         rec = _record(resp.record) if resp.HasField("record") else None
         return rec, resp.revision
@@ -313,13 +502,9 @@ class Client:
         snapshot over the server's limits (read it with scan_section),
         RevisionWentBackwards, FencedError."""
         before = self._mark(slug)
-        resp = self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        resp = self._call("records", "Sections", records_pb2.SectionsRequest(slug=slug, names=names), timeout)
         self._read(slug, before, resp.revision)
-        return Snapshot(
-            revision=resp.revision,
-            sections={n: {k: _record(r) for k, r in s.records.items()} for n, s in resp.sections.items()},
-            section_revisions={n: s.revision for n, s in resp.sections.items()},
-        )
+        return _snapshot(resp)
 
     def scan_section(
         self, slug: str, section: str, *, page_size: int = 0, timeout: Optional[float] = None
@@ -334,14 +519,9 @@ class Client:
         while True:
             req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
             before = self._mark(slug)
-            resp = self._call(self._records.ScanSection, req, timeout)
+            resp = self._call("records", "ScanSection", req, timeout)
             self._read(slug, before, resp.revision)
-            yield Page(
-                records={k: _record(r) for k, r in resp.records.items()},
-                revision=resp.revision,
-                section_revision=resp.section_revision,
-                next_page_token=resp.next_page_token,
-            )
+            yield _page(resp)
             token = resp.next_page_token
             if not token:
                 return
@@ -366,19 +546,17 @@ class Client:
                 unique per change; :func:`new_request_id`): sent again inside
                 the server's window it answers the original revision and writes
                 nothing, so a batch whose reply was lost can be resent safely.
+                Every error raised carries it (``request_id``).
             replica_ack: wait for replicas (ReplicationTimeout when too few).
 
         Raises:
             RevisionConflict, StaleLease, LayoutDocument, InvalidArgument,
-            RequestIdReused, ReplicationTimeout, Unavailable (it may or may not
-            have committed: resend with the same request_id), FencedError.
+            RequestIdReused, ReplicationTimeout, Unavailable, DeadlineExceeded
+            and Cancelled (it may or may not have committed: resend with the
+            same request_id), FencedError.
         """
-        req = records_pb2.FencedBatchRequest(slug=slug, writes=[_write(w) for w in writes], request_id=request_id or "")
-        if fence is not None:
-            req.fence.CopyFrom(records_pb2.LeaseFence(owner=fence.owner, epoch=fence.epoch, now_ms=fence.now_ms))
-        if replica_ack is not None:
-            req.replica_ack.CopyFrom(records_pb2.ReplicaAck(replicas=replica_ack.replicas, timeout_ms=replica_ack.timeout_ms))
-        resp = self._call(self._records.FencedBatch, req, timeout)
+        req = _batch_request(slug, writes, fence, request_id, replica_ack)
+        resp = self._call("records", "FencedBatch", req, timeout, request_id or "")
         self._saw(slug, resp.revision)
         return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
 
@@ -395,7 +573,8 @@ class Client:
         broken stream (fenced restarting, a lost connection, Redis away for a
         while, the server dropping a watcher that read too slowly) is reopened
         from the last revision seen, with backoff (50 ms to 5 s), yielding
-        nothing meanwhile. Stop by leaving the loop (or ``close()`` on the
+        nothing meanwhile; one closed around a fork() of this process is
+        reopened at once. Stop by leaving the loop (or ``close()`` on the
         generator): the stream is cancelled. The list-then-watch pattern::
 
             snap = c.sections(slug)
@@ -420,45 +599,46 @@ class Client:
         snapshot), ResourceExhausted (TOO_MANY_WATCHERS), InvalidArgument,
         FencedError (permission errors and the rest). As the Go client's Watch.
         """
-        initial, multiplier, most, spread = _WATCH_BACKOFF_S
-        wait = initial
-        while True:
-            req = records_pb2.WatchRequest(slug=slug, start_revision=from_revision, sections=sections)
-            # gzip: fenced answers in kind, compressing each message once
-            # for every watcher that asks (docs/design/06-reads-and-scans.md §6.1); none once a
-            # server refused it.
-            gzipped = not self._plain_watch
-            compression = grpc.Compression.Gzip if gzipped else grpc.Compression.NoCompression
-            call = self._records.Watch(req, metadata=self._metadata, compression=compression)
-            err: Optional[grpc.RpcError] = None
-            try:
-                for resp in call:
-                    wait = initial
-                    for e in resp.events:
-                        from_revision = later_revision(from_revision, e.revision)
-                        if e.progress and not progress:
-                            continue
-                        self._saw(slug, e.revision)
-                        yield _event(e)
-            except grpc.RpcError as e:
-                err = e
-            finally:
-                call.cancel()
-            if err is not None and gzipped and _code(err) == grpc.StatusCode.UNIMPLEMENTED:
-                # A fenced without gzip (older than the clients that ask for
-                # it) refuses the request before reading it: grpc-go answers
-                # 'grpc: Decompressor is not installed for grpc-encoding
-                # "gzip"'. Ask again uncompressed, at once, and so every later
-                # watch of this Client.
-                self._plain_watch = True
-                continue
-            if err is not None and not _watch_resumable(err):
-                out = errors.decode(err)
-                if isinstance(out, errors.RevisionCompacted):
-                    out.from_revision = from_revision
-                raise out from err
-            time.sleep(wait * random.uniform(1 - spread, 1 + spread))
-            wait = min(wait * multiplier, most)
+        loop = _WatchLoop(self, slug, from_revision, sections, progress)
+        # The call is held by a Stream the fork handling can drop; this
+        # generator keeps no reference of its own while suspended.
+        stream = _fork.Stream()
+        _gate.track(stream)
+        busy = False
+        try:
+            while True:
+                _gate.enter(busy)
+                busy = False
+                try:
+                    req, compression = loop.request(_gate.generation)
+                    stream.call = self._stub("records").Watch(req, metadata=self._metadata, compression=compression)
+                finally:
+                    _gate.leave()
+                _watch_log.debug("watch %s: stream opened from revision %d", slug, loop.from_revision)
+                err: Optional[grpc.RpcError] = None
+                while True:
+                    try:
+                        resp = _gate.next_response(stream)
+                    except grpc.RpcError as e:
+                        err, busy = e, True
+                        break
+                    if resp is None:
+                        busy = True
+                        break
+                    yield from loop.events(resp)
+                _drop(stream)
+                try:
+                    pause = loop.broke(err, _gate.generation)
+                finally:
+                    err = None
+                if pause > 0:
+                    _gate.end_busy()
+                    busy = False
+                    _gate.sleep(pause, _never)
+        finally:
+            if busy:
+                _gate.end_busy()
+            _drop(stream)
 
     def update(
         self,
@@ -467,9 +647,12 @@ class Client:
         *,
         fence: Optional[LeaseFence] = None,
         replica_ack: Optional[ReplicaAck] = None,
+        timeout: Optional[float] = None,
     ) -> int:
-        """Read, change, write as one fenced batch, rerun on conflict; see :func:`fenced.update.update`."""
-        return _update(self, slug, change, fence=fence, replica_ack=replica_ack)
+        """Read, change, write as one fenced batch, rerun on conflict, within
+        ``timeout`` seconds in all (None: the Client's timeout); see
+        :func:`fenced.update.update`."""
+        return _update(self, slug, change, fence=fence, replica_ack=replica_ack, timeout=timeout)
 
     # Leases.
 
@@ -478,7 +661,8 @@ class Client:
         again extends it and keeps its epoch). Raises LeaseHeld (holder,
         retry_after), ReplicationTimeout (no lease is held: acquire again),
         InvalidArgument, FencedError."""
-        resp = self._call(self._leases.Acquire, lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms), timeout)
+        req = lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms)
+        resp = self._call("leases", "Acquire", req, timeout)
         self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
@@ -487,7 +671,7 @@ class Client:
         now. Raises StaleLease (stop writing), ReplicationTimeout (not a
         renewal), FencedError."""
         req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
-        resp = self._call(self._leases.Renew, req, timeout)
+        resp = self._call("leases", "Renew", req, timeout)
         self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
@@ -495,7 +679,7 @@ class Client:
         """End the live lease of owner at epoch; answers the revision it
         committed at. Raises StaleLease, FencedError."""
         req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
-        revision = self._call(self._leases.Release, req, timeout).revision
+        revision = self._call("leases", "Release", req, timeout).revision
         self._saw(slug, revision)
         return revision
 
@@ -503,13 +687,14 @@ class Client:
         """The swarm's lease, whether it is live, Redis's now (ms) and the swarm
         revision. Raises RevisionWentBackwards, FencedError."""
         before = self._mark(slug)
-        resp = self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug), timeout)
+        resp = self._call("leases", "Current", lease_pb2.CurrentRequest(slug=slug), timeout)
         self._read(slug, before, resp.revision)
-        lease = _lease(resp.lease) if resp.HasField("lease") else None
-        return Current(lease, resp.live, resp.now_ms, resp.revision)
+        return _current(resp)
 
     def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> LeaseKeeper:
-        """Acquire and keep the swarm's lease: see :class:`fenced.LeaseKeeper`."""
+        """Acquire and keep the swarm's lease, waiting at most ``wait`` seconds
+        for it (None: the Client's timeout; ``math.inf``: as long as it takes):
+        see :class:`fenced.LeaseKeeper`."""
         return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)
 
     # Administration.
@@ -537,13 +722,7 @@ class Client:
             it again), Unavailable, FencedError.
         """
         req = admin_pb2.MigrateRequest(slug=slug, writers_upgraded=writers_upgraded, dry_run=dry_run)
-        resp = self._call(self._admin.Migrate, req, timeout)
+        resp = self._call("admin", "Migrate", req, timeout)
         if resp.revision:
             self._saw(slug, resp.revision)
-        return MigrateResult(
-            records=resp.records,
-            revision=resp.revision,
-            sections=tuple(MigratedSection(s.name, s.records, s.bytes) for s in resp.sections),
-            already_moved=resp.already_moved,
-            no_state=resp.no_state,
-        )
+        return _migration(resp)

@@ -20,6 +20,8 @@ UNAVAILABLE            REPLICATION_TIMEOUT  :class:`ReplicationTimeout`
 UNAVAILABLE            REDIS_UNAVAILABLE    :class:`Unavailable`
 UNAVAILABLE            REDIS_* (others)     :class:`RedisRefusal`
 UNAVAILABLE            (any other)          :class:`Unavailable`
+DEADLINE_EXCEEDED      (any)                :class:`DeadlineExceeded`
+CANCELLED              (any)                :class:`Cancelled`
 RESOURCE_EXHAUSTED     REDIS_*              :class:`RedisRefusal`
 RESOURCE_EXHAUSTED     (any other)          :class:`ResourceExhausted`
 OUT_OF_RANGE           REVISION_COMPACTED   :class:`RevisionCompacted`
@@ -31,8 +33,10 @@ The client itself raises :class:`RevisionWentBackwards` (a read below a swarm
 revision it saw) and :class:`KeptChanging` (update's attempts ran out).
 
 Every exception is a :class:`FencedError` carrying the status ``code``, the
-ErrorInfo ``reason`` and ``metadata``, and the server's ``message`` (for
-people, never to be parsed).
+ErrorInfo ``reason`` and ``metadata``, the server's ``message`` (for people,
+never to be parsed) and, when it was raised by a batch sent under a request id
+(:meth:`fenced.Client.fenced_batch` with ``request_id``, every batch of
+:meth:`fenced.Client.update`), that ``request_id``.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ from .v1 import errors_pb2
 from .model import Lease
 
 __all__ = [
+    "Cancelled",
     "Conflict",
+    "DeadlineExceeded",
     "FencedError",
     "FieldViolation",
     "InvalidArgument",
@@ -110,6 +116,10 @@ class FencedError(Exception):
         reason: the ErrorInfo reason ("" when the answer had none).
         metadata: the ErrorInfo metadata (empty when none).
         message: the status message, for people: never parse it.
+        request_id: the request id of the batch that raised it ("" when the
+            call was not a batch sent under one). A batch that may have
+            committed (Unavailable, DeadlineExceeded, Cancelled) is resent
+            safely under this id: fenced answers the original revision.
     """
 
     def __init__(
@@ -125,11 +135,13 @@ class FencedError(Exception):
         self.code = code
         self.reason = reason
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.request_id = ""
 
     def __str__(self) -> str:
         name = self.code.name if isinstance(self.code, grpc.StatusCode) else str(self.code)
         tail = f" ({self.reason})" if self.reason else ""
-        return f"fenced: {name}{tail}: {self.message}"
+        rid = f" [request id {self.request_id}]" if self.request_id else ""
+        return f"fenced: {name}{tail}: {self.message}{rid}"
 
 
 class StaleLease(FencedError):
@@ -194,6 +206,24 @@ class RequestIdReused(InvalidArgument):
 class Unavailable(FencedError):
     """UNAVAILABLE: fenced or its Redis could not be reached. A batch may or
     may not have committed: resend it with the same request_id, or read first."""
+
+
+class DeadlineExceeded(Unavailable):
+    """DEADLINE_EXCEEDED: the call's deadline passed (the client's ``timeout``,
+    an update's overall ``timeout``, or fenced's --first-message-timeout). As
+    UNAVAILABLE: a batch may or may not have committed (it may still commit
+    once a slow Redis catches up); resend it under its ``request_id``, or read
+    first. :meth:`fenced.Client.update` raises it, with ``request_id``, when
+    its own ``timeout`` runs out."""
+
+
+class Cancelled(Unavailable):
+    """CANCELLED: the call was cancelled before its answer came (the channel
+    was closed: by :meth:`fenced.Client.close`, or around a ``fork()``; or
+    fenced cancelled it). As UNAVAILABLE: a batch may or may not have
+    committed; resend it under its ``request_id``. A cancellation the caller
+    asked for (an asyncio task cancelled) is ``asyncio.CancelledError``, not
+    this."""
 
 
 class ReplicationTimeout(Unavailable):
@@ -304,6 +334,7 @@ class KeptChanging(RevisionConflict):
             reason=last.reason,
             metadata=last.metadata,
         )
+        self.request_id = last.request_id
         self.attempts = attempts
         self.last = last
         self.conflicts = last.conflicts
@@ -424,6 +455,8 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.UNAVAILABLE, _r(_Reasons.REDIS_UNAVAILABLE), Unavailable),
     Reason(grpc.StatusCode.UNAVAILABLE, _REDIS_REFUSAL, RedisRefusal),
     Reason(grpc.StatusCode.UNAVAILABLE, "", Unavailable),
+    Reason(grpc.StatusCode.DEADLINE_EXCEEDED, "", DeadlineExceeded),
+    Reason(grpc.StatusCode.CANCELLED, "", Cancelled),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _REDIS_REFUSAL, RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
     Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_COMPACTED), RevisionCompacted, _compacted),  # type: ignore[arg-type]

@@ -3,12 +3,16 @@ client's ``client.Keeper`` (client/keeper.go)."""
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import random
 import threading
 import time
 from typing import TYPE_CHECKING, Optional
 
 from . import errors
+from ._fork import gate as _gate
 from .model import Lease, LeaseFence
 
 if TYPE_CHECKING:
@@ -16,79 +20,87 @@ if TYPE_CHECKING:
 
 __all__ = ["LeaseKeeper"]
 
+_log = logging.getLogger("fenced.keeper")
 
-class LeaseKeeper:
-    """Holds a swarm's lease for one owner.
 
-    Creating it acquires the lease (waiting while another owner holds it, as
-    long as the server's RetryInfo says, and asking again while too few
-    replicas acknowledge the grant), then a daemon thread renews it every third
-    of its TTL. Once the lease is lost (a renewal refused with StaleLease, or
-    none succeeding before the lease would end) it stops renewing and sets
-    :attr:`lost`; :attr:`error` says why. :meth:`held` is cheap and never calls
-    the network. Whatever the keeper believes, the server is the authority: a
-    batch fenced with a lost lease is refused with StaleLease.
+class _Acquiring:
+    """How a keeper waits for its lease (shared by LeaseKeeper and
+    fenced.aio.LeaseKeeper): how long to pause after each refusal, within
+    the keeper's ``wait``."""
 
-    Use it as a context manager (or call :meth:`close`): it stops renewing and
-    releases the lease if it is still held.
+    def __init__(self, slug: str, owner: str, ttl_s: float, wait: float) -> None:
+        self.slug, self.owner, self.ttl_s, self.wait = slug, owner, ttl_s, wait
+        self.give_up = time.monotonic() + wait if math.isfinite(wait) else math.inf
+        self.backoff = 0.5
+        self.logged_holder = ""
 
-    Args:
-        client: the fenced Client.
-        slug: the swarm.
-        owner: this process's unique owner name (1-1024 bytes of UTF-8).
-        ttl_ms: the lease's length in ms, within the server's bounds.
-        wait: how long to keep asking while another owner holds the lease, in
-            seconds; None: as long as it takes.
+    def call_timeout(self, per_call: float) -> float:
+        """The next acquire's timeout: the per-call one or what is left of wait."""
+        return max(min(per_call, self.give_up - time.monotonic()), 0.001)
 
-    Raises:
-        LeaseHeld: still held by another owner after ``wait`` seconds.
-        FencedError: any other error of acquire (InvalidArgument, ...).
+    def pause(self, err: errors.FencedError) -> float:
+        """The pause before asking again after err, or raise (err, or a
+        LeaseHeld saying how long it waited) when the wait would pass."""
+        if isinstance(err, errors.LeaseHeld):
+            # Wait out the holder's lease; never longer than one TTL, so a
+            # released lease is noticed soon.
+            pause = min(max(err.retry_after, 0.001), self.ttl_s)
+            holder = err.holder.owner if err.holder is not None else ""
+            if holder != self.logged_holder:
+                self.logged_holder = holder
+                _log.info("keep %s: the lease is held by %r; %s waiting for it", self.slug, holder, self.owner)
+        elif isinstance(err, errors.ReplicationTimeout):
+            # Too few replicas acknowledged the grant: it is not ours to
+            # use. Asking again keeps the epoch the primary recorded.
+            pause = self.backoff * random.uniform(0.5, 1.5)
+            self.backoff *= 1.5
+            _log.warning("keep %s: the grant to %s was not acknowledged by enough replicas; asking again", self.slug, self.owner)
+        elif isinstance(err, errors.Unavailable):
+            # fenced or Redis away, or the call's deadline passed: acquiring
+            # again as the same owner is safe (a live holder keeps its epoch).
+            pause = self.backoff * random.uniform(0.5, 1.5)
+            self.backoff = min(self.backoff * 1.5, 5.0)
+            _log.warning("keep %s: acquire failed (%s); asking again in %.2fs", self.slug, err, pause)
+        else:
+            raise err
+        if time.monotonic() + pause > self.give_up:
+            if isinstance(err, errors.LeaseHeld):
+                out = errors.LeaseHeld(
+                    f"keep {self.slug}: the lease is still held by {self.logged_holder!r} after waiting {self.wait:g}s",
+                    code=err.code, reason=err.reason, metadata=err.metadata,
+                )
+                out.holder, out.retry_after = err.holder, err.retry_after
+                raise out from err
+            raise err
+        return pause
 
-    Fork safety: the keeper's thread and its Client's channel live in the
-    process that created them; a child made by ``fork()`` has neither. Create
-    the Client and the LeaseKeeper after forking.
-    """
 
-    def __init__(self, client: "Client", slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> None:
-        self._c = client
+class _Held:
+    """What a keeper knows of its lease (shared by LeaseKeeper and
+    fenced.aio.LeaseKeeper): the local deadline, why it was lost, and the
+    logging of both."""
+
+    def __init__(self, slug: str, owner: str, ttl_ms: int) -> None:
         self.slug = slug
         self.owner = owner
         self.ttl_ms = ttl_ms
         self._ttl = ttl_ms / 1000.0
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
-        self.lost = threading.Event()
-        """Set when the lease is lost (or released by close)."""
-        self._stop = threading.Event()
-        sent, lease = self._acquire(wait)
+        self._pid = os.getpid()
+        self._deadline = 0.0
+        self.epoch = 0
+
+    def _granted(self, sent: float, lease: Lease) -> None:
         self.lease: Lease = lease
         """The lease as granted."""
         self.epoch = lease.epoch
         self._deadline = sent + self._ttl  # monotonic: when the lease surely ends
-        self._thread = threading.Thread(target=self._renew, name=f"fenced-keeper-{slug}", daemon=True)
-        self._thread.start()
+        _log.info("keep %s: lease held by %s at epoch %d (ttl %d ms)", self.slug, self.owner, self.epoch, self.ttl_ms)
 
-    def _acquire(self, wait: Optional[float]) -> tuple[float, Lease]:
-        give_up = None if wait is None else time.monotonic() + wait
-        backoff = 0.5
-        while True:
-            sent = time.monotonic()
-            try:
-                return sent, self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms)
-            except errors.LeaseHeld as e:
-                # Wait out the holder's lease; never longer than one TTL, so a
-                # released lease is noticed soon.
-                pause = min(max(e.retry_after, 0.001), self._ttl)
-                err: errors.FencedError = e
-            except errors.ReplicationTimeout as e:
-                # Too few replicas acknowledged the grant: it is not ours to
-                # use. Asking again keeps the epoch the primary recorded.
-                pause = backoff * random.uniform(0.5, 1.5)
-                backoff *= 1.5
-                err = e
-            if give_up is not None and time.monotonic() + pause > give_up:
-                raise err
-            time.sleep(pause)
+    def _renewed(self, sent: float) -> None:
+        with self._lock:
+            self._deadline = sent + self._ttl
 
     def fence(self, now_ms: int = 0) -> LeaseFence:
         """The fence for batches under this lease (owner and epoch)."""
@@ -97,7 +109,10 @@ class LeaseKeeper:
     def held(self) -> bool:
         """Whether the lease is still held as far as this process can tell: not
         lost, and its local deadline (measured from when the last successful
-        renewal was sent, on the monotonic clock) not passed. No network call."""
+        renewal was sent, on the monotonic clock) not passed. No network call.
+        False in a process forked from the keeper's (which holds it)."""
+        if os.getpid() != self._pid:
+            return False
         with self._lock:
             return self._error is None and time.monotonic() < self._deadline
 
@@ -108,37 +123,123 @@ class LeaseKeeper:
         with self._lock:
             return self._error
 
-    def _mark_lost(self, err: BaseException) -> None:
+    def _signal_lost(self) -> None:
+        raise NotImplementedError
+
+    def _mark_lost(self, err: BaseException, *, released: bool = False) -> None:
         with self._lock:
-            if self._error is None:
-                self._error = err
-                self.lost.set()
+            if self._error is not None:
+                return
+            self._error = err
+        if released:
+            _log.info("keep %s: lease of %s at epoch %d released", self.slug, self.owner, self.epoch)
+        else:
+            _log.error("keep %s: lease of %s at epoch %d lost: %s", self.slug, self.owner, self.epoch, err)
+        self._signal_lost()
+
+    def _renewal_failed(self, err: errors.FencedError) -> bool:
+        """A renewal failed: whether the lease is lost (StaleLease, or the
+        local deadline passed); logs either way."""
+        if isinstance(err, errors.StaleLease):
+            self._mark_lost(err)
+            return True
+        if not self.held():
+            self._mark_lost(err)
+            return True
+        _log.warning("keep %s: renewal of %s at epoch %d failed (retrying at the next tick): %s",
+                     self.slug, self.owner, self.epoch, err)
+        return False
+
+
+class LeaseKeeper(_Held):
+    """Holds a swarm's lease for one owner.
+
+    Creating it acquires the lease (waiting while another owner holds it, as
+    long as the server's RetryInfo says, and asking again while too few
+    replicas acknowledge the grant or fenced is unavailable, at most ``wait``
+    seconds in all), then a daemon thread renews it every third
+    of its TTL. Once the lease is lost (a renewal refused with StaleLease, or
+    none succeeding before the lease would end) it stops renewing and sets
+    :attr:`lost`; :attr:`error` says why. :meth:`held` is cheap and never calls
+    the network. Whatever the keeper believes, the server is the authority: a
+    batch fenced with a lost lease is refused with StaleLease.
+
+    Use it as a context manager (or call :meth:`close`): it stops renewing and
+    releases the lease if it is still held.
+
+    It logs (logger ``fenced.keeper``): the grant and the release at INFO, a
+    wait for another holder at INFO, a failed renewal at WARNING, the loss of
+    the lease at ERROR.
+
+    Args:
+        client: the fenced Client.
+        slug: the swarm.
+        owner: this process's unique owner name (1-1024 bytes of UTF-8).
+        ttl_ms: the lease's length in ms, within the server's bounds.
+        wait: how long to keep asking, in seconds; None: the Client's
+            timeout; ``math.inf``: as long as it takes.
+
+    Raises:
+        LeaseHeld: still held by another owner after ``wait`` seconds (its
+            message says so; ``holder`` names it).
+        Unavailable: fenced still unavailable after ``wait`` seconds.
+        FencedError: any other error of acquire (InvalidArgument, ...).
+
+    fork(): the keeper's thread and the lease stay the parent's. In a child,
+    :meth:`held` is False and :meth:`close` does nothing (the child never
+    releases the parent's lease); :meth:`fence` still names the lease.
+    """
+
+    def __init__(self, client: "Client", slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> None:
+        super().__init__(slug, owner, ttl_ms)
+        self._c = client
+        self.lost = threading.Event()
+        """Set when the lease is lost (or released by close)."""
+        self._stopping = False
+        sent, lease = self._acquire(client._timeout if wait is None else wait)
+        self._granted(sent, lease)
+        self._thread = threading.Thread(target=self._renew, name=f"fenced-keeper-{slug}", daemon=True)
+        self._thread.start()
+
+    def _signal_lost(self) -> None:
+        self.lost.set()
+
+    def _acquire(self, wait: float) -> tuple[float, Lease]:
+        a = _Acquiring(self.slug, self.owner, self._ttl, wait)
+        while True:
+            sent = time.monotonic()
+            try:
+                return sent, self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms,
+                                             timeout=a.call_timeout(self._c._timeout))
+            except errors.FencedError as e:
+                pause = a.pause(e)
+            _gate.sleep(pause, lambda: False)
 
     def _renew(self) -> None:
         """Extend the lease every ttl/3 until stopped or lost. A renewal that
         fails for any reason but StaleLease is retried at the next tick until
         the local deadline passes."""
         period = self._ttl / 3
-        while not self._stop.wait(period):
+        # A sleep fork() can park (fenced/_fork.py).
+        while not _gate.sleep(period, lambda: self._stopping):
             sent = time.monotonic()
             try:
                 self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, timeout=period)
-            except errors.StaleLease as e:
-                self._mark_lost(e)
-                return
             except errors.FencedError as e:
-                if not self.held():
-                    self._mark_lost(e)
+                if self._renewal_failed(e):
                     return
                 continue
-            with self._lock:
-                self._deadline = sent + self._ttl
+            self._renewed(sent)
 
     def close(self) -> None:
         """Stop renewing and release the lease if it is still held. Idempotent.
         A lease already lost is not released (:attr:`error` says why). Raises
-        FencedError when the release fails for another reason than StaleLease."""
-        self._stop.set()
+        FencedError when the release fails for another reason than StaleLease.
+        In a process forked from the keeper's, it does nothing."""
+        if os.getpid() != self._pid:
+            return
+        self._stopping = True
+        _gate.wake()
         if self._thread is not threading.current_thread():
             self._thread.join()
         if self.error is not None:
@@ -148,7 +249,7 @@ class LeaseKeeper:
         except errors.StaleLease as e:
             self._mark_lost(e)
             return
-        self._mark_lost(errors.FencedError(f"lease of {self.slug} released"))
+        self._mark_lost(errors.FencedError(f"lease of {self.slug} released"), released=True)
 
     def __enter__(self) -> "LeaseKeeper":
         return self

@@ -48,6 +48,7 @@ module functions and :class:`Port` are (a Client is).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
@@ -57,9 +58,10 @@ from typing import Any, Callable, Iterator, Mapping, MutableMapping, NamedTuple,
 import grpc
 
 from . import errors
+from . import update as _update
 from .client import Client
 from .keeper import LeaseKeeper
-from .model import BLIND, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Write, dumps, new_request_id
+from .model import BLIND, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Write, dumps
 from .revisions import later_revision
 
 __all__ = [
@@ -99,17 +101,15 @@ MAX_WRITE_ATTEMPTS = 16
 """How many times ``write`` runs a change that keeps meeting revision conflicts
 (the first run included) before it raises :class:`KeptChanging`."""
 
-MAX_LOST_REPLY_RESENDS = 3
+MAX_LOST_REPLY_RESENDS = _update.MAX_LOST_REPLY_RETRIES
 """How many times ``write`` resends a batch whose outcome it cannot know
-(UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED) under the same request id."""
+(UNAVAILABLE but REPLICATION_TIMEOUT, DEADLINE_EXCEEDED, CANCELLED unless the
+Client was closed) under the same request id: update's (3)."""
 
 # The in-house fencing.write's schedule: before attempt k (k >= 2) it sleeps
 # between half of min(1 ms * 2^(k-2), 32 ms) and all of it, never below 1 ms:
 # 1, 1-2, 2-4, 4-8, 8-16, then 16-32 ms.
 _WAIT_FIRST_S, _WAIT_MAX_S = 0.001, 0.032
-
-# Resends of a lost reply wait as update's do: 0.5 s, times 1.5, +-50 %.
-_RESEND_INITIAL_S, _RESEND_MULTIPLIER, _RESEND_RANDOMISATION = 0.5, 1.5, 0.5
 
 STALE_LEASE_TEXT = "the controller lease is stale"
 KEPT_CHANGING_TEXT = errors.KeptChanging.MESSAGE  # "the swarm fencing state kept changing; nothing was committed"
@@ -196,14 +196,6 @@ def _port_error(e: errors.FencedError) -> errors.FencedError:
         conflict.conflicts, conflict.total = e.conflicts, e.total
         return conflict
     return e
-
-
-def _outcome_unknown(e: errors.FencedError) -> bool:
-    """Whether a batch answered e may have committed: resend it under its id
-    (not a replication timeout: that one did commit)."""
-    if isinstance(e, errors.ReplicationTimeout):
-        return False
-    return isinstance(e, errors.Unavailable) or e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 # Reads.
@@ -665,9 +657,10 @@ class Port:
         :class:`KeptChanging`. ``change`` may run several times: no side
         effects outside the view. On StaleLease (this module's), any other
         error, or an exception of ``change`` itself, it stops at once and
-        raises it. A batch whose outcome is unknown (UNAVAILABLE,
-        DEADLINE_EXCEEDED, CANCELLED) is resent under the same request id (up
-        to 3 times), so it is applied at most once.
+        raises it. A batch whose outcome is unknown is resent under the same
+        request id as :func:`fenced.update.commit` resends it (UNAVAILABLE but
+        REPLICATION_TIMEOUT, DEADLINE_EXCEEDED, CANCELLED unless the Client
+        was closed; up to 3 times), so it is applied at most once.
 
         Raises: StaleLease, KeptChanging, ValueError (the change wrote a meta
         record fenced owns; nothing sent), InvalidArgument (e.g. more writes
@@ -699,19 +692,10 @@ class Port:
 
     def _commit(self, slug: str, writes: list[Write], fence: Optional[LeaseFence]) -> int:
         """One batch under a fresh request id, resent under the same id while
-        its outcome is unknown: fenced answers a batch that did commit with
-        its original revision."""
-        request_id = new_request_id()
-        delay = _RESEND_INITIAL_S
-        for resend in range(MAX_LOST_REPLY_RESENDS + 1):
-            try:
-                return self.client.fenced_batch(slug, writes, fence=fence, request_id=request_id).revision
-            except errors.FencedError as e:
-                if resend == MAX_LOST_REPLY_RESENDS or not _outcome_unknown(e):
-                    raise
-            _sleep(delay * random.uniform(1 - _RESEND_RANDOMISATION, 1 + _RESEND_RANDOMISATION))
-            delay *= _RESEND_MULTIPLIER
-        raise AssertionError("unreachable")
+        its outcome is unknown (fenced answers a batch that did commit with
+        its original revision): update's own resends (fenced.update.commit),
+        with no overall deadline, as the in-house write has none."""
+        return _update.commit(self.client, slug, writes, fence=fence, timeout=math.inf, sleep=lambda s: _sleep(s))
 
 
 # The module's client.

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, MutableMapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMapping, Optional, Sequence, Union
+
+import grpc
 
 from . import errors
 from .model import Check, CheckRecords, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
@@ -15,15 +19,18 @@ from .revisions import later_revision
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "update"]
+__all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "commit", "update"]
 
 MAX_UPDATE_ATTEMPTS = 16
 """How many times update runs a change that keeps meeting revision conflicts
 before it raises KeptChanging."""
 
 MAX_LOST_REPLY_RETRIES = 3
-"""How many times update resends a batch answered UNAVAILABLE (its reply may
-be lost after a commit), under the same request id."""
+"""How many times update resends a batch whose answer leaves open whether it
+committed (UNAVAILABLE but REPLICATION_TIMEOUT, DEADLINE_EXCEEDED of one call,
+CANCELLED not by the caller), under the same request id."""
+
+_log = logging.getLogger("fenced.update")
 
 # The sleep before a rerun grows, as the Go client's (RerunWait*): 2 ms before
 # the second attempt, doubling up to 256 ms, each randomised by +-50 %.
@@ -288,6 +295,7 @@ def update(
     *,
     fence: Optional[LeaseFence] = None,
     replica_ack: Optional[ReplicaAck] = None,
+    timeout: Optional[float] = None,
 ) -> int:
     """Turn "read, change, write" into one fenced batch, as the Go client's Update.
 
@@ -308,52 +316,250 @@ def update(
     effects outside the Txn. On StaleLease, on any other error and on an
     exception of ``change`` itself, it stops at once and raises it.
 
-    Every attempt's batch carries a fresh request id; a batch answered
-    UNAVAILABLE (its reply may be lost after the commit) is resent under the
-    same id, up to MAX_LOST_REPLY_RETRIES times, so it is applied at most once.
+    Every attempt's batch carries a fresh request id. An answer after which
+    the batch may have committed is resent under the same id (fenced answers a
+    batch that did commit with its original revision, so it is applied at most
+    once), up to MAX_LOST_REPLY_RETRIES times, 0.5 s apart growing 1.5 times
+    (+-50 %): Unavailable (but not ReplicationTimeout, which did commit),
+    DeadlineExceeded of that one call, and Cancelled unless the Client was
+    closed. Each resend is logged (logger ``fenced.update``, WARNING).
+
+    ``timeout`` bounds the whole update, in seconds (None: the Client's
+    timeout): every call it makes (reads, batches, resends) gets the Client's
+    timeout or what is left, whichever is less, and it never sleeps past it.
+    When it runs out it raises DeadlineExceeded, whose ``request_id`` names the
+    last batch sent (which may or may not have committed when its answer was
+    lost) and whose ``__cause__`` is the last error. Every error raised from a
+    batch carries its ``request_id``.
 
     Returns the revision the batch committed at.
     """
+    per_call = client._timeout
+    deadline = _Deadline(per_call if timeout is None else timeout)
+    reads = _BoundedReads(client, deadline, per_call)
+    steps = _update_steps(slug, deadline, per_call, client._cancelled_by_caller)
+    return _drive(client, slug, steps, fence, replica_ack, lambda: _run_change(reads, slug, change), time.sleep)
+
+
+def commit(
+    client: "Client",
+    slug: str,
+    writes: Sequence[Write],
+    *,
+    fence: Optional[LeaseFence] = None,
+    replica_ack: Optional[ReplicaAck] = None,
+    timeout: Optional[float] = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Send ``writes`` as one fenced batch under a fresh request id and resend
+    it under the same id while its answer leaves open whether it committed:
+    :func:`update`'s resends (the same outcomes, MAX_LOST_REPLY_RETRIES, the
+    same waits, logged the same way) without its reruns. ``timeout`` bounds
+    the sends and their waits in all, in seconds (None: the Client's timeout;
+    ``math.inf``: only the Client's per-call timeout bounds each send); past
+    it, DeadlineExceeded with the ``request_id``. ``sleep`` waits between
+    sends. fenced.port's ``write`` commits through it.
+
+    Returns the revision committed at. Raises what ``fenced_batch`` raises,
+    each error carrying the ``request_id``."""
+    per_call = client._timeout
+    deadline = _Deadline(per_call if timeout is None else timeout)
+    steps = _commit_steps(slug, list(writes), deadline, per_call, client._cancelled_by_caller)
+    return _drive(client, slug, steps, fence, replica_ack, None, sleep)
+
+
+def _drive(
+    client: "Client",
+    slug: str,
+    steps: Generator["_Step", Any, int],
+    fence: Optional[LeaseFence],
+    replica_ack: Optional[ReplicaAck],
+    run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
+    sleep: Callable[[float], None],
+) -> int:
+    """Run a policy's steps (_update_steps, _commit_steps) with blocking I/O;
+    fenced.aio drives the same steps on its event loop."""
+    result: Any = None
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, _Sleep):
+                    sleep(step.seconds)
+                    result = None
+                elif isinstance(step, _RunChange):
+                    assert run_change is not None
+                    result = run_change()
+                else:
+                    result = client.fenced_batch(
+                        slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
+                        timeout=step.timeout,
+                    ).revision
+            except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
+                step = steps.throw(e)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+# update's policy, as steps for a driver: the sync update above and
+# fenced.aio's run the same generator, each doing the I/O its own way.
+
+
+class _Sleep:
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+class _RunChange:
+    """Run the change on a fresh Txn; send back (writes or None, seen)."""
+
+    __slots__ = ()
+
+
+class _Commit:
+    """Send the batch; send back its revision (or throw its error)."""
+
+    __slots__ = ("writes", "request_id", "timeout")
+
+    def __init__(self, writes: list[Write], request_id: str, timeout: float) -> None:
+        self.writes, self.request_id, self.timeout = writes, request_id, timeout
+
+
+_Step = Union[_Sleep, _RunChange, _Commit]
+
+
+class _Deadline:
+    """An update's overall deadline, on the monotonic clock."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.end = time.monotonic() + timeout
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def call_timeout(self, per_call: float) -> float:
+        """A call's timeout: the per-call one, or what is left if less.
+        Raises DeadlineExceeded when nothing is left."""
+        left = self.left()
+        if left <= 0:
+            raise errors.DeadlineExceeded(
+                f"update: its timeout of {self.timeout:g}s passed", code=grpc.StatusCode.DEADLINE_EXCEEDED
+            )
+        return min(per_call, left)
+
+
+def _run_change(reads: Any, slug: str, change: Callable[[Txn], None]) -> tuple[Optional[list[Write]], int]:
+    """One run of the change on a fresh Txn reading through ``reads``: its
+    batch (None when it changes nothing) and the highest revision it saw."""
+    tx = Txn(reads, slug)
+    change(tx)
+    return tx._batch(), tx.seen
+
+
+def _gave_up(slug: str, deadline: _Deadline, request_id: str, cause: Optional[BaseException], committed: str) -> errors.DeadlineExceeded:
+    err = errors.DeadlineExceeded(
+        f"update {slug}: its timeout of {deadline.timeout:g}s passed; {committed}",
+        code=grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+    err.request_id = request_id
+    err.__cause__ = cause
+    return err
+
+
+def _update_steps(
+    slug: str, deadline: _Deadline, per_call: float, by_caller: Callable[[BaseException], bool]
+) -> Generator[_Step, Any, int]:
+    """update's reruns on conflict, within the deadline."""
     last: Optional[errors.RevisionConflict] = None
     wait = _RERUN_INITIAL_S
     for attempt in range(1, MAX_UPDATE_ATTEMPTS + 1):
         if attempt > 1:
-            time.sleep(wait * random.uniform(1 - _RERUN_RANDOMISATION, 1 + _RERUN_RANDOMISATION))
+            pause = wait * random.uniform(1 - _RERUN_RANDOMISATION, 1 + _RERUN_RANDOMISATION)
             wait = min(wait * _RERUN_MULTIPLIER, _RERUN_MAX_S)
-        tx = Txn(client, slug)
-        change(tx)
-        writes = tx._batch()
+            if pause >= deadline.left():
+                assert last is not None
+                raise _gave_up(slug, deadline, last.request_id, last, f"nothing was committed ({attempt - 1} attempts met conflicts)")
+            _log.debug("update %s: attempt %d met a revision conflict; rerunning in %.3fs", slug, attempt - 1, pause)
+            yield _Sleep(pause)
+        writes, seen = yield _RunChange()
         if writes is None:
-            return tx.seen
+            return seen  # type: ignore[no-any-return]
+        if deadline.left() <= 0:
+            raise _gave_up(slug, deadline, "", last, "this attempt's batch was not sent")
         try:
-            return _commit_resending_lost_replies(client, slug, writes, fence, replica_ack)
+            return (yield from _commit_steps(slug, writes, deadline, per_call, by_caller))
         except errors.RevisionConflict as e:
             last = e
     assert last is not None
     raise errors.KeptChanging(slug, MAX_UPDATE_ATTEMPTS, last) from last
 
 
-def _commit_resending_lost_replies(
-    client: "Client",
-    slug: str,
-    writes: list[Write],
-    fence: Optional[LeaseFence],
-    replica_ack: Optional[ReplicaAck],
-) -> int:
-    """Send one batch under a fresh request id and, while the answer is
-    UNAVAILABLE (but not a replication timeout, which did commit), resend it
-    under the same id: fenced answers a batch that did commit with its
-    original revision."""
+def _commit_steps(
+    slug: str, writes: list[Write], deadline: _Deadline, per_call: float, by_caller: Callable[[BaseException], bool]
+) -> Generator[_Step, Any, int]:
+    """Send one batch under a fresh request id and, while its answer leaves
+    open whether it committed, resend it under the same id."""
     request_id = new_request_id()
     delay = _RESEND_INITIAL_S
     for resend in range(MAX_LOST_REPLY_RETRIES + 1):
+        left = deadline.left()
+        if left <= 0:
+            raise _gave_up(slug, deadline, request_id, None, f"the batch under request id {request_id} may have committed")
+        timeout = min(per_call, left)
         try:
-            return client.fenced_batch(slug, writes, fence=fence, request_id=request_id, replica_ack=replica_ack).revision
+            return (yield _Commit(writes, request_id, timeout))  # type: ignore[no-any-return]
         except errors.ReplicationTimeout:
-            raise
-        except errors.Unavailable:
+            raise  # it committed; too few replicas acknowledged it
+        except errors.Unavailable as e:  # DeadlineExceeded and Cancelled included
+            if by_caller(e):
+                raise
+            # A call that ran into the update's own deadline leaves no time
+            # to resend: the pause below outlasts what is left.
             if resend == MAX_LOST_REPLY_RETRIES:
                 raise
-            time.sleep(delay * random.uniform(1 - _RESEND_RANDOMISATION, 1 + _RESEND_RANDOMISATION))
+            pause = delay * random.uniform(1 - _RESEND_RANDOMISATION, 1 + _RESEND_RANDOMISATION)
             delay *= _RESEND_MULTIPLIER
+            if pause >= deadline.left():
+                raise _gave_up(slug, deadline, request_id, e, f"the batch under request id {request_id} may have committed") from e
+            _log.warning(
+                "update %s: batch %s answered %s (it may have committed); resending under the same request id in %.2fs (%d of %d)",
+                slug, request_id, e.code.name if isinstance(e.code, grpc.StatusCode) else e.code, pause,
+                resend + 1, MAX_LOST_REPLY_RETRIES,
+                extra={"slug": slug, "request_id": request_id},
+            )
+            yield _Sleep(pause)
     raise AssertionError("unreachable")
+
+
+class _BoundedReads:
+    """The Client as a Txn sees it during an update: each call that takes a
+    ``timeout`` gets the Client's or what is left of the update's, whichever
+    is less (unless it is given one)."""
+
+    def __init__(self, client: Any, deadline: _Deadline, per_call: float) -> None:
+        self._c = client
+        self._deadline = deadline
+        self._per_call = per_call
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._c, name)
+        if not callable(attr) or not _takes_timeout(attr):
+            return attr
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", self._deadline.call_timeout(self._per_call))
+            return attr(*args, **kwargs)
+
+        return bounded
+
+
+def _takes_timeout(fn: Callable[..., Any]) -> bool:
+    try:
+        return "timeout" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -85,3 +87,45 @@ def test_paused_controller_is_refused_and_learns_it_lost_the_lease(server: Fence
             proc.wait()
     assert client.record(slug, "claims", "paused") is None
     assert client.current(slug).lease.owner == "usurper"  # type: ignore[union-attr]
+
+
+def test_keep_waits_at_most_the_client_s_timeout_by_default(server: Fenced, client: fenced.Client, slug: str) -> None:
+    """keep() without wait gives up after the Client's timeout, raising
+    LeaseHeld that says who holds the lease and how long it waited. (Before:
+    wait=None waited for ever; the hang bound below caught it.)"""
+    client.acquire(slug, "holder", ttl_ms=120_000)
+    got: list[BaseException] = []
+
+    def keep() -> None:
+        with fenced.Client(server.addr, timeout=1.0) as c:
+            try:
+                c.keep(slug, "waiter", ttl_ms=5000).close()
+            except BaseException as e:  # noqa: BLE001
+                got.append(e)
+
+    t = threading.Thread(target=keep, daemon=True)
+    t.start()
+    t.join(WAIT_S)
+    assert not t.is_alive(), "keep() still waiting"
+    assert len(got) == 1 and isinstance(got[0], fenced.LeaseHeld), got
+    assert "still held by 'holder' after waiting 1s" in str(got[0])
+    assert got[0].holder is not None and got[0].holder.owner == "holder"
+
+
+def test_keeper_logs_a_lost_lease_and_failing_renewals(server: Fenced, client: fenced.Client, slug: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The keeper logs through logging ("fenced.keeper"): the grant at INFO,
+    a lost lease at ERROR naming the swarm, owner and epoch. (Before: nothing
+    was logged; only keeper.lost said so.)"""
+    caplog.set_level(logging.INFO, logger="fenced")
+    k = client.keep(slug, "logged", ttl_ms=3000)
+    try:
+        client.release(slug, "logged", k.epoch)
+        client.acquire(slug, "usurper", ttl_ms=60_000)
+        assert k.lost.wait(WAIT_S)
+    finally:
+        k.close()
+    by = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("fenced")]
+    assert ("fenced.keeper", "INFO", f"keep {slug}: lease held by logged at epoch {k.epoch} (ttl 3000 ms)") in by
+    lost = [m for n, lvl, m in by if lvl == "ERROR"]
+    assert len(lost) == 1 and lost[0].startswith(f"keep {slug}: lease of logged at epoch {k.epoch} lost: "), by

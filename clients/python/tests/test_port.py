@@ -4,9 +4,11 @@ in-house suite's list, run against a live fenced and redis-server."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, Optional
 
+import grpc
 import pytest
 
 import fenced
@@ -538,6 +540,32 @@ def test_a_lost_reply_is_resent_under_the_same_request_id(server: Fenced, redis:
     assert len(rec.sent) == 2 and rec.sent[0] == rec.sent[1] and rec.sent[0].request_id
     assert len(log_entries(redis, slug)) == 1  # applied once
     assert len(monkey_sleeps) == 1 and 0.25 <= monkey_sleeps[0] <= 0.75
+
+
+@pytest.mark.parametrize("lost", [grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED])
+def test_write_resends_as_update_does(redis: Redis, slug: str, recorded, lost: grpc.StatusCode,  # type: ignore[no-untyped-def]
+                                      monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """write commits through update's resend logic (fenced.update.commit):
+    the same outcomes resent under the same id, logged by fenced.update at
+    WARNING; a CANCELLED after the caller closed the Client is not resent.
+    (Before: a loop of its own, _outcome_unknown, resending silently and
+    resending a CANCELLED of the caller's own close.)"""
+    caplog.set_level(logging.INFO, logger="fenced")
+    monkeypatch.setattr(port, "_sleep", lambda s: None)
+    rec = BatchRecorder(lose_reply=lambda n: n == 0, lost=lost)
+    q = port.Port(recorded(rec))
+    q.write(slug, lambda doc: doc["sections"]["claims"].__setitem__("a", 1))
+    assert len(rec.sent) == 2 and rec.sent[0] == rec.sent[1]
+    assert len(log_entries(redis, slug)) == 1
+    logged = [r for r in caplog.records if r.name == "fenced.update" and r.levelno == logging.WARNING]
+    assert [getattr(r, "request_id") for r in logged] == [rec.sent[0].request_id]
+
+    gone = BatchRecorder(lose_reply=lambda n: True, lost=grpc.StatusCode.CANCELLED)
+    c = recorded(gone)
+    c.close()
+    with pytest.raises(fenced.Cancelled) as e:
+        port.Port(c).write(slug, lambda doc: doc["sections"]["claims"].__setitem__("b", 1))
+    assert len(gone.sent) == 1 and e.value.request_id == gone.sent[0].request_id
 
 
 def test_module_functions_use_the_configured_client_or_fenced_addr(

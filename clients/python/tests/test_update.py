@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import signal
 import threading
 from typing import Callable, Optional
 
@@ -10,7 +13,7 @@ import grpc
 import pytest
 
 import fenced
-from conftest import Fenced, Redis, swarm_key
+from conftest import WAIT_S, Fenced, Redis, swarm_key, wait_until
 from fenced.v1 import records_pb2
 
 
@@ -33,8 +36,12 @@ def log_entries(redis: Redis, slug: str) -> list[dict[str, str]]:
 class _LostReply(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     """The error a client sees when fenced's answer is lost on the way."""
 
+    def __init__(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        super().__init__()
+        self._code = code
+
     def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
+        return self._code
 
     def details(self) -> str:
         return "reply lost (test)"
@@ -60,11 +67,14 @@ class _LostReply(grpc.RpcError, grpc.Call):  # type: ignore[misc]
 
 class BatchRecorder(grpc.UnaryUnaryClientInterceptor):
     """Records every FencedBatch sent and, when lose_reply(n) says so, lets the
-    n-th one (from 0) reach fenced but drops its answer."""
+    n-th one (from 0) reach fenced but drops its answer, answering ``lost``
+    instead (UNAVAILABLE by default)."""
 
-    def __init__(self, lose_reply: Callable[[int], bool] = lambda n: False) -> None:
+    def __init__(self, lose_reply: Callable[[int], bool] = lambda n: False,
+                 lost: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
         self.sent: list[records_pb2.FencedBatchRequest] = []
         self._lose = lose_reply
+        self._lost = lost
         self._mu = threading.Lock()
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
@@ -78,7 +88,7 @@ class BatchRecorder(grpc.UnaryUnaryClientInterceptor):
         outcome = continuation(details, request)
         if self._lose(n):
             outcome.result()  # the commit happened; its answer is lost
-            raise _LostReply()
+            raise _LostReply(self._lost)
         return outcome
 
 
@@ -174,8 +184,16 @@ def test_phantom_insert_during_whole_section_read_is_caught_when_phantom_proof(c
     assert got is not None and got.value == "2"  # the rerun counted the phantom
 
 
-def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
-    rec = BatchRecorder(lose_reply=lambda n: n == 0)
+@pytest.mark.parametrize("lost", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED])
+def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded, lost: grpc.StatusCode,  # type: ignore[no-untyped-def]
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A batch that committed but whose answer came back UNAVAILABLE,
+    DEADLINE_EXCEEDED or CANCELLED (not the caller's doing) is resent under
+    the same request id, logged at WARNING, and applied once. (Before:
+    DEADLINE_EXCEEDED and CANCELLED raised a plain FencedError at once, with
+    no resend and no request id.)"""
+    caplog.set_level(logging.INFO, logger="fenced")
+    rec = BatchRecorder(lose_reply=lambda n: n == 0, lost=lost)
     c = recorded(rec)
     runs = 0
 
@@ -193,6 +211,32 @@ def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded) -> N
     assert len(log) == 1 and log[0]["request_id"] == rec.sent[0].request_id
     got = c.record(slug, "operations", "counter")
     assert got == fenced.Record(rev, '{"n":1}')
+    resends = [r for r in caplog.records if r.name == "fenced.update" and r.levelno == logging.WARNING]
+    assert len(resends) == 1 and getattr(resends[0], "request_id") == rec.sent[0].request_id
+    assert lost.name in resends[0].getMessage() and "resending under the same request id" in resends[0].getMessage()
+
+
+def test_a_replication_timeout_or_a_closed_client_is_not_resent(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    """Outcomes after which the batch did or did not commit for sure are
+    raised at once, with the request id: REPLICATION_TIMEOUT (committed on the
+    primary, too few replicas) and CANCELLED by the caller's own close()."""
+    rec = BatchRecorder()
+    c = recorded(rec)
+
+    def change(tx: fenced.Txn) -> None:
+        tx.put("operations", "a", "1")
+
+    with pytest.raises(fenced.ReplicationTimeout) as e:
+        c.update(slug, change, replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=10))
+    assert len(rec.sent) == 1 and e.value.request_id == rec.sent[0].request_id != ""
+    assert client.record(slug, "operations", "a") is not None  # it did commit
+
+    closed = BatchRecorder(lose_reply=lambda n: True, lost=grpc.StatusCode.CANCELLED)
+    d = recorded(closed)
+    d.close()  # the caller closed it: a CANCELLED now is the caller's doing
+    with pytest.raises(fenced.Cancelled) as e2:
+        d.update(slug, lambda tx: tx.put("operations", "b", "1"))
+    assert len(closed.sent) == 1 and e2.value.request_id == closed.sent[0].request_id != ""
 
 
 def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
@@ -327,3 +371,130 @@ def test_rerun_wait_is_the_go_clients() -> None:
     assert update._RERUN_MAX_S == duration_s(const("RerunWaitMax"))
     assert update._RERUN_RANDOMISATION == float(const("RerunWaitRandomization"))
     assert fenced.MAX_UPDATE_ATTEMPTS == int(const("MaxUpdateAttempts"))
+
+
+class Outcomes(grpc.UnaryUnaryClientInterceptor):
+    """Records every FencedBatch: its request id and how it ended (the
+    response, or the status code). batch_timeout: each FencedBatch call's
+    deadline in seconds, whatever update gave it (the reads keep theirs, so
+    a busy box's slow read never times out a test meant for a batch)."""
+
+    def __init__(self, batch_timeout: Optional[float] = None) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self._mu = threading.Lock()
+        self._batch_timeout = batch_timeout
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        if self._batch_timeout is not None and details.method.endswith("/FencedBatch"):
+            details = details._replace(timeout=min(details.timeout or self._batch_timeout, self._batch_timeout))
+        outcome = continuation(details, request)
+        if details.method.endswith("/FencedBatch"):
+            try:
+                got: object = outcome.result()
+            except grpc.RpcError as e:
+                got = e.code()
+            with self._mu:
+                self.calls.append((request.request_id, got))
+        return outcome
+
+
+def _stopping_change(redis: Redis, stopped: list[bool]) -> Callable[[fenced.Txn], None]:
+    """A change that reads, then SIGSTOPs redis (once): its batch reaches a
+    Redis that answers nothing until SIGCONT."""
+
+    def change(tx: fenced.Txn) -> None:
+        v = tx.get_json("operations", "counter", {"n": 0})
+        tx.put_json("operations", "counter", {"n": v["n"] + 1})
+        if not stopped:
+            stopped.append(True)
+            os.kill(redis.proc.pid, signal.SIGSTOP)
+
+    return change
+
+
+def test_update_resends_a_batch_whose_call_deadline_passed_under_the_same_id(start_fenced, slug: str) -> None:  # type: ignore[no-untyped-def]
+    """A batch whose call passed its deadline (Redis stopped under it) may
+    have committed: update resends it under the same request id, logging the
+    resend, and the change is committed once, under that id (the resend
+    answers the first attempt's revision, replayed, when that one reached
+    Redis before its deadline; it commits itself otherwise). (Before: update
+    raised the DEADLINE_EXCEEDED at once and never resent.)"""
+    f, r = start_fenced()
+    rec = Outcomes(batch_timeout=1.0)
+    ch = grpc.intercept_channel(grpc.insecure_channel(f.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
+    c = fenced.Client.from_channel(ch, timeout=WAIT_S)
+    resumed: list[str] = []
+
+    class Resume(logging.Handler):
+        """On update's first resend: SIGCONT Redis."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            rid = getattr(record, "request_id", "")
+            if resumed or not rid:
+                return
+            resumed.append(rid)
+            os.kill(r.proc.pid, signal.SIGCONT)
+
+    handler = Resume(level=logging.WARNING)
+    logger = logging.getLogger("fenced.update")
+    logger.addHandler(handler)
+    stopped: list[bool] = []
+    try:
+        rev = c.update(slug, _stopping_change(r, stopped), timeout=WAIT_S)
+    finally:
+        logger.removeHandler(handler)
+        os.kill(r.proc.pid, signal.SIGCONT)
+        ch.close()
+    assert resumed, "update did not log a resend"
+    rid = resumed[0]
+    assert [i for i, _ in rec.calls] == [rid] * len(rec.calls) and len(rec.calls) >= 2, rec.calls
+    assert rec.calls[0][1] == grpc.StatusCode.DEADLINE_EXCEEDED
+    last = rec.calls[-1][1]
+    assert isinstance(last, records_pb2.FencedBatchResponse) and last.revision == rev
+    log = [e for e in log_entries(r, slug) if e.get("request_id") == rid]
+    assert len(log) == 1  # committed once
+    assert len(log_entries(r, slug)) == 1  # and nothing else
+    with fenced.Client(f.addr) as check:
+        assert check.record(slug, "operations", "counter") == fenced.Record(rev, '{"n":1}')
+
+
+def test_update_gives_up_at_its_timeout_naming_the_request_id(start_fenced, slug: str) -> None:  # type: ignore[no-untyped-def]
+    """Redis stays stopped: update raises DeadlineExceeded once its own
+    timeout passes, with the request id its batch went under; that batch
+    commits once Redis is back, and only once. (Before: a plain FencedError
+    DEADLINE_EXCEEDED with no request id, and no overall timeout.)"""
+    f, r = start_fenced()
+    # Batches of 2 s within 6 s: the third send gets what is left, so the
+    # update's timeout runs out before its resends do.
+    rec = Outcomes(batch_timeout=2.0)
+    ch = grpc.intercept_channel(grpc.insecure_channel(f.addr, options=list(fenced.CHANNEL_OPTIONS)), rec)
+    c = fenced.Client.from_channel(ch, timeout=WAIT_S)
+    stopped: list[bool] = []
+    try:
+        with pytest.raises(fenced.DeadlineExceeded) as e:
+            c.update(slug, _stopping_change(r, stopped), timeout=6.0)
+    finally:
+        os.kill(r.proc.pid, signal.SIGCONT)
+    err = e.value
+    assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED and isinstance(err, fenced.Unavailable)
+    assert err.request_id and [i for i, _ in rec.calls] == [err.request_id] * len(rec.calls) and rec.calls, rec.calls
+    assert "timeout of 6s passed" in str(err) and err.request_id in str(err)
+    wait_until(lambda: any(x.get("request_id") == err.request_id for x in log_entries(r, slug)), "the batch's commit")
+    # Resent now under that id, the batch answers its commit, replayed.
+    again = c.fenced_batch(slug, [fenced.Put("operations", "counter", 0, '{"n":1}')], request_id=err.request_id)
+    assert again.replayed
+    assert len([x for x in log_entries(r, slug) if x.get("request_id") == err.request_id]) == 1
+    ch.close()
+
+
+def test_every_error_of_a_batch_carries_its_request_id(client: fenced.Client, slug: str) -> None:
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    with pytest.raises(fenced.RevisionConflict) as e:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")], request_id="rid-conflict")
+    assert e.value.request_id == "rid-conflict" and "rid-conflict" in str(e.value)
+    with pytest.raises(fenced.StaleLease) as s:
+        client.update(slug, lambda tx: tx.put("claims", "b", "1"), fence=fenced.LeaseFence("ghost", 9))
+    assert len(s.value.request_id) == 32
+    with pytest.raises(fenced.RevisionConflict) as n:
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")])
+    assert n.value.request_id == ""

@@ -1,0 +1,489 @@
+"""fenced.aio: the fenced client for asyncio (grpc.aio), with the API of
+:class:`fenced.Client` and the same semantics::
+
+    import fenced, fenced.aio
+
+    async with fenced.aio.Client("fenced:7420") as c, c.keep("my-swarm", "tick-host1", ttl_ms=10_000) as k:
+        def change(tx: fenced.Txn) -> None:   # a plain function, as with the sync client
+            tx.put_json("operations", "tick", {"n": 1})
+        revision = await c.update("my-swarm", change, fence=k.fence())
+        async for ev in c.watch("my-swarm", revision):
+            ...
+
+Every call is a coroutine; ``scan_section`` and ``watch`` are async
+iterators; ``keep`` is awaited (``k = await c.keep(...)``) or entered
+(``async with c.keep(...) as k``). Request building, reply decoding, the
+error table, the revision marks, update's policy (reruns, resends, deadline)
+and the keeper's rules are the sync client's own code.
+
+``update`` takes the same change as the sync client: a plain function of a
+:class:`fenced.Txn`, which it runs in a worker thread (asyncio.to_thread), so
+that the reads it makes on demand (``tx.get``, ``tx.section``) are this
+client's calls, awaited on the event loop while the thread waits for them. The
+change must therefore not touch the event loop's objects; anything it needs
+from async code is read before the update. Cancelling the update (its task)
+stops it at its next step: a change still running finishes in its thread,
+but its reads then raise and its batch is never sent.
+
+Not for use across ``fork()``: grpc.aio and asyncio do not follow a fork. A
+process that forks while an aio Client is open gives its children nothing
+usable; make the Client in the child, or use the "spawn" or "forkserver"
+start method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from typing import Any, AsyncIterator, Callable, Generator, Optional, Sequence, Union
+
+import grpc
+import grpc.aio
+
+from . import errors
+from .client import (
+    CHANNEL_OPTIONS,
+    DEFAULT_TIMEOUT,
+    _batch_request,
+    _current,
+    _lease,
+    _migration,
+    _page,
+    _record,
+    _snapshot,
+    _WatchLoop,
+)
+from .client import Client as _SyncClient
+from .keeper import _Acquiring, _Held
+from .model import (
+    BatchResult,
+    Current,
+    Event,
+    Layout,
+    Lease,
+    LeaseFence,
+    MigrateResult,
+    Page,
+    Record,
+    ReplicaAck,
+    Snapshot,
+    Write,
+)
+from .update import Txn, _Commit, _Deadline, _run_change, _RunChange, _Sleep, _takes_timeout, _update_steps
+from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
+
+__all__ = ["Client", "LeaseKeeper"]
+
+
+class Client:
+    """Calls one fenced deployment from asyncio; the twin of
+    :class:`fenced.Client` (same arguments, channel options, errors and
+    revision marks). Use it as ``async with``, or ``await close()``. Its
+    methods are coroutines of the running event loop."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Union[bool, grpc.ChannelCredentials, None] = None,
+        insecure_token: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        options: Sequence[tuple[str, Union[int, str]]] = (),
+    ) -> None:
+        opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
+        if tls:
+            creds = grpc.ssl_channel_credentials() if tls is True else tls
+            channel = grpc.aio.secure_channel(target, creds, options=opts)  # type: ignore[arg-type]
+        else:
+            if token is not None and not insecure_token:
+                raise ValueError("fenced client: a bearer token is sent over TLS only (pass tls=..., or insecure_token=True)")
+            channel = grpc.aio.insecure_channel(target, options=opts)
+        self._init(channel, token=token, timeout=timeout, owns=True)
+
+    @classmethod
+    def from_channel(
+        cls, channel: grpc.aio.Channel, *, token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> "Client":
+        """A Client over an existing grpc.aio channel; :meth:`close` leaves it open."""
+        c = cls.__new__(cls)
+        c._init(channel, token=token, timeout=timeout, owns=False)
+        return c
+
+    def _init(self, channel: grpc.aio.Channel, *, token: Optional[str], timeout: float, owns: bool) -> None:
+        self._channel = channel
+        self._owns = owns
+        self._timeout = timeout
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
+        self._seen: dict[str, int] = {}
+        self._seen_lock = threading.Lock()  # update's change reads from its thread too
+        self._plain_watch = False
+        self._closed = False
+        self._records = records_pb2_grpc.RecordsServiceStub(channel)
+        self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)
+
+    # The sync client's bookkeeping of the swarm revisions seen.
+    _saw = _SyncClient._saw
+    _mark = _SyncClient._mark
+    _read = _SyncClient._read
+    _cancelled_by_caller = _SyncClient._cancelled_by_caller
+
+    async def close(self) -> None:
+        """Close the channel the Client opened (not one given to from_channel)."""
+        self._closed = True
+        if self._owns:
+            await self._channel.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: Callable[..., Any], request: object, timeout: Optional[float], request_id: str = "") -> Any:
+        try:
+            return await method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            err = errors.decode(e)
+            err.request_id = request_id
+            raise err from e
+
+    # Records.
+
+    async def layout(self, slug: str, *, timeout: Optional[float] = None) -> Layout:
+        """As :meth:`fenced.Client.layout`."""
+        resp = await self._call(self._records.Layout, records_pb2.LayoutRequest(slug=slug), timeout)
+        return Layout(resp.layout)
+
+    async def record(self, slug: str, section: str, key: str, *, timeout: Optional[float] = None) -> Optional[Record]:
+        """As :meth:`fenced.Client.record`."""
+        return (await self.record_at(slug, section, key, timeout=timeout))[0]
+
+    async def record_at(
+        self, slug: str, section: str, key: str, *, timeout: Optional[float] = None
+    ) -> tuple[Optional[Record], int]:
+        """As :meth:`fenced.Client.record_at`."""
+        before = self._mark(slug)
+        req = records_pb2.RecordRequest(slug=slug, section=section, key=key)
+        resp = await self._call(self._records.Record, req, timeout)
+        self._read(slug, before, resp.revision)
+        return (_record(resp.record) if resp.HasField("record") else None), resp.revision
+
+    async def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
+        """As :meth:`fenced.Client.sections`."""
+        before = self._mark(slug)
+        resp = await self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        self._read(slug, before, resp.revision)
+        return _snapshot(resp)
+
+    async def scan_section(
+        self, slug: str, section: str, *, page_size: int = 0, timeout: Optional[float] = None
+    ) -> AsyncIterator[Page]:
+        """As :meth:`fenced.Client.scan_section`, an async iterator of pages."""
+        token = ""
+        while True:
+            req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
+            before = self._mark(slug)
+            resp = await self._call(self._records.ScanSection, req, timeout)
+            self._read(slug, before, resp.revision)
+            yield _page(resp)
+            token = resp.next_page_token
+            if not token:
+                return
+
+    async def fenced_batch(
+        self,
+        slug: str,
+        writes: Sequence[Write],
+        *,
+        fence: Optional[LeaseFence] = None,
+        request_id: Optional[str] = None,
+        replica_ack: Optional[ReplicaAck] = None,
+        timeout: Optional[float] = None,
+    ) -> BatchResult:
+        """As :meth:`fenced.Client.fenced_batch`."""
+        req = _batch_request(slug, writes, fence, request_id, replica_ack)
+        resp = await self._call(self._records.FencedBatch, req, timeout, request_id or "")
+        self._saw(slug, resp.revision)
+        return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
+
+    async def watch(
+        self, slug: str, from_revision: int = 0, *, sections: Sequence[str] = (), progress: bool = False
+    ) -> AsyncIterator[Event]:
+        """As :meth:`fenced.Client.watch`: an async iterator of events,
+        reopened from the last revision (with the same backoff) when the
+        stream breaks. Leave the loop (or ``aclose()`` it) to cancel the stream."""
+        loop = _WatchLoop(self, slug, from_revision, sections, progress)
+        while True:
+            req, compression = loop.request(0)
+            call = self._records.Watch(req, metadata=self._metadata, compression=compression)
+            err: Optional[grpc.RpcError] = None
+            try:
+                async for resp in call:
+                    for ev in loop.events(resp):
+                        yield ev
+            except grpc.RpcError as e:
+                err = e
+            finally:
+                call.cancel()
+            pause = loop.broke(err, 0)
+            err = None
+            if pause > 0:
+                await asyncio.sleep(pause)
+
+    async def update(
+        self,
+        slug: str,
+        change: Callable[[Txn], None],
+        *,
+        fence: Optional[LeaseFence] = None,
+        replica_ack: Optional[ReplicaAck] = None,
+        timeout: Optional[float] = None,
+    ) -> int:
+        """As :meth:`fenced.Client.update` (the same reruns, resends under
+        one request id, and overall ``timeout``); ``change`` is a plain
+        function, run in a worker thread (see the module's doc)."""
+        per_call = self._timeout
+        deadline = _Deadline(per_call if timeout is None else timeout)
+        reads = _LoopReads(self, asyncio.get_running_loop(), deadline, per_call)
+        steps = _update_steps(slug, deadline, per_call, self._cancelled_by_caller)
+        try:
+            return await _drive(steps, reads, self, slug, change, fence, replica_ack)
+        finally:
+            reads.done = True
+
+    # Leases.
+
+    async def acquire(self, slug: str, owner: str, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+        """As :meth:`fenced.Client.acquire`."""
+        req = lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms)
+        resp = await self._call(self._leases.Acquire, req, timeout)
+        self._saw(slug, resp.revision)
+        return _lease(resp.lease, resp.revision, resp.replicas_acked)
+
+    async def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+        """As :meth:`fenced.Client.renew`."""
+        req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
+        resp = await self._call(self._leases.Renew, req, timeout)
+        self._saw(slug, resp.revision)
+        return _lease(resp.lease, resp.revision, resp.replicas_acked)
+
+    async def release(self, slug: str, owner: str, epoch: int, *, timeout: Optional[float] = None) -> int:
+        """As :meth:`fenced.Client.release`."""
+        req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
+        revision = (await self._call(self._leases.Release, req, timeout)).revision
+        self._saw(slug, revision)
+        return int(revision)
+
+    async def current(self, slug: str, *, timeout: Optional[float] = None) -> Current:
+        """As :meth:`fenced.Client.current`."""
+        before = self._mark(slug)
+        resp = await self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug), timeout)
+        self._read(slug, before, resp.revision)
+        return _current(resp)
+
+    def keep(self, slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> "_Keeping":
+        """Acquire and keep the swarm's lease: ``k = await c.keep(...)`` or
+        ``async with c.keep(...) as k``; see :class:`LeaseKeeper`."""
+        return _Keeping(LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms), wait)
+
+    # Administration.
+
+    async def migrate(
+        self, slug: str, *, dry_run: bool = False, writers_upgraded: bool = False, timeout: Optional[float] = None
+    ) -> MigrateResult:
+        """Move the swarm from the document layout onto records
+        (AdminService.Migrate, proto/fenced/v1/admin.proto): every record of
+        the document written with one new revision, in one transaction.
+        ``writers_upgraded`` confirms that every live reader and writer of the
+        swarm reads the records layout (required: INVALID_ARGUMENT naming
+        writers_upgraded without it); ``dry_run`` answers the plan and writes
+        nothing. A swarm already moved, or without state, answers
+        ``records == 0`` (``already_moved``, ``no_state``).
+
+        Raises InvalidArgument, LayoutDocument (Redis Cluster), RevisionConflict
+        (the swarm kept changing; nothing committed: run it again),
+        Unavailable, FencedError."""
+        req = admin_pb2.MigrateRequest(slug=slug, writers_upgraded=writers_upgraded, dry_run=dry_run)
+        out = _migration(await self._call(self._admin.Migrate, req, timeout))
+        if out.revision:
+            self._saw(slug, out.revision)
+        return out
+
+
+async def _drive(
+    steps: Generator[Any, Any, int],
+    reads: "_LoopReads",
+    c: Client,
+    slug: str,
+    change: Callable[[Txn], None],
+    fence: Optional[LeaseFence],
+    replica_ack: Optional[ReplicaAck],
+) -> int:
+    """Run update's steps (fenced.update._update_steps) on the event loop."""
+    result: Any = None
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, _Sleep):
+                    await asyncio.sleep(step.seconds)
+                    result = None
+                elif isinstance(step, _RunChange):
+                    result = await asyncio.to_thread(_run_change, reads, slug, change)
+                else:
+                    assert isinstance(step, _Commit)
+                    result = (await c.fenced_batch(
+                        slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
+                        timeout=step.timeout,
+                    )).revision
+            except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
+                step = steps.throw(e)
+            else:
+                step = steps.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+class _LoopReads:
+    """The aio Client as the Txn of an update sees it from its worker thread:
+    each coroutine method runs on the event loop and is waited for; each
+    call that takes a ``timeout`` gets the Client's or what is left of the
+    update's. After the update ends (or is cancelled) every call raises."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop, deadline: _Deadline, per_call: float) -> None:
+        self._c = client
+        self._loop = loop
+        self._deadline = deadline
+        self._per_call = per_call
+        self.done = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._c, name)
+        if inspect.iscoroutinefunction(attr):
+            return self._bridge(attr)
+        if inspect.isasyncgenfunction(attr):
+            return self._bridge_iter(attr)
+        return attr
+
+    def _kwargs(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.done:
+            raise errors.FencedError("update: a read after the update ended (cancelled or timed out)",
+                                     code=grpc.StatusCode.CANCELLED)
+        if _takes_timeout(fn):
+            kwargs.setdefault("timeout", self._deadline.call_timeout(self._per_call))
+        return kwargs
+
+    def _bridge(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs = self._kwargs(fn, kwargs)
+            return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop).result()
+
+        return call
+
+    def _bridge_iter(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def iterate(*args: Any, **kwargs: Any) -> Any:
+            it = fn(*args, **self._kwargs(fn, kwargs))
+            while True:
+                try:
+                    yield asyncio.run_coroutine_threadsafe(it.__anext__(), self._loop).result()
+                except StopAsyncIteration:
+                    return
+
+        return iterate
+
+
+class LeaseKeeper(_Held):
+    """Holds a swarm's lease from an asyncio task: :class:`fenced.LeaseKeeper`'s
+    rules (acquire within ``wait``, renew every third of the TTL, lost on
+    StaleLease or when no renewal succeeded in time, logged the same way) with
+    :attr:`lost` an ``asyncio.Event``. Made by :meth:`Client.keep`; ``await
+    close()`` (or leave ``async with``) stops it and releases the lease."""
+
+    def __init__(self, client: Client, slug: str, owner: str, *, ttl_ms: int) -> None:
+        super().__init__(slug, owner, ttl_ms)
+        self._c = client
+        self.lost = asyncio.Event()
+        """Set when the lease is lost (or released by close)."""
+        self._task: Optional["asyncio.Task[None]"] = None
+
+    def _signal_lost(self) -> None:
+        self.lost.set()
+
+    async def _start(self, wait: Optional[float]) -> "LeaseKeeper":
+        a = _Acquiring(self.slug, self.owner, self._ttl, self._c._timeout if wait is None else wait)
+        while True:
+            sent = time.monotonic()
+            try:
+                lease = await self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms,
+                                              timeout=a.call_timeout(self._c._timeout))
+                break
+            except errors.FencedError as e:
+                pause = a.pause(e)
+            await asyncio.sleep(pause)
+        self._granted(sent, lease)
+        self._task = asyncio.get_running_loop().create_task(self._renew(), name=f"fenced-keeper-{self.slug}")
+        return self
+
+    async def _renew(self) -> None:
+        period = self._ttl / 3
+        while True:
+            await asyncio.sleep(period)
+            sent = time.monotonic()
+            try:
+                await self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, timeout=period)
+            except errors.FencedError as e:
+                if self._renewal_failed(e):
+                    return
+                continue
+            self._renewed(sent)
+
+    async def close(self) -> None:
+        """Stop renewing and release the lease if it is still held. Idempotent;
+        raises FencedError when the release fails for another reason than StaleLease."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self.error is not None:
+            return
+        try:
+            await self._c.release(self.slug, self.owner, self.epoch)
+        except errors.StaleLease as e:
+            self._mark_lost(e)
+            return
+        self._mark_lost(errors.FencedError(f"lease of {self.slug} released"), released=True)
+
+    async def __aenter__(self) -> "LeaseKeeper":
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            await self.close()
+        except errors.FencedError:
+            if exc_type is None:
+                raise
+
+
+class _Keeping:
+    """What :meth:`Client.keep` answers: awaited, the started keeper; as
+    ``async with``, the keeper for the block, closed after it."""
+
+    def __init__(self, keeper: LeaseKeeper, wait: Optional[float]) -> None:
+        self._k = keeper
+        self._wait = wait
+
+    def __await__(self) -> Generator[Any, None, LeaseKeeper]:
+        return self._k._start(self._wait).__await__()
+
+    async def __aenter__(self) -> LeaseKeeper:
+        return await self._k._start(self._wait)
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self._k.__aexit__(exc_type, exc, tb)
+
