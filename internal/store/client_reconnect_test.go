@@ -41,9 +41,9 @@ func commitEachOnce(t *testing.T, st *store.Store, tag string, revs []int64) []e
 	return errs
 }
 
-// TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused: Redis's
-// `timeout 1` closes every connection idle for a second; the next commit
-// on every swarm goes through, each once.
+// TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused: Redis closes
+// every connection fenced holds (as its `timeout` does with idle ones); the
+// next commit on every swarm goes through, each once.
 func TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: waits out Redis's idle timeout; run without -short")
@@ -53,22 +53,16 @@ func TestCommitsAfterRedisClosedIdleConnectionsAreNotRefused(t *testing.T) {
 	revs := seedSwarms(t, st, "idle")
 	srv.Do(t, "CONFIG", "SET", "timeout", "1")
 	before := srv.InfoInt(t, "stats", "total_connections_received")
-	// Wait until Redis has closed the idle connections (its clients cron
-	// checks about once a second): it counts them as it accepts new ones,
-	// and fenced's connections are all idle now. The bound only stops a
-	// hang: a busy box kept Redis from closing them within 10 s.
-	const closeLimit = time.Minute
-	deadline := time.Now().Add(closeLimit)
-	for srv.InfoInt(t, "clients", "connected_clients") > 1 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if n := srv.InfoInt(t, "clients", "connected_clients"); n > 1 {
-		t.Fatalf("%d clients still connected %v after timeout 1", n, closeLimit)
-	}
+	// Redis closes a connection idle for more than a whole second, but
+	// rueidis pings an idle connection every second, so whether the idle
+	// check ever catches one depends on the box's timing (a busy box kept 2
+	// open for a minute). Close them the way that check does, server side,
+	// so the test does not depend on it.
+	srv.Do(t, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
 	for _, err := range commitEachOnce(t, st, "idle", revs) {
 		t.Errorf("commit after Redis closed the idle connections: %v", err)
 	}
-	t.Logf("connections accepted since timeout 1: %d", srv.InfoInt(t, "stats", "total_connections_received")-before)
+	t.Logf("connections accepted since Redis closed them: %d", srv.InfoInt(t, "stats", "total_connections_received")-before)
 }
 
 // TestCommitsAcrossARedisPauseAreNotRefused: Redis stopped (SIGSTOP) for
