@@ -33,7 +33,9 @@ const (
 // commandstats' usec_per_call, the least of redisTimeRounds rounds reset by
 // CONFIG RESETSTAT, and the ratios: fenced's and the floor's to the
 // prototype (target of issue 11: <= 1.3), fenced's to the floor (what
-// fenced's checks and refusals cost above its bytes).
+// fenced's checks and refusals cost above its bytes); and the issue-25
+// harness's minimal script (anchorScript) with fenced's ratio to it
+// (issue 25's target: <= 1.5 at 1 and 8 puts, <= 1.3 at 64).
 func BenchmarkRedisTimePerCommit(b *testing.B) {
 	srv := redistest.Start(b)
 	fns, err := store.Open(srv.URL(), prefix)
@@ -55,19 +57,22 @@ func BenchmarkRedisTimePerCommit(b *testing.B) {
 	ctx := context.Background()
 	proto := rueidis.NewLuaScript(minimalScript)
 	floor := rueidis.NewLuaScript(floorScript)
+	anchor := rueidis.NewLuaScript(anchorScript)
 	for _, size := range sizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			mini := newMinimalSwarm(b, srv, fmt.Sprintf("rt-min-%d", size))
 			viaFn := newFencedSwarm(b, fns, fmt.Sprintf("rt-fn-%d", size))
 			viaScript := newFencedSwarm(b, scripts, fmt.Sprintf("rt-script-%d", size))
 			fl := newFloorSwarm(b, srv, fmt.Sprintf("rt-floor-%d", size))
+			an := newAnchorSwarm(b, srv, fmt.Sprintf("rt-anchor-%d", size))
 			sides := []func(i int) error{
 				func(i int) error { return mini.commit(ctx, rdb, proto, size, i) },
 				func(i int) error { return viaFn.commit(ctx, fns, size, i) },
 				func(i int) error { return viaScript.commit(ctx, scripts, size, i) },
 				func(i int) error { return fl.commit(ctx, rdb, floor, size, i) },
+				func(i int) error { return an.commit(ctx, rdb, anchor, size, i) },
 			}
-			var best [4]float64
+			var best [5]float64
 			for it := range b.N {
 				for k := range sides {
 					best[k] = 0
@@ -94,6 +99,8 @@ func BenchmarkRedisTimePerCommit(b *testing.B) {
 			b.ReportMetric(best[3], "floor-µs")
 			b.ReportMetric(best[3]/best[0], "floor/prototype")
 			b.ReportMetric(best[1]/best[3], "fcall/floor")
+			b.ReportMetric(best[4], "anchor-µs")
+			b.ReportMetric(best[1]/best[4], "fcall/anchor")
 		})
 	}
 }

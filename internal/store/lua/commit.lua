@@ -175,7 +175,7 @@ end
 -- reads). A read Redis refuses (the key holds another type) is raised when
 -- the loop below reaches the first write it holds, so a batch answers the
 -- same refusal, in the same order, as when each write read its own field.
-local stored, stored_err = {}, {} -- write index -> stored field (false: absent) / the read's error
+local stored, stored_err = {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
 do
   local by_key, order = {}, {}
   for i = 1, n do
@@ -202,6 +202,7 @@ do
       local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
       for m = 1, #fields do
         if got.err then
+          stored_err = stored_err or {}
           stored_err[list[first + m - 1]] = got
         else
           stored[list[first + m - 1]] = got[m]
@@ -212,7 +213,7 @@ do
 end
 local conflicts = { P.REPLY_CONFLICT }
 local mutates = false
-local old_exec = {} -- write index -> stored executions field (or false)
+local old_exec = EXEC and {} -- write index -> stored executions field (or false); nil without by-name
 local olds = {} -- write index -> the stored field a put or delete replaces
 for i = 1, n do
   local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
@@ -230,7 +231,7 @@ for i = 1, n do
     end
     highest = rev_latest(highest, actual)
   else
-    if stored_err[i] then
+    if stored_err and stored_err[i] then
       error(stored_err[i])
     end
     local raw = stored[i]
@@ -294,16 +295,17 @@ local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
 local log_changes = {} -- the log entry's changes (log_change)
 local section_of = {} -- KEYS index -> section name, once per key
-local exec_writes = {} -- executions writes, for byname.commit
+local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
 -- One HSET and one HDEL per section key, each with all of the batch's
 -- fields of that key (a batch names a record at most once, so the order
 -- between them does not matter): a redis.call per record was most of the
--- per-record cost besides the record grammar check.
+-- per-record cost besides the record grammar check. A key's list of
+-- deletes is made by its first delete (most batches only put).
 local puts, dels, touched = {}, {}, {}
 for i = 1, n do
   local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
   if (kind == P.KIND_PUT or kind == P.KIND_DELETE) and not puts[ki] then
-    puts[ki], dels[ki] = {}, {}
+    puts[ki] = {}
     touched[#touched + 1] = ki
   end
   if kind == P.KIND_PUT then
@@ -314,7 +316,12 @@ for i = 1, n do
     forget(olds[i])
     remember(field, rev_number)
   elseif kind == P.KIND_DELETE then
-    dels[ki][#dels[ki] + 1] = key
+    local keys = dels[ki]
+    if not keys then
+      keys = {}
+      dels[ki] = keys
+    end
+    keys[#keys + 1] = key
     forget(olds[i])
   end
   if kind == P.KIND_PUT or kind == P.KIND_DELETE then
@@ -340,7 +347,7 @@ for _, ki in ipairs(touched) do
   if #puts[ki] > 0 then
     redis.call('HSET', KEYS[ki], unpack(puts[ki]))
   end
-  if #dels[ki] > 0 then
+  if dels[ki] then
     redis.call('HDEL', KEYS[ki], unpack(dels[ki]))
   end
 end
