@@ -113,17 +113,27 @@ const MaxLostReplyRetries = 3
 // while its outcome is unknown (outcomeUnknown), resends it under the same
 // id: the server answers a batch that did commit with its original
 // revision.
+//
+// When ctx ends before a resend, the error says both: the last answer (its
+// outcome unknown: the batch may have committed) and ctx's error.
 func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fence *Fence, writes []Write, opts []BatchOption) (int64, error) {
 	opts = append(slices.Clip(opts), WithRequestID(NewRequestID()))
+	var unknown error // the last answer whose outcome was unknown
 	rev, err := backoff.Retry(ctx, func() (int64, error) {
 		rev, err := c.Batch(ctx, slug, fence, writes, opts...)
 		if err != nil && !outcomeUnknown(ctx, err) {
 			return 0, backoff.Permanent(err)
 		}
+		unknown = err
 		return rev, err
 	}, backoff.WithMaxTries(MaxLostReplyRetries+1), backoff.WithMaxElapsedTime(0))
 	if p, ok := err.(*backoff.PermanentError); ok {
 		return 0, p.Unwrap()
+	}
+	if err != nil && unknown != nil && err != unknown && ctx.Err() != nil {
+		// backoff.Retry answers ctx's cause alone when ctx ends between
+		// two attempts.
+		return 0, errorf("%w; then the context ended before a resend: %w", unknown, err)
 	}
 	return rev, err
 }

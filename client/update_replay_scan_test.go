@@ -496,3 +496,46 @@ func TestScanSectionReportsWhetherTheSectionChanged(t *testing.T) {
 		t.Errorf("ScanSection(by-name) = %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestUpdateWhoseOutcomeIsUnknownWhenItsContextEndsSaysSo: the reply to
+// Update's commit (which committed) is lost, UNAVAILABLE, and the caller's
+// context ends before the resend. Update cannot learn the outcome; its
+// error must say the batch may have committed (ErrUnavailable, as the
+// last answer was), beside the context's error. Before, it answered the
+// context's error alone, as for a batch never sent.
+func TestUpdateWhoseOutcomeIsUnknownWhenItsContextEndsSaysSo(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	var mu sync.Mutex
+	sent := 0
+	lose := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := req.(*fencedv1.FencedBatchRequest); !ok {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		mu.Lock()
+		sent++
+		mu.Unlock()
+		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+		cancel() // the caller gives up while the reply is lost
+		return status.Error(codes.Unavailable, "test: reply lost after the commit")
+	}
+	c, err := client.Dial(f.addr, grpc.WithChainUnaryInterceptor(lose))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	slug := newSlug(t)
+	_, err = c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		return tx.PutJSON("operations", "counter", counter{N: 1})
+	})
+	if !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Update whose reply was lost, then cancelled = %v; want ErrUnavailable (the outcome unknown) and context.Canceled", err)
+	}
+	if n := len(f.log(t, slug)); n != 1 || sent != 1 {
+		t.Errorf("%d batches sent, %d committed; want the one", sent, n)
+	}
+}

@@ -201,7 +201,8 @@ func refuse(ctx context.Context, method, slug string, err error) error {
 	return st.Err()
 }
 
-// checkedStream authorizes every message a stream receives; once the
+// checkedStream authorizes every message a stream receives (its token as
+// loaded now, not as when the stream opened); once the
 // first is authorized, the stream is registered for the token file's
 // reloads (Authorizer.watchRevocation) and its handler runs under the
 // context a revocation cancels.
@@ -227,9 +228,17 @@ func (s *checkedStream) RecvMsg(m any) error {
 	if err := authorize(s.Context(), s.method, m); err != nil {
 		return err
 	}
+	sl, _ := m.(slugged) // authorize refuses a message without a slug
 	if s.done == nil {
-		sl, _ := m.(slugged) // authorize refuses a message without a slug
 		s.ctx, s.done = s.a.watchRevocation(s.ServerStream.Context(), s.method, sl.GetSlug(), MethodAccess[s.method])
+	}
+	// The token was looked up when the stream opened: a reload since (its
+	// recheck did not see a stream not registered yet) may have dropped or
+	// narrowed it. Checked against the tokens loaded now, after the
+	// registration, no reload is missed: one that stored its tokens after
+	// this load rechecks the stream.
+	if _, err := s.a.cur.Load().Recheck(Caller(s.ServerStream.Context()), sl.GetSlug(), MethodAccess[s.method]); err != nil {
+		return refuse(s.Context(), s.method, sl.GetSlug(), err)
 	}
 	return nil
 }

@@ -79,7 +79,10 @@ type unreadConn struct {
 	addr    string
 	ip      *unreadIP
 	pending atomic.Int64
-	once    sync.Once
+	// closed: Close ran; an answer queued after it (its caller gone while
+	// the read ran) is never written, so it is not counted.
+	closed atomic.Bool
+	once   sync.Once
 }
 
 func (u *unreadAnswers) track(c net.Conn) *unreadConn {
@@ -124,6 +127,7 @@ func (c *unreadConn) drain(n int64) {
 func (c *unreadConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
+		c.closed.Store(true)
 		c.drain(c.pending.Load())
 		u := c.u
 		u.mu.Lock()
@@ -185,6 +189,11 @@ func (u *unreadAnswers) queue(c *unreadConn, resp any) error {
 		return &unreadAnswersError{held: held - size, max: u.max, size: size}
 	}
 	c.pending.Add(size)
+	if c.closed.Load() {
+		// Closed meanwhile: Close drained what it saw, this drains the rest
+		// (drain takes off the address only what leaves the connection).
+		c.drain(size)
+	}
 	return nil
 }
 

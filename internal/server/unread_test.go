@@ -65,3 +65,45 @@ func TestUnreadAnswersCountUntilWritten(t *testing.T) {
 		t.Errorf("admit on a closed connection = %v, %v; want nothing counted", got, err)
 	}
 }
+
+// TestUnreadAnswersAnswerAfterCloseIsNotCounted: a read whose connection
+// closes while its handler runs (the caller gone) has its answer queued
+// on a connection that will write nothing more; it must not count against
+// the address, whose other connections would then be refused reads for as
+// long as one of them stays open. Before: the answer's bytes stayed
+// counted, and a second connection of the address was refused every read.
+func TestUnreadAnswersAnswerAfterCloseIsNotCounted(t *testing.T) {
+	u := newUnreadAnswers(100, nopLimits{})
+	s1, c1 := net.Pipe()
+	s2, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	gone := u.track(addrConn{s1, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}})
+	stays := u.track(addrConn{s2, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2}})
+	if gone.ip != stays.ip {
+		t.Fatal("two pipes are not one address")
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: gone.RemoteAddr()})
+	conn, err := u.admit(ctx)
+	if err != nil || conn != gone {
+		t.Fatalf("admit = %v, %v", conn, err)
+	}
+	gone.Close() // the caller goes while its read runs
+	if err := u.queue(conn, wrapperspb.Bytes(make([]byte, 148))); err != nil {
+		t.Fatalf("the answer of the gone connection: %v", err)
+	}
+	if held := stays.ip.pending.Load(); held != 0 {
+		t.Errorf("the address holds %d unread bytes of a closed connection's answer; want 0", held)
+	}
+	if _, err := u.admit(peer.NewContext(context.Background(), &peer.Peer{Addr: stays.RemoteAddr()})); err != nil {
+		t.Errorf("a read on the address's open connection: %v; want admitted", err)
+	}
+}
+
+// addrConn is a connection with the remote address given.
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }

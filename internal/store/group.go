@@ -199,7 +199,9 @@ func (l *lane) take() []*pending {
 // each. One call goes alone. Several go as one FCALL of the group
 // function; when Redis refuses that call before running it the way a
 // function may be refused (fcallFallsBack: the library gone, OOM,
-// READONLY, MISCONF, NOREPLICAS), nothing of it ran, and each call is sent
+// READONLY, MISCONF, NOREPLICAS), or because its members' keys are split
+// between the nodes of a migrating slot (groupSplit: TRYAGAIN), nothing
+// of it ran, and each call is sent
 // again alone, as it would have been (so each gets the answer it would
 // have had, a replay under OOM included). Any other error of the call as
 // a whole (the connection lost, the Redis timeout) is every member's: each
@@ -232,7 +234,7 @@ func (s *Store) sendGroup(slot uint16, group []*pending) {
 	start := time.Now()
 	res := c.Do(ctx, c.B().Fcall().Function(functionGroup).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if err := res.Error(); err != nil {
-		if s.fcallFallsBack(err) {
+		if s.fcallFallsBack(err) || groupSplit(err) {
 			var wg sync.WaitGroup
 			for _, p := range group {
 				wg.Add(1)
@@ -265,6 +267,17 @@ func (s *Store) sendGroup(slot uint16, group []*pending) {
 		s.observeScript(p.ctx, p.sc, start, p.err)
 		close(p.done)
 	}
+}
+
+// groupSplit reports whether Redis refused a group because its keys,
+// each member's there, are not all on one node: TRYAGAIN (before running
+// it), which a slot migrating answers a call whose keys are split between
+// its source and its target (MIGRATE moved one member's swarm but not
+// another's). Alone, each member's keys are on one of them (it runs there,
+// through ASK on the target), so each is sent again alone.
+func groupSplit(err error) bool {
+	rerr, ok := rueidis.IsRedisErr(err)
+	return ok && rerr.IsTryAgain()
 }
 
 // messageStrings is one reply of a group (an array of strings, or the

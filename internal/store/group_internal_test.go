@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -405,4 +406,73 @@ func TestGroupCommitQueuedCallGivenUpIsNeverSent(t *testing.T) {
 	if keys := srv.DoArray(t, "KEYS", "*{q-given-up}*"); len(keys) != 0 {
 		t.Errorf("a call never sent wrote %v", keys)
 	}
+}
+
+// TestGroupCommitWhileItsSlotMigratesRunsEachAlone: on Cluster, batches of
+// two swarms of one slot go as one group while the slot migrates and
+// MIGRATE has moved one swarm's keys but not the other's. Alone, each
+// commits (request ids: a commit names only keys that exist): the one on
+// the source there, the moved one on the target through ASK. As one
+// group, whose keys are then split between the nodes, Redis answers
+// TRYAGAIN before running it: nothing ran, so each must be sent again
+// alone. Before, both answered UNAVAILABLE REDIS_TRY_AGAIN for as long as
+// the move lasted.
+func TestGroupCommitWhileItsSlotMigratesRunsEachAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: migrates a Cluster slot; run without -short")
+	}
+	c := redistest.StartCluster(t, 2)
+	s := openGrouped(t, c.URL(), WithRequestIDWindow(time.Hour))
+	slotOf := func(slug string) uint16 {
+		cmd := s.c().B().Get().Key(s.keys(slug).meta()).Build()
+		return cmd.Slot()
+	}
+	nodes := c.Nodes()
+	src, dst := nodes[0], nodes[1]
+	// Three swarms of one slot of the first node (its slots are the lower half).
+	var slugs []string
+	for i := 0; len(slugs) < 3 && i < 10_000_000; i++ {
+		slug := fmt.Sprintf("mig-%d", i)
+		if len(slugs) == 0 && int(slotOf(slug)) >= 16384/2 {
+			continue
+		}
+		if len(slugs) == 0 || slotOf(slug) == slotOf(slugs[0]) {
+			slugs = append(slugs, slug)
+		}
+	}
+	if len(slugs) < 3 {
+		t.Fatalf("no three swarms of one slot: %v", slugs)
+	}
+	first, stays, moves := slugs[0], slugs[1], slugs[2]
+	slot := slotOf(first)
+	for _, slug := range slugs {
+		if _, err := s.Commit(context.Background(), groupPut(slug, "before", 0, slug+"-before")); err != nil {
+			t.Fatalf("%s before the move: %v", slug, err)
+		}
+	}
+	slotArg := fmt.Sprint(slot)
+	dst.Do(t, "CLUSTER", "SETSLOT", slotArg, "IMPORTING", src.NodeID(t))
+	src.Do(t, "CLUSTER", "SETSLOT", slotArg, "MIGRATING", dst.NodeID(t))
+	host, port, _ := net.SplitHostPort(dst.Addr())
+	for _, k := range src.DoArray(t, "KEYS", "*{"+moves+"}*") {
+		if got := src.Do(t, "MIGRATE", host, port, k, "0", "5000"); got != "OK" {
+			t.Fatalf("MIGRATE %s: %s", k, got)
+		}
+	}
+	gate := newGroupGate(t, s, map[uint16]int{slot: 2})
+	_, errs := commitAll(t, s, slot, groupPut(first, "during", 0, first+"-during"),
+		groupPut(stays, "during", 0, stays+"-during"), groupPut(moves, "during", 0, moves+"-during"))
+	gate.mu.Lock()
+	sends := slices.Clone(gate.sends[slot])
+	gate.mu.Unlock()
+	if !slices.Contains(sends, 2) {
+		t.Fatalf("sends %v; want a group of 2", sends)
+	}
+	for i, slug := range []string{first, stays, moves} {
+		if errs[i] != nil {
+			t.Errorf("%s while its slot migrates: %v; want committed", slug, errs[i])
+		}
+	}
+	dst.Do(t, "CLUSTER", "SETSLOT", slotArg, "NODE", dst.NodeID(t))
+	src.Do(t, "CLUSTER", "SETSLOT", slotArg, "NODE", dst.NodeID(t))
 }

@@ -135,3 +135,44 @@ func TestSectionsAreOneInstantUnderWrites(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestSectionsOverTheRecordLimitAreRefusedWithoutMemoryUsage: a section of
+// more records than a snapshot may hold is refused by its HLEN alone.
+// MEMORY USAGE ... SAMPLES 0 of a hash stored as a hashtable visits every
+// field (a section of 2,000,000 records: ~0.86 s of Redis, which runs
+// nothing else meanwhile, per read), so it is sent only for sections whose
+// records may be read. Before, it was pipelined beside HLEN and ran for
+// every read, a read that was refused for its records included.
+func TestSectionsOverTheRecordLimitAreRefusedWithoutMemoryUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
+	st, err := store.Open(url, prefix, store.WithRedisTimeout(redisTimeout), store.WithMaxSnapshotRecords(200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	var ws []batch.Write
+	for i := range 300 { // over 128: a hashtable, whose MEMORY USAGE visits every field
+		ws = append(ws, put("claims", fmt.Sprintf("c-%03d", i), batch.Blind, strconv.Itoa(i)))
+	}
+	mustCommit(t, st, &batch.Batch{Slug: "big", Writes: ws})
+	mustCommit(t, st, &batch.Batch{Slug: "small", Writes: ws[:100]})
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	_, err = st.Sections(ctx, "big", []string{"claims", "grants"})
+	var tl *store.TooLargeError
+	if !errors.As(err, &tl) || tl.Records != 300 {
+		t.Fatalf("Sections of 300 records over a limit of 200 = %v; want *TooLargeError of 300 records", err)
+	}
+	if n := calls(t, srv, "memory|usage"); n != 0 {
+		t.Errorf("the refused read ran MEMORY USAGE %d times; want none", n)
+	}
+	// A read within the limit still goes as one MULTI after its sizes
+	// (MEMORY USAGE of claims: grants is not there).
+	if snap, err := st.Sections(ctx, "small", []string{"claims", "grants"}); err != nil || len(snap.Sections["claims"]) != 100 {
+		t.Fatalf("Sections of 100 records = %v; want them", err)
+	}
+	if n, m := calls(t, srv, "memory|usage"), calls(t, srv, "exec"); n != 1 || m != 1 {
+		t.Errorf("the read that fits ran MEMORY USAGE %d times and EXEC %d; want 1 and 1", n, m)
+	}
+}
