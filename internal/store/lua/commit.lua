@@ -313,8 +313,6 @@ for i = 1, n do
     local field = head .. value .. '}'
     args[#args + 1] = key
     args[#args + 1] = field
-    forget(olds[i])
-    remember(field, rev_number)
   elseif kind == P.KIND_DELETE then
     local keys = dels[ki]
     if not keys then
@@ -322,7 +320,6 @@ for i = 1, n do
       dels[ki] = keys
     end
     keys[#keys + 1] = key
-    forget(olds[i])
   end
   if kind == P.KIND_PUT or kind == P.KIND_DELETE then
     records = records + 1

@@ -8,8 +8,13 @@
 -- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms
 -- (lib_call.lua), int (lib_json.lua).
 
--- The memo: fields this library wrote, by their exact bytes, with what
--- reading them answers (docs/design/03-fenced-batch.md §3.9). A commit reads back, as the
+-- The memo: the meta fields this library wrote (meta/section_revisions,
+-- meta/lease), by their exact bytes, with what reading them answers
+-- (docs/design/03-fenced-batch.md §3.9). Records are no longer remembered:
+-- thousands of long, similar record strings kept alive made every string a
+-- commit creates slower (Lua 5.1 hashes a long string from a sample of its
+-- bytes, so they crowd few chains of the string table), costing more than
+-- the record grammar's checks they saved. What follows is the older account. A commit reads back, as the
 -- stored field of each record it overwrites, meta/section_revisions and
 -- meta/lease, what an earlier commit wrote; judging them again (the record
 -- grammar's JSON check of a value, ~3 us for 200 bytes; parsing every
