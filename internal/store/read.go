@@ -786,16 +786,26 @@ func parseFields(section string, m rueidis.RedisMessage) (map[string]Record, err
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
 		}
-		if why := fieldNameProblem(key); why != "" {
-			return nil, &CorruptError{Section: section, Key: clipField(key), Name: why}
-		}
-		rec, ok := parseRecord(raw)
-		if !ok {
-			return nil, &CorruptError{Section: section, Key: key}
+		rec, err := fieldRecord(section, key, raw)
+		if err != nil {
+			return nil, err
 		}
 		records[key] = rec
 	}
 	return records, nil
+}
+
+// fieldRecord is the record a section's field holds, or the
+// *CorruptError naming it (a name no key may have, or no record).
+func fieldRecord(section, key, raw string) (Record, error) {
+	if why := fieldNameProblem(key); why != "" {
+		return Record{}, &CorruptError{Section: section, Key: clipField(key), Name: why}
+	}
+	rec, ok := parseRecord(raw)
+	if !ok {
+		return Record{}, &CorruptError{Section: section, Key: key}
+	}
+	return rec, nil
 }
 
 // fieldMapRecords is parseFields of a section read as a RESP3 map (HGETALL
@@ -807,12 +817,9 @@ func fieldMapRecords(section string, fields map[string]rueidis.RedisMessage) (ma
 		if err != nil {
 			return nil, fmt.Errorf("%w: section %s", ErrMalformedReply, section)
 		}
-		if why := fieldNameProblem(key); why != "" {
-			return nil, &CorruptError{Section: section, Key: clipField(key), Name: why}
-		}
-		rec, ok := parseRecord(raw)
-		if !ok {
-			return nil, &CorruptError{Section: section, Key: key}
+		rec, err := fieldRecord(section, key, raw)
+		if err != nil {
+			return nil, err
 		}
 		records[key] = rec
 	}
