@@ -44,12 +44,12 @@ import grpc.aio
 
 from . import errors
 from .client import (
-    CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
     _batch_request,
     _current,
     _lease,
     _migration,
+    _open_channel,
     _page,
     _record,
     _snapshot,
@@ -93,14 +93,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         options: Sequence[tuple[str, Union[int, str]]] = (),
     ) -> None:
-        opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
-        if tls:
-            creds = grpc.ssl_channel_credentials() if tls is True else tls
-            channel = grpc.aio.secure_channel(target, creds, options=opts)  # type: ignore[arg-type]
-        else:
-            if token is not None and not insecure_token:
-                raise ValueError("fenced client: a bearer token is sent over TLS only (pass tls=..., or insecure_token=True)")
-            channel = grpc.aio.insecure_channel(target, options=opts)
+        channel = _open_channel(grpc.aio, target, token=token, tls=tls, insecure_token=insecure_token, options=options)
         self._init(channel, token=token, timeout=timeout, owns=True)
 
     @classmethod

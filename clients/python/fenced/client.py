@@ -89,6 +89,29 @@ CHANNEL_OPTIONS: Sequence[tuple[str, Union[int, str]]] = (
     ("grpc.service_config", _RETRY_READS),
 )
 
+
+def _open_channel(
+    channels: Any,
+    target: str,
+    *,
+    token: Optional[str],
+    tls: Union[bool, grpc.ChannelCredentials, None],
+    insecure_token: bool,
+    options: Sequence[tuple[str, Union[int, str]]],
+) -> Any:
+    """A channel to target from ``channels`` (the module ``grpc`` or
+    ``grpc.aio``: both Clients open theirs alike), CHANNEL_OPTIONS
+    overridden by options; TLS when tls is True (the system roots) or
+    credentials. Raises ValueError for a bearer token without TLS unless
+    insecure_token."""
+    opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
+    if tls:
+        creds = grpc.ssl_channel_credentials() if tls is True else tls
+        return channels.secure_channel(target, creds, options=opts)
+    if token is not None and not insecure_token:
+        raise ValueError("fenced client: a bearer token is sent over TLS only (pass tls=..., or insecure_token=True)")
+    return channels.insecure_channel(target, options=opts)
+
 _KINDS = {
     Put: records_pb2.WRITE_KIND_PUT,
     Delete: records_pb2.WRITE_KIND_DELETE,
@@ -357,14 +380,7 @@ class Client:
         options: Sequence[tuple[str, Union[int, str]]] = (),
     ) -> None:
         _gate.check_new_client()
-        opts = list({**dict(CHANNEL_OPTIONS), **dict(options)}.items())
-        if tls:
-            creds = grpc.ssl_channel_credentials() if tls is True else tls
-            channel = grpc.secure_channel(target, creds, options=opts)  # type: ignore[arg-type]
-        else:
-            if token is not None and not insecure_token:
-                raise ValueError("fenced client: a bearer token is sent over TLS only (pass tls=..., or insecure_token=True)")
-            channel = grpc.insecure_channel(target, options=opts)
+        channel = _open_channel(grpc, target, token=token, tls=tls, insecure_token=insecure_token, options=options)
         self._init(channel, token=token, timeout=timeout, owns=True)
 
     @classmethod
