@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -118,28 +117,10 @@ func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
 // scriptUsec is INFO commandstats' usec and calls of EVALSHA, EVAL and
 // FCALL together.
 func scriptUsec(b *testing.B, srv *redistest.Server) (usec, calls float64) {
-	for line := range strings.SplitSeq(srv.Do(b, "INFO", "commandstats"), "\n") {
-		line = strings.TrimSpace(line)
-		var rest string
-		var ok bool
-		for _, cmd := range []string{"evalsha", "eval", "fcall"} {
-			if rest, ok = strings.CutPrefix(line, "cmdstat_"+cmd+":"); ok {
-				break
-			}
-		}
-		if !ok {
-			continue
-		}
-		for f := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				usec += x
-			}
-			if v, ok := strings.CutPrefix(f, "calls="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				calls += x
-			}
-		}
+	stats := srv.CommandStats(b)
+	for _, cmd := range []string{"evalsha", "eval", "fcall"} {
+		usec += stats[cmd].Usec
+		calls += stats[cmd].Calls
 	}
 	return usec, calls
 }

@@ -7,8 +7,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -77,24 +75,10 @@ func loadFixtureSwarm(b *testing.B, st *store.Store, slug string) int {
 // already and left out; HLEN is counted both ways (it is also run inside
 // read_sections.lua), which adds ~1 µs a section to the script's figure.
 func topLevelUsec(b *testing.B, srv *redistest.Server) float64 {
+	stats := srv.CommandStats(b)
 	var usec float64
-	for line := range strings.SplitSeq(srv.Do(b, "INFO", "commandstats"), "\n") {
-		line = strings.TrimSpace(line)
-		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
-		if !ok || !strings.HasPrefix(line, "cmdstat_") {
-			continue
-		}
-		switch name {
-		case "evalsha", "eval", "fcall", "exec", "hlen", "memory|usage", "hscan", "watch", "multi", "unwatch":
-		default:
-			continue
-		}
-		for f := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				usec += x
-			}
-		}
+	for _, cmd := range []string{"evalsha", "eval", "fcall", "exec", "hlen", "memory|usage", "hscan", "watch", "multi", "unwatch"} {
+		usec += stats[cmd].Usec
 	}
 	return usec
 }

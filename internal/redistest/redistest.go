@@ -471,3 +471,34 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// CommandStat is one command's line of INFO commandstats: how many times
+// Redis ran it and the µs it spent (usec).
+type CommandStat struct {
+	Calls, Usec float64
+}
+
+// CommandStats is INFO commandstats by command name as Redis spells it
+// ("evalsha", "memory|usage"); a command Redis never ran is absent.
+func (s *Server) CommandStats(t testing.TB) map[string]CommandStat {
+	t.Helper()
+	stats := map[string]CommandStat{}
+	for line := range strings.SplitSeq(s.Do(t, "INFO", "commandstats"), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, isStat := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isStat {
+			continue
+		}
+		var st CommandStat
+		for f := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				st.Usec, _ = strconv.ParseFloat(v, 64)
+			}
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				st.Calls, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		stats[name] = st
+	}
+	return stats
+}

@@ -112,27 +112,9 @@ func BenchmarkCommitPhases(b *testing.B) {
 // scriptUsecPerCall is INFO commandstats' usec per call of EVAL and
 // EVALSHA together.
 func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
-	var usec, calls float64
-	for line := range strings.SplitSeq(srv.Do(b, "INFO", "commandstats"), "\n") {
-		line = strings.TrimSpace(line)
-		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
-		if !ok {
-			rest, ok = strings.CutPrefix(line, "cmdstat_eval:")
-		}
-		if !ok {
-			continue
-		}
-		for f := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				usec += x
-			}
-			if v, ok := strings.CutPrefix(f, "calls="); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				calls += x
-			}
-		}
-	}
+	stats := srv.CommandStats(b)
+	usec := stats["evalsha"].Usec + stats["eval"].Usec
+	calls := stats["evalsha"].Calls + stats["eval"].Calls
 	if calls == 0 {
 		return 0
 	}
