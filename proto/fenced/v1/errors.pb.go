@@ -172,6 +172,10 @@ const (
 	// own deadline passed first sees its client's DEADLINE_EXCEEDED without
 	// it; the outcome is as unknown.
 	ErrorReason_OUTCOME_UNKNOWN ErrorReason_Reason = 36
+	// RESOURCE_EXHAUSTED: an Acquire of a new claim (a named lease) in a
+	// swarm that already holds the server's --max-claims-per-swarm live
+	// claims. Nothing written. Metadata: "claims" (live now), "max".
+	ErrorReason_TOO_MANY_CLAIMS ErrorReason_Reason = 37
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -214,6 +218,7 @@ var (
 		34: "TOO_MANY_BYTES_IN_FLIGHT",
 		35: "SECTION_NOT_SERVED",
 		36: "OUTCOME_UNKNOWN",
+		37: "TOO_MANY_CLAIMS",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -253,6 +258,7 @@ var (
 		"TOO_MANY_BYTES_IN_FLIGHT": 34,
 		"SECTION_NOT_SERVED":       35,
 		"OUTCOME_UNKNOWN":          36,
+		"TOO_MANY_CLAIMS":          37,
 	}
 )
 
@@ -339,8 +345,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xdb\x06\n" +
-	"\vErrorReason\"\xcb\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xf0\x06\n" +
+	"\vErrorReason\"\xe0\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -381,7 +387,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x10WATCHER_TOO_SLOW\x10!\x12\x1c\n" +
 	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"\x12\x16\n" +
 	"\x12SECTION_NOT_SERVED\x10#\x12\x13\n" +
-	"\x0fOUTCOME_UNKNOWN\x10$B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x0fOUTCOME_UNKNOWN\x10$\x12\x13\n" +
+	"\x0fTOO_MANY_CLAIMS\x10%B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

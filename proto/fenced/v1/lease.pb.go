@@ -33,7 +33,10 @@ type Lease struct {
 	// release. >= 1.
 	Epoch int64 `protobuf:"varint,2,opt,name=epoch" json:"epoch,omitempty"`
 	// When the lease ends, in ms since the Unix epoch by Redis's clock.
-	ExpiresAtMs   int64 `protobuf:"varint,3,opt,name=expires_at_ms,json=expiresAtMs" json:"expires_at_ms,omitempty"`
+	ExpiresAtMs int64 `protobuf:"varint,3,opt,name=expires_at_ms,json=expiresAtMs" json:"expires_at_ms,omitempty"`
+	// The lease's name: empty for the swarm's controller lease (meta/lease),
+	// else a claim's name (see LeaseName).
+	Name          string `protobuf:"bytes,4,opt,name=name" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -89,6 +92,59 @@ func (x *Lease) GetExpiresAtMs() int64 {
 	return 0
 }
 
+func (x *Lease) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// LeaseName, documented once for every request that carries a `name`:
+// empty names the swarm's controller lease (meta/lease), unchanged. Any
+// other value names a claim: a lease of its own within the swarm (a task,
+// a wake) with its own owner, expiry by Redis's clock and fencing token.
+// A claim's name is 1-200 bytes of [A-Za-z0-9._:@/-]; else INVALID_ARGUMENT
+// naming `name`. A claim's epoch is the swarm revision its grant committed
+// at (docs/design/12-claims.md): above every epoch and revision ever issued
+// in the swarm, never reissued, even after Redis lost acknowledged writes.
+// Claims need the records layout: on a document-layout swarm they answer
+// FAILED_PRECONDITION + LAYOUT_DOCUMENT.
+type LeaseName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseName) Reset() {
+	*x = LeaseName{}
+	mi := &file_fenced_v1_lease_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseName) ProtoMessage() {}
+
+func (x *LeaseName) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_lease_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseName.ProtoReflect.Descriptor instead.
+func (*LeaseName) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{1}
+}
+
 // AcquireRequest asks for a swarm's lease.
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -98,14 +154,17 @@ type AcquireRequest struct {
 	Owner string `protobuf:"bytes,2,opt,name=owner" json:"owner,omitempty"`
 	// How long the lease lasts from Redis's now, in ms; within the server's
 	// bounds (default 100 ms to 10 min).
-	TtlMs         int64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs" json:"ttl_ms,omitempty"`
+	TtlMs int64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs" json:"ttl_ms,omitempty"`
+	// The lease: empty for the controller lease, else a claim's name
+	// (LeaseName).
+	Name          string `protobuf:"bytes,4,opt,name=name" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[1]
+	mi := &file_fenced_v1_lease_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -117,7 +176,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[1]
+	mi := &file_fenced_v1_lease_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -130,7 +189,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{1}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetSlug() string {
@@ -154,6 +213,13 @@ func (x *AcquireRequest) GetTtlMs() int64 {
 	return 0
 }
 
+func (x *AcquireRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // AcquireResponse is the granted (or extended) lease.
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -171,7 +237,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[2]
+	mi := &file_fenced_v1_lease_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +249,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[2]
+	mi := &file_fenced_v1_lease_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +262,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{2}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetLease() *Lease {
@@ -230,14 +296,17 @@ type RenewRequest struct {
 	// The holder's epoch. Required, >= 1.
 	Epoch int64 `protobuf:"varint,3,opt,name=epoch" json:"epoch,omitempty"`
 	// The new lease length from Redis's now, in ms; within the server's bounds.
-	TtlMs         int64 `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs" json:"ttl_ms,omitempty"`
+	TtlMs int64 `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs" json:"ttl_ms,omitempty"`
+	// The lease: empty for the controller lease, else a claim's name
+	// (LeaseName).
+	Name          string `protobuf:"bytes,5,opt,name=name" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[3]
+	mi := &file_fenced_v1_lease_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -249,7 +318,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[3]
+	mi := &file_fenced_v1_lease_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -262,7 +331,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{3}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RenewRequest) GetSlug() string {
@@ -293,6 +362,13 @@ func (x *RenewRequest) GetTtlMs() int64 {
 	return 0
 }
 
+func (x *RenewRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // RenewResponse is the extended lease.
 type RenewResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -308,7 +384,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[4]
+	mi := &file_fenced_v1_lease_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +396,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[4]
+	mi := &file_fenced_v1_lease_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +409,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{4}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewResponse) GetLease() *Lease {
@@ -365,14 +441,17 @@ type ReleaseRequest struct {
 	// The holder. Required.
 	Owner string `protobuf:"bytes,2,opt,name=owner" json:"owner,omitempty"`
 	// The holder's epoch. Required, >= 1.
-	Epoch         int64 `protobuf:"varint,3,opt,name=epoch" json:"epoch,omitempty"`
+	Epoch int64 `protobuf:"varint,3,opt,name=epoch" json:"epoch,omitempty"`
+	// The lease: empty for the controller lease, else a claim's name
+	// (LeaseName).
+	Name          string `protobuf:"bytes,4,opt,name=name" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[5]
+	mi := &file_fenced_v1_lease_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +463,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[5]
+	mi := &file_fenced_v1_lease_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +476,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{5}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseRequest) GetSlug() string {
@@ -421,6 +500,13 @@ func (x *ReleaseRequest) GetEpoch() int64 {
 	return 0
 }
 
+func (x *ReleaseRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // ReleaseResponse reports a release.
 type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -432,7 +518,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[6]
+	mi := &file_fenced_v1_lease_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -444,7 +530,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[6]
+	mi := &file_fenced_v1_lease_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -457,7 +543,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{6}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseResponse) GetRevision() int64 {
@@ -471,14 +557,17 @@ func (x *ReleaseResponse) GetRevision() int64 {
 type CurrentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The swarm's slug. Required.
-	Slug          string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
+	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
+	// The lease: empty for the controller lease, else a claim's name
+	// (LeaseName).
+	Name          string `protobuf:"bytes,2,opt,name=name" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CurrentRequest) Reset() {
 	*x = CurrentRequest{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[7]
+	mi := &file_fenced_v1_lease_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +579,7 @@ func (x *CurrentRequest) String() string {
 func (*CurrentRequest) ProtoMessage() {}
 
 func (x *CurrentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[7]
+	mi := &file_fenced_v1_lease_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,12 +592,19 @@ func (x *CurrentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CurrentRequest.ProtoReflect.Descriptor instead.
 func (*CurrentRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{7}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CurrentRequest) GetSlug() string {
 	if x != nil {
 		return x.Slug
+	}
+	return ""
+}
+
+func (x *CurrentRequest) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -530,7 +626,7 @@ type CurrentResponse struct {
 
 func (x *CurrentResponse) Reset() {
 	*x = CurrentResponse{}
-	mi := &file_fenced_v1_lease_proto_msgTypes[8]
+	mi := &file_fenced_v1_lease_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +638,7 @@ func (x *CurrentResponse) String() string {
 func (*CurrentResponse) ProtoMessage() {}
 
 func (x *CurrentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_lease_proto_msgTypes[8]
+	mi := &file_fenced_v1_lease_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +651,7 @@ func (x *CurrentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CurrentResponse.ProtoReflect.Descriptor instead.
 func (*CurrentResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{8}
+	return file_fenced_v1_lease_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CurrentResponse) GetLease() *Lease {
@@ -590,36 +686,42 @@ var File_fenced_v1_lease_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\x15fenced/v1/lease.proto\x12\tfenced.v1\"W\n" +
+	"\x15fenced/v1/lease.proto\x12\tfenced.v1\"k\n" +
 	"\x05Lease\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\"\n" +
-	"\rexpires_at_ms\x18\x03 \x01(\x03R\vexpiresAtMs\"Q\n" +
+	"\rexpires_at_ms\x18\x03 \x01(\x03R\vexpiresAtMs\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\v\n" +
+	"\tLeaseName\"e\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x15\n" +
-	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"|\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"|\n" +
 	"\x0fAcquireResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.fenced.v1.LeaseR\x05lease\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12%\n" +
-	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"e\n" +
+	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"y\n" +
 	"\fRenewRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x15\n" +
-	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\"z\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\"z\n" +
 	"\rRenewResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.fenced.v1.LeaseR\x05lease\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12%\n" +
-	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"P\n" +
+	"\x0ereplicas_acked\x18\x03 \x01(\x05R\rreplicasAcked\"d\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\"-\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x03R\brevision\"$\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\"8\n" +
 	"\x0eCurrentRequest\x12\x12\n" +
-	"\x04slug\x18\x01 \x01(\tR\x04slug\"\x80\x01\n" +
+	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x80\x01\n" +
 	"\x0fCurrentResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.fenced.v1.LeaseR\x05lease\x12\x12\n" +
 	"\x04live\x18\x02 \x01(\bR\x04live\x12\x15\n" +
@@ -643,30 +745,31 @@ func file_fenced_v1_lease_proto_rawDescGZIP() []byte {
 	return file_fenced_v1_lease_proto_rawDescData
 }
 
-var file_fenced_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_fenced_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_fenced_v1_lease_proto_goTypes = []any{
 	(*Lease)(nil),           // 0: fenced.v1.Lease
-	(*AcquireRequest)(nil),  // 1: fenced.v1.AcquireRequest
-	(*AcquireResponse)(nil), // 2: fenced.v1.AcquireResponse
-	(*RenewRequest)(nil),    // 3: fenced.v1.RenewRequest
-	(*RenewResponse)(nil),   // 4: fenced.v1.RenewResponse
-	(*ReleaseRequest)(nil),  // 5: fenced.v1.ReleaseRequest
-	(*ReleaseResponse)(nil), // 6: fenced.v1.ReleaseResponse
-	(*CurrentRequest)(nil),  // 7: fenced.v1.CurrentRequest
-	(*CurrentResponse)(nil), // 8: fenced.v1.CurrentResponse
+	(*LeaseName)(nil),       // 1: fenced.v1.LeaseName
+	(*AcquireRequest)(nil),  // 2: fenced.v1.AcquireRequest
+	(*AcquireResponse)(nil), // 3: fenced.v1.AcquireResponse
+	(*RenewRequest)(nil),    // 4: fenced.v1.RenewRequest
+	(*RenewResponse)(nil),   // 5: fenced.v1.RenewResponse
+	(*ReleaseRequest)(nil),  // 6: fenced.v1.ReleaseRequest
+	(*ReleaseResponse)(nil), // 7: fenced.v1.ReleaseResponse
+	(*CurrentRequest)(nil),  // 8: fenced.v1.CurrentRequest
+	(*CurrentResponse)(nil), // 9: fenced.v1.CurrentResponse
 }
 var file_fenced_v1_lease_proto_depIdxs = []int32{
 	0, // 0: fenced.v1.AcquireResponse.lease:type_name -> fenced.v1.Lease
 	0, // 1: fenced.v1.RenewResponse.lease:type_name -> fenced.v1.Lease
 	0, // 2: fenced.v1.CurrentResponse.lease:type_name -> fenced.v1.Lease
-	1, // 3: fenced.v1.LeaseService.Acquire:input_type -> fenced.v1.AcquireRequest
-	3, // 4: fenced.v1.LeaseService.Renew:input_type -> fenced.v1.RenewRequest
-	5, // 5: fenced.v1.LeaseService.Release:input_type -> fenced.v1.ReleaseRequest
-	7, // 6: fenced.v1.LeaseService.Current:input_type -> fenced.v1.CurrentRequest
-	2, // 7: fenced.v1.LeaseService.Acquire:output_type -> fenced.v1.AcquireResponse
-	4, // 8: fenced.v1.LeaseService.Renew:output_type -> fenced.v1.RenewResponse
-	6, // 9: fenced.v1.LeaseService.Release:output_type -> fenced.v1.ReleaseResponse
-	8, // 10: fenced.v1.LeaseService.Current:output_type -> fenced.v1.CurrentResponse
+	2, // 3: fenced.v1.LeaseService.Acquire:input_type -> fenced.v1.AcquireRequest
+	4, // 4: fenced.v1.LeaseService.Renew:input_type -> fenced.v1.RenewRequest
+	6, // 5: fenced.v1.LeaseService.Release:input_type -> fenced.v1.ReleaseRequest
+	8, // 6: fenced.v1.LeaseService.Current:input_type -> fenced.v1.CurrentRequest
+	3, // 7: fenced.v1.LeaseService.Acquire:output_type -> fenced.v1.AcquireResponse
+	5, // 8: fenced.v1.LeaseService.Renew:output_type -> fenced.v1.RenewResponse
+	7, // 9: fenced.v1.LeaseService.Release:output_type -> fenced.v1.ReleaseResponse
+	9, // 10: fenced.v1.LeaseService.Current:output_type -> fenced.v1.CurrentResponse
 	7, // [7:11] is the sub-list for method output_type
 	3, // [3:7] is the sub-list for method input_type
 	3, // [3:3] is the sub-list for extension type_name
@@ -685,7 +788,7 @@ func file_fenced_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_lease_proto_rawDesc), len(file_fenced_v1_lease_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -272,6 +272,68 @@ func (ChangeKind) EnumDescriptor() ([]byte, []int) {
 	return file_fenced_v1_records_proto_rawDescGZIP(), []int{2}
 }
 
+// ClaimEventKind is what happened to a claim.
+type ClaimEventKind int32
+
+const (
+	// Never sent.
+	ClaimEventKind_CLAIM_EVENT_KIND_UNSPECIFIED ClaimEventKind = 0
+	// A new grant: a new epoch for the claim.
+	ClaimEventKind_CLAIM_EVENT_KIND_GRANTED ClaimEventKind = 1
+	// The holder extended its grant (or acquired again while holding it).
+	ClaimEventKind_CLAIM_EVENT_KIND_RENEWED ClaimEventKind = 2
+	// The holder released it; its bound records are deleted in the event.
+	ClaimEventKind_CLAIM_EVENT_KIND_RELEASED ClaimEventKind = 3
+	// It expired unrenewed; fenced reclaimed it and its bound records (the
+	// event's revision is the reclaim's, after expires_at_ms).
+	ClaimEventKind_CLAIM_EVENT_KIND_LAPSED ClaimEventKind = 4
+)
+
+// Enum value maps for ClaimEventKind.
+var (
+	ClaimEventKind_name = map[int32]string{
+		0: "CLAIM_EVENT_KIND_UNSPECIFIED",
+		1: "CLAIM_EVENT_KIND_GRANTED",
+		2: "CLAIM_EVENT_KIND_RENEWED",
+		3: "CLAIM_EVENT_KIND_RELEASED",
+		4: "CLAIM_EVENT_KIND_LAPSED",
+	}
+	ClaimEventKind_value = map[string]int32{
+		"CLAIM_EVENT_KIND_UNSPECIFIED": 0,
+		"CLAIM_EVENT_KIND_GRANTED":     1,
+		"CLAIM_EVENT_KIND_RENEWED":     2,
+		"CLAIM_EVENT_KIND_RELEASED":    3,
+		"CLAIM_EVENT_KIND_LAPSED":      4,
+	}
+)
+
+func (x ClaimEventKind) Enum() *ClaimEventKind {
+	p := new(ClaimEventKind)
+	*p = x
+	return p
+}
+
+func (x ClaimEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClaimEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_fenced_v1_records_proto_enumTypes[3].Descriptor()
+}
+
+func (ClaimEventKind) Type() protoreflect.EnumType {
+	return &file_fenced_v1_records_proto_enumTypes[3]
+}
+
+func (x ClaimEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClaimEventKind.Descriptor instead.
+func (ClaimEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{3}
+}
+
 // LayoutRequest names the swarm.
 type LayoutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -371,7 +433,13 @@ type Record struct {
 	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
 	// The value: one JSON text (RFC 8259), byte for byte as its writer sent
 	// it (key order, whitespace, number spelling and escapes preserved).
-	Value         string `protobuf:"bytes,2,opt,name=value" json:"value,omitempty"`
+	Value string `protobuf:"bytes,2,opt,name=value" json:"value,omitempty"`
+	// The claim the record is bound to (RecordWrite.bind_to_claim); empty
+	// for a record bound to none. A bound record is returned only while that
+	// claim's grant (claim_epoch) is live.
+	Claim string `protobuf:"bytes,3,opt,name=claim" json:"claim,omitempty"`
+	// The epoch of the claim grant the record is bound to; 0 when unbound.
+	ClaimEpoch    int64 `protobuf:"varint,4,opt,name=claim_epoch,json=claimEpoch" json:"claim_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +486,20 @@ func (x *Record) GetValue() string {
 		return x.Value
 	}
 	return ""
+}
+
+func (x *Record) GetClaim() string {
+	if x != nil {
+		return x.Claim
+	}
+	return ""
+}
+
+func (x *Record) GetClaimEpoch() int64 {
+	if x != nil {
+		return x.ClaimEpoch
+	}
+	return 0
 }
 
 // Section is a named map of records.
@@ -953,7 +1035,16 @@ type RecordWrite struct {
 	// names, an `expected` of -1 (BLIND) or out of range, more pairs in the
 	// batch than --max-checks, more key and value bytes than
 	// --max-batch-value-bytes.
-	Checks        []*RecordCheck `protobuf:"bytes,6,rep,name=checks" json:"checks,omitempty"`
+	Checks []*RecordCheck `protobuf:"bytes,6,rep,name=checks" json:"checks,omitempty"`
+	// For WRITE_KIND_PUT only: bind the record to the batch's claim
+	// (FencedBatchRequest.claim, required then). A bound record lives while
+	// that grant of the claim does: once the claim is released or lapses the
+	// record is gone for every reader and writer of fenced (reads omit it, an
+	// `expected` of 0 matches it), and fenced reclaims its key without a
+	// scan. A later put of the record without it unbinds it; with it under
+	// another claim, rebinds it. Not allowed in `meta` or `executions`
+	// (INVALID_ARGUMENT naming writes[i].bind_to_claim).
+	BindToClaim   bool `protobuf:"varint,7,opt,name=bind_to_claim,json=bindToClaim" json:"bind_to_claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1030,6 +1121,13 @@ func (x *RecordWrite) GetChecks() []*RecordCheck {
 	return nil
 }
 
+func (x *RecordWrite) GetBindToClaim() bool {
+	if x != nil {
+		return x.BindToClaim
+	}
+	return false
+}
+
 // LeaseFence is a batch's condition on the swarm's lease: the batch commits
 // only while the lease in `meta`/`lease` is live and matches.
 type LeaseFence struct {
@@ -1098,6 +1196,85 @@ func (x *LeaseFence) GetNowMs() int64 {
 	return 0
 }
 
+// ClaimFence is a batch's condition on one of the swarm's claims (a named
+// lease, LeaseName): the batch commits only while that claim is live and
+// held by this owner at this epoch, checked in the same atomic step as the
+// controller fence and every revision. A failed check is FAILED_PRECONDITION
+// + LEASE_STALE with ErrorInfo metadata "fence" = "claim" and "claim" = the
+// name (the controller fence's refusal says "fence" = "lease").
+type ClaimFence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claim's name (LeaseName rules; required).
+	Name string `protobuf:"bytes,1,opt,name=name" json:"name,omitempty"`
+	// The claim's owner the caller believes it is. Required.
+	Owner string `protobuf:"bytes,2,opt,name=owner" json:"owner,omitempty"`
+	// The claim's fencing token: the epoch of its grant. Required, >= 1.
+	Epoch int64 `protobuf:"varint,3,opt,name=epoch" json:"epoch,omitempty"`
+	// The caller's clock, in ms since the Unix epoch; 0 when unknown; as
+	// LeaseFence.now_ms.
+	NowMs         int64 `protobuf:"varint,4,opt,name=now_ms,json=nowMs" json:"now_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimFence) Reset() {
+	*x = ClaimFence{}
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimFence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimFence) ProtoMessage() {}
+
+func (x *ClaimFence) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimFence.ProtoReflect.Descriptor instead.
+func (*ClaimFence) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ClaimFence) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClaimFence) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *ClaimFence) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ClaimFence) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
 // FencedBatchRequest is the writes of one change, committed all or none.
 type FencedBatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1122,14 +1299,17 @@ type FencedBatchRequest struct {
 	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId" json:"request_id,omitempty"`
 	// How many replicas must acknowledge the commit before fenced answers.
 	// Unset: the server's default (--wait-replicas, 0 unless configured).
-	ReplicaAck    *ReplicaAck `protobuf:"bytes,5,opt,name=replica_ack,json=replicaAck" json:"replica_ack,omitempty"`
+	ReplicaAck *ReplicaAck `protobuf:"bytes,5,opt,name=replica_ack,json=replicaAck" json:"replica_ack,omitempty"`
+	// A claim fence, checked with `fence` (either, both or neither may be
+	// set). Required when a put binds its record (RecordWrite.bind_to_claim).
+	Claim         *ClaimFence `protobuf:"bytes,6,opt,name=claim" json:"claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FencedBatchRequest) Reset() {
 	*x = FencedBatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1321,7 @@ func (x *FencedBatchRequest) String() string {
 func (*FencedBatchRequest) ProtoMessage() {}
 
 func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1334,7 @@ func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchRequest.ProtoReflect.Descriptor instead.
 func (*FencedBatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FencedBatchRequest) GetSlug() string {
@@ -1192,6 +1372,13 @@ func (x *FencedBatchRequest) GetReplicaAck() *ReplicaAck {
 	return nil
 }
 
+func (x *FencedBatchRequest) GetClaim() *ClaimFence {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
 // ReplicaAck asks fenced to wait, on the connection that ran the commit,
 // until replicas acknowledged it (Redis WAIT). Redis replicates
 // asynchronously: without it, a primary that fails right after answering
@@ -1212,7 +1399,7 @@ type ReplicaAck struct {
 
 func (x *ReplicaAck) Reset() {
 	*x = ReplicaAck{}
-	mi := &file_fenced_v1_records_proto_msgTypes[14]
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1411,7 @@ func (x *ReplicaAck) String() string {
 func (*ReplicaAck) ProtoMessage() {}
 
 func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[14]
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1424,7 @@ func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAck.ProtoReflect.Descriptor instead.
 func (*ReplicaAck) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplicaAck) GetReplicas() int32 {
@@ -1273,7 +1460,7 @@ type FencedBatchResponse struct {
 
 func (x *FencedBatchResponse) Reset() {
 	*x = FencedBatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1472,7 @@ func (x *FencedBatchResponse) String() string {
 func (*FencedBatchResponse) ProtoMessage() {}
 
 func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1485,7 @@ func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchResponse.ProtoReflect.Descriptor instead.
 func (*FencedBatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FencedBatchResponse) GetRevision() int64 {
@@ -1342,7 +1529,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1541,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1554,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchRequest) GetSlug() string {
@@ -1412,7 +1599,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1611,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1624,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Change) GetSection() string {
@@ -1483,7 +1670,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	mi := &file_fenced_v1_records_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1682,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	mi := &file_fenced_v1_records_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1695,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1516,6 +1703,89 @@ func (x *WatchResponse) GetEvents() []*WatchEvent {
 		return x.Events
 	}
 	return nil
+}
+
+// ClaimEvent is a change of one claim (a named lease).
+type ClaimEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claim's name.
+	Name string `protobuf:"bytes,1,opt,name=name" json:"name,omitempty"`
+	// What happened.
+	Kind ClaimEventKind `protobuf:"varint,2,opt,name=kind,enum=fenced.v1.ClaimEventKind" json:"kind,omitempty"`
+	// The claim's owner.
+	Owner string `protobuf:"bytes,3,opt,name=owner" json:"owner,omitempty"`
+	// The grant's epoch.
+	Epoch int64 `protobuf:"varint,4,opt,name=epoch" json:"epoch,omitempty"`
+	// When the grant ends (ends: for released and lapsed), ms by Redis's
+	// clock.
+	ExpiresAtMs   int64 `protobuf:"varint,5,opt,name=expires_at_ms,json=expiresAtMs" json:"expires_at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimEvent) Reset() {
+	*x = ClaimEvent{}
+	mi := &file_fenced_v1_records_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimEvent) ProtoMessage() {}
+
+func (x *ClaimEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimEvent.ProtoReflect.Descriptor instead.
+func (*ClaimEvent) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ClaimEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClaimEvent) GetKind() ClaimEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ClaimEventKind_CLAIM_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *ClaimEvent) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *ClaimEvent) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ClaimEvent) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
 }
 
 // WatchEvent is one committed batch, or a progress note.
@@ -1544,14 +1814,18 @@ type WatchEvent struct {
 	// from now (start_revision 0) and after every quiet interval of the
 	// server's --watch-progress-interval (default 30 s), so that proxies
 	// do not cut a quiet stream and a caller knows how far it is.
-	Progress      bool `protobuf:"varint,7,opt,name=progress" json:"progress,omitempty"`
+	Progress bool `protobuf:"varint,7,opt,name=progress" json:"progress,omitempty"`
+	// For a claim's grant, renewal, release or lapse: what happened to it.
+	// Sent whatever WatchRequest.sections names; records a release or lapse
+	// deleted are in `changes` (filtered).
+	Claim         *ClaimEvent `protobuf:"bytes,8,opt,name=claim" json:"claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_fenced_v1_records_proto_msgTypes[19]
+	mi := &file_fenced_v1_records_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1837,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[19]
+	mi := &file_fenced_v1_records_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1850,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{19}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchEvent) GetRevision() int64 {
@@ -1628,6 +1902,13 @@ func (x *WatchEvent) GetProgress() bool {
 	return false
 }
 
+func (x *WatchEvent) GetClaim() *ClaimEvent {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
 var File_fenced_v1_records_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_records_proto_rawDesc = "" +
@@ -1636,10 +1917,13 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\rLayoutRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\";\n" +
 	"\x0eLayoutResponse\x12)\n" +
-	"\x06layout\x18\x01 \x01(\x0e2\x11.fenced.v1.LayoutR\x06layout\":\n" +
+	"\x06layout\x18\x01 \x01(\x0e2\x11.fenced.v1.LayoutR\x06layout\"q\n" +
 	"\x06Record\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\xaf\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
+	"\x05claim\x18\x03 \x01(\tR\x05claim\x12\x1f\n" +
+	"\vclaim_epoch\x18\x04 \x01(\x03R\n" +
+	"claimEpoch\"\xaf\x01\n" +
 	"\aSection\x129\n" +
 	"\arecords\x18\x01 \x03(\v2\x1f.fenced.v1.Section.RecordsEntryR\arecords\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x1aM\n" +
@@ -1678,19 +1962,26 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\";\n" +
 	"\vRecordCheck\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
-	"\bexpected\x18\x02 \x01(\x03R\bexpected\"\xc5\x01\n" +
+	"\bexpected\x18\x02 \x01(\x03R\bexpected\"\xe9\x01\n" +
 	"\vRecordWrite\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.fenced.v1.WriteKindR\x04kind\x12\x18\n" +
 	"\asection\x18\x02 \x01(\tR\asection\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1a\n" +
 	"\bexpected\x18\x04 \x01(\x03R\bexpected\x12\x14\n" +
 	"\x05value\x18\x05 \x01(\tR\x05value\x12.\n" +
-	"\x06checks\x18\x06 \x03(\v2\x16.fenced.v1.RecordCheckR\x06checks\"O\n" +
+	"\x06checks\x18\x06 \x03(\v2\x16.fenced.v1.RecordCheckR\x06checks\x12\"\n" +
+	"\rbind_to_claim\x18\a \x01(\bR\vbindToClaim\"O\n" +
 	"\n" +
 	"LeaseFence\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x15\n" +
-	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"\xdc\x01\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"c\n" +
+	"\n" +
+	"ClaimFence\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x15\n" +
+	"\x06now_ms\x18\x04 \x01(\x03R\x05nowMs\"\x89\x02\n" +
 	"\x12FencedBatchRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12.\n" +
 	"\x06writes\x18\x02 \x03(\v2\x16.fenced.v1.RecordWriteR\x06writes\x12+\n" +
@@ -1698,7 +1989,8 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x126\n" +
 	"\vreplica_ack\x18\x05 \x01(\v2\x15.fenced.v1.ReplicaAckR\n" +
-	"replicaAck\"G\n" +
+	"replicaAck\x12+\n" +
+	"\x05claim\x18\x06 \x01(\v2\x15.fenced.v1.ClaimFenceR\x05claim\"G\n" +
 	"\n" +
 	"ReplicaAck\x12\x1a\n" +
 	"\breplicas\x18\x01 \x01(\x05R\breplicas\x12\x1d\n" +
@@ -1718,7 +2010,14 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x15.fenced.v1.ChangeKindR\x04kind\x12)\n" +
 	"\x06record\x18\x04 \x01(\v2\x11.fenced.v1.RecordR\x06record\">\n" +
 	"\rWatchResponse\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.fenced.v1.WatchEventR\x06events\"\xe0\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.fenced.v1.WatchEventR\x06events\"\x9f\x01\n" +
+	"\n" +
+	"ClaimEvent\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x19.fenced.v1.ClaimEventKindR\x04kind\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12\"\n" +
+	"\rexpires_at_ms\x18\x05 \x01(\x03R\vexpiresAtMs\"\x8d\x02\n" +
 	"\n" +
 	"WatchEvent\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
@@ -1728,7 +2027,8 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\achanges\x18\x04 \x03(\v2\x11.fenced.v1.ChangeR\achanges\x12\x1c\n" +
 	"\ttruncated\x18\x05 \x01(\bR\ttruncated\x12\x1a\n" +
 	"\bsections\x18\x06 \x03(\tR\bsections\x12\x1a\n" +
-	"\bprogress\x18\a \x01(\bR\bprogress*I\n" +
+	"\bprogress\x18\a \x01(\bR\bprogress\x12+\n" +
+	"\x05claim\x18\b \x01(\v2\x15.fenced.v1.ClaimEventR\x05claim*I\n" +
 	"\x06Layout\x12\x16\n" +
 	"\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n" +
@@ -1744,7 +2044,13 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"ChangeKind\x12\x1b\n" +
 	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fCHANGE_KIND_PUT\x10\x01\x12\x16\n" +
-	"\x12CHANGE_KIND_DELETE\x10\x022\xad\x03\n" +
+	"\x12CHANGE_KIND_DELETE\x10\x02*\xaa\x01\n" +
+	"\x0eClaimEventKind\x12 \n" +
+	"\x1cCLAIM_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18CLAIM_EVENT_KIND_GRANTED\x10\x01\x12\x1c\n" +
+	"\x18CLAIM_EVENT_KIND_RENEWED\x10\x02\x12\x1d\n" +
+	"\x19CLAIM_EVENT_KIND_RELEASED\x10\x03\x12\x1b\n" +
+	"\x17CLAIM_EVENT_KIND_LAPSED\x10\x042\xad\x03\n" +
 	"\x0eRecordsService\x12=\n" +
 	"\x06Layout\x12\x18.fenced.v1.LayoutRequest\x1a\x19.fenced.v1.LayoutResponse\x12C\n" +
 	"\bSections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12L\n" +
@@ -1765,71 +2071,77 @@ func file_fenced_v1_records_proto_rawDescGZIP() []byte {
 	return file_fenced_v1_records_proto_rawDescData
 }
 
-var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_fenced_v1_records_proto_goTypes = []any{
 	(Layout)(0),                 // 0: fenced.v1.Layout
 	(WriteKind)(0),              // 1: fenced.v1.WriteKind
 	(ChangeKind)(0),             // 2: fenced.v1.ChangeKind
-	(*LayoutRequest)(nil),       // 3: fenced.v1.LayoutRequest
-	(*LayoutResponse)(nil),      // 4: fenced.v1.LayoutResponse
-	(*Record)(nil),              // 5: fenced.v1.Record
-	(*Section)(nil),             // 6: fenced.v1.Section
-	(*SectionsRequest)(nil),     // 7: fenced.v1.SectionsRequest
-	(*SectionsResponse)(nil),    // 8: fenced.v1.SectionsResponse
-	(*ScanSectionRequest)(nil),  // 9: fenced.v1.ScanSectionRequest
-	(*ScanSectionResponse)(nil), // 10: fenced.v1.ScanSectionResponse
-	(*RecordRequest)(nil),       // 11: fenced.v1.RecordRequest
-	(*RecordResponse)(nil),      // 12: fenced.v1.RecordResponse
-	(*RecordCheck)(nil),         // 13: fenced.v1.RecordCheck
-	(*RecordWrite)(nil),         // 14: fenced.v1.RecordWrite
-	(*LeaseFence)(nil),          // 15: fenced.v1.LeaseFence
-	(*FencedBatchRequest)(nil),  // 16: fenced.v1.FencedBatchRequest
-	(*ReplicaAck)(nil),          // 17: fenced.v1.ReplicaAck
-	(*FencedBatchResponse)(nil), // 18: fenced.v1.FencedBatchResponse
-	(*WatchRequest)(nil),        // 19: fenced.v1.WatchRequest
-	(*Change)(nil),              // 20: fenced.v1.Change
-	(*WatchResponse)(nil),       // 21: fenced.v1.WatchResponse
-	(*WatchEvent)(nil),          // 22: fenced.v1.WatchEvent
-	nil,                         // 23: fenced.v1.Section.RecordsEntry
-	nil,                         // 24: fenced.v1.SectionsResponse.SectionsEntry
-	nil,                         // 25: fenced.v1.ScanSectionResponse.RecordsEntry
+	(ClaimEventKind)(0),         // 3: fenced.v1.ClaimEventKind
+	(*LayoutRequest)(nil),       // 4: fenced.v1.LayoutRequest
+	(*LayoutResponse)(nil),      // 5: fenced.v1.LayoutResponse
+	(*Record)(nil),              // 6: fenced.v1.Record
+	(*Section)(nil),             // 7: fenced.v1.Section
+	(*SectionsRequest)(nil),     // 8: fenced.v1.SectionsRequest
+	(*SectionsResponse)(nil),    // 9: fenced.v1.SectionsResponse
+	(*ScanSectionRequest)(nil),  // 10: fenced.v1.ScanSectionRequest
+	(*ScanSectionResponse)(nil), // 11: fenced.v1.ScanSectionResponse
+	(*RecordRequest)(nil),       // 12: fenced.v1.RecordRequest
+	(*RecordResponse)(nil),      // 13: fenced.v1.RecordResponse
+	(*RecordCheck)(nil),         // 14: fenced.v1.RecordCheck
+	(*RecordWrite)(nil),         // 15: fenced.v1.RecordWrite
+	(*LeaseFence)(nil),          // 16: fenced.v1.LeaseFence
+	(*ClaimFence)(nil),          // 17: fenced.v1.ClaimFence
+	(*FencedBatchRequest)(nil),  // 18: fenced.v1.FencedBatchRequest
+	(*ReplicaAck)(nil),          // 19: fenced.v1.ReplicaAck
+	(*FencedBatchResponse)(nil), // 20: fenced.v1.FencedBatchResponse
+	(*WatchRequest)(nil),        // 21: fenced.v1.WatchRequest
+	(*Change)(nil),              // 22: fenced.v1.Change
+	(*WatchResponse)(nil),       // 23: fenced.v1.WatchResponse
+	(*ClaimEvent)(nil),          // 24: fenced.v1.ClaimEvent
+	(*WatchEvent)(nil),          // 25: fenced.v1.WatchEvent
+	nil,                         // 26: fenced.v1.Section.RecordsEntry
+	nil,                         // 27: fenced.v1.SectionsResponse.SectionsEntry
+	nil,                         // 28: fenced.v1.ScanSectionResponse.RecordsEntry
 }
 var file_fenced_v1_records_proto_depIdxs = []int32{
 	0,  // 0: fenced.v1.LayoutResponse.layout:type_name -> fenced.v1.Layout
-	23, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
-	24, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
-	25, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
-	5,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
+	26, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
+	27, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
+	28, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
+	6,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
 	1,  // 5: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
-	13, // 6: fenced.v1.RecordWrite.checks:type_name -> fenced.v1.RecordCheck
-	14, // 7: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
-	15, // 8: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
-	17, // 9: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
-	2,  // 10: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
-	5,  // 11: fenced.v1.Change.record:type_name -> fenced.v1.Record
-	22, // 12: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
-	20, // 13: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
-	5,  // 14: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
-	6,  // 15: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
-	5,  // 16: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
-	3,  // 17: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
-	7,  // 18: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
-	9,  // 19: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
-	11, // 20: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
-	16, // 21: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
-	19, // 22: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
-	4,  // 23: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
-	8,  // 24: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
-	10, // 25: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
-	12, // 26: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
-	18, // 27: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
-	21, // 28: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	14, // 6: fenced.v1.RecordWrite.checks:type_name -> fenced.v1.RecordCheck
+	15, // 7: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
+	16, // 8: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
+	19, // 9: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
+	17, // 10: fenced.v1.FencedBatchRequest.claim:type_name -> fenced.v1.ClaimFence
+	2,  // 11: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
+	6,  // 12: fenced.v1.Change.record:type_name -> fenced.v1.Record
+	25, // 13: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
+	3,  // 14: fenced.v1.ClaimEvent.kind:type_name -> fenced.v1.ClaimEventKind
+	22, // 15: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
+	24, // 16: fenced.v1.WatchEvent.claim:type_name -> fenced.v1.ClaimEvent
+	6,  // 17: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
+	7,  // 18: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
+	6,  // 19: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
+	4,  // 20: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
+	8,  // 21: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
+	10, // 22: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
+	12, // 23: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
+	18, // 24: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
+	21, // 25: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
+	5,  // 26: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
+	9,  // 27: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
+	11, // 28: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
+	13, // 29: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
+	20, // 30: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
+	23, // 31: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
+	26, // [26:32] is the sub-list for method output_type
+	20, // [20:26] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fenced_v1_records_proto_init() }
@@ -1842,8 +2154,8 @@ func file_fenced_v1_records_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_records_proto_rawDesc), len(file_fenced_v1_records_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   23,
+			NumEnums:      4,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

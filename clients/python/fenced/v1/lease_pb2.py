@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65nced/v1/lease.proto\x12\tfenced.v1\"<\n\x05Lease\x12\r\n\x05owner\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x03\"=\n\x0e\x41\x63quireRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\"\\\n\x0f\x41\x63quireResponse\x12\x1f\n\x05lease\x18\x01 \x01(\x0b\x32\x10.fenced.v1.Lease\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x16\n\x0ereplicas_acked\x18\x03 \x01(\x05\"J\n\x0cRenewRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\"Z\n\rRenewResponse\x12\x1f\n\x05lease\x18\x01 \x01(\x0b\x32\x10.fenced.v1.Lease\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x16\n\x0ereplicas_acked\x18\x03 \x01(\x05\"<\n\x0eReleaseRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"#\n\x0fReleaseResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"\x1e\n\x0e\x43urrentRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\"b\n\x0f\x43urrentResponse\x12\x1f\n\x05lease\x18\x01 \x01(\x0b\x32\x10.fenced.v1.Lease\x12\x0c\n\x04live\x18\x02 \x01(\x08\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12\x10\n\x08revision\x18\x04 \x01(\x03\x32\x90\x02\n\x0cLeaseService\x12@\n\x07\x41\x63quire\x12\x19.fenced.v1.AcquireRequest\x1a\x1a.fenced.v1.AcquireResponse\x12:\n\x05Renew\x12\x17.fenced.v1.RenewRequest\x1a\x18.fenced.v1.RenewResponse\x12@\n\x07Release\x12\x19.fenced.v1.ReleaseRequest\x1a\x1a.fenced.v1.ReleaseResponse\x12@\n\x07\x43urrent\x12\x19.fenced.v1.CurrentRequest\x1a\x1a.fenced.v1.CurrentResponseB8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65nced/v1/lease.proto\x12\tfenced.v1\"J\n\x05Lease\x12\r\n\x05owner\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x03\x12\x0c\n\x04name\x18\x04 \x01(\t\"\x0b\n\tLeaseName\"K\n\x0e\x41\x63quireRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0c\n\x04name\x18\x04 \x01(\t\"\\\n\x0f\x41\x63quireResponse\x12\x1f\n\x05lease\x18\x01 \x01(\x0b\x32\x10.fenced.v1.Lease\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x16\n\x0ereplicas_acked\x18\x03 \x01(\x05\"X\n\x0cRenewRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x0c\n\x04name\x18\x05 \x01(\t\"Z\n\rRenewResponse\x12\x1f\n\x05lease\x18\x01 \x01(\x0b\x32\x10.fenced.v1.Lease\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x16\n\x0ereplicas_acked\x18\x03 \x01(\x05\"J\n\x0eReleaseRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0c\n\x04name\x18\x04 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\",\n\x0e\x43urrentRequest\x12\x0c\n\x04slug\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"b\n\x0f\x43urrentResponse\x12\x1f\n\x05lease\x18\x01 \x01(\x0b\x32\x10.fenced.v1.Lease\x12\x0c\n\x04live\x18\x02 \x01(\x08\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12\x10\n\x08revision\x18\x04 \x01(\x03\x32\x90\x02\n\x0cLeaseService\x12@\n\x07\x41\x63quire\x12\x19.fenced.v1.AcquireRequest\x1a\x1a.fenced.v1.AcquireResponse\x12:\n\x05Renew\x12\x17.fenced.v1.RenewRequest\x1a\x18.fenced.v1.RenewResponse\x12@\n\x07Release\x12\x19.fenced.v1.ReleaseRequest\x1a\x1a.fenced.v1.ReleaseResponse\x12@\n\x07\x43urrent\x12\x19.fenced.v1.CurrentRequest\x1a\x1a.fenced.v1.CurrentResponseB8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fenced.v1.lease_pb2', globals())
@@ -22,23 +22,25 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1'
   _LEASE._serialized_start=36
-  _LEASE._serialized_end=96
-  _ACQUIREREQUEST._serialized_start=98
-  _ACQUIREREQUEST._serialized_end=159
-  _ACQUIRERESPONSE._serialized_start=161
-  _ACQUIRERESPONSE._serialized_end=253
-  _RENEWREQUEST._serialized_start=255
-  _RENEWREQUEST._serialized_end=329
-  _RENEWRESPONSE._serialized_start=331
-  _RENEWRESPONSE._serialized_end=421
-  _RELEASEREQUEST._serialized_start=423
-  _RELEASEREQUEST._serialized_end=483
-  _RELEASERESPONSE._serialized_start=485
-  _RELEASERESPONSE._serialized_end=520
-  _CURRENTREQUEST._serialized_start=522
-  _CURRENTREQUEST._serialized_end=552
-  _CURRENTRESPONSE._serialized_start=554
-  _CURRENTRESPONSE._serialized_end=652
-  _LEASESERVICE._serialized_start=655
-  _LEASESERVICE._serialized_end=927
+  _LEASE._serialized_end=110
+  _LEASENAME._serialized_start=112
+  _LEASENAME._serialized_end=123
+  _ACQUIREREQUEST._serialized_start=125
+  _ACQUIREREQUEST._serialized_end=200
+  _ACQUIRERESPONSE._serialized_start=202
+  _ACQUIRERESPONSE._serialized_end=294
+  _RENEWREQUEST._serialized_start=296
+  _RENEWREQUEST._serialized_end=384
+  _RENEWRESPONSE._serialized_start=386
+  _RENEWRESPONSE._serialized_end=476
+  _RELEASEREQUEST._serialized_start=478
+  _RELEASEREQUEST._serialized_end=552
+  _RELEASERESPONSE._serialized_start=554
+  _RELEASERESPONSE._serialized_end=589
+  _CURRENTREQUEST._serialized_start=591
+  _CURRENTREQUEST._serialized_end=635
+  _CURRENTRESPONSE._serialized_start=637
+  _CURRENTRESPONSE._serialized_end=735
+  _LEASESERVICE._serialized_start=738
+  _LEASESERVICE._serialized_end=1010
 # @@protoc_insertion_point(module_scope)

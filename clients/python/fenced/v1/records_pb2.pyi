@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 CHANGE_KIND_DELETE: ChangeKind
 CHANGE_KIND_PUT: ChangeKind
 CHANGE_KIND_UNSPECIFIED: ChangeKind
+CLAIM_EVENT_KIND_GRANTED: ClaimEventKind
+CLAIM_EVENT_KIND_LAPSED: ClaimEventKind
+CLAIM_EVENT_KIND_RELEASED: ClaimEventKind
+CLAIM_EVENT_KIND_RENEWED: ClaimEventKind
+CLAIM_EVENT_KIND_UNSPECIFIED: ClaimEventKind
 DESCRIPTOR: _descriptor.FileDescriptor
 LAYOUT_DOCUMENT: Layout
 LAYOUT_RECORDS: Layout
@@ -30,19 +35,47 @@ class Change(_message.Message):
     section: str
     def __init__(self, section: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., record: _Optional[_Union[Record, _Mapping]] = ...) -> None: ...
 
+class ClaimEvent(_message.Message):
+    __slots__ = ["epoch", "expires_at_ms", "kind", "name", "owner"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    expires_at_ms: int
+    kind: ClaimEventKind
+    name: str
+    owner: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ClaimEventKind, str]] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class ClaimFence(_message.Message):
+    __slots__ = ["epoch", "name", "now_ms", "owner"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    name: str
+    now_ms: int
+    owner: str
+    def __init__(self, name: _Optional[str] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
 class FencedBatchRequest(_message.Message):
-    __slots__ = ["fence", "replica_ack", "request_id", "slug", "writes"]
+    __slots__ = ["claim", "fence", "replica_ack", "request_id", "slug", "writes"]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ACK_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SLUG_FIELD_NUMBER: _ClassVar[int]
     WRITES_FIELD_NUMBER: _ClassVar[int]
+    claim: ClaimFence
     fence: LeaseFence
     replica_ack: ReplicaAck
     request_id: str
     slug: str
     writes: _containers.RepeatedCompositeFieldContainer[RecordWrite]
-    def __init__(self, slug: _Optional[str] = ..., writes: _Optional[_Iterable[_Union[RecordWrite, _Mapping]]] = ..., fence: _Optional[_Union[LeaseFence, _Mapping]] = ..., request_id: _Optional[str] = ..., replica_ack: _Optional[_Union[ReplicaAck, _Mapping]] = ...) -> None: ...
+    def __init__(self, slug: _Optional[str] = ..., writes: _Optional[_Iterable[_Union[RecordWrite, _Mapping]]] = ..., fence: _Optional[_Union[LeaseFence, _Mapping]] = ..., request_id: _Optional[str] = ..., replica_ack: _Optional[_Union[ReplicaAck, _Mapping]] = ..., claim: _Optional[_Union[ClaimFence, _Mapping]] = ...) -> None: ...
 
 class FencedBatchResponse(_message.Message):
     __slots__ = ["replayed", "replicas_acked", "revision"]
@@ -77,12 +110,16 @@ class LeaseFence(_message.Message):
     def __init__(self, owner: _Optional[str] = ..., epoch: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class Record(_message.Message):
-    __slots__ = ["revision", "value"]
+    __slots__ = ["claim", "claim_epoch", "revision", "value"]
+    CLAIM_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    claim: str
+    claim_epoch: int
     revision: int
     value: str
-    def __init__(self, revision: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., value: _Optional[str] = ..., claim: _Optional[str] = ..., claim_epoch: _Optional[int] = ...) -> None: ...
 
 class RecordCheck(_message.Message):
     __slots__ = ["expected", "key"]
@@ -111,20 +148,22 @@ class RecordResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[Record, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RecordWrite(_message.Message):
-    __slots__ = ["checks", "expected", "key", "kind", "section", "value"]
+    __slots__ = ["bind_to_claim", "checks", "expected", "key", "kind", "section", "value"]
+    BIND_TO_CLAIM_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SECTION_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    bind_to_claim: bool
     checks: _containers.RepeatedCompositeFieldContainer[RecordCheck]
     expected: int
     key: str
     kind: WriteKind
     section: str
     value: str
-    def __init__(self, kind: _Optional[_Union[WriteKind, str]] = ..., section: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[int] = ..., value: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[RecordCheck, _Mapping]]] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[WriteKind, str]] = ..., section: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[int] = ..., value: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[RecordCheck, _Mapping]]] = ..., bind_to_claim: bool = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
     __slots__ = ["replicas", "timeout_ms"]
@@ -204,8 +243,9 @@ class SectionsResponse(_message.Message):
     def __init__(self, sections: _Optional[_Mapping[str, Section]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ["changes", "owner", "progress", "request_id", "revision", "sections", "truncated"]
+    __slots__ = ["changes", "claim", "owner", "progress", "request_id", "revision", "sections", "truncated"]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -213,13 +253,14 @@ class WatchEvent(_message.Message):
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[Change]
+    claim: ClaimEvent
     owner: str
     progress: bool
     request_id: str
     revision: int
     sections: _containers.RepeatedScalarFieldContainer[str]
     truncated: bool
-    def __init__(self, revision: _Optional[int] = ..., owner: _Optional[str] = ..., request_id: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., truncated: bool = ..., sections: _Optional[_Iterable[str]] = ..., progress: bool = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., owner: _Optional[str] = ..., request_id: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., truncated: bool = ..., sections: _Optional[_Iterable[str]] = ..., progress: bool = ..., claim: _Optional[_Union[ClaimEvent, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ["sections", "slug", "start_revision"]
@@ -244,4 +285,7 @@ class WriteKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class ClaimEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
