@@ -310,11 +310,19 @@ func replicationDetails(err error) []protoadapt.MessageV1 {
 	})}
 }
 
-// limitDetails names what reached 2^53-1: ErrorInfo metadata "section"
+// limitDetails names what reached a limit: ErrorInfo metadata "section"
 // and "key" (a record), or "key" alone ("revision", "epoch", or a meta
-// record as "meta/<name>"), and "max_revision".
+// record as "meta/<name>"), and both limits: "max_revision" (2^53-1, the
+// largest stored number fenced compares) and "max_issued" (10^14-1, the
+// largest revision or epoch it issues), since the script's refusal does not
+// say which of the two was passed (a counter above 2^53-1 and a new revision
+// past 10^14-1 both name "revision"; issue 24's hostile pass found the
+// metadata naming 2^53-1 alone for the second).
 func limitDetails(err error) []protoadapt.MessageV1 {
-	md := map[string]string{"max_revision": strconv.FormatInt(store.MaxRevision, 10)}
+	md := map[string]string{
+		"max_revision": strconv.FormatInt(store.MaxRevision, 10),
+		"max_issued":   strconv.FormatInt(store.MaxIssued, 10),
+	}
 	var le *store.LimitError
 	if errors.As(err, &le) {
 		md["key"] = validUTF8(le.Key)

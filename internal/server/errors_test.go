@@ -135,11 +135,11 @@ func TestErrorTable(t *testing.T) {
 		{"corrupt revision counter", &store.CorruptError{Key: "revision"}, codes.DataLoss, []proto.Message{
 			errInfo("RECORD_CORRUPT", map[string]string{"section": "", "key": "revision"})}},
 		{"revision limit on a record", &store.LimitError{Section: "claims", Key: "c"}, codes.OutOfRange, []proto.Message{
-			errInfo("REVISION_LIMIT", map[string]string{"section": "claims", "key": "c", "max_revision": "9007199254740991"})}},
+			errInfo("REVISION_LIMIT", map[string]string{"section": "claims", "key": "c", "max_revision": "9007199254740991", "max_issued": "99999999999999"})}},
 		{"revision limit on the counter", &store.LimitError{Key: "revision"}, codes.OutOfRange, []proto.Message{
-			errInfo("REVISION_LIMIT", map[string]string{"key": "revision", "max_revision": "9007199254740991"})}},
+			errInfo("REVISION_LIMIT", map[string]string{"key": "revision", "max_revision": "9007199254740991", "max_issued": "99999999999999"})}},
 		{"revision limit sentinel alone", store.ErrRevisionLimit, codes.OutOfRange, []proto.Message{
-			errInfo("REVISION_LIMIT", map[string]string{"max_revision": "9007199254740991"})}},
+			errInfo("REVISION_LIMIT", map[string]string{"max_revision": "9007199254740991", "max_issued": "99999999999999"})}},
 		{"revision compacted", fmt.Errorf("store: watch: %w", &store.CompactedError{Start: 5, Oldest: 9}), codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_COMPACTED", map[string]string{"oldest_revision": "9"})}},
 		{"watch start ahead", fmt.Errorf("store: watch: %w", &store.StartAheadError{Start: 30, Latest: 10, Clock: 20}), codes.InvalidArgument, []proto.Message{

@@ -267,11 +267,14 @@ class RevisionLimit(FencedError):
         section: the record's section ("" when not a record).
         key: the record's key, or "revision", "epoch", "meta/<name>".
         max_revision: the largest stored number fenced reads, 2^53-1.
+        max_issued: the largest revision or epoch fenced issues, 10^14-1 (0
+            from a server older than this client).
     """
 
     section: str = ""
     key: str = ""
     max_revision: int = 0
+    max_issued: int = 0
 
 
 class RevisionCompacted(FencedError):
@@ -405,6 +408,7 @@ def _compacted(err: RevisionCompacted, d: _Details) -> None:
 def _limit(err: RevisionLimit, d: _Details) -> None:
     md = err.metadata
     err.section, err.key, err.max_revision = md.get("section", ""), md.get("key", ""), _int(md, "max_revision")
+    err.max_issued = _int(md, "max_issued")
 
 
 _Filler = Callable[[FencedError, _Details], None]

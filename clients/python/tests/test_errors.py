@@ -202,6 +202,7 @@ def test_revision_limit_names_what_reached_it(client: fenced.Client, redis: Redi
     err = e.value
     assert err.code == grpc.StatusCode.OUT_OF_RANGE and err.reason == "REVISION_LIMIT"
     assert (err.section, err.key, err.max_revision) == ("", "revision", 2**53 - 1)
+    assert err.max_issued == 10**14 - 1  # the limit this batch passed (issue 24's hostile pass: only 2^53-1 was named)
     assert client.record(slug, "claims", "a") is None
 
 

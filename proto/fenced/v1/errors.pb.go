@@ -77,7 +77,7 @@ const (
 	ErrorReason_SNAPSHOT_TOO_LARGE ErrorReason_Reason = 10
 	// OUT_OF_RANGE: a new revision or epoch would pass 10^14-1, or a stored
 	// one fenced compares is past 2^53-1; nothing was written. Metadata:
-	// "max_revision" (2^53-1), "key" and, for a record,
+	// "max_revision" (2^53-1), "max_issued" (10^14-1), "key" and, for a record,
 	// "section" (key "revision", "epoch" or "meta/<name>" otherwise).
 	ErrorReason_REVISION_LIMIT ErrorReason_Reason = 11
 	// RESOURCE_EXHAUSTED: too many batches wait for replicas (in the
