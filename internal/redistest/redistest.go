@@ -502,3 +502,27 @@ func (s *Server) CommandStats(t testing.TB) map[string]CommandStat {
 	}
 	return stats
 }
+
+// MainThreadCPU is the CPU time Redis's main thread has used (INFO cpu's
+// used_cpu_user_main_thread + used_cpu_sys_main_thread, Redis 7): the
+// thread that runs every command and script, so a difference of two
+// readings is what the commands between them cost Redis, without the time
+// it waited to be scheduled (which INFO commandstats' usec counts on a
+// busy machine).
+func (s *Server) MainThreadCPU(t testing.TB) time.Duration {
+	t.Helper()
+	info := parseInfo(s.Do(t, "INFO", "cpu"))
+	var total float64
+	for _, field := range []string{"used_cpu_user_main_thread", "used_cpu_sys_main_thread"} {
+		v, ok := info[field]
+		if !ok {
+			t.Fatalf("redistest: INFO cpu has no %s", field)
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("redistest: INFO cpu %s = %q: %v", field, v, err)
+		}
+		total += f
+	}
+	return time.Duration(total * float64(time.Second))
+}

@@ -71,9 +71,9 @@ var chanceLiterals = map[string]map[string]int{
 	// '-': ZRANGEBYLEX's lowest bound, not MemberUnnamed; 'LIMIT' as above.
 	"byname_rebuild.lua": {"-": 1, "LIMIT": 3},
 	// '~': json_exact's stand-in for a consumed sequence, not FlagPrefix
-	// (nor LogTrim); 'S': json_valid's stand-in for a string, not
-	// KindCheckSection.
-	"lib_json.lua": {"~": 9, "S": 1},
+	// (nor LogTrim); 'S': json_valid's stand-in for a string (made, then
+	// counted in a shape), not KindCheckSection.
+	"lib_json.lua": {"~": 9, "S": 2},
 	// 'r': the record grammar's member "r", not CheckRecord.
 	"lib_record.lua": {"r": 1},
 	// ',': the separator of section_revisions' JSON object, not

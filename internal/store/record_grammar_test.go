@@ -205,3 +205,53 @@ func TestRecordGrammarSameInLuaAndGo(t *testing.T) {
 		}
 	}
 }
+
+// luaValidPairScript answers, for each ARGV, json_valid's answer then
+// json_exact's ('1' or '0'), all in one call: json_valid's shape cache
+// (lib_json.lua) is filled by the texts before each.
+var luaValidPairScript = withLib(`
+local out = {}
+for i = 1, #ARGV do
+  out[#out + 1] = json_valid(ARGV[i], 999) and '1' or '0'
+  out[#out + 1] = json_exact(ARGV[i], 999) and '1' or '0'
+end
+return out
+`)
+
+// TestJSONValidShapeCacheAnswersAsJSONExact runs texts that share shapes
+// (valid and not, a bare S or N where a string or number stands, numbers
+// with a leading zero, raw control characters, escapes) through json_valid
+// in one call, in both orders, so that each is answered from a shape
+// another text cached first, and requires json_exact's answer for each.
+func TestJSONValidShapeCacheAnswersAsJSONExact(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	texts := []string{
+		`{"a":"b"}`, `{"a":S}`, `{S:"b"}`, `{S:S}`, `{"a":"b","c":"d"}`, `{"a":"b",S:"d"}`,
+		`{"a":1}`, `{"a":12}`, `{"a":01}`, `{"a":0}`, `{"a":N}`, `{"a":1 2}`, `{"a":"1"}`, `{"a":"b"1}`,
+		`["a",1]`, `[1,"a"]`, `[S,1]`, `["a",N]`, `["a", 1]`, `["a",1,]`, `["a"1]`,
+		`"S"`, `S`, `1`, `N`, `{"a":"b\n"}`, "{\"a\":\"b\x01\"}", `{"a":"b\"c"}`, `{"a":"b\q"}`,
+		`{"a":"b"}}`, `{{"a":"b"}`, `{"a":["b",{"c":2}]}`, `{"a":["b",{"c":S}]}`, `{"a":["b",{S:2}]}`,
+		`{"r":12,"v":{"x":"y"}}`, `{"r":12,"v":{"x":S}}`, `{"a":"b" , "c" : 3 }`, `{"a":"b" , "c" : S }`,
+	}
+	for _, order := range [][]string{texts, reversed(texts)} {
+		args := append(append([]string{}, order...), order...)
+		got, err := c.Do(context.Background(), c.B().Eval().Script(luaValidPairScript).Numkeys(0).Arg(args...).Build()).AsStrSlice()
+		if err != nil {
+			t.Fatalf("EVAL json_valid: %v", err)
+		}
+		for i, text := range args {
+			if got[2*i] != got[2*i+1] {
+				t.Errorf("%q: json_valid = %s, json_exact = %s; want the same", text, got[2*i], got[2*i+1])
+			}
+		}
+	}
+}
+
+func reversed(xs []string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[len(xs)-1-i] = x
+	}
+	return out
+}

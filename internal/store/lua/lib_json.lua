@@ -114,12 +114,17 @@ end
 -- checks the structure left after the strings in Lua instead of calling
 -- cjson was faster for string-only values, slower for values with numbers
 -- or escapes, as executions values have: 38 against 32 us for 1 KB.)
+local SHAPE_BYTES, SHAPES_MAX = 512, 1024
+local shapes, shape_count = {}, 0
+local json_valid_full
 local function json_valid(s, depth_limit)
   local t = s
-  if find(t, '\\', 1, true) then
+  local escaped = find(t, '\\', 1, true)
+  if escaped then
     t = gsub(t, '\\.', '') -- escapes (cjson checks them); then no quote is escaped
   end
-  t = gsub(t, '"[ !#-~]*"', 'S')
+  local strings
+  t, strings = gsub(t, '"[ !#-~]*"', 'S')
   -- What most values leave (structure, strings, unsigned integers and
   -- whitespace) can hold none of the non-JSON numbers below but one with a
   -- leading zero: one class scan instead of ten.
@@ -127,6 +132,41 @@ local function json_valid(s, depth_limit)
   if plain and (find(t, '^0%d') or find(t, '[^%d]0%d')) then
     return json_exact(s, depth_limit)
   end
+  -- The shape cache (docs/design/03-fenced-batch.md §3.9): a plain text
+  -- without escapes whose every S in t is one of its strings is valid
+  -- exactly when its shape is (t with every run of digits as N: its
+  -- strings are printable ASCII, its numbers unsigned integers without a
+  -- leading zero, each S and N one valid token). A shape of at most
+  -- SHAPE_BYTES nests below the depth limit, so one answer serves every
+  -- text of that shape: cjson runs once per shape. An entry is the count
+  -- of S in its shape, negated less one when the shape is not valid; a
+  -- text with a bare S outside its strings has another count than its
+  -- shape's entry (or than its own, never cached) and is judged in full.
+  if plain and not escaped and #t <= SHAPE_BYTES and depth_limit > SHAPE_BYTES then
+    local shape = t
+    if find(t, '%d') then
+      shape = gsub(t, '%d+', 'N')
+    end
+    local known = shapes[shape]
+    if known == strings then
+      return true
+    elseif known == -strings - 1 then
+      return false
+    end
+    local valid = json_valid_full(s, t, plain, depth_limit)
+    if known == nil and select(2, gsub(shape, 'S', '')) == strings then
+      if shape_count >= SHAPES_MAX then
+        shapes, shape_count = {}, 0
+      end
+      shapes[shape], shape_count = valid and strings or -strings - 1, shape_count + 1
+    end
+    return valid
+  end
+  return json_valid_full(s, t, plain, depth_limit)
+end
+-- json_valid_full is json_valid past the shape cache: t is s with its
+-- strings cut out, plain whether t is plain.
+json_valid_full = function(s, t, plain, depth_limit)
   if plain or not (find(t, '"', 1, true) or find(t, '[^ -~\t\n\r]') or find(t, '[%+iINxX]') or find(t, 'n[^u]') or find(t, '[^%d%.]0%d')
       or find(t, '^0%d') or find(t, '%.[^%d]') or find(t, '%.$') or find(t, '[^%d]%.') or find(t, '^%.')) then
     -- Fewer brackets than the limit cannot nest deeper than it; cjson's
