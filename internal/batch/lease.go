@@ -73,3 +73,59 @@ func (b LeaseBounds) check(slug, owner string, epoch, ttlMs *int64) error {
 	}
 	return vs.err()
 }
+
+// MaxClaimNameBytes bounds a claim's name (LeaseName in lease.proto).
+const MaxClaimNameBytes = 200
+
+// ValidClaimName reports why name is not a claim's name (1 to
+// MaxClaimNameBytes bytes of [A-Za-z0-9._:@/-]); "" when it is one. The
+// empty name (the controller lease) is not a claim's name.
+func ValidClaimName(name string) string {
+	if name == "" {
+		return "required"
+	}
+	if len(name) > MaxClaimNameBytes {
+		return fmt.Sprintf("at most %d bytes, got %d", MaxClaimNameBytes, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			c == '.' || c == '_' || c == ':' || c == '@' || c == '/' || c == '-') {
+			return fmt.Sprintf("byte %d (0x%02x) is not one of [A-Za-z0-9._:@/-]", i, c)
+		}
+	}
+	return ""
+}
+
+// CheckClaimName validates a lease request's name: empty (the controller
+// lease) or a claim's name (ValidClaimName). It returns a *ValidationError
+// naming field, or nil.
+func CheckClaimName(field, name string) error {
+	if name == "" {
+		return nil
+	}
+	var vs violations
+	if why := ValidClaimName(name); why != "" {
+		vs.add(field, "%s", why)
+	}
+	return vs.err()
+}
+
+// CheckNamed is check (CheckAcquire, CheckRenew, CheckRelease or
+// CheckSlug's answer) with the request's name validated too: every bad
+// field is named.
+func CheckNamed(err error, name string) error {
+	nerr := CheckClaimName("name", name)
+	if nerr == nil {
+		return err
+	}
+	if err == nil {
+		return nerr
+	}
+	ve, ok := err.(*ValidationError)
+	nve, _ := nerr.(*ValidationError)
+	if !ok || nve == nil {
+		return err
+	}
+	return &ValidationError{Violations: append(append([]Violation(nil), ve.Violations...), nve.Violations...)}
+}

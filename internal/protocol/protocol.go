@@ -146,6 +146,9 @@ const (
 	ReplyBusy  = "BUSY"
 	ReplyClean = "CLEAN"
 	ReplyAgain = "AGAIN"
+	// ReplyTooMany: a new claim in a swarm at its --max-claims-per-swarm:
+	// {TOO_MANY, claims, max}.
+	ReplyTooMany = "TOO_MANY"
 )
 
 // Lease operations (lease.lua's second argument).
@@ -198,6 +201,39 @@ const (
 	LogSectionsSeparator = ","
 	// LogFieldPrev is the swarm revision before the batch.
 	LogFieldPrev = "prev"
+	// The claim event of a claim operation's entry (docs/design/12-claims.md
+	// §12.6): the claim's name, the event's kind (ClaimGranted...), the
+	// grant's epoch and expiry (ms); the claim's owner is LogFieldOwner.
+	LogFieldClaim        = "claim"
+	LogFieldClaimKind    = "claim_kind"
+	LogFieldClaimEpoch   = "claim_epoch"
+	LogFieldClaimExpires = "claim_expires_at"
+)
+
+// Claim event kinds (LogFieldClaimKind).
+const (
+	ClaimGranted  = "granted"
+	ClaimRenewed  = "renewed"
+	ClaimReleased = "released"
+	ClaimLapsed   = "lapsed"
+)
+
+// Claim keys (docs/design/12-claims.md), under the swarm's hash tag, and the
+// global set of swarms that have claims (no hash tag).
+const (
+	// KeyClaims is the hash claim name -> grant record. Not "claims" (the
+	// spec's first name): that is one of fenced's default sections, whose
+	// records live in the key of the same name.
+	KeyClaims = "claim-grants"
+	// KeyClaimExpiry is the sorted set claim name -> expires_at ms.
+	KeyClaimExpiry = "claim-expiry"
+	// KeyClaimPrefix + name is the set of records bound to that claim.
+	KeyClaimPrefix = "claim:"
+	// ClaimSwarmsKey, after "<prefix>:", is the set of slugs with claims.
+	ClaimSwarmsKey = "fence:claim-swarms"
+	// ClaimLogPerClaim is how many log entries per live claim the log keeps
+	// at least on a claim operation (MAXLEN ~ max(LogCap, 4 x claims)).
+	ClaimLogPerClaim = 4
 )
 
 // LogChangesMax bounds a log entry's changes field, in bytes: with LogCap
@@ -237,6 +273,8 @@ var entries = []struct{ name, value string }{
 	{"KEY_BY_NAME_INDEX", KeyByNameIndex},
 	{"KEY_REQUEST_PREFIX", KeyRequestPrefix},
 	{"KEY_REQUEST_IDS", KeyRequestIDs},
+	{"KEY_CLAIMS", KeyClaims},
+	{"KEY_CLAIM_EXPIRY", KeyClaimExpiry},
 	{"STAMP_SUFFIX", StampSuffix},
 	{"FIELD_LEASE", FieldLease},
 	{"FIELD_EPOCH", FieldEpoch},
@@ -297,6 +335,16 @@ var entries = []struct{ name, value string }{
 	{"LOG_FIELD_PREV", LogFieldPrev},
 	{"LOG_CHANGES_MAX", strconv.Itoa(LogChangesMax)},
 	{"LOG_CAP", strconv.Itoa(LogCap)},
+	{"LOG_FIELD_CLAIM", LogFieldClaim},
+	{"LOG_FIELD_CLAIM_KIND", LogFieldClaimKind},
+	{"LOG_FIELD_CLAIM_EPOCH", LogFieldClaimEpoch},
+	{"LOG_FIELD_CLAIM_EXPIRES", LogFieldClaimExpires},
+	{"CLAIM_GRANTED", ClaimGranted},
+	{"CLAIM_RENEWED", ClaimRenewed},
+	{"CLAIM_RELEASED", ClaimReleased},
+	{"CLAIM_LAPSED", ClaimLapsed},
+	{"CLAIM_LOG_PER_CLAIM", strconv.Itoa(ClaimLogPerClaim)},
+	{"REPLY_TOO_MANY", ReplyTooMany},
 	{"LOG_TRIM", LogTrim},
 	{"CHECK_RECORD", CheckRecord},
 	{"CHECK_NOT_RECORD", CheckNotRecord},

@@ -30,6 +30,7 @@ var (
 	ReasonRevisionConflict = fencedv1.ErrorReason_REVISION_CONFLICT.String()
 	ReasonLeaseStale       = fencedv1.ErrorReason_LEASE_STALE.String()
 	ReasonLeaseHeld        = fencedv1.ErrorReason_LEASE_HELD.String()
+	ReasonTooManyClaims    = fencedv1.ErrorReason_TOO_MANY_CLAIMS.String()
 	ReasonLayoutDocument   = fencedv1.ErrorReason_LAYOUT_DOCUMENT.String()
 	ReasonRecordCorrupt    = fencedv1.ErrorReason_RECORD_CORRUPT.String()
 	ReasonRedisUnavailable = fencedv1.ErrorReason_REDIS_UNAVAILABLE.String()
@@ -119,6 +120,7 @@ var errorTable = []errorMapping{
 	{is(store.ErrMigrationContended), codes.Aborted, reason(ReasonRevisionConflict)},
 	{is(store.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
 	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
+	{is(store.ErrTooManyClaims), codes.ResourceExhausted, tooManyClaimsDetails},
 	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
 	{as[*store.SectionNotServedError](), codes.FailedPrecondition, sectionNotServedDetails},
 	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
@@ -272,7 +274,24 @@ func staleDetails(err error) []protoadapt.MessageV1 {
 			"expires_at_ms": strconv.FormatInt(se.ExpiresAtMs, 10),
 		}
 	}
+	if se != nil && se.Fence != "" {
+		md["fence"] = se.Fence
+	}
+	if se != nil && se.Claim != "" {
+		md["claim"] = se.Claim
+	}
 	return []protoadapt.MessageV1{info(ReasonLeaseStale, md)}
+}
+
+func tooManyClaimsDetails(err error) []protoadapt.MessageV1 {
+	var te *store.TooManyClaimsError
+	if !errors.As(err, &te) {
+		return []protoadapt.MessageV1{info(ReasonTooManyClaims, nil)}
+	}
+	return []protoadapt.MessageV1{info(ReasonTooManyClaims, map[string]string{
+		"claims": strconv.FormatInt(te.Claims, 10),
+		"max":    strconv.FormatInt(te.Max, 10),
+	})}
 }
 
 func heldDetails(err error) []protoadapt.MessageV1 {
@@ -284,6 +303,9 @@ func heldDetails(err error) []protoadapt.MessageV1 {
 		"owner":         validUTF8(he.Holder.Owner),
 		"epoch":         strconv.FormatInt(he.Holder.Epoch, 10),
 		"expires_at_ms": strconv.FormatInt(he.Holder.ExpiresAtMs, 10),
+	}
+	if he.Holder.Name != "" {
+		md["claim"] = he.Holder.Name
 	}
 	wait := time.Duration(max(he.Holder.ExpiresAtMs-he.NowMs, 0)) * time.Millisecond
 	return []protoadapt.MessageV1{info(ReasonLeaseHeld, md), &errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}}

@@ -20,6 +20,11 @@ type Leases interface {
 	Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (store.Lease, int64, error)
 	Release(ctx context.Context, slug, owner string, epoch int64) (int64, error)
 	CurrentLease(ctx context.Context, slug string) (*store.Lease, int64, int64, error)
+	// The same for a claim, a named lease (docs/design/12-claims.md).
+	AcquireClaim(ctx context.Context, slug, name, owner string, ttlMs int64) (store.Lease, int64, error)
+	RenewClaim(ctx context.Context, slug, name, owner string, epoch, ttlMs int64) (store.Lease, int64, error)
+	ReleaseClaim(ctx context.Context, slug, name, owner string, epoch int64) (int64, error)
+	CurrentClaim(ctx context.Context, slug, name string) (*store.Lease, int64, int64, error)
 }
 
 // LeaseService implements fencedv1.LeaseServiceServer over a Leases core.
@@ -38,17 +43,24 @@ func NewLeaseService(leases Leases, bounds batch.LeaseBounds) *LeaseService {
 }
 
 func leaseProto(l store.Lease) *fencedv1.Lease {
-	return &fencedv1.Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs}
+	return &fencedv1.Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs, Name: l.Name}
 }
 
 // Acquire grants or extends the swarm's lease. A grant too few replicas
 // acknowledged is the store's *ReplicationError: UNAVAILABLE +
 // REPLICATION_TIMEOUT, no lease in the answer.
 func (s *LeaseService) Acquire(ctx context.Context, req *fencedv1.AcquireRequest) (*fencedv1.AcquireResponse, error) {
-	if err := s.bounds.CheckAcquire(req.GetSlug(), req.GetOwner(), req.GetTtlMs()); err != nil {
+	if err := batch.CheckNamed(s.bounds.CheckAcquire(req.GetSlug(), req.GetOwner(), req.GetTtlMs()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	l, rev, err := s.leases.Acquire(ctx, req.GetSlug(), req.GetOwner(), req.GetTtlMs())
+	var l store.Lease
+	var rev int64
+	var err error
+	if req.GetName() != "" {
+		l, rev, err = s.leases.AcquireClaim(ctx, req.GetSlug(), req.GetName(), req.GetOwner(), req.GetTtlMs())
+	} else {
+		l, rev, err = s.leases.Acquire(ctx, req.GetSlug(), req.GetOwner(), req.GetTtlMs())
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -57,10 +69,17 @@ func (s *LeaseService) Acquire(ctx context.Context, req *fencedv1.AcquireRequest
 
 // Renew extends the caller's live lease.
 func (s *LeaseService) Renew(ctx context.Context, req *fencedv1.RenewRequest) (*fencedv1.RenewResponse, error) {
-	if err := s.bounds.CheckRenew(req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs()); err != nil {
+	if err := batch.CheckNamed(s.bounds.CheckRenew(req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	l, rev, err := s.leases.Renew(ctx, req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs())
+	var l store.Lease
+	var rev int64
+	var err error
+	if req.GetName() != "" {
+		l, rev, err = s.leases.RenewClaim(ctx, req.GetSlug(), req.GetName(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs())
+	} else {
+		l, rev, err = s.leases.Renew(ctx, req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs())
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -69,10 +88,16 @@ func (s *LeaseService) Renew(ctx context.Context, req *fencedv1.RenewRequest) (*
 
 // Release ends the caller's live lease.
 func (s *LeaseService) Release(ctx context.Context, req *fencedv1.ReleaseRequest) (*fencedv1.ReleaseResponse, error) {
-	if err := s.bounds.CheckRelease(req.GetSlug(), req.GetOwner(), req.GetEpoch()); err != nil {
+	if err := batch.CheckNamed(s.bounds.CheckRelease(req.GetSlug(), req.GetOwner(), req.GetEpoch()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	rev, err := s.leases.Release(ctx, req.GetSlug(), req.GetOwner(), req.GetEpoch())
+	var rev int64
+	var err error
+	if req.GetName() != "" {
+		rev, err = s.leases.ReleaseClaim(ctx, req.GetSlug(), req.GetName(), req.GetOwner(), req.GetEpoch())
+	} else {
+		rev, err = s.leases.Release(ctx, req.GetSlug(), req.GetOwner(), req.GetEpoch())
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -82,10 +107,17 @@ func (s *LeaseService) Release(ctx context.Context, req *fencedv1.ReleaseRequest
 // Current reads the swarm's lease as Redis sees it now: live when it
 // expires after Redis's clock.
 func (s *LeaseService) Current(ctx context.Context, req *fencedv1.CurrentRequest) (*fencedv1.CurrentResponse, error) {
-	if err := batch.CheckSlug(req.GetSlug()); err != nil {
+	if err := batch.CheckNamed(batch.CheckSlug(req.GetSlug()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	l, now, rev, err := s.leases.CurrentLease(ctx, req.GetSlug())
+	var l *store.Lease
+	var now, rev int64
+	var err error
+	if req.GetName() != "" {
+		l, now, rev, err = s.leases.CurrentClaim(ctx, req.GetSlug(), req.GetName())
+	} else {
+		l, now, rev, err = s.leases.CurrentLease(ctx, req.GetSlug())
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -27,6 +27,10 @@ var (
 	// FAILED_PRECONDITION, LEASE_HELD (with a RetryInfo of the time the
 	// lease has left).
 	ErrLeaseHeld = errors.New("lease held by another owner")
+	// ErrTooManyClaims: an Acquire of a new claim in a swarm at its
+	// WithMaxClaimsPerSwarm. Returned as *TooManyClaimsError. gRPC:
+	// RESOURCE_EXHAUSTED + TOO_MANY_CLAIMS.
+	ErrTooManyClaims = errors.New("too many claims in the swarm")
 	// ErrLayoutDocument: the swarm is still stored as one document by older
 	// writers and must be migrated before fenced writes it there: returned
 	// by commits and lease changes where the document layout is not served
@@ -128,6 +132,12 @@ type StaleError struct {
 	Owner       string
 	Epoch       int64
 	ExpiresAtMs int64
+	// Fence is which fence of a batch failed: "lease" (the controller
+	// fence) or "claim"; empty for a Renew or Release.
+	Fence string
+	// Claim is the claim's name when the lease is a claim; empty for the
+	// controller lease.
+	Claim string
 }
 
 func (e *StaleError) Error() string {

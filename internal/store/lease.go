@@ -18,6 +18,9 @@ type Lease struct {
 	Epoch int64
 	// ExpiresAtMs is when the lease ends, in ms by Redis's clock.
 	ExpiresAtMs int64
+	// Name is the claim's name (docs/design/12-claims.md); empty for the
+	// swarm's controller lease (meta/lease).
+	Name string
 	// ReplicasAcked is how many replicas acknowledged the grant or renewal
 	// that answered this lease (Acquire, Renew under WithLeaseDurability);
 	// 0 when none was asked for, and in a lease read from Redis.

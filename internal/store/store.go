@@ -39,10 +39,12 @@ var (
 	readSectionsScript = newScript(ScriptReadSections, luaReadSections)
 	readRecordScript   = newScript(ScriptReadRecord, luaReadRecord)
 	readLeaseScript    = newScript(ScriptReadLease, luaReadLease)
+	claimScript        = newScript(ScriptLease, luaClaim)
+	readClaimScript    = newScript(ScriptReadLease, luaReadClaim)
 	readScanScript     = newScript(ScriptScanSection, luaScanSection)
 	readScanKeysScript = newScript(ScriptScanSection, luaScanKeys)
 
-	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
+	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, claimScript, readClaimScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
 )
 
 // script is a Lua script with its name (for the Observer), source and
@@ -132,6 +134,8 @@ type Store struct {
 	legacyRequestKeys bool
 	// leaseDurability is what lease grants, renewals and releases wait for.
 	leaseDurability Durability
+	// maxClaimsPerSwarm is WithMaxClaimsPerSwarm's value; 0: the default.
+	maxClaimsPerSwarm int64
 	// maxSnapshotRecords bounds one Sections read.
 	maxSnapshotRecords int
 	// maxSnapshotBytes bounds one Sections answer, checked in Redis.
@@ -204,6 +208,20 @@ const DefaultRequestIDWindow = 10 * time.Minute
 // expire).
 func WithLeaseDurability(d Durability) Option {
 	return func(s *Store) { s.leaseDurability = d }
+}
+
+// WithMaxClaimsPerSwarm caps how many claims (named leases) one swarm may
+// hold at once (--max-claims-per-swarm; default DefaultMaxClaimsPerSwarm):
+// an Acquire of a new name past it is *TooManyClaimsError.
+func WithMaxClaimsPerSwarm(n int64) Option {
+	return func(s *Store) { s.maxClaimsPerSwarm = n }
+}
+
+func (s *Store) maxClaims() int64 {
+	if s.maxClaimsPerSwarm <= 0 {
+		return DefaultMaxClaimsPerSwarm
+	}
+	return s.maxClaimsPerSwarm
 }
 
 // Option configures a Store.

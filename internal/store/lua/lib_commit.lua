@@ -194,11 +194,23 @@ end
 -- then prev: the swarm revision before this commit (the previous entry's
 -- revision), so that a reader resuming after revision r knows nothing
 -- between r and the oldest entry left the log when prev <= r.
+-- log_cap is the log's MAXLEN ~ for this call: P.LOG_CAP, raised by a
+-- claim operation or a claim-fenced batch to about 4 entries per live
+-- claim (claim_log_cap, docs/design/12-claims.md §12.6).
+local log_cap = P.LOG_CAP
+-- log_extra: field/value pairs a claim operation adds to its log entry
+-- (the claim event), after records and before changes; nil when none.
+local log_extra = nil
 local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
   local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
   if request_id then
     entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
     entry[#entry + 1] = request_id
+  end
+  if log_extra then
+    for _, v in ipairs(log_extra) do
+      entry[#entry + 1] = v
+    end
   end
   local text = table.concat(changes)
   if #text <= LOG_CHANGES_MAX then
@@ -215,7 +227,7 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
   end
   entry[#entry + 1] = P.LOG_FIELD_PREV
   entry[#entry + 1] = prior_revision
-  local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, P.LOG_CAP, '*', unpack(entry))
+  local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*', unpack(entry))
   if type(id) == 'table' and id.err then
     if string.find(id.err, 'exhausted the last possible ID', 1, true) then
       -- Not Redis refusing writes (OOM, READONLY, an ACL: its own reply,
@@ -288,4 +300,6 @@ local function begin(keys, argv, library)
   section_revs_decoded = nil
   prior_revision = '0'
   section_revisions_body = nil
+  log_cap = P.LOG_CAP
+  log_extra = nil
 end

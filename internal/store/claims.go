@@ -1,0 +1,179 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/agentihooks/fenced/internal/protocol"
+)
+
+// Claims: named leases within a swarm (docs/design/12-claims.md). Each
+// claim is a field of the swarm's claims hash holding a lease record
+// {"owner","epoch","expires_at"}; its expiry is mirrored in the
+// claim-expiry sorted set. A grant's epoch is the swarm revision it
+// committed at.
+
+// DefaultMaxClaimsPerSwarm is --max-claims-per-swarm's default.
+const DefaultMaxClaimsPerSwarm = 100000
+
+// TooManyClaimsError is ErrTooManyClaims: an Acquire of a new claim in a
+// swarm already holding Max claims (Claims of them now).
+type TooManyClaimsError struct {
+	Claims, Max int64
+}
+
+func (e *TooManyClaimsError) Error() string {
+	return fmt.Sprintf("too many claims: the swarm holds %d claims, at most %d", e.Claims, e.Max)
+}
+
+// Is makes errors.Is(err, ErrTooManyClaims) true.
+func (e *TooManyClaimsError) Is(target error) bool { return target == ErrTooManyClaims }
+
+func (k swarmKeys) claims() string      { return k.base + protocol.KeyClaims }
+func (k swarmKeys) claimExpiry() string { return k.base + protocol.KeyClaimExpiry }
+
+// claimSwarms is the global set of slugs that have claims (no hash tag).
+func (s *Store) claimSwarms() string { return s.prefix + ":" + protocol.ClaimSwarmsKey }
+
+// AcquireClaim grants the claim name of the swarm to owner for ttlMs by
+// Redis's clock when it has no live grant: a new epoch, the swarm revision
+// of the grant. The live holder acquiring again extends its grant and keeps
+// its epoch. It answers the grant (Lease.Owner, Epoch, ExpiresAtMs) and the
+// revision it committed at. Errors: *HeldError (ErrLeaseHeld, Claim set)
+// when another owner holds it live, *TooManyClaimsError (ErrTooManyClaims)
+// for a new name in a swarm at its WithMaxClaimsPerSwarm, ErrLayoutDocument,
+// *CorruptError, *LimitError, ErrUnavailable, context errors, *RedisError.
+// Inputs must be valid (batch.LeaseBounds.CheckAcquire, batch.CheckClaimName).
+func (s *Store) AcquireClaim(ctx context.Context, slug, name, owner string, ttlMs int64) (Lease, int64, error) {
+	l, rev, err := s.claimOp(ctx, slug, name, protocol.LeaseAcquire, owner, 0, ttlMs)
+	if err != nil {
+		return Lease{}, 0, fmt.Errorf("store: acquire claim: %w", err)
+	}
+	return l, rev, nil
+}
+
+// RenewClaim extends the live grant of owner at epoch of the claim name by
+// ttlMs from Redis's now. Errors: *StaleError (ErrLeaseStale, Claim set)
+// when it is not that owner's and epoch's live grant, and those of
+// AcquireClaim.
+func (s *Store) RenewClaim(ctx context.Context, slug, name, owner string, epoch, ttlMs int64) (Lease, int64, error) {
+	l, rev, err := s.claimOp(ctx, slug, name, protocol.LeaseRenew, owner, epoch, ttlMs)
+	if err != nil {
+		return Lease{}, 0, fmt.Errorf("store: renew claim: %w", err)
+	}
+	return l, rev, nil
+}
+
+// ReleaseClaim ends the live grant of owner at epoch of the claim name (the
+// name's next grant has a larger epoch). It answers the release's revision.
+// Errors: as RenewClaim.
+func (s *Store) ReleaseClaim(ctx context.Context, slug, name, owner string, epoch int64) (int64, error) {
+	_, rev, err := s.claimOp(ctx, slug, name, protocol.LeaseRelease, owner, epoch, 0)
+	if err != nil {
+		return 0, fmt.Errorf("store: release claim: %w", err)
+	}
+	return rev, nil
+}
+
+func (s *Store) claimOp(ctx context.Context, slug, name, op, owner string, epoch, ttlMs int64) (Lease, int64, error) {
+	ctx, cancel := s.bound(ctx, s.leaseDurability.wait())
+	defer cancel()
+	k := s.keys(slug)
+	keys := []string{k.meta(), k.revision(), k.log(), k.claims(), k.claimExpiry()}
+	mode := protocol.ModeNone
+	if s.stamp {
+		mode = protocol.ModeStamp
+		keys = append(keys, k.current)
+	}
+	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10), name,
+		strconv.FormatInt(s.maxClaims(), 10)}
+	d := s.leaseDurability
+	reply, acked, err := s.execCommitting(ctx, k, claimScript, keys, args, d)
+	if err != nil {
+		return Lease{}, 0, err
+	}
+	var e LeaseEvent
+	var rev int64
+	if reply[0] == protocol.ReplyTooMany && len(reply) == 3 {
+		nums, err := parseInts(reply[1], reply[2])
+		if err != nil {
+			return Lease{}, 0, err
+		}
+		return Lease{}, 0, &TooManyClaimsError{Claims: nums[0], Max: nums[1]}
+	}
+	e, rev = leaseResult(op, reply)
+	e, rev = durableLease(e, rev, acked, op, d)
+	if e.Err != nil {
+		setClaim(e.Err, name)
+		return Lease{}, 0, e.Err
+	}
+	if op != protocol.LeaseRelease {
+		// The reaper's walk (outside the script: on Cluster another slot).
+		// A failure here only delays reclaim: reads filter lapses anyway.
+		_ = s.c().Do(ctx, s.c().B().Sadd().Key(s.claimSwarms()).Member(slug).Build()).Error()
+	}
+	e.Lease.Name = name
+	return e.Lease, rev, nil
+}
+
+// setClaim names the claim in a refusal.
+func setClaim(err error, name string) {
+	switch e := err.(type) {
+	case *HeldError:
+		e.Holder.Name = name
+	case *StaleError:
+		e.Claim = name
+	}
+}
+
+// CurrentClaim reads the claim name's grant record, Redis's now (ms) and
+// the swarm revision together. lease is nil when the name has no grant; a
+// grant whose ExpiresAtMs is at or before nowMs is not live. Errors:
+// *CorruptError when the field is not a lease record, ErrLayoutDocument
+// (a document-layout swarm has no claims), ErrUnavailable, context
+// errors, *RedisError.
+func (s *Store) CurrentClaim(ctx context.Context, slug, name string) (lease *Lease, nowMs, revision int64, err error) {
+	ctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	k := s.keys(slug)
+	if s.stamp {
+		if doc, err := s.documentExists(ctx, k); err != nil {
+			return nil, 0, 0, fmt.Errorf("store: read claim: %w", err)
+		} else if doc {
+			return nil, 0, 0, fmt.Errorf("store: read claim: %w", ErrLayoutDocument)
+		}
+	}
+	arr, err := s.exec(ctx, readClaimScript, []string{k.claims(), k.revision()}, []string{name}).ToArray()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("store: read claim: %w", s.classify(ctx, err))
+	}
+	if len(arr) != 3 {
+		return nil, 0, 0, fmt.Errorf("store: read claim: %w: %d elements", ErrMalformedReply, len(arr))
+	}
+	var nums [2]int64
+	for i := range nums {
+		str, err := arr[i].ToString()
+		if err == nil && i == 1 {
+			nums[i], err = parseRevision(str)
+		} else if err == nil {
+			nums[i], err = parseInt(str)
+		}
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("store: read claim: %w", err)
+		}
+	}
+	if arr[2].IsNil() {
+		return nil, nums[0], nums[1], nil
+	}
+	raw, err := arr[2].ToString()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("store: read claim: %w: %w", ErrMalformedReply, err)
+	}
+	l, ok := parseLease(raw)
+	if !ok {
+		return nil, 0, 0, fmt.Errorf("store: read claim: %w", &CorruptError{Section: protocol.KeyClaims, Key: name})
+	}
+	l.Name = name
+	return &l, nums[0], nums[1], nil
+}
