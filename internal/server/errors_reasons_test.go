@@ -165,6 +165,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 		}},
 		{"watch start ahead", &store.StartAheadError{Start: 30, Latest: 10, Clock: 20}, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
 		{"too many watchers", &tooManyWatchersError{limit: "process"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_WATCHERS, same},
+		{"too many claims", &store.TooManyClaimsError{Claims: 3, Max: 3}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_CLAIMS, same},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, fencedv1.ErrorReason_WATCHER_TOO_SLOW, same},
 		{"unknown", errors.New("something else"), codes.Internal, fencedv1.ErrorReason_REASON_UNSPECIFIED, same},
 	}
@@ -254,7 +255,7 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		store.ReasonRedisClusterDown, store.ReasonRedisNoScript, store.ReasonRedisNotPermitted, store.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
 		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
-		ReasonSectionNotServed, ReasonOutcomeUnknown,
+		ReasonSectionNotServed, ReasonOutcomeUnknown, ReasonTooManyClaims,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {

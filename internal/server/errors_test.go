@@ -147,6 +147,8 @@ func TestErrorTable(t *testing.T) {
 				Description: "30 is later than any revision the swarm has issued (latest 10) and than Redis's clock (20 as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent"}}}}},
 		{"too many watchers", &tooManyWatchersError{limit: "connection"}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_WATCHERS", map[string]string{"limit": "connection"})}},
+		{"too many claims", fmt.Errorf("store: acquire claim: %w", &store.TooManyClaimsError{Claims: 3, Max: 3}), codes.ResourceExhausted, []proto.Message{
+			errInfo("TOO_MANY_CLAIMS", map[string]string{"claims": "3", "max": "3"})}},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, []proto.Message{
 			errInfo("WATCHER_TOO_SLOW", map[string]string{"last_revision": "7"})}},
 		{"watcher too slow sentinel alone", store.ErrWatcherTooSlow, codes.ResourceExhausted, []proto.Message{

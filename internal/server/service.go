@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -191,6 +192,9 @@ func (s *Service) Record(ctx context.Context, req *fencedv1.RecordRequest) (*fen
 
 // FencedBatch validates a batch and commits it all or none.
 func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequest) (*fencedv1.FencedBatchResponse, error) {
+	if err := unservedClaimFields(req); err != nil {
+		return nil, toStatus(err)
+	}
 	b, ack := BatchFromProto(req), replicaAckFromProto(req.GetReplicaAck())
 	bounds := batch.AckBounds{MaxReplicas: s.opts.MaxAckReplicas, MaxTimeout: s.opts.MaxAckTimeout}
 	if err := s.limits.CheckFencedBatch(b, ack, bounds); err != nil {
@@ -206,6 +210,30 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 		return nil, toStatus(err)
 	}
 	return &fencedv1.FencedBatchResponse{Revision: c.Revision, Replayed: c.Replayed, ReplicasAcked: int32(c.ReplicasAcked)}, nil
+}
+
+// unservedClaimFields refuses the parts of the claims contract (issue 27,
+// docs/design/12-claims.md) this fenced does not check yet: a claim fence
+// (FencedBatchRequest.claim) and records bound to a claim
+// (RecordWrite.bind_to_claim). Ignored, a batch fenced by a lapsed claim
+// would commit unchecked, and a record meant to end with its claim would
+// outlive it; so each is INVALID_ARGUMENT naming the field, nothing
+// written. Named leases themselves (LeaseService with a name) are served.
+func unservedClaimFields(req *fencedv1.FencedBatchRequest) error {
+	var vs []batch.Violation
+	const why = "not served by this fenced yet (claims, issue 27: named leases are served; claim fences and bound records are not), so the batch is refused rather than committed unchecked"
+	if req.GetClaim() != nil {
+		vs = append(vs, batch.Violation{Field: "claim", Description: "a claim fence is " + why})
+	}
+	for i, w := range req.GetWrites() {
+		if w.GetBindToClaim() && len(vs) < batch.MaxViolations {
+			vs = append(vs, batch.Violation{Field: "writes[" + strconv.Itoa(i) + "].bind_to_claim", Description: "binding a record to a claim is " + why})
+		}
+	}
+	if vs == nil {
+		return nil
+	}
+	return &batch.ValidationError{Violations: vs}
 }
 
 // replicaAckFromProto converts a batch's replica_ack; nil when unset.

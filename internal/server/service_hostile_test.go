@@ -204,3 +204,33 @@ func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
 		<-done
 	}
 }
+
+// TestClaimFencesAndBoundPutsAreRefusedUntilServed: the claims contract's
+// claim fence and bind_to_claim are in the proto before the commit checks
+// them (issue 27 is being built): a batch carrying either is INVALID_ARGUMENT
+// naming the field and writes nothing, never committed as if unfenced.
+// Before: the claim fence was ignored and the batch committed.
+func TestClaimFencesAndBoundPutsAreRefusedUntilServed(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	const slug = "unserved"
+	bound := put("claims", "b", 0, `1`)
+	bound.BindToClaim = true
+	for _, tc := range []struct {
+		req   *fencedv1.FencedBatchRequest
+		field string
+	}{
+		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`)},
+			Claim: &fencedv1.ClaimFence{Name: "wake:1", Owner: "w", Epoch: 1}}, "claim"},
+		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), bound}}, "writes[1].bind_to_claim"},
+	} {
+		_, err := e.records.FencedBatch(ctxT(t), tc.req)
+		d := decode(t, err)
+		if d.code != codes.InvalidArgument || !slices.Contains(d.fields(), tc.field) {
+			t.Errorf("FencedBatch = %v fields %v (%v), want INVALID_ARGUMENT on %s", d.code, d.fields(), err, tc.field)
+		}
+	}
+	if got := srv.Do(t, "EXISTS", redisKey(slug, "claims")); got != "0" {
+		t.Errorf("EXISTS claims = %s after refused batches, want 0", got)
+	}
+}
