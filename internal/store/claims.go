@@ -144,36 +144,10 @@ func (s *Store) CurrentClaim(ctx context.Context, slug, name string) (lease *Lea
 			return nil, 0, 0, fmt.Errorf("store: read claim: %w", ErrLayoutDocument)
 		}
 	}
-	arr, err := s.exec(ctx, readClaimScript, []string{k.claims(), k.revision()}, []string{name}).ToArray()
-	if err != nil {
-		return nil, 0, 0, fmt.Errorf("store: read claim: %w", s.classify(ctx, err))
+	l, now, rev, err := s.readLeaseReply(ctx, "read claim", readClaimScript, []string{k.claims(), k.revision()}, []string{name},
+		&CorruptError{Section: protocol.KeyClaims, Key: name})
+	if l != nil {
+		l.Name = name
 	}
-	if len(arr) != 3 {
-		return nil, 0, 0, fmt.Errorf("store: read claim: %w: %d elements", ErrMalformedReply, len(arr))
-	}
-	var nums [2]int64
-	for i := range nums {
-		str, err := arr[i].ToString()
-		if err == nil && i == 1 {
-			nums[i], err = parseRevision(str)
-		} else if err == nil {
-			nums[i], err = parseInt(str)
-		}
-		if err != nil {
-			return nil, 0, 0, fmt.Errorf("store: read claim: %w", err)
-		}
-	}
-	if arr[2].IsNil() {
-		return nil, nums[0], nums[1], nil
-	}
-	raw, err := arr[2].ToString()
-	if err != nil {
-		return nil, 0, 0, fmt.Errorf("store: read claim: %w: %w", ErrMalformedReply, err)
-	}
-	l, ok := parseLease(raw)
-	if !ok {
-		return nil, 0, 0, fmt.Errorf("store: read claim: %w", &CorruptError{Section: protocol.KeyClaims, Key: name})
-	}
-	l.Name = name
-	return &l, nums[0], nums[1], nil
+	return l, now, rev, err
 }

@@ -158,12 +158,20 @@ func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, no
 
 // currentLease is CurrentLease on the records layout.
 func (s *Store) currentLease(ctx context.Context, k swarmKeys) (lease *Lease, nowMs, revision int64, err error) {
-	arr, err := s.exec(ctx, readLeaseScript, []string{k.meta(), k.revision()}, nil).ToArray()
+	return s.readLeaseReply(ctx, "read lease", readLeaseScript, []string{k.meta(), k.revision()}, nil,
+		&CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldLease})
+}
+
+// readLeaseReply runs a lease read (read_lease.lua, read_claim.lua: the
+// reply {now_ms, swarm revision, record or nil}) and decodes it; corrupt is
+// the error for a record that is no lease. what prefixes every error.
+func (s *Store) readLeaseReply(ctx context.Context, what string, sc *script, keys, args []string, corrupt *CorruptError) (lease *Lease, nowMs, revision int64, err error) {
+	arr, err := s.exec(ctx, sc, keys, args).ToArray()
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("store: read lease: %w", s.classify(ctx, err))
+		return nil, 0, 0, fmt.Errorf("store: %s: %w", what, s.classify(ctx, err))
 	}
 	if len(arr) != 3 {
-		return nil, 0, 0, fmt.Errorf("store: read lease: %w: %d elements", ErrMalformedReply, len(arr))
+		return nil, 0, 0, fmt.Errorf("store: %s: %w: %d elements", what, ErrMalformedReply, len(arr))
 	}
 	var nums [2]int64
 	for i := range nums {
@@ -174,7 +182,7 @@ func (s *Store) currentLease(ctx context.Context, k swarmKeys) (lease *Lease, no
 			nums[i], err = parseInt(str)
 		}
 		if err != nil {
-			return nil, 0, 0, fmt.Errorf("store: read lease: %w", err)
+			return nil, 0, 0, fmt.Errorf("store: %s: %w", what, err)
 		}
 	}
 	if arr[2].IsNil() {
@@ -182,11 +190,11 @@ func (s *Store) currentLease(ctx context.Context, k swarmKeys) (lease *Lease, no
 	}
 	raw, err := arr[2].ToString()
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("store: read lease: %w: %w", ErrMalformedReply, err)
+		return nil, 0, 0, fmt.Errorf("store: %s: %w: %w", what, ErrMalformedReply, err)
 	}
 	l, ok := parseLease(raw)
 	if !ok {
-		return nil, 0, 0, fmt.Errorf("store: read lease: %w", &CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldLease})
+		return nil, 0, 0, fmt.Errorf("store: %s: %w", what, corrupt)
 	}
 	return &l, nums[0], nums[1], nil
 }
