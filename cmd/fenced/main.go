@@ -107,6 +107,8 @@ type serveCmd struct {
 	// LegacyRequestKeys: also read and write request ids' keys of the
 	// layout before the request-ids hash (a rolling upgrade).
 	LegacyRequestKeys bool `env:"FENCED_LEGACY_REQUEST_KEYS" default:"true" negatable:"" help:"Also read and write each request id's key of the layout before request-ids (request:<id>), so that a batch resent across a rolling upgrade from an older fenced is answered, not rerun; turn off once every replica runs this version and --request-id-window has passed."`
+	// MaxClaimsPerSwarm bounds the claims (named leases) one swarm holds.
+	MaxClaimsPerSwarm int64 `env:"FENCED_MAX_CLAIMS_PER_SWARM" default:"100000" help:"Most claims (named leases) one swarm may hold at once; an Acquire of a new name past it is RESOURCE_EXHAUSTED TOO_MANY_CLAIMS."`
 	// ByNameRebuildPage is the records one step of a background by-name
 	// index rebuild reads; 0 turns the background rebuild off.
 	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, at most this many records per script, each step sized by the Redis time the previous ones took to about 1 ms; 0: never (fenced inspect --repair does it)."`
@@ -316,6 +318,9 @@ func (c *serveCmd) checkConfig() (batch.Limits, error) {
 	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
 		return limits, fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
 	}
+	if c.MaxClaimsPerSwarm < 1 {
+		return limits, fmt.Errorf("configuration: --max-claims-per-swarm must be >= 1")
+	}
 	if c.ByNameRebuildPage < 0 {
 		return limits, fmt.Errorf("configuration: --by-name-rebuild-page must be >= 0")
 	}
@@ -344,6 +349,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
 		store.WithMaxSnapshotBytes(c.MaxSnapshotBytes),
 		store.WithLeaseDurability(durable),
+		store.WithMaxClaimsPerSwarm(c.MaxClaimsPerSwarm),
 		store.WithRedisTimeout(c.RedisTimeout),
 		store.WithAllowEviction(c.AllowEvictingRedis),
 		store.WithSections(c.Sections),

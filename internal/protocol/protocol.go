@@ -215,11 +215,9 @@ const (
 	ClaimGranted  = "granted"
 	ClaimRenewed  = "renewed"
 	ClaimReleased = "released"
-	ClaimLapsed   = "lapsed"
 )
 
-// Claim keys (docs/design/12-claims.md), under the swarm's hash tag, and the
-// global set of swarms that have claims (no hash tag).
+// Claim keys (docs/design/12-claims.md), under the swarm's hash tag.
 const (
 	// KeyClaims is the hash claim name -> grant record. Not "claims" (the
 	// spec's first name): that is one of fenced's default sections, whose
@@ -227,10 +225,6 @@ const (
 	KeyClaims = "claim-grants"
 	// KeyClaimExpiry is the sorted set claim name -> expires_at ms.
 	KeyClaimExpiry = "claim-expiry"
-	// KeyClaimPrefix + name is the set of records bound to that claim.
-	KeyClaimPrefix = "claim:"
-	// ClaimSwarmsKey, after "<prefix>:", is the set of slugs with claims.
-	ClaimSwarmsKey = "fence:claim-swarms"
 	// ClaimLogPerClaim is how many log entries per live claim the log keeps
 	// at least on a claim operation (MAXLEN ~ max(LogCap, 4 x claims)).
 	ClaimLogPerClaim = 4
@@ -342,7 +336,6 @@ var entries = []struct{ name, value string }{
 	{"CLAIM_GRANTED", ClaimGranted},
 	{"CLAIM_RENEWED", ClaimRenewed},
 	{"CLAIM_RELEASED", ClaimReleased},
-	{"CLAIM_LAPSED", ClaimLapsed},
 	{"CLAIM_LOG_PER_CLAIM", strconv.Itoa(ClaimLogPerClaim)},
 	{"REPLY_TOO_MANY", ReplyTooMany},
 	{"LOG_TRIM", LogTrim},

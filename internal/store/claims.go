@@ -33,9 +33,6 @@ func (e *TooManyClaimsError) Is(target error) bool { return target == ErrTooMany
 func (k swarmKeys) claims() string      { return k.base + protocol.KeyClaims }
 func (k swarmKeys) claimExpiry() string { return k.base + protocol.KeyClaimExpiry }
 
-// claimSwarms is the global set of slugs that have claims (no hash tag).
-func (s *Store) claimSwarms() string { return s.prefix + ":" + protocol.ClaimSwarmsKey }
-
 // AcquireClaim grants the claim name of the swarm to owner for ttlMs by
 // Redis's clock when it has no live grant: a new epoch, the swarm revision
 // of the grant. The live holder acquiring again extends its grant and keeps
@@ -108,11 +105,6 @@ func (s *Store) claimOp(ctx context.Context, slug, name, op, owner string, epoch
 		setClaim(e.Err, name)
 		return Lease{}, 0, e.Err
 	}
-	if op != protocol.LeaseRelease {
-		// The reaper's walk (outside the script: on Cluster another slot).
-		// A failure here only delays reclaim: reads filter lapses anyway.
-		_ = s.c().Do(ctx, s.c().B().Sadd().Key(s.claimSwarms()).Member(slug).Build()).Error()
-	}
 	e.Lease.Name = name
 	return e.Lease, rev, nil
 }
@@ -137,17 +129,23 @@ func (s *Store) CurrentClaim(ctx context.Context, slug, name string) (lease *Lea
 	ctx, cancel := s.bound(ctx, 0)
 	defer cancel()
 	k := s.keys(slug)
-	if s.stamp {
-		if doc, err := s.documentExists(ctx, k); err != nil {
-			return nil, 0, 0, fmt.Errorf("store: read claim: %w", err)
-		} else if doc {
-			return nil, 0, 0, fmt.Errorf("store: read claim: %w", ErrLayoutDocument)
-		}
+	// As CurrentLease: the document is looked for only when the records
+	// layout has no swarm revision (documentRead), not by a round trip of
+	// its own on every read.
+	lease, doc, err := documentRead(ctx, s, k, func() (*Lease, int64, error) {
+		var l *Lease
+		l, nowMs, revision, err = s.readLeaseReply(ctx, "read claim", []string{k.claims(), k.revision()}, name,
+			&CorruptError{Section: protocol.KeyClaims, Key: name})
+		return l, revision, err
+	})
+	if err != nil {
+		return nil, 0, 0, err
 	}
-	l, now, rev, err := s.readLeaseReply(ctx, "read claim", readClaimScript, []string{k.claims(), k.revision()}, []string{name},
-		&CorruptError{Section: protocol.KeyClaims, Key: name})
-	if l != nil {
-		l.Name = name
+	if doc != nil {
+		return nil, 0, 0, fmt.Errorf("store: read claim: %w", ErrLayoutDocument)
 	}
-	return l, now, rev, err
+	if lease != nil {
+		lease.Name = name
+	}
+	return lease, nowMs, revision, nil
 }

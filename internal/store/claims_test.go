@@ -3,6 +3,9 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,9 +38,16 @@ func TestClaimLifecycle(t *testing.T) {
 	if err != nil || a.Owner != "worker-a" || a.Epoch != rev || a.Name != "wake/1" {
 		t.Fatalf("AcquireClaim = %+v r%d, %v; want worker-a at epoch = the grant's revision", a, rev, err)
 	}
-	if got := srv.Do(t, "ZSCORE", key("cl", "claim-expiry"), "wake/1"); got == "" {
-		t.Errorf("claim-expiry has no wake/1")
+	// The grant's record byte for byte, its expiry in claim-expiry, and a
+	// log entry carrying the claim event.
+	wantGrant := fmt.Sprintf(`{"r":%d,"v":{"owner":"worker-a","epoch":%d,"expires_at":%d}}`, rev, a.Epoch, a.ExpiresAtMs)
+	if got := srv.Do(t, "HGET", key("cl", "claim-grants"), "wake/1"); got != wantGrant {
+		t.Errorf("claim-grants wake/1 = %s, want %s", got, wantGrant)
 	}
+	if got := srv.Do(t, "ZSCORE", key("cl", "claim-expiry"), "wake/1"); got != strconv.FormatInt(a.ExpiresAtMs, 10) {
+		t.Errorf("claim-expiry wake/1 = %q, want %d", got, a.ExpiresAtMs)
+	}
+	wantClaimEvent(t, srv, "cl", rev, "worker-a", "wake/1", "granted", a.Epoch, a.ExpiresAtMs)
 	// The controller lease is untouched.
 	if l, _, _, err := st.CurrentLease(ctx, "cl"); err != nil || l != nil {
 		t.Errorf("CurrentLease = %+v, %v; want none", l, err)
@@ -68,8 +78,15 @@ func TestClaimLifecycle(t *testing.T) {
 	if _, _, err := st.RenewClaim(ctx, "cl", "wake/1", "worker-a", a.Epoch+1, 60000); !errors.As(err, &se) || se.Claim != "wake/1" {
 		t.Fatalf("RenewClaim wrong epoch: %v; want StaleError naming wake/1", err)
 	}
-	if _, err := st.ReleaseClaim(ctx, "cl", "wake/1", "worker-a", a.Epoch); err != nil {
+	relRev, err := st.ReleaseClaim(ctx, "cl", "wake/1", "worker-a", a.Epoch)
+	if err != nil {
 		t.Fatalf("ReleaseClaim: %v", err)
+	}
+	if got := srv.Do(t, "HEXISTS", key("cl", "claim-grants"), "wake/1") + srv.Do(t, "ZSCORE", key("cl", "claim-expiry"), "wake/1"); got != "0" {
+		t.Errorf("after release: HEXISTS claim-grants + ZSCORE claim-expiry = %q, want 0 and none", got)
+	}
+	if entry := lastLogEntry(t, srv, "cl"); entry["claim_kind"] != "released" || entry["revision"] != strconv.FormatInt(relRev, 10) {
+		t.Errorf("release's log entry = %v, want claim_kind released at revision %d", entry, relRev)
 	}
 	if l, _, _, err := st.CurrentClaim(ctx, "cl", "wake/1"); err != nil || l != nil {
 		t.Fatalf("CurrentClaim after release = %+v, %v; want none", l, err)
@@ -77,8 +94,49 @@ func TestClaimLifecycle(t *testing.T) {
 	if _, err := st.ReleaseClaim(ctx, "cl", "wake/1", "worker-a", a.Epoch); !errors.Is(err, store.ErrLeaseStale) {
 		t.Fatalf("second ReleaseClaim: %v; want ErrLeaseStale", err)
 	}
-	if got := srv.Do(t, "SISMEMBER", prefix+":swarm:fence:claim-swarms", "cl"); got != "1" {
-		t.Errorf("claim-swarms has cl: %q", got)
+}
+
+// lastLogEntry is the newest entry of the swarm's log, field -> value.
+func lastLogEntry(t *testing.T, srv *redistest.Server, slug string) map[string]string {
+	t.Helper()
+	out := srv.Do(t, "XREVRANGE", key(slug, "log"), "+", "-", "COUNT", "1")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	entry := map[string]string{}
+	for i := 1; i+1 < len(lines); i += 2 { // lines[0] is the entry's id
+		entry[lines[i]] = lines[i+1]
+	}
+	return entry
+}
+
+// wantClaimEvent checks the newest log entry is the claim event given.
+func wantClaimEvent(t *testing.T, srv *redistest.Server, slug string, rev int64, owner, name, kind string, epoch, expires int64) {
+	t.Helper()
+	e := lastLogEntry(t, srv, slug)
+	want := map[string]string{"revision": strconv.FormatInt(rev, 10), "owner": owner, "claim": name, "claim_kind": kind,
+		"claim_epoch": strconv.FormatInt(epoch, 10), "claim_expires_at": strconv.FormatInt(expires, 10)}
+	for f, v := range want {
+		if e[f] != v {
+			t.Errorf("log entry %s = %q, want %q (entry %v)", f, e[f], v, e)
+		}
+	}
+}
+
+// TestClaimsOnADocumentSwarmAreRefused: a swarm still on the document
+// layout has no claims: Acquire and Current of a claim answer
+// ErrLayoutDocument and nothing is written.
+func TestClaimsOnADocumentSwarmAreRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	srv.Do(t, "HSET", bucket, "docsw", `{"revision":2,"sections":{"claims":{"c":1}}}`)
+	if _, _, _, err := st.CurrentClaim(ctx, "docsw", "wake/1"); !errors.Is(err, store.ErrLayoutDocument) {
+		t.Errorf("CurrentClaim on a document swarm: %v; want ErrLayoutDocument", err)
+	}
+	if _, _, err := st.AcquireClaim(ctx, "docsw", "wake/1", "w", 60000); !errors.Is(err, store.ErrLayoutDocument) {
+		t.Errorf("AcquireClaim on a document swarm: %v; want ErrLayoutDocument", err)
+	}
+	if got := srv.Do(t, "EXISTS", key("docsw", "claim-grants"), key("docsw", "revision"), key("docsw", "log")); got != "0" {
+		t.Errorf("EXISTS claim-grants, revision, log = %s after refusals, want 0", got)
 	}
 }
 
@@ -110,8 +168,12 @@ func TestClaimTooMany(t *testing.T) {
 		}
 	}
 	var te *store.TooManyClaimsError
+	before := srv.Do(t, "GET", key("tm", "revision"))
 	if _, _, err := st.AcquireClaim(ctx, "tm", "c", "w", 60000); !errors.As(err, &te) || te.Claims != 2 || te.Max != 2 {
 		t.Fatalf("third claim: %v; want TooManyClaimsError 2/2", err)
+	}
+	if got := srv.Do(t, "HEXISTS", key("tm", "claim-grants"), "c"); got != "0" || srv.Do(t, "GET", key("tm", "revision")) != before {
+		t.Errorf("a refused third claim wrote: HEXISTS c = %s, revision %s -> %s", got, before, srv.Do(t, "GET", key("tm", "revision")))
 	}
 	// A held name is not a new one.
 	if _, _, err := st.AcquireClaim(ctx, "tm", "a", "w", 60000); err != nil {

@@ -158,15 +158,16 @@ func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *Lease, no
 
 // currentLease is CurrentLease on the records layout.
 func (s *Store) currentLease(ctx context.Context, k swarmKeys) (lease *Lease, nowMs, revision int64, err error) {
-	return s.readLeaseReply(ctx, "read lease", readLeaseScript, []string{k.meta(), k.revision()}, nil,
+	return s.readLeaseReply(ctx, "read lease", []string{k.meta(), k.revision()}, protocol.FieldLease,
 		&CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldLease})
 }
 
-// readLeaseReply runs a lease read (read_lease.lua, read_claim.lua: the
-// reply {now_ms, swarm revision, record or nil}) and decodes it; corrupt is
-// the error for a record that is no lease. what prefixes every error.
-func (s *Store) readLeaseReply(ctx context.Context, what string, sc *script, keys, args []string, corrupt *CorruptError) (lease *Lease, nowMs, revision int64, err error) {
-	arr, err := s.exec(ctx, sc, keys, args).ToArray()
+// readLeaseReply reads a lease record (field of the hash keys[0]), Redis's
+// clock and the swarm revision (keys[1]) with read_lease.lua and decodes
+// them; corrupt is the error for a field that is no lease. what prefixes
+// every error.
+func (s *Store) readLeaseReply(ctx context.Context, what string, keys []string, field string, corrupt *CorruptError) (lease *Lease, nowMs, revision int64, err error) {
+	arr, err := s.exec(ctx, readLeaseScript, keys, []string{field}).ToArray()
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("store: %s: %w", what, s.classify(ctx, err))
 	}

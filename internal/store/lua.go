@@ -69,7 +69,6 @@ var (
 	luaReadRecord    = luaScript{body: []string{"read_record.lua"}}
 	luaReadLease     = luaScript{body: []string{"read_lease.lua"}}
 	luaClaim         = luaScript{lib: libCommit, body: []string{"claims.lua"}}
-	luaReadClaim     = luaScript{body: []string{"read_claim.lua"}}
 	luaScanSection   = luaScript{body: []string{"scan_section.lua"}}
 	luaScanKeys      = luaScript{body: []string{"scan_keys.lua"}}
 	luaInspect       = luaScript{body: []string{"inspect.lua"}}

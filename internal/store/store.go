@@ -40,11 +40,10 @@ var (
 	readRecordScript   = newScript(ScriptReadRecord, luaReadRecord)
 	readLeaseScript    = newScript(ScriptReadLease, luaReadLease)
 	claimScript        = newScript(ScriptLease, luaClaim)
-	readClaimScript    = newScript(ScriptReadLease, luaReadClaim)
 	readScanScript     = newScript(ScriptScanSection, luaScanSection)
 	readScanKeysScript = newScript(ScriptScanSection, luaScanKeys)
 
-	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, claimScript, readClaimScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
+	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, claimScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
 )
 
 // script is a Lua script with its name (for the Observer), source and

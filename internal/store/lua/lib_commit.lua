@@ -195,8 +195,8 @@ end
 -- revision), so that a reader resuming after revision r knows nothing
 -- between r and the oldest entry left the log when prev <= r.
 -- log_cap is the log's MAXLEN ~ for this call: P.LOG_CAP, raised by a
--- claim operation or a claim-fenced batch to about 4 entries per live
--- claim (claim_log_cap, docs/design/12-claims.md §12.6).
+-- claim operation (claims.lua) to about CLAIM_LOG_PER_CLAIM entries per
+-- live claim (docs/design/12-claims.md §12.6).
 local log_cap = P.LOG_CAP
 -- log_extra: field/value pairs a claim operation adds to its log entry
 -- (the claim event), after records and before changes; nil when none.
