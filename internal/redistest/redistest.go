@@ -526,3 +526,17 @@ func (s *Server) MainThreadCPU(t testing.TB) time.Duration {
 	}
 	return time.Duration(total * float64(time.Second))
 }
+
+// SettleHash rewrites the hash at key with DUMP and RESTORE ... REPLACE in
+// one script, so that Redis holds it in one table sized for its fields.
+// Right after many HSETs Redis may still be moving a hash to a larger
+// table, one bucket per command and the rest on its own clock (serverCron's
+// active rehashing); while it does, the fields one HSCAN cursor answers can
+// change from one call to the next, and ScanSection's contract lets a
+// record appear twice. A test that asserts each record of an unchanged
+// section is read exactly once calls SettleHash first, so that what it
+// asserts does not depend on how far Redis got.
+func (s *Server) SettleHash(t testing.TB, key string) {
+	t.Helper()
+	s.Do(t, "EVAL", "local d = redis.call('DUMP', KEYS[1]) if d then redis.call('RESTORE', KEYS[1], 0, d, 'REPLACE') end return 1", "1", key)
+}

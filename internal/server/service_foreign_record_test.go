@@ -32,6 +32,7 @@ func TestAForeignRecordOverTheReceiveLimitIsNamedAndPassed(t *testing.T) {
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: ws})
 	huge := `{"r":1,"v":"` + strings.Repeat("x", 5<<20) + `"}`
 	srv.Do(t, "HSET", redisKey(slug, "claims"), "c-15-big", huge)
+	srv.SettleHash(t, redisKey(slug, "claims"))
 
 	_, err := e.records.Record(ctxT(t), &fencedv1.RecordRequest{Slug: slug, Section: "claims", Key: "c-15-big"})
 	d := decode(t, err)

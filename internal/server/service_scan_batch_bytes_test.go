@@ -37,6 +37,7 @@ func TestScanSectionPageReadsAboutItsBytesFromRedis(t *testing.T) {
 		}
 		commit(t, e, &fencedv1.FencedBatchRequest{Slug: "wide", Writes: ws})
 	}
+	srv.SettleHash(t, redisKey("wide", "claims"))
 	token := ""
 	seen := map[string]int{}
 	for page := 0; page < records; page++ {

@@ -32,6 +32,7 @@ func TestAForeignRecordOverTheLimitIsRefusedByName(t *testing.T) {
 	mustCommit(t, st, &batch.Batch{Slug: "foreign", Writes: ws})
 	huge := `{"r":1,"v":"` + strings.Repeat("x", 5<<20) + `"}`
 	srv.Do(t, "HSET", key("foreign", "claims"), "k-20-huge", huge)
+	srv.SettleHash(t, key("foreign", "claims"))
 
 	before := srv.InfoInt(t, "stats", "total_net_output_bytes")
 	_, _, err := st.Record(ctx, "foreign", "claims", "k-20-huge")

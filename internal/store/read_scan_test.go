@@ -134,6 +134,7 @@ func TestScanSectionPageSizeIsAMaximum(t *testing.T) {
 	}{{"listpack", 30}, {"hashtable", 600}} {
 		slug := "pages-" + tt.encoding
 		want := fillSection(t, st, slug, "claims", "rec", tt.n)
+		srv.SettleHash(t, key(slug, "claims"))
 		if got := srv.Do(t, "OBJECT", "ENCODING", key(slug, "claims")); got != tt.encoding {
 			t.Fatalf("%d small records are stored as %s, want %s", tt.n, got, tt.encoding)
 		}

@@ -94,6 +94,7 @@ func TestScanSectionPagesStayUnderTheByteLimit(t *testing.T) {
 	for i := range 6 {
 		mustCommit(t, st, &batch.Batch{Slug: "heavy", Writes: []batch.Write{put("claims", fmt.Sprintf("c-%d", i), 0, value)}})
 	}
+	srv.SettleHash(t, key("heavy", "claims"))
 	sizes, seen := scanPageSizes(t, st, "heavy", "claims")
 	if !slices.Equal(sizes, []int{4, 2}) || seen != 6 {
 		t.Errorf("pages of %v records (%d distinct), want [4 2] (6)", sizes, seen)
@@ -147,6 +148,7 @@ func TestScanSectionOverTheByteLimitReadsOnlyItsPageFromRedis(t *testing.T) {
 	for _, n := range []int{30, 600} {
 		slug := fmt.Sprintf("tiny-%d", n)
 		want := fillSection(t, st, slug, "claims", "rec", n)
+		srv.SettleHash(t, key(slug, "claims"))
 		seen := map[string]int{}
 		pages := 0
 		for _, k := range scanAll(t, tiny, slug, "claims", 50, func(int) { pages++ }) {
