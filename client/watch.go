@@ -76,6 +76,47 @@ type Event struct {
 	// Progress: no batch, only how far the stream is (Revision); yielded
 	// only with WatchProgress.
 	Progress bool
+	// Claim is what the batch did to a claim (a named lease): its grant,
+	// renewal, release or lapse; nil for every other batch. Claim events
+	// are yielded whatever WatchSections names.
+	Claim *ClaimEvent
+}
+
+// ClaimEvent is one change of a claim (docs/design/12-claims.md).
+type ClaimEvent struct {
+	// Name is the claim's name.
+	Name string
+	// Kind is what happened.
+	Kind ClaimEventKind
+	// Owner is the claim's owner.
+	Owner string
+	// Epoch is the grant's epoch: its fencing token.
+	Epoch int64
+	// ExpiresAtMs is when the grant ends (for a release or a lapse: when it
+	// ended), ms since the Unix epoch by Redis's clock.
+	ExpiresAtMs int64
+}
+
+// ClaimEventKind is what happened to a claim.
+type ClaimEventKind string
+
+// The kinds of ClaimEvent.
+const (
+	// ClaimGranted: a new grant, with a new epoch.
+	ClaimGranted ClaimEventKind = "granted"
+	// ClaimRenewed: the holder extended its grant (or acquired again).
+	ClaimRenewed ClaimEventKind = "renewed"
+	// ClaimReleased: the holder released it.
+	ClaimReleased ClaimEventKind = "released"
+	// ClaimLapsed: it expired unrenewed and fenced reclaimed it.
+	ClaimLapsed ClaimEventKind = "lapsed"
+)
+
+var claimKinds = map[fencedv1.ClaimEventKind]ClaimEventKind{
+	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_GRANTED:  ClaimGranted,
+	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RENEWED:  ClaimRenewed,
+	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RELEASED: ClaimReleased,
+	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_LAPSED:   ClaimLapsed,
 }
 
 type watchConfig struct {
@@ -239,6 +280,9 @@ func eventFrom(resp *fencedv1.WatchEvent) Event {
 		Truncated: resp.GetTruncated(),
 		Sections:  resp.GetSections(),
 		Progress:  resp.GetProgress(),
+	}
+	if c := resp.GetClaim(); c != nil {
+		ev.Claim = &ClaimEvent{Name: c.GetName(), Kind: claimKinds[c.GetKind()], Owner: c.GetOwner(), Epoch: c.GetEpoch(), ExpiresAtMs: c.GetExpiresAtMs()}
 	}
 	for _, ch := range resp.GetChanges() {
 		c := Change{Section: ch.GetSection(), Key: ch.GetKey(), Delete: ch.GetKind() == fencedv1.ChangeKind_CHANGE_KIND_DELETE}

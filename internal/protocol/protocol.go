@@ -215,6 +215,8 @@ const (
 	ClaimGranted  = "granted"
 	ClaimRenewed  = "renewed"
 	ClaimReleased = "released"
+	// ClaimLapsed: the reclaim of a claim that expired unrenewed.
+	ClaimLapsed = "lapsed"
 )
 
 // Claim keys (docs/design/12-claims.md), under the swarm's hash tag.

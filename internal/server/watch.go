@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -566,6 +567,7 @@ func encodeBatch(b *store.EventBatch, sections []string) *encodedBatch {
 type eventScratch struct {
 	resp    fencedv1.WatchResponse
 	ev      fencedv1.WatchEvent
+	claim   fencedv1.ClaimEvent
 	events  [1]*fencedv1.WatchEvent
 	changes []fencedv1.Change
 	records []fencedv1.Record
@@ -574,19 +576,25 @@ type eventScratch struct {
 
 // fill sets the scratch to ev as a WatchResponse holding it alone, with
 // only the changes in sections (nil: all); ok is false when none is left.
+// A claim's event is sent whatever sections names (WatchEvent.claim).
 func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1.WatchResponse, ok bool) {
 	pe := &sc.ev
 	pe.Revision, pe.Owner, pe.RequestId, pe.Truncated = ev.Revision, validUTF8(ev.Owner), ev.RequestID, ev.Truncated
-	pe.Sections, pe.Changes = pe.Sections[:0], nil
+	pe.Sections, pe.Changes, pe.Claim = pe.Sections[:0], nil, nil
 	sc.events[0] = pe
 	sc.resp.Events = sc.events[:]
+	if c := ev.Claim; c != nil {
+		sc.claim.Name, sc.claim.Kind, sc.claim.Owner = validUTF8(c.Name), claimEventKinds[c.Kind], pe.Owner
+		sc.claim.Epoch, sc.claim.ExpiresAtMs = c.Epoch, c.ExpiresAtMs
+		pe.Claim = &sc.claim
+	}
 	if ev.Truncated {
 		for _, sec := range ev.Sections {
 			if sections == nil || slices.Contains(sections, sec) {
 				pe.Sections = append(pe.Sections, sec)
 			}
 		}
-		return &sc.resp, len(pe.Sections) > 0 || (sections == nil && len(ev.Sections) == 0)
+		return &sc.resp, len(pe.Sections) > 0 || (sections == nil && len(ev.Sections) == 0) || pe.Claim != nil
 	}
 	if n := len(ev.Changes); cap(sc.changes) < n {
 		sc.changes = make([]fencedv1.Change, n)
@@ -611,5 +619,14 @@ func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1
 		sc.ptrs = append(sc.ptrs, pc)
 	}
 	pe.Changes = sc.ptrs
-	return &sc.resp, len(sc.ptrs) > 0
+	return &sc.resp, len(sc.ptrs) > 0 || pe.Claim != nil
+}
+
+// claimEventKinds maps a log entry's claim kind (store.ClaimEvent.Kind)
+// to the wire's.
+var claimEventKinds = map[string]fencedv1.ClaimEventKind{
+	protocol.ClaimGranted:  fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_GRANTED,
+	protocol.ClaimRenewed:  fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RENEWED,
+	protocol.ClaimReleased: fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RELEASED,
+	protocol.ClaimLapsed:   fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_LAPSED,
 }

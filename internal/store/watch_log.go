@@ -48,10 +48,29 @@ type Event struct {
 	Truncated bool
 	// Sections are the sections a truncated batch changed.
 	Sections []string
+	// Claim is what the batch did to a claim (a named lease), for the
+	// batches of claims.lua (grant, renewal, release) and of the reclaim
+	// of a lapsed claim; nil for every other batch. Its owner is Owner.
+	Claim *ClaimEvent
 	// prev is the swarm revision before the batch (the log entry's prev;
 	// hasPrev false for entries of writers that do not write it).
 	prev    int64
 	hasPrev bool
+}
+
+// ClaimEvent is one change of a claim, from the log entry's claim fields
+// (protocol.LogFieldClaim..., docs/design/12-claims.md §12.6).
+type ClaimEvent struct {
+	// Name is the claim's name.
+	Name string
+	// Kind is protocol.ClaimGranted, ClaimRenewed, ClaimReleased or
+	// ClaimLapsed.
+	Kind string
+	// Epoch is the grant's epoch (its fencing token).
+	Epoch int64
+	// ExpiresAtMs is when the grant ends, ms by Redis's clock (for a
+	// release or lapse: when it ended).
+	ExpiresAtMs int64
 }
 
 // parseChanges reads a log entry's changes field (lib_commit.lua log_change):
@@ -188,6 +207,11 @@ func eventOf(e *logEntry) (ev *Event, ok bool, err error) {
 			ev.hasPrev = true
 		}
 	}
+	if name, has := e.get(protocol.LogFieldClaim); has {
+		if ev.Claim, err = claimEventOf(e, name); err != nil {
+			return nil, false, err
+		}
+	}
 	if ch, has := e.get(protocol.LogFieldChanges); has {
 		if ev.Changes, err = parseChanges(ch); err != nil {
 			return nil, false, err
@@ -200,4 +224,30 @@ func eventOf(e *logEntry) (ev *Event, ok bool, err error) {
 		}
 	}
 	return ev, true, nil
+}
+
+// claimEventOf reads the claim fields of a log entry naming claim name.
+// An entry whose kind, epoch or expiry is not one claims.lua writes is
+// ErrMalformedReply naming the field: fenced wrote it, so it is not
+// skipped as a hand-written entry is.
+func claimEventOf(e *logEntry, name string) (*ClaimEvent, error) {
+	c := &ClaimEvent{Name: name}
+	c.Kind, _ = e.get(protocol.LogFieldClaimKind)
+	switch c.Kind {
+	case protocol.ClaimGranted, protocol.ClaimRenewed, protocol.ClaimReleased, protocol.ClaimLapsed:
+	default:
+		return nil, fmt.Errorf("%w: log entry %s: %s %q", ErrMalformedReply, e.id, protocol.LogFieldClaimKind, c.Kind)
+	}
+	for _, f := range []struct {
+		field string
+		to    *int64
+	}{{protocol.LogFieldClaimEpoch, &c.Epoch}, {protocol.LogFieldClaimExpires, &c.ExpiresAtMs}} {
+		v, _ := e.get(f.field)
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%w: log entry %s: %s %q", ErrMalformedReply, e.id, f.field, v)
+		}
+		*f.to = n
+	}
+	return c, nil
 }

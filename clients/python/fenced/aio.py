@@ -250,31 +250,31 @@ class Client:
 
     # Leases.
 
-    async def acquire(self, slug: str, owner: str, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+    async def acquire(self, slug: str, owner: str, *, ttl_ms: int, name: str = "", timeout: Optional[float] = None) -> Lease:
         """As :meth:`fenced.Client.acquire`."""
-        req = lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms)
+        req = lease_pb2.AcquireRequest(slug=slug, name=name, owner=owner, ttl_ms=ttl_ms)
         resp = await self._call(self._leases.Acquire, req, timeout)
         self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
-    async def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+    async def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, name: str = "", timeout: Optional[float] = None) -> Lease:
         """As :meth:`fenced.Client.renew`."""
-        req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
+        req = lease_pb2.RenewRequest(slug=slug, name=name, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
         resp = await self._call(self._leases.Renew, req, timeout)
         self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
-    async def release(self, slug: str, owner: str, epoch: int, *, timeout: Optional[float] = None) -> int:
+    async def release(self, slug: str, owner: str, epoch: int, *, name: str = "", timeout: Optional[float] = None) -> int:
         """As :meth:`fenced.Client.release`."""
-        req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
+        req = lease_pb2.ReleaseRequest(slug=slug, name=name, owner=owner, epoch=epoch)
         revision = (await self._call(self._leases.Release, req, timeout)).revision
         self._saw(slug, revision)
         return int(revision)
 
-    async def current(self, slug: str, *, timeout: Optional[float] = None) -> Current:
+    async def current(self, slug: str, *, name: str = "", timeout: Optional[float] = None) -> Current:
         """As :meth:`fenced.Client.current`."""
         before = self._mark(slug)
-        resp = await self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug), timeout)
+        resp = await self._call(self._leases.Current, lease_pb2.CurrentRequest(slug=slug, name=name), timeout)
         self._read(slug, before, resp.revision)
         return _current(resp)
 

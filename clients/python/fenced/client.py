@@ -22,6 +22,7 @@ from .model import (
     Check,
     CheckRecords,
     CheckSection,
+    ClaimEvent,
     Current,
     Delete,
     Event,
@@ -144,7 +145,22 @@ def _event(e: records_pb2.WatchEvent) -> Event:
         truncated=e.truncated,
         sections=tuple(e.sections),
         progress=e.progress,
+        claim=ClaimEvent(
+            name=e.claim.name,
+            kind=_CLAIM_KINDS.get(e.claim.kind, ""),
+            owner=e.claim.owner,
+            epoch=e.claim.epoch,
+            expires_at_ms=e.claim.expires_at_ms,
+        ) if e.HasField("claim") else None,
     )
+
+
+_CLAIM_KINDS = {
+    records_pb2.CLAIM_EVENT_KIND_GRANTED: "granted",
+    records_pb2.CLAIM_EVENT_KIND_RENEWED: "renewed",
+    records_pb2.CLAIM_EVENT_KIND_RELEASED: "released",
+    records_pb2.CLAIM_EVENT_KIND_LAPSED: "lapsed",
+}
 
 
 # Watch's reopen backoff (the Go client's): 50 ms doubling to 5 s, each
@@ -672,38 +688,41 @@ class Client:
 
     # Leases.
 
-    def acquire(self, slug: str, owner: str, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+    def acquire(self, slug: str, owner: str, *, ttl_ms: int, name: str = "", timeout: Optional[float] = None) -> Lease:
         """Take the swarm's lease for ``ttl_ms`` ms (the live holder acquiring
-        again extends it and keeps its epoch). Raises LeaseHeld (holder,
-        retry_after), ReplicationTimeout (no lease is held: acquire again),
-        InvalidArgument, FencedError."""
-        req = lease_pb2.AcquireRequest(slug=slug, owner=owner, ttl_ms=ttl_ms)
+        again extends it and keeps its epoch). With ``name``, the claim of that
+        name instead (a named lease within the swarm, its own owner, expiry
+        and epochs; docs/design/12-claims.md); the same applies to renew,
+        release and current. Raises LeaseHeld (holder, retry_after),
+        ReplicationTimeout (no lease is held: acquire again), InvalidArgument,
+        FencedError."""
+        req = lease_pb2.AcquireRequest(slug=slug, name=name, owner=owner, ttl_ms=ttl_ms)
         resp = self._call("leases", "Acquire", req, timeout)
         self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
-    def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, timeout: Optional[float] = None) -> Lease:
+    def renew(self, slug: str, owner: str, epoch: int, *, ttl_ms: int, name: str = "", timeout: Optional[float] = None) -> Lease:
         """Extend the live lease of owner at epoch to ``ttl_ms`` ms from Redis's
         now. Raises StaleLease (stop writing), ReplicationTimeout (not a
         renewal), FencedError."""
-        req = lease_pb2.RenewRequest(slug=slug, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
+        req = lease_pb2.RenewRequest(slug=slug, name=name, owner=owner, epoch=epoch, ttl_ms=ttl_ms)
         resp = self._call("leases", "Renew", req, timeout)
         self._saw(slug, resp.revision)
         return _lease(resp.lease, resp.revision, resp.replicas_acked)
 
-    def release(self, slug: str, owner: str, epoch: int, *, timeout: Optional[float] = None) -> int:
+    def release(self, slug: str, owner: str, epoch: int, *, name: str = "", timeout: Optional[float] = None) -> int:
         """End the live lease of owner at epoch; answers the revision it
         committed at. Raises StaleLease, FencedError."""
-        req = lease_pb2.ReleaseRequest(slug=slug, owner=owner, epoch=epoch)
+        req = lease_pb2.ReleaseRequest(slug=slug, name=name, owner=owner, epoch=epoch)
         revision = self._call("leases", "Release", req, timeout).revision
         self._saw(slug, revision)
         return revision
 
-    def current(self, slug: str, *, timeout: Optional[float] = None) -> Current:
+    def current(self, slug: str, *, name: str = "", timeout: Optional[float] = None) -> Current:
         """The swarm's lease, whether it is live, Redis's now (ms) and the swarm
         revision. Raises RevisionWentBackwards, FencedError."""
         before = self._mark(slug)
-        resp = self._call("leases", "Current", lease_pb2.CurrentRequest(slug=slug), timeout)
+        resp = self._call("leases", "Current", lease_pb2.CurrentRequest(slug=slug, name=name), timeout)
         self._read(slug, before, resp.revision)
         return _current(resp)
 

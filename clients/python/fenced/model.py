@@ -343,6 +343,8 @@ class Event:
         sections: for a truncated event, the sections it changed.
         progress: no batch, only how far the stream is (``revision``); yielded
             only with ``progress=True``.
+        claim: what the batch did to a claim (a named lease), else None;
+            yielded whatever ``sections`` names.
     """
 
     revision: int
@@ -352,3 +354,25 @@ class Event:
     truncated: bool = False
     sections: tuple[str, ...] = ()
     progress: bool = False
+    claim: Optional["ClaimEvent"] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimEvent:
+    """One change of a claim (:attr:`Event.claim`).
+
+    Attributes:
+        name: the claim's name.
+        kind: "granted" (a new grant, a new epoch), "renewed", "released" or
+            "lapsed" (expired unrenewed and reclaimed by fenced).
+        owner: the claim's owner.
+        epoch: the grant's epoch, its fencing token.
+        expires_at_ms: when the grant ends (for a release or a lapse: when it
+            ended), ms since the Unix epoch by Redis's clock.
+    """
+
+    name: str
+    kind: str
+    owner: str
+    epoch: int
+    expires_at_ms: int

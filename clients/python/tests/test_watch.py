@@ -200,3 +200,23 @@ def test_watch_raises_unimplemented_when_the_server_has_no_watch(server: Fenced,
         assert (old.calls, old.served) == (2, 0)  # once compressed, once not
     finally:
         old.stop()
+
+
+def test_watch_yields_claim_events_whatever_the_sections(client: fenced.Client, slug: str) -> None:
+    """A claim (a named lease) granted, renewed and released reaches watch as
+    events carrying ``claim``, on a stream filtered to a section the claim
+    operations do not write; current(name=) reads the claim."""
+    start = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")]).revision
+    grant = client.acquire(slug, "worker-1", ttl_ms=60_000, name="wake/9")
+    assert client.current(slug, name="wake/9").lease.owner == "worker-1"
+    renewal = client.renew(slug, "worker-1", grant.epoch, ttl_ms=90_000, name="wake/9")
+    released = client.release(slug, "worker-1", grant.epoch, name="wake/9")
+
+    stream = client.watch(slug, start, sections=["claims"])
+    got = [next(stream) for _ in range(3)]
+    stream.close()
+    assert [e.revision for e in got] == [grant.revision, renewal.revision, released]
+    assert got[0].claim == fenced.ClaimEvent("wake/9", "granted", "worker-1", grant.epoch, grant.expires_at_ms)
+    assert got[1].claim == fenced.ClaimEvent("wake/9", "renewed", "worker-1", grant.epoch, renewal.expires_at_ms)
+    assert got[2].claim is not None and (got[2].claim.kind, got[2].claim.epoch) == ("released", grant.epoch)
+    assert all(e.changes == () for e in got)
