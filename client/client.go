@@ -421,7 +421,22 @@ func leaseFrom(l *fencedv1.Lease) Lease {
 // the asker acquiring again keeps the epoch the primary recorded); see
 // Decode.
 func (c *Client) Acquire(ctx context.Context, slug, owner string, ttl time.Duration) (Lease, int64, error) {
-	resp, err := c.leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: owner, TtlMs: ttl.Milliseconds()})
+	return c.acquire(ctx, slug, "", owner, ttl)
+}
+
+// AcquireClaim asks for the swarm's claim name (a named lease: its own
+// owner, expiry and epochs, docs/design/12-claims.md) for ttl; as Acquire.
+// Errors also: ErrInvalidArgument for a name outside LeaseName's rules
+// (1-200 bytes of [A-Za-z0-9._:@/-]); codes.ResourceExhausted with reason
+// TOO_MANY_CLAIMS for a new name in a swarm holding the server's
+// --max-claims-per-swarm claims; ErrLayoutDocument on a document-layout
+// swarm.
+func (c *Client) AcquireClaim(ctx context.Context, slug, name, owner string, ttl time.Duration) (Lease, int64, error) {
+	return c.acquire(ctx, slug, name, owner, ttl)
+}
+
+func (c *Client) acquire(ctx context.Context, slug, name, owner string, ttl time.Duration) (Lease, int64, error) {
+	resp, err := c.leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Name: name, Owner: owner, TtlMs: ttl.Milliseconds()})
 	if err != nil {
 		return Lease{}, 0, Decode(err)
 	}
@@ -437,7 +452,17 @@ func (c *Client) Acquire(ctx context.Context, slug, owner string, ttl time.Durat
 // time: it is not a renewal, the lease still ends when the last
 // acknowledged one said; see Decode.
 func (c *Client) Renew(ctx context.Context, slug, owner string, epoch int64, ttl time.Duration) (Lease, int64, error) {
-	resp, err := c.leases.Renew(ctx, &fencedv1.RenewRequest{Slug: slug, Owner: owner, Epoch: epoch, TtlMs: ttl.Milliseconds()})
+	return c.renew(ctx, slug, "", owner, epoch, ttl)
+}
+
+// RenewClaim extends the live claim name of owner at epoch by ttl; as
+// Renew.
+func (c *Client) RenewClaim(ctx context.Context, slug, name, owner string, epoch int64, ttl time.Duration) (Lease, int64, error) {
+	return c.renew(ctx, slug, name, owner, epoch, ttl)
+}
+
+func (c *Client) renew(ctx context.Context, slug, name, owner string, epoch int64, ttl time.Duration) (Lease, int64, error) {
+	resp, err := c.leases.Renew(ctx, &fencedv1.RenewRequest{Slug: slug, Name: name, Owner: owner, Epoch: epoch, TtlMs: ttl.Milliseconds()})
 	if err != nil {
 		return Lease{}, 0, Decode(err)
 	}
@@ -450,7 +475,16 @@ func (c *Client) Renew(ctx context.Context, slug, owner string, epoch int64, ttl
 // Release ends the live lease of owner at epoch. Errors: ErrLeaseStale, see
 // Decode.
 func (c *Client) Release(ctx context.Context, slug, owner string, epoch int64) (int64, error) {
-	resp, err := c.leases.Release(ctx, &fencedv1.ReleaseRequest{Slug: slug, Owner: owner, Epoch: epoch})
+	return c.release(ctx, slug, "", owner, epoch)
+}
+
+// ReleaseClaim ends the live claim name of owner at epoch; as Release.
+func (c *Client) ReleaseClaim(ctx context.Context, slug, name, owner string, epoch int64) (int64, error) {
+	return c.release(ctx, slug, name, owner, epoch)
+}
+
+func (c *Client) release(ctx context.Context, slug, name, owner string, epoch int64) (int64, error) {
+	resp, err := c.leases.Release(ctx, &fencedv1.ReleaseRequest{Slug: slug, Name: name, Owner: owner, Epoch: epoch})
 	if err != nil {
 		return 0, Decode(err)
 	}
@@ -462,8 +496,18 @@ func (c *Client) Release(ctx context.Context, slug, owner string, epoch int64) (
 // Redis's now in ms and the swarm revision. Errors:
 // ErrRevisionWentBackwards, see Decode.
 func (c *Client) Current(ctx context.Context, slug string) (lease *Lease, live bool, nowMs, revision int64, err error) {
+	return c.current(ctx, slug, "")
+}
+
+// CurrentClaim reads the swarm's claim name (nil when never granted or
+// released); as Current.
+func (c *Client) CurrentClaim(ctx context.Context, slug, name string) (lease *Lease, live bool, nowMs, revision int64, err error) {
+	return c.current(ctx, slug, name)
+}
+
+func (c *Client) current(ctx context.Context, slug, name string) (lease *Lease, live bool, nowMs, revision int64, err error) {
 	before := c.mark(slug)
-	resp, err := c.leases.Current(ctx, &fencedv1.CurrentRequest{Slug: slug})
+	resp, err := c.leases.Current(ctx, &fencedv1.CurrentRequest{Slug: slug, Name: name})
 	if err != nil {
 		return nil, false, 0, 0, Decode(err)
 	}

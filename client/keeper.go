@@ -9,9 +9,9 @@ import (
 	"github.com/cenkalti/backoff/v5"
 )
 
-// Keeper holds a swarm's lease for one owner: it acquires it, renews it in
-// the background every third of its TTL (well before expiry), and gives the
-// fence to pass to batches. Once the lease is lost (a renewal refused, or
+// Keeper holds a swarm's lease, or one of its claims (KeepClaim), for one
+// owner: it acquires it, renews it in the background every third of its
+// TTL (well before expiry), and gives the fence to pass to batches. Once the lease is lost (a renewal refused, or
 // none succeeding before the lease would expire) it stops renewing and
 // closes Lost. Held is cheap and never calls the network. Whatever the
 // Keeper believes, the server is the authority: a batch fenced with a lost
@@ -19,6 +19,7 @@ import (
 type Keeper struct {
 	c     *Client
 	slug  string
+	name  string // the claim's; "" for the swarm's lease
 	owner string
 	ttl   time.Duration
 	epoch int64
@@ -40,10 +41,22 @@ type Keeper struct {
 // counted from the last acknowledged one. Errors: ctx's, and any error of
 // Acquire other than ErrLeaseHeld and ErrReplicationTimeout.
 func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration) (*Keeper, error) {
+	return c.keep(ctx, slug, "", owner, ttl)
+}
+
+// KeepClaim is Keep for the swarm's claim name (a named lease,
+// AcquireClaim): a worker keeping its claim on a task while it works on
+// it. Its Fence is nil (a claim is not the controller lease); Name, Epoch
+// and the owner make its claim fence. Close releases the claim.
+func (c *Client) KeepClaim(ctx context.Context, slug, name, owner string, ttl time.Duration) (*Keeper, error) {
+	return c.keep(ctx, slug, name, owner, ttl)
+}
+
+func (c *Client) keep(ctx context.Context, slug, name, owner string, ttl time.Duration) (*Keeper, error) {
 	var sent time.Time
 	lease, err := backoff.Retry(ctx, func() (Lease, error) {
 		sent = time.Now()
-		l, _, err := c.Acquire(ctx, slug, owner, ttl)
+		l, _, err := c.acquire(ctx, slug, name, owner, ttl)
 		var le *LeaseError
 		switch {
 		case err == nil:
@@ -62,10 +75,10 @@ func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration
 		}
 	}, backoff.WithMaxElapsedTime(0))
 	if err != nil {
-		return nil, errorf("keep lease of %s: %w", slug, err)
+		return nil, errorf("keep %s: %w", leaseOf(slug, name), err)
 	}
 	k := &Keeper{
-		c: c, slug: slug, owner: owner, ttl: ttl, epoch: lease.Epoch,
+		c: c, slug: slug, name: name, owner: owner, ttl: ttl, epoch: lease.Epoch,
 		deadline: sent.Add(ttl),
 		lost:     make(chan struct{}),
 		stop:     make(chan struct{}),
@@ -75,8 +88,17 @@ func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration
 	return k, nil
 }
 
-// Fence is the fence for batches under this lease.
-func (k *Keeper) Fence() *Fence { return &Fence{Owner: k.owner, Epoch: k.epoch} }
+// Fence is the fence for batches under this lease; nil for a claim's
+// keeper (KeepClaim), whose fence is a claim fence.
+func (k *Keeper) Fence() *Fence {
+	if k.name != "" {
+		return nil
+	}
+	return &Fence{Owner: k.owner, Epoch: k.epoch}
+}
+
+// Name is the claim's name; "" for the swarm's lease.
+func (k *Keeper) Name() string { return k.name }
 
 // Epoch is the lease's epoch: the fencing token.
 func (k *Keeper) Epoch() int64 { return k.epoch }
@@ -125,7 +147,7 @@ func (k *Keeper) renew() {
 		}
 		sent := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), k.ttl/3)
-		_, _, err := k.c.Renew(ctx, k.slug, k.owner, k.epoch, k.ttl)
+		_, _, err := k.c.renew(ctx, k.slug, k.name, k.owner, k.epoch, k.ttl)
 		cancel()
 		switch {
 		case err == nil:
@@ -136,7 +158,7 @@ func (k *Keeper) renew() {
 			k.markLost(err)
 			return
 		case !k.Held():
-			k.markLost(errorf("lease of %s not renewed before it expired: %w", k.slug, err))
+			k.markLost(errorf("%s not renewed before it expired: %w", leaseOf(k.slug, k.name), err))
 			return
 		}
 	}
@@ -155,7 +177,15 @@ func (k *Keeper) Close(ctx context.Context) error {
 	if err := k.Err(); err != nil {
 		return err
 	}
-	_, err := k.c.Release(ctx, k.slug, k.owner, k.epoch)
-	k.markLost(errorf("lease of %s released", k.slug))
+	_, err := k.c.release(ctx, k.slug, k.name, k.owner, k.epoch)
+	k.markLost(errorf("%s released", leaseOf(k.slug, k.name)))
 	return err
+}
+
+// leaseOf names the swarm's lease or its claim name in messages.
+func leaseOf(slug, name string) string {
+	if name == "" {
+		return "lease of " + slug
+	}
+	return "claim " + name + " of " + slug
 }
