@@ -8,7 +8,8 @@
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
 -- in_range, parse_record, record_revision, checked_revision,
 -- record_value.
--- Needs: lib_json.lua (json_valid, string_end, value_end; find, sub),
+-- Needs: lib_json.lua (json_valid, json_valid_cut, cut_strings,
+-- string_end, value_end; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
 
@@ -164,11 +165,26 @@ local function record_revision(raw)
     return m.rev, false
   end
   local digits = string.match(raw, '^{"r":(%d+),"v":')
-  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' and json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1) then
-    if not digits_in_range(digits) then
-      return nil, true
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' then
+    -- The value's strings cut out of the whole field ({"r":N,"v":VALUE}
+    -- cuts to {S:N,S:<VALUE's cut>}: the cut of VALUE is the same text
+    -- either way, since no string can run past VALUE into the closing
+    -- brace), so that no copy of the value is made when the shape cache
+    -- knows its cut (json_valid_cut); else the value judged in full.
+    local valid = nil
+    if not find(raw, '\\', 1, true) then
+      local t, strings = cut_strings(raw)
+      valid = json_valid_cut(sub(t, #digits + 7, -2), strings - 2, MAX_DEPTH - 1)
     end
-    return tonumber(digits), false
+    if valid == nil then
+      valid = json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1)
+    end
+    if valid then
+      if not digits_in_range(digits) then
+        return nil, true
+      end
+      return tonumber(digits), false
+    end
   end
   local rev, value = parse_record(raw)
   if rev == nil then
