@@ -5,7 +5,7 @@
 -- and integers (json_string, int).
 --
 -- Owns: find, gsub, sub (string's, as locals), json_exact, json_valid,
--- cut_strings, json_valid_cut, string_end, value_end, json_string, int.
+-- cut_strings, json_valid_cut, json_valid_judged, string_end, value_end, json_string, int.
 -- Needs: nothing of the other files (Redis's cjson for json_valid).
 
 local find, gsub, sub = string.find, string.gsub, string.sub
@@ -116,7 +116,7 @@ end
 -- or escapes, as executions values have: 38 against 32 us for 1 KB.)
 local SHAPE_BYTES, SHAPES_MAX = 512, 1024
 local shapes, shape_count = {}, 0
-local json_valid_full
+local json_valid_full, json_valid_judged
 -- cut_strings is s with each of its plain strings (printable ASCII
 -- between quotes, no escape) as S, and their count.
 local function cut_strings(s)
@@ -158,6 +158,11 @@ local function json_valid(s, depth_limit)
       return known
     end
   end
+  return json_valid_judged(s, t, strings, escaped, depth_limit)
+end
+-- json_valid_judged is json_valid past json_valid_cut: t and strings are
+-- s cut (cut_strings, after its escapes are dropped when escaped).
+json_valid_judged = function(s, t, strings, escaped, depth_limit)
   -- What most values leave (structure, strings, unsigned integers and
   -- whitespace) can hold none of the non-JSON numbers below but one with a
   -- leading zero: one class scan instead of ten.

@@ -8,7 +8,7 @@
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
 -- in_range, parse_record, record_revision, checked_revision,
 -- record_value.
--- Needs: lib_json.lua (json_valid, json_valid_cut, cut_strings,
+-- Needs: lib_json.lua (json_valid, json_valid_cut, json_valid_judged, cut_strings,
 -- string_end, value_end; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
@@ -170,13 +170,17 @@ local function record_revision(raw)
     -- cuts to {S:N,S:<VALUE's cut>}: the cut of VALUE is the same text
     -- either way, since no string can run past VALUE into the closing
     -- brace), so that no copy of the value is made when the shape cache
-    -- knows its cut (json_valid_cut); else the value judged in full.
-    local valid = nil
+    -- knows its cut (json_valid_cut); else the value judged from that cut
+    -- (json_valid_judged), or in full when it holds escapes.
+    local valid
     if not find(raw, '\\', 1, true) then
       local t, strings = cut_strings(raw)
-      valid = json_valid_cut(sub(t, #digits + 7, -2), strings - 2, MAX_DEPTH - 1)
-    end
-    if valid == nil then
+      t, strings = sub(t, #digits + 7, -2), strings - 2
+      valid = json_valid_cut(t, strings, MAX_DEPTH - 1)
+      if valid == nil then
+        valid = json_valid_judged(sub(raw, #digits + 11, -2), t, strings, false, MAX_DEPTH - 1)
+      end
+    else
       valid = json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1)
     end
     if valid then
