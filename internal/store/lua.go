@@ -20,6 +20,7 @@ package store
 import (
 	"embed"
 	"fmt"
+	"io/fs"
 	"slices"
 	"strings"
 
@@ -29,9 +30,14 @@ import (
 //go:embed lua/*.lua
 var scripts embed.FS
 
+// luaSource is where luaFile reads: scripts, but for a benchmark that
+// builds a library from another version's files to run beside this one
+// (BenchmarkCommitAB).
+var luaSource fs.FS = scripts
+
 // luaFile is the text of lua/<name>.
 func luaFile(name string) string {
-	b, err := scripts.ReadFile("lua/" + name)
+	b, err := fs.ReadFile(luaSource, "lua/"+name)
 	if err != nil {
 		panic(err)
 	}

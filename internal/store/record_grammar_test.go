@@ -248,6 +248,59 @@ func TestJSONValidShapeCacheAnswersAsJSONExact(t *testing.T) {
 	}
 }
 
+// luaRevisionPairScript answers, for each ARGV (a stored field),
+// record_revision's revision then that of parse_record, which judges the
+// value without the shape cache's shortcut for a field ('-' for none, 'over'
+// above REV_MAX), all in one call, so that the cache is filled by the fields
+// before each.
+var luaRevisionPairScript = withLib(`
+local out = {}
+for i = 1, #ARGV do
+  local r, over = record_revision(ARGV[i])
+  out[#out + 1] = r and int(r) or (over and 'over' or '-')
+  local p, v = parse_record(ARGV[i])
+  out[#out + 1] = p and int(p) or (v == 'over' and 'over' or '-')
+end
+return out
+`)
+
+// TestRecordRevisionFromTheFieldsCutAsFromItsValue runs fields of fenced's
+// form {"r":N,"v":VALUE} over the shape cache's texts, with revisions of
+// several lengths and above REV_MAX, through record_revision (which cuts
+// the strings out of the whole field and asks the shape cache for the
+// value's cut: json_valid_cut) in one call, in both orders, and requires
+// parse_record's answer for each (the value judged on its own: a record
+// only when it is valid, or when the whole field is a record another way,
+// as {"r":1,"v":1,"x":2}).
+func TestRecordRevisionFromTheFieldsCutAsFromItsValue(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	values := []string{
+		`{"a":"b"}`, `{"a":S}`, `{S:"b"}`, `{S:S}`, `{"a":"b","c":"d"}`, `{"a":"b",S:"d"}`, `{"a":1}`, `{"a":N}`,
+		`{"a":01}`, `["a",1]`, `["a",N]`, `[S,"a"]`, `"S"`, `S`, `N`, `1`, `{"a":"b\n"}`, "{\"a\":\"b\x01\"}",
+		`{"a":"b"}}`, `{{"a":"b"}`, `{"a":["b",{"c":2}]}`, `{"a":["b",{"c":S}]}`, `1,"x":2`, `1,"r":2`, `"b"}`, `{"x":"}`,
+		`{"r":12,"v":{"x":"y"}}`, `{"r":12,"v":{"x":S}}`,
+	}
+	var fields []string
+	for _, rev := range []string{"0", "7", "17646123456789", "9007199254740991", "9007199254740992"} {
+		for _, v := range values {
+			fields = append(fields, `{"r":`+rev+`,"v":`+v+`}`)
+		}
+	}
+	for _, order := range [][]string{fields, reversed(fields)} {
+		args := append(append([]string{}, order...), order...)
+		got, err := c.Do(context.Background(), c.B().Eval().Script(luaRevisionPairScript).Numkeys(0).Arg(args...).Build()).AsStrSlice()
+		if err != nil {
+			t.Fatalf("EVAL record_revision: %v", err)
+		}
+		for i, field := range args {
+			if got[2*i] != got[2*i+1] {
+				t.Errorf("%q: record_revision = %s, parse_record = %s; want the same", field, got[2*i], got[2*i+1])
+			}
+		}
+	}
+}
+
 func reversed(xs []string) []string {
 	out := make([]string, len(xs))
 	for i, x := range xs {

@@ -8,7 +8,8 @@
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
 -- in_range, parse_record, record_revision, checked_revision,
 -- record_value.
--- Needs: lib_json.lua (json_valid, string_end, value_end; find, sub),
+-- Needs: lib_json.lua (json_valid, json_valid_cut, json_valid_judged, cut_strings,
+-- string_end, value_end; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
 
@@ -152,7 +153,8 @@ end
 -- record_revision is the revision of a stored record field; nil when the
 -- field is not a record, nil, 'over' when its revision is above REV_MAX.
 -- fenced's own form is checked as parse_record does, without answering
--- the value. (Checking the whole field instead of cutting the value out
+-- the value, its strings cut out of the whole field (no copy of the
+-- value). (Judging the whole field by json_valid instead of the value
 -- measured slower: cjson then also reads the revision, 16 digits through
 -- strtod.)
 local function record_revision(raw)
@@ -164,11 +166,30 @@ local function record_revision(raw)
     return m.rev, false
   end
   local digits = string.match(raw, '^{"r":(%d+),"v":')
-  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' and json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1) then
-    if not digits_in_range(digits) then
-      return nil, true
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' then
+    -- The value's strings cut out of the whole field ({"r":N,"v":VALUE}
+    -- cuts to {S:N,S:<VALUE's cut>}: the cut of VALUE is the same text
+    -- either way, since no string can run past VALUE into the closing
+    -- brace), so that no copy of the value is made when the shape cache
+    -- knows its cut (json_valid_cut); else the value judged from that cut
+    -- (json_valid_judged), or in full when it holds escapes.
+    local valid
+    if not find(raw, '\\', 1, true) then
+      local t, strings = cut_strings(raw)
+      t, strings = sub(t, #digits + 7, -2), strings - 2
+      valid = json_valid_cut(t, strings, MAX_DEPTH - 1)
+      if valid == nil then
+        valid = json_valid_judged(sub(raw, #digits + 11, -2), t, strings, false, MAX_DEPTH - 1)
+      end
+    else
+      valid = json_valid(sub(raw, #digits + 11, -2), MAX_DEPTH - 1)
     end
-    return tonumber(digits), false
+    if valid then
+      if not digits_in_range(digits) then
+        return nil, true
+      end
+      return tonumber(digits), false
+    end
   end
   local rev, value = parse_record(raw)
   if rev == nil then
