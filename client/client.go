@@ -366,6 +366,37 @@ func WithReplicaAck(replicas int, timeout time.Duration) BatchOption {
 	}
 }
 
+// ClaimFence is a batch's condition on one of the swarm's claims (a named
+// lease, docs/design/12-claims.md §12.3): the batch commits only while the
+// claim Name is held by Owner at Epoch (the grant's) and has not expired
+// by the later of Redis's clock and NowMs. It is checked in the same
+// atomic step as the Fence (either, both or neither may be given) and
+// every revision; a refusal is ErrLeaseStale (*LeaseError with Fence
+// "claim", Claim and the current grant as Holder), nothing written.
+type ClaimFence struct {
+	// Name is the claim's name: 1-200 bytes of [A-Za-z0-9._:@/-].
+	Name string
+	// Owner is the claim's holder. Required.
+	Owner string
+	// Epoch is the claim grant's epoch (>= 1).
+	Epoch int64
+	// NowMs is the caller's clock in ms; 0 when unknown. It can only make
+	// the server's check stricter.
+	NowMs int64
+}
+
+// WithClaim fences the batch by the claim c as well (nil: no claim
+// fence). With Update it fences every batch sent.
+func WithClaim(c *ClaimFence) BatchOption {
+	return func(r *fencedv1.FencedBatchRequest) {
+		if c == nil {
+			r.Claim = nil
+			return
+		}
+		r.Claim = &fencedv1.ClaimFence{Name: c.Name, Owner: c.Owner, Epoch: c.Epoch, NowMs: c.NowMs}
+	}
+}
+
 // NewRequestID returns a random request id (32 hex digits).
 func NewRequestID() string {
 	var b [16]byte

@@ -65,6 +65,13 @@ type LeaseError struct {
 	Holder *Lease
 	// RetryAfter is, for ErrLeaseHeld, how long the holder's lease has left.
 	RetryAfter time.Duration
+	// Fence is, for a refused batch, which of its fences failed: "lease"
+	// (the controller's, the Fence argument) or "claim" (WithClaim's); the
+	// controller's is named when both did. Empty for lease calls.
+	Fence string
+	// Claim is the claim's name when the refused lease is a claim (a
+	// claim fence's refusal, or a claim's Renew or Release).
+	Claim string
 	// Err is the gRPC status error.
 	Err error
 }
@@ -246,6 +253,7 @@ func Decode(err error) error {
 		if retry != nil {
 			le.RetryAfter = retry.GetRetryDelay().AsDuration()
 		}
+		le.Fence, le.Claim = md["fence"], md["claim"]
 		return le
 	case st.Code() == codes.FailedPrecondition && is(fencedv1.ErrorReason_LAYOUT_DOCUMENT):
 		return &codeError{kind: ErrLayoutDocument, err: err}

@@ -78,6 +78,15 @@ func TestDecode(t *testing.T) {
 			want: &client.LeaseError{Kind: client.ErrLeaseStale, Holder: &client.Lease{Owner: "ctl-b", Epoch: 8, ExpiresAtMs: 1700000000123}},
 		},
 		{
+			name: "claim fence stale, the claim granted",
+			in: statusErr(t, codes.FailedPrecondition, errorInfo("LEASE_STALE", map[string]string{
+				"fence": "claim", "claim": "wake/1", "lease": "present", "owner": "w-2", "epoch": "40", "expires_at_ms": "1700000000500",
+			})),
+			is: client.ErrLeaseStale,
+			want: &client.LeaseError{Kind: client.ErrLeaseStale, Fence: "claim", Claim: "wake/1",
+				Holder: &client.Lease{Owner: "w-2", Epoch: 40, ExpiresAtMs: 1700000000500}},
+		},
+		{
 			name: "lease stale, no lease",
 			in:   statusErr(t, codes.FailedPrecondition, errorInfo("LEASE_STALE", map[string]string{"lease": "absent"})),
 			is:   client.ErrLeaseStale,

@@ -60,7 +60,9 @@ const (
 // attempt alone, set by an interceptor or a proxy), or CANCELED while ctx
 // is still live (cancelled by fenced's shutdown or a proxy, not by the
 // caller). The resends stay within ctx. opts apply to every batch sent
-// (WithReplicaAck; a WithRequestID is overridden).
+// (WithReplicaAck, WithClaim to fence it by a claim as well or instead of
+// fence; a WithRequestID is overridden). A resend of a batch that
+// committed answers its revision even when its claim lapsed meanwhile.
 func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error, opts ...BatchOption) (int64, error) {
 	jitter := &backoff.ExponentialBackOff{
 		InitialInterval:     RerunWaitInitial,

@@ -108,6 +108,22 @@ type Fence struct {
 	NowMs int64
 }
 
+// ClaimFence is a batch's condition on one of the swarm's claims (a named
+// lease, docs/design/12-claims.md §12.3): the batch commits only while the
+// claim Name has a grant of Owner at Epoch that expires after the later of
+// NowMs and Redis's clock, checked in the same atomic step as the Fence and
+// every revision.
+type ClaimFence struct {
+	// Name is the claim's name (ValidClaimName).
+	Name string
+	// Owner is the claim's owner; required.
+	Owner string
+	// Epoch is the claim grant's fencing token; >= 1.
+	Epoch int64
+	// NowMs is the caller's clock in ms since the Unix epoch; 0 if unknown.
+	NowMs int64
+}
+
 // Batch is the writes of one change to one swarm, committed all or none.
 type Batch struct {
 	// Slug names the swarm.
@@ -116,6 +132,9 @@ type Batch struct {
 	Writes []Write
 	// Fence is the lease condition; nil for an unfenced batch.
 	Fence *Fence
+	// Claim is the claim fence; nil for none. Either, both or neither of
+	// Fence and Claim may be set.
+	Claim *ClaimFence
 	// RequestID, when set, makes the batch idempotent: 1-128 printable ASCII
 	// characters. A batch that committed under an id is answered again with
 	// its original revision, without writing, for the configured window.

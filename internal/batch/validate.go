@@ -335,6 +335,9 @@ func (l Limits) CheckBatch(b *Batch) error {
 			vs.add("fence.owner", "not valid UTF-8")
 		}
 	}
+	if c := b.Claim; c != nil {
+		checkClaimFence(&vs, c)
+	}
 	for i := range b.Writes {
 		if vs.full() {
 			break
@@ -514,4 +517,27 @@ func (l Limits) CheckWatch(slug string, start int64, sections []string) ([]strin
 		return nil, nil
 	}
 	return sections, nil
+}
+
+// checkClaimFence adds the violations of a batch's claim fence: claim.name
+// (ValidClaimName), claim.owner (required, as a lease owner),
+// claim.epoch (1 to 2^53-1) and claim.now_ms (as fence.now_ms).
+func checkClaimFence(vs *violations, c *ClaimFence) {
+	if why := ValidClaimName(c.Name); why != "" {
+		vs.add("claim.name", "%s", why)
+	}
+	switch {
+	case c.Owner == "":
+		vs.add("claim.owner", "required (the owner the claim was granted to)")
+	case len(c.Owner) > MaxOwnerBytes:
+		vs.add("claim.owner", "at most %d bytes, got %d", MaxOwnerBytes, len(c.Owner))
+	case !utf8.ValidString(c.Owner):
+		vs.add("claim.owner", "not valid UTF-8")
+	}
+	if c.Epoch < 1 || c.Epoch > MaxSafeInteger {
+		vs.add("claim.epoch", "must be 1 to 2^53-1 (the fencing token of the claim's grant), got %d", c.Epoch)
+	}
+	if c.NowMs < 0 || c.NowMs > MaxSafeInteger {
+		vs.add("claim.now_ms", "must be 0 (unknown) or ms since the Unix epoch, got %d", c.NowMs)
+	}
 }

@@ -75,6 +75,12 @@ func withFence(f *Fence) *Batch {
 	return b
 }
 
+func withClaim(c *ClaimFence) *Batch {
+	b := fenced(put("executions", "e1", Absent, `{}`))
+	b.Claim = c
+	return b
+}
+
 // manyWrites returns n distinct, valid checks.
 func manyWrites(n int) []Write {
 	ws := make([]Write, n)
@@ -235,6 +241,24 @@ func TestCheckBatch(t *testing.T) {
 		{name: "fence/owner 1024 bytes", batch: withFence(&Fence{Owner: strings.Repeat("o", 1024), Epoch: 1})},
 		{name: "fence/owner 1025 bytes", batch: withFence(&Fence{Owner: strings.Repeat("o", 1025), Epoch: 1}), want: []string{"fence.owner"}},
 		{name: "fence/every field bad", batch: withFence(&Fence{Owner: "\xff", Epoch: 0, NowMs: -5}), want: []string{"fence.epoch", "fence.now_ms", "fence.owner"}},
+
+		// The claim fence (docs/design/12-claims.md §12.3).
+		{name: "claim/valid", batch: withClaim(&ClaimFence{Name: "task/7:a@b.c-d_e", Owner: "w", Epoch: 1, NowMs: 1})},
+		{name: "claim/with the controller fence", batch: func() *Batch {
+			b := withClaim(&ClaimFence{Name: "t", Owner: "w", Epoch: 1})
+			b.Fence = &Fence{Owner: "ctl", Epoch: 2}
+			return b
+		}()},
+		{name: "claim/name empty", batch: withClaim(&ClaimFence{Owner: "w", Epoch: 1}), want: []string{"claim.name"}},
+		{name: "claim/name 201 bytes", batch: withClaim(&ClaimFence{Name: strings.Repeat("n", 201), Owner: "w", Epoch: 1}), want: []string{"claim.name"}},
+		{name: "claim/name with a space", batch: withClaim(&ClaimFence{Name: "task 7", Owner: "w", Epoch: 1}), want: []string{"claim.name"}},
+		{name: "claim/owner empty", batch: withClaim(&ClaimFence{Name: "t", Epoch: 1}), want: []string{"claim.owner"}},
+		{name: "claim/owner not UTF-8", batch: withClaim(&ClaimFence{Name: "t", Owner: "w\xff", Epoch: 1}), want: []string{"claim.owner"}},
+		{name: "claim/owner 1025 bytes", batch: withClaim(&ClaimFence{Name: "t", Owner: strings.Repeat("o", 1025), Epoch: 1}), want: []string{"claim.owner"}},
+		{name: "claim/epoch 0", batch: withClaim(&ClaimFence{Name: "t", Owner: "w"}), want: []string{"claim.epoch"}},
+		{name: "claim/epoch 2^53", batch: withClaim(&ClaimFence{Name: "t", Owner: "w", Epoch: 1 << 53}), want: []string{"claim.epoch"}},
+		{name: "claim/every field bad", batch: withClaim(&ClaimFence{Name: "", Owner: "", Epoch: -1, NowMs: -1}),
+			want: []string{"claim.name", "claim.owner", "claim.epoch", "claim.now_ms"}},
 
 		// Several violations, reported in order.
 		{

@@ -115,6 +115,13 @@ const (
 	// id's KeyRequestPrefix key, as fenced did before KeyRequestIDs (a
 	// rolling upgrade).
 	ModeLegacyRequest = "k"
+	// ModeClaim: the batch carries a claim fence (docs/design/12-claims.md
+	// §12.3): the commit's second argument is the claim, its key the
+	// swarm's KeyClaims hash.
+	ModeClaim = "c"
+	// FenceClaim: the fifth element of a STALE reply of the commit when the
+	// claim fence failed ({STALE, owner, epoch, expires_at, claim}).
+	FenceClaim = "claim"
 	// ModeNone: none of the above (alone, or replaced by ModeLayoutChecked
 	// on the second call).
 	ModeNone = "-"
@@ -288,6 +295,8 @@ var entries = []struct{ name, value string }{
 	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
 	{"MODE_REQUEST", ModeRequest},
 	{"MODE_LEGACY_REQUEST", ModeLegacyRequest},
+	{"MODE_CLAIM", ModeClaim},
+	{"FENCE_CLAIM", FenceClaim},
 	{"MODE_NONE", ModeNone},
 	{"REPLY_OK", ReplyOK},
 	{"REPLY_REPLAYED", ReplyReplayed},
@@ -354,7 +363,7 @@ var entries = []struct{ name, value string }{
 	// letter. SECTION_PATTERN captures a section's name out of its key;
 	// SLUG_PATTERN the slug out of any key of the swarm.
 	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords)},
-	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeLegacyRequest, ModeNone)},
+	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeLegacyRequest, ModeClaim, ModeNone)},
 	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
 	{"SLUG_PATTERN", "{(.-)" + luaPatternQuote(FenceInfix)},
 }

@@ -212,19 +212,15 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 	return &fencedv1.FencedBatchResponse{Revision: c.Revision, Replayed: c.Replayed, ReplicasAcked: int32(c.ReplicasAcked)}, nil
 }
 
-// unservedClaimFields refuses the parts of the claims contract (issue 27,
-// docs/design/12-claims.md) this fenced does not check yet: a claim fence
-// (FencedBatchRequest.claim) and records bound to a claim
-// (RecordWrite.bind_to_claim). Ignored, a batch fenced by a lapsed claim
-// would commit unchecked, and a record meant to end with its claim would
-// outlive it; so each is INVALID_ARGUMENT naming the field, nothing
-// written. Named leases themselves (LeaseService with a name) are served.
+// unservedClaimFields refuses the part of the claims contract (issue 27,
+// docs/design/12-claims.md) this fenced does not serve yet: records bound
+// to a claim (RecordWrite.bind_to_claim). Ignored, a record meant to end
+// with its claim would outlive it; so it is INVALID_ARGUMENT naming the
+// field, nothing written. Named leases (LeaseService with a name) and
+// claim fences (FencedBatchRequest.claim, §12.3) are served.
 func unservedClaimFields(req *fencedv1.FencedBatchRequest) error {
 	var vs []batch.Violation
-	const why = "not served by this fenced yet (claims, issue 27: named leases are served; claim fences and bound records are not), so the batch is refused rather than committed unchecked"
-	if req.GetClaim() != nil {
-		vs = append(vs, batch.Violation{Field: "claim", Description: "a claim fence is " + why})
-	}
+	const why = "not served by this fenced yet (claims, issue 27: named leases and claim fences are served; bound records are not), so the batch is refused rather than committed with a record that would outlive its claim"
 	for i, w := range req.GetWrites() {
 		if w.GetBindToClaim() && len(vs) < batch.MaxViolations {
 			vs = append(vs, batch.Violation{Field: "writes[" + strconv.Itoa(i) + "].bind_to_claim", Description: "binding a record to a claim is " + why})
@@ -263,6 +259,9 @@ func BatchFromProto(req *fencedv1.FencedBatchRequest) *batch.Batch {
 		f   batch.Fence
 		one [1]batch.Write
 	}{}
+	if c := req.GetClaim(); c != nil {
+		a.b.Claim = &batch.ClaimFence{Name: c.GetName(), Owner: c.GetOwner(), Epoch: c.GetEpoch(), NowMs: c.GetNowMs()}
+	}
 	ws := req.GetWrites()
 	b := &a.b
 	b.Slug, b.RequestID = req.GetSlug(), req.GetRequestId()

@@ -205,12 +205,12 @@ func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
 	}
 }
 
-// TestClaimFencesAndBoundPutsAreRefusedUntilServed: the claims contract's
-// claim fence and bind_to_claim are in the proto before the commit checks
-// them (issue 27 is being built): a batch carrying either is INVALID_ARGUMENT
-// naming the field and writes nothing, never committed as if unfenced.
-// Before: the claim fence was ignored and the batch committed.
-func TestClaimFencesAndBoundPutsAreRefusedUntilServed(t *testing.T) {
+// TestBoundPutsAreRefusedUntilServed: the claims contract's bind_to_claim
+// is in the proto before the commit keeps bound records (issue 27 is being
+// built): a batch carrying it is INVALID_ARGUMENT naming the field and
+// writes nothing, never committed as if unbound. (The claim fence is
+// served: service_claim_fence_test.go.)
+func TestBoundPutsAreRefusedUntilServed(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
 	const slug = "unserved"
@@ -220,8 +220,8 @@ func TestClaimFencesAndBoundPutsAreRefusedUntilServed(t *testing.T) {
 		req   *fencedv1.FencedBatchRequest
 		field string
 	}{
-		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`)},
-			Claim: &fencedv1.ClaimFence{Name: "wake:1", Owner: "w", Epoch: 1}}, "claim"},
+		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), bound},
+			Claim: &fencedv1.ClaimFence{Name: "wake:1", Owner: "w", Epoch: 1}}, "writes[1].bind_to_claim"},
 		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), bound}}, "writes[1].bind_to_claim"},
 	} {
 		_, err := e.records.FencedBatch(ctxT(t), tc.req)

@@ -367,7 +367,9 @@ func TestFencedBatch(t *testing.T) {
 			if d.code != codes.FailedPrecondition {
 				t.Errorf("FencedBatch(%s, fence %v) code = %v, want %v", tt.slug, tt.fence, d.code, codes.FailedPrecondition)
 			}
-			want := &errdetails.ErrorInfo{Reason: "LEASE_STALE", Domain: "fenced", Metadata: tt.md}
+			md := map[string]string{"fence": "lease"} // the controller fence failed
+			maps.Copy(md, tt.md)
+			want := &errdetails.ErrorInfo{Reason: "LEASE_STALE", Domain: "fenced", Metadata: md}
 			if diff := cmp.Diff(want, d.info, protocmp.Transform()); diff != "" {
 				t.Errorf("FencedBatch(%s, fence %v) ErrorInfo mismatch (-want +got):\n%s", tt.slug, tt.fence, diff)
 			}

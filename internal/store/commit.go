@@ -24,7 +24,9 @@ import (
 // and one log entry is appended (the log keeps at least the last protocol.LogCap).
 //
 // It returns the committed revision, or for a batch of checks alone the
-// current one. Errors: *StaleError (ErrLeaseStale), *ConflictError listing
+// current one. Errors: *StaleError (ErrLeaseStale; Fence "lease" or
+// "claim" says which fence failed, the controller's first when both did),
+// *ConflictError listing
 // every mismatch in request order, ErrLayoutDocument, *CorruptError,
 // ErrRequestIDReused, *LimitError (ErrRevisionLimit), ErrUnavailable (the
 // commit may or may not have been applied), ErrReplicaWaitsExhausted (only
@@ -88,7 +90,10 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d Durability)
 	k := s.keys(b.Slug)
 	sc, keys, args := s.commitArgs(k, b)
 	reply, acked, err := s.execCommitting(ctx, k, sc, keys, args, d)
-	if errors.Is(err, ErrLayoutDocument) && s.stamp {
+	// A document-layout swarm's batch is committed in the document, but
+	// not one fenced by a claim: claims need the records layout
+	// (ErrLayoutDocument, docs/design/12-claims.md §12.3).
+	if errors.Is(err, ErrLayoutDocument) && s.stamp && b.Claim == nil {
 		var moved bool
 		if c, moved, err = s.commitDocument(ctx, k, b, d); !moved {
 			if err != nil {
@@ -286,6 +291,16 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 	if f := b.Fence; f != nil {
 		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
 	}
+	claim := ""
+	if c := b.Claim; c != nil {
+		// The claim fence: its key (the claim-grants hash) and its
+		// argument, '<key index>:<epoch>:<now_ms>:<name length>:<name><owner>'
+		// (base 36 as the fence's), second after the header.
+		mode += protocol.ModeClaim
+		keys = append(keys, k.claims())
+		claim = strconv.Itoa(len(keys)) + ":" + strconv.FormatInt(c.Epoch, 36) + ":" + strconv.FormatInt(c.NowMs, 36) +
+			":" + strconv.Itoa(len(c.Name)) + ":" + c.Name + c.Owner
+	}
 	if b.RequestID != "" {
 		owner = strconv.Itoa(len(b.RequestID)) + ":" + b.RequestID + owner
 	}
@@ -293,8 +308,11 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 	for i := range b.Writes {
 		checks += len(b.Writes[i].Checks)
 	}
-	args = make([]string, 1, 1+2*len(b.Writes)+checks)
+	args = make([]string, 1, 2+2*len(b.Writes)+checks)
 	args[0] = mode + ":" + epoch + ":" + now + ":" + window + ":" + digest + ":" + owner
+	if claim != "" {
+		args = append(args, claim)
+	}
 	for i := range b.Writes {
 		w := &b.Writes[i]
 		ki, ok := index[w.Section]
@@ -337,8 +355,8 @@ func writesExecutions(b *batch.Batch) bool {
 }
 
 // requestDigest is the SHA-256 (hex) of what a batch asks for: the slug,
-// the fence's owner and epoch, and every write, each length-prefixed. The
-// fence's now_ms is left out: it is a clock reading, not part of the
+// the fence's owner and epoch, the claim fence's name, owner and epoch, and
+// every write, each length-prefixed. The fences' now_ms is left out: it is a clock reading, not part of the
 // request, and a retry may send a later one.
 func requestDigest(b *batch.Batch) string {
 	h := sha256.New()
@@ -352,6 +370,14 @@ func requestDigest(b *batch.Batch) string {
 		field("fence")
 		field(b.Fence.Owner)
 		field(strconv.FormatInt(b.Fence.Epoch, 10))
+	}
+	if c := b.Claim; c != nil {
+		// Only a batch with a claim fence adds these: every other batch's
+		// digest is what it was before claim fences.
+		field("claim")
+		field(c.Name)
+		field(c.Owner)
+		field(strconv.FormatInt(c.Epoch, 10))
 	}
 	for i := range b.Writes {
 		w := &b.Writes[i]

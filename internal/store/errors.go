@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/agentihooks/fenced/internal/protocol"
 )
 
 var (
@@ -132,15 +134,30 @@ type StaleError struct {
 	Owner       string
 	Epoch       int64
 	ExpiresAtMs int64
-	// Fence is which fence of a batch failed: "lease" (the controller
-	// fence) or "claim"; empty for a Renew or Release.
+	// Fence is which fence of a batch failed: FenceLease (the controller
+	// fence) or FenceClaim; empty for a Renew or Release. When both fences
+	// of a batch fail, the controller's is named (it is checked first).
 	Fence string
 	// Claim is the claim's name when the lease is a claim; empty for the
 	// controller lease.
 	Claim string
 }
 
+// The fences of a batch, as StaleError.Fence names them.
+const (
+	// FenceLease is the controller lease's fence (batch.Fence).
+	FenceLease = "lease"
+	// FenceClaim is a claim's fence (batch.ClaimFence).
+	FenceClaim = protocol.FenceClaim
+)
+
 func (e *StaleError) Error() string {
+	if e.Claim != "" {
+		if !e.Present {
+			return fmt.Sprintf("lease stale: claim %q has no grant", e.Claim)
+		}
+		return fmt.Sprintf("lease stale: claim %q is held by %q at epoch %d until %d ms", e.Claim, e.Owner, e.Epoch, e.ExpiresAtMs)
+	}
 	if !e.Present {
 		return "lease stale: the swarm has no lease"
 	}

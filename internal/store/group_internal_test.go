@@ -476,3 +476,44 @@ func TestGroupCommitWhileItsSlotMigratesRunsEachAlone(t *testing.T) {
 	dst.Do(t, "CLUSTER", "SETSLOT", slotArg, "NODE", dst.NodeID(t))
 	src.Do(t, "CLUSTER", "SETSLOT", slotArg, "NODE", dst.NodeID(t))
 }
+
+// TestGroupCommitClaimFencedMembersAsAlone: in one group, a batch refused
+// by its claim fence writes nothing and answers the refusal naming the
+// claim, as it would alone, and a batch fenced by a live claim commits.
+func TestGroupCommitClaimFencedMembersAsAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	s := openGrouped(t, srv.URL())
+	ctx := context.Background()
+	var grants []Lease
+	for _, slug := range []string{"g-claim-bad", "g-claim-good"} {
+		g, _, err := s.AcquireClaim(ctx, slug, "task/1", "worker-a", 600000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, g)
+	}
+	bad := groupPut("g-claim-bad", "b", 0, "")
+	bad.Claim = &batch.ClaimFence{Name: "task/1", Owner: "worker-b", Epoch: grants[0].Epoch}
+	good := groupPut("g-claim-good", "a", 0, "")
+	good.Claim = &batch.ClaimFence{Name: "task/1", Owner: "worker-a", Epoch: grants[1].Epoch}
+	_, alone := s.Commit(ctx, bad)
+	before := swarmDump(t, srv, "g-claim-bad")
+	gate := newGroupGate(t, s, map[uint16]int{0: 2})
+	cs, errs := commitAll(t, s, 0, groupPut("g-first", "k", 0, ""), bad, good)
+	if got := gate.sends[0]; !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("sends %v; want the first alone, then one group of 2", got)
+	}
+	var se *StaleError
+	if !errors.As(errs[1], &se) || se.Fence != FenceClaim || se.Claim != "task/1" || se.Owner != "worker-a" || alone == nil || errs[1].Error() != alone.Error() {
+		t.Errorf("refused member: %v; alone: %v; want the claim fence's refusal naming task/1", errs[1], alone)
+	}
+	if now := swarmDump(t, srv, "g-claim-bad"); now != before {
+		t.Errorf("the refused member changed Redis:\n%s->\n%s", before, now)
+	}
+	if errs[2] != nil || cs[2].Revision <= 0 {
+		t.Fatalf("live claim's member: %+v, %v; want committed", cs[2], errs[2])
+	}
+	if rec, _, err := s.Record(ctx, "g-claim-good", "claims", "a"); err != nil || rec == nil || rec.Revision != cs[2].Revision {
+		t.Errorf("claims/a = %+v, %v; want the record at r%d", rec, err, cs[2].Revision)
+	}
+}

@@ -120,8 +120,18 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 			return 0, conflictError(b, reply[1:])
 		}
 	case protocol.ReplyStale:
-		if len(reply) == 4 {
-			return 0, staleError(reply[1:])
+		// {STALE, owner, epoch, expires_at}: the controller fence;
+		// {STALE, owner, epoch, expires_at, claim}: the claim fence (the
+		// grant found under b.Claim.Name).
+		if len(reply) == 4 || len(reply) == 5 && reply[4] == FenceClaim && b.Claim != nil {
+			err := staleError(reply[1:4])
+			if se, ok := err.(*StaleError); ok {
+				se.Fence = FenceLease
+				if len(reply) == 5 {
+					se.Fence, se.Claim = FenceClaim, b.Claim.Name
+				}
+			}
+			return 0, err
 		}
 	case protocol.ReplyCorrupt, protocol.ReplyLimit, protocol.ReplyWrongType:
 		if err := swarmRefusal(reply); err != nil {

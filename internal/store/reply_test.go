@@ -51,9 +51,11 @@ func TestCommitResult(t *testing.T) {
 		{name: "conflict naming no write", reply: []string{"CONFLICT", "2", "1"}, is: ErrMalformedReply},
 		{name: "conflict naming a negative write", reply: []string{"CONFLICT", "-1", "1"}, is: ErrMalformedReply},
 		{name: "conflict with a non-integer actual", reply: []string{"CONFLICT", "0", "x"}, is: ErrMalformedReply},
-		{name: "stale: no lease", reply: []string{"STALE", "", "", ""}, err: &StaleError{}},
+		{name: "stale: no lease", reply: []string{"STALE", "", "", ""}, err: &StaleError{Fence: "lease"}},
 		{name: "stale: another lease", reply: []string{"STALE", "ctl:b", "8", "1764540000000"},
-			err: &StaleError{Present: true, Owner: "ctl:b", Epoch: 8, ExpiresAtMs: 1764540000000}},
+			err: &StaleError{Present: true, Owner: "ctl:b", Epoch: 8, ExpiresAtMs: 1764540000000, Fence: "lease"}},
+		{name: "stale claim of a batch without a claim fence", reply: []string{"STALE", "", "", "", "claim"}, is: ErrMalformedReply},
+		{name: "stale with an unknown fifth element", reply: []string{"STALE", "", "", "", "x"}, is: ErrMalformedReply},
 		{name: "stale with a non-integer epoch", reply: []string{"STALE", "ctl:b", "x", "1"}, is: ErrMalformedReply},
 		{name: "stale too short", reply: []string{"STALE", "ctl:b"}, is: ErrMalformedReply},
 		{name: "a write's field corrupt", reply: []string{"CORRUPT", "1"}, err: &CorruptError{Section: "tasks", Key: "t"}},
@@ -77,6 +79,30 @@ func TestCommitResult(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rev, err := commitResult(replyBatch, c.reply)
 			checkDecoded(t, "commitResult", c.reply, rev, err, c.rev, c.err, c.is)
+		})
+	}
+}
+
+// TestCommitResultClaimFence decodes the claim fence's refusal of a batch
+// fenced by a claim: the StaleError names the fence and the claim.
+func TestCommitResultClaimFence(t *testing.T) {
+	b := &batch.Batch{Slug: "s", Writes: replyBatch.Writes, Claim: &batch.ClaimFence{Name: "task/7", Owner: "w1", Epoch: 3}}
+	for _, c := range []struct {
+		name  string
+		reply []string
+		err   error
+		is    error
+	}{
+		{name: "no grant", reply: []string{"STALE", "", "", "", "claim"}, err: &StaleError{Fence: "claim", Claim: "task/7"}},
+		{name: "another grant", reply: []string{"STALE", "w2", "9", "1764540000000", "claim"},
+			err: &StaleError{Present: true, Owner: "w2", Epoch: 9, ExpiresAtMs: 1764540000000, Fence: "claim", Claim: "task/7"}},
+		{name: "the controller fence", reply: []string{"STALE", "ctl", "4", "1"},
+			err: &StaleError{Present: true, Owner: "ctl", Epoch: 4, ExpiresAtMs: 1, Fence: "lease"}},
+		{name: "a non-integer epoch", reply: []string{"STALE", "w2", "x", "1", "claim"}, is: ErrMalformedReply},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rev, err := commitResult(b, c.reply)
+			checkDecoded(t, "commitResult", c.reply, rev, err, 0, c.err, c.is)
 		})
 	}
 }

@@ -10,13 +10,16 @@
 -- KEYS[1] meta        KEYS[2] revision    KEYS[3] log
 -- with byname: KEYS[4] executions, KEYS[5] by-name (by-name-index is
 -- derived from it: see byname.lua); in mode 'r', the next key is the swarm's request-ids
--- hash (P:{slug}:fence:request-ids, lib_memo.lua); then the other sections the batch
--- names; in mode 's', the last key is P:state:fencing:current.
+-- hash (P:{slug}:fence:request-ids, lib_memo.lua); in mode 'c', the next key is the
+-- swarm's claim-grants hash (its index is in the claim argument); then the other
+-- sections the batch names; in mode 's', the last key is P:state:fencing:current.
 --
 -- ARGV[1] '<mode>:<epoch>:<now_ms>:<window_ms>:<digest>:<owner>'. mode:
 --         's' when standalone (stamp the last key), 'l' when the caller
 --         checked the document layout (Cluster), 'r' with a request id,
 --         'k' with 'r' to read and write the legacy request keys too,
+--         'c' with a claim fence (then ARGV[2] is the claim: claim_fence in
+--         lib_commit.lua; its key is among KEYS),
 --         '-' for none. epoch: the fence's, '' for an unfenced batch.
 --         now_ms: the caller's clock, '0' when unknown (epoch and now_ms
 --         in base 36: revisions and epochs follow the clock, 14 and 13
@@ -25,7 +28,7 @@
 --         digest ('' without a request id). owner: the fence's ('' = any;
 --         last, so it may hold ':'), in mode 'r' after
 --         '<length of the request id>:<request id>'.
--- then per write '<kind><key index>:<expected>:<key>' where kind is 'p'
+-- then (after the claim, if any) per write '<kind><key index>:<expected>:<key>' where kind is 'p'
 -- (put), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
 -- empty) or 'R' (one record of a records check: the Go side sends one such
 -- argument per pair, a write's pairs in a row), key index points into KEYS
@@ -47,6 +50,8 @@
 --   {'REUSED'}                     the request id names another request
 --   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices
 --   {'STALE', owner, epoch, expires_at_ms}           '' when no lease
+--   {'STALE', owner, epoch, expires_at_ms, 'claim'}  the claim fence failed
+--                                  (claim_fence, lib_commit.lua)
 --   {'LAYOUT_DOCUMENT'}
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
@@ -79,12 +84,17 @@ if string.find(mode, P.MODE_REQUEST, 1, true) then
   request_id = request_id_of()
 end
 
+-- With a claim fence (mode 'c') ARGV[2] is the claim (claim_fence) and
+-- the writes start at ARGV[3].
+local claim_arg = string.find(mode, P.MODE_CLAIM, 1, true) and ARGV[2]
+local first_write = claim_arg and 3 or 2
+
 -- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
 -- expects[i], values[i] (puts only), for i = 1..n.
 local kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
 local n = 0
 do
-  local a, last = 2, #ARGV
+  local a, last = first_write, #ARGV
   while a <= last do
     local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
     n = n + 1
@@ -131,6 +141,19 @@ if fence_epoch ~= '' then
     return { P.REPLY_STALE, '', '', '' }
   end
   log_owner = lease.owner
+end
+
+-- 2b. The claim fence, checked after the controller's: when both fail the
+-- refusal names the controller's (docs/design/12-claims.md §12.3). The log
+-- entry names the claim's owner when the controller's fence is not given.
+if claim_arg then
+  local claim_owner, claim_refusal = claim_fence(claim_arg)
+  if claim_refusal then
+    return claim_refusal
+  end
+  if fence_epoch == '' then
+    log_owner = claim_owner
+  end
 end
 
 -- 3. Revisions: the swarm's floors must be revisions (and in range); then

@@ -7,7 +7,7 @@
 --
 -- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
 -- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, wrong_type,
--- refusal_of, start_commit, finish_commit, begin.
+-- refusal_of, start_commit, finish_commit, claim_fence, begin.
 -- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
 -- clock's cache), lib_json.lua (json_string, int), lib_memo.lua (memo,
 -- memo_on, remember, forget), lib_record.lua (canonical_digits,
@@ -288,6 +288,52 @@ local function finish_commit(rev, layout, changed)
   if not layout then
     redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
   end
+end
+
+-- claim_fence checks a batch's claim fence (docs/design/12-claims.md
+-- §12.3) as commit.lua checks the controller's: arg is the commit's claim
+-- argument, '<key index>:<epoch>:<now_ms>:<name length>:<name><owner>'
+-- (epoch and now_ms base 36), KEYS[key index] the swarm's claim-grants
+-- hash. The claim is live when its grant (one HGET: the cost is the same
+-- whatever the number of claims) names that owner and epoch and expires
+-- after the later of Redis's clock and now_ms. It answers the grant's
+-- owner (nil when refused) and nil, or nil and the refusal: {'STALE',
+-- owner, epoch, expires_at_ms, 'claim'} ('' for each when the name has no
+-- grant), {'CORRUPT'|'LIMIT', '', 'claim-grants/<name>'} for a grant that
+-- cannot be read, {'WRONGTYPE', ...} when the hash is another type.
+-- Epochs are compared as numbers below 2^53 (lease_of reads them exactly).
+local CLAIM_FENCE_PATTERN = '^(%d+):(%w+):(%w+):(%d+):(.*)$'
+local function claim_fence(arg)
+  local ki, epoch, caller_now, len, rest = string.match(arg, CLAIM_FENCE_PATTERN)
+  len = tonumber(len)
+  local name, owner = sub(rest, 1, len), sub(rest, len + 1)
+  local key = KEYS[tonumber(ki)]
+  local raw = redis.pcall('HGET', key, name)
+  if type(raw) == 'table' and raw.err then
+    return nil, refusal_of(raw, key, 'hash', P.KEY_CLAIMS)
+  end
+  local claim = nil
+  if raw then
+    local over
+    claim, over = lease_of(raw)
+    if over == 'over' then
+      return nil, { P.REPLY_LIMIT, '', P.KEY_CLAIMS .. '/' .. name }
+    elseif over then
+      return nil, { P.REPLY_CORRUPT, '', P.KEY_CLAIMS .. '/' .. name }
+    end
+  end
+  local now = now_ms()
+  caller_now = base36(caller_now)
+  if caller_now > now then
+    now = caller_now
+  end
+  if claim == nil or claim.epoch ~= base36(epoch) or claim.owner ~= owner or claim.expires_at <= now then
+    if claim then
+      return nil, { P.REPLY_STALE, claim.owner, int(claim.epoch), int(claim.expires_at), P.FENCE_CLAIM }
+    end
+    return nil, { P.REPLY_STALE, '', '', '', P.FENCE_CLAIM }
+  end
+  return claim.owner, nil
 end
 
 -- begin starts a call: its KEYS and ARGV, and nothing cached from another

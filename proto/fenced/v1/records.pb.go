@@ -1201,7 +1201,13 @@ func (x *LeaseFence) GetNowMs() int64 {
 // held by this owner at this epoch, checked in the same atomic step as the
 // controller fence and every revision. A failed check is FAILED_PRECONDITION
 // + LEASE_STALE with ErrorInfo metadata "fence" = "claim" and "claim" = the
-// name (the controller fence's refusal says "fence" = "lease").
+// name, and the claim's current grant as "lease" (present/absent), "owner",
+// "epoch", "expires_at_ms" (the controller fence's refusal says "fence" =
+// "lease"). When both fences fail, the refusal names the controller's: it
+// is checked first. Nothing is written. A request_id that committed before
+// answers `replayed` even when the claim lapsed since. Claims need the
+// records layout: on a document-layout swarm the batch is FAILED_PRECONDITION
+// + LAYOUT_DOCUMENT.
 type ClaimFence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The claim's name (LeaseName rules; required).
@@ -1294,14 +1300,16 @@ type FencedBatchRequest struct {
 	// original revision (replayed = true) and writes nothing, so retrying a
 	// batch whose reply was lost is always safe. The same id with a different
 	// request is INVALID_ARGUMENT (ErrorInfo reason REQUEST_ID_REUSED).
-	// The log entry of the commit carries the id. `fence.now_ms` is not part
-	// of what must match.
+	// The log entry of the commit carries the id. `fence.now_ms` and
+	// `claim.now_ms` are not part of what must match.
 	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId" json:"request_id,omitempty"`
 	// How many replicas must acknowledge the commit before fenced answers.
 	// Unset: the server's default (--wait-replicas, 0 unless configured).
 	ReplicaAck *ReplicaAck `protobuf:"bytes,5,opt,name=replica_ack,json=replicaAck" json:"replica_ack,omitempty"`
-	// A claim fence, checked with `fence` (either, both or neither may be
-	// set). Required when a put binds its record (RecordWrite.bind_to_claim).
+	// A claim fence, checked with `fence` in the same atomic step (either,
+	// both or neither may be set). Unset fence and set claim: the log entry
+	// (WatchEvent.owner) names the claim's owner. Required when a put binds
+	// its record (RecordWrite.bind_to_claim).
 	Claim         *ClaimFence `protobuf:"bytes,6,opt,name=claim" json:"claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,0 +1,135 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/redistest"
+	"github.com/agentihooks/fenced/internal/store"
+)
+
+// BenchmarkClaims is the cost of the three claim operations that must not
+// grow with the number of claims (docs/design/12-claims.md §12.3, issue
+// 27's scale rule) in a swarm holding 10 and 10,000 live claims (granted
+// by AcquireClaim beforehand, each with its log entry): Acquire (a new
+// grant of a name released outside the timer, so the count stays put),
+// Renew of a live claim, and a one-put batch fenced by one claim. Each
+// sub-benchmark reports the wall time per call (ns/op: the round trip on
+// loopback included) and redis-µs: the median Redis time of the script
+// call (SLOWLOG, every command logged, reset before each timed call;
+// EVALSHA, WithoutFunctions, so that the entry names the swarm). Compare
+// a row's claims=10000 with its claims=10 in one run.
+func BenchmarkClaims(b *testing.B) {
+	srv := redistest.Start(b)
+	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(redisTimeout), store.WithoutFunctions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(st.Close)
+	ctx := context.Background()
+	for _, n := range []int{10, 10000} {
+		slug := "bench-claims-" + strconv.Itoa(n)
+		var last store.Lease
+		for i := range n {
+			if last, _, err = st.AcquireClaim(ctx, slug, "task/"+strconv.Itoa(i), "worker-"+strconv.Itoa(i%50), 3600_000); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if got := srv.Do(b, "HLEN", key(slug, "claim-grants")); got != strconv.Itoa(n) {
+			b.Fatalf("claim-grants holds %s claims, want %d", got, n)
+		}
+		fenced := &batch.ClaimFence{Name: "task/" + strconv.Itoa(n-1), Owner: last.Owner, Epoch: last.Epoch}
+		ops := []struct {
+			name string
+			op   func(i int) error
+			// after runs outside the timer, after each op.
+			after func() error
+		}{
+			{"acquire", func(int) error {
+				l, _, err := st.AcquireClaim(ctx, slug, "bench/new", "worker-x", 3600_000)
+				last = l
+				return err
+			}, func() error {
+				_, err := st.ReleaseClaim(ctx, slug, "bench/new", "worker-x", last.Epoch)
+				return err
+			}},
+			{"renew", func(int) error {
+				_, _, err := st.RenewClaim(ctx, slug, fenced.Name, fenced.Owner, fenced.Epoch, 3600_000)
+				return err
+			}, nil},
+			{"fenced-put", func(i int) error {
+				_, err := st.Commit(ctx, &batch.Batch{Slug: slug, Claim: fenced,
+					Writes: []batch.Write{put("tasks", "t"+strconv.Itoa(i%64), batch.Blind, `{"n":1}`)}})
+				return err
+			}, nil},
+		}
+		for _, o := range ops {
+			b.Run(fmt.Sprintf("claims=%d/%s", n, o.name), func(b *testing.B) {
+				srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "16")
+				srv.Do(b, "CONFIG", "SET", "slowlog-log-slower-than", "0")
+				defer srv.Do(b, "CONFIG", "SET", "slowlog-log-slower-than", "10000")
+				var times []time.Duration
+				b.ResetTimer()
+				for i := range b.N {
+					b.StopTimer()
+					srv.Do(b, "SLOWLOG", "RESET")
+					b.StartTimer()
+					if err := o.op(i); err != nil {
+						b.Fatalf("%s: %v", o.name, err)
+					}
+					b.StopTimer()
+					if ts := claimScriptTimes(b, srv, "{"+slug+"}"); len(ts) == 1 {
+						times = append(times, ts[0])
+					}
+					if o.after != nil {
+						if err := o.after(); err != nil {
+							b.Fatalf("%s: after: %v", o.name, err)
+						}
+					}
+					b.StartTimer()
+				}
+				b.StopTimer()
+				if len(times) > 0 {
+					slices.Sort(times)
+					b.ReportMetric(float64(times[len(times)/2])/1e3, "redis-µs")
+				}
+			})
+		}
+	}
+}
+
+// claimScriptTimes are the durations SLOWLOG holds of the scripts (EVAL,
+// EVALSHA) whose arguments name tag.
+func claimScriptTimes(b *testing.B, srv *redistest.Server, tag string) []time.Duration {
+	b.Helper()
+	c := srv.Client(b)
+	entries, err := c.Do(context.Background(), c.B().Arbitrary("SLOWLOG", "GET", "-1").Build()).ToArray()
+	if err != nil {
+		b.Fatalf("SLOWLOG GET: %v", err)
+	}
+	var out []time.Duration
+	for _, e := range entries {
+		fields, err := e.ToArray()
+		if err != nil || len(fields) < 4 {
+			b.Fatalf("SLOWLOG entry %v: %v", e, err)
+		}
+		us, err := fields[2].AsInt64()
+		if err != nil {
+			b.Fatalf("SLOWLOG entry's duration: %v", err)
+		}
+		args, err := fields[3].AsStrSlice()
+		if err != nil || len(args) == 0 {
+			b.Fatalf("SLOWLOG entry's arguments: %v", err)
+		}
+		if cmd := strings.ToUpper(args[0]); (cmd == "EVAL" || cmd == "EVALSHA") && slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, tag) }) {
+			out = append(out, time.Duration(us)*time.Microsecond)
+		}
+	}
+	return out
+}
