@@ -9,9 +9,9 @@ import (
 	"github.com/cenkalti/backoff/v5"
 )
 
-// Keeper holds a swarm's lease, or one of its claims (KeepClaim), for one
-// owner: it acquires it, renews it in the background every third of its
-// TTL (well before expiry), and gives the fence to pass to batches. Once the lease is lost (a renewal refused, or
+// Keeper holds a swarm's lease for one owner: it acquires it, renews it in
+// the background every third of its TTL (well before expiry), and gives the
+// fence to pass to batches. Once the lease is lost (a renewal refused, or
 // none succeeding before the lease would expire) it stops renewing and
 // closes Lost. Held is cheap and never calls the network. Whatever the
 // Keeper believes, the server is the authority: a batch fenced with a lost
@@ -19,7 +19,7 @@ import (
 type Keeper struct {
 	c     *Client
 	slug  string
-	name  string // the claim's; "" for the swarm's lease
+	name  string // the claim's (ClaimKeeper); "" for the swarm's lease
 	owner string
 	ttl   time.Duration
 	epoch int64
@@ -46,11 +46,43 @@ func (c *Client) Keep(ctx context.Context, slug, owner string, ttl time.Duration
 
 // KeepClaim is Keep for the swarm's claim name (a named lease,
 // AcquireClaim): a worker keeping its claim on a task while it works on
-// it. Its Fence is nil (a claim is not the controller lease); Name, Epoch
-// and the owner make its claim fence. Close releases the claim.
-func (c *Client) KeepClaim(ctx context.Context, slug, name, owner string, ttl time.Duration) (*Keeper, error) {
-	return c.keep(ctx, slug, name, owner, ttl)
+// it. Errors: as Keep's.
+func (c *Client) KeepClaim(ctx context.Context, slug, name, owner string, ttl time.Duration) (*ClaimKeeper, error) {
+	k, err := c.keep(ctx, slug, name, owner, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &ClaimKeeper{k: k}, nil
 }
+
+// ClaimKeeper holds one claim of a swarm for one owner, as Keeper holds
+// the swarm's lease: it renews it every third of its TTL, Held is cheap,
+// Lost closes when the claim is lost, Close releases it. It has no Fence:
+// a claim is not the controller lease, and its fence is a claim fence.
+type ClaimKeeper struct{ k *Keeper }
+
+// Name is the claim's name.
+func (c *ClaimKeeper) Name() string { return c.k.name }
+
+// Owner is the claim's owner.
+func (c *ClaimKeeper) Owner() string { return c.k.owner }
+
+// Epoch is the claim's epoch: its fencing token.
+func (c *ClaimKeeper) Epoch() int64 { return c.k.epoch }
+
+// Held is Keeper.Held for the claim.
+func (c *ClaimKeeper) Held() bool { return c.k.Held() }
+
+// Lost is closed when the claim is lost; Err then says why.
+func (c *ClaimKeeper) Lost() <-chan struct{} { return c.k.lost }
+
+// Err is why the claim was lost (ErrLeaseStale, or the last renewal error
+// when none succeeded in time); nil while held.
+func (c *ClaimKeeper) Err() error { return c.k.Err() }
+
+// Close stops renewing and releases the claim if it is still held; as
+// Keeper.Close.
+func (c *ClaimKeeper) Close(ctx context.Context) error { return c.k.Close(ctx) }
 
 func (c *Client) keep(ctx context.Context, slug, name, owner string, ttl time.Duration) (*Keeper, error) {
 	var sent time.Time
@@ -88,17 +120,8 @@ func (c *Client) keep(ctx context.Context, slug, name, owner string, ttl time.Du
 	return k, nil
 }
 
-// Fence is the fence for batches under this lease; nil for a claim's
-// keeper (KeepClaim), whose fence is a claim fence.
-func (k *Keeper) Fence() *Fence {
-	if k.name != "" {
-		return nil
-	}
-	return &Fence{Owner: k.owner, Epoch: k.epoch}
-}
-
-// Name is the claim's name; "" for the swarm's lease.
-func (k *Keeper) Name() string { return k.name }
+// Fence is the fence for batches under this lease.
+func (k *Keeper) Fence() *Fence { return &Fence{Owner: k.owner, Epoch: k.epoch} }
 
 // Epoch is the lease's epoch: the fencing token.
 func (k *Keeper) Epoch() int64 { return k.epoch }

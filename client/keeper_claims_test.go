@@ -21,8 +21,8 @@ func TestKeepClaimHoldsReleasesAndIsRefusedToAnother(t *testing.T) {
 	if err != nil {
 		t.Fatalf("KeepClaim(wake/1, worker-a): %v", err)
 	}
-	if k.Name() != "wake/1" || k.Fence() != nil {
-		t.Errorf("claim keeper Name() = %q, Fence() = %v; want wake/1 and no controller fence", k.Name(), k.Fence())
+	if k.Name() != "wake/1" || k.Owner() != "worker-a" || !k.Held() {
+		t.Errorf("claim keeper Name() = %q, Owner() = %q, Held() = %v; want wake/1, worker-a, true", k.Name(), k.Owner(), k.Held())
 	}
 	cur, live, _, _, err := f.c.CurrentClaim(ctx, slug, "wake/1")
 	if err != nil || !live || cur == nil || cur.Owner != "worker-a" || cur.Epoch != k.Epoch() {

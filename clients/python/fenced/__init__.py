@@ -64,7 +64,7 @@ from .errors import (  # noqa: E402
     decode,
     declared_reasons,
 )
-from .keeper import LeaseKeeper  # noqa: E402
+from .keeper import ClaimKeeper, LeaseKeeper  # noqa: E402
 from .model import (  # noqa: E402
     BLIND,
     BatchResult,
@@ -73,6 +73,7 @@ from .model import (  # noqa: E402
     CheckRecords,
     CheckSection,
     ClaimEvent,
+    ClaimFence,
     Current,
     Delete,
     Event,
@@ -105,6 +106,8 @@ __all__ = [
     "CheckRecords",
     "CheckSection",
     "ClaimEvent",
+    "ClaimKeeper",
+    "ClaimFence",
     "Client",
     "Conflict",
     "Current",

@@ -59,6 +59,7 @@ from .client import Client as _SyncClient
 from .keeper import _Acquiring, _Held
 from .model import (
     BatchResult,
+    ClaimFence,
     Current,
     Event,
     Layout,
@@ -196,9 +197,10 @@ class Client:
         request_id: Optional[str] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
+        claim: Optional[ClaimFence] = None,
     ) -> BatchResult:
         """As :meth:`fenced.Client.fenced_batch`."""
-        req = _batch_request(slug, writes, fence, request_id, replica_ack)
+        req = _batch_request(slug, writes, fence, request_id, replica_ack, claim)
         resp = await self._call(self._records.FencedBatch, req, timeout, request_id or "")
         self._saw(slug, resp.revision)
         return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
@@ -235,6 +237,7 @@ class Client:
         fence: Optional[LeaseFence] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
+        claim: Optional[ClaimFence] = None,
     ) -> int:
         """As :meth:`fenced.Client.update` (the same reruns, resends under
         one request id, and overall ``timeout``); ``change`` is a plain
@@ -244,7 +247,7 @@ class Client:
         reads = _LoopReads(self, asyncio.get_running_loop(), deadline, per_call)
         steps = _update_steps(slug, deadline, per_call, self._cancelled_by_caller)
         try:
-            return await _drive(steps, reads, self, slug, change, fence, replica_ack)
+            return await _drive(steps, reads, self, slug, change, fence, replica_ack, claim)
         finally:
             reads.done = True
 
@@ -283,6 +286,12 @@ class Client:
         ``async with c.keep(...) as k``; see :class:`LeaseKeeper`."""
         return _Keeping(LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms), wait)
 
+    def keep_claim(self, slug: str, name: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> "_Keeping":
+        """Acquire and keep the swarm's claim ``name``: ``k = await
+        c.keep_claim(...)`` or ``async with c.keep_claim(...) as k``; the
+        keeper's fence is ``claim=k.claim()`` (see :class:`fenced.ClaimKeeper`)."""
+        return _Keeping(LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, name=name), wait)
+
     # Administration.
 
     async def migrate(
@@ -315,6 +324,7 @@ async def _drive(
     change: Callable[[Txn], None],
     fence: Optional[LeaseFence],
     replica_ack: Optional[ReplicaAck],
+    claim: Optional[ClaimFence] = None,
 ) -> int:
     """Run update's steps (fenced.update._update_steps) on the event loop."""
     result: Any = None
@@ -331,7 +341,7 @@ async def _drive(
                     assert isinstance(step, _Commit)
                     result = (await c.fenced_batch(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
-                        timeout=step.timeout,
+                        timeout=step.timeout, claim=claim,
                     )).revision
             except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
                 step = steps.throw(e)
@@ -396,8 +406,8 @@ class LeaseKeeper(_Held):
     :attr:`lost` an ``asyncio.Event``. Made by :meth:`Client.keep`; ``await
     close()`` (or leave ``async with``) stops it and releases the lease."""
 
-    def __init__(self, client: Client, slug: str, owner: str, *, ttl_ms: int) -> None:
-        super().__init__(slug, owner, ttl_ms)
+    def __init__(self, client: Client, slug: str, owner: str, *, ttl_ms: int, name: str = "") -> None:
+        super().__init__(slug, owner, ttl_ms, name)
         self._c = client
         self.lost = asyncio.Event()
         """Set when the lease is lost (or released by close)."""
@@ -407,11 +417,11 @@ class LeaseKeeper(_Held):
         self.lost.set()
 
     async def _start(self, wait: Optional[float]) -> "LeaseKeeper":
-        a = _Acquiring(self.slug, self.owner, self._ttl, self._c._timeout if wait is None else wait)
+        a = _Acquiring(self._label, self.owner, self._ttl, self._c._timeout if wait is None else wait)
         while True:
             sent = time.monotonic()
             try:
-                lease = await self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms,
+                lease = await self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms, name=self.name,
                                               timeout=a.call_timeout(self._c._timeout))
                 break
             except errors.FencedError as e:
@@ -427,7 +437,7 @@ class LeaseKeeper(_Held):
             await asyncio.sleep(period)
             sent = time.monotonic()
             try:
-                await self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, timeout=period)
+                await self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, name=self.name, timeout=period)
             except errors.FencedError as e:
                 if self._renewal_failed(e):
                     return
@@ -446,11 +456,11 @@ class LeaseKeeper(_Held):
         if self.error is not None:
             return
         try:
-            await self._c.release(self.slug, self.owner, self.epoch)
+            await self._c.release(self.slug, self.owner, self.epoch, name=self.name)
         except errors.StaleLease as e:
             self._mark_lost(e)
             return
-        self._mark_lost(errors.FencedError(f"lease of {self.slug} released"), released=True)
+        self._mark_lost(errors.FencedError(f"lease of {self._label} released"), released=True)
 
     async def __aenter__(self) -> "LeaseKeeper":
         return self

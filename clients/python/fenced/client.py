@@ -15,7 +15,7 @@ import grpc
 from . import errors
 from . import _fork
 from ._fork import gate as _gate
-from .keeper import LeaseKeeper
+from .keeper import ClaimKeeper, LeaseKeeper
 from .model import (
     BatchResult,
     Change,
@@ -23,6 +23,7 @@ from .model import (
     CheckRecords,
     CheckSection,
     ClaimEvent,
+    ClaimFence,
     Current,
     Delete,
     Event,
@@ -213,10 +214,17 @@ def _batch_request(
     fence: Optional[LeaseFence],
     request_id: Optional[str],
     replica_ack: Optional[ReplicaAck],
+    claim: Optional[ClaimFence] = None,
 ) -> records_pb2.FencedBatchRequest:
     req = records_pb2.FencedBatchRequest(slug=slug, writes=[_write(w) for w in writes], request_id=request_id or "")
     if fence is not None:
+        if isinstance(fence, ClaimFence):
+            raise TypeError("a ClaimFence goes in claim=, not fence= (fence= is the swarm's lease)")
         req.fence.CopyFrom(records_pb2.LeaseFence(owner=fence.owner, epoch=fence.epoch, now_ms=fence.now_ms))
+    if claim is not None:
+        if not isinstance(claim, ClaimFence):
+            raise TypeError(f"claim= takes a fenced.ClaimFence (ClaimKeeper.claim()), not {type(claim).__name__}")
+        req.claim.CopyFrom(records_pb2.ClaimFence(name=claim.name, owner=claim.owner, epoch=claim.epoch, now_ms=claim.now_ms))
     if replica_ack is not None:
         req.replica_ack.CopyFrom(records_pb2.ReplicaAck(replicas=replica_ack.replicas, timeout_ms=replica_ack.timeout_ms))
     return req
@@ -567,6 +575,7 @@ class Client:
         request_id: Optional[str] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
+        claim: Optional[ClaimFence] = None,
     ) -> BatchResult:
         """Commit ``writes`` (Put, Delete, Check, CheckSection, CheckRecords) all or none.
 
@@ -574,6 +583,8 @@ class Client:
             slug: the swarm.
             writes: applied in order; each names the revision its record was read at.
             fence: the lease condition (LeaseFence, LeaseKeeper.fence()); None: unfenced.
+            claim: a claim's condition (ClaimFence, ClaimKeeper.claim()), alone
+                or beside ``fence``; a refusal's StaleLease says which failed.
             request_id: makes the batch idempotent (1-128 printable ASCII,
                 unique per change; :func:`new_request_id`): sent again inside
                 the server's window it answers the original revision and writes
@@ -587,7 +598,7 @@ class Client:
             and Cancelled (it may or may not have committed: resend with the
             same request_id), FencedError.
         """
-        req = _batch_request(slug, writes, fence, request_id, replica_ack)
+        req = _batch_request(slug, writes, fence, request_id, replica_ack, claim)
         resp = self._call("records", "FencedBatch", req, timeout, request_id or "")
         self._saw(slug, resp.revision)
         return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
@@ -678,13 +689,14 @@ class Client:
         change: Callable[[Txn], None],
         *,
         fence: Optional[LeaseFence] = None,
+        claim: Optional[ClaimFence] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
     ) -> int:
         """Read, change, write as one fenced batch, rerun on conflict, within
         ``timeout`` seconds in all (None: the Client's timeout); see
         :func:`fenced.update.update`."""
-        return _update(self, slug, change, fence=fence, replica_ack=replica_ack, timeout=timeout)
+        return _update(self, slug, change, fence=fence, claim=claim, replica_ack=replica_ack, timeout=timeout)
 
     # Leases.
 
@@ -731,6 +743,11 @@ class Client:
         for it (None: the Client's timeout; ``math.inf``: as long as it takes):
         see :class:`fenced.LeaseKeeper`."""
         return LeaseKeeper(self, slug, owner, ttl_ms=ttl_ms, wait=wait)
+
+    def keep_claim(self, slug: str, name: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> ClaimKeeper:
+        """Acquire and keep the swarm's claim ``name`` (a named lease), waiting at
+        most ``wait`` seconds for it: see :class:`fenced.ClaimKeeper`."""
+        return ClaimKeeper(self, slug, name, owner, ttl_ms=ttl_ms, wait=wait)
 
     # Administration.
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Optional
 
 from . import errors
 from ._fork import gate as _gate
-from .model import Lease, LeaseFence
+from .model import ClaimFence, Lease, LeaseFence
 
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["ClaimKeeper", "LeaseKeeper"]
 
 _log = logging.getLogger("fenced.keeper")
 
@@ -80,9 +80,12 @@ class _Held:
     fenced.aio.LeaseKeeper): the local deadline, why it was lost, and the
     logging of both."""
 
-    def __init__(self, slug: str, owner: str, ttl_ms: int) -> None:
+    def __init__(self, slug: str, owner: str, ttl_ms: int, name: str = "") -> None:
         self.slug = slug
+        self.name = name
+        """The claim's name (ClaimKeeper); "" for the swarm's lease."""
         self.owner = owner
+        self._label = slug if not name else f"{slug} claim {name}"
         self.ttl_ms = ttl_ms
         self._ttl = ttl_ms / 1000.0
         self._lock = threading.Lock()
@@ -96,15 +99,26 @@ class _Held:
         """The lease as granted."""
         self.epoch = lease.epoch
         self._deadline = sent + self._ttl  # monotonic: when the lease surely ends
-        _log.info("keep %s: lease held by %s at epoch %d (ttl %d ms)", self.slug, self.owner, self.epoch, self.ttl_ms)
+        _log.info("keep %s: lease held by %s at epoch %d (ttl %d ms)", self._label, self.owner, self.epoch, self.ttl_ms)
 
     def _renewed(self, sent: float) -> None:
         with self._lock:
             self._deadline = sent + self._ttl
 
     def fence(self, now_ms: int = 0) -> LeaseFence:
-        """The fence for batches under this lease (owner and epoch)."""
+        """The fence for batches under this lease (owner and epoch). A
+        ClaimKeeper has none (TypeError): its fence is :meth:`claim`."""
+        if self.name:
+            raise TypeError(f"claim {self.name!r} is not the swarm's lease: fence batches with claim=keeper.claim()")
         return LeaseFence(self.owner, self.epoch, now_ms)
+
+    def claim(self, now_ms: int = 0) -> ClaimFence:
+        """A ClaimKeeper's fence for batches under its claim (name, owner and
+        epoch), passed as ``claim=``. The swarm's LeaseKeeper has none
+        (TypeError): its fence is :meth:`fence`."""
+        if not self.name:
+            raise TypeError("the swarm's lease is not a claim: fence batches with fence=keeper.fence()")
+        return ClaimFence(self.name, self.owner, self.epoch, now_ms)
 
     def held(self) -> bool:
         """Whether the lease is still held as far as this process can tell: not
@@ -132,9 +146,9 @@ class _Held:
                 return
             self._error = err
         if released:
-            _log.info("keep %s: lease of %s at epoch %d released", self.slug, self.owner, self.epoch)
+            _log.info("keep %s: lease of %s at epoch %d released", self._label, self.owner, self.epoch)
         else:
-            _log.error("keep %s: lease of %s at epoch %d lost: %s", self.slug, self.owner, self.epoch, err)
+            _log.error("keep %s: lease of %s at epoch %d lost: %s", self._label, self.owner, self.epoch, err)
         self._signal_lost()
 
     def _renewal_failed(self, err: errors.FencedError) -> bool:
@@ -147,7 +161,7 @@ class _Held:
             self._mark_lost(err)
             return True
         _log.warning("keep %s: renewal of %s at epoch %d failed (retrying at the next tick): %s",
-                     self.slug, self.owner, self.epoch, err)
+                     self._label, self.owner, self.epoch, err)
         return False
 
 
@@ -191,7 +205,10 @@ class LeaseKeeper(_Held):
     """
 
     def __init__(self, client: "Client", slug: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None) -> None:
-        super().__init__(slug, owner, ttl_ms)
+        self._keep(client, slug, "", owner, ttl_ms, wait)
+
+    def _keep(self, client: "Client", slug: str, name: str, owner: str, ttl_ms: int, wait: Optional[float]) -> None:
+        super().__init__(slug, owner, ttl_ms, name)
         self._c = client
         self.lost = threading.Event()
         """Set when the lease is lost (or released by close)."""
@@ -205,11 +222,11 @@ class LeaseKeeper(_Held):
         self.lost.set()
 
     def _acquire(self, wait: float) -> tuple[float, Lease]:
-        a = _Acquiring(self.slug, self.owner, self._ttl, wait)
+        a = _Acquiring(self._label, self.owner, self._ttl, wait)
         while True:
             sent = time.monotonic()
             try:
-                return sent, self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms,
+                return sent, self._c.acquire(self.slug, self.owner, ttl_ms=self.ttl_ms, name=self.name,
                                              timeout=a.call_timeout(self._c._timeout))
             except errors.FencedError as e:
                 pause = a.pause(e)
@@ -224,7 +241,7 @@ class LeaseKeeper(_Held):
         while not _gate.sleep(period, lambda: self._stopping):
             sent = time.monotonic()
             try:
-                self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, timeout=period)
+                self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, name=self.name, timeout=period)
             except errors.FencedError as e:
                 if self._renewal_failed(e):
                     return
@@ -245,11 +262,11 @@ class LeaseKeeper(_Held):
         if self.error is not None:
             return
         try:
-            self._c.release(self.slug, self.owner, self.epoch)
+            self._c.release(self.slug, self.owner, self.epoch, name=self.name)
         except errors.StaleLease as e:
             self._mark_lost(e)
             return
-        self._mark_lost(errors.FencedError(f"lease of {self.slug} released"), released=True)
+        self._mark_lost(errors.FencedError(f"lease of {self._label} released"), released=True)
 
     def __enter__(self) -> "LeaseKeeper":
         return self
@@ -260,3 +277,24 @@ class LeaseKeeper(_Held):
         except errors.FencedError:
             if exc_type is None:
                 raise
+
+
+class ClaimKeeper(LeaseKeeper):
+    """Holds one claim of a swarm (a named lease, docs/design/12-claims.md)
+    for one owner: :class:`LeaseKeeper`'s rules (acquire within ``wait``,
+    renew every third of the TTL from a daemon thread, :attr:`lost` set and
+    :attr:`error` saying why once a renewal is refused or none succeeded in
+    time, release on :meth:`close` or when leaving ``with``) for the claim
+    ``name``. A worker keeps its claim on a task with it while it works on
+    the task, and fences its batches with ``claim=keeper.claim()``; it has
+    no :meth:`fence` (a claim is not the swarm's lease). Made by
+    :meth:`fenced.Client.keep_claim`.
+    """
+
+    def __init__(
+        self, client: "Client", slug: str, name: str, owner: str, *, ttl_ms: int, wait: Optional[float] = None
+    ) -> None:
+        self._keep(client, slug, name, owner, ttl_ms, wait)
+
+    def __enter__(self) -> "ClaimKeeper":
+        return self

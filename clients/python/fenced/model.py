@@ -208,6 +208,27 @@ class LeaseFence:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClaimFence:
+    """A batch's condition on one of the swarm's claims (a named lease,
+    docs/design/12-claims.md): it commits only while that claim is live and
+    held by this owner at this epoch, checked in the same atomic step as the
+    lease fence and every revision. A failed check raises StaleLease whose
+    metadata has ``fence`` = ``claim`` and ``claim`` = the name.
+
+    Attributes:
+        name: the claim's name (1-200 bytes of ``[A-Za-z0-9._:@/-]``).
+        owner: the owner the caller believes it is (required).
+        epoch: the claim's fencing token, its grant's epoch (>= 1).
+        now_ms: the caller's clock in ms since the Unix epoch; 0: unknown.
+    """
+
+    name: str
+    owner: str
+    epoch: int
+    now_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class ReplicaAck:
     """Ask fenced to wait until ``replicas`` replicas acknowledged a commit
     (Redis WAIT), at most ``timeout_ms`` ms (0: the server's default).

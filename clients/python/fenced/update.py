@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMap
 import grpc
 
 from . import errors
-from .model import Check, CheckRecords, CheckSection, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+from .model import Check, CheckRecords, CheckSection, ClaimFence, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
 from .revisions import later_revision
 
 if TYPE_CHECKING:
@@ -296,6 +296,7 @@ def update(
     fence: Optional[LeaseFence] = None,
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
+    claim: Optional[ClaimFence] = None,
 ) -> int:
     """Turn "read, change, write" into one fenced batch, as the Go client's Update.
 
@@ -305,7 +306,7 @@ def update(
     read at, plus a check of every record read but not written (one
     CheckRecords of its records for a section read whole, or one CheckSection
     with ``tx.section(name, phantom_proof=True)``), and sent as one batch under ``fence``
-    (None: unfenced). A change that writes nothing sends nothing and answers
+    and ``claim`` (a :class:`ClaimFence`; None: unfenced by either). A change that writes nothing sends nothing and answers
     the highest revision it saw.
 
     On RevisionConflict it sleeps (2 ms, doubling up to 256 ms, +-50 %) and
@@ -338,7 +339,7 @@ def update(
     deadline = _Deadline(per_call if timeout is None else timeout)
     reads = _BoundedReads(client, deadline, per_call)
     steps = _update_steps(slug, deadline, per_call, client._cancelled_by_caller)
-    return _drive(client, slug, steps, fence, replica_ack, lambda: _run_change(reads, slug, change), time.sleep)
+    return _drive(client, slug, steps, fence, replica_ack, lambda: _run_change(reads, slug, change), time.sleep, claim)
 
 
 def commit(
@@ -350,6 +351,7 @@ def commit(
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     sleep: Callable[[float], None] = time.sleep,
+    claim: Optional[ClaimFence] = None,
 ) -> int:
     """Send ``writes`` as one fenced batch under a fresh request id and resend
     it under the same id while its answer leaves open whether it committed:
@@ -365,7 +367,7 @@ def commit(
     per_call = client._timeout
     deadline = _Deadline(per_call if timeout is None else timeout)
     steps = _commit_steps(slug, list(writes), deadline, per_call, client._cancelled_by_caller)
-    return _drive(client, slug, steps, fence, replica_ack, None, sleep)
+    return _drive(client, slug, steps, fence, replica_ack, None, sleep, claim)
 
 
 def _drive(
@@ -376,6 +378,7 @@ def _drive(
     replica_ack: Optional[ReplicaAck],
     run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
     sleep: Callable[[float], None],
+    claim: Optional[ClaimFence] = None,
 ) -> int:
     """Run a policy's steps (_update_steps, _commit_steps) with blocking I/O;
     fenced.aio drives the same steps on its event loop."""
@@ -393,7 +396,7 @@ def _drive(
                 else:
                     result = client.fenced_batch(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
-                        timeout=step.timeout,
+                        timeout=step.timeout, claim=claim,
                     ).revision
             except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
                 step = steps.throw(e)
