@@ -57,9 +57,16 @@ func (c *Client) KeepClaim(ctx context.Context, slug, name, owner string, ttl ti
 
 // ClaimKeeper holds one claim of a swarm for one owner, as Keeper holds
 // the swarm's lease: it renews it every third of its TTL, Held is cheap,
-// Lost closes when the claim is lost, Close releases it. It has no Fence:
-// a claim is not the controller lease, and its fence is a claim fence.
+// Lost closes when the claim is lost, Close releases it. Its fence is
+// Claim (for WithClaim); it has no Fence, since a claim is not the
+// controller lease.
 type ClaimKeeper struct{ k *Keeper }
+
+// Claim is the fence for batches under this claim: pass it to
+// WithClaim.
+func (c *ClaimKeeper) Claim() *ClaimFence {
+	return &ClaimFence{Name: c.k.name, Owner: c.k.owner, Epoch: c.k.epoch}
+}
 
 // Name is the claim's name.
 func (c *ClaimKeeper) Name() string { return c.k.name }

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -40,8 +41,16 @@ func TestKeepClaimHoldsReleasesAndIsRefusedToAnother(t *testing.T) {
 	if lease, _, _, _, err := f.c.Current(ctx, slug); err != nil || lease != nil {
 		t.Errorf("the swarm's lease = %+v, %v; want none (claims are not the controller lease)", lease, err)
 	}
+	put := []client.Write{{Kind: client.Put, Section: "claims", Key: "wake-1", Expected: client.Blind, Value: json.RawMessage(`"a"`)}}
+	if _, err := f.c.Batch(ctx, slug, nil, put, client.WithClaim(k.Claim())); err != nil {
+		t.Errorf("Batch fenced by the kept claim: %v", err)
+	}
 	if err := k.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)
+	}
+	_, err = f.c.Batch(ctx, slug, nil, put, client.WithClaim(k.Claim()))
+	if !errors.As(err, &le) || !errors.Is(err, client.ErrLeaseStale) || le.Claim != "wake/1" {
+		t.Errorf("Batch fenced by the released claim = %v; want ErrLeaseStale naming wake/1", err)
 	}
 	if cur, live, _, _, err := f.c.CurrentClaim(ctx, slug, "wake/1"); err != nil || live {
 		t.Errorf("CurrentClaim(wake/1) after Close = %+v live=%v err=%v; want not live", cur, live, err)

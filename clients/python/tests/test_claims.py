@@ -59,7 +59,7 @@ def test_a_batch_fenced_by_a_claim_commits_while_it_is_held_and_is_refused_after
         client.fenced_batch(slug, [fenced.Put("claims", "wake-7", fenced.BLIND, '"late"')], claim=fence)
     assert stale.value.metadata.get("fence") == "claim" and stale.value.metadata.get("claim") == "wake/7"
     with pytest.raises(fenced.StaleLease):
-        client.update(slug, change, claim=fence)
+        client.update(slug, lambda tx: tx.put("claims", "wake-7", '"a3"'), claim=fence)
     assert client.record(slug, "claims", "wake-7") == before  # nothing written
     with pytest.raises(TypeError):
         client.fenced_batch(slug, [], fence=fence)  # type: ignore[arg-type]
