@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"syscall"
@@ -60,12 +61,23 @@ func TestValueNestedBeyondTheRecordGrammarIsRefused(t *testing.T) {
 // request twice).
 func TestWritesRefusedWhileRedisMayEvict(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
+	st := openStore(t, srv)
+	e := serve(t, st, batch.DefaultLimits(), server.Options{HealthInterval: 50 * time.Millisecond})
 	const slug = "evicting"
 	awaitHealth(t, e, "fenced", serving)
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "a", 0, `1`)}})
 	srv.Do(t, "CONFIG", "SET", "maxmemory", "100mb")
 	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+	// NOT_SERVING alone does not say why: on a loaded box a health probe
+	// that timed out turns it so before any probe has read the policy, and
+	// a batch sent then commits (seen under -race at load 4). Wait until
+	// a probe of the Store has found the policy: from then on commits and
+	// lease changes answer REDIS_MAY_EVICT until a probe finds none.
+	for deadline := time.Now().Add(waitLimit); !errors.Is(st.Ping(ctxT(t)), store.ErrRedisMayEvict); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no probe found maxmemory-policy allkeys-lru within %v", waitLimit)
+		}
+	}
 	awaitHealth(t, e, "fenced", notServing)
 	revBefore := srv.Do(t, "GET", redisKey(slug, "revision"))
 	_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
