@@ -44,7 +44,10 @@ type methodKey struct{ typ, service, method string }
 
 // methodSeries are one method's series, looked up once.
 type methodSeries struct {
-	started  prometheus.Counter
+	started prometheus.Counter
+	// handling is made with the series: for a method InitializeMetrics
+	// did not make (none, once serve has called it), at its first call's
+	// start, where the provider makes it at that call's end.
 	handling prometheus.Observer
 	// received and sent are made at the method's first message each way
 	// (as the provider does), or by InitializeMetrics.
