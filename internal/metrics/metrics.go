@@ -1,6 +1,7 @@
 // Package metrics is fenced's Prometheus instrumentation: one private
 // registry (never the global default) holding the standard gRPC server
-// metrics of go-grpc-middleware's prometheus provider, the Go and process
+// metrics as go-grpc-middleware's prometheus provider names them (grpc.go),
+// the Go and process
 // collectors, and fenced's own counters and histograms, fed by what
 // internal/store observes (Metrics implements store.Observer); and the HTTP
 // server that exposes the registry on its own port.
@@ -15,7 +16,6 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -95,7 +95,7 @@ type Metrics struct {
 	// GRPC are the standard gRPC server metrics (grpc_server_started_total,
 	// grpc_server_handled_total, grpc_server_handling_seconds, stream
 	// message counters).
-	GRPC *grpcprom.ServerMetrics
+	GRPC *GRPCMetrics
 
 	batchesCommitted   prometheus.Counter
 	batchesReplayed    prometheus.Counter
@@ -141,7 +141,7 @@ func New() *Metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &Metrics{
 		Registry: reg,
-		GRPC:     grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(rpcBuckets))),
+		GRPC:     newGRPCMetrics(exemplar),
 		batchesCommitted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fenced_batches_committed_total",
 			Help: "FencedBatch calls that committed (a batch of checks alone included: it commits nothing and answers the current revision), replays not counted.",
@@ -283,12 +283,12 @@ func New() *Metrics {
 // else the caller's W3C traceparent metadata (tracing off: no stats handler
 // runs).
 func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return m.GRPC.UnaryServerInterceptor(grpcprom.WithExemplarFromContext(exemplar))
+	return m.GRPC.UnaryServerInterceptor()
 }
 
 // StreamInterceptor: see UnaryInterceptor.
 func (m *Metrics) StreamInterceptor() grpc.StreamServerInterceptor {
-	return m.GRPC.StreamServerInterceptor(grpcprom.WithExemplarFromContext(exemplar))
+	return m.GRPC.StreamServerInterceptor()
 }
 
 func exemplar(ctx context.Context) prometheus.Labels {

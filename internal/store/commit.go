@@ -268,58 +268,98 @@ func (s *Store) execWaitPipelined(wctx, ctx context.Context, sc *script, keys, a
 func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args []string) {
 	sc = commitScript
 	keys = append(make([]string, 0, 7+len(b.Writes)), k.meta(), k.revision(), k.log())
-	index := map[string]int{batch.MetaSection: 1}
+	// index is each section's key, by its place in keys (from 1): a few
+	// entries (a batch names configured sections only), searched in order.
+	index := append(make([]sectionKey, 0, 4), sectionKey{batch.MetaSection, 1})
 	if writesExecutions(b) {
 		sc = commitByNameScript
 		// by-name-index is not sent: byname.lua derives it from by-name
 		// (same hash tag), to keep a one-record change within budget.
 		keys = append(keys, k.section(executions), k.byName())
-		index[executions] = len(keys) - 1
+		index = append(index, sectionKey{executions, len(keys) - 1})
 	}
-	mode, epoch, now, window, digest, owner := protocol.ModeNone, "", "0", "", "", ""
+	// The head argument, mode:epoch:now:window:digest:owner (epoch and
+	// now in base 36, at most 13 digits; window in decimal ms; owner after
+	// the request id as <len>:<id> when there is one), written into one
+	// buffer.
+	var head strings.Builder
+	var num [24]byte
+	mode := protocol.ModeNone
 	if s.stamp {
 		mode = protocol.ModeStamp
 	}
+	digest := ""
 	if b.RequestID != "" {
-		mode += protocol.ModeRequest
-		if s.legacyRequestKeys {
-			mode += protocol.ModeLegacyRequest
-		}
 		keys = append(keys, k.requestIDs())
-		window, digest = strconv.FormatInt(s.requestWindow.Milliseconds(), 10), requestDigest(b)
+		digest = requestDigest(b)
 	}
-	if f := b.Fence; f != nil {
-		epoch, now, owner = strconv.FormatInt(f.Epoch, 36), strconv.FormatInt(f.NowMs, 36), f.Owner
+	owner := ""
+	if b.Fence != nil {
+		owner = b.Fence.Owner
 	}
 	claim := ""
 	if c := b.Claim; c != nil {
 		// The claim fence: its key (the claim-grants hash) and its
 		// argument, '<key index>:<epoch>:<now_ms>:<name length>:<name><owner>'
 		// (base 36 as the fence's), second after the header.
-		mode += protocol.ModeClaim
 		keys = append(keys, k.claims())
 		claim = strconv.Itoa(len(keys)) + ":" + strconv.FormatInt(c.Epoch, 36) + ":" + strconv.FormatInt(c.NowMs, 36) +
 			":" + strconv.Itoa(len(c.Name)) + ":" + c.Name + c.Owner
 	}
+	head.Grow(len(mode) + len(protocol.ModeRequest) + len(protocol.ModeLegacyRequest) + len(protocol.ModeClaim) + 2*13 + 2*20 + len(digest) + len(b.RequestID) + len(owner) + 6)
+	head.WriteString(mode)
 	if b.RequestID != "" {
-		owner = strconv.Itoa(len(b.RequestID)) + ":" + b.RequestID + owner
+		head.WriteString(protocol.ModeRequest)
+		if s.legacyRequestKeys {
+			head.WriteString(protocol.ModeLegacyRequest)
+		}
 	}
+	if b.Claim != nil {
+		head.WriteString(protocol.ModeClaim)
+	}
+	head.WriteByte(':')
+	if f := b.Fence; f != nil {
+		head.Write(strconv.AppendInt(num[:0], f.Epoch, 36))
+		head.WriteByte(':')
+		head.Write(strconv.AppendInt(num[:0], f.NowMs, 36))
+	} else {
+		head.WriteString(":0")
+	}
+	head.WriteByte(':')
+	if b.RequestID != "" {
+		head.Write(strconv.AppendInt(num[:0], s.requestWindow.Milliseconds(), 10))
+	}
+	head.WriteByte(':')
+	head.WriteString(digest)
+	head.WriteByte(':')
+	if b.RequestID != "" {
+		head.Write(strconv.AppendInt(num[:0], int64(len(b.RequestID)), 10))
+		head.WriteByte(':')
+		head.WriteString(b.RequestID)
+	}
+	head.WriteString(owner)
 	checks := 0
 	for i := range b.Writes {
 		checks += len(b.Writes[i].Checks)
 	}
 	args = make([]string, 1, 2+2*len(b.Writes)+checks)
-	args[0] = mode + ":" + epoch + ":" + now + ":" + window + ":" + digest + ":" + owner
+	args[0] = head.String()
 	if claim != "" {
 		args = append(args, claim)
 	}
 	for i := range b.Writes {
 		w := &b.Writes[i]
-		ki, ok := index[w.Section]
-		if !ok {
+		ki := 0
+		for _, e := range index {
+			if e.section == w.Section {
+				ki = e.key
+				break
+			}
+		}
+		if ki == 0 {
 			keys = append(keys, k.section(w.Section))
 			ki = len(keys)
-			index[w.Section] = ki
+			index = append(index, sectionKey{w.Section, ki})
 		}
 		if w.Kind == batch.KindCheckRecords {
 			// One argument per pair, in a row: commit.lua reads them as
@@ -330,7 +370,7 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 			}
 			continue
 		}
-		args = append(args, kindArg[w.Kind]+strconv.Itoa(ki)+":"+strconv.FormatInt(w.Expected, 36)+":"+w.Key)
+		args = append(args, writeArg(kindLetter(w.Kind), ki, w.Expected, w.Key))
 		if w.Kind == batch.KindPut {
 			args = append(args, w.Value)
 		}
@@ -339,6 +379,28 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 		keys = append(keys, k.current)
 	}
 	return sc, keys, args
+}
+
+// writeArg is a write's argument, <kind><key index>:<expected, base
+// 36>:<record key>, made in one allocation.
+func writeArg(kind string, ki int, expected int64, key string) string {
+	var num [24]byte
+	var a strings.Builder
+	a.Grow(len(kind) + 20 + 13 + 2 + len(key))
+	a.WriteString(kind)
+	a.Write(strconv.AppendInt(num[:0], int64(ki), 10))
+	a.WriteByte(':')
+	a.Write(strconv.AppendInt(num[:0], expected, 36))
+	a.WriteByte(':')
+	a.WriteString(key)
+	return a.String()
+}
+
+// sectionKey is a section and the place of its key in a script's keys
+// (from 1, as the script's arguments name it).
+type sectionKey struct {
+	section string
+	key     int
 }
 
 // executions is the section by-name is derived from.
@@ -381,7 +443,7 @@ func requestDigest(b *batch.Batch) string {
 	}
 	for i := range b.Writes {
 		w := &b.Writes[i]
-		field(kindArg[w.Kind])
+		field(kindLetter(w.Kind))
 		field(w.Section)
 		field(w.Key)
 		field(strconv.FormatInt(w.Expected, 10))
@@ -399,9 +461,19 @@ func requestDigest(b *batch.Batch) string {
 
 // kindArg is the protocol letter of each write kind (KindCheckRecords: of
 // each of its pairs' arguments).
-var kindArg = map[batch.Kind]string{batch.KindPut: protocol.KindPut, batch.KindDelete: protocol.KindDelete,
+// An array indexed by the kind, read through kindLetter.
+var kindArg = [...]string{batch.KindPut: protocol.KindPut, batch.KindDelete: protocol.KindDelete,
 	batch.KindCheck: protocol.KindCheck, batch.KindCheckSection: protocol.KindCheckSection,
 	batch.KindCheckRecords: protocol.KindCheckRecords}
+
+// kindLetter is kindArg of k; "" for a kind that is none of them (which
+// batch.Limits.CheckBatch refuses: the script then refuses the argument).
+func kindLetter(k batch.Kind) string {
+	if k < 0 || int(k) >= len(kindArg) {
+		return ""
+	}
+	return kindArg[k]
+}
 
 // commitArgIndex maps the index of one of commit.lua's write arguments
 // (from 0, as its replies name them) back to b's write and, when that is a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -216,16 +215,26 @@ func (s *Store) sendGroup(slot uint16, group []*pending) {
 		close(p.done)
 		return
 	}
-	var keys, args []string
-	var layout strings.Builder
+	// The keys and arguments are counted first, so that each slice is
+	// made once at its size (appending grew them ~log2(members) times).
+	nkeys, nargs := 0, 1
+	for _, p := range group {
+		nkeys += len(p.keys)
+		nargs += len(p.args)
+	}
+	keys, args := make([]string, 0, nkeys), make([]string, 1, nargs)
+	layout := make([]byte, 0, 12*len(group))
 	for _, p := range group {
 		keys = append(keys, p.keys...)
-		layout.WriteString(strconv.Itoa(p.sc.member) + ":" + strconv.Itoa(len(p.keys)) + ":" + strconv.Itoa(len(p.args)) + ",")
-	}
-	args = append(make([]string, 0, 1+len(group)*3), layout.String())
-	for _, p := range group {
 		args = append(args, p.args...)
+		layout = strconv.AppendInt(layout, int64(p.sc.member), 10)
+		layout = append(layout, ':')
+		layout = strconv.AppendInt(layout, int64(len(p.keys)), 10)
+		layout = append(layout, ':')
+		layout = strconv.AppendInt(layout, int64(len(p.args)), 10)
+		layout = append(layout, ',')
 	}
+	args[0] = string(layout)
 	// The group's own bound: the Redis timeout (its members' callers each
 	// wait only as long as their own contexts let them).
 	ctx, cancel := s.bound(context.Background(), 0)
