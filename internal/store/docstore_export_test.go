@@ -6,3 +6,10 @@ package store
 func WithAfterDocumentPlan(f func(slug string)) Option {
 	return func(s *Store) { s.afterPlan = f }
 }
+
+// WithAfterSnapshotStep calls f after each step of a chunked snapshot was
+// answered and before the next is sent (attempt and step from 1): tests
+// use it to commit between steps, deterministically.
+func WithAfterSnapshotStep(f func(slug string, attempt, step int)) Option {
+	return func(s *Store) { s.afterSnapshotStep = f }
+}

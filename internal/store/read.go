@@ -240,6 +240,7 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	}
 	var records, memory int64
 	present := make([]string, 0, len(names))
+	sizes := make([]sectionSize, len(names))
 	for i, r := range c.DoMulti(ctx, pre...) {
 		v, err := r.AsInt64()
 		if err != nil {
@@ -251,6 +252,7 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 			return nil, false, nil // a key of another type: the script's error
 		}
 		records += v
+		sizes[i].records = v
 		if v > 0 {
 			present = append(present, names[i])
 		}
@@ -263,11 +265,11 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	for _, n := range present {
 		pre = append(pre, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
 	}
-	var sizes []rueidis.RedisResult
+	var usage []rueidis.RedisResult
 	if len(pre) > 0 {
-		sizes = c.DoMulti(ctx, pre...)
+		usage = c.DoMulti(ctx, pre...)
 	}
-	for _, r := range sizes {
+	for j, r := range usage {
 		v, err := r.AsInt64()
 		if rueidis.IsRedisNil(err) {
 			continue // MEMORY USAGE of a key gone since its HLEN
@@ -286,9 +288,24 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 			return nil, false, nil
 		}
 		memory += v
+		sizes[slices.Index(names, present[j])].bytes = v
 	}
 	if memory+2*memoryUsageSlack*records > int64(s.maxSnapshotBytes)+recordEnvelope*records {
 		return nil, false, nil
+	}
+	if records > int64(s.snapshotStepRecords) || memory > int64(s.snapshotStepBytes) {
+		// More than one step: read in steps under WATCH (read_chunked.go),
+		// a few times at most, then as one MULTI.
+		for attempt := 1; attempt <= snapshotAttempts; attempt++ {
+			snap, done, err := s.readSectionsChunked(ctx, k, names, sizes, attempt, start)
+			if done {
+				return snap, true, err
+			}
+			if err != nil {
+				return nil, false, nil // an answer the script must give
+			}
+		}
+		s.log.Debug("store: snapshot changed during each chunked attempt; read as one MULTI", "slug", k.slug, "attempts", snapshotAttempts)
 	}
 	cmds := make([]rueidis.Completed, 0, 5+len(names))
 	cmds = append(cmds, c.B().Multi().Build(), c.B().Get().Key(k.revision()).Build(),
@@ -321,32 +338,41 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		}
 	}
 	s.observe.ScriptDone(ScriptReadSections, time.Since(start), nil)
-	// read_sections.lua's checks, on what was read.
 	fieldMaps := make([]map[string]rueidis.RedisMessage, len(names))
-	read, bytes := 0, 0
 	for i, m := range arr[2:] {
 		fields, err := m.AsMap()
 		if err != nil {
 			return nil, true, fmt.Errorf("store: read sections: %w: section %s: %v", ErrMalformedReply, names[i], err)
 		}
 		fieldMaps[i] = fields
+	}
+	snap, err := s.snapshotOf(names, arr[:2], fieldMaps)
+	return snap, true, err
+}
+
+// snapshotOf is the snapshot of names read as head (GET revision, HGET
+// meta/section_revisions) and each section's fields, after
+// read_sections.lua's checks on what was read: the record and byte limits
+// (*TooLargeError), every field a record (*CorruptError).
+func (s *Store) snapshotOf(names []string, head []rueidis.RedisMessage, fieldMaps []map[string]rueidis.RedisMessage) (*Snapshot, error) {
+	read, bytes := 0, 0
+	for i, fields := range fieldMaps {
 		read += len(fields)
 		for key, raw := range fields {
 			str, err := raw.ToString()
 			if err != nil {
-				return nil, true, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, names[i])
+				return nil, fmt.Errorf("store: read sections: %w: section %s", ErrMalformedReply, names[i])
 			}
 			bytes += len(key) + len(str)
 		}
 	}
 	if read > s.maxSnapshotRecords {
-		return nil, true, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(read), Max: s.maxSnapshotRecords})
+		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(read), Max: s.maxSnapshotRecords})
 	}
 	if bytes -= recordEnvelope * read; bytes > s.maxSnapshotBytes {
-		return nil, true, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(read), Bytes: int64(bytes), MaxBytes: s.maxSnapshotBytes})
+		return nil, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: int64(read), Bytes: int64(bytes), MaxBytes: s.maxSnapshotBytes})
 	}
-	snap, err := decodeSnapshot(names, arr, func(i int) (map[string]Record, error) { return fieldMapRecords(names[i], fieldMaps[i]) })
-	return snap, true, err
+	return decodeSnapshot(names, head, func(i int) (map[string]Record, error) { return fieldMapRecords(names[i], fieldMaps[i]) })
 }
 
 // memoryUsageUnknown tells a refusal of MEMORY USAGE that will not change
