@@ -6,13 +6,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,109 +25,12 @@ var raceEnabled bool
 
 // waitLimit bounds every wait for a process to print or exit. It is a
 // failure bound, never a measurement.
-const waitLimit = 30 * time.Second
+const waitLimit = fencedtest.ProcWaitLimit
 
 // build compiles pkg into dir/name (with -race when the test has it).
 func build(t *testing.T, dir, name, pkg string) string {
 	t.Helper()
-	out := filepath.Join(dir, name)
-	args := []string{"build", "-o", out}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, pkg)
-	if b, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
-	}
-	return out
-}
-
-// proc is a started subprocess.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	stdout *fencedtest.LogBuffer
-	stderr *fencedtest.LogBuffer
-	exited chan struct{}
-	err    error // Wait's answer, once exited is closed
-}
-
-// startProc runs bin args; it is killed (by pid) when the test ends if it
-// still runs, and its output is logged when the test failed.
-func startProc(t *testing.T, name, bin string, args ...string) *proc {
-	t.Helper()
-	p := &proc{name: name, stdout: &fencedtest.LogBuffer{}, stderr: &fencedtest.LogBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	// fenced's own environment must not change what the flags say.
-	p.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "FENCED_") || strings.HasPrefix(kv, "AGENTIHOOKS_")
-	})
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			p.cmd.Process.Kill() // SIGKILL ends a stopped process too
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("%s (pid %d) stdout:\n%s\nstderr:\n%s", p.name, p.cmd.Process.Pid, p.stdout, p.stderr)
-		}
-	})
-	return p
-}
-
-func (p *proc) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if err := syscall.Kill(p.cmd.Process.Pid, sig); err != nil {
-		t.Fatalf("kill -%v %s (pid %d): %v", sig, p.name, p.cmd.Process.Pid, err)
-	}
-}
-
-// waitFor polls until cond holds for p's stdout; it fails the test when p
-// exits first or waitLimit passes.
-func (p *proc) waitFor(t *testing.T, what string, cond func(stdout string) bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond(p.stdout.String()) {
-		select {
-		case <-p.exited:
-			if cond(p.stdout.String()) {
-				return
-			}
-			t.Fatalf("%s exited (%v) before %s", p.name, p.err, what)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no %s within %v", p.name, what, waitLimit)
-		}
-	}
-}
-
-// wait waits for p to exit and answers its exit status.
-func (p *proc) wait(t *testing.T) int {
-	t.Helper()
-	select {
-	case <-p.exited:
-	case <-time.After(waitLimit):
-		t.Fatalf("%s did not exit within %v", p.name, waitLimit)
-	}
-	var ee *exec.ExitError
-	switch {
-	case p.err == nil:
-		return 0
-	case errors.As(p.err, &ee):
-		return ee.ExitCode()
-	}
-	t.Fatalf("%s: %v", p.name, p.err)
-	return -1
+	return fencedtest.Build(t, dir, name, pkg, raceEnabled)
 }
 
 // commit is one "committed ..." line of a worker.
@@ -160,28 +58,6 @@ func commits(stdout string) []commit {
 	return out
 }
 
-// fencedAddr waits for fenced's JSON log line "serving gRPC" and answers its
-// address.
-func fencedAddr(t *testing.T, p *proc) string {
-	t.Helper()
-	var addr string
-	p.waitFor(t, `"serving gRPC" log line`, func(string) bool {
-		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
-		for sc.Scan() {
-			var line struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "serving gRPC" {
-				addr = line.Addr
-				return true
-			}
-		}
-		return false
-	})
-	return addr
-}
-
 // TestRedeliveredWakeRefusedAndPausedWorkerFenced is the demo of the
 // package comment, automated: worker A claims wake/1 and commits; B,
 // given the same wake with --wait 0, is refused at once (status 4, naming
@@ -198,12 +74,12 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 	fencedBin := build(t, dir, "fenced", "github.com/agentihooks/fenced/cmd/fenced")
 	workerBin := build(t, dir, "claims", ".")
 	redis := redistest.Start(t)
-	fenced := startProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL(),
+	fenced := fencedtest.StartProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL(),
 		"--key-prefix", "agentihooks", "--log-format", "json")
-	addr := fencedAddr(t, fenced)
+	addr := fenced.ServingAddr(t)
 	const slug, wake = "claims-demo", "1"
-	worker := func(name, owner string, wait string) *proc {
-		return startProc(t, name, workerBin, "--addr", addr, "--slug", slug, "--wake", wake, "--owner", owner,
+	worker := func(name, owner string, wait string) *fencedtest.Proc {
+		return fencedtest.StartProc(t, name, workerBin, "--addr", addr, "--slug", slug, "--wake", wake, "--owner", owner,
 			"--ttl", "1s", "--interval", "100ms", "--wait", wait)
 	}
 	c, err := client.Dial(addr)
@@ -214,24 +90,24 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 	ctx := context.Background()
 
 	a := worker("worker-a", "wa", "0")
-	a.waitFor(t, "2 commits", func(out string) bool { return len(commits(out)) >= 2 })
-	epochA := commits(a.stdout.String())[0].epoch
+	a.WaitFor(t, "2 commits", func(out string) bool { return len(commits(out)) >= 2 })
+	epochA := commits(a.Stdout.String())[0].epoch
 
 	// The wake redelivered while A holds its claim: refused at once.
 	dup := worker("worker-b-nowait", "wb", "0")
-	if code := dup.wait(t); code != exitHeld {
+	if code := dup.Wait(t); code != exitHeld {
 		t.Errorf("worker-b --wait 0 exit status %d, want %d (held)", code, exitHeld)
 	}
 	wantHeld := fmt.Sprintf("held: claim wake/%s held by wa epoch %d until ", wake, epochA)
-	if !strings.Contains(dup.stdout.String(), wantHeld) {
-		t.Errorf("worker-b --wait 0 output has no %q:\n%s", wantHeld, dup.stdout)
+	if !strings.Contains(dup.Stdout.String(), wantHeld) {
+		t.Errorf("worker-b --wait 0 output has no %q:\n%s", wantHeld, dup.Stdout)
 	}
-	if len(commits(dup.stdout.String())) != 0 {
-		t.Errorf("worker-b --wait 0 committed:\n%s", dup.stdout)
+	if len(commits(dup.Stdout.String())) != 0 {
+		t.Errorf("worker-b --wait 0 committed:\n%s", dup.Stdout)
 	}
 
 	// Pause A until the server shows its claim lapsed.
-	a.signal(t, syscall.SIGSTOP)
+	a.Signal(t, syscall.SIGSTOP)
 	deadline := time.Now().Add(waitLimit)
 	for {
 		l, live, _, _, err := c.CurrentClaim(ctx, slug, "wake/"+wake)
@@ -251,7 +127,7 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 	}
 
 	b := worker("worker-b", "wb", "30s")
-	b.waitFor(t, fmt.Sprintf("2 commits at an epoch above %d", epochA), func(out string) bool {
+	b.WaitFor(t, fmt.Sprintf("2 commits at an epoch above %d", epochA), func(out string) bool {
 		n := 0
 		for _, c := range commits(out) {
 			if c.epoch > epochA {
@@ -260,32 +136,32 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 		}
 		return n >= 2
 	})
-	epochB := commits(b.stdout.String())[0].epoch
+	epochB := commits(b.Stdout.String())[0].epoch
 
-	a.signal(t, syscall.SIGCONT)
-	if code := a.wait(t); code != exitStale {
+	a.Signal(t, syscall.SIGCONT)
+	if code := a.Wait(t); code != exitStale {
 		t.Errorf("worker-a exit status %d, want %d", code, exitStale)
 	}
 	want := fmt.Sprintf("refused: claim wake/%s stale (holder wb epoch %d)", wake, epochB)
-	if !strings.Contains(a.stdout.String(), want) {
-		t.Errorf("worker-a output has no %q:\n%s", want, a.stdout)
+	if !strings.Contains(a.Stdout.String(), want) {
+		t.Errorf("worker-a output has no %q:\n%s", want, a.Stdout)
 	}
 
 	// Let B commit after A's refusal too, then stop it: it releases.
-	before := len(commits(b.stdout.String()))
-	b.waitFor(t, "a commit after worker-a's refusal", func(out string) bool { return len(commits(out)) > before })
-	b.signal(t, syscall.SIGTERM)
-	if code := b.wait(t); code != exitOK {
+	before := len(commits(b.Stdout.String()))
+	b.WaitFor(t, "a commit after worker-a's refusal", func(out string) bool { return len(commits(out)) > before })
+	b.Signal(t, syscall.SIGTERM)
+	if code := b.Wait(t); code != exitOK {
 		t.Errorf("worker-b exit status %d after SIGTERM, want 0", code)
 	}
-	if !strings.Contains(b.stdout.String(), "released wake/"+wake+" epoch=") {
-		t.Errorf("worker-b did not report its release:\n%s", b.stdout)
+	if !strings.Contains(b.Stdout.String(), "released wake/"+wake+" epoch=") {
+		t.Errorf("worker-b did not report its release:\n%s", b.Stdout)
 	}
 	if l, live, _, _, err := c.CurrentClaim(ctx, slug, "wake/"+wake); err != nil || live {
 		t.Errorf("after B's release: CurrentClaim = %+v live=%v err=%v, want not live", l, live, err)
 	}
 
-	ca, cb := commits(a.stdout.String()), commits(b.stdout.String())
+	ca, cb := commits(a.Stdout.String()), commits(b.Stdout.String())
 	for _, c := range ca {
 		if c.owner != "wa" || c.epoch != epochA {
 			t.Errorf("worker-a printed %+v, want owner wa epoch %d", c, epochA)
@@ -318,5 +194,5 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 		t.Errorf("%s/wake-%s = %s at revision %d, want B's last write (step %d, revision %d)", section, wake, rec.Value, rec.Revision, len(ca)+len(cb), last.revision)
 	}
 	t.Logf("worker-a: %d commits at epoch %d, then refused; worker-b: %d commits at epoch %d", len(ca), epochA, len(cb), epochB)
-	t.Logf("worker-a stdout:\n%s\nworker-b --wait 0 stdout:\n%s\nworker-b stdout:\n%s", a.stdout, dup.stdout, b.stdout)
+	t.Logf("worker-a stdout:\n%s\nworker-b --wait 0 stdout:\n%s\nworker-b stdout:\n%s", a.Stdout, dup.Stdout, b.Stdout)
 }

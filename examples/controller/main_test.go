@@ -6,18 +6,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -29,109 +23,12 @@ var raceEnabled bool
 
 // waitLimit bounds every wait for a process to print or exit. It is a
 // failure bound, never a measurement.
-const waitLimit = 30 * time.Second
+const waitLimit = fencedtest.ProcWaitLimit
 
 // build compiles pkg into dir/name (with -race when the test has it).
 func build(t *testing.T, dir, name, pkg string) string {
 	t.Helper()
-	out := filepath.Join(dir, name)
-	args := []string{"build", "-o", out}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, pkg)
-	if b, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
-	}
-	return out
-}
-
-// proc is a started subprocess.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	stdout *fencedtest.LogBuffer
-	stderr *fencedtest.LogBuffer
-	exited chan struct{}
-	err    error // Wait's answer, once exited is closed
-}
-
-// startProc runs bin args; it is killed (by pid) when the test ends if it
-// still runs, and its output is logged when the test failed.
-func startProc(t *testing.T, name, bin string, args ...string) *proc {
-	t.Helper()
-	p := &proc{name: name, stdout: &fencedtest.LogBuffer{}, stderr: &fencedtest.LogBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	// fenced's own environment must not change what the flags say.
-	p.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "FENCED_") || strings.HasPrefix(kv, "AGENTIHOOKS_")
-	})
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			p.cmd.Process.Kill() // SIGKILL ends a stopped process too
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("%s (pid %d) stdout:\n%s\nstderr:\n%s", p.name, p.cmd.Process.Pid, p.stdout, p.stderr)
-		}
-	})
-	return p
-}
-
-func (p *proc) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if err := syscall.Kill(p.cmd.Process.Pid, sig); err != nil {
-		t.Fatalf("kill -%v %s (pid %d): %v", sig, p.name, p.cmd.Process.Pid, err)
-	}
-}
-
-// waitFor polls until cond holds for p's stdout; it fails the test when p
-// exits first or waitLimit passes.
-func (p *proc) waitFor(t *testing.T, what string, cond func(stdout string) bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond(p.stdout.String()) {
-		select {
-		case <-p.exited:
-			if cond(p.stdout.String()) {
-				return
-			}
-			t.Fatalf("%s exited (%v) before %s", p.name, p.err, what)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no %s within %v", p.name, what, waitLimit)
-		}
-	}
-}
-
-// wait waits for p to exit and answers its exit status.
-func (p *proc) wait(t *testing.T) int {
-	t.Helper()
-	select {
-	case <-p.exited:
-	case <-time.After(waitLimit):
-		t.Fatalf("%s did not exit within %v", p.name, waitLimit)
-	}
-	var ee *exec.ExitError
-	switch {
-	case p.err == nil:
-		return 0
-	case errors.As(p.err, &ee):
-		return ee.ExitCode()
-	}
-	t.Fatalf("%s: %v", p.name, p.err)
-	return -1
+	return fencedtest.Build(t, dir, name, pkg, raceEnabled)
 }
 
 // commit is one "committed ..." line of a controller.
@@ -159,28 +56,6 @@ func commits(stdout string) []commit {
 	return out
 }
 
-// fencedAddr waits for fenced's JSON log line "serving gRPC" and answers its
-// address.
-func fencedAddr(t *testing.T, p *proc) string {
-	t.Helper()
-	var addr string
-	p.waitFor(t, `"serving gRPC" log line`, func(string) bool {
-		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
-		for sc.Scan() {
-			var line struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "serving gRPC" {
-				addr = line.Addr
-				return true
-			}
-		}
-		return false
-	})
-	return addr
-}
-
 // TestPausedControllerIsRefused is the demo of the package comment,
 // automated: controller A holds the lease and commits; A is paused
 // (SIGSTOP) past its TTL; B takes the lease over at a higher epoch and
@@ -195,22 +70,22 @@ func TestPausedControllerIsRefused(t *testing.T) {
 	fencedBin := build(t, dir, "fenced", "github.com/agentihooks/fenced/cmd/fenced")
 	controllerBin := build(t, dir, "controller", ".")
 	redis := redistest.Start(t)
-	fenced := startProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL(),
+	fenced := fencedtest.StartProc(t, "fenced", fencedBin, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL(),
 		"--key-prefix", "agentihooks", "--log-format", "json")
-	addr := fencedAddr(t, fenced)
+	addr := fenced.ServingAddr(t)
 	const slug = "paused-demo"
-	ctl := func(owner string) *proc {
-		return startProc(t, owner, controllerBin, "--addr", addr, "--slug", slug, "--owner", owner,
+	ctl := func(owner string) *fencedtest.Proc {
+		return fencedtest.StartProc(t, owner, controllerBin, "--addr", addr, "--slug", slug, "--owner", owner,
 			"--ttl", "1s", "--interval", "100ms")
 	}
 
 	a := ctl("ctl-a")
-	a.waitFor(t, "2 commits", func(out string) bool { return len(commits(out)) >= 2 })
-	a.signal(t, syscall.SIGSTOP)
-	epochA := commits(a.stdout.String())[0].epoch
+	a.WaitFor(t, "2 commits", func(out string) bool { return len(commits(out)) >= 2 })
+	a.Signal(t, syscall.SIGSTOP)
+	epochA := commits(a.Stdout.String())[0].epoch
 
 	b := ctl("ctl-b")
-	b.waitFor(t, fmt.Sprintf("2 commits at an epoch above %d", epochA), func(out string) bool {
+	b.WaitFor(t, fmt.Sprintf("2 commits at an epoch above %d", epochA), func(out string) bool {
 		n := 0
 		for _, c := range commits(out) {
 			if c.epoch > epochA {
@@ -219,29 +94,29 @@ func TestPausedControllerIsRefused(t *testing.T) {
 		}
 		return n >= 2
 	})
-	epochB := commits(b.stdout.String())[0].epoch
+	epochB := commits(b.Stdout.String())[0].epoch
 
-	a.signal(t, syscall.SIGCONT)
-	if code := a.wait(t); code != exitStale {
+	a.Signal(t, syscall.SIGCONT)
+	if code := a.Wait(t); code != exitStale {
 		t.Errorf("ctl-a exit status %d, want %d", code, exitStale)
 	}
 	want := fmt.Sprintf("refused: lease stale (holder ctl-b epoch %d)", epochB)
-	if !strings.Contains(a.stdout.String(), want) {
-		t.Errorf("ctl-a output has no %q:\n%s", want, a.stdout)
+	if !strings.Contains(a.Stdout.String(), want) {
+		t.Errorf("ctl-a output has no %q:\n%s", want, a.Stdout)
 	}
 
 	// Let B commit after A's refusal too, then stop it: it releases.
-	before := len(commits(b.stdout.String()))
-	b.waitFor(t, "a commit after ctl-a's refusal", func(out string) bool { return len(commits(out)) > before })
-	b.signal(t, syscall.SIGTERM)
-	if code := b.wait(t); code != exitOK {
+	before := len(commits(b.Stdout.String()))
+	b.WaitFor(t, "a commit after ctl-a's refusal", func(out string) bool { return len(commits(out)) > before })
+	b.Signal(t, syscall.SIGTERM)
+	if code := b.Wait(t); code != exitOK {
 		t.Errorf("ctl-b exit status %d after SIGTERM, want 0", code)
 	}
-	if !strings.Contains(b.stdout.String(), "released epoch=") {
-		t.Errorf("ctl-b did not report its release:\n%s", b.stdout)
+	if !strings.Contains(b.Stdout.String(), "released epoch=") {
+		t.Errorf("ctl-b did not report its release:\n%s", b.Stdout)
 	}
 
-	ca, cb := commits(a.stdout.String()), commits(b.stdout.String())
+	ca, cb := commits(a.Stdout.String()), commits(b.Stdout.String())
 	for _, c := range ca {
 		if c.owner != "ctl-a" || c.epoch != epochA {
 			t.Errorf("ctl-a printed %+v, want owner ctl-a epoch %d", c, epochA)
@@ -306,5 +181,5 @@ func TestPausedControllerIsRefused(t *testing.T) {
 		}
 	}
 	t.Logf("ctl-a: %d commits at epoch %d, then refused; ctl-b: %d commits at epoch %d", len(ca), epochA, len(cb), epochB)
-	t.Logf("ctl-a stdout:\n%s\nctl-b stdout:\n%s", a.stdout, b.stdout)
+	t.Logf("ctl-a stdout:\n%s\nctl-b stdout:\n%s", a.Stdout, b.Stdout)
 }
