@@ -164,8 +164,12 @@ func TestRedisRefusalsCarryTheirReason(t *testing.T) {
 			setup: func(t *testing.T) (*store.Store, func(*store.Store) error) {
 				primary := redistest.Start(t, redistest.WithArgs("--repl-diskless-sync", "no"))
 				primary.Do(t, "EVAL", "for i = 1, 3000 do redis.call('SET', 'k' .. i, 'v') end", "0")
-				// Loading takes 3000 keys x 2 ms.
-				replica := redistest.Start(t, redistest.WithArgs("--key-load-delay", "2000", "--loading-process-events-interval-bytes", "1024"))
+				// Loading takes 3000 keys x 20 ms: a minute, longer than
+				// awaitErr's bound, so that however late the first sync
+				// starts on a busy box, it is still loading when a Record
+				// meets it (at 2 ms a key, 6 s, CI once saw no LOADING in
+				// 30 s). The replica is killed when the test ends.
+				replica := redistest.Start(t, redistest.WithArgs("--key-load-delay", "20000", "--loading-process-events-interval-bytes", "1024"))
 				st := open(t, replica)
 				host, port, _ := net.SplitHostPort(primary.Addr())
 				replica.Do(t, "REPLICAOF", host, port)
