@@ -7,7 +7,7 @@
 -- rev_era, rev_later, rev_latest, digits_in_range,
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
 -- in_range, parse_record, record_revision, checked_revision,
--- record_value.
+-- record_value, record_claim.
 -- Needs: lib_json.lua (json_valid, json_valid_cut, json_valid_judged, cut_strings,
 -- string_end, value_end; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
@@ -229,4 +229,16 @@ local function record_value(raw)
     return v
   end
   return nil
+end
+
+-- record_claim is the claim a stored field of fenced's bound form
+-- {"r":N,"claim":"<name>","claim_epoch":E,"v":VALUE}
+-- (docs/design/12-claims.md §12.4) is bound to: the claim's name and the
+-- text of its epoch (digits, compared as strings or below 2^53, never
+-- re-encoded). nil for every other field: unbound records and every
+-- foreign form, whatever members it has, are not bound. Only the form
+-- fenced writes is read, by one anchored match (claim names are
+-- [A-Za-z0-9._:@/-], written without escapes).
+local function record_claim(raw)
+  return string.match(raw, '^{"r":%d+,"claim":"([A-Za-z0-9._:@/%-]+)","claim_epoch":(%d+),"v":')
 end
