@@ -404,8 +404,15 @@ func NewRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Batch sends writes as one FencedBatch: all commit or none. It answers the
-// revision committed at. Errors: see Decode.
+// Batch sends writes as one FencedBatch, once: all commit or none. It
+// answers the revision committed at. An answer that leaves open whether it
+// committed (UNAVAILABLE but REPLICATION_TIMEOUT, DEADLINE_EXCEEDED,
+// CANCELED: fenced's OUTCOME_UNKNOWN, a lost reply, or ctx ending while
+// the batch was sent) is ErrOutcomeUnknown, as *OutcomeUnknownError with
+// the WithRequestID id as RequestID (and still matching its own kind,
+// ErrUnavailable, context.DeadlineExceeded): Batch does not resend it;
+// send the same writes again under that id (Update does so by itself).
+// Errors: see Decode.
 func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write, opts ...BatchOption) (int64, error) {
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
@@ -423,7 +430,7 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	}
 	resp, err := c.records.FencedBatch(ctx, req)
 	if err != nil {
-		return 0, Decode(err)
+		return 0, batchError(ctx, req.GetRequestId(), Decode(err))
 	}
 	c.saw(slug, resp.GetRevision())
 	return resp.GetRevision(), nil
