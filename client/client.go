@@ -19,6 +19,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -200,7 +201,9 @@ func (f *Fence) proto() *fencedv1.LeaseFence {
 }
 
 // Get reads one record and the swarm revision together. rec is nil when the
-// record is absent. Errors: ErrRevisionWentBackwards, see Decode.
+// record is absent. Errors: ErrRevisionWentBackwards; ErrSnapshotTooLarge
+// (*TooLargeError naming it) for a record over the server's limit alone (a
+// foreign writer's); see Decode.
 func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Record, revision int64, err error) {
 	before := c.mark(slug)
 	resp, err := c.records.Record(ctx, &fencedv1.RecordRequest{Slug: slug, Section: section, Key: key})
@@ -218,8 +221,8 @@ func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Recor
 
 // Sections reads whole sections (every section but archive when names is
 // empty) and the swarm revision as one snapshot. Errors: see Decode;
-// RESOURCE_EXHAUSTED for a snapshot over the server's limits (use
-// ScanSection).
+// ErrSnapshotTooLarge (*TooLargeError, RESOURCE_EXHAUSTED) for a snapshot
+// over the server's limits (use ScanSection).
 func (c *Client) Sections(ctx context.Context, slug string, names ...string) (map[string]map[string]Record, int64, error) {
 	snap, err := c.Snapshot(ctx, slug, names...)
 	if err != nil {
@@ -274,21 +277,42 @@ func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 // page; 0: the server's default), calling fn for every record; fn's error
 // stops the scan. It answers the section revision of the first and the last
 // page: when they differ, the section changed during the scan (a record may
-// then have been seen twice, or missed if inserted meanwhile). Errors:
-// ErrRevisionWentBackwards (a page's swarm revision), see Decode.
-func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize int, fn func(key string, r Record) error) (first, last int64, err error) {
-	token := ""
-	for page := 0; ; page++ {
+// then have been seen twice, or missed if inserted meanwhile). A record
+// over the server's limit alone (a foreign writer's, over
+// --max-snapshot-bytes: no page can hold it) stops the scan with
+// ErrSnapshotTooLarge, a *TooLargeError naming its Section, Key and stored
+// Bytes, with the NextPageToken past it: scan on with ScanFrom(that
+// token), or pass SkipTooLarge to step past such records as they come.
+// Errors: ErrRevisionWentBackwards (a page's swarm revision),
+// ErrSnapshotTooLarge, see Decode.
+func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize int, fn func(key string, r Record) error, opts ...ScanOption) (first, last int64, err error) {
+	var o scanOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	token, read := o.token, false
+	for {
 		before := c.mark(slug)
 		resp, err := c.records.ScanSection(ctx, &fencedv1.ScanSectionRequest{Slug: slug, Section: section, PageSize: int32(pageSize), PageToken: token})
 		if err != nil {
-			return first, last, Decode(err)
+			err = Decode(err)
+			var te *TooLargeError
+			if !o.skip || !errors.As(err, &te) || te.Key == "" || te.NextPageToken == "" {
+				return first, last, err
+			}
+			if o.skipped != nil {
+				if err := o.skipped(te); err != nil {
+					return first, last, err
+				}
+			}
+			token = te.NextPageToken
+			continue
 		}
 		if err := c.read(slug, before, resp.GetRevision()); err != nil {
 			return first, last, err
 		}
-		if page == 0 {
-			first = resp.GetSectionRevision()
+		if !read {
+			first, read = resp.GetSectionRevision(), true
 		}
 		last = resp.GetSectionRevision()
 		for k, r := range resp.GetRecords() {
@@ -300,6 +324,32 @@ func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize
 			return first, last, nil
 		}
 	}
+}
+
+// ScanOption is an option of ScanSection.
+type ScanOption func(*scanOptions)
+
+type scanOptions struct {
+	token   string
+	skip    bool
+	skipped func(*TooLargeError) error
+}
+
+// ScanFrom starts ScanSection at a page token instead of the section's
+// start: a *TooLargeError's NextPageToken, to scan on past the record it
+// names. A token of another swarm or section, or not handed out by fenced,
+// is ErrInvalidArgument (page_token).
+func ScanFrom(token string) ScanOption { return func(o *scanOptions) { o.token = token } }
+
+// SkipTooLarge has ScanSection step past every record over the server's
+// limit alone (RESOURCE_EXHAUSTED SNAPSHOT_TOO_LARGE naming it): skipped
+// (nil: none) is called with its *TooLargeError (Section, Key, Bytes,
+// MaxBytes, NextPageToken), nothing of the record read, and the scan goes
+// on from the NextPageToken past it; skipped's error stops the scan. fn
+// still sees every other record. A server that names no next page token
+// (older than this client) stops the scan with the error.
+func SkipTooLarge(skipped func(*TooLargeError) error) ScanOption {
+	return func(o *scanOptions) { o.skip, o.skipped = true, skipped }
 }
 
 // WriteKind is what a Write does.
@@ -404,8 +454,15 @@ func NewRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Batch sends writes as one FencedBatch: all commit or none. It answers the
-// revision committed at. Errors: see Decode.
+// Batch sends writes as one FencedBatch, once: all commit or none. It
+// answers the revision committed at. An answer that leaves open whether it
+// committed (UNAVAILABLE but REPLICATION_TIMEOUT, DEADLINE_EXCEEDED,
+// CANCELED: fenced's OUTCOME_UNKNOWN, a lost reply, or ctx ending while
+// the batch was sent) is ErrOutcomeUnknown, as *OutcomeUnknownError with
+// the WithRequestID id as RequestID (and still matching its own kind,
+// ErrUnavailable, context.DeadlineExceeded): Batch does not resend it;
+// send the same writes again under that id (Update does so by itself).
+// Errors: see Decode.
 func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write, opts ...BatchOption) (int64, error) {
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
@@ -423,7 +480,7 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	}
 	resp, err := c.records.FencedBatch(ctx, req)
 	if err != nil {
-		return 0, Decode(err)
+		return 0, batchError(ctx, req.GetRequestId(), Decode(err))
 	}
 	c.saw(slug, resp.GetRevision())
 	return resp.GetRevision(), nil

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -48,11 +49,23 @@ var (
 	// fenced never issues those revisions again, so stale expectations
 	// fail as conflicts. As *RevisionWentBackwardsError.
 	ErrRevisionWentBackwards = errors.New("fenced: swarm revision went backwards")
-	// ErrOutcomeUnknown: the server answered DEADLINE_EXCEEDED
-	// OUTCOME_UNKNOWN: the batch's deadline passed while it was with Redis,
-	// and it may still commit. Resend it under the same request id (Update
-	// does, within the caller's context).
+	// ErrOutcomeUnknown: a batch's answer leaves open whether it committed,
+	// and it may still commit: fenced's DEADLINE_EXCEEDED OUTCOME_UNKNOWN
+	// (its deadline passed while it was with Redis), or, from Batch and
+	// Update, any UNAVAILABLE (but REPLICATION_TIMEOUT, which committed),
+	// DEADLINE_EXCEEDED or CANCELED answer, the client's own deadline or
+	// cancellation included. As *OutcomeUnknownError, whose RequestID names
+	// the id the batch went under: resend the same writes under it
+	// (WithRequestID) within the server's --request-id-window and the
+	// answer is the commit's revision, applied once; without an id, read
+	// before rerunning. Batch sends once; Update resends by itself
+	// (MaxLostReplyRetries, WithAttemptTimeout) within its context.
 	ErrOutcomeUnknown = errors.New("fenced: outcome unknown: the batch may still commit")
+	// ErrSnapshotTooLarge: RESOURCE_EXHAUSTED SNAPSHOT_TOO_LARGE: a Sections
+	// snapshot over the server's limits (read the section with
+	// ScanSection), or one record alone over them (a foreign writer's),
+	// from Get or ScanSection, nothing of it read. As *TooLargeError.
+	ErrSnapshotTooLarge = errors.New("fenced: snapshot too large")
 	// ErrKeptChanging: Update met a revision conflict on every attempt.
 	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
 )
@@ -150,6 +163,57 @@ func (e *RedisRefusalError) Is(target error) bool { return target == ErrUnavaila
 
 // Unwrap returns the status error.
 func (e *RedisRefusalError) Unwrap() error { return e.Err }
+
+// OutcomeUnknownError is ErrOutcomeUnknown for one batch: it may have
+// committed, and may still commit (fenced answers a deadline that passed
+// while Redis held the batch before Redis runs it). Resend the same writes
+// under RequestID (WithRequestID): fenced answers the revision of a commit
+// under that id, and writes nothing again, within its --request-id-window
+// (default 10 min). It wraps the answer (Err): errors.Is still matches
+// ErrUnavailable for an UNAVAILABLE, context.DeadlineExceeded or
+// context.Canceled when the caller's context ended, and status.Code(err)
+// is the answer's code.
+type OutcomeUnknownError struct {
+	// RequestID is the request id the batch was sent under; "" when it had
+	// none (then nothing can be resent safely: read before rerunning).
+	RequestID string
+	Err       error
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	if e.RequestID == "" {
+		return "fenced client: the batch may have committed (outcome unknown; it had no request id: read before rerunning): " + e.Err.Error()
+	}
+	return "fenced client: the batch may have committed (outcome unknown): resend it under request id " + e.RequestID + ": " + e.Err.Error()
+}
+
+// Is matches ErrOutcomeUnknown.
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+// Unwrap returns the answer's error.
+func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
+
+// TooLargeError is ErrSnapshotTooLarge. For one record over the server's
+// limit (a foreign writer's; fenced writes at most --max-value-bytes) Key
+// is set: Section and Key name it, Bytes is its stored length and MaxBytes
+// the limit (--max-snapshot-bytes), and, from ScanSection, NextPageToken is
+// the page token past it (ScanFrom, or SkipTooLarge to go on by itself).
+// Key is "" for a whole Sections snapshot over the limits (read the
+// section with ScanSection).
+type TooLargeError struct {
+	Section, Key    string
+	Bytes, MaxBytes int64
+	NextPageToken   string
+	Err             error
+}
+
+func (e *TooLargeError) Error() string { return e.Err.Error() }
+
+// Is matches ErrSnapshotTooLarge.
+func (e *TooLargeError) Is(target error) bool { return target == ErrSnapshotTooLarge }
+
+// Unwrap returns the status error.
+func (e *TooLargeError) Unwrap() error { return e.Err }
 
 // RevisionWentBackwardsError is ErrRevisionWentBackwards for one swarm.
 type RevisionWentBackwardsError struct {
@@ -279,17 +343,51 @@ func Decode(err error) error {
 		ce.Oldest, _ = strconv.ParseInt(md["oldest_revision"], 10, 64)
 		return ce
 	case st.Code() == codes.DeadlineExceeded && is(fencedv1.ErrorReason_OUTCOME_UNKNOWN):
-		return &codeError{kind: ErrOutcomeUnknown, err: err}
+		return &OutcomeUnknownError{RequestID: md["request_id"], Err: err}
+	case st.Code() == codes.ResourceExhausted && is(fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE):
+		te := &TooLargeError{Section: md["section"], Key: md["key"], NextPageToken: md["next_page_token"], Err: err}
+		te.Bytes, _ = strconv.ParseInt(md["bytes"], 10, 64)
+		te.MaxBytes, _ = strconv.ParseInt(md["max_bytes"], 10, 64)
+		return te
 	case st.Code() == codes.OutOfRange && is(fencedv1.ErrorReason_REVISION_LIMIT):
 		return &codeError{kind: ErrRevisionLimit, err: err}
 	}
 	return err
 }
 
-// errorf wraps err with the client's prefix.
 // redisRefusalPrefix starts the reasons of Redis's refusals
 // (fencedv1.ErrorReason_REDIS_OUT_OF_MEMORY ... REDIS_MAY_EVICT; a reason of
 // a newer server with this prefix is one too), REDIS_UNAVAILABLE excepted.
 const redisRefusalPrefix = "REDIS_"
 
+// errorf wraps err with the client's prefix.
 func errorf(format string, args ...any) error { return fmt.Errorf("fenced client: "+format, args...) }
+
+// batchError is the error of a batch sent under requestID ("" for none)
+// whose answer, decoded, is err: when that answer leaves open whether the
+// batch committed (fenced's OUTCOME_UNKNOWN; UNAVAILABLE but
+// REPLICATION_TIMEOUT; DEADLINE_EXCEEDED or CANCELED, from fenced, a proxy
+// or ctx), an *OutcomeUnknownError naming requestID, wrapping ctx's error
+// too when ctx ended; else err as it is.
+func batchError(ctx context.Context, requestID string, err error) error {
+	var oe *OutcomeUnknownError
+	if errors.As(err, &oe) {
+		if oe.RequestID == "" {
+			oe.RequestID = requestID
+		}
+	} else {
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+			if errors.Is(err, ErrReplicationTimeout) {
+				return err
+			}
+			oe = &OutcomeUnknownError{RequestID: requestID, Err: err}
+		default:
+			return err
+		}
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(oe.Err, cerr) {
+		oe.Err = fmt.Errorf("%w (%w)", oe.Err, cerr)
+	}
+	return oe
+}

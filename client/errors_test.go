@@ -37,7 +37,8 @@ func errorInfo(reason string, md map[string]string) *errdetails.ErrorInfo {
 // status kept for status.Code.
 func TestDecode(t *testing.T) {
 	sentinels := []error{client.ErrLeaseStale, client.ErrLeaseHeld, client.ErrConflict, client.ErrLayoutDocument,
-		client.ErrInvalidArgument, client.ErrUnavailable, client.ErrKeptChanging, client.ErrRevisionLimit}
+		client.ErrInvalidArgument, client.ErrUnavailable, client.ErrKeptChanging, client.ErrRevisionLimit,
+		client.ErrOutcomeUnknown, client.ErrSnapshotTooLarge}
 	tests := []struct {
 		name string
 		in   error
@@ -147,8 +148,27 @@ func TestDecode(t *testing.T) {
 			is:   client.ErrUnavailable,
 			want: &client.RedisRefusalError{Reason: "REDIS_READ_ONLY"},
 		},
+		{
+			name: "snapshot too large",
+			in:   statusErr(t, codes.ResourceExhausted, errorInfo("SNAPSHOT_TOO_LARGE", nil)),
+			is:   client.ErrSnapshotTooLarge,
+			want: &client.TooLargeError{},
+		},
+		{
+			name: "a record too large, from a scan",
+			in: statusErr(t, codes.ResourceExhausted, errorInfo("SNAPSHOT_TOO_LARGE", map[string]string{
+				"section": "claims", "key": "c-15-big", "bytes": "5242890", "max_bytes": "4194304", "next_page_token": "djIA",
+			})),
+			is:   client.ErrSnapshotTooLarge,
+			want: &client.TooLargeError{Section: "claims", Key: "c-15-big", Bytes: 5242890, MaxBytes: 4194304, NextPageToken: "djIA"},
+		},
+		{
+			name: "outcome unknown",
+			in:   statusErr(t, codes.DeadlineExceeded, errorInfo("OUTCOME_UNKNOWN", map[string]string{"request_id": "rid-7"})),
+			is:   client.ErrOutcomeUnknown,
+			want: &client.OutcomeUnknownError{RequestID: "rid-7"},
+		},
 		// Shapes without a typed form pass through unchanged.
-		{name: "snapshot too large", in: statusErr(t, codes.ResourceExhausted, errorInfo("SNAPSHOT_TOO_LARGE", nil))},
 		{name: "aborted without a reason", in: status.Error(codes.Aborted, "REVISION_CONFLICT")},
 		{name: "failed precondition, unknown reason", in: statusErr(t, codes.FailedPrecondition, errorInfo("SOMETHING_ELSE", nil))},
 		{name: "lease stale reason on another code", in: statusErr(t, codes.Internal, errorInfo("LEASE_STALE", nil))},
@@ -208,6 +228,18 @@ func TestDecode(t *testing.T) {
 					t.Fatalf("Decode(%v) = %v, not a *RedisRefusalError", tt.in, got)
 				}
 				diff = cmp.Diff(want, re, ignoreErr)
+			case *client.TooLargeError:
+				var te *client.TooLargeError
+				if !errors.As(got, &te) {
+					t.Fatalf("Decode(%v) = %v, not a *TooLargeError", tt.in, got)
+				}
+				diff = cmp.Diff(want, te, ignoreErr)
+			case *client.OutcomeUnknownError:
+				var oe *client.OutcomeUnknownError
+				if !errors.As(got, &oe) {
+					t.Fatalf("Decode(%v) = %v, not a *OutcomeUnknownError", tt.in, got)
+				}
+				diff = cmp.Diff(want, oe, ignoreErr)
 			default:
 				t.Fatalf("unexpected want type %T", want)
 			}

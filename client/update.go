@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"iter"
 	"maps"
 	"slices"
@@ -52,18 +53,33 @@ const (
 // batch committed at.
 //
 // Every batch carries a fresh request id; a batch whose outcome is unknown
-// is resent under the same id, up to MaxLostReplyRetries times, so it is
-// applied at most once: one answered UNAVAILABLE (its reply may be lost
+// is resent under the same id, up to MaxLostReplyRetries times (the waits
+// between sends: backoff's default, 0.5 s growing 1.5 times, ±50 %), so it
+// is applied at most once: one answered UNAVAILABLE (its reply may be lost
 // after the commit; not REPLICATION_TIMEOUT, which committed),
-// DEADLINE_EXCEEDED while ctx is still live (fenced's OUTCOME_UNKNOWN,
-// ErrOutcomeUnknown: the batch may still commit; or a deadline of that
-// attempt alone, set by an interceptor or a proxy), or CANCELED while ctx
-// is still live (cancelled by fenced's shutdown or a proxy, not by the
-// caller). The resends stay within ctx. opts apply to every batch sent
-// (WithReplicaAck, WithClaim to fence it by a claim as well or instead of
-// fence; a WithRequestID is overridden). A resend of a batch that
-// committed answers its revision even when its claim lapsed meanwhile.
-func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error, opts ...BatchOption) (int64, error) {
+// DEADLINE_EXCEEDED while ctx is still live (fenced's OUTCOME_UNKNOWN: the
+// batch may still commit; or a deadline of that attempt alone:
+// WithAttemptTimeout's, an interceptor's or a proxy's), or CANCELED while
+// ctx is still live (cancelled by fenced's shutdown or a proxy, not by the
+// caller). The resends stay within ctx: without WithAttemptTimeout a send
+// waits for its answer as long as ctx allows, so a batch held by a stopped
+// Redis uses all of ctx and is not resent. When Update gives up on a batch
+// whose outcome is unknown (ctx ended, or the resends ran out) its error
+// is ErrOutcomeUnknown, as *OutcomeUnknownError naming the request id:
+// that batch may have committed, or may still commit; Batch with
+// WithRequestID(e.RequestID) and the same writes learns which (the
+// commit's revision), or a fresh read does.
+//
+// opts are BatchOptions, applied to every batch sent (WithReplicaAck,
+// WithClaim to fence it by a claim as well or instead of fence; a
+// WithRequestID is overridden), and WithAttemptTimeout. A resend of a
+// batch that committed answers its revision even when its claim lapsed
+// meanwhile.
+func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change func(*Txn) error, opts ...UpdateOption) (int64, error) {
+	var o updateOptions
+	for _, opt := range opts {
+		opt.applyUpdate(&o)
+	}
 	jitter := &backoff.ExponentialBackOff{
 		InitialInterval:     RerunWaitInitial,
 		RandomizationFactor: RerunWaitRandomization,
@@ -83,7 +99,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		if !mutates {
 			return tx.seen, nil
 		}
-		rev, err := c.commitRetryingLostReplies(ctx, slug, fence, writes, opts)
+		rev, err := c.commitRetryingLostReplies(ctx, slug, fence, writes, o)
 		switch {
 		case err == nil:
 			return rev, nil
@@ -104,6 +120,33 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 	return rev, err
 }
 
+// UpdateOption is an option of Update: a BatchOption, applied to every
+// batch it sends, or WithAttemptTimeout.
+type UpdateOption interface{ applyUpdate(*updateOptions) }
+
+type updateOptions struct {
+	batch   []BatchOption
+	attempt time.Duration // 0: none
+}
+
+func (o BatchOption) applyUpdate(u *updateOptions) { u.batch = append(u.batch, o) }
+
+type attemptTimeout time.Duration
+
+func (d attemptTimeout) applyUpdate(u *updateOptions) { u.attempt = time.Duration(d) }
+
+// WithAttemptTimeout bounds each send of Update's batch to d (or what is
+// left of Update's context, if less; d <= 0: no bound of its own): a send
+// whose answer has not come by then (a stopped or slow Redis, a lost
+// connection) is cut, DEADLINE_EXCEEDED, and resent under the same request
+// id while the context is live, up to MaxLostReplyRetries times. Without
+// it a send waits as long as the context allows, leaving no time to
+// resend. The reads of the change are not bounded by it. Pick d well
+// above the batch's usual latency, and above a replica wait it asks for
+// (WithReplicaAck): a send cut while fenced waits for replicas is resent,
+// and answers its commit.
+func WithAttemptTimeout(d time.Duration) UpdateOption { return attemptTimeout(d) }
+
 // MaxLostReplyRetries is how many times Update resends a batch whose
 // outcome is unknown (UNAVAILABLE, or DEADLINE_EXCEEDED or CANCELED not
 // caused by the caller's context: the reply may have been lost after a
@@ -114,15 +157,22 @@ const MaxLostReplyRetries = 3
 // commitRetryingLostReplies sends one batch under a fresh request id and,
 // while its outcome is unknown (outcomeUnknown), resends it under the same
 // id: the server answers a batch that did commit with its original
-// revision.
+// revision. Each send is bounded by o.attempt, when set.
 //
-// When ctx ends before a resend, the error says both: the last answer (its
-// outcome unknown: the batch may have committed) and ctx's error.
-func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fence *Fence, writes []Write, opts []BatchOption) (int64, error) {
-	opts = append(slices.Clip(opts), WithRequestID(NewRequestID()))
+// When it gives up on a batch whose outcome is unknown (ctx ended, or the
+// resends ran out), the error is an *OutcomeUnknownError naming the id,
+// wrapping the last answer and, when ctx ended, ctx's error.
+func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fence *Fence, writes []Write, o updateOptions) (int64, error) {
+	id := NewRequestID()
+	opts := append(slices.Clip(o.batch), WithRequestID(id))
 	var unknown error // the last answer whose outcome was unknown
 	rev, err := backoff.Retry(ctx, func() (int64, error) {
-		rev, err := c.Batch(ctx, slug, fence, writes, opts...)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if o.attempt > 0 {
+			actx, cancel = context.WithTimeout(ctx, o.attempt)
+		}
+		rev, err := c.Batch(actx, slug, fence, writes, opts...)
+		cancel()
 		if err != nil && !outcomeUnknown(ctx, err) {
 			return 0, backoff.Permanent(err)
 		}
@@ -130,14 +180,21 @@ func (c *Client) commitRetryingLostReplies(ctx context.Context, slug string, fen
 		return rev, err
 	}, backoff.WithMaxTries(MaxLostReplyRetries+1), backoff.WithMaxElapsedTime(0))
 	if p, ok := err.(*backoff.PermanentError); ok {
-		return 0, p.Unwrap()
+		err = p.Unwrap()
 	}
-	if err != nil && unknown != nil && err != unknown && ctx.Err() != nil {
+	if err == nil {
+		return rev, nil
+	}
+	if unknown != nil && err != unknown && ctx.Err() != nil {
 		// backoff.Retry answers ctx's cause alone when ctx ends between
-		// two attempts.
-		return 0, errorf("%w; then the context ended before a resend: %w", unknown, err)
+		// two attempts: the error says both.
+		err = fmt.Errorf("%w; then the context ended before a resend: %w", unknown, err)
+		if errors.Is(unknown, ErrOutcomeUnknown) {
+			return 0, &OutcomeUnknownError{RequestID: id, Err: err}
+		}
+		return 0, errorf("%w", err)
 	}
-	return rev, err
+	return 0, err
 }
 
 // outcomeUnknown reports whether err, the answer to one attempt of a

@@ -174,16 +174,32 @@ class Client:
         return _snapshot(resp)
 
     async def scan_section(
-        self, slug: str, section: str, *, page_size: int = 0, timeout: Optional[float] = None
+        self,
+        slug: str,
+        section: str,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        skip_too_large: bool = False,
+        timeout: Optional[float] = None,
     ) -> AsyncIterator[Page]:
         """As :meth:`fenced.Client.scan_section`, an async iterator of pages."""
-        token = ""
+        token = page_token
+        skipped: list[errors.SnapshotTooLarge] = []
         while True:
             req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
             before = self._mark(slug)
-            resp = await self._call(self._records.ScanSection, req, timeout)
+            try:
+                resp = await self._call(self._records.ScanSection, req, timeout)
+            except errors.SnapshotTooLarge as e:
+                if not (skip_too_large and e.key and e.next_page_token):
+                    raise
+                skipped.append(e)
+                token = e.next_page_token
+                continue
             self._read(slug, before, resp.revision)
-            yield _page(resp)
+            yield _page(resp, tuple(skipped))
+            skipped = []
             token = resp.next_page_token
             if not token:
                 return

@@ -238,12 +238,13 @@ def _snapshot(resp: records_pb2.SectionsResponse) -> Snapshot:
     )
 
 
-def _page(resp: records_pb2.ScanSectionResponse) -> Page:
+def _page(resp: records_pb2.ScanSectionResponse, skipped: tuple[errors.SnapshotTooLarge, ...] = ()) -> Page:
     return Page(
         records={k: _record(r) for k, r in resp.records.items()},
         revision=resp.revision,
         section_revision=resp.section_revision,
         next_page_token=resp.next_page_token,
+        skipped=skipped,
     )
 
 
@@ -547,21 +548,44 @@ class Client:
         return _snapshot(resp)
 
     def scan_section(
-        self, slug: str, section: str, *, page_size: int = 0, timeout: Optional[float] = None
+        self,
+        slug: str,
+        section: str,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        skip_too_large: bool = False,
+        timeout: Optional[float] = None,
     ) -> Iterator[Page]:
         """Read a section page by page (a generator): at most ``page_size``
-        records a page (0: the server's default). Pages are not one snapshot:
-        a record may appear twice if the section changes during the scan;
-        compare the first and last pages' section_revision. Raises
-        RevisionWentBackwards (a page's swarm revision), FencedError (while
-        iterating)."""
-        token = ""
+        records a page (0: the server's default), from the section's start or
+        from ``page_token`` (a page's ``next_page_token``, or a
+        SnapshotTooLarge's, past the record it names). Pages are not one
+        snapshot: a record may appear twice if the section changes during the
+        scan; compare the first and last pages' section_revision.
+
+        A record over the server's limit alone (a foreign writer's: no page
+        can hold it) raises :class:`SnapshotTooLarge` naming its ``section``,
+        ``key`` and ``bytes``, with the ``next_page_token`` past it; with
+        ``skip_too_large=True`` the scan steps past it instead, and the next
+        page names it in ``skipped``. Raises RevisionWentBackwards (a page's
+        swarm revision), SnapshotTooLarge, FencedError (while iterating)."""
+        token = page_token
+        skipped: list[errors.SnapshotTooLarge] = []
         while True:
             req = records_pb2.ScanSectionRequest(slug=slug, section=section, page_size=page_size, page_token=token)
             before = self._mark(slug)
-            resp = self._call("records", "ScanSection", req, timeout)
+            try:
+                resp = self._call("records", "ScanSection", req, timeout)
+            except errors.SnapshotTooLarge as e:
+                if not (skip_too_large and e.key and e.next_page_token):
+                    raise
+                skipped.append(e)
+                token = e.next_page_token
+                continue
             self._read(slug, before, resp.revision)
-            yield _page(resp)
+            yield _page(resp, tuple(skipped))
+            skipped = []
             token = resp.next_page_token
             if not token:
                 return

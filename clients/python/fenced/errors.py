@@ -23,6 +23,7 @@ UNAVAILABLE            (any other)          :class:`Unavailable`
 DEADLINE_EXCEEDED      (any)                :class:`DeadlineExceeded`
 CANCELLED              (any)                :class:`Cancelled`
 RESOURCE_EXHAUSTED     REDIS_*              :class:`RedisRefusal`
+RESOURCE_EXHAUSTED     SNAPSHOT_TOO_LARGE   :class:`SnapshotTooLarge`
 RESOURCE_EXHAUSTED     (any other)          :class:`ResourceExhausted`
 OUT_OF_RANGE           REVISION_COMPACTED   :class:`RevisionCompacted`
 OUT_OF_RANGE           REVISION_LIMIT       :class:`RevisionLimit`
@@ -71,6 +72,7 @@ __all__ = [
     "RevisionConflict",
     "RevisionLimit",
     "RevisionWentBackwards",
+    "SnapshotTooLarge",
     "StaleLease",
     "Unavailable",
     "decode",
@@ -257,6 +259,31 @@ class ResourceExhausted(FencedError):
     (e.g. SNAPSHOT_TOO_LARGE: read the section with scan_section)."""
 
 
+class SnapshotTooLarge(ResourceExhausted):
+    """RESOURCE_EXHAUSTED + SNAPSHOT_TOO_LARGE: a ``sections`` snapshot over
+    the server's limits (``key`` empty: read the section with
+    :meth:`fenced.Client.scan_section`), or one record alone over the
+    limit (a foreign writer's; fenced writes at most --max-value-bytes),
+    from ``record`` or ``scan_section``: nothing of it was read. As the Go
+    client's ``*TooLargeError``.
+
+    Attributes:
+        section: the record's section ("" for a whole snapshot).
+        key: the record's key ("" for a whole snapshot).
+        bytes: the record's stored length, in bytes (0 for a whole snapshot).
+        max_bytes: the server's limit, in bytes (--max-snapshot-bytes).
+        next_page_token: from ``scan_section``, the page token past the
+            record: ``scan_section(..., page_token=e.next_page_token)`` scans
+            on past it (``skip_too_large=True`` does so by itself).
+    """
+
+    section: str = ""
+    key: str = ""
+    bytes: int = 0
+    max_bytes: int = 0
+    next_page_token: str = ""
+
+
 class RevisionLimit(FencedError):
     """OUT_OF_RANGE + REVISION_LIMIT: the batch or lease change would issue a
     revision or epoch past 10^14-1, or meets a stored number past 2^53-1;
@@ -405,6 +432,12 @@ def _compacted(err: RevisionCompacted, d: _Details) -> None:
     err.oldest = _int(err.metadata, "oldest_revision")
 
 
+def _too_large(err: SnapshotTooLarge, d: _Details) -> None:
+    md = err.metadata
+    err.section, err.key, err.next_page_token = md.get("section", ""), md.get("key", ""), md.get("next_page_token", "")
+    err.bytes, err.max_bytes = _int(md, "bytes"), _int(md, "max_bytes")
+
+
 def _limit(err: RevisionLimit, d: _Details) -> None:
     md = err.metadata
     err.section, err.key, err.max_revision = md.get("section", ""), md.get("key", ""), _int(md, "max_revision")
@@ -462,6 +495,7 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.DEADLINE_EXCEEDED, "", DeadlineExceeded),
     Reason(grpc.StatusCode.CANCELLED, "", Cancelled),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _REDIS_REFUSAL, RedisRefusal),
+    Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _r(_Reasons.SNAPSHOT_TOO_LARGE), SnapshotTooLarge, _too_large),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
     Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_COMPACTED), RevisionCompacted, _compacted),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_LIMIT), RevisionLimit, _limit),  # type: ignore[arg-type]

@@ -7,7 +7,10 @@ import enum
 import json
 import secrets
 import types
-from typing import Any, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+
+if TYPE_CHECKING:
+    from .errors import SnapshotTooLarge
 
 __all__ = [
     "BLIND",
@@ -108,12 +111,17 @@ class Page:
         section_revision: the section revision when the page was read; compare
             the first and last pages' to know whether the section changed.
         next_page_token: the next page's token; "" on the last page.
+        skipped: with ``scan_section(..., skip_too_large=True)``, the records
+            over the server's limit the scan stepped past since the page
+            before, each a :class:`fenced.SnapshotTooLarge` naming its
+            ``section``, ``key`` and ``bytes``; () otherwise.
     """
 
     records: Mapping[str, Record]
     revision: int
     section_revision: int
     next_page_token: str
+    skipped: tuple["SnapshotTooLarge", ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
