@@ -24,6 +24,9 @@
 //   - BenchmarkReadFlood (reads_test.go): callers looping Sections or
 //     ScanSection of the fixture swarm, and the same snapshots read
 //     straight from Redis as a control; the victim timed in paired rounds.
+//   - BenchmarkByNameRebuildFlood (rebuild_test.go): another process loops
+//     the by-name index rebuild of a swarm of 50,000 executions; the victim
+//     timed in BenchmarkReadFlood's paired rounds.
 //   - BenchmarkGreedyLargeBatches: one address keeps 8 batches at the limits
 //     waiting on a replica that does not exist, while a victim on another
 //     address sends 128 KiB batches. Reported: victim-refused (the share per
@@ -204,6 +207,16 @@ func (v *victim) run(n int, stop <-chan struct{}) (lat []time.Duration, failed i
 	return lat, failed
 }
 
+// dialFrom makes a client's connections come from the loopback address ip
+// (127.0.0.2, ...: another caller, to fenced's per-IP shares, on this
+// machine).
+func dialFrom(ip net.IP) grpc.DialOption {
+	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}
+		return d.DialContext(ctx, "tcp", addr)
+	})
+}
+
 // timeAfter is a channel closed after d.
 func timeAfter(d time.Duration) <-chan struct{} {
 	c := make(chan struct{})
@@ -234,6 +247,11 @@ func TestMain(m *testing.M) {
 	if arg := os.Getenv(readAttackerEnv); arg != "" {
 		reads, errs := readFlood(arg)
 		fmt.Println(reads, errs)
+		os.Exit(0)
+	}
+	if arg := os.Getenv(rebuildAttackerEnv); arg != "" {
+		rebuilds, steps, errs, longest := rebuildFlood(arg)
+		fmt.Println(rebuilds, steps, errs, longest.Microseconds())
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -450,13 +468,7 @@ func BenchmarkGreedyLargeBatches(b *testing.B) {
 	const attackers, victimBatches = 8, 200
 	srv := redistest.Start(b)
 	f := startFenced(b, srv.URL())
-	from := func(ip net.IP) grpc.DialOption {
-		return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}
-			return d.DialContext(ctx, "tcp", addr)
-		})
-	}
-	vc, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), from(net.IPv4(127, 0, 0, 2)))
+	vc, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), dialFrom(net.IPv4(127, 0, 0, 2)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -477,7 +489,7 @@ func BenchmarkGreedyLargeBatches(b *testing.B) {
 	}
 	idle, _ := victimRun()
 
-	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), from(net.IPv4(127, 0, 0, 1)))
+	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), dialFrom(net.IPv4(127, 0, 0, 1)))
 	if err != nil {
 		b.Fatal(err)
 	}
