@@ -42,6 +42,14 @@ const DefaultByNamePage = 200
 // whatever the box and the records.
 const DefaultRebuildStepTime = time.Millisecond
 
+// DefaultRebuildShare is the most of Redis's time a by-name rebuild takes
+// (WithRebuildShare): after each paged step that ran d of Redis time, the
+// rebuild rests d*(1-share)/share before the next, so that however short
+// its steps, other callers' batches keep the rest of Redis. Back to back,
+// 1 ms steps took about half of Redis's time on a loaded 2-core box and
+// another caller's throughput to 0.29x idle (BenchmarkByNameRebuildFlood).
+const DefaultRebuildShare = 0.2
+
 // rebuildFirstPage is where the pages of each pass's phase start, before
 // any step of it was timed: a phase's records cost their own time each
 // (an HSCAN of executions, the index's members, the names' ranges).
@@ -80,6 +88,26 @@ func WithRebuildStepTime(d time.Duration) Option {
 	}
 }
 
+// WithRebuildShare sets the most of Redis's time a by-name rebuild takes
+// (default DefaultRebuildShare; above 0, at most 1: 1 rests not at all):
+// each paged step of d is followed by a rest of d*(1-share)/share.
+func WithRebuildShare(share float64) Option {
+	return func(s *Store) {
+		if share > 0 && share <= 1 {
+			s.rebuildShare = share
+		}
+	}
+}
+
+// rebuildRest is the rest after a rebuild step that ran took of Redis
+// time, at share of Redis's time (0: DefaultRebuildShare).
+func rebuildRest(took time.Duration, share float64) time.Duration {
+	if share <= 0 {
+		share = DefaultRebuildShare
+	}
+	return time.Duration(float64(took) * (1 - share) / share)
+}
+
 // errBusy stops a rebuild whose claim another rebuild took.
 var errBusy = errors.New("another rebuild holds the claim")
 
@@ -103,6 +131,10 @@ type ByNameRebuild struct {
 	// ran, as the script measured it (TIME at its start and end).
 	LargestPage int
 	LongestStep time.Duration
+	// StepTime is the Redis time of every paged step together, Rested the
+	// time the rebuild waited between them to keep to its share of Redis
+	// (WithRebuildShare): Rested = StepTime*(1-share)/share, step by step.
+	StepTime, Rested time.Duration
 	// Removed is the index members removed (not backed by their record),
 	// Fixed the by-name entries set and Extra those removed (a name with
 	// no record).
@@ -125,8 +157,9 @@ const (
 // sets by-name from it, in place, at most pageSize records a script (at
 // least 1; 0: DefaultByNamePage), each step sized from the Redis time the
 // previous ones of its phase ran to take about WithRebuildStepTime's (1 ms),
-// so that no step is a long script, on a quiet box or a loaded one; batches keep
-// committing meanwhile. Passes: add every record's member, remove members
+// so that no step is a long script, on a quiet box or a loaded one, and
+// rested after so that the rebuild takes at most WithRebuildShare's share
+// of Redis's time (0.2); batches keep committing meanwhile. Passes: add every record's member, remove members
 // no record backs, set each name's entry to its top, remove entries of
 // names with no record, then clear the stale flag unless a batch raised it
 // since the pass began (then another pass, at most 3 in all). The result
@@ -223,7 +256,18 @@ func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (r
 		}
 		took := time.Duration(us) * time.Microsecond
 		r.LongestStep = max(r.LongestStep, took)
+		r.StepTime += took
 		pacer.took(took)
+		if rest := rebuildRest(took, s.rebuildShare); rest > 0 {
+			t := time.NewTimer(rest)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return "", 0, fmt.Errorf("store: rebuild by-name of %s: %s: %w", slug, name, ctx.Err())
+			}
+			r.Rested += rest
+		}
 		return reply[0], n, nil
 	}
 	// pages runs a step from its first cursor until it answers the last.

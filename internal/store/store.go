@@ -128,6 +128,9 @@ type Store struct {
 	// rebuildStep is the Redis time a by-name rebuild step aims at
 	// (WithRebuildStepTime; 0: DefaultRebuildStepTime).
 	rebuildStep time.Duration
+	// rebuildShare is the most of Redis's time a by-name rebuild takes
+	// (WithRebuildShare; 0: DefaultRebuildShare).
+	rebuildShare float64
 	// legacyRequestKeys: commits also read and write request ids' keys of
 	// the layout before request-ids (WithLegacyRequestKeys).
 	legacyRequestKeys bool
