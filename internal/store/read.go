@@ -296,14 +296,23 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	if records > int64(s.snapshotStepRecords) || memory > int64(s.snapshotStepBytes) {
 		// More than one step: read in steps under WATCH (read_chunked.go),
 		// a few times at most, then as one MULTI.
+		observed, _ := s.observe.(SnapshotObserver)
 		for attempt := 1; attempt <= snapshotAttempts; attempt++ {
 			snap, done, err := s.readSectionsChunked(ctx, k, names, sizes, attempt, start)
+			if done || err != nil {
+				if observed != nil {
+					observed.ChunkedSnapshotDone(attempt-1, false)
+				}
+			}
 			if done {
 				return snap, true, err
 			}
 			if err != nil {
 				return nil, false, nil // an answer the script must give
 			}
+		}
+		if observed != nil {
+			observed.ChunkedSnapshotDone(snapshotAttempts, true)
 		}
 		s.log.Debug("store: snapshot changed during each chunked attempt; read as one MULTI", "slug", k.slug, "attempts", snapshotAttempts)
 	}
