@@ -262,12 +262,29 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		return nil, true, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: records, Max: s.maxSnapshotRecords})
 	}
 	pre = pre[:0]
-	for _, n := range present {
-		pre = append(pre, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
+	counts := make([]int64, 0, len(present))
+	for i, n := range names {
+		if sizes[i].records > 0 {
+			pre = append(pre, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
+			counts = append(counts, sizes[i].records)
+		}
 	}
+	// In round trips of at most one snapshot step's records (a section
+	// over one step alone), each of which Redis runs whole: one pipeline
+	// of them all was the longest Redis call of a chunked snapshot of the
+	// fixture swarm, 1.3x its longest step (docs/benchmarks.md).
 	var usage []rueidis.RedisResult
-	if len(pre) > 0 {
-		usage = c.DoMulti(ctx, pre...)
+	for from := 0; from < len(pre); {
+		to, n := from+1, counts[from]
+		for to < len(pre) && n+counts[to] <= int64(s.snapshotStepRecords) {
+			n += counts[to]
+			to++
+		}
+		usage = append(usage, c.DoMulti(ctx, pre[from:to]...)...)
+		from = to
+		if s.afterSnapshotCheck != nil {
+			s.afterSnapshotCheck(k.slug)
+		}
 	}
 	for j, r := range usage {
 		v, err := r.AsInt64()
