@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/metrics"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
 )
@@ -490,4 +491,49 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("waited 30 s for %s", what)
+}
+
+// TestChunkedSnapshotCountersReachMetrics: fenced's Metrics, as the
+// store's Observer, counts a chunked snapshot with one retry, then one that
+// fell back to one MULTI, in the series /metrics serves.
+func TestChunkedSnapshotCountersReachMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	m := metrics.New()
+	var h faultHook
+	writer := open(t, srv)
+	st, err := store.Open(srv.URL(), prefix, store.WithSnapshotStep(40, 1<<20), store.WithObserver(m), store.WithAfterSnapshotStep(h.hook))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	model, _ := loadChunked(t, writer, "metered")
+	h.arm(1, 2, func() { model = change(t, writer, "metered", model, 1) })
+	if _, err := st.Sections(context.Background(), "metered", chunkedSections); err != nil {
+		t.Fatal(err)
+	}
+	var always func()
+	n := 1
+	always = func() {
+		n++
+		model = change(t, writer, "metered", model, n)
+		h.arm(h.attempt%3+1, 2, always) // after step 2 of each attempt
+	}
+	h.arm(1, 2, always)
+	if _, err := st.Sections(context.Background(), "metered", chunkedSections); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "fenced_snapshot") {
+			got[f.GetName()] = f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{"fenced_snapshots_chunked_total": 2, "fenced_snapshot_chunk_retries_total": 4, "fenced_snapshot_chunk_fallbacks_total": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("counters %v, want %v", got, want)
+	}
 }
