@@ -272,7 +272,8 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	// In round trips of at most one snapshot step's records (a section
 	// over one step alone), each of which Redis runs whole: one pipeline
 	// of them all was the longest Redis call of a chunked snapshot of the
-	// fixture swarm, 1.3x its longest step (docs/benchmarks.md).
+	// fixture swarm, ~1.5x its longest step (docs/benchmarks.md). A
+	// snapshot within one step's records stays one round trip.
 	var usage []rueidis.RedisResult
 	for from := 0; from < len(pre); {
 		to, n := from+1, counts[from]
