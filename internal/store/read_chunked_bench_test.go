@@ -13,6 +13,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/redis/rueidis"
 )
 
 // loadFixture loads testdata/swarm-state.json into slug through st, in
@@ -61,9 +62,8 @@ type slowEntry struct {
 
 // slowlog answers SLOWLOG GET -1, oldest first, without the commands the
 // benchmark sends itself (SLOWLOG, CONFIG, CLIENT, COMMAND).
-func slowlog(b *testing.B, srv *redistest.Server) []slowEntry {
+func slowlog(b *testing.B, c rueidis.Client) []slowEntry {
 	b.Helper()
-	c := srv.Client(b)
 	entries, err := c.Do(context.Background(), c.B().Arbitrary("SLOWLOG", "GET").Args("-1").Build()).ToArray()
 	if err != nil {
 		b.Fatal(err)
@@ -90,9 +90,8 @@ func slowlog(b *testing.B, srv *redistest.Server) []slowEntry {
 }
 
 // lastSlowID is the newest SLOWLOG entry's id (-1: none).
-func lastSlowID(b *testing.B, srv *redistest.Server) int64 {
+func lastSlowID(b *testing.B, c rueidis.Client) int64 {
 	b.Helper()
-	c := srv.Client(b)
 	entries, err := c.Do(context.Background(), c.B().Arbitrary("SLOWLOG", "GET").Args("1").Build()).ToArray()
 	if err != nil {
 		b.Fatal(err)
@@ -125,7 +124,8 @@ func BenchmarkChunkedSnapshotLongestCall(b *testing.B) {
 	ctx := context.Background()
 	var bounds []int64
 	stepped := 0
-	bound := func(string) { bounds = append(bounds, lastSlowID(b, srv)) }
+	rdb := srv.Client(b)
+	bound := func(string) { bounds = append(bounds, lastSlowID(b, rdb)) }
 	chunked, err := store.Open(srv.URL(), prefix, store.WithAfterSnapshotCheck(bound),
 		store.WithAfterSnapshotStep(func(slug string, _, _ int) { stepped++; bound(slug) }))
 	if err != nil {
@@ -157,7 +157,7 @@ func BenchmarkChunkedSnapshotLongestCall(b *testing.B) {
 			if err != nil {
 				b.Fatalf("chunked Sections: %v", err)
 			}
-			entries := slowlog(b, srv)
+			entries := slowlog(b, rdb)
 			if stepped == 0 {
 				b.Fatalf("Sections of %d sections was not read in steps", len(snap.Sections))
 			}
@@ -177,7 +177,7 @@ func BenchmarkChunkedSnapshotLongestCall(b *testing.B) {
 			if _, err := multi.Sections(ctx, slug, names); err != nil {
 				b.Fatalf("one-MULTI Sections: %v", err)
 			}
-			whole, _, _ := longestStretch(slowlog(b, srv), bounds)
+			whole, _, _ := longestStretch(slowlog(b, rdb), bounds)
 			multiUsec = append(multiUsec, float64(whole))
 		}
 	}
