@@ -121,6 +121,9 @@ type Metrics struct {
 	readWaits          *prometheus.CounterVec
 	readWaitSeconds    *prometheus.CounterVec
 	readsWaiting       prometheus.Gauge
+	snapshotsChunked   prometheus.Counter
+	snapshotRetries    prometheus.Counter
+	snapshotFallbacks  prometheus.Counter
 
 	// scriptObservers are scriptDuration's series of the known scripts,
 	// looked up once in New (read-only after).
@@ -128,11 +131,12 @@ type Metrics struct {
 }
 
 var (
-	_ store.Observer       = (*Metrics)(nil)
-	_ store.ReaderObserver = (*Metrics)(nil)
-	_ server.LimitObserver = (*Metrics)(nil)
-	_ server.ReadObserver  = (*Metrics)(nil)
-	_ server.WatchObserver = (*Metrics)(nil)
+	_ store.Observer         = (*Metrics)(nil)
+	_ store.ReaderObserver   = (*Metrics)(nil)
+	_ store.SnapshotObserver = (*Metrics)(nil)
+	_ server.LimitObserver   = (*Metrics)(nil)
+	_ server.ReadObserver    = (*Metrics)(nil)
+	_ server.WatchObserver   = (*Metrics)(nil)
 )
 
 // New returns Metrics on a new private registry.
@@ -240,6 +244,18 @@ func New() *Metrics {
 			Name: "fenced_heavy_reads_waiting",
 			Help: "Heavy reads (Sections, ScanSection) waiting their turn now.",
 		}),
+		snapshotsChunked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_snapshots_chunked_total",
+			Help: "Sections reads over one step (640 records or 512 KiB) read in steps under WATCH, whatever their outcome.",
+		}),
+		snapshotRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_snapshot_chunk_retries_total",
+			Help: "Attempts of chunked Sections reads that a write to a watched key aborted at EXEC (each read again from its first step).",
+		}),
+		snapshotFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_snapshot_chunk_fallbacks_total",
+			Help: "Chunked Sections reads aborted 3 times and then read as one MULTI (Redis serves no other client meanwhile).",
+		}),
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -247,7 +263,8 @@ func New() *Metrics {
 	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
 		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
 		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals,
-		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting} {
+		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting,
+		m.snapshotsChunked, m.snapshotRetries, m.snapshotFallbacks} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
@@ -459,3 +476,14 @@ func (m *Metrics) ReadsWaiting(delta int) { m.readsWaiting.Add(float64(delta)) }
 
 // WatchReaders implements store.ReaderObserver.
 func (m *Metrics) WatchReaders(delta int) { m.watchReaders.Add(float64(delta)) }
+
+// ChunkedSnapshotDone implements store.SnapshotObserver:
+// fenced_snapshots_chunked_total, fenced_snapshot_chunk_retries_total and
+// fenced_snapshot_chunk_fallbacks_total.
+func (m *Metrics) ChunkedSnapshotDone(retries int, fellBack bool) {
+	m.snapshotsChunked.Inc()
+	m.snapshotRetries.Add(float64(retries))
+	if fellBack {
+		m.snapshotFallbacks.Inc()
+	}
+}

@@ -287,3 +287,26 @@ func BenchmarkBatchDone(b *testing.B) {
 		m.BatchDone(bt, store.Committed{Revision: 1}, nil)
 	}
 }
+
+// TestSnapshotMetrics: the chunked snapshot counters exist at 0 from the
+// start and count what the store reports: each snapshot read in steps, its
+// aborted attempts, and its fallback to one MULTI.
+func TestSnapshotMetrics(t *testing.T) {
+	m := metrics.New()
+	names := []string{"fenced_snapshots_chunked_total", "fenced_snapshot_chunk_retries_total", "fenced_snapshot_chunk_fallbacks_total"}
+	start := scrape(t, m)
+	for _, name := range names {
+		if g, ok := start[name]; !ok || g != 0 {
+			t.Errorf("%s at start = %v (present %v), want 0", name, g, ok)
+		}
+	}
+	m.ChunkedSnapshotDone(0, false)
+	m.ChunkedSnapshotDone(1, false)
+	m.ChunkedSnapshotDone(3, true)
+	got := scrape(t, m)
+	for i, want := range []float64{3, 4, 1} {
+		if g := got[names[i]]; g != want {
+			t.Errorf("%s = %v, want %v", names[i], g, want)
+		}
+	}
+}

@@ -103,3 +103,16 @@ func (s *Store) observeScript(ctx context.Context, sc *script, start time.Time, 
 	}
 	s.observe.ScriptDone(sc.name, time.Since(start), s.classify(ctx, err))
 }
+
+// SnapshotObserver is implemented by an Observer that counts chunked
+// snapshots (fenced_snapshots_chunked_total and its retries and
+// fallbacks; read_chunked.go, docs/design/06-reads-and-scans.md §6).
+type SnapshotObserver interface {
+	// ChunkedSnapshotDone reports one Sections read over one step, read
+	// in steps under WATCH: retries is how many of its attempts a write
+	// to a watched key aborted at EXEC (0 to 3), fellBack whether it was
+	// then read as one MULTI after all 3 had. A read that ended on an
+	// error (Redis unreachable, the caller's deadline) or a refusal is
+	// reported too, with the retries before it.
+	ChunkedSnapshotDone(retries int, fellBack bool)
+}

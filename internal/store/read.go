@@ -262,12 +262,30 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		return nil, true, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: records, Max: s.maxSnapshotRecords})
 	}
 	pre = pre[:0]
-	for _, n := range present {
-		pre = append(pre, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
+	counts := make([]int64, 0, len(present))
+	for i, n := range names {
+		if sizes[i].records > 0 {
+			pre = append(pre, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
+			counts = append(counts, sizes[i].records)
+		}
 	}
+	// In round trips of at most one snapshot step's records (a section
+	// over one step alone), each of which Redis runs whole: one pipeline
+	// of them all was the longest Redis call of a chunked snapshot of the
+	// fixture swarm, ~1.5x its longest step (docs/benchmarks.md). A
+	// snapshot within one step's records stays one round trip.
 	var usage []rueidis.RedisResult
-	if len(pre) > 0 {
-		usage = c.DoMulti(ctx, pre...)
+	for from := 0; from < len(pre); {
+		to, n := from+1, counts[from]
+		for to < len(pre) && n+counts[to] <= int64(s.snapshotStepRecords) {
+			n += counts[to]
+			to++
+		}
+		usage = append(usage, c.DoMulti(ctx, pre[from:to]...)...)
+		from = to
+		if s.afterSnapshotCheck != nil {
+			s.afterSnapshotCheck(k.slug)
+		}
 	}
 	for j, r := range usage {
 		v, err := r.AsInt64()
@@ -296,14 +314,23 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	if records > int64(s.snapshotStepRecords) || memory > int64(s.snapshotStepBytes) {
 		// More than one step: read in steps under WATCH (read_chunked.go),
 		// a few times at most, then as one MULTI.
+		observed, _ := s.observe.(SnapshotObserver)
 		for attempt := 1; attempt <= snapshotAttempts; attempt++ {
 			snap, done, err := s.readSectionsChunked(ctx, k, names, sizes, attempt, start)
+			if done || err != nil {
+				if observed != nil {
+					observed.ChunkedSnapshotDone(attempt-1, false)
+				}
+			}
 			if done {
 				return snap, true, err
 			}
 			if err != nil {
 				return nil, false, nil // an answer the script must give
 			}
+		}
+		if observed != nil {
+			observed.ChunkedSnapshotDone(snapshotAttempts, true)
 		}
 		s.log.Debug("store: snapshot changed during each chunked attempt; read as one MULTI", "slug", k.slug, "attempts", snapshotAttempts)
 	}

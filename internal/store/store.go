@@ -151,6 +151,9 @@ type Store struct {
 	// afterSnapshotStep, when set (tests only), is called after each step
 	// of a chunked snapshot was answered, before the next is sent.
 	afterSnapshotStep func(slug string, attempt, step int)
+	// afterSnapshotCheck, when set (tests only), is called after each
+	// round trip of MEMORY USAGE checks before a snapshot was answered.
+	afterSnapshotCheck func(slug string)
 	// observe is told of every script call, batch and lease operation.
 	observe Observer
 	// rebuilds runs by-name index rebuilds in the background; nil without
