@@ -98,9 +98,9 @@ end
 
 -- BOUND_HEAD matches the head of fenced's bound form
 -- {"r":N,"claim":"<name>","claim_epoch":E,"v":VALUE} (docs/design/12-claims.md
--- §12.4): captures N and the position where VALUE starts. record_claim
+-- §12.4): captures N, E and the position where VALUE starts. record_claim
 -- reads the name and epoch of the same head.
-local BOUND_HEAD = '^{"r":(%d+),"claim":"[A-Za-z0-9._:@/%-]+","claim_epoch":%d+,"v":()'
+local BOUND_HEAD = '^{"r":(%d+),"claim":"[A-Za-z0-9._:@/%-]+","claim_epoch":(%d+),"v":()'
 
 -- parse_record reads a stored field by the record grammar: its revision (a
 -- number) and the text of its value; nil when the field is not a record;
@@ -120,8 +120,8 @@ local function parse_record(raw)
   end
   -- The bound form: its head by an anchored match too (the claim members
   -- are written without escapes), then VALUE checked.
-  local bdigits, vstart = string.match(raw, BOUND_HEAD)
-  if bdigits and canonical_digits(bdigits) and sub(raw, -1) == '}' then
+  local bdigits, bepoch, vstart = string.match(raw, BOUND_HEAD)
+  if bdigits and canonical_digits(bdigits) and canonical_digits(bepoch) and sub(raw, -1) == '}' then
     local value = sub(raw, vstart, -2)
     if json_valid(value, MAX_DEPTH - 1) then
       if not digits_in_range(bdigits) then
@@ -217,8 +217,9 @@ local function record_revision(raw)
 end
 
 -- checked_revision is the revision a records check (P.KIND_CHECK_RECORDS)
--- compares: that of a stored field of fenced's own form {"r":N,"v":...}
--- read from its "r" alone, the value not judged (a check writes nothing,
+-- compares: that of a stored field of fenced's own forms {"r":N,"v":...}
+-- and {"r":N,"claim":..,"claim_epoch":E,"v":...} (bound, BOUND_HEAD) read
+-- from its "r" alone, the value not judged (a check writes nothing,
 -- and judging every value of a section read whole, ~3 us per 200 bytes,
 -- was most of its cost); any other form by the record grammar
 -- (record_revision). nil when the field is not a record, nil, true when
