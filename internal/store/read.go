@@ -738,14 +738,20 @@ func (s *Store) pageEnd(keys []string, from, to int, size func(string) int) int 
 
 // scanSection is ScanSection on the records layout.
 func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
-	keysOf := []string{k.revision(), k.meta(), k.section(section)}
+	keysOf := []string{k.revision(), k.meta(), k.section(section), k.claims()}
 	arr, err := s.exec(ctx, readScanScript, keysOf,
 		[]string{cursor, strconv.Itoa(count), strconv.Itoa(s.maxSnapshotBytes)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 	}
 	lengths := false
-	if len(arr) == 5 {
+	var live liveClaims // the claims of the bound records read (§12.4)
+	if len(arr) == 5 && arr[4].IsArray() {
+		if live, err = parseClaimState(arr[4]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		arr = arr[:4]
+	} else if len(arr) == 5 {
 		tag, _ := arr[4].ToString()
 		lengths = tag == protocol.ReplyLengths
 	}
@@ -809,6 +815,12 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		if err != nil {
 			return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 		}
+		if len(got) == 5 {
+			if live, err = parseClaimState(got[4]); err != nil {
+				return nil, fmt.Errorf("store: scan section: %w", err)
+			}
+			got = got[:4]
+		}
 		if len(got) != 4 {
 			return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(got))
 		}
@@ -823,7 +835,10 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		revs = got[:2]
 	}
 	for _, key := range keys[from:to] {
-		if rec, ok := batchRecords[key]; ok {
+		// A bound record whose claim is not live is absent: left out of
+		// the page, whose position still counts it (a page may hold fewer
+		// records than count).
+		if rec, ok := batchRecords[key]; ok && live.live(rec) {
 			p.Records[key] = rec
 		}
 	}
