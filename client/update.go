@@ -396,8 +396,8 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 		p := tx.pending[r]
 		rec, wasPresent := tx.read[r]
 		switch {
-		case p.deleted && !wasPresent, !p.deleted && wasPresent && bytes.Equal(rec.Value, p.value):
-			continue // no change: checked below like any other read
+		case p.deleted && !wasPresent, !p.deleted && wasPresent && bytes.Equal(rec.Value, p.value) && !p.bound && rec.Claim == "":
+			continue // no change: checked below like any other read (a bound put, or one unbinding, is a change)
 		case p.deleted:
 			writes = append(writes, Write{Kind: Delete, Section: r.section, Key: r.key, Expected: expected(r)})
 		default:
