@@ -77,5 +77,24 @@ func TestBoundRecordsOverGRPC(t *testing.T) {
 	if page, err := e.records.ScanSection(ctx, &fencedv1.ScanSectionRequest{Slug: slug, Section: "claims", PageSize: 10}); err != nil || len(page.GetRecords()) != 1 {
 		t.Errorf("ScanSection after the release = %v, %v; want plain alone", page, err)
 	}
+	// A Watch reading the bound put's event now reads its record as it
+	// stands: absent, so the change carries none.
+	late, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: r0, Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	lateStream := &events{stream: late}
+	for {
+		ev, err := lateStream.Recv()
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		if ev.GetRevision() == rev {
+			if ch := ev.GetChanges(); len(ch) != 1 || ch[0].GetKey() != "T-7" || ch[0].GetRecord() != nil {
+				t.Errorf("Watch change after the release = %v; want T-7 without a record", ch)
+			}
+			break
+		}
+	}
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "T-7", 0, `"next"`)}})
 }
