@@ -362,3 +362,23 @@ func TestBoundRecordsOnCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestBoundPutIntoASetOfAnotherType: a claim's set key holding another
+// Redis type refuses the bound put before any write (*CorruptError naming
+// the key, its type and set), as the commit's other unread keys do.
+func TestBoundPutIntoASetOfAnotherType(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "bw"
+	a := grantClaim(t, st, slug, "task/1", "worker-a", 60000)
+	srv.Do(t, "SET", key(slug, "claim:task/1"), "x")
+	before := dumpSwarm(t, srv)
+	_, err := st.Commit(context.Background(), &batch.Batch{Slug: slug, Claim: a, Writes: []batch.Write{bput("claims", "b", 0, `1`)}})
+	var ce *store.CorruptError
+	if !errors.As(err, &ce) || ce.Key != "claim:task/1" || ce.Type != "string" || ce.Want != "set" {
+		t.Fatalf("bound put into a string set key = %v; want *CorruptError naming claim:task/1 (string, want set)", err)
+	}
+	if after := dumpSwarm(t, srv); after != before {
+		t.Errorf("the refused batch changed Redis:\n%s->\n%s", before, after)
+	}
+}
