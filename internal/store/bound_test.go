@@ -382,3 +382,43 @@ func TestBoundPutIntoASetOfAnotherType(t *testing.T) {
 		t.Errorf("the refused batch changed Redis:\n%s->\n%s", before, after)
 	}
 }
+
+// TestBoundPutsConcurrently: bound puts sent at once (so that the group
+// commit, commit_group.lua, carries several in one call when they queue)
+// each store the bound form and join the set: 8 writers of 25 records.
+func TestBoundPutsConcurrently(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "bg"
+	a := grantClaim(t, st, slug, "task/1", "worker-a", 60000)
+	errs := make(chan error, 8)
+	for w := range 8 {
+		go func() {
+			for i := range 25 {
+				if _, err := st.Commit(context.Background(), &batch.Batch{Slug: slug, Claim: a,
+					Writes: []batch.Write{bput("claims", fmt.Sprintf("w%d-%d", w, i), 0, `1`)}}); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := srv.Do(t, "SCARD", key(slug, "claim:task/1")); got != "200" {
+		t.Errorf("SCARD claim:task/1 = %s, want 200", got)
+	}
+	snap, err := st.Sections(context.Background(), slug, []string{"claims"})
+	if err != nil || len(snap.Sections["claims"]) != 200 {
+		t.Fatalf("Sections = %d records, %v; want 200", len(snap.Sections["claims"]), err)
+	}
+	for k, rec := range snap.Sections["claims"] {
+		if rec.Claim != "task/1" || rec.ClaimEpoch != a.Epoch {
+			t.Errorf("%s = %+v; want bound to task/1 at epoch %d", k, rec, a.Epoch)
+		}
+	}
+}
