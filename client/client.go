@@ -180,6 +180,19 @@ type Record struct {
 	Revision int64
 	// Value is the JSON text, byte for byte as its writer sent it.
 	Value json.RawMessage
+	// Claim is the claim the record is bound to (a Write with Bound,
+	// docs/design/12-claims.md §12.4); "" when it is bound to none. A
+	// bound record is answered only while that claim's grant of epoch
+	// ClaimEpoch is live: after its release or lapse it is absent.
+	Claim string
+	// ClaimEpoch is the epoch of the claim grant it is bound to; 0 when
+	// unbound.
+	ClaimEpoch int64
+}
+
+// recordOf is the client's Record of a proto one.
+func recordOf(r *fencedv1.Record) Record {
+	return Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue()), Claim: r.GetClaim(), ClaimEpoch: r.GetClaimEpoch()}
 }
 
 // Fence is the lease condition of a batch: the batch commits only while the
@@ -214,7 +227,8 @@ func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Recor
 		return nil, 0, err
 	}
 	if r := resp.GetRecord(); r != nil {
-		rec = &Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+		got := recordOf(r)
+		rec = &got
 	}
 	return rec, resp.GetRevision(), nil
 }
@@ -268,7 +282,7 @@ func (c *Client) Snapshot(ctx context.Context, slug string, names ...string) (*S
 func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 	recs := make(map[string]Record, len(m))
 	for k, r := range m {
-		recs[k] = Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+		recs[k] = recordOf(r)
 	}
 	return recs
 }
@@ -316,7 +330,7 @@ func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize
 		}
 		last = resp.GetSectionRevision()
 		for k, r := range resp.GetRecords() {
-			if err := fn(k, Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}); err != nil {
+			if err := fn(k, recordOf(r)); err != nil {
 				return first, last, err
 			}
 		}
@@ -386,6 +400,20 @@ type Write struct {
 	Value    json.RawMessage
 	// Checks are the records a CheckRecords compares; nil for other kinds.
 	Checks []RecordCheck
+	// Bound binds a Put's record to the batch's claim (WithClaim;
+	// RecordWrite.bind_to_claim, docs/design/12-claims.md §12.4): once
+	// that claim is released or lapses the record is absent to every read
+	// and write (a put expecting 0 commits over it). A later Put without
+	// Bound unbinds it; one under another claim rebinds it. Without a
+	// claim fence, or on another kind, the batch is ErrInvalidArgument
+	// naming writes[i].bind_to_claim.
+	Bound bool
+}
+
+// PutBound is a Put of value at (section, key), read at expected, bound to
+// the batch's claim (Write.Bound).
+func PutBound(section, key string, expected int64, value json.RawMessage) Write {
+	return Write{Kind: Put, Section: section, Key: key, Expected: expected, Value: value, Bound: true}
 }
 
 // RecordCheck is one record of a CheckRecords write: Key must be stored at
@@ -466,7 +494,7 @@ func NewRequestID() string {
 func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write, opts ...BatchOption) (int64, error) {
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
-		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value)}
+		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value), BindToClaim: w.Bound}
 		if len(w.Checks) > 0 {
 			checks := make([]*fencedv1.RecordCheck, len(w.Checks))
 			for j, c := range w.Checks {

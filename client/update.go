@@ -218,6 +218,7 @@ type ref struct{ section, key string }
 type pendingWrite struct {
 	value   json.RawMessage // nil: delete
 	deleted bool
+	bound   bool // a put bound to the batch's claim (PutBound)
 }
 
 // Txn is one run of an Update change: reads on demand, records what was
@@ -300,6 +301,15 @@ func (tx *Txn) GetJSON(section, key string, v any) (ok bool, err error) {
 // Txn has not read it).
 func (tx *Txn) Put(section, key string, value json.RawMessage) error {
 	return tx.write(ref{section, key}, &pendingWrite{value: slices.Clip(value)})
+}
+
+// PutBound is Put with the record bound to the claim the batch is fenced
+// by (Update's WithClaim; Write.Bound, docs/design/12-claims.md §12.4):
+// absent to every read and write once that claim is released or lapses.
+// Without WithClaim the batch is ErrInvalidArgument naming
+// writes[i].bind_to_claim.
+func (tx *Txn) PutBound(section, key string, value json.RawMessage) error {
+	return tx.write(ref{section, key}, &pendingWrite{value: slices.Clip(value), bound: true})
 }
 
 // PutJSON is Put of json.Marshal(v).
@@ -443,12 +453,12 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 		p := tx.pending[r]
 		rec, wasPresent := tx.read[r]
 		switch {
-		case p.deleted && !wasPresent, !p.deleted && wasPresent && bytes.Equal(rec.Value, p.value):
-			continue // no change: checked below like any other read
+		case p.deleted && !wasPresent, !p.deleted && wasPresent && bytes.Equal(rec.Value, p.value) && !p.bound && rec.Claim == "":
+			continue // no change: checked below like any other read (a bound put, or one unbinding, is a change)
 		case p.deleted:
 			writes = append(writes, Write{Kind: Delete, Section: r.section, Key: r.key, Expected: expected(r)})
 		default:
-			writes = append(writes, Write{Kind: Put, Section: r.section, Key: r.key, Expected: expected(r), Value: p.value})
+			writes = append(writes, Write{Kind: Put, Section: r.section, Key: r.key, Expected: expected(r), Value: p.value, Bound: p.bound})
 		}
 		written[r] = true
 	}

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -287,7 +286,8 @@ func eventFrom(resp *fencedv1.WatchEvent) Event {
 	for _, ch := range resp.GetChanges() {
 		c := Change{Section: ch.GetSection(), Key: ch.GetKey(), Delete: ch.GetKind() == fencedv1.ChangeKind_CHANGE_KIND_DELETE}
 		if r := ch.GetRecord(); r != nil {
-			c.Record = &Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue())}
+			rec := recordOf(r)
+			c.Record = &rec
 		}
 		ev.Changes = append(ev.Changes, c)
 	}

@@ -86,6 +86,12 @@ type Write struct {
 	// Checks are the records a KindCheckRecords compares, in request
 	// order; nil for every other kind.
 	Checks []RecordCheck
+	// Bound binds a put's record to the batch's claim fence
+	// (docs/design/12-claims.md §12.4): it is stored in the bound form and
+	// is absent to every fenced read and write once that claim's grant is
+	// gone or has another epoch. Puts only, in a batch with a Claim, in a
+	// section other than meta and executions (CheckBatch).
+	Bound bool
 }
 
 // RecordCheck is one record of a KindCheckRecords write: its Key (in the

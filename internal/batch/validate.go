@@ -343,6 +343,9 @@ func (l Limits) CheckBatch(b *Batch) error {
 			break
 		}
 		l.checkWrite(&vs, i, &b.Writes[i])
+		if b.Writes[i].Bound {
+			checkBound(&vs, i, &b.Writes[i], b.Claim != nil)
+		}
 	}
 	if len(vs) == 0 {
 		checkDuplicates(&vs, b.Writes)
@@ -409,6 +412,22 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		if w.Value != "" {
 			vs.add(field("value"), "must be empty for a %s", w.Kind)
 		}
+	}
+}
+
+// checkBound adds the violation of a bound write (writes[i].bind_to_claim,
+// docs/design/12-claims.md §12.4): only a put binds, to the batch's claim
+// fence (claimed: the batch has one), and not in meta (the swarm's own
+// records) or executions (indexed by name, which does not follow a claim).
+func checkBound(vs *violations, i int, w *Write, claimed bool) {
+	field := fmt.Sprintf("writes[%d].bind_to_claim", i)
+	switch {
+	case w.Kind != KindPut:
+		vs.add(field, "only a put binds its record to a claim, got a %s", w.Kind)
+	case !claimed:
+		vs.add(field, "binds the record to the batch's claim fence, and the batch has none: set claim")
+	case w.Section == MetaSection || w.Section == "executions":
+		vs.add(field, "records of %s cannot be bound to a claim", w.Section)
 	}
 }
 

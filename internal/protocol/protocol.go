@@ -98,6 +98,9 @@ const (
 	// KindCheckRecords: one record (pair) of a records check; a write of
 	// n pairs is n arguments of this kind.
 	KindCheckRecords = "R"
+	// KindPutBound: a put binding its record to the batch's claim fence
+	// (docs/design/12-claims.md §12.4): a put in every other respect.
+	KindPutBound = "b"
 )
 
 // Mode letters: the first field of a commit's (and the lease script's)
@@ -234,6 +237,10 @@ const (
 	KeyClaims = "claim-grants"
 	// KeyClaimExpiry is the sorted set claim name -> expires_at ms.
 	KeyClaimExpiry = "claim-expiry"
+	// KeyClaimPrefix + <name> is the set of the records bound to the claim
+	// name, each member "<section>\n<key>" (docs/design/12-claims.md
+	// §12.4). Section names are [a-z0-9_-], so no section's key is one.
+	KeyClaimPrefix = "claim:"
 	// ClaimLogPerClaim is how many log entries per live claim the log keeps
 	// at least on a claim operation (MAXLEN ~ max(LogCap, 4 x claims)).
 	ClaimLogPerClaim = 4
@@ -278,6 +285,7 @@ var entries = []struct{ name, value string }{
 	{"KEY_REQUEST_IDS", KeyRequestIDs},
 	{"KEY_CLAIMS", KeyClaims},
 	{"KEY_CLAIM_EXPIRY", KeyClaimExpiry},
+	{"KEY_CLAIM_PREFIX", KeyClaimPrefix},
 	{"STAMP_SUFFIX", StampSuffix},
 	{"FIELD_LEASE", FieldLease},
 	{"FIELD_EPOCH", FieldEpoch},
@@ -291,6 +299,7 @@ var entries = []struct{ name, value string }{
 	{"KIND_CHECK", KindCheck},
 	{"KIND_CHECK_SECTION", KindCheckSection},
 	{"KIND_CHECK_RECORDS", KindCheckRecords},
+	{"KIND_PUT_BOUND", KindPutBound},
 	{"MODE_STAMP", ModeStamp},
 	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
 	{"MODE_REQUEST", ModeRequest},
@@ -362,7 +371,7 @@ var entries = []struct{ name, value string }{
 	// KIND_PATTERN / MODE_PATTERN: one character class of every kind / mode
 	// letter. SECTION_PATTERN captures a section's name out of its key;
 	// SLUG_PATTERN the slug out of any key of the swarm.
-	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords)},
+	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords, KindPutBound)},
 	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeLegacyRequest, ModeClaim, ModeNone)},
 	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
 	{"SLUG_PATTERN", "{(.-)" + luaPatternQuote(FenceInfix)},

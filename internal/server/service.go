@@ -7,7 +7,6 @@ package server
 import (
 	"context"
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -146,7 +145,7 @@ func (s *Service) Sections(ctx context.Context, req *fencedv1.SectionsRequest) (
 func recordsProto(recs map[string]store.Record) map[string]*fencedv1.Record {
 	out := make(map[string]*fencedv1.Record, len(recs))
 	for key, r := range recs {
-		out[key] = &fencedv1.Record{Revision: r.Revision, Value: r.Value}
+		out[key] = &fencedv1.Record{Revision: r.Revision, Value: r.Value, Claim: r.Claim, ClaimEpoch: r.ClaimEpoch}
 	}
 	return out
 }
@@ -185,16 +184,13 @@ func (s *Service) Record(ctx context.Context, req *fencedv1.RecordRequest) (*fen
 	}
 	resp := &fencedv1.RecordResponse{Revision: rev}
 	if rec != nil {
-		resp.Record = &fencedv1.Record{Revision: rec.Revision, Value: rec.Value}
+		resp.Record = &fencedv1.Record{Revision: rec.Revision, Value: rec.Value, Claim: rec.Claim, ClaimEpoch: rec.ClaimEpoch}
 	}
 	return resp, nil
 }
 
 // FencedBatch validates a batch and commits it all or none.
 func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequest) (*fencedv1.FencedBatchResponse, error) {
-	if err := unservedClaimFields(req); err != nil {
-		return nil, toStatus(err)
-	}
 	b, ack := BatchFromProto(req), replicaAckFromProto(req.GetReplicaAck())
 	bounds := batch.AckBounds{MaxReplicas: s.opts.MaxAckReplicas, MaxTimeout: s.opts.MaxAckTimeout}
 	if err := s.limits.CheckFencedBatch(b, ack, bounds); err != nil {
@@ -210,26 +206,6 @@ func (s *Service) FencedBatch(ctx context.Context, req *fencedv1.FencedBatchRequ
 		return nil, toStatus(err)
 	}
 	return &fencedv1.FencedBatchResponse{Revision: c.Revision, Replayed: c.Replayed, ReplicasAcked: int32(c.ReplicasAcked)}, nil
-}
-
-// unservedClaimFields refuses the part of the claims contract (issue 27,
-// docs/design/12-claims.md) this fenced does not serve yet: records bound
-// to a claim (RecordWrite.bind_to_claim). Ignored, a record meant to end
-// with its claim would outlive it; so it is INVALID_ARGUMENT naming the
-// field, nothing written. Named leases (LeaseService with a name) and
-// claim fences (FencedBatchRequest.claim, §12.3) are served.
-func unservedClaimFields(req *fencedv1.FencedBatchRequest) error {
-	var vs []batch.Violation
-	const why = "not served by this fenced yet (claims, issue 27: named leases and claim fences are served; bound records are not), so the batch is refused rather than committed with a record that would outlive its claim"
-	for i, w := range req.GetWrites() {
-		if w.GetBindToClaim() && len(vs) < batch.MaxViolations {
-			vs = append(vs, batch.Violation{Field: "writes[" + strconv.Itoa(i) + "].bind_to_claim", Description: "binding a record to a claim is " + why})
-		}
-	}
-	if vs == nil {
-		return nil
-	}
-	return &batch.ValidationError{Violations: vs}
 }
 
 // replicaAckFromProto converts a batch's replica_ack; nil when unset.
@@ -277,6 +253,7 @@ func BatchFromProto(req *fencedv1.FencedBatchRequest) *batch.Batch {
 			Key:      w.GetKey(),
 			Expected: w.GetExpected(),
 			Value:    w.GetValue(),
+			Bound:    w.GetBindToClaim(),
 		}
 		if cs := w.GetChecks(); len(cs) > 0 {
 			checks := make([]batch.RecordCheck, len(cs))

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"syscall"
@@ -218,23 +219,29 @@ func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
 }
 
 // TestBoundPutsAreRefusedUntilServed: the claims contract's bind_to_claim
-// is in the proto before the commit keeps bound records (issue 27 is being
-// built): a batch carrying it is INVALID_ARGUMENT naming the field and
-// writes nothing, never committed as if unbound. (The claim fence is
-// served: service_claim_fence_test.go.)
+// (docs/design/12-claims.md §12.4) is served now: a batch carrying it
+// without a claim fence, or on a write that is not a put, is
+// INVALID_ARGUMENT naming writes[i].bind_to_claim and writes nothing,
+// never committed as if unbound; with a live claim fence it commits the
+// bound form. (Bound reads: service_bound_test.go.)
 func TestBoundPutsAreRefusedUntilServed(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
 	const slug = "unserved"
 	bound := put("claims", "b", 0, `1`)
 	bound.BindToClaim = true
+	boundDelete := &fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_DELETE, Section: "claims", Key: "b", BindToClaim: true}
+	got, err := fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctxT(t), &fencedv1.AcquireRequest{Slug: slug, Owner: "w", TtlMs: 600000, Name: "wake:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := &fencedv1.ClaimFence{Name: "wake:1", Owner: "w", Epoch: got.GetLease().GetEpoch()}
 	for _, tc := range []struct {
 		req   *fencedv1.FencedBatchRequest
 		field string
 	}{
-		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), bound},
-			Claim: &fencedv1.ClaimFence{Name: "wake:1", Owner: "w", Epoch: 1}}, "writes[1].bind_to_claim"},
 		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), bound}}, "writes[1].bind_to_claim"},
+		{&fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), boundDelete}, Claim: live}, "writes[1].bind_to_claim"},
 	} {
 		_, err := e.records.FencedBatch(ctxT(t), tc.req)
 		d := decode(t, err)
@@ -244,5 +251,13 @@ func TestBoundPutsAreRefusedUntilServed(t *testing.T) {
 	}
 	if got := srv.Do(t, "EXISTS", redisKey(slug, "claims")); got != "0" {
 		t.Errorf("EXISTS claims = %s after refused batches, want 0", got)
+	}
+	rev := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Claim: live, Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`), bound}})
+	want := fmt.Sprintf(`{"r":%d,"claim":"wake:1","claim_epoch":%d,"v":1}`, rev, live.GetEpoch())
+	if got := srv.Do(t, "HGET", redisKey(slug, "claims"), "b"); got != want {
+		t.Errorf("claims/b = %s, want %s", got, want)
+	}
+	if got, want := srv.Do(t, "HGET", redisKey(slug, "claims"), "a"), fmt.Sprintf(`{"r":%d,"v":1}`, rev); got != want {
+		t.Errorf("claims/a = %s, want %s (unbound)", got, want)
 	}
 }

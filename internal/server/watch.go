@@ -613,7 +613,7 @@ func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1
 			pc.Kind = fencedv1.ChangeKind_CHANGE_KIND_DELETE
 		} else if c.Record != nil {
 			r := &sc.records[k]
-			r.Revision, r.Value = c.Record.Revision, c.Record.Value
+			r.Revision, r.Value, r.Claim, r.ClaimEpoch = c.Record.Revision, c.Record.Value, c.Record.Claim, c.Record.ClaimEpoch
 			pc.Record = r
 		}
 		sc.ptrs = append(sc.ptrs, pc)

@@ -33,6 +33,10 @@ func (e *TooManyClaimsError) Is(target error) bool { return target == ErrTooMany
 func (k swarmKeys) claims() string      { return k.base + protocol.KeyClaims }
 func (k swarmKeys) claimExpiry() string { return k.base + protocol.KeyClaimExpiry }
 
+// claimSet is the set of the records bound to the claim name, members
+// "<section>\n<key>" (docs/design/12-claims.md §12.4).
+func (k swarmKeys) claimSet(name string) string { return k.base + protocol.KeyClaimPrefix + name }
+
 // AcquireClaim grants the claim name of the swarm to owner for ttlMs by
 // Redis's clock when it has no live grant: a new epoch, the swarm revision
 // of the grant. The live holder acquiring again extends its grant and keeps

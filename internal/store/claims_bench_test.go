@@ -19,7 +19,9 @@ import (
 // 27's scale rule) in a swarm holding 10 and 10,000 live claims (granted
 // by AcquireClaim beforehand, each with its log entry): Acquire (a new
 // grant of a name released outside the timer, so the count stays put),
-// Renew of a live claim, and a one-put batch fenced by one claim. Each
+// Renew of a live claim, a one-put batch fenced by one claim, the same put
+// bound to that claim (§12.4), and Record of an unbound and of a bound
+// record (the bound one reads its claim's grant too). Each
 // sub-benchmark reports the wall time per call (ns/op: the round trip on
 // loopback included) and redis-µs: the median Redis time of the script
 // call (SLOWLOG, every command logged, reset before each timed call;
@@ -66,6 +68,26 @@ func BenchmarkClaims(b *testing.B) {
 			{"fenced-put", func(i int) error {
 				_, err := st.Commit(ctx, &batch.Batch{Slug: slug, Claim: fenced,
 					Writes: []batch.Write{put("tasks", "t"+strconv.Itoa(i%64), batch.Blind, `{"n":1}`)}})
+				return err
+			}, nil},
+			// A put bound to the fence's claim (§12.4): its set's SADD,
+			// and over a bound record the HMGET of its claim's grant.
+			{"bound-put", func(i int) error {
+				_, err := st.Commit(ctx, &batch.Batch{Slug: slug, Claim: fenced,
+					Writes: []batch.Write{bput("tasks", "b"+strconv.Itoa(i%64), batch.Blind, `{"n":1}`)}})
+				return err
+			}, nil},
+			// Record of an unbound and of a bound record (the grant's HMGET
+			// and TIME in read_record.lua).
+			{"read-plain", func(int) error {
+				_, _, err := st.Record(ctx, slug, "tasks", "t0")
+				return err
+			}, nil},
+			{"read-bound", func(int) error {
+				rec, _, err := st.Record(ctx, slug, "tasks", "b0")
+				if err == nil && (rec == nil || rec.Claim == "") {
+					err = fmt.Errorf("b0 = %+v, want bound", rec)
+				}
 				return err
 			}, nil},
 		}

@@ -305,6 +305,14 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 		keys = append(keys, k.claims())
 		claim = strconv.Itoa(len(keys)) + ":" + strconv.FormatInt(c.Epoch, 36) + ":" + strconv.FormatInt(c.NowMs, 36) +
 			":" + strconv.Itoa(len(c.Name)) + ":" + c.Name + c.Owner
+		// A batch with a bound put sends the claim's set of bound
+		// records next (§12.4): commit.lua finds it after claim-grants.
+		for i := range b.Writes {
+			if b.Writes[i].Bound {
+				keys = append(keys, k.claimSet(c.Name))
+				break
+			}
+		}
 	}
 	head.Grow(len(mode) + len(protocol.ModeRequest) + len(protocol.ModeLegacyRequest) + len(protocol.ModeClaim) + 2*13 + 2*20 + len(digest) + len(b.RequestID) + len(owner) + 6)
 	head.WriteString(mode)
@@ -370,7 +378,11 @@ func (s *Store) commitArgs(k swarmKeys, b *batch.Batch) (sc *script, keys, args 
 			}
 			continue
 		}
-		args = append(args, writeArg(kindLetter(w.Kind), ki, w.Expected, w.Key))
+		letter := kindLetter(w.Kind)
+		if w.Bound {
+			letter = protocol.KindPutBound
+		}
+		args = append(args, writeArg(letter, ki, w.Expected, w.Key))
 		if w.Kind == batch.KindPut {
 			args = append(args, w.Value)
 		}
@@ -443,7 +455,12 @@ func requestDigest(b *batch.Batch) string {
 	}
 	for i := range b.Writes {
 		w := &b.Writes[i]
-		field(kindLetter(w.Kind))
+		if w.Bound {
+			// A bound put is its own kind (unbound writes digest as before).
+			field(protocol.KindPutBound)
+		} else {
+			field(kindLetter(w.Kind))
+		}
 		field(w.Section)
 		field(w.Key)
 		field(strconv.FormatInt(w.Expected, 10))

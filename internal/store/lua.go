@@ -71,12 +71,12 @@ var (
 	luaLease         = luaScript{lib: libCommit, body: []string{"lease.lua"}}
 	luaByNameRebuild = luaScript{lib: libByName, body: []string{"byname_rebuild.lua"}}
 	luaByNameCheck   = luaScript{lib: libByName, body: []string{"byname_check.lua"}}
-	luaReadSections  = luaScript{body: []string{"read_sections.lua"}}
-	luaReadRecord    = luaScript{body: []string{"read_record.lua"}}
+	luaReadSections  = luaScript{body: []string{"read_claims.lua", "read_sections.lua"}}
+	luaReadRecord    = luaScript{body: []string{"read_claims.lua", "read_record.lua"}}
 	luaReadLease     = luaScript{body: []string{"read_lease.lua"}}
 	luaClaim         = luaScript{lib: libCommit, body: []string{"claims.lua"}}
-	luaScanSection   = luaScript{body: []string{"scan_section.lua"}}
-	luaScanKeys      = luaScript{body: []string{"scan_keys.lua"}}
+	luaScanSection   = luaScript{body: []string{"read_claims.lua", "scan_section.lua"}}
+	luaScanKeys      = luaScript{body: []string{"read_claims.lua", "scan_keys.lua"}}
 	luaInspect       = luaScript{body: []string{"inspect.lua"}}
 )
 

@@ -60,9 +60,16 @@ func (s *Store) recordTooLarge(section, key string, size int64) *TooLargeError {
 // readRecord is Record on the records layout.
 func (s *Store) readRecord(ctx context.Context, k swarmKeys, section, key string) (rec *Record, revision int64, err error) {
 	arr, err := s.exec(ctx, readRecordScript,
-		[]string{k.revision(), k.section(section)}, []string{key, strconv.Itoa(s.recordLimit(key))}).ToArray()
+		[]string{k.revision(), k.section(section), k.claims()}, []string{key, strconv.Itoa(s.recordLimit(key))}).ToArray()
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: read record: %w", s.classify(ctx, err))
+	}
+	// A bound record comes with its claim's grant and Redis's clock
+	// (§12.4); no other answer has an array third.
+	var claims *rueidis.RedisMessage
+	if len(arr) == 3 && arr[2].IsArray() {
+		claims = &arr[2]
+		arr = arr[:2]
 	}
 	if len(arr) == 3 {
 		tag, _ := arr[1].ToString()
@@ -93,6 +100,17 @@ func (s *Store) readRecord(ctx context.Context, k swarmKeys, section, key string
 	r, ok := parseRecord(raw)
 	if !ok {
 		return nil, 0, fmt.Errorf("store: read record: %w", &CorruptError{Section: section, Key: key})
+	}
+	if r.Claim != "" {
+		var live liveClaims
+		if claims != nil {
+			if live, err = parseClaimState(*claims); err != nil {
+				return nil, 0, fmt.Errorf("store: read record: %w", err)
+			}
+		}
+		if !live.live(r) {
+			return nil, revision, nil // bound to a claim that is not live: absent
+		}
 	}
 	return &r, revision, nil
 }
@@ -167,11 +185,12 @@ func (s *Store) readSections(ctx context.Context, k swarmKeys, names []string) (
 	if snap, done, err := s.readSectionsMulti(ctx, k, names); done {
 		return snap, err
 	}
-	keys := make([]string, 0, 2+len(names))
+	keys := make([]string, 0, 3+len(names))
 	keys = append(keys, k.revision(), k.meta())
 	for _, n := range names {
 		keys = append(keys, k.section(n))
 	}
+	keys = append(keys, k.claims())
 	arr, err := s.exec(ctx, readSectionsScript, keys,
 		[]string{strconv.Itoa(s.maxSnapshotRecords), strconv.Itoa(s.maxSnapshotBytes)}).ToArray()
 	if err != nil {
@@ -182,10 +201,23 @@ func (s *Store) readSections(ctx context.Context, k swarmKeys, names []string) (
 			return nil, fmt.Errorf("store: read sections: %w", s.tooLarge(arr[1:]))
 		}
 	}
+	var live liveClaims
+	if len(arr) == 3+len(names) {
+		if live, err = parseClaimState(arr[2+len(names)]); err != nil {
+			return nil, fmt.Errorf("store: read sections: %w", err)
+		}
+		arr = arr[:2+len(names)]
+	}
 	if len(arr) != 2+len(names) {
 		return nil, fmt.Errorf("store: read sections: %w: %d elements for %d sections", ErrMalformedReply, len(arr), len(names))
 	}
-	return decodeSnapshot(names, arr, func(i int) (map[string]Record, error) { return parseFields(names[i], arr[2+i]) })
+	return decodeSnapshot(names, arr, func(i int) (map[string]Record, error) {
+		records, err := parseFields(names[i], arr[2+i])
+		if err == nil {
+			live.drop(records)
+		}
+		return records, err
+	})
 }
 
 // recordEnvelope is the most bytes fenced's record text,
@@ -340,7 +372,11 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	for _, n := range names {
 		cmds = append(cmds, c.B().Hgetall().Key(k.section(n)).Build())
 	}
-	cmds = append(cmds, c.B().Exec().Build())
+	// Whether the swarm has claim grants at all, in the same MULTI: without
+	// any, every bound record read is absent (§12.4); with some, a snapshot
+	// holding a bound record is read by read_sections.lua, which reads the
+	// grants of its claims with the records.
+	cmds = append(cmds, c.B().Exists().Key(k.claims()).Build(), c.B().Exec().Build())
 	res := c.DoMulti(ctx, cmds...)
 	arr, err := res[len(res)-1].ToArray()
 	for _, r := range res[:len(res)-1] {
@@ -356,7 +392,7 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		}
 		return nil, false, nil
 	}
-	if len(arr) != 2+len(names) {
+	if len(arr) != 3+len(names) {
 		return nil, false, nil
 	}
 	for _, m := range arr {
@@ -364,6 +400,8 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 			return nil, false, nil
 		}
 	}
+	grants, _ := arr[2+len(names)].AsInt64()
+	arr = arr[:2+len(names)]
 	s.observe.ScriptDone(ScriptReadSections, time.Since(start), nil)
 	fieldMaps := make([]map[string]rueidis.RedisMessage, len(names))
 	for i, m := range arr[2:] {
@@ -374,7 +412,42 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		fieldMaps[i] = fields
 	}
 	snap, err := s.snapshotOf(names, arr[:2], fieldMaps)
+	if err == nil && snap.bound() {
+		if grants > 0 {
+			return nil, false, nil // the script reads the claims' grants
+		}
+		snap.drop(nil)
+	}
 	return snap, true, err
+}
+
+// bound tells whether the snapshot holds a bound record.
+func (snap *Snapshot) bound() bool {
+	for _, records := range snap.Sections {
+		for _, rec := range records {
+			if rec.Claim != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// claimsMet are the claims of the snapshot's bound records, once each.
+func (snap *Snapshot) claimsMet() []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, records := range snap.Sections {
+		names = boundClaims(records, names, seen)
+	}
+	return names
+}
+
+// drop deletes from the snapshot the records that are not live.
+func (snap *Snapshot) drop(live liveClaims) {
+	for _, records := range snap.Sections {
+		live.drop(records)
+	}
 }
 
 // snapshotOf is the snapshot of names read as head (GET revision, HGET
@@ -692,14 +765,20 @@ func (s *Store) pageEnd(keys []string, from, to int, size func(string) int) int 
 
 // scanSection is ScanSection on the records layout.
 func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, fingerprint, after string, count int) (*Page, error) {
-	keysOf := []string{k.revision(), k.meta(), k.section(section)}
+	keysOf := []string{k.revision(), k.meta(), k.section(section), k.claims()}
 	arr, err := s.exec(ctx, readScanScript, keysOf,
 		[]string{cursor, strconv.Itoa(count), strconv.Itoa(s.maxSnapshotBytes)}).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 	}
 	lengths := false
-	if len(arr) == 5 {
+	var live liveClaims // the claims of the bound records read (§12.4)
+	if len(arr) == 5 && arr[4].IsArray() {
+		if live, err = parseClaimState(arr[4]); err != nil {
+			return nil, fmt.Errorf("store: scan section: %w", err)
+		}
+		arr = arr[:4]
+	} else if len(arr) == 5 {
 		tag, _ := arr[4].ToString()
 		lengths = tag == protocol.ReplyLengths
 	}
@@ -763,6 +842,12 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		if err != nil {
 			return nil, fmt.Errorf("store: scan section: %w", s.classify(ctx, err))
 		}
+		if len(got) == 5 {
+			if live, err = parseClaimState(got[4]); err != nil {
+				return nil, fmt.Errorf("store: scan section: %w", err)
+			}
+			got = got[:4]
+		}
 		if len(got) != 4 {
 			return nil, fmt.Errorf("store: scan section: %w: %d elements", ErrMalformedReply, len(got))
 		}
@@ -777,7 +862,10 @@ func (s *Store) scanSection(ctx context.Context, k swarmKeys, section, cursor, f
 		revs = got[:2]
 	}
 	for _, key := range keys[from:to] {
-		if rec, ok := batchRecords[key]; ok {
+		// A bound record whose claim is not live is absent: left out of
+		// the page, whose position still counts it (a page may hold fewer
+		// records than count).
+		if rec, ok := batchRecords[key]; ok && live.live(rec) {
 			p.Records[key] = rec
 		}
 	}

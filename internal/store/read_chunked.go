@@ -78,13 +78,18 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 	}
 
 	// Step 0.
-	watch := append(make([]string, 0, 2+len(names)), k.revision(), k.meta())
+	// claim-grants is watched too, and EXISTS tells whether the swarm has
+	// grants: without any, every bound record read is absent (§12.4); with
+	// some, the grants of the claims met are read with Redis's clock inside
+	// the closing MULTI, under the same WATCH.
+	watch := append(make([]string, 0, 3+len(names)), k.revision(), k.meta(), k.claims())
 	for _, n := range names {
 		watch = append(watch, k.section(n))
 	}
-	cmds := make([]rueidis.Completed, 0, 3+len(names))
+	cmds := make([]rueidis.Completed, 0, 4+len(names))
 	cmds = append(cmds, dc.B().Watch().Key(watch...).Build().Pin(), dc.B().Get().Key(k.revision()).Build().Pin(),
-		dc.B().Hget().Key(k.meta()).Field(protocol.FieldSectionRevisions).Build().Pin())
+		dc.B().Hget().Key(k.meta()).Field(protocol.FieldSectionRevisions).Build().Pin(),
+		dc.B().Exists().Key(k.claims()).Build().Pin())
 	for _, n := range names {
 		cmds = append(cmds, dc.B().Hlen().Key(k.section(n)).Build().Pin())
 	}
@@ -101,9 +106,13 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 		}
 		head[i] = m
 	}
+	grants, err := res[3].AsInt64()
+	if err != nil {
+		return failed(err)
+	}
 	var records int64
 	hlen := make([]int64, len(names))
-	for i, r := range res[3:] {
+	for i, r := range res[4:] {
 		v, err := r.AsInt64()
 		if err != nil {
 			return failed(err)
@@ -168,7 +177,9 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 		case 'm':
 			cmds = append(cmds, dc.B().Hmget().Key(k.section(names[p.section[0]])).Field(p.keys...).Build().Pin())
 		}
-		last := step == len(plan)-1 && p.kind != 'k' // HKEYS plans more steps
+		// HKEYS plans more steps; with grants, the MULTI comes after the
+		// reads (it reads the grants of the claims they met).
+		last := step == len(plan)-1 && p.kind != 'k' && grants == 0
 		if last {
 			cmds = append(cmds, dc.B().Multi().Build().Pin(), dc.B().Exec().Build().Pin())
 		}
@@ -231,23 +242,72 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 			hook(step + 2)
 		}
 	}
+	var snap *Snapshot
+	var snapErr error
+	var live liveClaims
 	if !execed {
 		// No read step after step 0 (every section emptied since the
-		// checks) or the last one was HKEYS of an empty section.
-		res := dc.DoMulti(ctx, dc.B().Multi().Build().Pin(), dc.B().Exec().Build().Pin())
+		// checks), the last one was HKEYS of an empty section, or the
+		// swarm has grants: then the grants of the claims of the bound
+		// records read, and Redis's clock, in the MULTI.
+		var met []string
+		if grants > 0 {
+			if snap, snapErr = s.snapshotOf(names, head, fieldMaps); snapErr == nil {
+				met = snap.claimsMet()
+			}
+		}
+		cmds = append(cmds[:0], dc.B().Multi().Build().Pin())
+		if len(met) > 0 {
+			cmds = append(cmds, dc.B().Time().Build().Pin(), dc.B().Hmget().Key(k.claims()).Field(met...).Build().Pin())
+		}
+		res := dc.DoMulti(ctx, append(cmds, dc.B().Exec().Build().Pin())...)
 		if err := res[0].Error(); err != nil {
 			return failed(err)
 		}
 		watching = false
-		if _, err := res[1].ToArray(); err != nil {
+		exec, err := res[len(res)-1].ToArray()
+		if err != nil {
 			if rueidis.IsRedisNil(err) {
 				return nil, false, nil
 			}
 			watching = !answered(err)
 			return failed(err)
 		}
+		if len(met) > 0 {
+			if live, err = execGrants(met, exec); err != nil {
+				return nil, true, fmt.Errorf("store: read sections: %w", err)
+			}
+		}
 	}
 	s.observe.ScriptDone(ScriptReadSections, time.Since(start), nil)
-	snap, err := s.snapshotOf(names, head, fieldMaps)
-	return snap, true, err
+	if snap == nil && snapErr == nil {
+		snap, snapErr = s.snapshotOf(names, head, fieldMaps)
+	}
+	if snapErr != nil {
+		return nil, true, snapErr
+	}
+	snap.drop(live)
+	return snap, true, nil
+}
+
+// execGrants reads the EXEC of { TIME, HMGET claim-grants met... } into
+// the claims live at that clock. Errors: ErrMalformedReply.
+func execGrants(met []string, exec []rueidis.RedisMessage) (liveClaims, error) {
+	if len(exec) != 2 {
+		return nil, fmt.Errorf("%w: claims: %d replies", ErrMalformedReply, len(exec))
+	}
+	clock, err := exec[0].AsStrSlice()
+	if err != nil || len(clock) != 2 {
+		return nil, fmt.Errorf("%w: claims: clock", ErrMalformedReply)
+	}
+	sec, err1 := parseInt(clock[0])
+	usec, err2 := parseInt(clock[1])
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("%w: claims: clock", ErrMalformedReply)
+	}
+	vals, err := exec[1].ToArray()
+	if err != nil || len(vals) != len(met) {
+		return nil, fmt.Errorf("%w: claims: grants", ErrMalformedReply)
+	}
+	return grantsLive(met, vals, sec*1000+usec/1000), nil
 }

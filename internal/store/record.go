@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/docplan"
@@ -15,6 +16,13 @@ type Record struct {
 	Revision int64
 	// Value is the JSON text as its writer sent it.
 	Value string
+	// Claim is the claim the record is bound to (its bound form,
+	// docs/design/12-claims.md §12.4); "" for a record that is not bound.
+	Claim string
+	// ClaimEpoch is the epoch of the claim's grant the record was bound
+	// under; 0 when not bound (or when the stored epoch is no canonical
+	// revision: then no grant is ever its claim's).
+	ClaimEpoch int64
 }
 
 // MaxRevision is 2^53-1, the largest revision or epoch fenced reads or
@@ -53,6 +61,9 @@ const (
 // members) by a scan. ok is false when the field is not a record.
 func parseRecord(raw string) (rec Record, ok bool) {
 	if rec, ok, own := parseCompact(raw); own {
+		return rec, ok
+	}
+	if rec, ok, own := parseBound(raw); own {
 		return rec, ok
 	}
 	if !validJSON(raw, MaxRecordDepth) {
@@ -115,6 +126,68 @@ func parseCompact(raw string) (rec Record, ok, own bool) {
 		return Record{}, false, true
 	}
 	return Record{Revision: r, Value: value}, true, true
+}
+
+// The bound form's head, {"r":N,"claim":"<name>","claim_epoch":E,"v":
+// (docs/design/12-claims.md §12.4; lib_record.lua record_claim and
+// BOUND_HEAD read the same).
+const (
+	boundClaim = `,"claim":"`
+	boundEpoch = `","claim_epoch":`
+)
+
+// claimNameByte: b may be in a claim's name as a bound record stores it
+// ([A-Za-z0-9._:@/-], written without escapes).
+func claimNameByte(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || strings.IndexByte("._:@/-", b) >= 0
+}
+
+// parseBound slices fenced's bound form
+// {"r":N,"claim":"<name>","claim_epoch":E,"v":VALUE}, as parseCompact the
+// plain form: own is false when raw does not have that head (a record of
+// another form, bound to nothing, whatever members it has); when it has, ok
+// tells whether VALUE is one JSON value and N a revision in range (E, a
+// JSON integer, in the head's shape). Claim and ClaimEpoch are the name
+// and epoch (ClaimEpoch 0 when E is above MaxRevision: no grant's).
+func parseBound(raw string) (rec Record, ok, own bool) {
+	if len(raw) < len(recordHead) || raw[:len(recordHead)] != recordHead || raw[len(raw)-1] != '}' {
+		return Record{}, false, false
+	}
+	digits := func(i int) int {
+		j := i
+		for j < len(raw) && raw[j] >= '0' && raw[j] <= '9' {
+			j++
+		}
+		return j
+	}
+	i := len(recordHead)
+	j := digits(i)
+	if j == i || (raw[i] == '0' && j-i > 1) || !strings.HasPrefix(raw[j:], boundClaim) {
+		return Record{}, false, false
+	}
+	ns := j + len(boundClaim)
+	ne := ns
+	for ne < len(raw) && claimNameByte(raw[ne]) {
+		ne++
+	}
+	if ne == ns || !strings.HasPrefix(raw[ne:], boundEpoch) {
+		return Record{}, false, false
+	}
+	es := ne + len(boundEpoch)
+	ee := digits(es)
+	if ee == es || (raw[es] == '0' && ee-es > 1) || len(raw) < ee+len(recordMid)+1 || raw[ee:ee+len(recordMid)] != recordMid {
+		return Record{}, false, false
+	}
+	value := raw[ee+len(recordMid) : len(raw)-1]
+	if !validJSON(value, MaxRecordDepth-1) {
+		return Record{}, false, false
+	}
+	r, ok := parseRevisionText(raw[i:j])
+	if !ok {
+		return Record{}, false, true
+	}
+	epoch, _ := parseRevisionText(raw[es:ee])
+	return Record{Revision: r, Value: value, Claim: raw[ns:ne], ClaimEpoch: epoch}, true, true
 }
 
 // parseRevisionText reads a revision as the grammar writes it: decimal

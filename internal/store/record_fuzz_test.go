@@ -183,12 +183,20 @@ func TestParseRecordLikeTheScripts(t *testing.T) {
 		{`{"r":1,"r":2,"v":3}`, Record{}, false},
 		{`{ "r" : 4 , "r" : 5 , "v" : [] }`, Record{}, false},
 		{`{"r":9007199254740993,"v":1}`, Record{}, false},
-		{`{"r":9007199254740991,"v":1}`, Record{9007199254740991, "1"}, true},
+		{`{"r":9007199254740991,"v":1}`, Record{Revision: 9007199254740991, Value: "1"}, true},
 		{"\f{\"r\":5,\"v\":1}", Record{}, false},
 		{"{\"r\":1,\"v\":\"\xff\"}", Record{}, false},
-		{`{"v":[],"r":4}`, Record{4, "[]"}, true},
-		{`{"r": 3, "v": {"a": 1}}`, Record{3, `{"a": 1}`}, true},
-		{`{"r":2,"v": 1 }`, Record{2, " 1 "}, true},
+		{`{"v":[],"r":4}`, Record{Revision: 4, Value: "[]"}, true},
+		{`{"r": 3, "v": {"a": 1}}`, Record{Revision: 3, Value: `{"a": 1}`}, true},
+		{`{"r":2,"v": 1 }`, Record{Revision: 2, Value: " 1 "}, true},
+		// The bound form (docs/design/12-claims.md §12.4): sliced, its claim read.
+		{`{"r":5,"claim":"wake:1","claim_epoch":17,"v":{"a":1}}`, Record{Revision: 5, Value: `{"a":1}`, Claim: "wake:1", ClaimEpoch: 17}, true},
+		{`{"r":5,"claim":"wake:1","claim_epoch":017,"v":1}`, Record{}, false},
+		{`{"r":5,"claim":"wake:1","claim_epoch":9007199254740992,"v":1}`, Record{Revision: 5, Value: "1", Claim: "wake:1"}, true},
+		// Other spellings are records by the grammar, bound to nothing.
+		{`{"r":5,"claim_epoch":17,"claim":"wake:1","v":1}`, Record{Revision: 5, Value: "1"}, true},
+		{`{"r":5, "claim":"wake:1","claim_epoch":17,"v":1}`, Record{Revision: 5, Value: "1"}, true},
+		{`{"r":5,"claim":"wa ke","claim_epoch":17,"v":1}`, Record{Revision: 5, Value: "1"}, true},
 	} {
 		got, ok := parseRecord(tc.raw)
 		if ok != tc.ok || got != tc.want {

@@ -17,7 +17,10 @@ import (
 
 // fillRecords reads, in one round trip, the records events' puts name as
 // they stand now: one HMGET per section, of every key the events put in it
-// (each once), however many events name it.
+// (each once), however many events name it. A bound record
+// (docs/design/12-claims.md §12.4) is left out, as absent, unless its
+// claim is live: when one was read, one more round trip (MULTI of TIME and
+// HMGET of those claims' grants) decides.
 func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) error {
 	k := s.keys(slug)
 	c := s.c()
@@ -58,6 +61,11 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 	for i, sec := range order {
 		cmds[i] = c.B().Hmget().Key(k.section(sec.name)).Field(sec.fields...).Build()
 	}
+	type found struct {
+		rec  *Record
+		refs []ref
+	}
+	var bound []found
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		arr, err := res.ToArray()
 		if err != nil {
@@ -78,11 +86,44 @@ func (s *Store) fillRecords(ctx context.Context, slug string, events []*Event) e
 				continue
 			}
 			if rec, ok := parseRecord(raw); ok {
+				if rec.Claim != "" {
+					bound = append(bound, found{&rec, sec.refs[j]})
+					continue
+				}
 				// The events naming one record share it: it is never
 				// written after this.
 				for _, r := range sec.refs[j] {
 					events[r.ev].Changes[r.ch].Record = &rec
 				}
+			}
+		}
+	}
+	if len(bound) == 0 {
+		return nil
+	}
+	var met []string
+	seen := map[string]bool{}
+	for _, b := range bound {
+		if !seen[b.rec.Claim] {
+			seen[b.rec.Claim] = true
+			met = append(met, b.rec.Claim)
+		}
+	}
+	res := c.DoMulti(ctx, c.B().Multi().Build(), c.B().Time().Build(), c.B().Hmget().Key(k.claims()).Field(met...).Build(), c.B().Exec().Build())
+	exec, err := res[len(res)-1].ToArray()
+	if err != nil {
+		err = s.classify(ctx, err)
+		s.observe.RedisFailed("watch", err)
+		return fmt.Errorf("store: watch: read claims: %w", err)
+	}
+	live, err := execGrants(met, exec)
+	if err != nil {
+		return fmt.Errorf("store: watch: read claims: %w", err)
+	}
+	for _, b := range bound {
+		if live.live(*b.rec) {
+			for _, r := range b.refs {
+				events[r.ev].Changes[r.ch].Record = b.rec
 			}
 		}
 	}

@@ -126,7 +126,7 @@ _watch_log = logging.getLogger("fenced.watch")
 
 
 def _record(r: records_pb2.Record) -> Record:
-    return Record(revision=r.revision, value=r.value)
+    return Record(revision=r.revision, value=r.value, claim=r.claim, claim_epoch=r.claim_epoch)
 
 
 def _lease(l: lease_pb2.Lease, revision: int = 0, replicas_acked: int = 0) -> Lease:
@@ -202,6 +202,7 @@ def _write(w: Write) -> records_pb2.RecordWrite:
         key=getattr(w, "key", ""),
         expected=w.expected,
         value=getattr(w, "value", ""),
+        bind_to_claim=getattr(w, "bind_to_claim", False),
     )
 
 

@@ -76,10 +76,17 @@ class Record:
     Attributes:
         revision: the swarm revision of the batch that last put it (>= 1).
         value: its JSON text, byte for byte as its writer sent it.
+        claim: the claim the record is bound to (a Put with ``bind_to_claim``,
+            docs/design/12-claims.md §12.4); "" when bound to none. A bound
+            record is answered only while that claim's grant of epoch
+            ``claim_epoch`` is live: after its release or lapse it is absent.
+        claim_epoch: the epoch of that grant; 0 when unbound.
     """
 
     revision: int
     value: str
+    claim: str = ""
+    claim_epoch: int = 0
 
     def json(self) -> Any:
         """The value parsed with :func:`json.loads`."""
@@ -128,12 +135,19 @@ class Page:
 class Put:
     """Store ``value`` (one JSON text, a str: see :func:`dumps`) under
     (section, key), if the record is at revision ``expected`` (0: absent;
-    BLIND: no check)."""
+    BLIND: no check).
+
+    ``bind_to_claim=True`` binds the record to the batch's claim (``claim=``,
+    docs/design/12-claims.md §12.4): once that claim is released or lapses the
+    record is absent to every read and write. A later Put without it unbinds
+    the record; one under another claim rebinds it. Without ``claim=`` the
+    batch is refused (InvalidArgument naming ``writes[i].bind_to_claim``)."""
 
     section: str
     key: str
     expected: int
     value: str
+    bind_to_claim: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, str):

@@ -44,10 +44,11 @@ _Ref = tuple[str, str]  # (section, key)
 
 
 class _Pending:
-    __slots__ = ("value",)
+    __slots__ = ("value", "bound")
 
-    def __init__(self, value: Optional[str]) -> None:
+    def __init__(self, value: Optional[str], bound: bool = False) -> None:
         self.value = value  # None: delete
+        self.bound = bound  # a put bound to the batch's claim
 
 
 class Txn:
@@ -112,12 +113,14 @@ class Txn:
         raw = self.get(section, key)
         return default if raw is None else json.loads(raw)
 
-    def put(self, section: str, key: str, value: str) -> None:
+    def put(self, section: str, key: str, value: str, bind_to_claim: bool = False) -> None:
         """Store ``value`` (JSON text) at commit, expecting the revision the
-        record was read at (it is read first when this Txn has not read it)."""
+        record was read at (it is read first when this Txn has not read it).
+        ``bind_to_claim=True`` binds it to the update's claim (``claim=``; see
+        :class:`fenced.Put`)."""
         if not isinstance(value, str):
             raise TypeError(f"put {section}/{key}: value must be JSON text (str); use put_json or fenced.dumps")
-        self._write((section, key), _Pending(value))
+        self._write((section, key), _Pending(value, bind_to_claim))
 
     def put_json(self, section: str, key: str, obj: Any) -> None:
         """``put`` of :func:`fenced.dumps` (obj)."""
@@ -178,12 +181,13 @@ class Txn:
         written: set[_Ref] = set()
         for r, p in self._pending.items():
             rec = self._read.get(r)
-            if (p.value is None and rec is None) or (p.value is not None and rec is not None and rec.value == p.value):
-                continue  # no change: checked below like any other read
+            same = p.value is not None and rec is not None and rec.value == p.value and not p.bound and not rec.claim
+            if (p.value is None and rec is None) or same:
+                continue  # no change: checked below like any other read (a bound put, or one unbinding, is a change)
             if p.value is None:
                 writes.append(Delete(r[0], r[1], expected(r)))
             else:
-                writes.append(Put(r[0], r[1], expected(r), p.value))
+                writes.append(Put(r[0], r[1], expected(r), p.value, p.bound))
             written.add(r)
         if not writes:
             return None

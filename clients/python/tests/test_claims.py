@@ -75,3 +75,37 @@ def test_aio_claim_keeper(server: Fenced, slug: str) -> None:
             assert not (await c.current(slug, name="wake/a")).live
 
     asyncio.run(main())
+
+
+def test_a_put_bound_to_a_claim_is_gone_with_it(client: fenced.Client, redis, slug: str) -> None:  # type: ignore[no-untyped-def]
+    """bind_to_claim=True (docs/design/12-claims.md §12.4): the record is stored in
+    the bound form, read back with its claim and epoch while the claim is live,
+    and absent to reads and writes after its release; without claim= the batch is
+    InvalidArgument naming writes[0].bind_to_claim."""
+    from conftest import swarm_key
+
+    grant = client.acquire(slug, "worker-a", ttl_ms=60_000, name="wake/9")
+    fence = fenced.ClaimFence("wake/9", "worker-a", grant.epoch)
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "T-9", 0, '{"step":1}', bind_to_claim=True)], claim=fence).revision
+    assert redis.cli("HGET", swarm_key(slug, "claims"), "T-9") == (
+        f'{{"r":{rev},"claim":"wake/9","claim_epoch":{grant.epoch},"v":{{"step":1}}}}'
+    )
+    assert client.record(slug, "claims", "T-9") == fenced.Record(rev, '{"step":1}', "wake/9", grant.epoch)
+
+    def change(tx: fenced.Txn) -> None:
+        tx.put("claims", "T-10", '"b"', bind_to_claim=True)
+
+    rev2 = client.update(slug, change, claim=fence)
+    snap = client.sections(slug, "claims")
+    assert snap.sections["claims"]["T-10"] == fenced.Record(rev2, '"b"', "wake/9", grant.epoch)
+
+    client.release(slug, "worker-a", grant.epoch, name="wake/9")
+    assert client.record(slug, "claims", "T-9") is None
+    assert client.sections(slug, "claims").sections["claims"] == {}
+    assert [p.records for p in client.scan_section(slug, "claims")] == [{}]
+    client.fenced_batch(slug, [fenced.Put("claims", "T-9", 0, '"next"')])  # absent: a put expecting 0 commits
+    assert client.record(slug, "claims", "T-9").claim == ""  # type: ignore[union-attr]
+
+    with pytest.raises(fenced.InvalidArgument) as bad:
+        client.fenced_batch(slug, [fenced.Put("claims", "T-11", 0, "1", bind_to_claim=True)])
+    assert [v.field for v in bad.value.violations] == ["writes[0].bind_to_claim"]

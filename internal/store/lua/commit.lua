@@ -11,7 +11,9 @@
 -- with byname: KEYS[4] executions, KEYS[5] by-name (by-name-index is
 -- derived from it: see byname.lua); in mode 'r', the next key is the swarm's request-ids
 -- hash (P:{slug}:fence:request-ids, lib_memo.lua); in mode 'c', the next key is the
--- swarm's claim-grants hash (its index is in the claim argument); then the other
+-- swarm's claim-grants hash (its index is in the claim argument), and after
+-- it, when the batch has a bound put, the claim's set of bound records
+-- (P:{slug}:fence:claim:<name>, docs/design/12-claims.md §12.4); then the other
 -- sections the batch names; in mode 's', the last key is P:state:fencing:current.
 --
 -- ARGV[1] '<mode>:<epoch>:<now_ms>:<window_ms>:<digest>:<owner>'. mode:
@@ -29,12 +31,15 @@
 --         last, so it may hold ':'), in mode 'r' after
 --         '<length of the request id>:<request id>'.
 -- then (after the claim, if any) per write '<kind><key index>:<expected>:<key>' where kind is 'p'
--- (put), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
+-- (put), 'b' (a put bound to the claim fence's claim, §12.4), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
 -- empty) or 'R' (one record of a records check: the Go side sends one such
 -- argument per pair, a write's pairs in a row), key index points into KEYS
 -- at its section, expected is the
 -- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
--- a put is followed by one more argument, its value. The indices of the
+-- a put (bound or not) is followed by one more argument, its value.
+-- The sets of other claims a put or delete unbinds a record from are not
+-- sent: their keys are derived from KEYS[1] (same hash tag), as is
+-- claim-grants when the batch has no claim fence. The indices of the
 -- replies count these write arguments (a put's value not counted): a
 -- records check of n pairs is n of them.
 -- The slug is the hash tag of KEYS[1]: it is not sent again. Arguments are
@@ -91,13 +96,19 @@ local first_write = claim_arg and 3 or 2
 
 -- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
 -- expects[i], values[i] (puts only), for i = 1..n.
-local kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
+-- A bound put (kind P.KIND_PUT_BOUND, docs/design/12-claims.md §12.4) is a
+-- put in kinds[i], with binds[i] true.
+local kinds, kis, wkeys, expects, values, binds = {}, {}, {}, {}, {}, {}
 local n = 0
+local any_bound = false
 do
   local a, last = first_write, #ARGV
   while a <= last do
     local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
     n = n + 1
+    if kind == P.KIND_PUT_BOUND then
+      kind, binds[n], any_bound = P.KIND_PUT, true, true
+    end
     kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
     if kind == P.KIND_PUT then
       a = a + 1
@@ -146,15 +157,41 @@ end
 -- 2b. The claim fence, checked after the controller's: when both fail the
 -- refusal names the controller's (docs/design/12-claims.md §12.3). The log
 -- entry names the claim's owner when the controller's fence is not given.
+-- claim_name and claim_epoch (digits) are what a bound put stores; the
+-- claim's set of bound records is the key after claim-grants.
+local claim_name, claim_epoch, claim_set = nil, nil, nil
 if claim_arg then
-  local claim_owner, claim_refusal = claim_fence(claim_arg)
+  local claim_owner, claim_refusal
+  claim_owner, claim_refusal, claim_name, claim_epoch = claim_fence(claim_arg)
   if claim_refusal then
     return claim_refusal
   end
   if fence_epoch == '' then
     log_owner = claim_owner
   end
+  if any_bound then
+    claim_set = KEYS[tonumber(string.match(claim_arg, '^(%d+):')) + 1]
+  end
+elseif any_bound then
+  error('fenced: a bound put without a claim fence')
 end
+
+-- Bound records (§12.4): the stored records the batch meets that have the
+-- bound form (record_claim), each write's claim in bound_names[i] and its
+-- epoch in bound_epochs[i]; the claims met, once each, in met_claims.
+local bound_names, bound_epochs, met_claims, met = {}, {}, {}, {}
+local function meet(i, raw)
+  local name, epoch = record_claim(raw)
+  if name then
+    bound_names[i], bound_epochs[i] = name, epoch
+    if not met[name] then
+      met[name] = true
+      met_claims[#met_claims + 1] = name
+    end
+  end
+end
+-- base is every key's prefix, up to the name (KEYS[META] ends in meta).
+local base = sub(KEYS[META], 1, #KEYS[META] - #P.KEY_META)
 
 -- 3. Revisions: the swarm's floors must be revisions (and in range); then
 -- collect every mismatch, in request order.
@@ -186,6 +223,7 @@ do
         local actual = 0
         if got[j] then
           actual = checked_revision(got[j]) or false
+          meet(first + j - 1, got[j])
         end
         checked[first + j - 1] = actual
       end
@@ -229,11 +267,51 @@ do
           stored_err[list[first + m - 1]] = got
         else
           stored[list[first + m - 1]] = got[m]
+          if got[m] then
+            meet(list[first + m - 1], got[m])
+          end
         end
       end
     end
   end
 end
+-- A bound record is live while its claim's grant has its epoch and
+-- expires after Redis's now: one HMGET of the grants of the claims met
+-- (CHECK_CHUNK a call) and the clock decide; dead[i] marks a write whose
+-- record is not live, which is absent to it (revision 0). A grant that
+-- cannot be read leaves its records not live.
+local dead = {}
+if #met_claims > 0 then
+  local grants_key = base .. P.KEY_CLAIMS
+  local live = {} -- name -> the epoch (digits) of its live grant
+  local now = now_ms()
+  local j = 1
+  while j <= #met_claims do
+    local names = {}
+    while j <= #met_claims and #names < CHECK_CHUNK do
+      names[#names + 1] = met_claims[j]
+      j = j + 1
+    end
+    local got = redis.pcall('HMGET', grants_key, unpack(names))
+    if got.err then
+      return refusal_of(got, grants_key, 'hash', P.KEY_CLAIMS)
+    end
+    for m = 1, #names do
+      if got[m] then
+        local grant, over = lease_of(got[m])
+        if grant and not over and grant.expires_at > now then
+          live[names[m]] = int(grant.epoch)
+        end
+      end
+    end
+  end
+  for i, name in pairs(bound_names) do
+    if live[name] ~= bound_epochs[i] then
+      dead[i] = true
+    end
+  end
+end
+
 local conflicts = { P.REPLY_CONFLICT }
 local mutates = false
 local old_exec = EXEC and {} -- write index -> stored executions field (or false); nil without by-name
@@ -253,6 +331,9 @@ for i = 1, n do
       return { P.REPLY_CORRUPT, int(i - 1) }
     end
     highest = rev_latest(highest, actual)
+    if dead[i] then
+      actual = 0
+    end
   else
     if stored_err and stored_err[i] then
       error(stored_err[i])
@@ -275,6 +356,9 @@ for i = 1, n do
       end
     end
     highest = rev_latest(highest, actual)
+    if dead[i] then
+      actual = 0
+    end
     if kind ~= P.KIND_CHECK then
       mutates = true
       olds[i] = raw
@@ -305,6 +389,38 @@ if byname then
     return wrong
   end
 end
+-- Likewise the sets of bound records (§12.4) the commit changes: the
+-- claim's, which a bound put adds its record to, and the set of each claim
+-- a put or delete takes a record from (unbound, or bound to another claim).
+-- unbinds[name] are the members taken from that claim's set.
+local unbinds, unbind_order, binding = {}, {}, {}
+for i = 1, n do
+  local old = bound_names[i]
+  if old and olds[i] and not (binds[i] and old == claim_name) then
+    if not unbinds[old] then
+      unbinds[old] = {}
+      unbind_order[#unbind_order + 1] = old
+    end
+    local list = unbinds[old]
+    list[#list + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
+  end
+  if binds[i] then
+    binding[#binding + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
+  end
+end
+if #binding > 0 or #unbind_order > 0 then
+  local list = {}
+  if #binding > 0 then
+    list[1] = { claim_set, 'set', P.KEY_CLAIM_PREFIX .. claim_name }
+  end
+  for _, name in ipairs(unbind_order) do
+    list[#list + 1] = { base .. P.KEY_CLAIM_PREFIX .. name, 'set', P.KEY_CLAIM_PREFIX .. name }
+  end
+  local wrong = wrong_type(list)
+  if wrong then
+    return wrong
+  end
+end
 
 -- 4. Commit.
 local rev, limit = next_revision(highest)
@@ -312,6 +428,9 @@ if limit then
   return limit
 end
 local head = '{"r":' .. rev .. ',"v":'
+-- A bound put's head (§12.4): the claim's name (no escapes: [A-Za-z0-9._:@/-])
+-- and its epoch as the grant's digits, never re-encoded.
+local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name .. '","claim_epoch":' .. claim_epoch .. ',"v":')
 local rev_number = tonumber(rev)
 
 local records = 0
@@ -333,7 +452,7 @@ for i = 1, n do
   end
   if kind == P.KIND_PUT then
     local args = puts[ki]
-    local field = head .. value .. '}'
+    local field = (binds[i] and bound_head or head) .. value .. '}'
     args[#args + 1] = key
     args[#args + 1] = field
   elseif kind == P.KIND_DELETE then
@@ -369,6 +488,23 @@ for _, ki in ipairs(touched) do
   end
   if dels[ki] then
     redis.call('HDEL', KEYS[ki], unpack(dels[ki]))
+  end
+end
+
+-- The sets of bound records follow the records.
+for _, name in ipairs(unbind_order) do
+  local members = unbinds[name]
+  local j = 1
+  while j <= #members do
+    redis.call('SREM', base .. P.KEY_CLAIM_PREFIX .. name, unpack(members, j, math.min(j + CHECK_CHUNK - 1, #members)))
+    j = j + CHECK_CHUNK
+  end
+end
+do
+  local j = 1
+  while j <= #binding do
+    redis.call('SADD', claim_set, unpack(binding, j, math.min(j + CHECK_CHUNK - 1, #binding)))
+    j = j + CHECK_CHUNK
   end
 end
 

@@ -297,7 +297,8 @@ end
 -- hash. The claim is live when its grant (one HGET: the cost is the same
 -- whatever the number of claims) names that owner and epoch and expires
 -- after the later of Redis's clock and now_ms. It answers the grant's
--- owner (nil when refused) and nil, or nil and the refusal: {'STALE',
+-- owner, nil, the claim's name and its epoch (digits: what a bound put
+-- stores, §12.4), or nil and the refusal: {'STALE',
 -- owner, epoch, expires_at_ms, 'claim'} ('' for each when the name has no
 -- grant), {'CORRUPT'|'LIMIT', '', 'claim-grants/<name>'} for a grant that
 -- cannot be read, {'WRONGTYPE', ...} when the hash is another type.
@@ -333,7 +334,7 @@ local function claim_fence(arg)
     end
     return nil, { P.REPLY_STALE, '', '', '', P.FENCE_CLAIM }
   end
-  return claim.owner, nil
+  return claim.owner, nil, name, int(claim.epoch)
 end
 
 -- begin starts a call: its KEYS and ARGV, and nothing cached from another

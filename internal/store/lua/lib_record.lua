@@ -96,6 +96,12 @@ local function in_range(n)
   return type(n) == 'number' and n >= 0 and n <= REV_MAX and n == math.floor(n)
 end
 
+-- BOUND_HEAD matches the head of fenced's bound form
+-- {"r":N,"claim":"<name>","claim_epoch":E,"v":VALUE} (docs/design/12-claims.md
+-- §12.4): captures N, E and the position where VALUE starts. record_claim
+-- reads the name and epoch of the same head.
+local BOUND_HEAD = '^{"r":(%d+),"claim":"[A-Za-z0-9._:@/%-]+","claim_epoch":(%d+),"v":()'
+
 -- parse_record reads a stored field by the record grammar: its revision (a
 -- number) and the text of its value; nil when the field is not a record;
 -- nil, 'over' when it is one but for a revision above REV_MAX. fenced's own
@@ -110,6 +116,18 @@ local function parse_record(raw)
         return nil, 'over'
       end
       return tonumber(digits), value
+    end
+  end
+  -- The bound form: its head by an anchored match too (the claim members
+  -- are written without escapes), then VALUE checked.
+  local bdigits, bepoch, vstart = string.match(raw, BOUND_HEAD)
+  if bdigits and canonical_digits(bdigits) and canonical_digits(bepoch) and sub(raw, -1) == '}' then
+    local value = sub(raw, vstart, -2)
+    if json_valid(value, MAX_DEPTH - 1) then
+      if not digits_in_range(bdigits) then
+        return nil, 'over'
+      end
+      return tonumber(bdigits), value
     end
   end
   if not json_valid(raw, MAX_DEPTH) then
@@ -199,14 +217,15 @@ local function record_revision(raw)
 end
 
 -- checked_revision is the revision a records check (P.KIND_CHECK_RECORDS)
--- compares: that of a stored field of fenced's own form {"r":N,"v":...}
--- read from its "r" alone, the value not judged (a check writes nothing,
+-- compares: that of a stored field of fenced's own forms {"r":N,"v":...}
+-- and {"r":N,"claim":..,"claim_epoch":E,"v":...} (bound, BOUND_HEAD) read
+-- from its "r" alone, the value not judged (a check writes nothing,
 -- and judging every value of a section read whole, ~3 us per 200 bytes,
 -- was most of its cost); any other form by the record grammar
 -- (record_revision). nil when the field is not a record, nil, true when
 -- its revision is above REV_MAX.
 local function checked_revision(raw)
-  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  local digits = string.match(raw, '^{"r":(%d+),"v":') or string.match(raw, BOUND_HEAD)
   if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' then
     if not digits_in_range(digits) then
       return nil, true

@@ -1,13 +1,15 @@
 -- scan_keys.lua: the records of a page that scan_section.lua answered by
 -- names and lengths, with the swarm revision and the section's revision
 -- read at the same instant.
--- KEYS[1] revision, KEYS[2] meta, KEYS[3] the section hash.
+-- KEYS[1] revision, KEYS[2] meta, KEYS[3] the section hash, KEYS[4]
+-- claim-grants.
 -- ARGV[1] the most bytes of fields and stored records to answer (at least
 -- one field is), ARGV[2..] the page's fields in order.
 -- Reply: { revision, meta/section_revisions field or nil,
 --          {field, raw, ...} of the fields still present, how many of
 --          the fields asked were read (the rest did not fit: records grown
---          since scan_section.lua) }.
+--          since scan_section.lua)
+--          [, claims when a bound record was read: read_claims.lua] }.
 local limit = tonumber(ARGV[1])
 local fields = {}
 local bytes, read = 0, 0
@@ -23,4 +25,7 @@ for i = 2, #ARGV do
   end
   read = read + 1
 end
-return { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), fields, read }
+local names = {}
+claims_met(fields, 2, names, {})
+return { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), fields, read,
+  claim_state(KEYS[4], names) }

@@ -1,11 +1,13 @@
 -- scan_section.lua: one page of a section (HSCAN), with the swarm revision
 -- and the section's revision read at the same instant. Bounded work: one
 -- HSCAN step, never the whole section.
--- KEYS[1] revision, KEYS[2] meta, KEYS[3] the section hash.
+-- KEYS[1] revision, KEYS[2] meta, KEYS[3] the section hash, KEYS[4]
+-- claim-grants.
 -- ARGV[1] cursor ('0' to start), ARGV[2] page size (a COUNT hint),
 -- ARGV[3] the most bytes of fields and stored records the reply may carry.
 -- Reply: { revision, meta/section_revisions field or nil, next cursor
---          ('0' at the end), {field, raw, field, raw, ...} }, or, when the
+--          ('0' at the end), {field, raw, field, raw, ...}
+--          [, claims when a bound record was read: read_claims.lua] }, or, when the
 -- batch's fields and records exceed ARGV[3] bytes,
 --        { revision, section_revisions, next cursor,
 --          {field, length of raw, ...}, 'LENGTHS' }:
@@ -23,5 +25,9 @@ if ARGV[3] and bytes > tonumber(ARGV[3]) then
     fields[j] = string.format('%d', #fields[j])
   end
   out[5] = P.REPLY_LENGTHS
+else
+  local names = {}
+  claims_met(fields, 2, names, {})
+  out[5] = claim_state(KEYS[4], names)
 end
 return out
