@@ -8,6 +8,16 @@
 //
 //	committed wake=1 step=4 revision=17960791808610 epoch=1796079187256 owner=a
 //
+// Beside it, each step puts operations/wake-<id>-scratch (the same
+// value), bound to the claim (Txn.PutBound, §12.4): a record that ends
+// with the claim. A worker that has just taken the claim reads it and
+// prints
+//
+//	scratch: operations/wake-1-scratch absent (none written, or bound to a claim that ended)
+//
+// or, when the worker before it is still in its claim's grant (a worker
+// acquiring its own live claim again), the record's value.
+//
 // It does not ask its ClaimKeeper whether it still holds the claim before
 // writing: the server's fence is the authority. A worker paused past its
 // TTL still believes it owns the wake when it resumes; its next write is
@@ -47,6 +57,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -98,6 +109,7 @@ type config struct {
 
 func (c config) claimName() string { return "wake/" + c.wake }
 func (c config) key() string       { return "wake-" + c.wake }
+func (c config) scratch() string   { return "wake-" + c.wake + "-scratch" }
 
 // progress is the value of operations/wake-<id>.
 type progress struct {
@@ -182,6 +194,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	out.printf("claim acquired: %s epoch=%d owner=%s", k.Name(), k.Epoch(), k.Owner())
+	reportScratch(c, cfg, out, errOut)
 
 	// Only a report: the loop below writes regardless, and the server
 	// refuses what the lost claim fences.
@@ -298,12 +311,29 @@ func claim(ctx context.Context, c *client.Client, cfg config, out, errOut *locke
 	return nil, exitError
 }
 
+// reportScratch prints what the wake's bound scratch record holds: gone
+// (absent) once the claim it was bound to ended, whoever held it.
+func reportScratch(c *client.Client, cfg config, out, errOut *lockedWriter) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, _, err := c.Get(ctx, cfg.slug, section, cfg.scratch())
+	switch {
+	case err != nil:
+		errOut.printf("read scratch: %v", err)
+	case rec == nil:
+		out.printf("scratch: %s/%s absent (none written, or bound to a claim that ended)", section, cfg.scratch())
+	default:
+		out.printf("scratch: %s/%s = %s (claim %s epoch %d)", section, cfg.scratch(), rec.Value, rec.Claim, rec.ClaimEpoch)
+	}
+}
+
 func printHeld(out *lockedWriter, name string, l client.Lease) {
 	out.printf("held: claim %s held by %s epoch %d until %d ms", name, l.Owner, l.Epoch, l.ExpiresAtMs)
 }
 
-// step reads operations/wake-<id>, advances its step and writes it back,
-// fenced by the claim, as one Update.
+// step reads operations/wake-<id>, advances its step and writes it back
+// with the scratch record bound to the claim, fenced by the claim, as one
+// Update.
 func step(ctx context.Context, c *client.Client, cfg config, k *client.ClaimKeeper) (progress, int64, error) {
 	var v progress
 	rev, err := c.Update(ctx, cfg.slug, nil, func(tx *client.Txn) error {
@@ -312,7 +342,14 @@ func step(ctx context.Context, c *client.Client, cfg config, k *client.ClaimKeep
 			return err
 		}
 		v = progress{Step: v.Step + 1, By: cfg.owner, Epoch: k.Epoch()}
-		return tx.PutJSON(section, cfg.key(), v)
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if err := tx.Put(section, cfg.key(), raw); err != nil {
+			return err
+		}
+		return tx.PutBound(section, cfg.scratch(), raw)
 	}, client.WithClaim(k.Claim()))
 	return v, rev, err
 }

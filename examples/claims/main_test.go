@@ -65,7 +65,9 @@ func commits(stdout string) []commit {
 // (with a --wait) takes the claim over at a higher epoch and commits; A
 // resumes (SIGCONT), writes once more without checking its claim, is
 // refused naming B and exits 3. The progress record's last writer is B,
-// and its steps count exactly the commits both printed.
+// and its steps count exactly the commits both printed. Each worker's
+// scratch record, bound to its claim, is gone when B takes over (A's)
+// and after B's release (B's).
 func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: builds fenced and the worker and runs them until a claim expires; run without -short")
@@ -137,6 +139,15 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 		return n >= 2
 	})
 	epochB := commits(b.Stdout.String())[0].epoch
+	// A's scratch record was bound to A's claim, which lapsed: B, taking
+	// the claim over, finds it gone.
+	wantGone := fmt.Sprintf("scratch: %s/wake-%s-scratch absent (none written, or bound to a claim that ended)", section, wake)
+	if !strings.Contains(b.Stdout.String(), wantGone) {
+		t.Errorf("worker-b output has no %q:\n%s", wantGone, b.Stdout)
+	}
+	if !strings.Contains(a.Stdout.String(), wantGone) {
+		t.Errorf("worker-a, the wake's first worker, has no %q:\n%s", wantGone, a.Stdout)
+	}
 
 	a.Signal(t, syscall.SIGCONT)
 	if code := a.Wait(t); code != exitStale {
@@ -178,6 +189,12 @@ func TestRedeliveredWakeRefusedAndPausedWorkerFenced(t *testing.T) {
 			t.Errorf("commit %d printed step=%d, want %d (A: %d commits, B: %d)", i, c.step, i+1, len(ca), len(cb))
 			break
 		}
+	}
+
+	// B's scratch record, bound to B's claim, is gone with its release;
+	// A's never came back.
+	if rec, _, err := c.Get(ctx, slug, section, "wake-"+wake+"-scratch"); err != nil || rec != nil {
+		t.Errorf("Get %s/wake-%s-scratch after B's release = %+v, %v; want absent", section, wake, rec, err)
 	}
 
 	// The progress record: B's last write.
