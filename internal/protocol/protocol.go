@@ -234,6 +234,22 @@ const (
 	KeyClaims = "claim-grants"
 	// KeyClaimExpiry is the sorted set claim name -> expires_at ms.
 	KeyClaimExpiry = "claim-expiry"
+	// KeyClaimSweep is the hash claim name -> "<dead epoch>:<cursor>" of
+	// the reclaims left to the reaper (docs/design/12-claims.md §12.5): the
+	// records of the set KeyClaimSetPrefix+name bound to that name at an
+	// epoch at or below the dead epoch are dead; cursor is where the next
+	// SSCAN of the set starts.
+	KeyClaimSweep = "claim-sweep"
+	// KeyClaimSetPrefix + name is the set of the records bound to the claim
+	// name, each member "<section>\n<key>" (§12.4).
+	KeyClaimSetPrefix = "claim:"
+	// ClaimSwarmsKey is, after "<prefix>:swarm:", the set of the slugs of
+	// the swarms that may hold claims (no hash tag: on Cluster it lives on
+	// one node), which the reaper walks (§12.5).
+	ClaimSwarmsKey = "fence:claim-swarms"
+	// ClaimReapBudget bounds the records one reclaim script run deletes
+	// (about: one SSCAN step of ClaimReapBudget/2 members).
+	ClaimReapBudget = 256
 	// ClaimLogPerClaim is how many log entries per live claim the log keeps
 	// at least on a claim operation (MAXLEN ~ max(LogCap, 4 x claims)).
 	ClaimLogPerClaim = 4
@@ -278,6 +294,8 @@ var entries = []struct{ name, value string }{
 	{"KEY_REQUEST_IDS", KeyRequestIDs},
 	{"KEY_CLAIMS", KeyClaims},
 	{"KEY_CLAIM_EXPIRY", KeyClaimExpiry},
+	{"KEY_CLAIM_SWEEP", KeyClaimSweep},
+	{"KEY_CLAIM_SET_PREFIX", KeyClaimSetPrefix},
 	{"STAMP_SUFFIX", StampSuffix},
 	{"FIELD_LEASE", FieldLease},
 	{"FIELD_EPOCH", FieldEpoch},
@@ -347,6 +365,7 @@ var entries = []struct{ name, value string }{
 	{"CLAIM_GRANTED", ClaimGranted},
 	{"CLAIM_RENEWED", ClaimRenewed},
 	{"CLAIM_RELEASED", ClaimReleased},
+	{"CLAIM_LAPSED", ClaimLapsed},
 	{"CLAIM_LOG_PER_CLAIM", strconv.Itoa(ClaimLogPerClaim)},
 	{"REPLY_TOO_MANY", ReplyTooMany},
 	{"LOG_TRIM", LogTrim},
