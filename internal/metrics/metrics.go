@@ -121,6 +121,8 @@ type Metrics struct {
 	readWaits          *prometheus.CounterVec
 	readWaitSeconds    *prometheus.CounterVec
 	readsWaiting       prometheus.Gauge
+	claimsReaped       prometheus.Counter
+	claimRecordsReaped prometheus.Counter
 
 	// scriptObservers are scriptDuration's series of the known scripts,
 	// looked up once in New (read-only after).
@@ -130,6 +132,7 @@ type Metrics struct {
 var (
 	_ store.Observer       = (*Metrics)(nil)
 	_ store.ReaderObserver = (*Metrics)(nil)
+	_ store.ReapObserver   = (*Metrics)(nil)
 	_ server.LimitObserver = (*Metrics)(nil)
 	_ server.ReadObserver  = (*Metrics)(nil)
 	_ server.WatchObserver = (*Metrics)(nil)
@@ -240,6 +243,14 @@ func New() *Metrics {
 			Name: "fenced_heavy_reads_waiting",
 			Help: "Heavy reads (Sections, ScanSection) waiting their turn now.",
 		}),
+		claimsReaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_claims_reaped_total",
+			Help: "Claims whose lapse this fenced's reaper committed (one LAPSED log entry each).",
+		}),
+		claimRecordsReaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_claim_records_reaped_total",
+			Help: "Records bound to an ended claim (lapsed, taken over, or released past one step's budget) that this fenced's reaper deleted.",
+		}),
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -247,7 +258,8 @@ func New() *Metrics {
 	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
 		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
 		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals,
-		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting} {
+		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting,
+		m.claimsReaped, m.claimRecordsReaped} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
@@ -269,7 +281,7 @@ func New() *Metrics {
 		m.leaseLosses.WithLabelValues(r)
 	}
 	m.scriptObservers = map[string]prometheus.Observer{}
-	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild} {
+	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild, store.ScriptReap, store.ScriptReapPlan} {
 		m.scriptObservers[s] = m.scriptDuration.WithLabelValues(s)
 	}
 	return m
@@ -459,3 +471,9 @@ func (m *Metrics) ReadsWaiting(delta int) { m.readsWaiting.Add(float64(delta)) }
 
 // WatchReaders implements store.ReaderObserver.
 func (m *Metrics) WatchReaders(delta int) { m.watchReaders.Add(float64(delta)) }
+
+// ClaimsReaped implements store.ReapObserver.
+func (m *Metrics) ClaimsReaped(claims, records int) {
+	m.claimsReaped.Add(float64(claims))
+	m.claimRecordsReaped.Add(float64(records))
+}
