@@ -279,8 +279,8 @@ func TestTakeOverReclaimsTheLapsedEpoch(t *testing.T) {
 		t.Fatalf("take-over = %+v, %v", b, err)
 	}
 	seedBound(t, srv, slug, "claims", "new1", "task", b.Epoch, b.Epoch, `{"b":1}`)
-	if got := srv.Do(t, "HGET", key(slug, "claim-sweep"), "task"); got != strconv.FormatInt(a.Epoch, 10)+":0" {
-		t.Errorf("claim-sweep task = %q after the take-over, want the lapsed epoch queued", got)
+	if got := srv.Do(t, "HGET", key(slug, "claim-sweep"), "task"); got != strconv.FormatInt(b.Epoch-1, 10)+":0" {
+		t.Errorf("claim-sweep task = %q after the take-over, want every epoch below the new one queued", got)
 	}
 	r, err := st.ReapSwarm(ctx, slug)
 	if err != nil {

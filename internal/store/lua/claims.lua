@@ -4,8 +4,8 @@
 -- event (LOG_FIELD_CLAIM*). Every check comes before the first write.
 --
 -- A release also deletes the records bound to the released grant, up to
--- a budget, and a grant over a lapsed grant queues the reclaim of the
--- lapsed grant's records (reclaim.lua; docs/design/12-claims.md §12.5).
+-- a budget, and a new grant queues the reclaim of the records bound to the
+-- name's earlier epochs (reclaim.lua; docs/design/12-claims.md §12.5).
 --
 -- KEYS: as reclaim.lua says: KEYS[1] meta  KEYS[2] revision  KEYS[3] log
 -- KEYS[4] executions  KEYS[5] by-name  KEYS[6] claim-grants (hash name ->
@@ -138,8 +138,9 @@ log_extra = { P.LOG_FIELD_CLAIM, name, P.LOG_FIELD_CLAIM_KIND, kind,
 -- The sections whose records this call deletes (a release's bound
 -- records: one SSCAN step of claim:<name>, reclaim.plan) and their log
 -- changes. A release that leaves members to walk queues the rest in
--- claim-sweep (reclaim.apply); a grant over a lapsed grant queues the
--- lapsed grant's records for the reaper (its epoch and all below are dead).
+-- claim-sweep (reclaim.apply); a new grant (a new epoch) of a name whose
+-- set is not empty queues the set for the reaper: every epoch below the
+-- new one is dead.
 local changed = {}
 local log_changes = {}
 local records = 0
@@ -155,10 +156,13 @@ if op == P.LEASE_RELEASE then
   -- its start (a queued walk of an earlier epoch is taken over by this one).
   plan = reclaim.plan(name, dead, '0', budget, 0)
   records = reclaim.note(plan, changed, log_changes)
-elseif granted and claim and redis.call('SCARD', KEYS[reclaim.SET]) > 0 then
+elseif granted and redis.call('SCARD', KEYS[reclaim.SET]) > 0 then
+  -- A new epoch: every record of the name bound below it is dead (a
+  -- lapsed grant taken over before the reaper ended it, a grant Redis
+  -- lost), walked again from the start.
   local qdead = reclaim.queued(name)
-  if qdead == nil or qdead < claim.epoch then
-    queue_lapsed = int(claim.epoch) .. ':0' -- walked again from the start
+  if qdead == nil or qdead < new_epoch - 1 then
+    queue_lapsed = int(new_epoch - 1) .. ':0'
   end
 end
 
