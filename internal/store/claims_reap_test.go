@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -425,5 +426,33 @@ func TestReapOnCluster(t *testing.T) {
 	}
 	if got := do("SCARD", claimSwarmsKey); got != "0" {
 		t.Errorf("claim-swarms holds %s slugs after the reap", got)
+	}
+}
+
+// TestReaperGoesPastACorruptGrant: a grant another writer corrupted is
+// refused by its step (CORRUPT naming it), and the swarm's other lapsed
+// claims are still reaped in the same pass.
+func TestReaperGoesPastACorruptGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "corrupt"
+	g, _, err := st.AcquireClaim(ctx, slug, "good", "worker-a", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seedBound(t, srv, slug, "claims", "k1", "good", g.Epoch, g.Epoch, `{}`)
+	srv.Do(t, "HSET", key(slug, "claim-grants"), "bad", "not a grant")
+	srv.Do(t, "ZADD", key(slug, "claim-expiry"), "0", "bad")
+	waitClaimLapsed(t, st, slug, "good")
+	r, err := st.ReapOnce(ctx)
+	if !errors.Is(err, store.ErrCorruptRecord) || !strings.Contains(err.Error(), "bad") {
+		t.Errorf("ReapOnce: %v; want the corrupt grant of bad named", err)
+	}
+	if r.Lapsed != 1 || r.Records != 1 {
+		t.Errorf("ReapOnce = %+v; want good's lapse and record reaped past bad", r)
+	}
+	if got := srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "bad"); got != "1" {
+		t.Errorf("the corrupt grant was removed")
 	}
 }

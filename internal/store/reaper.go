@@ -146,9 +146,11 @@ func (s *Store) ReapOnce(ctx context.Context) (ReapResult, error) {
 // reapRounds looks). A swarm with no grant and no queued reclaim leaves
 // the claim-swarms set: SREM, then a second look, and SADD again when a
 // grant or a reclaim appeared meanwhile (an Acquire registers its swarm
-// before and after its grant, so the two cannot both miss it). Errors: a
-// step's refusal (*CorruptError, *LimitError, *WrongTypeError...),
-// ErrUnavailable, context errors, *RedisError.
+// before and after its grant, so the two cannot both miss it). A step that
+// fails is logged (slog, Warn) and the others go on; when every step of a
+// look fails, ReapSwarm answers the first error: a step's refusal
+// (*CorruptError, *LimitError), ErrUnavailable, context
+// errors, *RedisError.
 func (s *Store) ReapSwarm(ctx context.Context, slug string) (ReapResult, error) {
 	r := ReapResult{Swarms: 1}
 	k := s.keys(slug)
@@ -167,6 +169,8 @@ func (s *Store) ReapSwarm(ctx context.Context, slug string) (ReapResult, error) 
 			}
 			return r, nil
 		}
+		var first error
+		failed := 0
 		for _, name := range names {
 			lapsed, deleted, err := s.reapStep(ctx, k, name)
 			r.Steps++
@@ -175,8 +179,23 @@ func (s *Store) ReapSwarm(ctx context.Context, slug string) (ReapResult, error) 
 			}
 			r.Records += deleted
 			if err != nil {
-				return r, err
+				// One claim's refusal (a grant another writer corrupted)
+				// does not hold up the others.
+				failed++
+				if first == nil {
+					first = err
+				}
+				if ctx.Err() != nil {
+					return r, first
+				}
 			}
+		}
+		if failed == len(names) {
+			// No step went through: the rest waits for the next pass.
+			return r, first
+		}
+		if first != nil {
+			s.log.Warn("claim reaper step failed", "slug", k.slug, "err", first)
 		}
 	}
 	return r, nil

@@ -63,10 +63,14 @@ if lapsed then
     dead, cursor = claim.epoch, '0'
   end
 elseif dead == nil then
-  -- Nothing to do: the grant is live (renewed since the caller looked), or
-  -- absent with a stray member in claim-expiry (removed: it would be found
-  -- again on every step).
-  if not claim then
+  -- Nothing to do: the grant is live (renewed since the caller looked: its
+  -- score in claim-expiry is set to its expiry again, in case another
+  -- writer left it behind), or absent with a stray member in claim-expiry
+  -- (removed). Either way the reaper does not find the name again before
+  -- it lapses.
+  if claim then
+    redis.call('ZADD', EXPIRY, int(claim.expires_at), name)
+  else
     redis.call('ZREM', EXPIRY, name)
   end
   return { P.REPLY_OK, '0', '0', '0', '0', '0' }
