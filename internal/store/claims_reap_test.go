@@ -14,6 +14,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/redis/rueidis"
 )
 
 // The reclaim of records bound to a claim (docs/design/12-claims.md
@@ -454,5 +455,60 @@ func TestReaperGoesPastACorruptGrant(t *testing.T) {
 	}
 	if got := srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "bad"); got != "1" {
 		t.Errorf("the corrupt grant was removed")
+	}
+}
+
+// TestReapOnTheEmbeddedRedis: the embedded Redis (miniredis) runs the
+// reclaim's scripts too: a release deletes its bound record, the reaper
+// ends a lapsed claim and deletes its record.
+func TestReapOnTheEmbeddedRedis(t *testing.T) {
+	e, err := store.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	st, err := e.Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{e.Addr()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	do := func(args ...string) string {
+		t.Helper()
+		v, err := c.Do(ctx, c.B().Arbitrary(args...).Build()).ToAny()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatalf("%q: %v", args, err)
+		}
+		return fmt.Sprint(v)
+	}
+	const slug = "emb"
+	for _, name := range []string{"released", "lapsed"} {
+		g, _, err := st.AcquireClaim(ctx, slug, name, "w", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		do("HSET", key(slug, "claims"), name, fmt.Sprintf(`{"r":%d,"claim":%q,"claim_epoch":%d,"v":{}}`, g.Epoch, name, g.Epoch))
+		do("SADD", key(slug, "claim:"+name), "claims\n"+name)
+		if name == "released" {
+			if _, err := st.ReleaseClaim(ctx, slug, name, "w", g.Epoch); err != nil {
+				t.Fatalf("ReleaseClaim: %v", err)
+			}
+			if got := do("HEXISTS", key(slug, "claims"), name); got != "0" {
+				t.Errorf("the released claim's record is left")
+			}
+		}
+	}
+	waitClaimLapsed(t, st, slug, "lapsed")
+	r, err := st.ReapOnce(ctx)
+	if err != nil || r.Lapsed != 1 || r.Records != 1 || r.Pruned != 1 {
+		t.Fatalf("ReapOnce = %+v, %v; want one lapse, one record, the swarm pruned", r, err)
+	}
+	if got := do("EXISTS", key(slug, "claims"), key(slug, "claim-grants")); got != "0" {
+		t.Errorf("%s of claims, claim-grants left after the reap", got)
 	}
 }
