@@ -247,8 +247,10 @@ const (
 	// the swarms that may hold claims (no hash tag: on Cluster it lives on
 	// one node), which the reaper walks (§12.5).
 	ClaimSwarmsKey = "fence:claim-swarms"
-	// ClaimReapBudget bounds the records one reclaim script run deletes
-	// (about: one SSCAN step of ClaimReapBudget/2 members).
+	// ClaimReapBudget sizes one reclaim script run: it reads one SSCAN page
+	// of COUNT ClaimReapBudget/4 members of a claim's set (about 64
+	// members, a small set whole), so it deletes at most about that many
+	// records (docs/design/12-claims.md §12.5).
 	ClaimReapBudget = 256
 	// ClaimLogPerClaim is how many log entries per live claim the log keeps
 	// at least on a claim operation (MAXLEN ~ max(LogCap, 4 x claims)).

@@ -63,10 +63,11 @@ func (r *ReapResult) add(o ReapResult) {
 	r.Pruned += o.Pruned
 }
 
-// WithClaimReapBudget sets how many bound records one reclaim step (a
-// release, one reaper step) deletes at most, about (default
-// protocol.ClaimReapBudget, 256): one SSCAN step of n/2 members of the
-// claim's set.
+// WithClaimReapBudget sizes one reclaim step (a release, one reaper
+// step): it reads one SSCAN page of COUNT n/4 members of the claim's set
+// (default protocol.ClaimReapBudget, 256: about 64 members; a small set,
+// which Redis 7.2+ keeps as a listpack of at most 128, whole), so it
+// deletes at most about that many records.
 func WithClaimReapBudget(n int) Option {
 	return func(s *Store) { s.claimReapBudget = n }
 }
