@@ -109,6 +109,9 @@ type serveCmd struct {
 	LegacyRequestKeys bool `env:"FENCED_LEGACY_REQUEST_KEYS" default:"true" negatable:"" help:"Also read and write each request id's key of the layout before request-ids (request:<id>), so that a batch resent across a rolling upgrade from an older fenced is answered, not rerun; turn off once every replica runs this version and --request-id-window has passed."`
 	// MaxClaimsPerSwarm bounds the claims (named leases) one swarm holds.
 	MaxClaimsPerSwarm int64 `env:"FENCED_MAX_CLAIMS_PER_SWARM" default:"100000" help:"Most claims (named leases) one swarm may hold at once; an Acquire of a new name past it is RESOURCE_EXHAUSTED TOO_MANY_CLAIMS."`
+	// ClaimReapInterval is how often the claim reaper passes over the
+	// swarms that hold claims; 0 turns it off.
+	ClaimReapInterval time.Duration `env:"FENCED_CLAIM_REAP_INTERVAL" default:"1s" help:"How often this fenced's claim reaper ends the claims whose grant lapsed and deletes the records bound to claims that ended (docs/design/12-claims.md §12.5), in steps of at most ~256 records (~2 ms of Redis time) each; 0: never (run it on at least one replica, or lapsed claims' records stay stored, though no read sees them)."`
 	// ByNameRebuildPage is the records one step of a background by-name
 	// index rebuild reads; 0 turns the background rebuild off.
 	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, at most this many records per script, each step sized by the Redis time the previous ones took to about 1 ms; 0: never (fenced inspect --repair does it)."`
@@ -288,6 +291,11 @@ func (c *serveCmd) Run(e *env) error {
 		return err
 	}
 	defer closeStore()
+	reapCtx, stopReaper := context.WithCancel(e.ctx)
+	reaped := make(chan struct{})
+	go func() { defer close(reaped); st.RunReaper(reapCtx, c.ClaimReapInterval) }()
+	// Stopped before the store closes (the defers run last first).
+	defer func() { stopReaper(); <-reaped }()
 	lis, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -317,6 +325,9 @@ func (c *serveCmd) checkConfig() (batch.Limits, error) {
 	}
 	if c.WaitReplicas < 0 || c.MaxSnapshotRecords < 1 || c.MaxSnapshotBytes < 1 {
 		return limits, fmt.Errorf("configuration: --wait-replicas must be >= 0, --max-snapshot-records and --max-snapshot-bytes >= 1")
+	}
+	if c.ClaimReapInterval < 0 {
+		return limits, fmt.Errorf("configuration: --claim-reap-interval must be >= 0 (0: no reaper)")
 	}
 	if c.MaxClaimsPerSwarm < 1 {
 		return limits, fmt.Errorf("configuration: --max-claims-per-swarm must be >= 1")

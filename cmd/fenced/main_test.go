@@ -99,6 +99,7 @@ func TestBadCommandLine(t *testing.T) {
 		{"redis timeout 0", []string{"serve", "--listen", "127.0.0.1:0", "--redis-timeout", "0s"}, "--redis-timeout"},
 		{"stream workers negative", []string{"serve", "--listen", "127.0.0.1:0", "--stream-workers", "-1"}, "--stream-workers"},
 		{"stream workers too many", []string{"serve", "--listen", "127.0.0.1:0", "--stream-workers", "65537"}, "--stream-workers"},
+		{"claim reap interval negative", []string{"serve", "--listen", "127.0.0.1:0", "--claim-reap-interval", "-1s"}, "--claim-reap-interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

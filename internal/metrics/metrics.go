@@ -124,6 +124,8 @@ type Metrics struct {
 	snapshotsChunked   prometheus.Counter
 	snapshotRetries    prometheus.Counter
 	snapshotFallbacks  prometheus.Counter
+	claimsReaped       prometheus.Counter
+	claimRecordsReaped prometheus.Counter
 
 	// scriptObservers are scriptDuration's series of the known scripts,
 	// looked up once in New (read-only after).
@@ -134,6 +136,7 @@ var (
 	_ store.Observer         = (*Metrics)(nil)
 	_ store.ReaderObserver   = (*Metrics)(nil)
 	_ store.SnapshotObserver = (*Metrics)(nil)
+	_ store.ReapObserver     = (*Metrics)(nil)
 	_ server.LimitObserver   = (*Metrics)(nil)
 	_ server.ReadObserver    = (*Metrics)(nil)
 	_ server.WatchObserver   = (*Metrics)(nil)
@@ -256,6 +259,14 @@ func New() *Metrics {
 			Name: "fenced_snapshot_chunk_fallbacks_total",
 			Help: "Chunked Sections reads aborted 3 times and then read as one MULTI (Redis serves no other client meanwhile).",
 		}),
+		claimsReaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_claims_reaped_total",
+			Help: "Claims whose lapse this fenced's reaper committed (one LAPSED log entry each).",
+		}),
+		claimRecordsReaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fenced_claim_records_reaped_total",
+			Help: "Records bound to an ended claim (lapsed, taken over, or released past one step's budget) that this fenced's reaper deleted.",
+		}),
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -264,7 +275,8 @@ func New() *Metrics {
 		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
 		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals,
 		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting,
-		m.snapshotsChunked, m.snapshotRetries, m.snapshotFallbacks} {
+		m.snapshotsChunked, m.snapshotRetries, m.snapshotFallbacks,
+		m.claimsReaped, m.claimRecordsReaped} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
@@ -286,7 +298,7 @@ func New() *Metrics {
 		m.leaseLosses.WithLabelValues(r)
 	}
 	m.scriptObservers = map[string]prometheus.Observer{}
-	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild} {
+	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild, store.ScriptReap, store.ScriptReapPlan} {
 		m.scriptObservers[s] = m.scriptDuration.WithLabelValues(s)
 	}
 	return m
@@ -486,4 +498,10 @@ func (m *Metrics) ChunkedSnapshotDone(retries int, fellBack bool) {
 	if fellBack {
 		m.snapshotFallbacks.Inc()
 	}
+}
+
+// ClaimsReaped implements store.ReapObserver.
+func (m *Metrics) ClaimsReaped(claims, records int) {
+	m.claimsReaped.Add(float64(claims))
+	m.claimRecordsReaped.Add(float64(records))
 }

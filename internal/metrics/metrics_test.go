@@ -269,6 +269,24 @@ func TestWatchMetrics(t *testing.T) {
 	}
 }
 
+// TestReapMetrics: the reaper's counters exist at 0 and add what the store
+// reports after each step.
+func TestReapMetrics(t *testing.T) {
+	m := metrics.New()
+	start := scrape(t, m)
+	for _, name := range []string{"fenced_claims_reaped_total", "fenced_claim_records_reaped_total"} {
+		if g, ok := start[name]; !ok || g != 0 {
+			t.Errorf("%s at start = %v (present %v), want 0", name, g, ok)
+		}
+	}
+	m.ClaimsReaped(1, 10)
+	m.ClaimsReaped(0, 5)
+	got := scrape(t, m)
+	if got["fenced_claims_reaped_total"] != 1 || got["fenced_claim_records_reaped_total"] != 15 {
+		t.Errorf("after two steps: claims %v, records %v; want 1 and 15", got["fenced_claims_reaped_total"], got["fenced_claim_records_reaped_total"])
+	}
+}
+
 // BenchmarkScriptDone: one commit script's observation.
 func BenchmarkScriptDone(b *testing.B) {
 	m := metrics.New()

@@ -241,6 +241,21 @@ const (
 	// name, each member "<section>\n<key>" (docs/design/12-claims.md
 	// §12.4). Section names are [a-z0-9_-], so no section's key is one.
 	KeyClaimPrefix = "claim:"
+	// KeyClaimSweep is the hash claim name -> "<dead epoch>:<cursor>" of
+	// the reclaims left to the reaper (docs/design/12-claims.md §12.5): the
+	// records of the set KeyClaimPrefix+name bound to that name at an
+	// epoch at or below the dead epoch are dead; cursor is where the next
+	// SSCAN of the set starts.
+	KeyClaimSweep = "claim-sweep"
+	// ClaimSwarmsKey is, after "<prefix>:swarm:", the set of the slugs of
+	// the swarms that may hold claims (no hash tag: on Cluster it lives on
+	// one node), which the reaper walks (§12.5).
+	ClaimSwarmsKey = "fence:claim-swarms"
+	// ClaimReapBudget sizes one reclaim script run: it reads one SSCAN page
+	// of COUNT ClaimReapBudget/4 members of a claim's set (about 64
+	// members, a small set whole), so it deletes at most about that many
+	// records (docs/design/12-claims.md §12.5).
+	ClaimReapBudget = 256
 	// ClaimLogPerClaim is how many log entries per live claim the log keeps
 	// at least on a claim operation (MAXLEN ~ max(LogCap, 4 x claims)).
 	ClaimLogPerClaim = 4
@@ -286,6 +301,7 @@ var entries = []struct{ name, value string }{
 	{"KEY_CLAIMS", KeyClaims},
 	{"KEY_CLAIM_EXPIRY", KeyClaimExpiry},
 	{"KEY_CLAIM_PREFIX", KeyClaimPrefix},
+	{"KEY_CLAIM_SWEEP", KeyClaimSweep},
 	{"STAMP_SUFFIX", StampSuffix},
 	{"FIELD_LEASE", FieldLease},
 	{"FIELD_EPOCH", FieldEpoch},
@@ -356,6 +372,7 @@ var entries = []struct{ name, value string }{
 	{"CLAIM_GRANTED", ClaimGranted},
 	{"CLAIM_RENEWED", ClaimRenewed},
 	{"CLAIM_RELEASED", ClaimReleased},
+	{"CLAIM_LAPSED", ClaimLapsed},
 	{"CLAIM_LOG_PER_CLAIM", strconv.Itoa(ClaimLogPerClaim)},
 	{"REPLY_TOO_MANY", ReplyTooMany},
 	{"LOG_TRIM", LogTrim},

@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -68,5 +70,60 @@ func TestWatchShowsClaimGrantsRenewalsAndReleases(t *testing.T) {
 		if diff := cmp.Diff(w, got, protocmp.Transform()); diff != "" {
 			t.Errorf("Watch event %d (-want +got):\n%s", i, diff)
 		}
+	}
+}
+
+// TestWatchShowsClaimLapses: the reaper's end of a lapsed claim reaches a
+// Watch as one event whose claim is LAPSED (the lapsed grant's owner, epoch
+// and expiry) and whose changes are the deletes of its bound records,
+// filtered as any batch's (docs/design/12-claims.md §12.5, §12.6).
+func TestWatchShowsClaimLapses(t *testing.T) {
+	srv := redistest.Start(t)
+	st := openStore(t, srv)
+	e := serve(t, st, batch.DefaultLimits(), server.Options{})
+	ctx := ctxT(t)
+	const slug = "claim-lapse"
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	acq, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Name: "wake/7", Owner: "worker-a", TtlMs: 100})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	g := acq.GetLease()
+	// Two records bound to the grant (§12.4's stored form), one in a
+	// section the watch does not name.
+	for _, sec := range []string{"claims", "orphans"} {
+		srv.Do(t, "HSET", redisKey(slug, sec), "T-1",
+			fmt.Sprintf(`{"r":%d,"claim":"wake/7","claim_epoch":%d,"v":{}}`, g.GetEpoch(), g.GetEpoch()))
+		srv.Do(t, "SADD", redisKey(slug, "claim:wake/7"), sec+"\nT-1")
+	}
+	raw, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: acq.GetRevision(), Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	for {
+		l, now, _, err := st.CurrentClaim(ctx, slug, "wake/7")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.ExpiresAtMs <= now {
+			break
+		}
+		time.Sleep(time.Duration(l.ExpiresAtMs-now) * time.Millisecond)
+	}
+	r, err := st.ReapOnce(ctx)
+	if err != nil || r.Lapsed != 1 || r.Records != 2 {
+		t.Fatalf("ReapOnce = %+v, %v; want 1 lapse, 2 records", r, err)
+	}
+	got, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("Recv: %v", err)
+	}
+	want := &fencedv1.WatchEvent{Revision: got.GetRevision(), Owner: "worker-a",
+		Claim: &fencedv1.ClaimEvent{Name: "wake/7", Kind: fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_LAPSED, Owner: "worker-a",
+			Epoch: g.GetEpoch(), ExpiresAtMs: g.GetExpiresAtMs()},
+		Changes: []*fencedv1.Change{{Section: "claims", Key: "T-1", Kind: fencedv1.ChangeKind_CHANGE_KIND_DELETE}}}
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" || got.GetRevision() <= acq.GetRevision() {
+		t.Errorf("lapse event (-want +got):\n%s", diff)
 	}
 }

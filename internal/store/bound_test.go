@@ -214,9 +214,9 @@ func wantAbsentToWrites(t *testing.T, st *store.Store, srv *redistest.Server, sl
 }
 
 // TestBoundRecordsAbsentAfterRelease: once its claim is released, a bound
-// record is absent to Record, Sections (the MULTI path: the swarm has no
-// grant left) and ScanSection, and to every write; its old claim's set no
-// longer names a record a later put took over.
+// record is absent to Record, Sections and ScanSection, and to every
+// write: the release reclaimed it (§12.5), and a record a later put took
+// over unbound stays.
 func TestBoundRecordsAbsentAfterRelease(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -239,8 +239,16 @@ func TestBoundRecordsAbsentAfterRelease(t *testing.T) {
 	}
 	wantAbsent(t, st, slug)
 	wantAbsentToWrites(t, st, srv, slug, rev)
-	if got := members(t, srv, slug, "task/1"); !slices.Equal(got, []string{"claims\nb1"}) {
-		t.Errorf("claim:task/1 = %q; want b1 alone (b0 was put over unbound)", got)
+	// The release reclaimed b1 (§12.5): its field and the claim's set are
+	// gone; b0, put over unbound before, stays.
+	if got := members(t, srv, slug, "task/1"); len(got) != 0 {
+		t.Errorf("claim:task/1 = %q after the release; want it reclaimed", got)
+	}
+	if got := srv.Do(t, "HEXISTS", key(slug, "claims"), "b1"); got != "0" {
+		t.Errorf("claims/b1 still stored after its claim's release")
+	}
+	if got := srv.Do(t, "HEXISTS", key(slug, "claims"), "b0"); got != "1" {
+		t.Errorf("claims/b0, unbound, was deleted by the release")
 	}
 }
 
@@ -275,7 +283,8 @@ func TestBoundRecordsAbsentAfterLapseAndRegrant(t *testing.T) {
 // TestBoundRecordsChunkedSnapshot: a snapshot read in steps under WATCH
 // (more records than one step) leaves out the records of a released
 // claim and keeps those of a live one, with their claims, whether the
-// swarm still has grants (read in the closing MULTI) or none.
+// swarm still has grants (read in the closing MULTI) or none (the grants
+// lost, the bound records still stored).
 func TestBoundRecordsChunkedSnapshot(t *testing.T) {
 	srv := redistest.Start(t)
 	steps := 0
@@ -306,10 +315,9 @@ func TestBoundRecordsChunkedSnapshot(t *testing.T) {
 	if len(snap.Sections["intents"]) != 50 || snap.Sections["intents"]["i7"].Claim != "task/b" || snap.Sections["intents"]["i7"].ClaimEpoch != b.Epoch {
 		t.Errorf("intents = %d records, i7 %+v; want 50 bound to task/b", len(snap.Sections["intents"]), snap.Sections["intents"]["i7"])
 	}
-	// No grant left: the records of both are absent.
-	if _, err := st.ReleaseClaim(ctx, slug, "task/b", "worker-b", b.Epoch); err != nil {
-		t.Fatal(err)
-	}
+	// No grant left (as after Redis lost its grants, before any reclaim:
+	// the records stay stored): the records of both are absent.
+	srv.Do(t, "DEL", key(slug, "claim-grants"))
 	steps = 0
 	snap, err = st.Sections(ctx, slug, []string{"claims", "intents"})
 	if err != nil || steps < 2 || len(snap.Sections["claims"]) != 1 || len(snap.Sections["intents"]) != 0 {

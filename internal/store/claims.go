@@ -32,10 +32,37 @@ func (e *TooManyClaimsError) Is(target error) bool { return target == ErrTooMany
 
 func (k swarmKeys) claims() string      { return k.base + protocol.KeyClaims }
 func (k swarmKeys) claimExpiry() string { return k.base + protocol.KeyClaimExpiry }
+func (k swarmKeys) claimSweep() string  { return k.base + protocol.KeyClaimSweep }
 
-// claimSet is the set of the records bound to the claim name, members
-// "<section>\n<key>" (docs/design/12-claims.md §12.4).
+// claimSet is the set of the records bound to the claim name (§12.4).
 func (k swarmKeys) claimSet(name string) string { return k.base + protocol.KeyClaimPrefix + name }
+
+// claimKeys are the KEYS of claims.lua and reap.lua for the claim name
+// (reclaim.lua's layout), the stamp's key last on standalone.
+func (s *Store) claimKeys(k swarmKeys, name string) []string {
+	keys := []string{k.meta(), k.revision(), k.log(), k.section(executions), k.byName(), k.claims(), k.claimExpiry(),
+		k.claimSweep(), k.claimSet(name)}
+	if s.stamp {
+		keys = append(keys, k.current)
+	}
+	return keys
+}
+
+// claimSwarms is the set of the slugs of the swarms that may hold claims
+// (protocol.ClaimSwarmsKey; no hash tag), which the reaper walks.
+func (s *Store) claimSwarms() string { return s.prefix + ":" + protocol.ClaimSwarmsKey }
+
+// registerClaims adds slug to the claim-swarms set (SADD: a slug already
+// there is not written again).
+func (s *Store) registerClaims(ctx context.Context, slug string) error {
+	c := s.c()
+	if err := c.Do(ctx, c.B().Sadd().Key(s.claimSwarms()).Member(slug).Build()).Error(); err != nil {
+		err = s.classify(ctx, err)
+		s.observe.RedisFailed("claim_swarms", err)
+		return err
+	}
+	return nil
+}
 
 // AcquireClaim grants the claim name of the swarm to owner for ttlMs by
 // Redis's clock when it has no live grant: a new epoch, the swarm revision
@@ -81,18 +108,41 @@ func (s *Store) claimOp(ctx context.Context, slug, name, op, owner string, epoch
 	ctx, cancel := s.bound(ctx, s.leaseDurability.wait())
 	defer cancel()
 	k := s.keys(slug)
-	keys := []string{k.meta(), k.revision(), k.log(), k.claims(), k.claimExpiry()}
+	if op == protocol.LeaseAcquire {
+		// Before the grant, so that every granted claim's swarm is in the
+		// set the reaper walks (a slug registered for a refused Acquire is
+		// pruned by the reaper: docs/design/12-claims.md §12.5).
+		if err := s.registerClaims(ctx, slug); err != nil {
+			return Lease{}, 0, err
+		}
+	}
+	keys := s.claimKeys(k, name)
 	mode := protocol.ModeNone
 	if s.stamp {
 		mode = protocol.ModeStamp
-		keys = append(keys, k.current)
 	}
 	args := []string{mode, op, owner, strconv.FormatInt(epoch, 10), strconv.FormatInt(ttlMs, 10), name,
-		strconv.FormatInt(s.maxClaims(), 10)}
+		strconv.FormatInt(s.maxClaims(), 10), strconv.Itoa(s.reapBudget())}
 	d := s.leaseDurability
 	reply, acked, err := s.execCommitting(ctx, k, claimScript, keys, args, d)
 	if err != nil {
 		return Lease{}, 0, err
+	}
+	if reply[0] == protocol.ReplyOK && len(reply) == 12 {
+		// The reclaim's part (reclaim.lua): the records a release deleted,
+		// whether some were left to the reaper, by-name's index found stale.
+		if reply[11] == "1" {
+			s.rebuildInBackground(slug)
+		}
+		reply = reply[:9]
+		if op == protocol.LeaseAcquire {
+			// Again after the grant: a reaper that pruned the slug between
+			// the first SADD and the grant finds it back (the prune checks
+			// again after its SREM, §12.5).
+			if err := s.registerClaims(ctx, slug); err != nil {
+				s.log.Warn("claim granted but its swarm not registered again for the reaper", "slug", slug, "err", err)
+			}
+		}
 	}
 	var e LeaseEvent
 	var rev int64

@@ -12,6 +12,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/redis/rueidis"
 )
 
 // BenchmarkClaims is the cost of the three claim operations that must not
@@ -154,4 +155,100 @@ func claimScriptTimes(b *testing.B, srv *redistest.Server, tag string) []time.Du
 		}
 	}
 	return out
+}
+
+// BenchmarkClaimsBulkLapse is a worker fleet dying at once (issue 27's
+// rule: claims lapsing in bulk never run a script of more than ~2 ms): in
+// one swarm, claims=1000 with records=10 bound records each (seeded in
+// §12.4's form), or one claim with 5,000 (each reaper step then deletes a
+// full budget), lapse together; one reaper pass (ReapOnce, timed) ends them
+// all. It reports the pass's wall time (ns/op), the longest and the median
+// Redis time of one reaper script (SLOWLOG, every command logged:
+// redis-max-µs, redis-median-µs; reap.lua and reap_plan.lua alike), and how
+// many scripts ran (scripts). Run with -benchtime=1x: each iteration seeds
+// the records outside the timer.
+func BenchmarkClaimsBulkLapse(b *testing.B) {
+	srv := redistest.Start(b)
+	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(redisTimeout), store.WithoutFunctions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(st.Close)
+	ctx := context.Background()
+	// As fenced serve does at start: no first step pays for the script's
+	// compilation (EVAL after NOSCRIPT).
+	if err := st.LoadScripts(ctx); err != nil {
+		b.Fatal(err)
+	}
+	c := srv.Client(b)
+	for _, tc := range []struct{ claims, per int }{{1000, 10}, {1, 5000}} {
+		b.Run(fmt.Sprintf("claims=%d/records=%d", tc.claims, tc.per), func(b *testing.B) {
+			var worst, median time.Duration
+			scripts := 0
+			for it := range b.N {
+				b.StopTimer()
+				slug := fmt.Sprintf("bench-lapse-%d-%d", tc.claims, it)
+				var last store.Lease
+				for i := range tc.claims {
+					name := "task/" + strconv.Itoa(i)
+					if last, _, err = st.AcquireClaim(ctx, slug, name, "worker-"+strconv.Itoa(i%50), 2000); err != nil {
+						b.Fatal(err)
+					}
+					cmds := make(rueidis.Commands, 0, 2*tc.per)
+					for j := range tc.per {
+						k := fmt.Sprintf("r%d-%d", i, j)
+						cmds = append(cmds,
+							c.B().Hset().Key(key(slug, "claims")).FieldValue().FieldValue(k,
+								fmt.Sprintf(`{"r":%d,"claim":%q,"claim_epoch":%d,"v":{"n":1}}`, last.Epoch, name, last.Epoch)).Build(),
+							c.B().Sadd().Key(key(slug, "claim:"+name)).Member("claims\n"+k).Build())
+					}
+					for _, r := range c.DoMulti(ctx, cmds...) {
+						if err := r.Error(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				waitClaimLapsedB(b, st, slug, "task/"+strconv.Itoa(tc.claims-1))
+				srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "100000")
+				srv.Do(b, "CONFIG", "SET", "slowlog-log-slower-than", "0")
+				srv.Do(b, "SLOWLOG", "RESET")
+				b.StartTimer()
+				r, err := st.ReapOnce(ctx)
+				b.StopTimer()
+				srv.Do(b, "CONFIG", "SET", "slowlog-log-slower-than", "10000")
+				if err != nil {
+					b.Fatalf("ReapOnce: %v", err)
+				}
+				if r.Lapsed != tc.claims || r.Records != tc.claims*tc.per {
+					b.Fatalf("ReapOnce = %+v, want %d lapses and %d records", r, tc.claims, tc.claims*tc.per)
+				}
+				times := claimScriptTimes(b, srv, "{"+slug+"}")
+				slices.Sort(times)
+				scripts = len(times)
+				if len(times) > 0 {
+					worst = max(worst, times[len(times)-1])
+					median = times[len(times)/2]
+				}
+			}
+			b.ReportMetric(float64(worst)/1e3, "redis-max-µs")
+			b.ReportMetric(float64(median)/1e3, "redis-median-µs")
+			b.ReportMetric(float64(scripts), "scripts")
+		})
+	}
+}
+
+// waitClaimLapsedB is waitClaimLapsed for a benchmark.
+func waitClaimLapsedB(b *testing.B, st *store.Store, slug, name string) {
+	b.Helper()
+	for range 1000 {
+		l, now, _, err := st.CurrentClaim(context.Background(), slug, name)
+		if err != nil {
+			b.Fatalf("CurrentClaim: %v", err)
+		}
+		if l == nil || l.ExpiresAtMs <= now {
+			return
+		}
+		time.Sleep(time.Duration(l.ExpiresAtMs-now+1) * time.Millisecond)
+	}
+	b.Fatal("claim did not lapse")
 }

@@ -74,7 +74,9 @@ var (
 	luaReadSections  = luaScript{body: []string{"read_claims.lua", "read_sections.lua"}}
 	luaReadRecord    = luaScript{body: []string{"read_claims.lua", "read_record.lua"}}
 	luaReadLease     = luaScript{body: []string{"read_lease.lua"}}
-	luaClaim         = luaScript{lib: libCommit, body: []string{"claims.lua"}}
+	luaClaim         = luaScript{lib: libByName, body: []string{"reclaim.lua", "claims.lua"}}
+	luaReap          = luaScript{lib: libByName, body: []string{"reclaim.lua", "reap.lua"}}
+	luaReapPlan      = luaScript{body: []string{"reap_plan.lua"}}
 	luaScanSection   = luaScript{body: []string{"read_claims.lua", "scan_section.lua"}}
 	luaScanKeys      = luaScript{body: []string{"read_claims.lua", "scan_keys.lua"}}
 	luaInspect       = luaScript{body: []string{"inspect.lua"}}

@@ -70,6 +70,8 @@ var chanceLiterals = map[string]map[string]int{
 	"byname.lua": {"LIMIT": 2},
 	// '-': ZRANGEBYLEX's lowest bound, not MemberUnnamed; 'LIMIT' as above.
 	"byname_rebuild.lua": {"-": 1, "LIMIT": 3},
+	// 'LIMIT': Redis's ZRANGEBYSCORE keyword, not ReplyLimit.
+	"reap_plan.lua": {"LIMIT": 1},
 	// '~': json_exact's stand-in for a consumed sequence, not FlagPrefix
 	// (nor LogTrim); 'S': json_valid's stand-in for a string (made, then
 	// counted in a shape), not KindCheckSection.

@@ -17,6 +17,10 @@ const (
 	ScriptReadLease    = "read_lease"
 	ScriptScanSection  = "scan_section"
 	ScriptInspect      = "inspect"
+	// ScriptReap is one reaper step on one claim (reap.lua); ScriptReapPlan
+	// the reaper's look at one swarm (reap_plan.lua).
+	ScriptReap     = "reap"
+	ScriptReapPlan = "reap_plan"
 	// ScriptByNameRebuild is one step of RebuildByName; ScriptByNameCheck
 	// one page of CheckByName.
 	ScriptByNameRebuild = "by_name_rebuild"

@@ -40,10 +40,12 @@ var (
 	readRecordScript   = newScript(ScriptReadRecord, luaReadRecord)
 	readLeaseScript    = newScript(ScriptReadLease, luaReadLease)
 	claimScript        = newScript(ScriptLease, luaClaim)
+	reapScript         = newScript(ScriptReap, luaReap)
+	reapPlanScript     = newScript(ScriptReapPlan, luaReapPlan)
 	readScanScript     = newScript(ScriptScanSection, luaScanSection)
 	readScanKeysScript = newScript(ScriptScanSection, luaScanKeys)
 
-	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, claimScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
+	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, claimScript, reapScript, reapPlanScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
 )
 
 // script is a Lua script with its name (for the Observer), source and
@@ -138,6 +140,8 @@ type Store struct {
 	leaseDurability Durability
 	// maxClaimsPerSwarm is WithMaxClaimsPerSwarm's value; 0: the default.
 	maxClaimsPerSwarm int64
+	// claimReapBudget is WithClaimReapBudget's value; 0: the default.
+	claimReapBudget int
 	// maxSnapshotRecords bounds one Sections read.
 	maxSnapshotRecords int
 	// maxSnapshotBytes bounds one Sections answer, checked in Redis.

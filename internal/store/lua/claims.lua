@@ -3,17 +3,27 @@
 -- batch: the swarm revision is raised, one log entry carries the claim
 -- event (LOG_FIELD_CLAIM*). Every check comes before the first write.
 --
--- KEYS[1] meta   KEYS[2] revision   KEYS[3] log   KEYS[4] claims (hash
--- name -> grant record)   KEYS[5] claim-expiry (zset name -> expires_at ms)
--- (standalone: KEYS[6] is P:state:fencing:current)
+-- A release also deletes the records bound to the released grant, up to
+-- a budget, and a new grant queues the reclaim of the records bound to the
+-- name's earlier epochs (reclaim.lua; docs/design/12-claims.md §12.5).
+--
+-- KEYS: as reclaim.lua says: KEYS[1] meta  KEYS[2] revision  KEYS[3] log
+-- KEYS[4] executions  KEYS[5] by-name  KEYS[6] claim-grants (hash name ->
+-- grant record)  KEYS[7] claim-expiry (zset name -> expires_at ms)
+-- KEYS[8] claim-sweep  KEYS[9] claim:<name>  (standalone: KEYS[10] is
+-- P:state:fencing:current)
 -- ARGV[1] mode ('s' standalone, 'l' layout checked by the caller, '-')
 -- ARGV[2] op: 'acquire', 'renew' or 'release'
 -- ARGV[3] owner   ARGV[4] epoch (renew, release)   ARGV[5] ttl_ms (acquire, renew)
 -- ARGV[6] name (valid: batch.CheckClaimName)   ARGV[7] max claims per swarm
+-- ARGV[8] the reclaim's budget: the most bound records a release deletes
 --
 -- Replies (all elements strings): as lease.lua's
 --   {'OK', revision, owner, epoch, expires_at_ms, granted,
---    replaced_owner, replaced_epoch, replaced_expires_at_ms}
+--    replaced_owner, replaced_epoch, replaced_expires_at_ms,
+--    deleted, queued, byname_stale}  (deleted: the bound records a release
+--    deleted; queued '1' when a reclaim was left to the reaper;
+--    byname_stale '1' when by-name's index was found stale)
 --   {'HELD', owner, epoch, expires_at_ms, now_ms}
 --   {'STALE', owner, epoch, expires_at_ms}       ('' when the name has no grant)
 --   {'TOO_MANY', claims, max}                     acquire of a new name at the cap
@@ -23,6 +33,8 @@ local slug = string.match(KEYS[1], P.SLUG_PATTERN)
 local mode, op, owner = ARGV[1], ARGV[2], ARGV[3]
 local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local name, max_claims = ARGV[6], tonumber(ARGV[7])
+local budget = tonumber(ARGV[8])
+local GRANTS, EXPIRY = KEYS[reclaim.GRANTS], KEYS[reclaim.EXPIRY]
 local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
 local claim_where = P.KEY_CLAIMS .. '/' .. name
 
@@ -30,13 +42,14 @@ local layout, refusal = check_layout(stamp, string.find(mode, P.MODE_LAYOUT_CHEC
 if refusal then
   return refusal
 end
-local wrong = wrong_type({ { KEYS[4], 'hash', P.KEY_CLAIMS }, { KEYS[5], 'zset', P.KEY_CLAIM_EXPIRY } })
+local wrong = wrong_type({ { GRANTS, 'hash', P.KEY_CLAIMS }, { EXPIRY, 'zset', P.KEY_CLAIM_EXPIRY },
+  { KEYS[reclaim.SWEEP], 'hash', P.KEY_CLAIM_SWEEP }, { KEYS[reclaim.SET], 'set', P.KEY_CLAIM_PREFIX .. name } })
 if wrong then
   return wrong
 end
 
 local now = now_ms()
-local raw = redis.call('HGET', KEYS[4], name)
+local raw = redis.call('HGET', GRANTS, name)
 local claim = nil
 if raw then
   local over
@@ -59,7 +72,7 @@ local function stale()
   return { P.REPLY_STALE, '', '', '' }
 end
 
-local count = redis.call('HLEN', KEYS[4])
+local count = redis.call('HLEN', GRANTS)
 local new_epoch, expires, kind = nil, nil, nil
 local granted = false
 if op == P.LEASE_ACQUIRE then
@@ -122,33 +135,59 @@ end
 log_extra = { P.LOG_FIELD_CLAIM, name, P.LOG_FIELD_CLAIM_KIND, kind,
   P.LOG_FIELD_CLAIM_EPOCH, int(new_epoch), P.LOG_FIELD_CLAIM_EXPIRES, int(expires) }
 
--- The sections whose records this call deletes (a release's bound records)
--- and their log changes; none yet (claims-bound fills them, below).
+-- The sections whose records this call deletes (a release's bound
+-- records: one SSCAN step of claim:<name>, reclaim.plan) and their log
+-- changes. A release that leaves members to walk queues the rest in
+-- claim-sweep (reclaim.apply); a new grant (a new epoch) of a name whose
+-- set is not empty queues the set for the reaper: every epoch below the
+-- new one is dead.
 local changed = {}
 local log_changes = {}
 local records = 0
+local plan, dead = nil, nil
+local queue_lapsed = nil
+if op == P.LEASE_RELEASE then
+  local qdead = reclaim.queued(name)
+  dead = epoch
+  if qdead and qdead > dead then
+    dead = qdead
+  end
+  -- The released epoch may have records anywhere in the set: walk it from
+  -- its start (a queued walk of an earlier epoch is taken over by this one).
+  plan = reclaim.plan(name, dead, '0', budget, 0)
+  records = reclaim.note(plan, changed, log_changes)
+elseif granted and redis.call('SCARD', KEYS[reclaim.SET]) > 0 then
+  -- A new epoch: every record of the name bound below it is dead (a
+  -- lapsed grant taken over before the reaper ended it, a grant Redis
+  -- lost), walked again from the start.
+  local qdead = reclaim.queued(name)
+  if qdead == nil or qdead < new_epoch - 1 then
+    queue_lapsed = int(new_epoch - 1) .. ':0'
+  end
+end
 
 local refused_write = start_commit(rev, stamp_command(stamp, layout), slug, owner, records, changed, nil, log_changes)
 if refused_write then
   return refused_write
 end
+local byname_stale = false
 if op == P.LEASE_RELEASE then
-  redis.call('HDEL', KEYS[4], name)
-  -- RELEASE: the bound records of this grant (KEYS claim:<name>, bound at
-  -- an epoch <= new_epoch) are deleted here, up to a budget, each added to
-  -- `changed` and `log_changes` before start_commit (move this block up
-  -- then); when some are left, ZADD claim-expiry name 0 (the reaper
-  -- finishes them) instead of the ZREM.
-  redis.call('ZREM', KEYS[5], name)
+  redis.call('HDEL', GRANTS, name)
+  redis.call('ZREM', EXPIRY, name)
+  byname_stale = reclaim.apply(plan, name, dead, '{"r":' .. rev .. ',"v":')
 else
-  redis.call('HSET', KEYS[4], name, '{"r":' .. rev .. ',"v":{"owner":' .. json_string(owner)
+  redis.call('HSET', GRANTS, name, '{"r":' .. rev .. ',"v":{"owner":' .. json_string(owner)
     .. ',"epoch":' .. int(new_epoch) .. ',"expires_at":' .. int(expires) .. '}}')
-  redis.call('ZADD', KEYS[5], int(expires), name)
+  redis.call('ZADD', EXPIRY, int(expires), name)
+  if queue_lapsed then
+    redis.call('HSET', KEYS[reclaim.SWEEP], name, queue_lapsed)
+  end
 end
 finish_commit(rev, layout, changed)
 local replaced = { '', '', '' }
 if granted and claim and claim.owner ~= owner then
   replaced = { claim.owner, int(claim.epoch), int(claim.expires_at) }
 end
+local queued = (plan and plan.cursor ~= '0') or queue_lapsed ~= nil
 return { P.REPLY_OK, rev, owner, int(new_epoch), int(expires), granted and '1' or '0',
-  replaced[1], replaced[2], replaced[3] }
+  replaced[1], replaced[2], replaced[3], int(records), queued and '1' or '0', byname_stale and '1' or '0' }

@@ -1,0 +1,287 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/agentihooks/fenced/internal/protocol"
+)
+
+// The reaper (docs/design/12-claims.md §12.5): every fenced replica ends
+// the claims whose grant lapsed and deletes the records bound to claims
+// that ended (released, lapsed, or taken over by a new grant), in steps of
+// one reap.lua run each, without any caller asking. Replicas racing on one
+// swarm are harmless: every step re-checks the grant and the queue in the
+// script.
+
+// DefaultClaimReapInterval is --claim-reap-interval's default: how long
+// the reaper waits between two passes over the swarms that hold claims.
+const DefaultClaimReapInterval = time.Second
+
+// reapPlanNames is how many lapsed and how many queued claims one look at
+// a swarm (reap_plan.lua) answers; reapRounds bounds the looks at one swarm
+// in one pass, so that a pass ends even when claims lapse as fast as it
+// reaps (the next pass goes on).
+const (
+	reapPlanNames = 64
+	reapRounds    = 1000
+)
+
+// ReapObserver is implemented by an Observer that counts what the reaper
+// did (fenced_claims_reaped_total, fenced_claim_records_reaped_total):
+// ClaimsReaped after each reaper step that ended claims or deleted
+// records, with how many of each.
+type ReapObserver interface {
+	ClaimsReaped(claims, records int)
+}
+
+// ReapResult is what one reaper pass (ReapOnce) or one swarm's part of it
+// (ReapSwarm) did.
+type ReapResult struct {
+	// Swarms is how many swarms were looked at.
+	Swarms int
+	// Lapsed is how many claims' lapses were committed (one log entry
+	// with claim kind "lapsed" each).
+	Lapsed int
+	// Records is how many bound records were deleted.
+	Records int
+	// Steps is how many reap.lua runs there were.
+	Steps int
+	// Pruned is how many slugs left the claim-swarms set (no grant and no
+	// queued reclaim left).
+	Pruned int
+}
+
+func (r *ReapResult) add(o ReapResult) {
+	r.Swarms += o.Swarms
+	r.Lapsed += o.Lapsed
+	r.Records += o.Records
+	r.Steps += o.Steps
+	r.Pruned += o.Pruned
+}
+
+// WithClaimReapBudget sizes one reclaim step (a release, one reaper
+// step): it reads one SSCAN page of COUNT n/4 members of the claim's set
+// (default protocol.ClaimReapBudget, 256: about 64 members; a small set,
+// which Redis 7.2+ keeps as a listpack of at most 128, whole), so it
+// deletes at most about that many records.
+func WithClaimReapBudget(n int) Option {
+	return func(s *Store) { s.claimReapBudget = n }
+}
+
+func (s *Store) reapBudget() int {
+	if s.claimReapBudget <= 0 {
+		return protocol.ClaimReapBudget
+	}
+	return s.claimReapBudget
+}
+
+// RunReaper runs ReapOnce every interval until ctx ends (interval <= 0:
+// it returns at once). A pass that fails is logged (slog, Warn) and the
+// next one runs at the next tick: nothing is retried sooner.
+func (s *Store) RunReaper(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r, err := s.ReapOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("claim reaper pass failed; the next runs at the next tick", "err", err,
+				"lapsed", r.Lapsed, "records", r.Records)
+		case r.Lapsed > 0 || r.Records > 0:
+			s.log.Debug("claim reaper pass", "swarms", r.Swarms, "lapsed", r.Lapsed, "records", r.Records,
+				"steps", r.Steps, "pruned", r.Pruned)
+		}
+	}
+}
+
+// ReapOnce is one reaper pass: every slug of the claim-swarms set (SSCAN,
+// 100 a page) is reaped by ReapSwarm. It goes on past a swarm that fails
+// and answers what it did and the first error (ErrUnavailable, context
+// errors, *RedisError, or a swarm's refusal as ReapSwarm's).
+func (s *Store) ReapOnce(ctx context.Context) (ReapResult, error) {
+	var total ReapResult
+	var first error
+	c := s.c()
+	cursor := uint64(0)
+	for {
+		bctx, cancel := s.bound(ctx, 0)
+		e, err := c.Do(bctx, c.B().Sscan().Key(s.claimSwarms()).Cursor(cursor).Count(100).Build()).AsScanEntry()
+		cancel()
+		if err != nil {
+			err = s.classify(ctx, err)
+			s.observe.RedisFailed("claim_swarms", err)
+			return total, fmt.Errorf("store: reap: %w", err)
+		}
+		for _, slug := range e.Elements {
+			r, err := s.ReapSwarm(ctx, slug)
+			total.add(r)
+			if err != nil && first == nil {
+				first = err
+			}
+			if ctx.Err() != nil {
+				return total, ctx.Err()
+			}
+		}
+		if e.Cursor == 0 {
+			return total, first
+		}
+		cursor = e.Cursor
+	}
+}
+
+// ReapSwarm reaps one swarm: it looks at the swarm (reap_plan.lua: the
+// claims whose grant lapsed by Redis's clock, the reclaims queued) and runs
+// one reap.lua step per claim named, again until nothing is left (at most
+// reapRounds looks). A swarm with no grant and no queued reclaim leaves
+// the claim-swarms set: SREM, then a second look, and SADD again when a
+// grant or a reclaim appeared meanwhile (an Acquire registers its swarm
+// before and after its grant, so the two cannot both miss it). A step that
+// fails is logged (slog, Warn) and the others go on; when every step of a
+// look fails, ReapSwarm answers the first error: a step's refusal
+// (*CorruptError, *LimitError), ErrUnavailable, context
+// errors, *RedisError.
+func (s *Store) ReapSwarm(ctx context.Context, slug string) (ReapResult, error) {
+	r := ReapResult{Swarms: 1}
+	k := s.keys(slug)
+	for range reapRounds {
+		grants, queued, names, err := s.reapPlan(ctx, k)
+		if err != nil {
+			return r, err
+		}
+		if len(names) == 0 {
+			if grants == 0 && queued == 0 {
+				pruned, err := s.pruneClaimSwarm(ctx, k)
+				if pruned {
+					r.Pruned++
+				}
+				return r, err
+			}
+			return r, nil
+		}
+		var first error
+		failed := 0
+		for _, name := range names {
+			lapsed, deleted, err := s.reapStep(ctx, k, name)
+			r.Steps++
+			if lapsed {
+				r.Lapsed++
+			}
+			r.Records += deleted
+			if err != nil {
+				// One claim's refusal (a grant another writer corrupted)
+				// does not hold up the others.
+				failed++
+				if first == nil {
+					first = err
+				}
+				if ctx.Err() != nil {
+					return r, first
+				}
+			}
+		}
+		if failed == len(names) {
+			// No step went through: the rest waits for the next pass.
+			return r, first
+		}
+		if first != nil {
+			s.log.Warn("claim reaper step failed", "slug", k.slug, "err", first)
+		}
+	}
+	return r, nil
+}
+
+// reapPlan is one look at a swarm: its number of grants and of queued
+// reclaims, and the names to step on (lapsed first, then queued; a name may
+// appear twice).
+func (s *Store) reapPlan(ctx context.Context, k swarmKeys) (grants, queued int64, names []string, err error) {
+	bctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	reply, err := s.exec(bctx, reapPlanScript, []string{k.claims(), k.claimExpiry(), k.claimSweep()},
+		[]string{strconv.Itoa(reapPlanNames)}).AsStrSlice()
+	if err != nil {
+		return 0, 0, nil, fmt.Errorf("store: reap %s: %w", k.slug, s.classify(ctx, err))
+	}
+	if len(reply) < 3 {
+		return 0, 0, nil, fmt.Errorf("store: reap %s: %w: %q", k.slug, ErrMalformedReply, reply)
+	}
+	nums, err := parseInts(reply[0], reply[1], reply[2])
+	if err != nil || nums[2] > int64(len(reply)-3) {
+		return 0, 0, nil, fmt.Errorf("store: reap %s: %w: %q", k.slug, ErrMalformedReply, reply)
+	}
+	return nums[0], nums[1], reply[3:], nil
+}
+
+// reapStep runs reap.lua once on the claim name: it answers whether the
+// step committed the claim's lapse and how many records it deleted.
+func (s *Store) reapStep(ctx context.Context, k swarmKeys, name string) (lapsed bool, deleted int, err error) {
+	bctx, cancel := s.bound(ctx, s.leaseDurability.wait())
+	defer cancel()
+	mode := protocol.ModeNone
+	if s.stamp {
+		mode = protocol.ModeStamp
+	}
+	reply, _, err := s.execCommitting(bctx, k, reapScript, s.claimKeys(k, name),
+		[]string{mode, name, strconv.Itoa(s.reapBudget())}, s.leaseDurability)
+	if err != nil {
+		return false, 0, fmt.Errorf("store: reap %s claim %s: %w", k.slug, name, err)
+	}
+	if reply[0] != protocol.ReplyOK || len(reply) != 6 {
+		if e := swarmRefusal(reply); e != nil {
+			return false, 0, fmt.Errorf("store: reap %s claim %s: %w", k.slug, name, e)
+		}
+		return false, 0, fmt.Errorf("store: reap %s claim %s: %w: %q", k.slug, name, ErrMalformedReply, reply)
+	}
+	n, err := strconv.Atoi(reply[3])
+	if err != nil {
+		return false, 0, fmt.Errorf("store: reap %s claim %s: %w: %q", k.slug, name, ErrMalformedReply, reply)
+	}
+	lapsed = reply[2] == "1"
+	if reply[5] == "1" {
+		s.rebuildInBackground(k.slug)
+	}
+	if o, ok := s.observe.(ReapObserver); ok && (lapsed || n > 0) {
+		claims := 0
+		if lapsed {
+			claims = 1
+		}
+		o.ClaimsReaped(claims, n)
+	}
+	return lapsed, n, nil
+}
+
+// pruneClaimSwarm removes the swarm from the claim-swarms set, then looks
+// again and adds it back when it holds a grant or a queued reclaim by then.
+// It answers whether the swarm stayed out.
+func (s *Store) pruneClaimSwarm(ctx context.Context, k swarmKeys) (bool, error) {
+	c := s.c()
+	bctx, cancel := s.bound(ctx, 0)
+	err := c.Do(bctx, c.B().Srem().Key(s.claimSwarms()).Member(k.slug).Build()).Error()
+	cancel()
+	if err != nil {
+		err = s.classify(ctx, err)
+		s.observe.RedisFailed("claim_swarms", err)
+		return false, fmt.Errorf("store: reap %s: %w", k.slug, err)
+	}
+	grants, queued, _, err := s.reapPlan(ctx, k)
+	if err == nil && grants == 0 && queued == 0 {
+		return true, nil
+	}
+	// Back in the set: a grant or a reclaim appeared, or the look failed
+	// (the swarm stays registered rather than risk leaving a grant unseen).
+	if rerr := s.registerClaims(ctx, k.slug); rerr != nil {
+		return false, errors.Join(err, fmt.Errorf("store: reap %s: %w", k.slug, rerr))
+	}
+	return false, err
+}
