@@ -282,7 +282,9 @@ const (
 	ClaimEventKind_CLAIM_EVENT_KIND_GRANTED ClaimEventKind = 1
 	// The holder extended its grant (or acquired again while holding it).
 	ClaimEventKind_CLAIM_EVENT_KIND_RENEWED ClaimEventKind = 2
-	// The holder released it; its bound records are deleted in the event.
+	// The holder released it; the event's changes delete its bound records,
+	// up to one step's budget (~64): the reaper's later events delete the
+	// rest (docs/design/12-claims.md §12.5).
 	ClaimEventKind_CLAIM_EVENT_KIND_RELEASED ClaimEventKind = 3
 	// It expired unrenewed; fenced reclaimed it and its bound records (the
 	// event's revision is the reclaim's, after expires_at_ms).
