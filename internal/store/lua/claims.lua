@@ -35,31 +35,13 @@ local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local name, max_claims = ARGV[6], tonumber(ARGV[7])
 local budget = tonumber(ARGV[8])
 local GRANTS, EXPIRY = KEYS[reclaim.GRANTS], KEYS[reclaim.EXPIRY]
-local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
-local claim_where = P.KEY_CLAIMS .. '/' .. name
 
-local layout, refusal = check_layout(stamp, string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil, slug)
+local opened, refusal = reclaim.open(mode, slug, name)
 if refusal then
   return refusal
 end
-local wrong = wrong_type({ { GRANTS, 'hash', P.KEY_CLAIMS }, { EXPIRY, 'zset', P.KEY_CLAIM_EXPIRY },
-  { KEYS[reclaim.SWEEP], 'hash', P.KEY_CLAIM_SWEEP }, { KEYS[reclaim.SET], 'set', P.KEY_CLAIM_PREFIX .. name } })
-if wrong then
-  return wrong
-end
-
+local stamp, layout, claim, raw = opened.stamp, opened.layout, opened.claim, opened.raw
 local now = now_ms()
-local raw = redis.call('HGET', GRANTS, name)
-local claim = nil
-if raw then
-  local over
-  claim, over = lease_of(raw)
-  if over == 'over' then
-    return { P.REPLY_LIMIT, '', claim_where }
-  elseif over then
-    return { P.REPLY_CORRUPT, '', claim_where }
-  end
-end
 local floor, refused = swarm_floor()
 if refused then
   return refused

@@ -30,32 +30,14 @@
 --   {'LIMIT', '', what}, {'WRONGTYPE', name, type, want}  as claims.lua
 local slug = string.match(KEYS[1], P.SLUG_PATTERN)
 local mode, name, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
 local GRANTS, EXPIRY = KEYS[reclaim.GRANTS], KEYS[reclaim.EXPIRY]
-local claim_where = P.KEY_CLAIMS .. '/' .. name
 
-local layout, refusal = check_layout(stamp, string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil, slug)
+local opened, refusal = reclaim.open(mode, slug, name)
 if refusal then
   return refusal
 end
-local wrong = wrong_type({ { GRANTS, 'hash', P.KEY_CLAIMS }, { EXPIRY, 'zset', P.KEY_CLAIM_EXPIRY },
-  { KEYS[reclaim.SWEEP], 'hash', P.KEY_CLAIM_SWEEP }, { KEYS[reclaim.SET], 'set', P.KEY_CLAIM_PREFIX .. name } })
-if wrong then
-  return wrong
-end
-
+local stamp, layout, claim, raw = opened.stamp, opened.layout, opened.claim, opened.raw
 local now = now_ms()
-local raw = redis.call('HGET', GRANTS, name)
-local claim = nil
-if raw then
-  local over
-  claim, over = lease_of(raw)
-  if over == 'over' then
-    return { P.REPLY_LIMIT, '', claim_where }
-  elseif over then
-    return { P.REPLY_CORRUPT, '', claim_where }
-  end
-end
 local lapsed = claim ~= nil and claim.expires_at <= now
 local dead, cursor = reclaim.queued(name)
 if lapsed then

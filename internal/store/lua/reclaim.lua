@@ -33,6 +33,37 @@ local NOT_SECTIONS = {
   [P.KEY_CLAIM_EXPIRY] = true, [P.KEY_CLAIM_SWEEP] = true,
 }
 
+-- open is the opening of claims.lua and reap.lua, before any write: the
+-- layout check (check_layout: the mode's letters P.MODE_STAMP and
+-- P.MODE_LAYOUT_CHECKED), the types of the claim keys, and the name's
+-- grant read (lease_of). It answers the stamp flag, the layout and the
+-- grant (nil when the name has none) and its stored text (raw); or nil and the script's refusal
+-- (the layout's; WRONGTYPE; LIMIT or CORRUPT naming claim-grants/<name>).
+function reclaim.open(mode, slug, name)
+  local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
+  local layout, refusal = check_layout(stamp, string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil, slug)
+  if refusal then
+    return nil, refusal
+  end
+  local wrong = wrong_type({ { KEYS[reclaim.GRANTS], 'hash', P.KEY_CLAIMS }, { KEYS[reclaim.EXPIRY], 'zset', P.KEY_CLAIM_EXPIRY },
+    { KEYS[reclaim.SWEEP], 'hash', P.KEY_CLAIM_SWEEP }, { KEYS[reclaim.SET], 'set', P.KEY_CLAIM_PREFIX .. name } })
+  if wrong then
+    return nil, wrong
+  end
+  local raw = redis.call('HGET', KEYS[reclaim.GRANTS], name)
+  local claim = nil
+  if raw then
+    local over
+    claim, over = lease_of(raw)
+    if over == 'over' then
+      return nil, { P.REPLY_LIMIT, '', P.KEY_CLAIMS .. '/' .. name }
+    elseif over then
+      return nil, { P.REPLY_CORRUPT, '', P.KEY_CLAIMS .. '/' .. name }
+    end
+  end
+  return { stamp = stamp, layout = layout, claim = claim, raw = raw }
+end
+
 -- queued answers the reclaim queued for name in claim-sweep: its dead
 -- epoch (a number below 2^53) and cursor (text), or nil when none (or the
 -- field is not of that form: then it is rewritten by the next queue).
