@@ -89,15 +89,7 @@ end
 -- epoch still in the hash), at least Redis's clock (next_revision, §5.1). A
 -- new grant's epoch is this revision: above every epoch and revision ever
 -- issued in the swarm, never reissued after Redis lost writes.
-local highest = floor
-if claim then
-  highest = rev_latest(highest, claim.epoch)
-  local r = record_revision(raw)
-  if r then
-    highest = rev_latest(highest, r)
-  end
-end
-local rev, limit = next_revision(highest)
+local rev, limit = reclaim.next_revision(floor, claim, raw)
 if limit then
   return limit
 end

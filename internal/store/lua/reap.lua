@@ -73,14 +73,7 @@ if not lapsed and #plan.deletes == 0 then
   return { P.REPLY_OK, '0', '0', '0', plan.cursor ~= '0' and '1' or '0', '0' }
 end
 
-if lapsed then
-  highest = rev_latest(highest, claim.epoch)
-  local r = record_revision(raw)
-  if r then
-    highest = rev_latest(highest, r)
-  end
-end
-local rev, limit = next_revision(highest)
+local rev, limit = reclaim.next_revision(highest, lapsed and claim or nil, raw)
 if limit then
   return limit
 end

@@ -64,6 +64,24 @@ function reclaim.open(mode, slug, name)
   return { stamp = stamp, layout = layout, claim = claim, raw = raw }
 end
 
+-- next_revision is the revision a claims or reaper script commits at:
+-- above highest (the swarm's floor and what else the script must pass)
+-- and, for a grant (claim, its stored text raw), above its epoch and its
+-- record revision, so that a lost counter never lets a revision go below
+-- an epoch still in the hash; at least Redis's clock (lib_commit.lua
+-- next_revision, §5.1). It answers the revision, or nil and the LIMIT
+-- refusal.
+function reclaim.next_revision(highest, claim, raw)
+  if claim then
+    highest = rev_latest(highest, claim.epoch)
+    local r = record_revision(raw)
+    if r then
+      highest = rev_latest(highest, r)
+    end
+  end
+  return next_revision(highest)
+end
+
 -- queued answers the reclaim queued for name in claim-sweep: its dead
 -- epoch (a number below 2^53) and cursor (text), or nil when none (or the
 -- field is not of that form: then it is rewritten by the next queue).
