@@ -162,24 +162,39 @@ func TestRedisRefusalsCarryTheirReason(t *testing.T) {
 		{
 			name: "LOADING: a replica loading its first sync", reason: store.ReasonRedisLoading,
 			setup: func(t *testing.T) (*store.Store, func(*store.Store) error) {
-				primary := redistest.Start(t, redistest.WithArgs("--repl-diskless-sync", "no"))
-				primary.Do(t, "EVAL", "for i = 1, 3000 do redis.call('SET', 'k' .. i, 'v') end", "0")
-				// Loading takes 3000 keys x 20 ms: a minute, longer than
-				// awaitErr's bound, so that however late the first sync
-				// starts on a busy box, it is still loading when a Record
-				// meets it (at 2 ms a key, 6 s, CI once saw no LOADING in
-				// 30 s). The replica is killed when the test ends.
+				primary := redistest.Start(t, redistest.WithArgs("--repl-diskless-sync", "no", "--rdbcompression", "no"))
+				primary.Do(t, "EVAL", "for i = 1, 6000 do redis.call('SET', 'k' .. i, string.rep('x', 1100)) end", "0")
+				// Loading takes 6000 keys x 20 ms: two minutes, longer
+				// than the wait below, so that however late the first
+				// sync starts on a busy box, it is still loading when a
+				// Record meets it (at 2 ms a key, 6 s, CI once saw no
+				// LOADING in 30 s). Each key is over the 1024 bytes after
+				// which a loading Redis answers its clients (uncompressed),
+				// so it answers every 20 ms: with 1-byte values it
+				// answered every ~2 s, past the Redis timeout, and CI saw
+				// the timeout instead. The replica is killed when the test
+				// ends.
 				replica := redistest.Start(t, redistest.WithArgs("--key-load-delay", "20000", "--loading-process-events-interval-bytes", "1024"))
 				st := open(t, replica)
 				host, port, _ := net.SplitHostPort(primary.Addr())
 				replica.Do(t, "REPLICAOF", host, port)
 				return st, func(st *store.Store) error {
-					var err error
-					awaitErr(t, "Record on a loading replica", func() error {
-						_, _, err = st.Record(ctx, "s", "intents", "i1")
-						return err
-					})
-					return err
+					// Until the replica answers a refusal: before its first
+					// sync it serves (no error), and a reply slower than the
+					// Redis timeout on a busy box is ErrUnavailable; neither
+					// is the state under test.
+					deadline := time.Now().Add(90 * time.Second)
+					for {
+						_, _, err := st.Record(ctx, "s", "intents", "i1")
+						var re *store.RefusalError
+						if errors.As(err, &re) || err != nil && !errors.Is(err, store.ErrUnavailable) {
+							return err
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("Record on a loading replica: no refusal in 90 s (last: %v)", err)
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
 				}
 			},
 		},
