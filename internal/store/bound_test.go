@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -429,4 +430,55 @@ func TestBoundPutsConcurrently(t *testing.T) {
 			t.Errorf("%s = %+v; want bound to task/1 at epoch %d", k, rec, a.Epoch)
 		}
 	}
+}
+
+// TestForeignFieldsWithTheBoundHeadAreNotBound: a field that starts as
+// the bound form but is spelled otherwise (a member after "v", a trailing
+// space) reads as an unbound record, so its claim's release must not
+// delete it nor a commit take it for bound; one that is no record (a
+// non-canonical claim_epoch, bytes after the closing brace) is refused as
+// corrupt, never deleted silently. Found by a hostile test: the reclaim
+// matched the head alone and deleted all four.
+func TestForeignFieldsWithTheBoundHeadAreNotBound(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "bh"
+	a := grantClaim(t, st, slug, "f", "worker-a", 60000)
+	var ws []batch.Write
+	for _, k := range []string{"extra", "space", "epoch0", "tail", "real"} {
+		ws = append(ws, bput("intents", k, 0, `1`))
+	}
+	mustCommit(t, st, &batch.Batch{Slug: slug, Claim: a, Writes: ws})
+	e := strconv.FormatInt(a.Epoch, 10)
+	srv.Do(t, "HSET", key(slug, "intents"),
+		"extra", `{"r":5,"claim":"f","claim_epoch":`+e+`,"v":1,"extra":2}`,
+		"space", `{"r":5,"claim":"f","claim_epoch":`+e+`,"v":1} `,
+		"epoch0", `{"r":5,"claim":"f","claim_epoch":0`+e+`,"v":1}`,
+		"tail", `{"r":5,"claim":"f","claim_epoch":`+e+`,"v":1}x`)
+	for _, k := range []string{"extra", "space"} {
+		rec, _, err := st.Record(ctx, slug, "intents", k)
+		if err != nil || rec == nil || rec.Revision != 5 || rec.Claim != "" {
+			t.Fatalf("Record intents/%s = %+v, %v; want revision 5, unbound", k, rec, err)
+		}
+	}
+	for _, k := range []string{"epoch0", "tail"} {
+		if rec, _, err := st.Record(ctx, slug, "intents", k); err == nil {
+			t.Errorf("Record intents/%s = %+v; want it refused, not a record", k, rec)
+		}
+	}
+	if _, err := st.ReleaseClaim(ctx, slug, "f", "worker-a", a.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	got := srv.Do(t, "HKEYS", key(slug, "intents"))
+	for _, k := range []string{"extra", "space", "epoch0", "tail"} {
+		if !strings.Contains(got, k) {
+			t.Errorf("intents/%s, not of the bound form, was deleted by its claim's release (left: %s)", k, got)
+		}
+	}
+	if strings.Contains(got, "real") {
+		t.Errorf("intents/real, bound to the released claim, is still stored (left: %s)", got)
+	}
+	// A commit reads the unbound ones at their revision, not as absent.
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("intents", "extra", 5, `2`), put("intents", "space", 5, `2`)}})
 }

@@ -255,9 +255,19 @@ end
 -- (docs/design/12-claims.md §12.4) is bound to: the claim's name and the
 -- text of its epoch (digits, compared as strings or below 2^53, never
 -- re-encoded). nil for every other field: unbound records and every
--- foreign form, whatever members it has, are not bound. Only the form
--- fenced writes is read, by one anchored match (claim names are
--- [A-Za-z0-9._:@/-], written without escapes).
+-- foreign form, whatever members it has, are not bound. A field is of the
+-- bound form by the same test as parse_record's bound branch (and Go's
+-- parseBound): the head by one anchored match (claim names are
+-- [A-Za-z0-9._:@/-], written without escapes), N and E canonical, VALUE
+-- one JSON text and the field's last byte its closing brace. So a field
+-- that reads as unbound (a member after VALUE, a trailing space) is never
+-- taken for bound by a commit or deleted by a reclaim.
+local BOUND_CLAIM = '^{"r":(%d+),"claim":"([A-Za-z0-9._:@/%-]+)","claim_epoch":(%d+),"v":()'
 local function record_claim(raw)
-  return string.match(raw, '^{"r":%d+,"claim":"([A-Za-z0-9._:@/%-]+)","claim_epoch":(%d+),"v":')
+  local digits, name, epoch, vstart = string.match(raw, BOUND_CLAIM)
+  if digits and canonical_digits(digits) and canonical_digits(epoch) and sub(raw, -1) == '}'
+    and json_valid(sub(raw, vstart, -2), MAX_DEPTH - 1) then
+    return name, epoch
+  end
+  return nil
 end
