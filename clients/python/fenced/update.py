@@ -122,9 +122,10 @@ class Txn:
             raise TypeError(f"put {section}/{key}: value must be JSON text (str); use put_json or fenced.dumps")
         self._write((section, key), _Pending(value, bind_to_claim))
 
-    def put_json(self, section: str, key: str, obj: Any) -> None:
-        """``put`` of :func:`fenced.dumps` (obj)."""
-        self.put(section, key, dumps(obj))
+    def put_json(self, section: str, key: str, obj: Any, bind_to_claim: bool = False) -> None:
+        """``put`` of :func:`fenced.dumps` (obj), bound to the update's claim
+        with ``bind_to_claim=True``."""
+        self.put(section, key, dumps(obj), bind_to_claim)
 
     def delete(self, section: str, key: str) -> None:
         """Remove (section, key) at commit, expecting the revision it was read at."""

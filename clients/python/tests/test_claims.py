@@ -94,10 +94,12 @@ def test_a_put_bound_to_a_claim_is_gone_with_it(client: fenced.Client, redis, sl
 
     def change(tx: fenced.Txn) -> None:
         tx.put("claims", "T-10", '"b"', bind_to_claim=True)
+        tx.put_json("claims", "T-12", {"b": 2}, bind_to_claim=True)
 
     rev2 = client.update(slug, change, claim=fence)
     snap = client.sections(slug, "claims")
     assert snap.sections["claims"]["T-10"] == fenced.Record(rev2, '"b"', "wake/9", grant.epoch)
+    assert snap.sections["claims"]["T-12"] == fenced.Record(rev2, fenced.dumps({"b": 2}), "wake/9", grant.epoch)
 
     client.release(slug, "worker-a", grant.epoch, name="wake/9")
     assert client.record(slug, "claims", "T-9") is None
