@@ -178,11 +178,16 @@ end
 
 -- Bound records (§12.4): the stored records the batch meets that have the
 -- bound form (record_claim), each write's claim in bound_names[i] and its
--- epoch in bound_epochs[i]; the claims met, once each, in met_claims.
-local bound_names, bound_epochs, met_claims, met = {}, {}, {}, {}
+-- epoch in bound_epochs[i]; the claims met, once each, in met_claims. All
+-- four are made by the first bound record met (nil until then: most
+-- batches meet none, and every table a commit makes is Redis time).
+local bound_names, bound_epochs, met_claims, met = nil, nil, nil, nil
 local function meet(i, raw)
   local name, epoch = record_claim(raw)
   if name then
+    if not met then
+      bound_names, bound_epochs, met_claims, met = {}, {}, {}, {}
+    end
     bound_names[i], bound_epochs[i] = name, epoch
     if not met[name] then
       met[name] = true
@@ -205,7 +210,7 @@ end
 -- and its text dropped: Lua holds at most one chunk of fields (Redis's
 -- maxmemory does not count Lua's memory), not the whole section.
 local CHECK_CHUNK = 256
-local checked = {} -- write index -> stored revision (0: absent; false: not a record)
+local checked = nil -- write index -> stored revision (0: absent; false: not a record); made by the first records check
 do
   local i = 1
   while i <= n do
@@ -219,6 +224,7 @@ do
         i = i + 1
       end
       local got = redis.call('HMGET', KEYS[ki], unpack(fields))
+      checked = checked or {}
       for j = 1, #fields do
         local actual = 0
         if got[j] then
@@ -280,8 +286,9 @@ end
 -- (CHECK_CHUNK a call) and the clock decide; dead[i] marks a write whose
 -- record is not live, which is absent to it (revision 0). A grant that
 -- cannot be read leaves its records not live.
-local dead = {}
-if #met_claims > 0 then
+local dead = nil
+if met_claims then
+  dead = {}
   local grants_key = base .. P.KEY_CLAIMS
   local live = {} -- name -> the epoch (digits) of its live grant
   local now = now_ms()
@@ -312,7 +319,7 @@ if #met_claims > 0 then
   end
 end
 
-local conflicts = { P.REPLY_CONFLICT }
+local conflicts = nil -- the CONFLICT reply, made by the first mismatch
 local mutates = false
 local old_exec = EXEC and {} -- write index -> stored executions field (or false); nil without by-name
 local olds = {} -- write index -> the stored field a put or delete replaces
@@ -331,7 +338,7 @@ for i = 1, n do
       return { P.REPLY_CORRUPT, int(i - 1) }
     end
     highest = rev_latest(highest, actual)
-    if dead[i] then
+    if dead and dead[i] then
       actual = 0
     end
   else
@@ -356,7 +363,7 @@ for i = 1, n do
       end
     end
     highest = rev_latest(highest, actual)
-    if dead[i] then
+    if dead and dead[i] then
       actual = 0
     end
     if kind ~= P.KIND_CHECK then
@@ -368,11 +375,12 @@ for i = 1, n do
     end
   end
   if expected ~= -1 and expected ~= actual then
+    conflicts = conflicts or { P.REPLY_CONFLICT }
     conflicts[#conflicts + 1] = int(i - 1)
     conflicts[#conflicts + 1] = int(actual)
   end
 end
-if #conflicts > 1 then
+if conflicts then
   return conflicts
 end
 if not mutates then
@@ -392,33 +400,37 @@ end
 -- Likewise the sets of bound records (§12.4) the commit changes: the
 -- claim's, which a bound put adds its record to, and the set of each claim
 -- a put or delete takes a record from (unbound, or bound to another claim).
--- unbinds[name] are the members taken from that claim's set.
-local unbinds, unbind_order, binding = {}, {}, {}
-for i = 1, n do
-  local old = bound_names[i]
-  if old and olds[i] and not (binds[i] and old == claim_name) then
-    if not unbinds[old] then
-      unbinds[old] = {}
-      unbind_order[#unbind_order + 1] = old
+-- unbinds[name] are the members taken from that claim's set. All three
+-- are nil for a batch that neither meets nor puts a bound record.
+local unbinds, unbind_order, binding = nil, nil, nil
+if met or any_bound then
+  unbinds, unbind_order, binding = {}, {}, {}
+  for i = 1, n do
+    local old = bound_names and bound_names[i]
+    if old and olds[i] and not (binds[i] and old == claim_name) then
+      if not unbinds[old] then
+        unbinds[old] = {}
+        unbind_order[#unbind_order + 1] = old
+      end
+      local list = unbinds[old]
+      list[#list + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
     end
-    local list = unbinds[old]
-    list[#list + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
+    if binds[i] then
+      binding[#binding + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
+    end
   end
-  if binds[i] then
-    binding[#binding + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
-  end
-end
-if #binding > 0 or #unbind_order > 0 then
-  local list = {}
-  if #binding > 0 then
-    list[1] = { claim_set, 'set', P.KEY_CLAIM_PREFIX .. claim_name }
-  end
-  for _, name in ipairs(unbind_order) do
-    list[#list + 1] = { base .. P.KEY_CLAIM_PREFIX .. name, 'set', P.KEY_CLAIM_PREFIX .. name }
-  end
-  local wrong = wrong_type(list)
-  if wrong then
-    return wrong
+  if #binding > 0 or #unbind_order > 0 then
+    local list = {}
+    if #binding > 0 then
+      list[1] = { claim_set, 'set', P.KEY_CLAIM_PREFIX .. claim_name }
+    end
+    for _, name in ipairs(unbind_order) do
+      list[#list + 1] = { base .. P.KEY_CLAIM_PREFIX .. name, 'set', P.KEY_CLAIM_PREFIX .. name }
+    end
+    local wrong = wrong_type(list)
+    if wrong then
+      return wrong
+    end
   end
 end
 
@@ -492,15 +504,15 @@ for _, ki in ipairs(touched) do
 end
 
 -- The sets of bound records follow the records.
-for _, name in ipairs(unbind_order) do
-  local members = unbinds[name]
-  local j = 1
-  while j <= #members do
-    redis.call('SREM', base .. P.KEY_CLAIM_PREFIX .. name, unpack(members, j, math.min(j + CHECK_CHUNK - 1, #members)))
-    j = j + CHECK_CHUNK
+if unbind_order then
+  for _, name in ipairs(unbind_order) do
+    local members = unbinds[name]
+    local j = 1
+    while j <= #members do
+      redis.call('SREM', base .. P.KEY_CLAIM_PREFIX .. name, unpack(members, j, math.min(j + CHECK_CHUNK - 1, #members)))
+      j = j + CHECK_CHUNK
+    end
   end
-end
-do
   local j = 1
   while j <= #binding do
     redis.call('SADD', claim_set, unpack(binding, j, math.min(j + CHECK_CHUNK - 1, #binding)))
