@@ -83,6 +83,9 @@ var (
 	// recordBuckets: puts and deletes of one batch, up to the default
 	// --max-writes.
 	recordBuckets = []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+	// groupBuckets: calls a group commit carries, 1 (alone) to
+	// groupMaxMembers (internal/store).
+	groupBuckets = []float64{1, 2, 4, 8, 16, 32, 64}
 )
 
 // Metrics is fenced's registry and its collectors. It implements
@@ -125,6 +128,7 @@ type Metrics struct {
 	snapshotRetries    prometheus.Counter
 	snapshotFallbacks  prometheus.Counter
 	claimsReaped       prometheus.Counter
+	groupMembers       prometheus.Histogram
 	claimRecordsReaped prometheus.Counter
 
 	// scriptObservers are scriptDuration's series of the known scripts,
@@ -259,6 +263,11 @@ func New() *Metrics {
 			Name: "fenced_snapshot_chunk_fallbacks_total",
 			Help: "Chunked Sections reads aborted 3 times and then read as one MULTI (Redis serves no other client meanwhile).",
 		}),
+		groupMembers: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fenced_commit_group_members",
+			Help:    "Committing calls carried by each call the group commit sent to Redis (1: a call alone; at most 64).",
+			Buckets: groupBuckets,
+		}),
 		claimsReaped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fenced_claims_reaped_total",
 			Help: "Claims whose lapse this fenced's reaper committed (one LAPSED log entry each).",
@@ -276,7 +285,7 @@ func New() *Metrics {
 		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals,
 		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting,
 		m.snapshotsChunked, m.snapshotRetries, m.snapshotFallbacks,
-		m.claimsReaped, m.claimRecordsReaped} {
+		m.claimsReaped, m.claimRecordsReaped, m.groupMembers} {
 		f(c)
 	}
 	// Every series that can appear is there from the start, at 0, so that
@@ -498,6 +507,11 @@ func (m *Metrics) ChunkedSnapshotDone(retries int, fellBack bool) {
 	if fellBack {
 		m.snapshotFallbacks.Inc()
 	}
+}
+
+// CommitSent implements store.GroupObserver.
+func (m *Metrics) CommitSent(members int) {
+	m.groupMembers.Observe(float64(members))
 }
 
 // ClaimsReaped implements store.ReapObserver.

@@ -287,6 +287,33 @@ func TestReapMetrics(t *testing.T) {
 	}
 }
 
+// TestGroupMetrics: fenced_commit_group_members exists empty and counts
+// each send the store reports, by how many calls it carried.
+func TestGroupMetrics(t *testing.T) {
+	m := metrics.New()
+	var _ store.GroupObserver = m
+	start := scrape(t, m)
+	if g, ok := start["fenced_commit_group_members_count"]; !ok || g != 0 {
+		t.Errorf("fenced_commit_group_members_count at start = %v (present %v), want 0", g, ok)
+	}
+	m.CommitSent(1)
+	m.CommitSent(6)
+	m.CommitSent(64)
+	got := scrape(t, m)
+	for name, w := range map[string]float64{
+		"fenced_commit_group_members_count":      3,
+		"fenced_commit_group_members_sum":        71,
+		"fenced_commit_group_members_bucket{1}":  1,
+		"fenced_commit_group_members_bucket{8}":  2,
+		"fenced_commit_group_members_bucket{32}": 2,
+		"fenced_commit_group_members_bucket{64}": 3,
+	} {
+		if got[name] != w {
+			t.Errorf("%s = %v, want %v", name, got[name], w)
+		}
+	}
+}
+
 // BenchmarkScriptDone: one commit script's observation.
 func BenchmarkScriptDone(b *testing.B) {
 	m := metrics.New()

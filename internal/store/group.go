@@ -114,6 +114,7 @@ func (s *Store) execGrouped(ctx context.Context, sc *script, keys, args []string
 		if g.beforeSend != nil {
 			g.beforeSend(slot, 1)
 		}
+		s.observeSent(1)
 		reply, err := replyStrings(s.exec(ctx, sc, keys, args))
 		s.laneDone(slot)
 		return reply, err
@@ -209,6 +210,7 @@ func (s *Store) sendGroup(slot uint16, group []*pending) {
 	if s.groups.beforeSend != nil {
 		s.groups.beforeSend(slot, len(group))
 	}
+	s.observeSent(len(group))
 	if len(group) == 1 {
 		p := group[0]
 		p.reply, p.err = replyStrings(s.exec(p.ctx, p.sc, p.keys, p.args))

@@ -215,6 +215,48 @@ func TestGroupCommitAnswersEachMemberAsAlone(t *testing.T) {
 	}
 }
 
+// sendRecorder is an Observer that records what GroupObserver is told.
+type sendRecorder struct {
+	nopObserver
+	mu   sync.Mutex
+	sent []int
+}
+
+func (r *sendRecorder) CommitSent(members int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = append(r.sent, members)
+}
+
+// TestGroupCommitReportsItsSends: the Observer is told each send of a lane
+// with the calls it carried (fenced_commit_group_members): a call alone
+// as 1, the group queued behind it as its size, a call after them alone
+// again as 1.
+func TestGroupCommitReportsItsSends(t *testing.T) {
+	srv := redistest.Start(t)
+	rec := &sendRecorder{}
+	s := openGrouped(t, srv.URL(), WithObserver(rec))
+	rec.mu.Lock()
+	rec.sent = nil
+	rec.mu.Unlock()
+	newGroupGate(t, s, map[uint16]int{0: 3})
+	_, errs := commitAll(t, s, 0, groupPut("s-first", "k", 0, ""),
+		groupPut("s-a", "k", 0, ""), groupPut("s-b", "k", 0, ""), groupPut("s-c", "k", 0, ""))
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("batch %d: %v", i, err)
+		}
+	}
+	if _, err := s.Commit(context.Background(), groupPut("s-after", "k", 0, "")); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if !slices.Equal(rec.sent, []int{1, 3, 1}) {
+		t.Errorf("sends reported %v; want [1 3 1]", rec.sent)
+	}
+}
+
 // TestGroupCommitRefusedByRedisRunsEachAlone: a group that Redis refuses
 // before running it (over maxmemory: OOM) is sent again call by call, as
 // scripts, so each answers what it would alone: the replay of a committed

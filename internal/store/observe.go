@@ -108,6 +108,24 @@ func (s *Store) observeScript(ctx context.Context, sc *script, start time.Time, 
 	s.observe.ScriptDone(sc.name, time.Since(start), s.classify(ctx, err))
 }
 
+// GroupObserver is implemented by an Observer that counts the group
+// commit's sends (fenced_commit_group_members; group.go,
+// docs/design/03-fenced-batch.md §3.10): CommitSent after each committing
+// call a lane sends to Redis, with how many calls it carries (1: a call
+// alone; up to groupMaxMembers). Calls that never go by a lane (scripts
+// sent as EVAL, commits that wait for replicas, WithoutGroupCommit) are
+// not reported.
+type GroupObserver interface {
+	CommitSent(members int)
+}
+
+// observeSent reports one send of a lane (GroupObserver).
+func (s *Store) observeSent(members int) {
+	if o, ok := s.observe.(GroupObserver); ok {
+		o.CommitSent(members)
+	}
+}
+
 // SnapshotObserver is implemented by an Observer that counts chunked
 // snapshots (fenced_snapshots_chunked_total and its retries and
 // fallbacks; read_chunked.go, docs/design/06-reads-and-scans.md §6).
