@@ -128,8 +128,8 @@ type Metrics struct {
 	snapshotRetries    prometheus.Counter
 	snapshotFallbacks  prometheus.Counter
 	claimsReaped       prometheus.Counter
-	groupMembers       prometheus.Histogram
 	claimRecordsReaped prometheus.Counter
+	groupMembers       prometheus.Histogram
 
 	// scriptObservers are scriptDuration's series of the known scripts,
 	// looked up once in New (read-only after).

@@ -110,11 +110,12 @@ func (s *Store) observeScript(ctx context.Context, sc *script, start time.Time, 
 
 // GroupObserver is implemented by an Observer that counts the group
 // commit's sends (fenced_commit_group_members; group.go,
-// docs/design/03-fenced-batch.md §3.10): CommitSent after each committing
-// call a lane sends to Redis, with how many calls it carries (1: a call
+// docs/design/03-fenced-batch.md §3.10): CommitSent as a lane sends each
+// committing call to Redis, with how many calls it carries (1: a call
 // alone; up to groupMaxMembers). Calls that never go by a lane (scripts
 // sent as EVAL, commits that wait for replicas, WithoutGroupCommit) are
-// not reported.
+// not reported, nor are the members of a group Redis refused as a
+// function when they are sent again one by one (sendGroup).
 type GroupObserver interface {
 	CommitSent(members int)
 }
