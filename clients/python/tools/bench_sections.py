@@ -9,7 +9,11 @@ difference: the Record objects). Prints the least and the median, in ms. A
 benchmark, not a test: the figures depend on the machine and its load.
 $FENCED_BIN_BEFORE (another fenced binary, e.g. an older build) starts a
 second fenced on the same Redis, and each round times every side on both, in
-turn, so that the two are compared under the same load.
+turn, so that the two are compared under the same load. Each fenced runs with
+--heavy-read-share 1: the benchmark reads in a loop, which the default share
+(0.1 of wall time per caller, docs/configuration.md) paces once its burst is
+spent, and that wait is the pacing's, not the read's (a tick that reads the
+swarm once a pass stays under the share and is never paced).
 
     /usr/bin/python3 clients/python/tools/bench_sections.py [rounds]
 """
@@ -72,7 +76,7 @@ def main() -> None:
             with open(log, "wb") as logf:
                 proc = subprocess.Popen(
                     [str(path), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "0s",
-                     "--redis-url", f"redis://127.0.0.1:{port}"], stdout=logf, stderr=subprocess.STDOUT)
+                     "--heavy-read-share", "1", "--redis-url", f"redis://127.0.0.1:{port}"], stdout=logf, stderr=subprocess.STDOUT)
             servers.append(proc)
             addr: list[str] = []
 
