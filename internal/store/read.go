@@ -251,7 +251,10 @@ const memoryUsageSlack = 20
 // Redis answered an error inside the MULTI (a key of another type: the
 // script's error is the one to return). Redis time: ~1.1x the MULTI alone
 // against ~7-10x for the script, which copies every field into Lua and
-// back (docs/benchmarks.md).
+// back (docs/benchmarks.md). A snapshot over one step, and one of a swarm
+// with claim grants (EXISTS claim-grants, sent with the HLENs), is read in
+// steps under WATCH instead (readSectionsChunked), a few attempts before
+// the MULTI.
 func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []string) (*Snapshot, bool, error) {
 	if s.memoryUsageRefused.Load() {
 		return nil, false, nil
@@ -266,15 +269,30 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	// the record limit: MEMORY USAGE ... SAMPLES 0 of a hashtable visits
 	// every field (~0.4 µs each: a section of 2,000,000 records held Redis
 	// ~0.86 s), worth it only for a read that may be answered.
-	pre := make([]rueidis.Completed, 0, len(names))
+	// EXISTS claim-grants last: a swarm with grants is read in steps even
+	// when it fits one (below).
+	pre := make([]rueidis.Completed, 0, len(names)+1)
 	for _, n := range names {
 		pre = append(pre, c.B().Hlen().Key(k.section(n)).Build().Pin())
 	}
-	var records, memory int64
+	pre = append(pre, c.B().Exists().Key(k.claims()).Build().Pin())
+	var records, memory, grants int64
 	present := make([]string, 0, len(names))
 	sizes := make([]sectionSize, len(names))
 	for i, r := range c.DoMulti(ctx, pre...) {
 		v, err := r.AsInt64()
+		if i == len(names) {
+			if err != nil {
+				if ctx.Err() != nil || !answered(err) {
+					err = s.classify(ctx, err)
+					s.observe.ScriptDone(ScriptReadSections, time.Since(start), err)
+					return nil, true, fmt.Errorf("store: read sections: %w", err)
+				}
+				return nil, false, nil
+			}
+			grants = v
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil || !answered(err) {
 				err = s.classify(ctx, err)
@@ -343,9 +361,14 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	if memory+2*memoryUsageSlack*records > int64(s.maxSnapshotBytes)+recordEnvelope*records {
 		return nil, false, nil
 	}
-	if records > int64(s.snapshotStepRecords) || memory > int64(s.snapshotStepBytes) {
+	if records > int64(s.snapshotStepRecords) || memory > int64(s.snapshotStepBytes) || grants > 0 {
 		// More than one step: read in steps under WATCH (read_chunked.go),
-		// a few times at most, then as one MULTI.
+		// a few times at most, then as one MULTI. So is a swarm with claim
+		// grants, whatever its size: its closing MULTI reads the grants of
+		// the claims its bound records met, with Redis's clock, under the
+		// same WATCH (docs/design/12-claims.md §12.4), where one MULTI
+		// would have to be read again by read_sections.lua (~4x the Redis
+		// time) when it met a bound record.
 		observed, _ := s.observe.(SnapshotObserver)
 		for attempt := 1; attempt <= snapshotAttempts; attempt++ {
 			snap, done, err := s.readSectionsChunked(ctx, k, names, sizes, attempt, start)
@@ -400,7 +423,9 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 			return nil, false, nil
 		}
 	}
-	grants, _ := arr[2+len(names)].AsInt64()
+	// The MULTI's own EXISTS decides: a grant made since the checks above
+	// has the script read a snapshot that met a bound record.
+	grants, _ = arr[2+len(names)].AsInt64()
 	arr = arr[:2+len(names)]
 	s.observe.ScriptDone(ScriptReadSections, time.Since(start), nil)
 	fieldMaps := make([]map[string]rueidis.RedisMessage, len(names))
