@@ -371,6 +371,55 @@ func TestBoundRecordsSnapshotInOneStepIsReadWithoutAScript(t *testing.T) {
 	}
 }
 
+// TestBoundFieldsRevisionsAsTheRecordGrammarReadsThem: a commit reads the
+// revision of a stored field of the bound form from the same judging that
+// found it bound (record_claim), not by judging it again; the answers stay
+// the record grammar's: a live bound record at 12345 conflicts at 12345 and
+// commits when expected; one at 2^53 (above REV_MAX) is RECORD_CORRUPT to a
+// put that expects a revision and a revision LIMIT to a BLIND one; a field
+// with the bound head whose value is no JSON (NaN) is no record: CORRUPT,
+// and a BLIND put repairs it. Nothing is written by a refused batch.
+func TestBoundFieldsRevisionsAsTheRecordGrammarReadsThem(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "bv"
+	a := grantClaim(t, st, slug, "task/a", "worker-a", 60000)
+	mustCommit(t, st, &batch.Batch{Slug: slug, Claim: a, Writes: []batch.Write{put("claims", "u0", 0, `1`)}})
+	field := func(rev, value string) string {
+		return `{"r":` + rev + `,"claim":"task/a","claim_epoch":` + strconv.FormatInt(a.Epoch, 10) + `,"v":` + value + `}`
+	}
+	srv.Do(t, "HSET", key(slug, "claims"), "live", field("12345", `"x"`), "over", field("9007199254740992", `"x"`),
+		"nan", field("5", "NaN"))
+	commit := func(w batch.Write) error {
+		_, err := st.Commit(ctx, &batch.Batch{Slug: slug, Claim: a, Writes: []batch.Write{w}})
+		return err
+	}
+	before := dumpSwarm(t, srv)
+	wantConflict(t, commit(bput("claims", "live", 7, `"y"`)), []string{"live"}, []int64{12345})
+	if err := commit(bput("claims", "over", 5, `"y"`)); !errors.Is(err, store.ErrCorruptRecord) {
+		t.Errorf("put expecting 5 over a bound field at 2^53: %v; want ErrCorruptRecord", err)
+	}
+	var le *store.LimitError
+	if err := commit(bput("claims", "over", batch.Blind, `"y"`)); !errors.As(err, &le) {
+		t.Errorf("BLIND put over a bound field at 2^53: %v; want *LimitError", err)
+	}
+	if err := commit(put("claims", "nan", 5, `"y"`)); !errors.Is(err, store.ErrCorruptRecord) {
+		t.Errorf("put expecting 5 over a bound head with a NaN value: %v; want ErrCorruptRecord", err)
+	}
+	if after := dumpSwarm(t, srv); after != before {
+		t.Errorf("a refused batch changed Redis:\n%s->\n%s", before, after)
+	}
+	r := mustCommit(t, st, &batch.Batch{Slug: slug, Claim: a, Writes: []batch.Write{bput("claims", "live", 12345, `"y"`),
+		put("claims", "nan", batch.Blind, `"z"`)}})
+	if got, want := srv.Do(t, "HGET", key(slug, "claims"), "live"), field(strconv.FormatInt(r, 10), `"y"`); got != want {
+		t.Errorf("claims/live = %s; want %s", got, want)
+	}
+	if got, want := srv.Do(t, "HGET", key(slug, "claims"), "nan"), fmt.Sprintf(`{"r":%d,"v":"z"}`, r); got != want {
+		t.Errorf("claims/nan = %s; want %s", got, want)
+	}
+}
+
 // TestBoundRecordsOnCluster: on Redis Cluster a bound put, its claim's set
 // and the reads' grants are of the swarm's slot: bound, then absent once
 // released.

@@ -177,18 +177,20 @@ elseif any_bound then
 end
 
 -- Bound records (§12.4): the stored records the batch meets that have the
--- bound form (record_claim), each write's claim in bound_names[i] and its
--- epoch in bound_epochs[i]; the claims met, once each, in met_claims. All
--- four are made by the first bound record met (nil until then: most
+-- bound form (record_claim), each write's claim in bound_names[i], its
+-- epoch in bound_epochs[i] and its revision's digits in bound_revs[i]
+-- (the revisions' loop reads it from there: record_claim judged the field
+-- as record_revision would); the claims met, once each, in met_claims.
+-- All five are made by the first bound record met (nil until then: most
 -- batches meet none, and every table a commit makes is Redis time).
-local bound_names, bound_epochs, met_claims, met = nil, nil, nil, nil
+local bound_names, bound_epochs, bound_revs, met_claims, met = nil, nil, nil, nil, nil
 local function meet(i, raw)
-  local name, epoch = record_claim(raw)
+  local name, epoch, digits = record_claim(raw)
   if name then
     if not met then
-      bound_names, bound_epochs, met_claims, met = {}, {}, {}, {}
+      bound_names, bound_epochs, bound_revs, met_claims, met = {}, {}, {}, {}, {}
     end
-    bound_names[i], bound_epochs[i] = name, epoch
+    bound_names[i], bound_epochs[i], bound_revs[i] = name, epoch, digits
     if not met[name] then
       met[name] = true
       met_claims[#met_claims + 1] = name
@@ -348,7 +350,14 @@ for i = 1, n do
     local raw = stored[i]
     if raw then
       local over
-      actual, over = record_revision(raw)
+      local digits = bound_revs and bound_revs[i]
+      if digits == nil then
+        actual, over = record_revision(raw)
+      elseif digits_in_range(digits) then
+        actual, over = tonumber(digits), false
+      else
+        actual, over = nil, true
+      end
       if actual == nil then
         -- A field that is not a record can only be overwritten blind
         -- (repair); one whose revision is above REV_MAX not even so: no

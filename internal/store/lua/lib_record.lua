@@ -261,13 +261,17 @@ end
 -- [A-Za-z0-9._:@/-], written without escapes), N and E canonical, VALUE
 -- one JSON text and the field's last byte its closing brace. So a field
 -- that reads as unbound (a member after VALUE, a trailing space) is never
--- taken for bound by a commit or deleted by a reclaim.
+-- taken for bound by a commit or deleted by a reclaim. Third, the text of
+-- N (canonical digits, not checked against REV_MAX): parse_record would
+-- read the same field as that revision (nil, 'over' above REV_MAX), so a
+-- commit that met a bound field reads its revision from here instead of
+-- judging the field a second time (record_revision).
 local BOUND_CLAIM = '^{"r":(%d+),"claim":"([A-Za-z0-9._:@/%-]+)","claim_epoch":(%d+),"v":()'
 local function record_claim(raw)
   local digits, name, epoch, vstart = string.match(raw, BOUND_CLAIM)
   if digits and canonical_digits(digits) and canonical_digits(epoch) and sub(raw, -1) == '}'
     and json_valid(sub(raw, vstart, -2), MAX_DEPTH - 1) then
-    return name, epoch
+    return name, epoch, digits
   end
   return nil
 end
