@@ -111,7 +111,7 @@ type serveCmd struct {
 	MaxClaimsPerSwarm int64 `env:"FENCED_MAX_CLAIMS_PER_SWARM" default:"100000" help:"Most claims (named leases) one swarm may hold at once; an Acquire of a new name past it is RESOURCE_EXHAUSTED TOO_MANY_CLAIMS."`
 	// ClaimReapInterval is how often the claim reaper passes over the
 	// swarms that hold claims; 0 turns it off.
-	ClaimReapInterval time.Duration `env:"FENCED_CLAIM_REAP_INTERVAL" default:"1s" help:"How often this fenced's claim reaper ends the claims whose grant lapsed and deletes the records bound to claims that ended (docs/design/12-claims.md §12.5), in steps of at most ~256 records (~2 ms of Redis time) each; 0: never (run it on at least one replica, or lapsed claims' records stay stored, though no read sees them)."`
+	ClaimReapInterval time.Duration `env:"FENCED_CLAIM_REAP_INTERVAL" default:"1s" help:"How often this fenced's claim reaper ends the claims whose grant lapsed and deletes the records bound to claims that ended (docs/design/12-claims.md §12.5), in steps of at most ~256 records (~2 ms of Redis time) each, on the ticks where it takes the replicas' turn (P:fence:reaper-turn); 0: never (run it on at least one replica, or lapsed claims' records stay stored, though no read sees them)."`
 	// ByNameRebuildPage is the records one step of a background by-name
 	// index rebuild reads; 0 turns the background rebuild off.
 	ByNameRebuildPage int `env:"FENCED_BY_NAME_REBUILD_PAGE" default:"200" help:"When a batch finds by-name's index stale (a writer bypassed fenced), rebuild it in the background, at most this many records per script, each step sized by the Redis time the previous ones took to about 1 ms; 0: never (fenced inspect --repair does it)."`

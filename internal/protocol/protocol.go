@@ -251,6 +251,11 @@ const (
 	// the swarms that may hold claims (no hash tag: on Cluster it lives on
 	// one node), which the reaper walks (§12.5).
 	ClaimSwarmsKey = "fence:claim-swarms"
+	// ReaperTurnKey is, after "<prefix>:swarm:", the string naming the
+	// replica whose reaper has the current pass (SET NX PX of its
+	// --claim-reap-interval; no hash tag), so that one replica walks the
+	// swarms per interval, not each (§12.5).
+	ReaperTurnKey = "fence:reaper-turn"
 	// ClaimReapBudget sizes one reclaim script run: it reads one SSCAN page
 	// of COUNT ClaimReapBudget/4 members of a claim's set (about 64
 	// members, a small set whole), so it deletes at most about that many

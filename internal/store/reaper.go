@@ -2,12 +2,16 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/redis/rueidis"
 )
 
 // The reaper (docs/design/12-claims.md §12.5): every fenced replica ends
@@ -80,19 +84,29 @@ func (s *Store) reapBudget() int {
 }
 
 // RunReaper runs ReapOnce every interval until ctx ends (interval <= 0:
-// it returns at once). A pass that fails is logged (slog, Warn) and the
-// next one runs at the next tick: nothing is retried sooner.
+// it returns at once), on the ticks where it takes the reaper's turn
+// (takeReaperTurn): of several replicas, one walks the swarms per
+// interval. A pass that fails is logged (slog, Warn) and the next one runs
+// at the next tick: nothing is retried sooner.
 func (s *Store) RunReaper(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		return
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	token := reaperToken()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		took := s.takeReaperTurn(ctx, token, interval)
+		if s.afterReaperTurn != nil {
+			s.afterReaperTurn(took)
+		}
+		if !took {
+			continue
 		}
 		r, err := s.ReapOnce(ctx)
 		switch {
@@ -104,6 +118,41 @@ func (s *Store) RunReaper(ctx context.Context, interval time.Duration) {
 				"steps", r.Steps, "pruned", r.Pruned)
 		}
 	}
+}
+
+// reaperTurn is the key of the reaper's turn (protocol.ReaperTurnKey).
+func (s *Store) reaperTurn() string { return s.prefix + ":" + protocol.ReaperTurnKey }
+
+// reaperToken names this process's reaper in the turn key: host, pid and
+// a random part (two Stores of one process have two tokens).
+func reaperToken() string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// takeReaperTurn answers whether this reaper has the pass: SET
+// P:fence:reaper-turn token NX PX interval, which one reaper of any number
+// wins until the key expires one interval later, whoever wins next (the
+// turn lasts the interval of the replica that took it). Passes of two
+// reapers may still overlap (a pass longer than the interval, a key lost
+// with Redis), which the steps are safe against (each re-reads the grant
+// and the queue in its script). A turn that cannot be asked (Redis down,
+// an ACL without the key) takes the pass anyway: a redundant pass costs
+// Redis time, a skipped one leaves lapsed claims unreaped.
+func (s *Store) takeReaperTurn(ctx context.Context, token string, interval time.Duration) bool {
+	c := s.c()
+	bctx, cancel := s.bound(ctx, 0)
+	defer cancel()
+	err := c.Do(bctx, c.B().Set().Key(s.reaperTurn()).Value(token).Nx().PxMilliseconds(max(1, interval.Milliseconds())).Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return false
+	}
+	if err != nil && ctx.Err() == nil {
+		s.log.Debug("claim reaper: the turn could not be asked; this pass runs anyway", "err", err)
+	}
+	return true
 }
 
 // ReapOnce is one reaper pass: every slug of the claim-swarms set (SSCAN,
