@@ -281,18 +281,6 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	sizes := make([]sectionSize, len(names))
 	for i, r := range c.DoMulti(ctx, pre...) {
 		v, err := r.AsInt64()
-		if i == len(names) {
-			if err != nil {
-				if ctx.Err() != nil || !answered(err) {
-					err = s.classify(ctx, err)
-					s.observe.ScriptDone(ScriptReadSections, time.Since(start), err)
-					return nil, true, fmt.Errorf("store: read sections: %w", err)
-				}
-				return nil, false, nil
-			}
-			grants = v
-			continue
-		}
 		if err != nil {
 			if ctx.Err() != nil || !answered(err) {
 				err = s.classify(ctx, err)
@@ -300,6 +288,10 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 				return nil, true, fmt.Errorf("store: read sections: %w", err)
 			}
 			return nil, false, nil // a key of another type: the script's error
+		}
+		if i == len(names) {
+			grants = v
+			continue
 		}
 		records += v
 		sizes[i].records = v
