@@ -257,6 +257,36 @@ func TestReaperPassesTakeTurns(t *testing.T) {
 	}
 }
 
+// TestReaperTurnWithoutExpiryPassesOn: a turn key that would hold the
+// turn forever, a string without an expiry (set by hand) or a key of
+// another type, does not stop the reapers: a tick gives it an expiry
+// (PEXPIRE NX), the turn passes on, and the lapsed claim is reaped.
+func TestReaperTurnWithoutExpiryPassesOn(t *testing.T) {
+	for _, set := range [][]string{{"SET", "stuck"}, {"HSET", "a", "b"}} {
+		t.Run(set[0], func(t *testing.T) {
+			srv := redistest.Start(t)
+			st := open(t, srv)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			const slug = "stuck"
+			if _, _, err := st.AcquireClaim(ctx, slug, "task", "worker-a", 100); err != nil {
+				t.Fatal(err)
+			}
+			waitClaimLapsed(t, st, slug, "task")
+			const turnKey = prefix + ":swarm:fence:reaper-turn"
+			srv.Do(t, append([]string{set[0], turnKey}, set[1:]...)...)
+			done := make(chan struct{})
+			go func() { defer close(done); st.RunReaper(ctx, 5*time.Millisecond) }()
+			waitUntil(t, func() bool { return srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "task") == "0" }, "the lapsed claim reaped past a turn key without expiry")
+			cancel()
+			<-done
+			if ttl := srv.Do(t, "PTTL", turnKey); ttl == "-1" {
+				t.Errorf("the turn key still has no expiry")
+			}
+		})
+	}
+}
+
 // TestLapsedClaimIsReapedUnasked: a claim that lapses unrenewed is ended
 // by the running reaper, without any call naming it: its grant and bound
 // records are gone, a Watch sees one LAPSED event carrying the deletes,

@@ -140,13 +140,22 @@ func reaperToken() string {
 // with Redis), which the steps are safe against (each re-reads the grant
 // and the queue in its script). A turn that cannot be asked (Redis down,
 // an ACL without the key) takes the pass anyway: a redundant pass costs
-// Redis time, a skipped one leaves lapsed claims unreaped.
+// Redis time, a skipped one leaves lapsed claims unreaped. Nor does a
+// key that would hold the turn forever: one without an expiry (set by
+// hand, or of another type) is given one (PEXPIRE NX) by the tick that
+// finds it, so the turn passes on one interval later.
 func (s *Store) takeReaperTurn(ctx context.Context, token string, interval time.Duration) bool {
 	c := s.c()
 	bctx, cancel := s.bound(ctx, 0)
 	defer cancel()
-	err := c.Do(bctx, c.B().Set().Key(s.reaperTurn()).Value(token).Nx().PxMilliseconds(max(1, interval.Milliseconds())).Build()).Error()
+	ms := max(1, interval.Milliseconds())
+	err := c.Do(bctx, c.B().Set().Key(s.reaperTurn()).Value(token).Nx().PxMilliseconds(ms).Build()).Error()
 	if rueidis.IsRedisNil(err) {
+		// Held. A key without an expiry gets one here (an error is left to
+		// the next tick).
+		if healed, _ := c.Do(bctx, c.B().Pexpire().Key(s.reaperTurn()).Milliseconds(ms).Nx().Build()).AsInt64(); healed == 1 {
+			s.log.Warn("claim reaper: the turn key had no expiry; it expires one interval from now", "key", s.reaperTurn())
+		}
 		return false
 	}
 	if err != nil && ctx.Err() == nil {
