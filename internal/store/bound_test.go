@@ -371,6 +371,23 @@ func TestBoundRecordsSnapshotInOneStepIsReadWithoutAScript(t *testing.T) {
 	}
 }
 
+// TestBoundRecordsSnapshotOverGrantsOfAnotherType: a snapshot that meets
+// a bound record while claim-grants holds another Redis type answers
+// Redis's WRONGTYPE (as the script would), not a malformed reply.
+func TestBoundRecordsSnapshotOverGrantsOfAnotherType(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	const slug = "bw"
+	a := grantClaim(t, st, slug, "task/a", "worker-a", 60000)
+	boundSwarm(t, st, slug, a, 1)
+	srv.Do(t, "DEL", key(slug, "claim-grants"))
+	srv.Do(t, "SET", key(slug, "claim-grants"), "x")
+	_, err := st.Sections(context.Background(), slug, []string{"claims"})
+	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || errors.Is(err, store.ErrMalformedReply) {
+		t.Errorf("Sections over claim-grants of another type: %v; want Redis's WRONGTYPE", err)
+	}
+}
+
 // TestBoundFieldsRevisionsAsTheRecordGrammarReadsThem: a commit reads the
 // revision of a stored field of the bound form from the same judging that
 // found it bound (record_claim), not by judging it again; the answers stay

@@ -200,70 +200,14 @@ func TestReleaseOverBudgetLeavesTheRestToTheReaper(t *testing.T) {
 	}
 }
 
-// TestReaperPassesTakeTurns: a reaper walks the swarms only on the ticks
-// where it takes the reaper's turn (P:fence:reaper-turn, SET NX PX of its
-// interval): while another replica holds the turn it skips its passes and
-// reaps nothing; once the turn is free it takes it and reaps the lapsed
-// claim.
-func TestReaperPassesTakeTurns(t *testing.T) {
-	srv := redistest.Start(t)
-	var mu sync.Mutex
-	took, skipped := 0, 0
-	st, err := store.Open(srv.URL(), prefix, store.WithAfterReaperTurn(func(ok bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		if ok {
-			took++
-		} else {
-			skipped++
-		}
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	const slug = "turns"
-	if _, _, err := st.AcquireClaim(ctx, slug, "task", "worker-a", 100); err != nil {
-		t.Fatal(err)
-	}
-	waitClaimLapsed(t, st, slug, "task")
-	const turnKey = prefix + ":swarm:fence:reaper-turn"
-	srv.Do(t, "SET", turnKey, "another-replica", "PX", "3600000")
-	done := make(chan struct{})
-	go func() { defer close(done); st.RunReaper(ctx, 5*time.Millisecond) }()
-	counts := func() (int, int) {
-		mu.Lock()
-		defer mu.Unlock()
-		return took, skipped
-	}
-	waitUntil(t, func() bool { _, n := counts(); return n >= 3 }, "three ticks skipped while another replica has the turn")
-	if n, _ := counts(); n != 0 {
-		t.Fatalf("the reaper took %d turns held by another replica", n)
-	}
-	if got := srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "task"); got != "1" {
-		t.Fatalf("the lapsed grant was reaped while another replica had the turn")
-	}
-	srv.Do(t, "DEL", turnKey)
-	waitUntil(t, func() bool { return srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "task") == "0" }, "the lapsed claim reaped once the turn was free")
-	cancel()
-	<-done
-	if n, _ := counts(); n == 0 {
-		t.Errorf("the claim was reaped with no turn taken")
-	}
-	if got := srv.Do(t, "GET", turnKey); got == "another-replica" {
-		t.Errorf("the turn key still names the other replica after this one took it")
-	}
-}
-
-// TestReaperTurnWithoutExpiryPassesOn: a turn key that would hold the
-// turn forever, a string without an expiry (set by hand) or a key of
-// another type, does not stop the reapers: a tick gives it an expiry
-// (PEXPIRE NX), the turn passes on, and the lapsed claim is reaped.
-func TestReaperTurnWithoutExpiryPassesOn(t *testing.T) {
-	for _, set := range [][]string{{"SET", "stuck"}, {"HSET", "a", "b"}} {
-		t.Run(set[0], func(t *testing.T) {
+// TestReaperTurnPassesOnWithinTheInterval: a turn key that would hold
+// the turn past the reaper's interval, a string without an expiry (set by
+// hand), a key of another type, or one expiring in a year, does not stop
+// the reapers: a tick cuts its expiry to the interval (PEXPIRE LT), the
+// turn passes on, and the lapsed claim is reaped.
+func TestReaperTurnPassesOnWithinTheInterval(t *testing.T) {
+	for _, set := range [][]string{{"SET", "stuck"}, {"HSET", "a", "b"}, {"SET", "stuck", "EX", "31536000"}} {
+		t.Run(strings.Join(set, "_"), func(t *testing.T) {
 			srv := redistest.Start(t)
 			st := open(t, srv)
 			ctx, cancel := context.WithCancel(context.Background())
@@ -277,11 +221,11 @@ func TestReaperTurnWithoutExpiryPassesOn(t *testing.T) {
 			srv.Do(t, append([]string{set[0], turnKey}, set[1:]...)...)
 			done := make(chan struct{})
 			go func() { defer close(done); st.RunReaper(ctx, 5*time.Millisecond) }()
-			waitUntil(t, func() bool { return srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "task") == "0" }, "the lapsed claim reaped past a turn key without expiry")
+			waitUntil(t, func() bool { return srv.Do(t, "HEXISTS", key(slug, "claim-grants"), "task") == "0" }, "the lapsed claim reaped past a turn key held too long")
 			cancel()
 			<-done
-			if ttl := srv.Do(t, "PTTL", turnKey); ttl == "-1" {
-				t.Errorf("the turn key still has no expiry")
+			if ttl, err := strconv.Atoi(srv.Do(t, "PTTL", turnKey)); err != nil || ttl == -1 || ttl > 5 {
+				t.Errorf("the turn key's PTTL is %d ms (%v); want at most the 5 ms interval, or gone", ttl, err)
 			}
 		})
 	}

@@ -7,12 +7,6 @@ func WithAfterDocumentPlan(f func(slug string)) Option {
 	return func(s *Store) { s.afterPlan = f }
 }
 
-// WithAfterReaperTurn calls f on each tick of RunReaper with whether it
-// took the reaper's turn (takeReaperTurn).
-func WithAfterReaperTurn(f func(took bool)) Option {
-	return func(s *Store) { s.afterReaperTurn = f }
-}
-
 // WithAfterSnapshotStep calls f after each step of a chunked snapshot was
 // answered and before the next is sent (attempt and step from 1): tests
 // use it to commit between steps, deterministically.

@@ -273,6 +273,13 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 			watching = !answered(err)
 			return failed(err)
 		}
+		for _, m := range exec {
+			if err := m.Error(); err != nil {
+				// Redis's answer inside the MULTI (claim-grants of another
+				// type): the script's error is the one to return.
+				return nil, false, err
+			}
+		}
 		if len(met) > 0 {
 			if live, err = execGrants(met, exec); err != nil {
 				return nil, true, fmt.Errorf("store: read sections: %w", err)

@@ -101,11 +101,7 @@ func (s *Store) RunReaper(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		took := s.takeReaperTurn(ctx, token, interval)
-		if s.afterReaperTurn != nil {
-			s.afterReaperTurn(took)
-		}
-		if !took {
+		if !s.takeReaperTurn(ctx, token, interval) {
 			continue
 		}
 		r, err := s.ReapOnce(ctx)
@@ -135,15 +131,17 @@ func reaperToken() string {
 // takeReaperTurn answers whether this reaper has the pass: SET
 // P:fence:reaper-turn token NX PX interval, which one reaper of any number
 // wins until the key expires one interval later, whoever wins next (the
-// turn lasts the interval of the replica that took it). Passes of two
+// turn lasts the shortest interval of the replicas ticking meanwhile). Passes of two
 // reapers may still overlap (a pass longer than the interval, a key lost
 // with Redis), which the steps are safe against (each re-reads the grant
 // and the queue in its script). A turn that cannot be asked (Redis down,
 // an ACL without the key) takes the pass anyway: a redundant pass costs
 // Redis time, a skipped one leaves lapsed claims unreaped. Nor does a
-// key that would hold the turn forever: one without an expiry (set by
-// hand, or of another type) is given one (PEXPIRE NX) by the tick that
-// finds it, so the turn passes on one interval later.
+// key that would hold the turn past this reaper's interval: its expiry,
+// none (set by hand, another type) or a later one (a replica with a longer
+// interval, a hand-set TTL), is cut to one interval from now (PEXPIRE LT),
+// so the turn passes on within this reaper's interval; when that cannot
+// be done (PEXPIRE refused: an ACL, Redis before 7.0) the pass runs.
 func (s *Store) takeReaperTurn(ctx context.Context, token string, interval time.Duration) bool {
 	c := s.c()
 	bctx, cancel := s.bound(ctx, 0)
@@ -151,12 +149,16 @@ func (s *Store) takeReaperTurn(ctx context.Context, token string, interval time.
 	ms := max(1, interval.Milliseconds())
 	err := c.Do(bctx, c.B().Set().Key(s.reaperTurn()).Value(token).Nx().PxMilliseconds(ms).Build()).Error()
 	if rueidis.IsRedisNil(err) {
-		// Held. A key without an expiry gets one here (an error is left to
-		// the next tick).
-		if healed, _ := c.Do(bctx, c.B().Pexpire().Key(s.reaperTurn()).Milliseconds(ms).Nx().Build()).AsInt64(); healed == 1 {
-			s.log.Warn("claim reaper: the turn key had no expiry; it expires one interval from now", "key", s.reaperTurn())
+		// Held. An expiry later than one interval from now (none: set by
+		// hand, another type; a long one) is brought down to it.
+		var cut int64
+		cut, err = c.Do(bctx, c.B().Pexpire().Key(s.reaperTurn()).Milliseconds(ms).Lt().Build()).AsInt64()
+		if err == nil {
+			if cut == 1 {
+				s.log.Debug("claim reaper: the turn's expiry was later than this interval; cut to it", "key", s.reaperTurn())
+			}
+			return false
 		}
-		return false
 	}
 	if err != nil && ctx.Err() == nil {
 		s.log.Debug("claim reaper: the turn could not be asked; this pass runs anyway", "err", err)

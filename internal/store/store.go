@@ -155,9 +155,6 @@ type Store struct {
 	// afterSnapshotStep, when set (tests only), is called after each step
 	// of a chunked snapshot was answered, before the next is sent.
 	afterSnapshotStep func(slug string, attempt, step int)
-	// afterReaperTurn, when set (tests only), is called on each tick of
-	// RunReaper with whether it took the reaper's turn.
-	afterReaperTurn func(took bool)
 	// afterSnapshotCheck, when set (tests only), is called after each
 	// round trip of MEMORY USAGE checks before a snapshot was answered.
 	afterSnapshotCheck func(slug string)
