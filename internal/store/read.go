@@ -265,6 +265,11 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	// connection is cut, DoMulti can answer while rueidis's writer is still
 	// writing them, and the next commands built here would reuse their
 	// memory (a data race seen under the fault suite's cut connections).
+	// For the same reason no slice passed to DoMulti is reused: a read-only
+	// pipeline whose connection is cut is retried on a new one and answered
+	// while the old connection's writer still walks the slice
+	// (rueidis pipe._backgroundWrite), so overwriting it is a data race
+	// (seen under the fault suite's cut connections on a busy machine).
 	// HLEN first, MEMORY USAGE after, of the sections HLEN found within
 	// the record limit: MEMORY USAGE ... SAMPLES 0 of a hashtable visits
 	// every field (~0.4 µs each: a section of 2,000,000 records held Redis
@@ -303,11 +308,11 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 		s.observe.ScriptDone(ScriptReadSections, time.Since(start), nil)
 		return nil, true, fmt.Errorf("store: read sections: %w", &TooLargeError{Records: records, Max: s.maxSnapshotRecords})
 	}
-	pre = pre[:0]
+	usageCmds := make([]rueidis.Completed, 0, len(present))
 	counts := make([]int64, 0, len(present))
 	for i, n := range names {
 		if sizes[i].records > 0 {
-			pre = append(pre, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
+			usageCmds = append(usageCmds, c.B().MemoryUsage().Key(k.section(n)).Samples(0).Build().Pin())
 			counts = append(counts, sizes[i].records)
 		}
 	}
@@ -317,13 +322,13 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	// fixture swarm, ~1.5x its longest step (docs/benchmarks.md). A
 	// snapshot within one step's records stays one round trip.
 	var usage []rueidis.RedisResult
-	for from := 0; from < len(pre); {
+	for from := 0; from < len(usageCmds); {
 		to, n := from+1, counts[from]
-		for to < len(pre) && n+counts[to] <= int64(s.snapshotStepRecords) {
+		for to < len(usageCmds) && n+counts[to] <= int64(s.snapshotStepRecords) {
 			n += counts[to]
 			to++
 		}
-		usage = append(usage, c.DoMulti(ctx, pre[from:to]...)...)
+		usage = append(usage, c.DoMulti(ctx, usageCmds[from:to]...)...)
 		from = to
 		if s.afterSnapshotCheck != nil {
 			s.afterSnapshotCheck(k.slug)

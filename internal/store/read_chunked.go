@@ -166,7 +166,9 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 	execed := false
 	for step := 0; step < len(plan); step++ {
 		p := plan[step]
-		cmds = cmds[:0]
+		// A new slice per round trip: one passed to DoMulti is never
+		// reused (readSectionsMulti says why).
+		cmds = make([]rueidis.Completed, 0, len(p.section)+2)
 		switch p.kind {
 		case 'a':
 			for _, i := range p.section {
@@ -256,7 +258,7 @@ func (s *Store) readSectionsChunked(ctx context.Context, k swarmKeys, names []st
 				met = snap.claimsMet()
 			}
 		}
-		cmds = append(cmds[:0], dc.B().Multi().Build().Pin())
+		cmds = append(make([]rueidis.Completed, 0, 4), dc.B().Multi().Build().Pin())
 		if len(met) > 0 {
 			cmds = append(cmds, dc.B().Time().Build().Pin(), dc.B().Hmget().Key(k.claims()).Field(met...).Build().Pin())
 		}
