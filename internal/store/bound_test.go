@@ -157,6 +157,23 @@ func boundSwarm(t *testing.T, st *store.Store, slug string, claim *batch.ClaimFe
 	return mustCommit(t, st, &batch.Batch{Slug: slug, Claim: claim, Writes: ws})
 }
 
+// twoClaimSwarm grants task/a to worker-a and task/b to worker-b in slug
+// (60 s each), then stores boundSwarm's claims section with nA records
+// bound to task/a and intents/i0..i<nB-1> ("b") bound to task/b. It
+// returns both claims' fences.
+func twoClaimSwarm(t *testing.T, st *store.Store, slug string, nA, nB int) (a, b *batch.ClaimFence) {
+	t.Helper()
+	a = grantClaim(t, st, slug, "task/a", "worker-a", 60000)
+	b = grantClaim(t, st, slug, "task/b", "worker-b", 60000)
+	boundSwarm(t, st, slug, a, nA)
+	var ws []batch.Write
+	for i := range nB {
+		ws = append(ws, bput("intents", fmt.Sprintf("i%d", i), 0, `"b"`))
+	}
+	mustCommit(t, st, &batch.Batch{Slug: slug, Claim: b, Writes: ws})
+	return a, b
+}
+
 // wantAbsent checks that every fenced read of st sees the bound record
 // claims/b0 as absent and u0 as present.
 func wantAbsent(t *testing.T, st *store.Store, slug string) {
@@ -291,14 +308,7 @@ func TestBoundRecordsChunkedSnapshot(t *testing.T) {
 	st := openChunked(t, srv, func(string, int, int) { steps++ })
 	ctx := context.Background()
 	const slug = "bc"
-	a := grantClaim(t, st, slug, "task/a", "worker-a", 60000)
-	b := grantClaim(t, st, slug, "task/b", "worker-b", 60000)
-	boundSwarm(t, st, slug, a, 60)
-	var ws []batch.Write
-	for i := range 50 {
-		ws = append(ws, bput("intents", fmt.Sprintf("i%d", i), 0, `"b"`))
-	}
-	mustCommit(t, st, &batch.Batch{Slug: slug, Claim: b, Writes: ws})
+	a, b := twoClaimSwarm(t, st, slug, 60, 50)
 	if _, err := st.ReleaseClaim(ctx, slug, "task/a", "worker-a", a.Epoch); err != nil {
 		t.Fatal(err)
 	}
@@ -344,14 +354,7 @@ func TestBoundRecordsSnapshotInOneStepIsReadWithoutAScript(t *testing.T) {
 	t.Cleanup(st.Close)
 	ctx := context.Background()
 	const slug = "bs"
-	a := grantClaim(t, st, slug, "task/a", "worker-a", 60000)
-	b := grantClaim(t, st, slug, "task/b", "worker-b", 60000)
-	boundSwarm(t, st, slug, a, 3)
-	var ws []batch.Write
-	for i := range 5 {
-		ws = append(ws, bput("intents", fmt.Sprintf("i%d", i), 0, `"b"`))
-	}
-	mustCommit(t, st, &batch.Batch{Slug: slug, Claim: b, Writes: ws})
+	a, _ := twoClaimSwarm(t, st, slug, 3, 5)
 	srv.Do(t, "HDEL", key(slug, "claim-grants"), "task/b")
 	srv.Do(t, "CONFIG", "RESETSTAT")
 	snap, err := st.Sections(ctx, slug, []string{"claims", "intents"})
