@@ -265,11 +265,11 @@ func (s *Store) readSectionsMulti(ctx context.Context, k swarmKeys, names []stri
 	// connection is cut, DoMulti can answer while rueidis's writer is still
 	// writing them, and the next commands built here would reuse their
 	// memory (a data race seen under the fault suite's cut connections).
-	// For the same reason no slice passed to DoMulti is reused: a read-only
-	// pipeline whose connection is cut is retried on a new one and answered
-	// while the old connection's writer still walks the slice
-	// (rueidis pipe._backgroundWrite), so overwriting it is a data race
-	// (seen under the fault suite's cut connections on a busy machine).
+	// Nor is a slice passed to DoMulti reused, even once it has answered:
+	// a read-only pipeline whose connection is cut is retried on a new one
+	// and answered there while the old connection's writer still walks the
+	// slice (rueidis pipe._backgroundWrite), so overwriting it is a data
+	// race (seen in CI under the fault suite's cut connections).
 	// HLEN first, MEMORY USAGE after, of the sections HLEN found within
 	// the record limit: MEMORY USAGE ... SAMPLES 0 of a hashtable visits
 	// every field (~0.4 µs each: a section of 2,000,000 records held Redis
