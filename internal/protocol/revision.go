@@ -1,5 +1,7 @@
 package protocol
 
+import "strconv"
+
 // The issue order of revisions (docs/design/05-numbering.md §5.1): which
 // of two revisions was issued later. Revisions are integers 0..RevMax, in
 // three eras by magnitude, the eras in this order:
@@ -80,3 +82,23 @@ func LatestRevision(a, b int64) int64 {
 // ClockRevision is Redis's clock nowUs (µs since 1970) as a revision: in
 // units of RevisionTickUs.
 func ClockRevision(nowUs int64) int64 { return nowUs / RevisionTickUs }
+
+// ParseRevision reads a revision as the record grammar writes it
+// (docs/design/02-redis-layout.md §2.2): decimal digits, no sign, no leading zero, at most
+// RevMax. The document's revision and its integer meta records
+// are read by it, and so are the records layout's (internal/store/engine).
+func ParseRevision(s string) (int64, bool) {
+	if s == "" || (s[0] == '0' && len(s) > 1) {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n > RevMax {
+		return 0, false
+	}
+	return n, true
+}

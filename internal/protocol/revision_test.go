@@ -73,3 +73,32 @@ func TestClockRevisionIsBelowTheIssueLimit(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRevisionReadsTheRecordGrammar(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true},
+		{"7", 7, true},
+		{"9007199254740991", 9007199254740991, true},
+		{"9007199254740992", 0, false},
+		{"99999999999999999999", 0, false},
+		{"", 0, false},
+		{"00", 0, false},
+		{"07", 0, false},
+		{"-1", 0, false},
+		{"+1", 0, false},
+		{"1e3", 0, false},
+		{"1.0", 0, false},
+		{" 1", 0, false},
+		{"1 ", 0, false},
+		{`"1"`, 0, false},
+	}
+	for _, tt := range tests {
+		if got, ok := ParseRevision(tt.in); got != tt.want || ok != tt.ok {
+			t.Errorf("ParseRevision(%q) = %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}

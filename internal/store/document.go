@@ -30,7 +30,7 @@ func parseDocument(raw []byte) (*document, error) {
 
 // record answers the record (section, key) at the document's revision;
 // nil when absent. Errors: *CorruptError naming the section (not an
-// object) or the record (not a record: docplan.ValueProblem).
+// object) or the record (not a record: batch.ValueProblem).
 func (d *document) record(section, key string) (*Record, error) {
 	v, err := d.Record(section, key)
 	if err != nil || v == nil {

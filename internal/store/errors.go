@@ -289,7 +289,7 @@ func (e *ConflictError) Error() string {
 // With Why set, it names a part of a swarm on the document layout
 // (docs/design/02-redis-layout.md §2.6) and says why it cannot be read: a
 // record (Section and Key) whose value is no record's value by the same
-// rule the records layout reads "v" by (docplan.ValueProblem); a section
+// rule the records layout reads "v" by (batch.ValueProblem); a section
 // (Key "") or meta (Section "meta", Key "") that is not a JSON object; or
 // the document itself (Section "document", Key "not JSON", "not an
 // object", "revision", "sections", "moved_to" or "sections/<name>").

@@ -995,9 +995,9 @@ func fieldMapRecords(section string, fields map[string]rueidis.RedisMessage) (ma
 
 // fieldNameProblem says why a section field's name is no record key
 // (batch's key rules: 1 to batch.MaxKeyBytes bytes of UTF-8), or "": the
-// rule both layouts read names by (docplan.NameProblem).
-func fieldNameProblem(name string) string { return docplan.NameProblem(name) }
+// rule both layouts read names by (batch.NameProblem).
+func fieldNameProblem(name string) string { return batch.NameProblem(name) }
 
 // clipField is a field name short enough for an error: its first 64 bytes
 // as valid UTF-8, then "…" when cut.
-func clipField(name string) string { return docplan.ClipName(name) }
+func clipField(name string) string { return batch.ClipName(name) }

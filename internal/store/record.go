@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"strings"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
-	"github.com/agentihooks/fenced/internal/store/docplan"
 )
 
 // Record is one stored record: the revision that last wrote it and its JSON
@@ -192,11 +192,11 @@ func parseBound(raw string) (rec Record, ok, own bool) {
 
 // parseRevisionText reads a revision as the grammar writes it: decimal
 // digits, no sign, no leading zero, at most MaxRevision. Both layouts read
-// it alike: the rule is docplan.ParseRevision.
-func parseRevisionText(s string) (int64, bool) { return docplan.ParseRevision(s) }
+// it alike: the rule is protocol.ParseRevision.
+func parseRevisionText(s string) (int64, bool) { return protocol.ParseRevision(s) }
 
 // validJSON reports whether s is one JSON text (RFC 8259) in valid UTF-8
 // nesting at most depth arrays and objects: the rule both layouts judge a
-// record by (docplan.ValidJSON; a document's record values by
-// docplan.ValueProblem).
-func validJSON(s string, depth int) bool { return docplan.ValidJSON(s, depth) }
+// record by (batch.ValidJSONNesting; a document's record values by
+// batch.ValueProblem).
+func validJSON(s string, depth int) bool { return batch.ValidJSONNesting(s, depth) }

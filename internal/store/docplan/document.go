@@ -93,7 +93,7 @@ func Parse(raw []byte) (*Document, error) {
 		d.Revision, d.StandIn = StandInRevision(raw), true
 	default:
 		var ok bool
-		if d.Revision, ok = ParseRevision(string(r)); !ok {
+		if d.Revision, ok = protocol.ParseRevision(string(r)); !ok {
 			return nil, errDocument("revision", "the document's revision "+clipValue(r)+" is not an integer from 0 to 2^53-1")
 		}
 	}
@@ -148,29 +148,9 @@ func StandInRevision(raw []byte) int64 {
 // clipValue is a stored value short enough for an error.
 func clipValue(v []byte) string {
 	if len(v) > 32 {
-		return ClipName(string(v[:32]))
+		return batch.ClipName(string(v[:32]))
 	}
-	return ClipName(string(v))
-}
-
-// ParseRevision reads a revision as the record grammar writes it
-// (docs/design/02-redis-layout.md §2.2): decimal digits, no sign, no leading zero, at most
-// protocol.RevMax. The document's revision and its integer meta records
-// are read by it, and so are the records layout's (internal/store).
-func ParseRevision(s string) (int64, bool) {
-	if s == "" || (s[0] == '0' && len(s) > 1) {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n > protocol.RevMax {
-		return 0, false
-	}
-	return n, true
+	return batch.ClipName(string(v))
 }
 
 // Section answers the members of a section ("meta": the meta records);
@@ -207,7 +187,7 @@ func (d *Document) Record(section, key string) ([]byte, error) {
 	if v == nil {
 		return nil, nil
 	}
-	if why := ValueProblem(v); why != "" {
+	if why := batch.ValueProblem(v); why != "" {
 		return nil, &CorruptError{Section: section, Key: key, Why: why}
 	}
 	return v, nil
@@ -235,9 +215,9 @@ func (d *Document) Records(section string) (Object, error) {
 // is no record's value), or nil.
 func MemberProblem(section string, m Member) error {
 	if m.BadName != "" {
-		return &CorruptError{Section: section, Key: ClipName(m.Key), Why: m.BadName, Name: true}
+		return &CorruptError{Section: section, Key: batch.ClipName(m.Key), Why: m.BadName, Name: true}
 	}
-	if why := ValueProblem(m.Value); why != "" {
+	if why := batch.ValueProblem(m.Value); why != "" {
 		return &CorruptError{Section: section, Key: m.Key, Why: why}
 	}
 	return nil
@@ -264,7 +244,7 @@ func (d *Document) Lease() (*Lease, error) {
 	if v == nil || string(v) == "null" {
 		return nil, nil
 	}
-	if why := ValueProblem(v); why != "" {
+	if why := batch.ValueProblem(v); why != "" {
 		return nil, &CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldLease, Why: why}
 	}
 	l, ok := parseLeaseValue(v)
@@ -278,7 +258,7 @@ func (d *Document) Lease() (*Lease, error) {
 // metaInt answers an integer meta record (0 when absent or not an
 // integer 0..RevMax).
 func (d *Document) metaInt(key string) int64 {
-	n, ok := ParseRevision(string(d.meta.Get(key)))
+	n, ok := protocol.ParseRevision(string(d.meta.Get(key)))
 	if !ok {
 		return 0
 	}
@@ -292,7 +272,7 @@ func (d *Document) metaInt(key string) int64 {
 // number above RevMax: no epoch above it can be granted.
 func (d *Document) lastEpoch() (int64, error) {
 	v := d.meta.Get(protocol.FieldEpoch)
-	if n, ok := ParseRevision(string(v)); ok {
+	if n, ok := protocol.ParseRevision(string(v)); ok {
 		return n, nil
 	}
 	if v == nil || !batch.ValidJSON(string(v)) {

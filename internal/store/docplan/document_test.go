@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/agentihooks/fenced/internal/batch"
 )
 
 // BenchmarkRewrite is the Go work of one document write on the 2 MB
@@ -264,35 +266,6 @@ func TestLeaseValueReadsBackAsTheLease(t *testing.T) {
 	}
 }
 
-func TestParseRevisionReadsTheRecordGrammar(t *testing.T) {
-	tests := []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"7", 7, true},
-		{"9007199254740991", 9007199254740991, true},
-		{"9007199254740992", 0, false},
-		{"99999999999999999999", 0, false},
-		{"", 0, false},
-		{"00", 0, false},
-		{"07", 0, false},
-		{"-1", 0, false},
-		{"+1", 0, false},
-		{"1e3", 0, false},
-		{"1.0", 0, false},
-		{" 1", 0, false},
-		{"1 ", 0, false},
-		{`"1"`, 0, false},
-	}
-	for _, tt := range tests {
-		if got, ok := ParseRevision(tt.in); got != tt.want || ok != tt.ok {
-			t.Errorf("ParseRevision(%q) = %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
 func TestMetaIntReadsZeroForWhatIsNoRevision(t *testing.T) {
 	d, err := Parse([]byte(`{"meta":{"epoch":12,"leader_changes":"3","x":-1,"y":1.5}}`))
 	if err != nil {
@@ -327,7 +300,7 @@ func FuzzParseNeverFails(f *testing.F) {
 				continue
 			}
 			for _, m := range o {
-				if !ValidJSON(`{"r":1,"v":`+string(m.Value)+`}`, 1000) {
+				if !batch.ValidJSONNesting(`{"r":1,"v":`+string(m.Value)+`}`, 1000) {
 					t.Fatalf("Records(%q) answered %q, which no record holds", name, m.Value)
 				}
 				if v, err := d.Record(name, m.Key); err != nil || string(v) != string(m.Value) {

@@ -194,7 +194,7 @@ func unmovable(doc *Document, executions string) []CorruptError {
 		name := s.Key
 		switch {
 		case s.BadName != "":
-			add(errDocument("sections/"+ClipName(name), "the section's name is no section name: "+s.BadName))
+			add(errDocument("sections/"+batch.ClipName(name), "the section's name is no section name: "+s.BadName))
 			continue
 		case name == batch.MetaSection:
 			add(errDocument("sections/meta", "a section may not be named meta (the meta records are the document's meta)"))

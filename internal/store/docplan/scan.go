@@ -193,7 +193,7 @@ func decodeKey(raw []byte) (key, bad string) {
 	case json.Unmarshal(raw, &key) != nil:
 		return inner, "its name is not a JSON string"
 	}
-	if why := NameProblem(key); why != "" {
+	if why := batch.NameProblem(key); why != "" {
 		return inner, why
 	}
 	return key, ""

@@ -1,29 +1,25 @@
-package docplan
+package batch
 
 import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/agentihooks/fenced/internal/batch"
 )
 
-// The rule by which a document's member is a record, shared with the
-// records layout: a record's value on the document layout is what "v" of a
-// record {"r":N,"v":VALUE} may be on the records layout (the record
-// grammar, docs/design/02-redis-layout.md §2.2; internal/store's
-// parseRecord and lib_record.lua's parse_record judge by ValidJSON), and
-// its name what a record key may be (NameProblem; internal/store reads a
-// records section's field names by it). So the same bytes are a record on
-// both layouts or on neither, and the migration writes nothing the
-// records layout would not read back.
+// The rules by which stored bytes are a record, shared by both layouts and
+// every reader (docs/design/02-redis-layout.md §2.2): a record's value is
+// one JSON text (ValidJSONNesting: the store's record grammar and
+// lib_record.lua's parse_record judge "v" by it; a document's member by
+// ValueProblem), and its name what a record key may be (NameProblem). So
+// the same bytes are a record on both layouts or on neither, and a
+// migration writes nothing the records layout would not read back.
 
-// ValidJSON reports whether s is one JSON text (RFC 8259) in valid UTF-8
+// ValidJSONNesting reports whether s is one JSON text (RFC 8259) in valid UTF-8
 // nesting at most depth arrays and objects. Nesting deeper than depth
 // takes more than depth opening brackets: a text with fewer (nearly every
 // one, counted at memory speed) is not scanned for its nesting.
-func ValidJSON(s string, depth int) bool {
-	return utf8.ValidString(s) && batch.ValidJSON(s) &&
+func ValidJSONNesting(s string, depth int) bool {
+	return utf8.ValidString(s) && ValidJSON(s) &&
 		(len(s) <= depth || strings.Count(s, "{")+strings.Count(s, "[") <= depth || nesting(s) <= depth)
 }
 
@@ -70,23 +66,23 @@ func outsideStrings(s string, visit func(i int) bool) {
 }
 
 // ValueProblem says why v, a value as a document stores it, is no
-// record's value (ValidJSON(v, batch.MaxValueDepth) is false), or "".
+// record's value (ValidJSONNesting(v, MaxValueDepth) is false), or "".
 func ValueProblem(v []byte) string {
 	s := string(v)
-	if ValidJSON(s, batch.MaxValueDepth) {
+	if ValidJSONNesting(s, MaxValueDepth) {
 		return ""
 	}
 	switch {
 	case !utf8.ValidString(s):
 		return "its value is not valid UTF-8 (RFC 8259 text is UTF-8: no raw surrogate, overlong form or stray byte)"
-	case !batch.ValidJSON(s):
+	case !ValidJSON(s):
 		if tok := nonJSONNumber(s); tok != "" {
 			return "its value is not one JSON text (RFC 8259): " + tok + " is no JSON number (Python's json.dumps writes NaN and Infinity unless allow_nan=False)"
 		}
 		return "its value is not one JSON text (RFC 8259)"
 	}
-	return "its value nests deeper than " + strconv.Itoa(batch.MaxValueDepth) + " arrays and objects (a record {\"r\":N,\"v\":VALUE} nests at most " +
-		strconv.Itoa(batch.MaxScriptJSONDepth) + ")"
+	return "its value nests deeper than " + strconv.Itoa(MaxValueDepth) + " arrays and objects (a record {\"r\":N,\"v\":VALUE} nests at most " +
+		strconv.Itoa(MaxScriptJSONDepth) + ")"
 }
 
 // nonJSONNumber answers the first NaN, Infinity or -Infinity token of s
@@ -106,13 +102,13 @@ func nonJSONNumber(s string) string {
 }
 
 // NameProblem says why name is no record key (batch's key rules: 1 to
-// batch.MaxKeyBytes bytes of UTF-8), or "".
+// MaxKeyBytes bytes of UTF-8), or "".
 func NameProblem(name string) string {
 	switch {
 	case name == "":
 		return "its name is empty"
-	case len(name) > batch.MaxKeyBytes:
-		return "its name is " + strconv.Itoa(len(name)) + " bytes long, over the " + strconv.Itoa(batch.MaxKeyBytes) + " of a record key"
+	case len(name) > MaxKeyBytes:
+		return "its name is " + strconv.Itoa(len(name)) + " bytes long, over the " + strconv.Itoa(MaxKeyBytes) + " of a record key"
 	case !utf8.ValidString(name):
 		return "its name is not valid UTF-8"
 	}
