@@ -12,6 +12,7 @@ import (
 	"github.com/agentihooks/fenced/internal/fencedtest"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -49,10 +50,14 @@ const redisTimeout = 2 * waitLimit
 
 // startOn is start over a Redis the test already runs (a primary with
 // replicas, say), with the store options given (after redisTimeout).
-func startOn(t *testing.T, srv *redistest.Server, opts ...store.Option) *fixture {
+func startOn(t *testing.T, srv *redistest.Server, opts ...func(*store.Options)) *fixture {
 	t.Helper()
 	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
-	st, err := store.Open(url, prefix, append([]store.Option{store.WithRedisTimeout(redisTimeout)}, opts...)...)
+	o := store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: redisTimeout}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	st, err := store.Open(url, o)
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", url, err)
 	}

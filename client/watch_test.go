@@ -16,6 +16,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
 // fencedOn serves fenced over its own Store on addr ("127.0.0.1:0" for any
@@ -23,7 +24,7 @@ import (
 // then the Store closed), also run when the test ends.
 func fencedOn(t *testing.T, srv *redistest.Server, addr string) (string, func()) {
 	t.Helper()
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
 )
 
 // inspectCmd is the configuration of "fenced inspect": a read-only look at
@@ -57,7 +58,7 @@ func (c *inspectCmd) Run(e *env) error {
 		return errors.New("inspect needs a Redis: set --redis-url, FENCED_REDIS_URL or AGENTIHOOKS_SWARM_REDIS_URL")
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, closeStore, err := c.open(log)
+	st, closeStore, err := c.open(log, store.Options{})
 	if err != nil {
 		return err
 	}
@@ -168,7 +169,7 @@ type byNameReport struct {
 	Repair *repairReport `json:"repair,omitempty"`
 }
 
-// repairReport is a rebuild of by-name's index (store.ByNameRebuild).
+// repairReport is a rebuild of by-name's index (byname.Rebuild).
 type repairReport struct {
 	Clean bool `json:"clean"`
 	// Busy: another rebuild (a fenced replica) held the swarm's claim;
@@ -203,7 +204,7 @@ type logEntry struct {
 	RequestID string `json:"request_id,omitempty"`
 }
 
-var layoutNames = map[store.Layout]string{store.LayoutNone: "none", store.LayoutRecords: "records", store.LayoutDocument: "document"}
+var layoutNames = map[docstore.Layout]string{docstore.LayoutNone: "none", docstore.LayoutRecords: "records", docstore.LayoutDocument: "document"}
 
 // inspect reads everything inspect shows, read-only.
 func inspect(ctx context.Context, st *store.Store, slug string, sections []string, logN, pageSize int) (*inspection, error) {

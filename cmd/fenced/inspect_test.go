@@ -15,6 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/alecthomas/kong"
 	"github.com/google/go-cmp/cmp"
 )
@@ -73,7 +74,7 @@ func TestInspect(t *testing.T) {
 	}
 	clearConfigEnv(t)
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), keyPrefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: keyPrefix}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -265,7 +266,7 @@ func TestInspect(t *testing.T) {
 func TestInspectJudgesUndecodableExecutionsAsTheScriptDoes(t *testing.T) {
 	clearConfigEnv(t)
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), keyPrefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: keyPrefix}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -298,7 +299,7 @@ func TestInspectJudgesUndecodableExecutionsAsTheScriptDoes(t *testing.T) {
 func TestInspectExpiredLeaseAndEmptySwarm(t *testing.T) {
 	clearConfigEnv(t)
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), keyPrefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: keyPrefix}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -348,7 +349,7 @@ func TestInspectCluster(t *testing.T) {
 	}
 	clearConfigEnv(t)
 	c := redistest.StartCluster(t, 3)
-	st, err := store.Open(c.URL(), keyPrefix)
+	st, err := store.Open(c.URL(), store.Options{Engine: engine.Options{Prefix: keyPrefix}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -456,7 +457,7 @@ func TestInspectCallsTheEmbeddedRedisStandalone(t *testing.T) {
 		t.Fatalf("StartEmbedded: %v", err)
 	}
 	t.Cleanup(emb.Close)
-	st, err := emb.Open(keyPrefix)
+	st, err := emb.Open(store.Options{Engine: engine.Options{Prefix: keyPrefix}})
 	if err != nil {
 		t.Fatalf("embedded Open: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
 // limitFlags bound what one caller can hold of fenced's shared resources:
@@ -76,7 +77,7 @@ type limitFlags struct {
 // --max-replica-waits dedicated ones), the listeners, /metrics, TLS and token
 // files.
 func (l *limitFlags) connectionReserve() int {
-	return l.MaxReplicaWaits + store.ReplicaWaitReserve(l.MaxReplicaWaits) + 256
+	return l.MaxReplicaWaits + engine.ReplicaWaitReserve(l.MaxReplicaWaits) + 256
 }
 
 // maxStreamWorkers caps --stream-workers: every worker is a goroutine
@@ -178,13 +179,17 @@ func firstMessageTimeout(d time.Duration) time.Duration {
 	return d
 }
 
-// storeOption bounds the store's replica waits and sets its watch buffer.
-func (l *limitFlags) storeOption() store.Option {
-	waits := store.WithReplicaWaitLimits(l.MaxReplicaWaits, l.MaxReplicaWaitsPerSwarm)
-	buffer := store.WithWatchBuffer(l.WatchBuffer)
-	coalesce := store.WithWatchCoalesce(l.WatchCoalesce)
-	perInterval := store.WithWatchCoalesceWatchers(l.WatchCoalesceWatchers)
-	return func(s *store.Store) { waits(s); buffer(s); coalesce(s); perInterval(s) }
+// storeOptions bounds the store's replica waits and sets its watch buffer
+// and coalescing in o (the flags' 0, "none", is watch.Options's negative).
+func (l *limitFlags) storeOptions(o *store.Options) {
+	o.Engine.MaxReplicaWaits, o.Engine.MaxReplicaWaitsPerSwarm = l.MaxReplicaWaits, l.MaxReplicaWaitsPerSwarm
+	o.Watch.Buffer, o.Watch.Coalesce, o.Watch.CoalesceWatchers = l.WatchBuffer, l.WatchCoalesce, l.WatchCoalesceWatchers
+	if l.WatchCoalesce == 0 {
+		o.Watch.Coalesce = -1
+	}
+	if l.WatchCoalesceWatchers == 0 {
+		o.Watch.CoalesceWatchers = -1
+	}
 }
 
 // reads is the server's ReadShare for these flags.

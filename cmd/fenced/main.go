@@ -21,6 +21,8 @@ import (
 	"github.com/agentihooks/fenced/internal/lograte"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/byname"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/alecthomas/kong"
 )
 
@@ -238,9 +240,10 @@ func (r *redisFlags) redisURL() string {
 
 // open connects to the configured Redis, or starts the embedded one; the
 // returned func releases what was opened.
-func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store, func(), error) {
+func (r *redisFlags) open(log *slog.Logger, o store.Options) (*store.Store, func(), error) {
+	o.Engine.Prefix = r.KeyPrefix
 	if u := r.redisURL(); u != "" {
-		st, err := r.openStore(u, r.KeyPrefix, opts...)
+		st, err := r.openStore(u, o)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -250,7 +253,7 @@ func (r *redisFlags) open(log *slog.Logger, opts ...store.Option) (*store.Store,
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := emb.Open(r.KeyPrefix, opts...)
+	st, err := emb.Open(o)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err
@@ -285,7 +288,7 @@ func (c *serveCmd) Run(e *env) error {
 		return err
 	}
 	defer obs.stop()
-	durable := store.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
+	durable := engine.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
 	st, closeStore, err := c.startStore(e.ctx, log, obs, durable)
 	if err != nil {
 		return err
@@ -353,26 +356,19 @@ func (c *serveCmd) checkConfig() (batch.Limits, error) {
 // startStore opens the store with the flags' options (the configured Redis
 // or the embedded one) and refuses a Redis that may evict keys; the
 // returned func closes what was opened.
-func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observability, durable store.Durability) (*store.Store, func(), error) {
-	opts := []store.Option{obs.storeOption(),
-		store.WithRequestIDWindow(c.RequestIDWindow),
-		store.WithLegacyRequestKeys(c.LegacyRequestKeys),
-		store.WithMaxSnapshotRecords(c.MaxSnapshotRecords),
-		store.WithMaxSnapshotBytes(c.MaxSnapshotBytes),
-		store.WithLeaseDurability(durable),
-		store.WithMaxClaimsPerSwarm(c.MaxClaimsPerSwarm),
-		store.WithRedisTimeout(c.RedisTimeout),
-		store.WithAllowEviction(c.AllowEvictingRedis),
-		store.WithSections(c.Sections),
-		store.WithLogger(log),
-		c.limitFlags.storeOption()}
-	if !c.RedisFunctions {
-		opts = append(opts, store.WithoutFunctions())
-	}
+func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observability, durable engine.Durability) (*store.Store, func(), error) {
+	var o store.Options
+	o.Engine = engine.Options{RedisTimeout: c.RedisTimeout, AllowEviction: c.AllowEvictingRedis, NoFunctions: !c.RedisFunctions,
+		Wait: durable, Logger: log, Observer: obs.storeObserver()}
+	o.Reads = engine.ReadLimits{MaxSnapshotRecords: c.MaxSnapshotRecords, MaxSnapshotBytes: c.MaxSnapshotBytes}
+	o.Records.RequestIDWindow, o.Records.NoLegacyRequestKeys = c.RequestIDWindow, !c.LegacyRequestKeys
+	o.Leases.MaxClaimsPerSwarm = c.MaxClaimsPerSwarm
+	o.Docs.Sections = c.Sections
 	if c.ByNameRebuildPage > 0 {
-		opts = append(opts, store.WithByNameRebuild(c.ByNameRebuildPage, byNameRebuilt(log)))
+		o.ByName.Background, o.ByName.Page, o.ByName.Rebuilt = true, c.ByNameRebuildPage, byNameRebuilt(log)
 	}
-	st, closeStore, err := c.open(log, opts...)
+	c.limitFlags.storeOptions(&o)
+	st, closeStore, err := c.open(log, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -384,7 +380,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 }
 
 // newServer builds the gRPC server over st from the flags.
-func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Logger, durable store.Durability, sec server.Security, obs *observability, maxConns int) (*server.Server, error) {
+func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Logger, durable engine.Durability, sec server.Security, obs *observability, maxConns int) (*server.Server, error) {
 	bounds := batch.LeaseBounds{MinTTLMs: c.LeaseMinTTL.Milliseconds(), MaxTTLMs: c.LeaseMaxTTL.Milliseconds()}
 	if err := bounds.Check(); err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
@@ -469,8 +465,8 @@ func redactURL(raw string) string {
 }
 
 // byNameRebuilt logs the end of a background by-name index rebuild.
-func byNameRebuilt(log *slog.Logger) func(string, *store.ByNameRebuild, error) {
-	return func(slug string, r *store.ByNameRebuild, err error) {
+func byNameRebuilt(log *slog.Logger) func(string, *byname.Rebuild, error) {
+	return func(slug string, r *byname.Rebuild, err error) {
 		switch {
 		case err != nil:
 			log.Warn("by-name index rebuild failed; the next batch that finds it stale starts another", "slug", slug, "err", err)

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
 // TestRefusesToStartOnEvictingRedis: on a Redis with maxmemory set and an
@@ -24,7 +24,7 @@ func TestRefusesToStartOnEvictingRedis(t *testing.T) {
 			redis := redistest.Start(t, redistest.WithArgs("--maxmemory", "100mb", "--maxmemory-policy", policy))
 			var stderr strings.Builder
 			err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--redis-url", redis.URL()}, io.Discard, &stderr)
-			if !errors.Is(err, store.ErrRedisMayEvict) {
+			if !errors.Is(err, engine.ErrRedisMayEvict) {
 				t.Fatalf("run(serve) on %s = %v, want ErrRedisMayEvict", policy, err)
 			}
 			for _, want := range []string{"maxmemory-policy " + policy, "CONFIG SET maxmemory-policy noeviction", "--allow-evicting-redis"} {

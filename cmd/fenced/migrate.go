@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
 )
 
 // Exit statuses of "fenced migrate" (docs/migration.md): 0 every swarm
@@ -105,7 +106,9 @@ func (c *migrateCmd) Run(e *env) error {
 		return errors.New("migrate needs a Redis: set --redis-url, FENCED_REDIS_URL or AGENTIHOOKS_SWARM_REDIS_URL")
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, closeStore, err := c.open(log, store.WithSections(c.Sections), store.WithRedisTimeout(c.RedisTimeout))
+	var o store.Options
+	o.Engine.RedisTimeout, o.Docs.Sections = c.RedisTimeout, c.Sections
+	st, closeStore, err := c.open(log, o)
 	if err != nil {
 		return err
 	}
@@ -185,7 +188,7 @@ func (c *migrateCmd) one(e *env, st *store.Store, slug string) (string, int, mig
 	defer cancel()
 	m, err := st.Migrate(ctx, slug, c.DryRun)
 	switch {
-	case errors.Is(err, store.ErrOutcomeUnknown):
+	case errors.Is(err, docstore.ErrOutcomeUnknown):
 		return fmt.Sprintf("%s: outcome unknown: %v", slug, err), 0, migrateUnknown
 	case err != nil:
 		return fmt.Sprintf("%s: failed: %v", slug, err), 0, migrateFailed

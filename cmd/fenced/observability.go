@@ -12,7 +12,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/metrics"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"go.opentelemetry.io/otel/attribute"
@@ -67,12 +67,13 @@ func (o *observabilityFlags) startObservability(ctx context.Context, log *slog.L
 	return obs, nil
 }
 
-// storeOption makes the store report to the metrics, when there are any.
-func (obs *observability) storeOption() store.Option {
+// storeObserver is what the store reports to: the metrics, when there are
+// any (nil: nobody).
+func (obs *observability) storeObserver() engine.Observer {
 	if obs.metrics == nil {
-		return store.WithObserver(nil)
+		return nil
 	}
-	return store.WithObserver(obs.metrics)
+	return obs.metrics
 }
 
 // telemetry is the server's share: metrics interceptors and the tracing

@@ -142,7 +142,7 @@ func (f *redisTLSFlags) clientOptions(url string) (rueidis.ClientOption, error) 
 // openStore connects to the Redis at url and returns a Store over it. A
 // refused connection (wrong ACL password, TLS verification) fails here, at
 // start-up, naming the address and the user but never the password.
-func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*store.Store, error) {
+func (f *redisTLSFlags) openStore(url string, o store.Options) (*store.Store, error) {
 	opt, err := f.clientOptions(url)
 	if err != nil {
 		return nil, err
@@ -161,8 +161,8 @@ func (f *redisTLSFlags) openStore(url, prefix string, opts ...store.Option) (*st
 	}
 	// A connection that leads to a node that cannot take writes (a demoted
 	// primary) is dropped and dialled again, resolving the address anew.
-	dial := store.WithDial(func() (rueidis.Client, error) { return rueidis.NewClient(opt) })
-	st, err := store.New(client, prefix, append([]store.Option{dial}, opts...)...)
+	o.Engine.Dial = func() (rueidis.Client, error) { return rueidis.NewClient(opt) }
+	st, err := store.New(client, o)
 	if err != nil {
 		client.Close()
 		return nil, err

@@ -1,12 +1,14 @@
-// Package batch is the domain model of a fenced batch (its writes, their
-// kinds, the lease fence, the limits a batch must keep) and the one home of
-// every request check: batches and their replica_ack (CheckFencedBatch),
-// reads (CheckSlug, CheckRecordRef, CheckSections), scans and their page
-// tokens (CheckScan), and lease requests (LeaseBounds). Each check is a pure
-// function answering a *ValidationError that names every bad field. It
-// talks to nothing; internal/server converts a request, checks it here,
-// calls the store and maps the error to gRPC, and internal/store commits
-// what it accepts.
+// Package batch is fenced's domain model, pure: a fenced batch (its
+// writes, their kinds, the lease fence, the limits a batch must keep), the
+// records and leases it writes as they are stored (the record grammar:
+// record.go, grammar.go), and the one home of every request check: batches
+// and their replica_ack (CheckFencedBatch), reads (CheckSlug,
+// CheckRecordRef, CheckSections), scans and their page tokens (CheckScan),
+// and lease requests (LeaseBounds). Each check is a pure function answering
+// a *ValidationError that names every bad field. It talks to nothing;
+// internal/server converts a request, checks it here, calls the store and
+// maps the error to gRPC, and internal/store commits what it accepts and
+// reads stored records by its grammar.
 package batch
 
 import (
@@ -69,6 +71,10 @@ const (
 // epochs, layout and any other swarm-wide record). It exists in every swarm
 // whatever the configured sections are.
 const MetaSection = protocol.KeyMeta
+
+// ExecutionsSection is the section whose records by-name follows (each
+// execution's agent name: docs/design/03-fenced-batch.md §3.7).
+const ExecutionsSection = "executions"
 
 // Write is one put, delete or check of the record at (Section, Key).
 type Write struct {

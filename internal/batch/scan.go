@@ -1,7 +1,10 @@
 package batch
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -115,4 +118,42 @@ func ParseScanPosition(p string) (cursor, fingerprint, after string, ok bool) {
 		return parts[0], parts[1], parts[2], true
 	}
 	return "", "", "", false
+}
+
+// KeysFingerprint is 16 hex digits of the SHA-256 of keys, each
+// length-prefixed: the fingerprint of a scan position cut inside a batch
+// of keys (ParseScanPosition).
+func KeysFingerprint(keys []string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, k := range keys {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(k)))])
+		h.Write([]byte(k))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// PageRecordOverhead is the most bytes a record's map entry adds to its
+// key and value in a Record or ScanSection answer (tags, lengths, the
+// revision's varint).
+const PageRecordOverhead = 32
+
+// RecordLimit is the longest stored record a Record or ScanSection answer
+// of at most maxBytes holds under key: maxBytes less the key and the
+// answer's framing.
+func RecordLimit(maxBytes int, key string) int { return maxBytes - len(key) - PageRecordOverhead }
+
+// PageEnd cuts the page keys[from:to] by bytes: it answers the end of the
+// longest prefix whose keys and sizes (size(key): a value's length, or an
+// upper bound of it), with PageRecordOverhead bytes each, stay within
+// maxBytes, and at least one record.
+func PageEnd(keys []string, from, to, maxBytes int, size func(string) int) int {
+	total := 0
+	for i, key := range keys[from:to] {
+		total += len(key) + size(key) + PageRecordOverhead
+		if i > 0 && total > maxBytes {
+			return from + i
+		}
+	}
+	return to
 }

@@ -35,6 +35,8 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/byname"
+	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
 const (
@@ -56,7 +58,7 @@ func byNameValue(agent string, gen int, id string) string {
 
 func BenchmarkByNameScriptTime(b *testing.B) {
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
@@ -158,7 +160,7 @@ func BenchmarkByNameScriptTime(b *testing.B) {
 	srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "8192")
 	srv.Do(b, "SLOWLOG", "RESET")
 	start := time.Now()
-	r, err := st.RebuildByName(ctx, slug, store.DefaultByNamePage)
+	r, err := st.RebuildByName(ctx, slug, byname.DefaultByNamePage)
 	took := time.Since(start)
 	if err != nil || !r.Clean {
 		b.Fatalf("RebuildByName(%d executions) = %+v, %v; want clean", largest, r, err)
@@ -166,7 +168,7 @@ func BenchmarkByNameScriptTime(b *testing.B) {
 	steps := scriptTimes(b, srv, "{"+slug+"}")
 	slices.Sort(steps)
 	fmt.Printf("  rebuilding the index of %d executions from nothing: %d steps of %d records in %.0f ms (%d rounds); "+
-		"each step's Redis time: median %.2f ms, p99 %.2f ms, longest %.2f ms\n", largest, r.Steps, store.DefaultByNamePage,
+		"each step's Redis time: median %.2f ms, p99 %.2f ms, longest %.2f ms\n", largest, r.Steps, byname.DefaultByNamePage,
 		ms(took), r.Rounds, ms(steps[len(steps)/2]), ms(percentile(steps, 99)), ms(steps[len(steps)-1]))
 	b.ReportMetric(ms(steps[len(steps)-1]), "rebuild-longest-step-ms")
 	srv.Do(b, "CONFIG", "SET", "slowlog-max-len", "1024")
@@ -214,7 +216,7 @@ func BenchmarkBatchBytes(b *testing.B) {
 // stays near 1-2 ms whatever the box, at the cost of more steps.
 func BenchmarkByNameRebuildSteps(b *testing.B) {
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
@@ -238,8 +240,8 @@ func BenchmarkByNameRebuildSteps(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		aim  time.Duration
-	}{{"paced (1 ms)", store.DefaultRebuildStepTime}, {"fixed pages", time.Hour}} {
-		rs, err := store.Open(srv.URL(), prefix, store.WithRebuildStepTime(c.aim))
+	}{{"paced (1 ms)", byname.DefaultRebuildStepTime}, {"fixed pages", time.Hour}} {
+		rs, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, ByName: byname.Options{StepTime: c.aim}})
 		if err != nil {
 			b.Fatalf("store.Open: %v", err)
 		}

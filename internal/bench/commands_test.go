@@ -11,6 +11,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/redis/rueidis"
 )
 
@@ -62,7 +63,7 @@ func newRecorder(url string) (*recorder, error) {
 		return nil, err
 	}
 	rec := &scriptRecorder{Client: client}
-	st, err := store.New(rec, prefix)
+	st, err := store.New(rec, store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		client.Close()
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 )
 
@@ -22,7 +23,7 @@ var deployedRuns atomic.Int64
 // server path by, paired in one run (the box is shared).
 func BenchmarkDeployedBatch(b *testing.B) {
 	e := getEnv(b)
-	fc := startDeployed(b, e)
+	fc := startDeployed(b, e, engine.Options{})
 	for _, size := range sizes {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) { deployedBatches(b, e, fc, size) })
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -30,7 +31,7 @@ import (
 
 const (
 	fixture = "../../testdata/swarm-state.json"
-	prefix  = store.DefaultPrefix
+	prefix  = engine.DefaultPrefix
 	// parallelism is b.SetParallelism: goroutines per GOMAXPROCS. Enough
 	// calls in flight to keep both Redis and the Go side busy on 2 cores.
 	parallelism = 4
@@ -160,7 +161,7 @@ func newEnv(b *testing.B) *env {
 		b.Fatalf("decode fixture: %v", err)
 	}
 	e := &env{srv: redistest.Start(owner), slug: fx.Slug}
-	e.st, err = store.Open(e.srv.URL(), prefix)
+	e.st, err = store.Open(e.srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}

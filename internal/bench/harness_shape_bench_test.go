@@ -12,6 +12,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/redis/rueidis"
 )
 
@@ -127,7 +128,7 @@ func (w *harnessSwarm) anchor(ctx context.Context, rdb rueidis.Client, script *r
 // writing its reply).
 func BenchmarkRedisTimeHarnessShape(b *testing.B) {
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/redis/rueidis"
 )
 
@@ -44,7 +45,7 @@ func BenchmarkDocumentVsRecordsChangeBytes(b *testing.B) {
 		}
 	}
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func BenchmarkDocumentCompareAndSetRedisTime(b *testing.B) {
 		b.Fatal(err)
 	}
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/agentihooks/fenced/internal/metrics"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/redis/rueidis"
 	"google.golang.org/grpc"
@@ -178,10 +179,11 @@ func startMinimal(b *testing.B, e *env) *grpc.ClientConn {
 // cmd/fenced installs no stats handler), the production logger (Info,
 // JSON). It has a Store of its own, over the shared Redis, so that the
 // store reports to the metrics.
-func startDeployed(b *testing.B, e *env, opts ...store.Option) fencedv1.RecordsServiceClient {
+func startDeployed(b *testing.B, e *env, o engine.Options) fencedv1.RecordsServiceClient {
 	b.Helper()
 	m := metrics.New()
-	st, err := store.Open(e.srv.URL(), prefix, append([]store.Option{store.WithObserver(m)}, opts...)...)
+	o.Prefix, o.Observer = prefix, m
+	st, err := store.Open(e.srv.URL(), store.Options{Engine: o})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
@@ -376,7 +378,7 @@ var minimalResults = struct {
 // when FENCED_BENCH_ETCD names bench/etcd's output.
 func BenchmarkMinimal(b *testing.B) {
 	e := getEnv(b)
-	cc, fc, ac := startMinimal(b, e), startDeployed(b, e), startDeployed(b, e, store.WithoutGroupCommit())
+	cc, fc, ac := startMinimal(b, e), startDeployed(b, e, engine.Options{}), startDeployed(b, e, engine.Options{NoGroupCommit: true})
 	for _, conc := range minimalConcs {
 		for _, size := range sizes {
 			c := newMinimalCase(b, e, cc, fc, ac, conc, size)

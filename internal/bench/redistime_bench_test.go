@@ -10,6 +10,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/redis/rueidis"
 )
 
@@ -37,13 +38,13 @@ const (
 // (issue 25's target: <= 1.5 at 1 and 8 puts, <= 1.3 at 64).
 func BenchmarkRedisTimePerCommit(b *testing.B) {
 	srv := redistest.Start(b)
-	fns, err := store.Open(srv.URL(), prefix)
+	fns, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
 	b.Cleanup(fns.Close)
 	srv.Do(b, "ACL", "SETUSER", "nofunctions", "on", ">pw", "~*", "+@all", "-fcall", "-function")
-	scripts, err := store.Open("redis://nofunctions:pw@"+srv.Addr(), prefix)
+	scripts, err := store.Open("redis://nofunctions:pw@"+srv.Addr(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open as nofunctions: %v", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/records"
 )
 
 // BenchmarkRequestIDCommit reports the Redis time (SLOWLOG) of a one-put
@@ -30,7 +32,7 @@ func BenchmarkRequestIDCommit(b *testing.B) {
 	}{{"no request id", false, false}, {"request-ids", true, false}, {"request-ids + legacy key", true, true}}
 	stores := make([]*store.Store, len(variants))
 	for i, v := range variants {
-		st, err := store.Open(srv.URL(), prefix, store.WithLegacyRequestKeys(v.legacy), store.WithoutFunctions())
+		st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, NoFunctions: true}, Records: records.Options{NoLegacyRequestKeys: !v.legacy}})
 		if err != nil {
 			b.Fatal(err)
 		}

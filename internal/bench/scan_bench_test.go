@@ -49,6 +49,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -125,7 +126,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 func BenchmarkBatchDuringScan(b *testing.B) {
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
@@ -360,7 +361,7 @@ func evalCalls(b *testing.B, srv *redistest.Server) int64 {
 
 func BenchmarkLargestBatchScriptTime(b *testing.B) {
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), prefix)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}

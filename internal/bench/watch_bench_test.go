@@ -26,6 +26,8 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -272,9 +274,9 @@ func writeSyscalls() int64 {
 // redis-server.
 //
 // FENCED_BENCH_WATCH_COALESCE (a Go duration) overrides the store's
-// coalescing interval (store.DefaultWatchCoalesce) to measure the trade.
+// coalescing interval (watch.DefaultWatchCoalesce) to measure the trade.
 // FENCED_BENCH_WATCH_COALESCE_WATCHERS overrides the watchers per interval
-// (store.DefaultWatchCoalesceWatchers; 0: the interval does not grow).
+// (watch.DefaultWatchCoalesceWatchers; 0: the interval does not grow).
 // FENCED_BENCH_WATCH_CLIENTS picks the watchers' client side: raw (the
 // default: raw HTTP/2 receivers, one goroutine per connection, costing
 // what a remote client's kernel would) or grpc (a grpc-go client stream
@@ -293,7 +295,7 @@ func writeSyscalls() int64 {
 // (-tagfocus), so that the server's cost is told from the benchmark's own.
 func BenchmarkWatch(b *testing.B) {
 	srv := redistest.Start(b)
-	coalesce := store.DefaultWatchCoalesce
+	coalesce := watch.DefaultWatchCoalesce
 	if v := os.Getenv("FENCED_BENCH_WATCH_COALESCE"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -301,7 +303,7 @@ func BenchmarkWatch(b *testing.B) {
 		}
 		coalesce = d
 	}
-	perInterval := store.DefaultWatchCoalesceWatchers
+	perInterval := watch.DefaultWatchCoalesceWatchers
 	if v := os.Getenv("FENCED_BENCH_WATCH_COALESCE_WATCHERS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
@@ -324,7 +326,7 @@ func BenchmarkWatch(b *testing.B) {
 	done := make(chan struct{})
 	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(ctx context.Context) {
 		var err error
-		st, err = store.Open(srv.URL(), prefix, store.WithWatchCoalesce(coalesce), store.WithWatchCoalesceWatchers(perInterval))
+		st, err = store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Watch: watch.Options{Coalesce: coalesce, CoalesceWatchers: perInterval}})
 		if err != nil {
 			b.Fatalf("store.Open: %v", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/redis/rueidis"
 	"google.golang.org/grpc"
@@ -43,7 +44,6 @@ type replica struct {
 	t        testing.TB
 	redisURL string
 	opts     server.Options
-	storeOpt []store.Option
 	addr     string
 
 	st     *store.Store
@@ -52,7 +52,7 @@ type replica struct {
 
 // startReplica starts fenced over the Redis at redisURL on 127.0.0.1 at a
 // free port; it is stopped when the test ends.
-func startReplica(t testing.TB, redisURL string, opts server.Options, storeOpts ...store.Option) *replica {
+func startReplica(t testing.TB, redisURL string, opts server.Options) *replica {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet
@@ -60,7 +60,7 @@ func startReplica(t testing.TB, redisURL string, opts server.Options, storeOpts 
 	if opts.HealthInterval == 0 {
 		opts.HealthInterval = 100 * time.Millisecond
 	}
-	r := &replica{t: t, redisURL: redisURL, opts: opts, storeOpt: storeOpts, addr: "127.0.0.1:0"}
+	r := &replica{t: t, redisURL: redisURL, opts: opts, addr: "127.0.0.1:0"}
 	r.start()
 	t.Cleanup(func() { r.stop(true) })
 	return r
@@ -69,7 +69,7 @@ func startReplica(t testing.TB, redisURL string, opts server.Options, storeOpts 
 // start opens a store and serves on r.addr (the same port after a stop).
 func (r *replica) start() {
 	r.t.Helper()
-	st, err := store.Open(r.redisURL, prefix, r.storeOpt...)
+	st, err := store.Open(r.redisURL, store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		r.t.Fatalf("store.Open(%s): %v", r.redisURL, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/redis/rueidis"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -144,7 +145,7 @@ func TestSlowRedis(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rueidis.NewClient: %v", err)
 		}
-		st, err := store.New(rc, prefix)
+		st, err := store.New(rc, store.Options{Engine: engine.Options{Prefix: prefix}})
 		if err != nil {
 			rc.Close()
 			t.Fatalf("store.New: %v", err)
@@ -233,7 +234,7 @@ func TestSlowRedis(t *testing.T) {
 			_, err := st2.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: fmt.Sprintf("slow-store-%d", i), Expected: 0, Value: `{}`}}})
 			return err
 		})
-		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, store.ErrUnavailable) {
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, engine.ErrUnavailable) {
 			t.Errorf("store commit %d while Redis is stopped: %v, want context.DeadlineExceeded alone", i, err)
 		}
 	}

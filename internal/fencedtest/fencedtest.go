@@ -19,6 +19,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -41,11 +42,10 @@ const (
 	listenPause    = 20 * time.Millisecond
 )
 
-// Open opens a store.Store on srv under Prefix with opts, closed when the
-// test ends.
-func Open(t testing.TB, srv *redistest.Server, opts ...store.Option) *store.Store {
+// Open opens a store.Store on srv under Prefix, closed when the test ends.
+func Open(t testing.TB, srv *redistest.Server) *store.Store {
 	t.Helper()
-	st, err := store.Open(srv.URL(), Prefix, opts...)
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: Prefix}})
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", srv.URL(), err)
 	}
@@ -89,10 +89,10 @@ type Fenced struct {
 }
 
 // Start starts fenced with the default limits and options over a store on
-// srv (Open with opts).
-func Start(t testing.TB, srv *redistest.Server, opts ...store.Option) *Fenced {
+// srv (Open).
+func Start(t testing.TB, srv *redistest.Server) *Fenced {
 	t.Helper()
-	return Serve(t, Open(t, srv, opts...), Config{})
+	return Serve(t, Open(t, srv), Config{})
 }
 
 // Serve starts server.New(core, cfg.Limits, cfg.Options) listening on

@@ -4,8 +4,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
-	"github.com/agentihooks/fenced/internal/store"
 )
 
 // FillLogPastItsCap commits (commit(i) answers the i-th revision) until the
@@ -14,9 +14,9 @@ import (
 // and the index in it of the oldest the log still holds.
 func FillLogPastItsCap(t testing.TB, srv *redistest.Server, logKey string, commit func(i int) int64) (revs []int64, oldest int) {
 	t.Helper()
-	for i := 0; i < store.LogCap+10000; i++ {
+	for i := 0; i < protocol.LogCap+10000; i++ {
 		revs = append(revs, commit(i))
-		if len(revs) > store.LogCap && len(revs)%10 == 0 {
+		if len(revs) > protocol.LogCap && len(revs)%10 == 0 {
 			if n, _ := strconv.Atoi(srv.Do(t, "XLEN", logKey)); n < len(revs) {
 				return revs, len(revs) - n
 			}

@@ -3,7 +3,7 @@
 // metrics as go-grpc-middleware's prometheus provider names them (grpc.go),
 // the Go and process
 // collectors, and fenced's own counters and histograms, fed by what
-// internal/store observes (Metrics implements store.Observer); and the HTTP
+// internal/store observes (Metrics implements engine.Observer); and the HTTP
 // server that exposes the registry on its own port.
 package metrics
 
@@ -15,7 +15,10 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/lease"
+	"github.com/agentihooks/fenced/internal/store/records"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -28,16 +31,16 @@ import (
 // Redis error kinds, the values of fenced_redis_errors_total's label kind.
 const (
 	// KindUnavailable: Redis unreachable, loading, busy, failing over, a
-	// connection that broke (store.ErrUnavailable).
+	// connection that broke (engine.ErrUnavailable).
 	KindUnavailable = "unavailable"
 	// KindTimeout: the call's deadline passed.
 	KindTimeout = "timeout"
 	// KindCanceled: the caller went away.
 	KindCanceled = "canceled"
-	// KindRedis: any other error reply of Redis (store.RedisError).
+	// KindRedis: any other error reply of Redis (engine.RedisError).
 	KindRedis = "redis"
 	// KindMalformed: a reply fenced does not understand
-	// (store.ErrMalformedReply).
+	// (engine.ErrMalformedReply).
 	KindMalformed = "malformed"
 	// KindOther: anything else.
 	KindOther = "other"
@@ -56,18 +59,18 @@ const (
 
 // ErrorKind sorts an error of internal/store into one of the Kind* values.
 func ErrorKind(err error) string {
-	var re *store.RedisError
-	var refusal *store.RefusalError
+	var re *engine.RedisError
+	var refusal *engine.RefusalError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return KindTimeout
 	case errors.Is(err, context.Canceled):
 		return KindCanceled
-	case errors.Is(err, store.ErrUnavailable):
+	case errors.Is(err, engine.ErrUnavailable):
 		return KindUnavailable
 	case errors.As(err, &re), errors.As(err, &refusal): // out of memory: the one refusal not "unavailable"
 		return KindRedis
-	case errors.Is(err, store.ErrMalformedReply):
+	case errors.Is(err, engine.ErrMalformedReply):
 		return KindMalformed
 	}
 	return KindOther
@@ -89,7 +92,7 @@ var (
 )
 
 // Metrics is fenced's registry and its collectors. It implements
-// store.Observer; its GRPC interceptors count every call. Safe for
+// engine.Observer; its GRPC interceptors count every call. Safe for
 // concurrent use.
 type Metrics struct {
 	// Registry holds every collector below, the Go and process collectors,
@@ -137,13 +140,13 @@ type Metrics struct {
 }
 
 var (
-	_ store.Observer         = (*Metrics)(nil)
-	_ store.ReaderObserver   = (*Metrics)(nil)
-	_ store.SnapshotObserver = (*Metrics)(nil)
-	_ store.ReapObserver     = (*Metrics)(nil)
-	_ server.LimitObserver   = (*Metrics)(nil)
-	_ server.ReadObserver    = (*Metrics)(nil)
-	_ server.WatchObserver   = (*Metrics)(nil)
+	_ engine.Observer          = (*Metrics)(nil)
+	_ watch.ReaderObserver     = (*Metrics)(nil)
+	_ records.SnapshotObserver = (*Metrics)(nil)
+	_ lease.ReapObserver       = (*Metrics)(nil)
+	_ server.LimitObserver     = (*Metrics)(nil)
+	_ server.ReadObserver      = (*Metrics)(nil)
+	_ server.WatchObserver     = (*Metrics)(nil)
 )
 
 // New returns Metrics on a new private registry.
@@ -293,7 +296,7 @@ func New() *Metrics {
 	for _, k := range []string{KindUnavailable, KindTimeout, KindCanceled, KindRedis, KindMalformed, KindOther} {
 		m.redisErrors.WithLabelValues(k)
 	}
-	for _, r := range store.RefusalReasons() {
+	for _, r := range engine.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
 	}
 	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage, server.LimitUnreadAnswers} {
@@ -307,7 +310,7 @@ func New() *Metrics {
 		m.leaseLosses.WithLabelValues(r)
 	}
 	m.scriptObservers = map[string]prometheus.Observer{}
-	for _, s := range []string{store.ScriptCommit, store.ScriptLease, store.ScriptReadSections, store.ScriptReadRecord, store.ScriptReadLease, store.ScriptScanSection, store.ScriptByNameRebuild, store.ScriptReap, store.ScriptReapPlan} {
+	for _, s := range []string{engine.ScriptCommit, engine.ScriptLease, engine.ScriptReadSections, engine.ScriptReadRecord, engine.ScriptReadLease, engine.ScriptScanSection, engine.ScriptByNameRebuild, engine.ScriptReap, engine.ScriptReapPlan} {
 		m.scriptObservers[s] = m.scriptDuration.WithLabelValues(s)
 	}
 	return m
@@ -364,7 +367,7 @@ func (m *Metrics) Handler() http.Handler {
 	}))
 }
 
-// ScriptDone implements store.Observer.
+// ScriptDone implements engine.Observer.
 func (m *Metrics) ScriptDone(script string, elapsed time.Duration, err error) {
 	o, ok := m.scriptObservers[script]
 	if !ok {
@@ -377,7 +380,7 @@ func (m *Metrics) ScriptDone(script string, elapsed time.Duration, err error) {
 	}
 }
 
-// RedisFailed implements store.Observer.
+// RedisFailed implements engine.Observer.
 func (m *Metrics) RedisFailed(op string, err error) {
 	m.redisErrors.WithLabelValues(ErrorKind(err)).Inc()
 	if op != "ping" {
@@ -388,13 +391,13 @@ func (m *Metrics) RedisFailed(op string, err error) {
 // countRefusal counts err in fenced_redis_refusals_total when it is a
 // Redis refusal.
 func (m *Metrics) countRefusal(err error) {
-	var re *store.RefusalError
+	var re *engine.RefusalError
 	if errors.As(err, &re) {
 		m.redisRefusals.WithLabelValues(re.Reason).Inc()
 	}
 }
 
-// EvictionChecked implements store.Observer: fenced_redis_may_evict.
+// EvictionChecked implements engine.Observer: fenced_redis_may_evict.
 func (m *Metrics) EvictionChecked(mayEvict bool) { m.redisMayEvict.Set(boolGauge(mayEvict)) }
 
 // SetReady sets fenced_redis_ready (server.Telemetry.Ready).
@@ -407,8 +410,8 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// BatchDone implements store.Observer.
-func (m *Metrics) BatchDone(b *batch.Batch, c store.Committed, err error) {
+// BatchDone implements engine.Observer.
+func (m *Metrics) BatchDone(b *batch.Batch, c engine.Committed, err error) {
 	if err != nil && !m.batchFailed(err) {
 		return
 	}
@@ -431,24 +434,24 @@ func (m *Metrics) BatchDone(b *batch.Batch, c store.Committed, err error) {
 // Apart from BatchDone's success path, so that a committed batch pays for
 // no errors.As (its target escapes: one allocation per call).
 func (m *Metrics) batchFailed(err error) (committed bool) {
-	var ce *store.ConflictError
+	var ce *engine.ConflictError
 	switch {
 	case errors.As(err, &ce):
 		m.batchConflicts.Inc()
-	case errors.Is(err, store.ErrLeaseStale):
+	case errors.Is(err, engine.ErrLeaseStale):
 		m.staleRefusals.Inc()
-	case errors.Is(err, store.ErrReplicationTimeout):
+	case errors.Is(err, engine.ErrReplicationTimeout):
 		m.replicationTimeout.Inc()
 		return true
-	case errors.Is(err, store.ErrReplicaWaitsExhausted):
+	case errors.Is(err, engine.ErrReplicaWaitsExhausted):
 		m.limitRefusals.WithLabelValues(server.LimitReplicaWaits).Inc()
 	}
 	// Redis errors are counted by ScriptDone.
 	return false
 }
 
-// LeaseDone implements store.Observer.
-func (m *Metrics) LeaseDone(e store.LeaseEvent) {
+// LeaseDone implements engine.Observer.
+func (m *Metrics) LeaseDone(e engine.LeaseEvent) {
 	switch {
 	case e.Err == nil:
 		if e.Granted {
@@ -457,13 +460,13 @@ func (m *Metrics) LeaseDone(e store.LeaseEvent) {
 		if e.Replaced != nil {
 			m.leaseLosses.WithLabelValues(LossTakenOver).Inc()
 		}
-	case errors.Is(e.Err, store.ErrLeaseHeld):
+	case errors.Is(e.Err, engine.ErrLeaseHeld):
 		m.leaseHeld.Inc()
-	case errors.Is(e.Err, store.ErrReplicaWaitsExhausted):
+	case errors.Is(e.Err, engine.ErrReplicaWaitsExhausted):
 		m.limitRefusals.WithLabelValues(server.LimitReplicaWaits).Inc()
-	case errors.Is(e.Err, store.ErrLeaseStale) && e.Op == "renew":
+	case errors.Is(e.Err, engine.ErrLeaseStale) && e.Op == "renew":
 		m.leaseLosses.WithLabelValues(LossRenewRefused).Inc()
-	case errors.Is(e.Err, store.ErrLeaseStale) && e.Op == "release":
+	case errors.Is(e.Err, engine.ErrLeaseStale) && e.Op == "release":
 		m.leaseLosses.WithLabelValues(LossReleaseRefused).Inc()
 	}
 }
@@ -495,10 +498,10 @@ func (m *Metrics) ReadWaited(reason string, waited time.Duration) {
 // ReadsWaiting implements server.ReadObserver.
 func (m *Metrics) ReadsWaiting(delta int) { m.readsWaiting.Add(float64(delta)) }
 
-// WatchReaders implements store.ReaderObserver.
+// WatchReaders implements watch.ReaderObserver.
 func (m *Metrics) WatchReaders(delta int) { m.watchReaders.Add(float64(delta)) }
 
-// ChunkedSnapshotDone implements store.SnapshotObserver:
+// ChunkedSnapshotDone implements records.SnapshotObserver:
 // fenced_snapshots_chunked_total, fenced_snapshot_chunk_retries_total and
 // fenced_snapshot_chunk_fallbacks_total.
 func (m *Metrics) ChunkedSnapshotDone(retries int, fellBack bool) {
@@ -509,12 +512,12 @@ func (m *Metrics) ChunkedSnapshotDone(retries int, fellBack bool) {
 	}
 }
 
-// CommitSent implements store.GroupObserver.
-func (m *Metrics) CommitSent(members int) {
+// CommitSent implements engine.GroupObserver.
+func (m *Metrics) CommitSent(_ uint16, members int) {
 	m.groupMembers.Observe(float64(members))
 }
 
-// ClaimsReaped implements store.ReapObserver.
+// ClaimsReaped implements lease.ReapObserver.
 func (m *Metrics) ClaimsReaped(claims, records int) {
 	m.claimsReaped.Add(float64(claims))
 	m.claimRecordsReaped.Add(float64(records))

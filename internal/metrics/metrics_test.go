@@ -13,7 +13,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/metrics"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
 func TestErrorKind(t *testing.T) {
@@ -23,9 +23,9 @@ func TestErrorKind(t *testing.T) {
 	}{
 		{fmt.Errorf("store: ping: %w", context.DeadlineExceeded), metrics.KindTimeout},
 		{fmt.Errorf("store: fenced batch: %w", context.Canceled), metrics.KindCanceled},
-		{fmt.Errorf("%w: LOADING Redis is loading", store.ErrUnavailable), metrics.KindUnavailable},
-		{fmt.Errorf("store: read: %w", &store.RedisError{Message: "ERR wrong number of arguments"}), metrics.KindRedis},
-		{fmt.Errorf("store: inspect: %w: 3 elements", store.ErrMalformedReply), metrics.KindMalformed},
+		{fmt.Errorf("%w: LOADING Redis is loading", engine.ErrUnavailable), metrics.KindUnavailable},
+		{fmt.Errorf("store: read: %w", &engine.RedisError{Message: "ERR wrong number of arguments"}), metrics.KindRedis},
+		{fmt.Errorf("store: inspect: %w: 3 elements", engine.ErrMalformedReply), metrics.KindMalformed},
 		{errors.New("something else"), metrics.KindOther},
 	}
 	for _, tt := range tests {
@@ -45,24 +45,24 @@ func TestObserver(t *testing.T) {
 	checks := &batch.Batch{Slug: "s", Writes: []batch.Write{chk}}
 
 	m := metrics.New()
-	m.BatchDone(three, store.Committed{Revision: 7}, nil)
-	m.BatchDone(checks, store.Committed{Revision: 7}, nil)
-	m.BatchDone(three, store.Committed{Revision: 7, Replayed: true}, nil)
-	m.BatchDone(three, store.Committed{Revision: 8}, fmt.Errorf("store: fenced batch: %w", &store.ReplicationError{Revision: 8, Acked: 0, Wanted: 1}))
-	m.BatchDone(three, store.Committed{}, fmt.Errorf("store: fenced batch: %w", &store.ConflictError{Conflicts: []store.Conflict{{Section: "claims", Key: "c"}}}))
-	m.BatchDone(three, store.Committed{}, fmt.Errorf("store: fenced batch: %w", &store.StaleError{}))
-	m.BatchDone(three, store.Committed{}, fmt.Errorf("store: fenced batch: %w", store.ErrUnavailable))
-	m.ScriptDone(store.ScriptCommit, time.Millisecond, nil)
-	m.ScriptDone(store.ScriptCommit, time.Millisecond, fmt.Errorf("%w: EOF", store.ErrUnavailable))
-	m.ScriptDone(store.ScriptReadRecord, time.Millisecond, context.DeadlineExceeded)
-	m.RedisFailed("ping", fmt.Errorf("%w: dial tcp: refused", store.ErrUnavailable))
-	m.LeaseDone(store.LeaseEvent{Op: "acquire", Granted: true})
-	m.LeaseDone(store.LeaseEvent{Op: "acquire", Granted: true, Replaced: &store.Lease{Owner: "old", Epoch: 1}})
-	m.LeaseDone(store.LeaseEvent{Op: "acquire"}) // the holder extends
-	m.LeaseDone(store.LeaseEvent{Op: "acquire", Err: &store.HeldError{}})
-	m.LeaseDone(store.LeaseEvent{Op: "renew", Err: &store.StaleError{}})
-	m.LeaseDone(store.LeaseEvent{Op: "release", Err: fmt.Errorf("store: release lease: %w", &store.StaleError{Present: true})})
-	m.LeaseDone(store.LeaseEvent{Op: "renew", Err: store.ErrUnavailable})
+	m.BatchDone(three, engine.Committed{Revision: 7}, nil)
+	m.BatchDone(checks, engine.Committed{Revision: 7}, nil)
+	m.BatchDone(three, engine.Committed{Revision: 7, Replayed: true}, nil)
+	m.BatchDone(three, engine.Committed{Revision: 8}, fmt.Errorf("store: fenced batch: %w", &engine.ReplicationError{Revision: 8, Acked: 0, Wanted: 1}))
+	m.BatchDone(three, engine.Committed{}, fmt.Errorf("store: fenced batch: %w", &engine.ConflictError{Conflicts: []engine.Conflict{{Section: "claims", Key: "c"}}}))
+	m.BatchDone(three, engine.Committed{}, fmt.Errorf("store: fenced batch: %w", &engine.StaleError{}))
+	m.BatchDone(three, engine.Committed{}, fmt.Errorf("store: fenced batch: %w", engine.ErrUnavailable))
+	m.ScriptDone(engine.ScriptCommit, time.Millisecond, nil)
+	m.ScriptDone(engine.ScriptCommit, time.Millisecond, fmt.Errorf("%w: EOF", engine.ErrUnavailable))
+	m.ScriptDone(engine.ScriptReadRecord, time.Millisecond, context.DeadlineExceeded)
+	m.RedisFailed("ping", fmt.Errorf("%w: dial tcp: refused", engine.ErrUnavailable))
+	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Granted: true})
+	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Granted: true, Replaced: &batch.Lease{Owner: "old", Epoch: 1}})
+	m.LeaseDone(engine.LeaseEvent{Op: "acquire"}) // the holder extends
+	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Err: &engine.HeldError{}})
+	m.LeaseDone(engine.LeaseEvent{Op: "renew", Err: &engine.StaleError{}})
+	m.LeaseDone(engine.LeaseEvent{Op: "release", Err: fmt.Errorf("store: release lease: %w", &engine.StaleError{Present: true})})
+	m.LeaseDone(engine.LeaseEvent{Op: "renew", Err: engine.ErrUnavailable})
 
 	want := map[string]float64{
 		"fenced_batches_committed_total":                    3, // three, checks alone, and the one committed before its replication timeout
@@ -161,11 +161,11 @@ func scrape(t *testing.T, m *metrics.Metrics) map[string]float64 {
 // fenced_redis_may_evict follow what they are told.
 func TestRedisRefusalsReadyAndEviction(t *testing.T) {
 	m := metrics.New()
-	oom := fmt.Errorf("store: fenced batch: %w", store.Refusal("OOM command not allowed when used memory > 'maxmemory'."))
-	m.ScriptDone(store.ScriptCommit, time.Millisecond, oom)
-	m.ScriptDone(store.ScriptLease, time.Millisecond, store.Refusal("READONLY You can't write against a read only replica."))
-	m.RedisFailed("layout", store.Refusal("LOADING Redis is loading the dataset in memory"))
-	m.RedisFailed("ping", store.Refusal("MISCONF Redis is configured to save RDB snapshots"))
+	oom := fmt.Errorf("store: fenced batch: %w", engine.Refusal("OOM command not allowed when used memory > 'maxmemory'."))
+	m.ScriptDone(engine.ScriptCommit, time.Millisecond, oom)
+	m.ScriptDone(engine.ScriptLease, time.Millisecond, engine.Refusal("READONLY You can't write against a read only replica."))
+	m.RedisFailed("layout", engine.Refusal("LOADING Redis is loading the dataset in memory"))
+	m.RedisFailed("ping", engine.Refusal("MISCONF Redis is configured to save RDB snapshots"))
 	m.SetReady(true)
 	m.EvictionChecked(true)
 	got := scrape(t, m)
@@ -182,7 +182,7 @@ func TestRedisRefusalsReadyAndEviction(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", name, g, ok, w)
 		}
 	}
-	for _, r := range store.RefusalReasons() {
+	for _, r := range engine.RefusalReasons() {
 		if _, ok := got["fenced_redis_refusals_total{"+r+"}"]; !ok {
 			t.Errorf("/metrics lacks fenced_redis_refusals_total{reason=%q}", r)
 		}
@@ -217,8 +217,8 @@ func TestLimitMetrics(t *testing.T) {
 	m.Refused(server.LimitHealthWatchers)
 	m.Refused(server.LimitRequestBytes)
 	one := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: "a", Value: "{}"}}}
-	m.BatchDone(one, store.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", store.ErrReplicaWaitsExhausted))
-	m.LeaseDone(store.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", store.ErrReplicaWaitsExhausted)})
+	m.BatchDone(one, engine.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", engine.ErrReplicaWaitsExhausted))
+	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", engine.ErrReplicaWaitsExhausted)})
 	want := map[string]float64{
 		"fenced_connections":                           1,
 		"fenced_health_watchers":                       3,
@@ -291,14 +291,14 @@ func TestReapMetrics(t *testing.T) {
 // each send the store reports, by how many calls it carried.
 func TestGroupMetrics(t *testing.T) {
 	m := metrics.New()
-	var _ store.GroupObserver = m
+	var _ engine.GroupObserver = m
 	start := scrape(t, m)
 	if g, ok := start["fenced_commit_group_members_count"]; !ok || g != 0 {
 		t.Errorf("fenced_commit_group_members_count at start = %v (present %v), want 0", g, ok)
 	}
-	m.CommitSent(1)
-	m.CommitSent(6)
-	m.CommitSent(64)
+	m.CommitSent(0, 1)
+	m.CommitSent(0, 6)
+	m.CommitSent(0, 64)
 	got := scrape(t, m)
 	for name, w := range map[string]float64{
 		"fenced_commit_group_members_count":      3,
@@ -319,7 +319,7 @@ func BenchmarkScriptDone(b *testing.B) {
 	m := metrics.New()
 	b.ReportAllocs()
 	for b.Loop() {
-		m.ScriptDone(store.ScriptCommit, 100*time.Microsecond, nil)
+		m.ScriptDone(engine.ScriptCommit, 100*time.Microsecond, nil)
 	}
 }
 
@@ -329,7 +329,7 @@ func BenchmarkBatchDone(b *testing.B) {
 	bt := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "intents", Key: "k", Value: "1"}}}
 	b.ReportAllocs()
 	for b.Loop() {
-		m.BatchDone(bt, store.Committed{Revision: 1}, nil)
+		m.BatchDone(bt, engine.Committed{Revision: 1}, nil)
 	}
 }
 

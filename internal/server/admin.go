@@ -4,13 +4,13 @@ import (
 	"context"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 )
 
 // Migrator moves swarms between layouts: *store.Store implements it.
 type Migrator interface {
-	Migrate(ctx context.Context, slug string, dryRun bool) (*store.Migration, error)
+	Migrate(ctx context.Context, slug string, dryRun bool) (*docstore.Migration, error)
 }
 
 // AdminService implements fencedv1.AdminServiceServer over a Migrator.
@@ -34,8 +34,8 @@ func (a *AdminService) Migrate(ctx context.Context, req *fencedv1.MigrateRequest
 	return MigrateResponse(m), nil
 }
 
-// MigrateResponse is the wire form of a store.Migration.
-func MigrateResponse(m *store.Migration) *fencedv1.MigrateResponse {
+// MigrateResponse is the wire form of a docstore.Migration.
+func MigrateResponse(m *docstore.Migration) *fencedv1.MigrateResponse {
 	resp := &fencedv1.MigrateResponse{Records: int64(m.Records), Revision: m.Revision, AlreadyMoved: m.AlreadyMoved, NoState: m.NoState}
 	for _, s := range m.Sections {
 		resp.Sections = append(resp.Sections, &fencedv1.MigratedSection{Name: s.Name, Records: int64(s.Records), Bytes: int64(s.Bytes)})

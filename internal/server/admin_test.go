@@ -10,6 +10,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 )
@@ -45,7 +46,7 @@ func TestMigrateRefusesASectionNotServed(t *testing.T) {
 func TestMigrateRunsWithinTheCallersDeadlinePastTheRedisTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	const redisTimeout = 500 * time.Millisecond
-	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(redisTimeout))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: redisTimeout}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,11 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/lease"
+	"github.com/agentihooks/fenced/internal/store/records"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -113,28 +117,28 @@ var errorTable = []errorMapping{
 	{is(context.Canceled), codes.Canceled, nil},
 	{is(context.DeadlineExceeded), codes.DeadlineExceeded, outcomeUnknownDetails},
 	{as[*batch.ValidationError](), codes.InvalidArgument, badRequest},
-	{as[*store.ConflictError](), codes.Aborted, conflictDetails},
+	{as[*engine.ConflictError](), codes.Aborted, conflictDetails},
 	// A document write or a migration that lost its WATCH on every
 	// attempt: nothing was written; read again and rerun.
-	{is(store.ErrDocumentContended), codes.Aborted, reason(ReasonRevisionConflict)},
-	{is(store.ErrMigrationContended), codes.Aborted, reason(ReasonRevisionConflict)},
-	{is(store.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
-	{is(store.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
-	{is(store.ErrTooManyClaims), codes.ResourceExhausted, tooManyClaimsDetails},
-	{is(store.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
-	{as[*store.SectionNotServedError](), codes.FailedPrecondition, sectionNotServedDetails},
-	{is(store.ErrCorruptRecord), codes.DataLoss, corruptDetails},
-	{is(store.ErrRevisionLimit), codes.OutOfRange, limitDetails},
-	{is(store.ErrRevisionCompacted), codes.OutOfRange, compactedDetails},
-	{is(store.ErrStartAhead), codes.InvalidArgument, startAheadDetails},
+	{is(docstore.ErrDocumentContended), codes.Aborted, reason(ReasonRevisionConflict)},
+	{is(docstore.ErrMigrationContended), codes.Aborted, reason(ReasonRevisionConflict)},
+	{is(engine.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
+	{is(engine.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
+	{is(lease.ErrTooManyClaims), codes.ResourceExhausted, tooManyClaimsDetails},
+	{is(engine.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
+	{as[*docstore.SectionNotServedError](), codes.FailedPrecondition, sectionNotServedDetails},
+	{is(engine.ErrCorruptRecord), codes.DataLoss, corruptDetails},
+	{is(engine.ErrRevisionLimit), codes.OutOfRange, limitDetails},
+	{is(watch.ErrRevisionCompacted), codes.OutOfRange, compactedDetails},
+	{is(watch.ErrStartAhead), codes.InvalidArgument, startAheadDetails},
 	{as[*tooManyWatchersError](), codes.ResourceExhausted, tooManyWatchersDetails},
-	{is(store.ErrWatcherTooSlow), codes.ResourceExhausted, tooSlowDetails},
-	{is(store.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
-	{is(store.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
-	{is(store.ErrSnapshotTooLarge), codes.ResourceExhausted, tooLargeDetails},
-	{is(store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
+	{is(watch.ErrWatcherTooSlow), codes.ResourceExhausted, tooSlowDetails},
+	{is(records.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
+	{is(engine.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
+	{is(engine.ErrSnapshotTooLarge), codes.ResourceExhausted, tooLargeDetails},
+	{is(engine.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
 	{is(errBytesInFlight), codes.ResourceExhausted, bytesInFlightDetails},
-	{is(store.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
+	{is(records.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	// Redis refused for a state of its own (store's refusal table): out of
 	// memory is RESOURCE_EXHAUSTED (nothing was written; retry after an
 	// operator frees memory); every other refusal, fenced's own Redis
@@ -142,17 +146,17 @@ var errorTable = []errorMapping{
 	// retrying later is right. PERMISSION_DENIED is not used for a refused
 	// Redis user: fenced answers it for the caller's own token, and the
 	// caller can do nothing about fenced's ACL user.
-	{is(store.ErrRedisOutOfMemory), codes.ResourceExhausted, refusalDetails},
-	{as[*store.RefusalError](), codes.Unavailable, refusalDetails},
-	{is(store.ErrRedisMayEvict), codes.Unavailable, reason(store.ReasonRedisMayEvict)},
-	{is(store.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
+	{is(engine.ErrRedisOutOfMemory), codes.ResourceExhausted, refusalDetails},
+	{as[*engine.RefusalError](), codes.Unavailable, refusalDetails},
+	{is(engine.ErrRedisMayEvict), codes.Unavailable, reason(engine.ReasonRedisMayEvict)},
+	{is(engine.ErrUnavailable), codes.Unavailable, reason(ReasonRedisUnavailable)},
 }
 
 // tooLargeDetails is SNAPSHOT_TOO_LARGE, naming the record when one alone
 // is over the byte limit (section, key, bytes stored, max_bytes, and for
 // ScanSection next_page_token: the page past it).
 func tooLargeDetails(err error) []protoadapt.MessageV1 {
-	var tl *store.TooLargeError
+	var tl *engine.TooLargeError
 	if !errors.As(err, &tl) || tl.Key == "" {
 		return []protoadapt.MessageV1{info(ReasonSnapshotTooLarge, nil)}
 	}
@@ -167,7 +171,7 @@ func tooLargeDetails(err error) []protoadapt.MessageV1 {
 // sectionNotServedDetails names the sections a migration found but fenced
 // does not serve.
 func sectionNotServedDetails(err error) []protoadapt.MessageV1 {
-	var se *store.SectionNotServedError
+	var se *docstore.SectionNotServedError
 	errors.As(err, &se)
 	return []protoadapt.MessageV1{info(ReasonSectionNotServed, map[string]string{"sections": strings.Join(se.Sections, ",")})}
 }
@@ -175,7 +179,7 @@ func sectionNotServedDetails(err error) []protoadapt.MessageV1 {
 // refusalDetails is the refusal's ErrorInfo reason (one of store's
 // ReasonRedis*).
 func refusalDetails(err error) []protoadapt.MessageV1 {
-	var re *store.RefusalError
+	var re *engine.RefusalError
 	if !errors.As(err, &re) {
 		return []protoadapt.MessageV1{info(ReasonRedisUnavailable, nil)}
 	}
@@ -230,7 +234,7 @@ func badRequest(err error) []protoadapt.MessageV1 {
 // the i-th violation listed "write_<i>" (its index in the request),
 // "expected_<i>" and "actual_<i>" (revisions, decimal).
 func conflictDetails(err error) []protoadapt.MessageV1 {
-	var ce *store.ConflictError
+	var ce *engine.ConflictError
 	errors.As(err, &ce)
 	pf := &errdetails.PreconditionFailure{}
 	md := map[string]string{"conflicts": strconv.Itoa(len(ce.Conflicts))}
@@ -265,7 +269,7 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 
 func staleDetails(err error) []protoadapt.MessageV1 {
 	md := map[string]string{"lease": "absent"}
-	var se *store.StaleError
+	var se *engine.StaleError
 	if errors.As(err, &se) && se.Present {
 		md = map[string]string{
 			"lease":         "present",
@@ -284,7 +288,7 @@ func staleDetails(err error) []protoadapt.MessageV1 {
 }
 
 func tooManyClaimsDetails(err error) []protoadapt.MessageV1 {
-	var te *store.TooManyClaimsError
+	var te *lease.TooManyClaimsError
 	if !errors.As(err, &te) {
 		return []protoadapt.MessageV1{info(ReasonTooManyClaims, nil)}
 	}
@@ -295,7 +299,7 @@ func tooManyClaimsDetails(err error) []protoadapt.MessageV1 {
 }
 
 func heldDetails(err error) []protoadapt.MessageV1 {
-	var he *store.HeldError
+	var he *engine.HeldError
 	if !errors.As(err, &he) {
 		return []protoadapt.MessageV1{info(ReasonLeaseHeld, nil)}
 	}
@@ -321,7 +325,7 @@ func reusedDetails(error) []protoadapt.MessageV1 {
 }
 
 func replicationDetails(err error) []protoadapt.MessageV1 {
-	var re *store.ReplicationError
+	var re *engine.ReplicationError
 	if !errors.As(err, &re) {
 		return []protoadapt.MessageV1{info(ReasonReplication, nil)}
 	}
@@ -342,10 +346,10 @@ func replicationDetails(err error) []protoadapt.MessageV1 {
 // metadata naming 2^53-1 alone for the second).
 func limitDetails(err error) []protoadapt.MessageV1 {
 	md := map[string]string{
-		"max_revision": strconv.FormatInt(store.MaxRevision, 10),
-		"max_issued":   strconv.FormatInt(store.MaxIssued, 10),
+		"max_revision": strconv.FormatInt(batch.MaxRevision, 10),
+		"max_issued":   strconv.FormatInt(batch.MaxIssued, 10),
 	}
-	var le *store.LimitError
+	var le *engine.LimitError
 	if errors.As(err, &le) {
 		md["key"] = validUTF8(le.Key)
 		if le.Section != "" {
@@ -357,7 +361,7 @@ func limitDetails(err error) []protoadapt.MessageV1 {
 
 func corruptDetails(err error) []protoadapt.MessageV1 {
 	md := map[string]string{}
-	var ce *store.CorruptError
+	var ce *engine.CorruptError
 	if errors.As(err, &ce) {
 		md["section"], md["key"] = validUTF8(ce.Section), validUTF8(ce.Key)
 	}

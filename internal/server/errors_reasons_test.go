@@ -12,7 +12,11 @@ import (
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/auth"
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/lease"
+	"github.com/agentihooks/fenced/internal/store/records"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -82,7 +86,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 					t.Errorf("Violations (-want +got):\n%s", diff)
 				}
 			}},
-		{"conflict", &store.ConflictError{Conflicts: []store.Conflict{{Index: 2, Section: "claims", Key: "a", Expected: 5, Actual: 7}, {Index: 3, Section: "grants", Expected: 1, Actual: 9}}},
+		{"conflict", &engine.ConflictError{Conflicts: []engine.Conflict{{Index: 2, Section: "claims", Key: "a", Expected: 5, Actual: 7}, {Index: 3, Section: "grants", Expected: 1, Actual: 9}}},
 			codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, func(t *testing.T, got error) {
 				var ce *client.ConflictError
 				if !errors.As(got, &ce) || !errors.Is(got, client.ErrConflict) {
@@ -93,7 +97,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 					t.Errorf("Conflicts (-want +got):\n%s; Total %d, want 2", diff, ce.Total)
 				}
 			}},
-		{"stale, lease present", &store.StaleError{Present: true, Owner: "ctl-b", Epoch: 12, ExpiresAtMs: 1700000000123},
+		{"stale, lease present", &engine.StaleError{Present: true, Owner: "ctl-b", Epoch: 12, ExpiresAtMs: 1700000000123},
 			codes.FailedPrecondition, fencedv1.ErrorReason_LEASE_STALE, func(t *testing.T, got error) {
 				var le *client.LeaseError
 				if !errors.As(got, &le) || !errors.Is(got, client.ErrLeaseStale) {
@@ -103,13 +107,13 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 					t.Errorf("Holder (-want +got):\n%s", diff)
 				}
 			}},
-		{"stale, no lease", &store.StaleError{}, codes.FailedPrecondition, fencedv1.ErrorReason_LEASE_STALE, func(t *testing.T, got error) {
+		{"stale, no lease", &engine.StaleError{}, codes.FailedPrecondition, fencedv1.ErrorReason_LEASE_STALE, func(t *testing.T, got error) {
 			var le *client.LeaseError
 			if !errors.As(got, &le) || !errors.Is(got, client.ErrLeaseStale) || le.Holder != nil {
 				t.Errorf("client.Decode = %T %v; want *client.LeaseError ErrLeaseStale without a holder", got, got)
 			}
 		}},
-		{"held", &store.HeldError{Holder: store.Lease{Owner: "ctl-a", Epoch: 3, ExpiresAtMs: 5000}, NowMs: 2000},
+		{"held", &engine.HeldError{Holder: batch.Lease{Owner: "ctl-a", Epoch: 3, ExpiresAtMs: 5000}, NowMs: 2000},
 			codes.FailedPrecondition, fencedv1.ErrorReason_LEASE_HELD, func(t *testing.T, got error) {
 				var le *client.LeaseError
 				if !errors.As(got, &le) || !errors.Is(got, client.ErrLeaseHeld) {
@@ -119,24 +123,24 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 					t.Errorf("Holder (-want +got):\n%s; RetryAfter %v, want 3s", diff, le.RetryAfter)
 				}
 			}},
-		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, fencedv1.ErrorReason_LAYOUT_DOCUMENT, is(client.ErrLayoutDocument)},
-		{"section not served", &store.SectionNotServedError{Sections: []string{"widgets"}}, codes.FailedPrecondition, fencedv1.ErrorReason_SECTION_NOT_SERVED,
+		{"layout document", engine.ErrLayoutDocument, codes.FailedPrecondition, fencedv1.ErrorReason_LAYOUT_DOCUMENT, is(client.ErrLayoutDocument)},
+		{"section not served", &docstore.SectionNotServedError{Sections: []string{"widgets"}}, codes.FailedPrecondition, fencedv1.ErrorReason_SECTION_NOT_SERVED,
 			func(t *testing.T, got error) {
 				if got == nil || !strings.Contains(got.Error(), "widgets") {
 					t.Errorf("client.Decode = %v; want an error naming widgets", got)
 				}
 			}},
-		{"document kept changing", store.ErrDocumentContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
-		{"migration kept changing", store.ErrMigrationContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
-		{"corrupt", &store.CorruptError{Section: "claims", Key: "a"}, codes.DataLoss, fencedv1.ErrorReason_RECORD_CORRUPT, same},
-		{"revision limit", &store.LimitError{Key: "revision"}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_LIMIT, is(client.ErrRevisionLimit)},
-		{"request id reused", store.ErrRequestIDReused, codes.InvalidArgument, fencedv1.ErrorReason_REQUEST_ID_REUSED, func(t *testing.T, got error) {
+		{"document kept changing", docstore.ErrDocumentContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
+		{"migration kept changing", docstore.ErrMigrationContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
+		{"corrupt", &engine.CorruptError{Section: "claims", Key: "a"}, codes.DataLoss, fencedv1.ErrorReason_RECORD_CORRUPT, same},
+		{"revision limit", &engine.LimitError{Key: "revision"}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_LIMIT, is(client.ErrRevisionLimit)},
+		{"request id reused", records.ErrRequestIDReused, codes.InvalidArgument, fencedv1.ErrorReason_REQUEST_ID_REUSED, func(t *testing.T, got error) {
 			var ie *client.InvalidArgumentError
 			if !errors.As(got, &ie) || len(ie.Violations) != 1 || ie.Violations[0].Field != "request_id" {
 				t.Errorf("client.Decode = %T %v; want *client.InvalidArgumentError naming request_id", got, got)
 			}
 		}},
-		{"replication", &store.ReplicationError{Revision: 42, Acked: 1, Wanted: 2}, codes.Unavailable, fencedv1.ErrorReason_REPLICATION_TIMEOUT,
+		{"replication", &engine.ReplicationError{Revision: 42, Acked: 1, Wanted: 2}, codes.Unavailable, fencedv1.ErrorReason_REPLICATION_TIMEOUT,
 			func(t *testing.T, got error) {
 				var re *client.ReplicationError
 				if !errors.As(got, &re) || !errors.Is(got, client.ErrUnavailable) {
@@ -146,26 +150,26 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 					t.Errorf("ReplicationError = %d, %d of %d; want 42, 1 of 2", re.Revision, re.Acked, re.Wanted)
 				}
 			}},
-		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE, same},
-		{"replica waits", store.ErrReplicaWaitsExhausted, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS, same},
+		{"snapshot too large", &engine.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE, same},
+		{"replica waits", engine.ErrReplicaWaitsExhausted, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS, same},
 		{"request bytes in flight", &bytesInFlightError{size: 9, max: 8}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT, same},
-		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
-		{"may evict", &store.EvictionError{Addr: "127.0.0.1:1", Policy: "allkeys-lru"}, codes.Unavailable, fencedv1.ErrorReason_REDIS_MAY_EVICT, is(client.ErrUnavailable)},
-		{"unavailable", store.ErrUnavailable, codes.Unavailable, fencedv1.ErrorReason_REDIS_UNAVAILABLE, func(t *testing.T, got error) {
+		{"invalid cursor", records.ErrInvalidCursor, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
+		{"may evict", &engine.EvictionError{Addr: "127.0.0.1:1", Policy: "allkeys-lru"}, codes.Unavailable, fencedv1.ErrorReason_REDIS_MAY_EVICT, is(client.ErrUnavailable)},
+		{"unavailable", engine.ErrUnavailable, codes.Unavailable, fencedv1.ErrorReason_REDIS_UNAVAILABLE, func(t *testing.T, got error) {
 			var rr *client.RedisRefusalError
 			if !errors.Is(got, client.ErrUnavailable) || errors.As(got, &rr) {
 				t.Errorf("client.Decode = %T %v; want ErrUnavailable, not a refusal", got, got)
 			}
 		}},
-		{"revision compacted", &store.CompactedError{Start: 5, Oldest: 9}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_COMPACTED, func(t *testing.T, got error) {
+		{"revision compacted", &watch.CompactedError{Start: 5, Oldest: 9}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_COMPACTED, func(t *testing.T, got error) {
 			var ce *client.CompactedError
 			if !errors.As(got, &ce) || !errors.Is(got, client.ErrRevisionCompacted) || ce.Oldest != 9 {
 				t.Errorf("client.Decode = %T %v; want *client.CompactedError with Oldest 9", got, got)
 			}
 		}},
-		{"watch start ahead", &store.StartAheadError{Start: 30, Latest: 10, Clock: 20}, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
+		{"watch start ahead", &watch.StartAheadError{Start: 30, Latest: 10, Clock: 20}, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
 		{"too many watchers", &tooManyWatchersError{limit: "process"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_WATCHERS, same},
-		{"too many claims", &store.TooManyClaimsError{Claims: 3, Max: 3}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_CLAIMS, same},
+		{"too many claims", &lease.TooManyClaimsError{Claims: 3, Max: 3}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_CLAIMS, same},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, fencedv1.ErrorReason_WATCHER_TOO_SLOW, same},
 		{"unknown", errors.New("something else"), codes.Internal, fencedv1.ErrorReason_REASON_UNSPECIFIED, same},
 	}
@@ -199,7 +203,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 			code   codes.Code
 			reason fencedv1.ErrorReason_Reason
 			want   check
-		}{"refusal " + r.reply, store.Refusal(r.reply), code, reason, func(t *testing.T, got error) {
+		}{"refusal " + r.reply, engine.Refusal(r.reply), code, reason, func(t *testing.T, got error) {
 			var rr *client.RedisRefusalError
 			if !errors.As(got, &rr) || rr.Reason != reason.String() || !errors.Is(got, client.ErrUnavailable) {
 				t.Errorf("client.Decode = %T %v; want *client.RedisRefusalError %s", got, got, reason)
@@ -250,9 +254,9 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		ReasonRevisionConflict, ReasonLeaseStale, ReasonLeaseHeld, ReasonLayoutDocument, ReasonRecordCorrupt,
 		ReasonRedisUnavailable, ReasonInvalidArgument, ReasonRequestIDReused, ReasonReplication,
 		ReasonSnapshotTooLarge, ReasonRevisionLimit, ReasonTooManyReplicaWaits, ReasonTooManyHealthWatchers,
-		store.ReasonRedisOutOfMemory, store.ReasonRedisWriteError, store.ReasonRedisReadOnly, store.ReasonRedisNoReplicas,
-		store.ReasonRedisBusy, store.ReasonRedisLoading, store.ReasonRedisMasterDown, store.ReasonRedisTryAgain,
-		store.ReasonRedisClusterDown, store.ReasonRedisNoScript, store.ReasonRedisNotPermitted, store.ReasonRedisMayEvict,
+		engine.ReasonRedisOutOfMemory, engine.ReasonRedisWriteError, engine.ReasonRedisReadOnly, engine.ReasonRedisNoReplicas,
+		engine.ReasonRedisBusy, engine.ReasonRedisLoading, engine.ReasonRedisMasterDown, engine.ReasonRedisTryAgain,
+		engine.ReasonRedisClusterDown, engine.ReasonRedisNoScript, engine.ReasonRedisNotPermitted, engine.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
 		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
 		ReasonSectionNotServed, ReasonOutcomeUnknown, ReasonTooManyClaims,

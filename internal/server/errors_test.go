@@ -11,7 +11,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/lease"
+	"github.com/agentihooks/fenced/internal/store/records"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -45,12 +49,12 @@ func errInfo(reason string, md map[string]string) *errdetails.ErrorInfo {
 	return &errdetails.ErrorInfo{Reason: reason, Domain: "fenced", Metadata: md}
 }
 
-// conflicts returns a *store.ConflictError of n conflicts on intents/k<i>,
+// conflicts returns a *engine.ConflictError of n conflicts on intents/k<i>,
 // expected 41+i, actual 1041+i.
-func conflicts(n int) *store.ConflictError {
-	ce := &store.ConflictError{}
+func conflicts(n int) *engine.ConflictError {
+	ce := &engine.ConflictError{}
 	for i := 0; i < n; i++ {
-		ce.Conflicts = append(ce.Conflicts, store.Conflict{
+		ce.Conflicts = append(ce.Conflicts, engine.Conflict{
 			Index: i, Section: "intents", Key: "k" + strconv.Itoa(i), Expected: int64(41 + i), Actual: int64(1041 + i),
 		})
 	}
@@ -92,14 +96,14 @@ func TestErrorTable(t *testing.T) {
 		{Field: "slug", Description: "required"},
 		{Field: "writes[0].value", Description: "not one valid JSON text (RFC 8259)"},
 	}}
-	stale := &store.StaleError{Present: true, Owner: "hive-7", Epoch: 12, ExpiresAtMs: 1767225600123}
+	stale := &engine.StaleError{Present: true, Owner: "hive-7", Epoch: 12, ExpiresAtMs: 1767225600123}
 	staleMD := map[string]string{"lease": "present", "owner": "hive-7", "epoch": "12", "expires_at_ms": "1767225600123"}
-	holder := store.Lease{Owner: "hive-2", Epoch: 8, ExpiresAtMs: 1767225601500}
-	held := &store.HeldError{Holder: holder, NowMs: 1767225600000}
-	heldPast := &store.HeldError{Holder: holder, NowMs: 1767225602000}
+	holder := batch.Lease{Owner: "hive-2", Epoch: 8, ExpiresAtMs: 1767225601500}
+	held := &engine.HeldError{Holder: holder, NowMs: 1767225600000}
+	heldPast := &engine.HeldError{Holder: holder, NowMs: 1767225602000}
 	heldMD := map[string]string{"owner": "hive-2", "epoch": "8", "expires_at_ms": "1767225601500"}
-	corrupt := &store.CorruptError{Section: "executions", Key: "exec-1"}
-	unavailable := fmt.Errorf("store: ping 127.0.0.1:1: %w: dial tcp: connection refused", store.ErrUnavailable)
+	corrupt := &engine.CorruptError{Section: "executions", Key: "exec-1"}
+	unavailable := fmt.Errorf("store: ping 127.0.0.1:1: %w: dial tcp: connection refused", engine.ErrUnavailable)
 
 	tests := []struct {
 		name string
@@ -116,86 +120,86 @@ func TestErrorTable(t *testing.T) {
 		{"conflict one", conflicts(1), codes.Aborted, []proto.Message{conflictInfo(1, 1), revisionViolations(1, 1)}},
 		{"conflict several in request order", conflicts(3), codes.Aborted, []proto.Message{conflictInfo(3, 3), revisionViolations(3, 3)}},
 		{"stale with a lease", stale, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", staleMD)}},
-		{"stale without a lease", &store.StaleError{}, codes.FailedPrecondition, []proto.Message{
+		{"stale without a lease", &engine.StaleError{}, codes.FailedPrecondition, []proto.Message{
 			errInfo("LEASE_STALE", map[string]string{"lease": "absent"})}},
-		{"stale sentinel alone", store.ErrLeaseStale, codes.FailedPrecondition, []proto.Message{
+		{"stale sentinel alone", engine.ErrLeaseStale, codes.FailedPrecondition, []proto.Message{
 			errInfo("LEASE_STALE", map[string]string{"lease": "absent"})}},
-		{"stale controller fence of a batch", &store.StaleError{Present: true, Owner: "hive-7", Epoch: 12, ExpiresAtMs: 1767225600123, Fence: "lease"},
+		{"stale controller fence of a batch", &engine.StaleError{Present: true, Owner: "hive-7", Epoch: 12, ExpiresAtMs: 1767225600123, Fence: "lease"},
 			codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", map[string]string{"fence": "lease", "lease": "present",
 				"owner": "hive-7", "epoch": "12", "expires_at_ms": "1767225600123"})}},
-		{"stale claim fence, the claim granted", &store.StaleError{Present: true, Owner: "w-2", Epoch: 40, ExpiresAtMs: 1767225600500, Fence: "claim", Claim: "wake/1"},
+		{"stale claim fence, the claim granted", &engine.StaleError{Present: true, Owner: "w-2", Epoch: 40, ExpiresAtMs: 1767225600500, Fence: "claim", Claim: "wake/1"},
 			codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", map[string]string{"fence": "claim", "claim": "wake/1", "lease": "present",
 				"owner": "w-2", "epoch": "40", "expires_at_ms": "1767225600500"})}},
-		{"stale claim fence, no grant", &store.StaleError{Fence: "claim", Claim: "wake/2"},
+		{"stale claim fence, no grant", &engine.StaleError{Fence: "claim", Claim: "wake/2"},
 			codes.FailedPrecondition, []proto.Message{errInfo("LEASE_STALE", map[string]string{"fence": "claim", "claim": "wake/2", "lease": "absent"})}},
 		{"held", held, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", heldMD), &errdetails.RetryInfo{RetryDelay: durationpb.New(1500 * time.Millisecond)}}},
 		{"held past its expiry waits zero", heldPast, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", heldMD), &errdetails.RetryInfo{RetryDelay: durationpb.New(0)}}},
-		{"held sentinel alone", store.ErrLeaseHeld, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", nil)}},
-		{"layout document", store.ErrLayoutDocument, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
-		{"document on cluster", store.ErrDocumentOnCluster, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
-		{"section not served", &store.SectionNotServedError{Sections: []string{"widgets", "gadgets"}}, codes.FailedPrecondition,
+		{"held sentinel alone", engine.ErrLeaseHeld, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", nil)}},
+		{"layout document", engine.ErrLayoutDocument, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"document on cluster", engine.ErrDocumentOnCluster, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"section not served", &docstore.SectionNotServedError{Sections: []string{"widgets", "gadgets"}}, codes.FailedPrecondition,
 			[]proto.Message{errInfo("SECTION_NOT_SERVED", map[string]string{"sections": "widgets,gadgets"})}},
-		{"document kept changing", store.ErrDocumentContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
-		{"migration kept changing", store.ErrMigrationContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
+		{"document kept changing", docstore.ErrDocumentContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
+		{"migration kept changing", docstore.ErrMigrationContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
 		{"corrupt record", corrupt, codes.DataLoss, []proto.Message{
 			errInfo("RECORD_CORRUPT", map[string]string{"section": "executions", "key": "exec-1"})}},
-		{"corrupt sentinel alone", store.ErrCorruptRecord, codes.DataLoss, []proto.Message{errInfo("RECORD_CORRUPT", map[string]string{})}},
-		{"corrupt revision counter", &store.CorruptError{Key: "revision"}, codes.DataLoss, []proto.Message{
+		{"corrupt sentinel alone", engine.ErrCorruptRecord, codes.DataLoss, []proto.Message{errInfo("RECORD_CORRUPT", map[string]string{})}},
+		{"corrupt revision counter", &engine.CorruptError{Key: "revision"}, codes.DataLoss, []proto.Message{
 			errInfo("RECORD_CORRUPT", map[string]string{"section": "", "key": "revision"})}},
-		{"revision limit on a record", &store.LimitError{Section: "claims", Key: "c"}, codes.OutOfRange, []proto.Message{
+		{"revision limit on a record", &engine.LimitError{Section: "claims", Key: "c"}, codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_LIMIT", map[string]string{"section": "claims", "key": "c", "max_revision": "9007199254740991", "max_issued": "99999999999999"})}},
-		{"revision limit on the counter", &store.LimitError{Key: "revision"}, codes.OutOfRange, []proto.Message{
+		{"revision limit on the counter", &engine.LimitError{Key: "revision"}, codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_LIMIT", map[string]string{"key": "revision", "max_revision": "9007199254740991", "max_issued": "99999999999999"})}},
-		{"revision limit sentinel alone", store.ErrRevisionLimit, codes.OutOfRange, []proto.Message{
+		{"revision limit sentinel alone", engine.ErrRevisionLimit, codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_LIMIT", map[string]string{"max_revision": "9007199254740991", "max_issued": "99999999999999"})}},
-		{"revision compacted", fmt.Errorf("store: watch: %w", &store.CompactedError{Start: 5, Oldest: 9}), codes.OutOfRange, []proto.Message{
+		{"revision compacted", fmt.Errorf("store: watch: %w", &watch.CompactedError{Start: 5, Oldest: 9}), codes.OutOfRange, []proto.Message{
 			errInfo("REVISION_COMPACTED", map[string]string{"oldest_revision": "9"})}},
-		{"watch start ahead", fmt.Errorf("store: watch: %w", &store.StartAheadError{Start: 30, Latest: 10, Clock: 20}), codes.InvalidArgument, []proto.Message{
+		{"watch start ahead", fmt.Errorf("store: watch: %w", &watch.StartAheadError{Start: 30, Latest: 10, Clock: 20}), codes.InvalidArgument, []proto.Message{
 			errInfo("INVALID_ARGUMENT", nil), &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "start_revision",
 				Description: "30 is later than any revision the swarm has issued (latest 10) and than Redis's clock (20 as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent"}}}}},
 		{"too many watchers", &tooManyWatchersError{limit: "connection"}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_WATCHERS", map[string]string{"limit": "connection"})}},
-		{"too many claims", fmt.Errorf("store: acquire claim: %w", &store.TooManyClaimsError{Claims: 3, Max: 3}), codes.ResourceExhausted, []proto.Message{
+		{"too many claims", fmt.Errorf("store: acquire claim: %w", &lease.TooManyClaimsError{Claims: 3, Max: 3}), codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_CLAIMS", map[string]string{"claims": "3", "max": "3"})}},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, []proto.Message{
 			errInfo("WATCHER_TOO_SLOW", map[string]string{"last_revision": "7"})}},
-		{"watcher too slow sentinel alone", store.ErrWatcherTooSlow, codes.ResourceExhausted, []proto.Message{
+		{"watcher too slow sentinel alone", watch.ErrWatcherTooSlow, codes.ResourceExhausted, []proto.Message{
 			errInfo("WATCHER_TOO_SLOW", map[string]string{})}},
 		{"unavailable", unavailable, codes.Unavailable, []proto.Message{errInfo("REDIS_UNAVAILABLE", nil)}},
-		{"redis out of memory", fmt.Errorf("store: fenced batch: %w", store.Refusal("OOM command not allowed when used memory > 'maxmemory'.")), codes.ResourceExhausted, []proto.Message{errInfo("REDIS_OUT_OF_MEMORY", nil)}},
-		{"redis failing saves", store.Refusal("MISCONF Redis is configured to save RDB snapshots"), codes.Unavailable, []proto.Message{errInfo("REDIS_WRITE_ERROR", nil)}},
-		{"redis read-only replica", store.Refusal("READONLY You can't write against a read only replica."), codes.Unavailable, []proto.Message{errInfo("REDIS_READ_ONLY", nil)}},
-		{"redis no replicas", store.Refusal("NOREPLICAS Not enough good replicas to write."), codes.Unavailable, []proto.Message{errInfo("REDIS_NO_REPLICAS", nil)}},
-		{"redis busy", store.Refusal("BUSY Redis is busy running a script."), codes.Unavailable, []proto.Message{errInfo("REDIS_BUSY", nil)}},
-		{"redis loading", store.Refusal("LOADING Redis is loading the dataset in memory"), codes.Unavailable, []proto.Message{errInfo("REDIS_LOADING", nil)}},
-		{"redis master down", store.Refusal("MASTERDOWN Link with MASTER is down"), codes.Unavailable, []proto.Message{errInfo("REDIS_MASTER_DOWN", nil)}},
-		{"redis try again", store.Refusal("TRYAGAIN Multiple keys request during rehashing of slot"), codes.Unavailable, []proto.Message{errInfo("REDIS_TRY_AGAIN", nil)}},
-		{"redis cluster down", store.Refusal("CLUSTERDOWN The cluster is down"), codes.Unavailable, []proto.Message{errInfo("REDIS_CLUSTER_DOWN", nil)}},
-		{"redis no script", store.Refusal("NOSCRIPT No matching script."), codes.Unavailable, []proto.Message{errInfo("REDIS_NO_SCRIPT", nil)}},
-		{"redis refuses fenced's user", store.Refusal("NOPERM this user has no permissions to run the 'evalsha' command"), codes.Unavailable, []proto.Message{errInfo("REDIS_NOT_PERMITTED", nil)}},
-		{"redis wrong password", store.Refusal("WRONGPASS invalid username-password pair"), codes.Unavailable, []proto.Message{errInfo("REDIS_NOT_PERMITTED", nil)}},
-		{"redis may evict", &store.EvictionError{Addr: "127.0.0.1:1", MaxmemoryBytes: 1 << 20, Policy: "allkeys-lru"}, codes.Unavailable, []proto.Message{errInfo("REDIS_MAY_EVICT", nil)}},
-		{"redis timeout is unavailable", fmt.Errorf("%w: %w", store.ErrUnavailable, errors.New("redis did not answer within the redis timeout")), codes.Unavailable, []proto.Message{errInfo("REDIS_UNAVAILABLE", nil)}},
-		{"request id reused", store.ErrRequestIDReused, codes.InvalidArgument, []proto.Message{errInfo("REQUEST_ID_REUSED", nil),
+		{"redis out of memory", fmt.Errorf("store: fenced batch: %w", engine.Refusal("OOM command not allowed when used memory > 'maxmemory'.")), codes.ResourceExhausted, []proto.Message{errInfo("REDIS_OUT_OF_MEMORY", nil)}},
+		{"redis failing saves", engine.Refusal("MISCONF Redis is configured to save RDB snapshots"), codes.Unavailable, []proto.Message{errInfo("REDIS_WRITE_ERROR", nil)}},
+		{"redis read-only replica", engine.Refusal("READONLY You can't write against a read only replica."), codes.Unavailable, []proto.Message{errInfo("REDIS_READ_ONLY", nil)}},
+		{"redis no replicas", engine.Refusal("NOREPLICAS Not enough good replicas to write."), codes.Unavailable, []proto.Message{errInfo("REDIS_NO_REPLICAS", nil)}},
+		{"redis busy", engine.Refusal("BUSY Redis is busy running a script."), codes.Unavailable, []proto.Message{errInfo("REDIS_BUSY", nil)}},
+		{"redis loading", engine.Refusal("LOADING Redis is loading the dataset in memory"), codes.Unavailable, []proto.Message{errInfo("REDIS_LOADING", nil)}},
+		{"redis master down", engine.Refusal("MASTERDOWN Link with MASTER is down"), codes.Unavailable, []proto.Message{errInfo("REDIS_MASTER_DOWN", nil)}},
+		{"redis try again", engine.Refusal("TRYAGAIN Multiple keys request during rehashing of slot"), codes.Unavailable, []proto.Message{errInfo("REDIS_TRY_AGAIN", nil)}},
+		{"redis cluster down", engine.Refusal("CLUSTERDOWN The cluster is down"), codes.Unavailable, []proto.Message{errInfo("REDIS_CLUSTER_DOWN", nil)}},
+		{"redis no script", engine.Refusal("NOSCRIPT No matching script."), codes.Unavailable, []proto.Message{errInfo("REDIS_NO_SCRIPT", nil)}},
+		{"redis refuses fenced's user", engine.Refusal("NOPERM this user has no permissions to run the 'evalsha' command"), codes.Unavailable, []proto.Message{errInfo("REDIS_NOT_PERMITTED", nil)}},
+		{"redis wrong password", engine.Refusal("WRONGPASS invalid username-password pair"), codes.Unavailable, []proto.Message{errInfo("REDIS_NOT_PERMITTED", nil)}},
+		{"redis may evict", &engine.EvictionError{Addr: "127.0.0.1:1", MaxmemoryBytes: 1 << 20, Policy: "allkeys-lru"}, codes.Unavailable, []proto.Message{errInfo("REDIS_MAY_EVICT", nil)}},
+		{"redis timeout is unavailable", fmt.Errorf("%w: %w", engine.ErrUnavailable, errors.New("redis did not answer within the redis timeout")), codes.Unavailable, []proto.Message{errInfo("REDIS_UNAVAILABLE", nil)}},
+		{"request id reused", records.ErrRequestIDReused, codes.InvalidArgument, []proto.Message{errInfo("REQUEST_ID_REUSED", nil),
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request_id"}}}}},
-		{"replication timeout", &store.ReplicationError{Revision: 9, Acked: 1, Wanted: 2}, codes.Unavailable, []proto.Message{
+		{"replication timeout", &engine.ReplicationError{Revision: 9, Acked: 1, Wanted: 2}, codes.Unavailable, []proto.Message{
 			errInfo("REPLICATION_TIMEOUT", map[string]string{"revision": "9", "replicas_acked": "1", "replicas_wanted": "2"})}},
-		{"replication timeout sentinel alone", store.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
-		{"snapshot too large", &store.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
-		{"replica waits exhausted", fmt.Errorf("%w: 64 for swarm s, its limit", store.ErrReplicaWaitsExhausted), codes.ResourceExhausted, []proto.Message{errInfo("TOO_MANY_REPLICA_WAITS", nil)}},
+		{"replication timeout sentinel alone", engine.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
+		{"snapshot too large", &engine.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
+		{"replica waits exhausted", fmt.Errorf("%w: 64 for swarm s, its limit", engine.ErrReplicaWaitsExhausted), codes.ResourceExhausted, []proto.Message{errInfo("TOO_MANY_REPLICA_WAITS", nil)}},
 		{"request bytes in flight", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: -1}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432"})}},
 		{"request bytes in flight of one caller", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: 24 << 20}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432", "caller_bytes_in_flight": "25165824"})}},
-		{"invalid cursor", store.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
+		{"invalid cursor", records.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
 		{"canceled", context.Canceled, codes.Canceled, nil},
 		{"deadline exceeded", context.DeadlineExceeded, codes.DeadlineExceeded, nil},
 		// A context error wins over anything else it is wrapped with: a
 		// deadline that cut a Redis call short is a deadline, not an outage.
-		{"deadline while unavailable", fmt.Errorf("%w: %w", store.ErrUnavailable, context.DeadlineExceeded), codes.DeadlineExceeded, nil},
-		{"canceled while unavailable", fmt.Errorf("%w: %w", store.ErrUnavailable, context.Canceled), codes.Canceled, nil},
-		{"redis error", &store.RedisError{Message: "ERR Error running script (call to f_0): oops"}, codes.Internal, nil},
-		{"malformed reply", fmt.Errorf("%w: %q", store.ErrMalformedReply, []string{"WHAT"}), codes.Internal, nil},
+		{"deadline while unavailable", fmt.Errorf("%w: %w", engine.ErrUnavailable, context.DeadlineExceeded), codes.DeadlineExceeded, nil},
+		{"canceled while unavailable", fmt.Errorf("%w: %w", engine.ErrUnavailable, context.Canceled), codes.Canceled, nil},
+		{"redis error", &engine.RedisError{Message: "ERR Error running script (call to f_0): oops"}, codes.Internal, nil},
+		{"malformed reply", fmt.Errorf("%w: %q", engine.ErrMalformedReply, []string{"WHAT"}), codes.Internal, nil},
 		{"unknown", errors.New("something else"), codes.Internal, nil},
 	}
 	// Every row of the table must be pinned by a case above: a new row
@@ -287,10 +291,10 @@ func TestErrorTableInvalidUTF8(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{"corrupt record key", &store.CorruptError{Section: "intents", Key: "bad\xffkey"}, codes.DataLoss, "RECORD_CORRUPT"},
-		{"revision limit record key", &store.LimitError{Section: "intents", Key: "bad\xffkey"}, codes.OutOfRange, "REVISION_LIMIT"},
-		{"stale lease owner", &store.StaleError{Present: true, Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, codes.FailedPrecondition, "LEASE_STALE"},
-		{"held lease owner", &store.HeldError{Holder: store.Lease{Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, NowMs: 1}, codes.FailedPrecondition, "LEASE_HELD"},
+		{"corrupt record key", &engine.CorruptError{Section: "intents", Key: "bad\xffkey"}, codes.DataLoss, "RECORD_CORRUPT"},
+		{"revision limit record key", &engine.LimitError{Section: "intents", Key: "bad\xffkey"}, codes.OutOfRange, "REVISION_LIMIT"},
+		{"stale lease owner", &engine.StaleError{Present: true, Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, codes.FailedPrecondition, "LEASE_STALE"},
+		{"held lease owner", &engine.HeldError{Holder: batch.Lease{Owner: "own\xfeer", Epoch: 3, ExpiresAtMs: 5}, NowMs: 1}, codes.FailedPrecondition, "LEASE_HELD"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

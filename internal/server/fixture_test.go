@@ -15,6 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -50,7 +51,7 @@ const redisTimeout = 2 * waitLimit
 func openStore(t *testing.T, srv *redistest.Server) *store.Store {
 	t.Helper()
 	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
-	st, err := store.Open(url, prefix, store.WithRedisTimeout(redisTimeout))
+	st, err := store.Open(url, store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: redisTimeout}})
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", url, err)
 	}
@@ -357,7 +358,7 @@ func (h *sinkHandler) WithGroup(string) slog.Handler { return h }
 func serveWithShortRedisTimeout(t *testing.T) (*redistest.Server, *endpoint) {
 	t.Helper()
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), prefix, store.WithRedisTimeout(300*time.Millisecond))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: 300 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

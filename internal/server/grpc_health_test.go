@@ -12,6 +12,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -158,7 +159,7 @@ type gate struct {
 	release chan struct{}
 }
 
-func (g *gate) CommitDurable(ctx context.Context, b *batch.Batch, d store.Durability) (store.Committed, error) {
+func (g *gate) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (engine.Committed, error) {
 	if b.Slug == "gated" {
 		close(g.entered)
 		<-g.release

@@ -9,7 +9,8 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
@@ -23,22 +24,22 @@ import (
 // would provide (the lease operations) are never called here.
 type panicky struct{ server.Core }
 
-func (panicky) Layout(context.Context, string) (store.Layout, error) {
+func (panicky) Layout(context.Context, string) (docstore.Layout, error) {
 	panic("secret-layout-detail")
 }
 
-func (panicky) Sections(context.Context, string, []string) (*store.Snapshot, error) {
+func (panicky) Sections(context.Context, string, []string) (*engine.Snapshot, error) {
 	var m map[string]int
 	m["secret-sections-detail"]++ // a runtime error: assignment to a nil map
 	return nil, nil
 }
 
-func (panicky) CommitDurable(context.Context, *batch.Batch, store.Durability) (store.Committed, error) {
+func (panicky) CommitDurable(context.Context, *batch.Batch, engine.Durability) (engine.Committed, error) {
 	panic(errors.New("secret-commit-detail"))
 }
 
-func (panicky) Record(context.Context, string, string, string) (*store.Record, int64, error) {
-	return &store.Record{Revision: 7, Value: `{"ok":true}`}, 9, nil
+func (panicky) Record(context.Context, string, string, string) (*batch.Record, int64, error) {
+	return &batch.Record{Revision: 7, Value: `{"ok":true}`}, 9, nil
 }
 
 func (panicky) Ping(context.Context) error { return nil }

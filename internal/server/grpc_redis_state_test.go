@@ -13,6 +13,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 )
@@ -78,7 +79,7 @@ func TestDemotedPrimaryBehindProxyIsLeft(t *testing.T) {
 		t.Fatalf("StartProxy: %v", err)
 	}
 	t.Cleanup(proxy.Close)
-	st, err := store.Open("redis://"+proxy.Addr(), prefix)
+	st, err := store.Open("redis://"+proxy.Addr(), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		t.Fatalf("store.Open via proxy: %v", err)
 	}
@@ -103,8 +104,8 @@ func TestDemotedPrimaryBehindProxyIsLeft(t *testing.T) {
 	_, err = e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
 		Writes: []*fencedv1.RecordWrite{put("intents", "a", rev, `2`)}})
 	d := decode(t, err)
-	if d.code != codes.Unavailable || d.info.GetReason() != store.ReasonRedisReadOnly {
-		t.Errorf("with the address on the demoted A, FencedBatch = %v %v, want UNAVAILABLE %s", d.code, d.info.GetReason(), store.ReasonRedisReadOnly)
+	if d.code != codes.Unavailable || d.info.GetReason() != engine.ReasonRedisReadOnly {
+		t.Errorf("with the address on the demoted A, FencedBatch = %v %v, want UNAVAILABLE %s", d.code, d.info.GetReason(), engine.ReasonRedisReadOnly)
 	}
 
 	proxy.SetTarget(b.Addr())
@@ -134,7 +135,7 @@ func TestSentinelFailoverIsFollowed(t *testing.T) {
 	a := redistest.Start(t)
 	b := redistest.StartReplica(t, a)
 	sentinel := redistest.StartSentinel(t, "fenced-master", a)
-	st, err := store.Open(sentinel.URL("fenced-master"), prefix)
+	st, err := store.Open(sentinel.URL("fenced-master"), store.Options{Engine: engine.Options{Prefix: prefix}})
 	if err != nil {
 		t.Fatalf("store.Open(%s): %v", sentinel.URL("fenced-master"), err)
 	}
@@ -186,7 +187,7 @@ func TestEvictionPolicyChangeFlipsHealth(t *testing.T) {
 // allkeys-lru serves (with a warning).
 func TestEvictionAllowedServes(t *testing.T) {
 	srv := redistest.Start(t, redistest.WithArgs("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"))
-	st, err := store.Open(srv.URL(), prefix, store.WithAllowEviction(true))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, AllowEviction: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +297,7 @@ func TestRedisRefusalsReachTheCaller(t *testing.T) {
 		{"out of memory", nil, func(t *testing.T, srv *redistest.Server) {
 			srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
 			srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
-		}, codes.ResourceExhausted, store.ReasonRedisOutOfMemory},
+		}, codes.ResourceExhausted, engine.ReasonRedisOutOfMemory},
 		{"failing saves", []string{"--save", "3600 1"}, func(t *testing.T, srv *redistest.Server) {
 			// A directory in the place of the save's temporary file cannot
 			// be replaced by it (root ignores permissions).
@@ -314,7 +315,7 @@ func TestRedisRefusalsReachTheCaller(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-		}, codes.Unavailable, store.ReasonRedisWriteError},
+		}, codes.Unavailable, engine.ReasonRedisWriteError},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/redis/rueidis"
 	"google.golang.org/grpc"
@@ -133,7 +134,7 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 		t.Fatalf("rueidis.NewClient(%s): %v", srv.URL(), err)
 	}
 	stall := newStallingClient(rc)
-	st, err := store.New(stall, prefix, store.WithRedisTimeout(2*burstLimit))
+	st, err := store.New(stall, store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: 2 * burstLimit}})
 	if err != nil {
 		rc.Close()
 		t.Fatal(err)

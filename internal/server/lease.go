@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 )
 
@@ -16,15 +15,15 @@ import (
 // holder acquiring again keeps its epoch, an expired lease is never
 // renewed, and a release keeps the epoch.
 type Leases interface {
-	Acquire(ctx context.Context, slug, owner string, ttlMs int64) (store.Lease, int64, error)
-	Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (store.Lease, int64, error)
+	Acquire(ctx context.Context, slug, owner string, ttlMs int64) (batch.Lease, int64, error)
+	Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (batch.Lease, int64, error)
 	Release(ctx context.Context, slug, owner string, epoch int64) (int64, error)
-	CurrentLease(ctx context.Context, slug string) (*store.Lease, int64, int64, error)
+	CurrentLease(ctx context.Context, slug string) (*batch.Lease, int64, int64, error)
 	// The same for a claim, a named lease (docs/design/12-claims.md).
-	AcquireClaim(ctx context.Context, slug, name, owner string, ttlMs int64) (store.Lease, int64, error)
-	RenewClaim(ctx context.Context, slug, name, owner string, epoch, ttlMs int64) (store.Lease, int64, error)
+	AcquireClaim(ctx context.Context, slug, name, owner string, ttlMs int64) (batch.Lease, int64, error)
+	RenewClaim(ctx context.Context, slug, name, owner string, epoch, ttlMs int64) (batch.Lease, int64, error)
 	ReleaseClaim(ctx context.Context, slug, name, owner string, epoch int64) (int64, error)
-	CurrentClaim(ctx context.Context, slug, name string) (*store.Lease, int64, int64, error)
+	CurrentClaim(ctx context.Context, slug, name string) (*batch.Lease, int64, int64, error)
 }
 
 // LeaseService implements fencedv1.LeaseServiceServer over a Leases core.
@@ -42,7 +41,7 @@ func NewLeaseService(leases Leases, bounds batch.LeaseBounds) *LeaseService {
 	return &LeaseService{leases: leases, bounds: bounds}
 }
 
-func leaseProto(l store.Lease) *fencedv1.Lease {
+func leaseProto(l batch.Lease) *fencedv1.Lease {
 	return &fencedv1.Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAtMs, Name: l.Name}
 }
 
@@ -53,7 +52,7 @@ func (s *LeaseService) Acquire(ctx context.Context, req *fencedv1.AcquireRequest
 	if err := batch.CheckNamed(s.bounds.CheckAcquire(req.GetSlug(), req.GetOwner(), req.GetTtlMs()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	var l store.Lease
+	var l batch.Lease
 	var rev int64
 	var err error
 	if req.GetName() != "" {
@@ -72,7 +71,7 @@ func (s *LeaseService) Renew(ctx context.Context, req *fencedv1.RenewRequest) (*
 	if err := batch.CheckNamed(s.bounds.CheckRenew(req.GetSlug(), req.GetOwner(), req.GetEpoch(), req.GetTtlMs()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	var l store.Lease
+	var l batch.Lease
 	var rev int64
 	var err error
 	if req.GetName() != "" {
@@ -110,7 +109,7 @@ func (s *LeaseService) Current(ctx context.Context, req *fencedv1.CurrentRequest
 	if err := batch.CheckNamed(batch.CheckSlug(req.GetSlug()), req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
-	var l *store.Lease
+	var l *batch.Lease
 	var now, rev int64
 	var err error
 	if req.GetName() != "" {

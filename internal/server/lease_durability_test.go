@@ -8,6 +8,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 )
@@ -22,7 +23,7 @@ func TestLeaseGrantsUnderWaitReplicas(t *testing.T) {
 	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
-	st, err := store.Open(primary.URL(), prefix, store.WithLeaseDurability(store.Durability{Replicas: 1, Timeout: 2 * time.Second}))
+	st, err := store.Open(primary.URL(), store.Options{Engine: engine.Options{Prefix: prefix, Wait: engine.Durability{Replicas: 1, Timeout: 2 * time.Second}}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 )
 
@@ -23,7 +24,7 @@ type heldSections struct {
 	running int
 }
 
-func (h *heldSections) Sections(ctx context.Context, slug string, names []string) (*store.Snapshot, error) {
+func (h *heldSections) Sections(ctx context.Context, slug string, names []string) (*engine.Snapshot, error) {
 	h.mu.Lock()
 	h.running++
 	h.mu.Unlock()

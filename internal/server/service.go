@@ -10,25 +10,26 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/docstore"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/protobuf/proto"
 )
 
 // Records is the core the handlers call: *store.Store implements it.
 type Records interface {
-	Layout(ctx context.Context, slug string) (store.Layout, error)
-	Record(ctx context.Context, slug, section, key string) (*store.Record, int64, error)
-	Sections(ctx context.Context, slug string, names []string) (*store.Snapshot, error)
-	ScanSection(ctx context.Context, slug, section, position string, count int) (*store.Page, error)
-	CommitDurable(ctx context.Context, b *batch.Batch, d store.Durability) (store.Committed, error)
+	Layout(ctx context.Context, slug string) (docstore.Layout, error)
+	Record(ctx context.Context, slug, section, key string) (*batch.Record, int64, error)
+	Sections(ctx context.Context, slug string, names []string) (*engine.Snapshot, error)
+	ScanSection(ctx context.Context, slug, section, position string, count int) (*engine.Page, error)
+	CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (engine.Committed, error)
 }
 
 // ServiceOptions are the RecordsService settings beyond the batch limits.
 type ServiceOptions struct {
 	// Durability is what a batch waits for when it does not say
 	// (replica_ack unset). Zero: no wait.
-	Durability store.Durability
+	Durability engine.Durability
 	// MaxSnapshotBytes bounds a Sections answer, in bytes (the encoded
 	// response). Zero: DefaultMaxSnapshotBytes.
 	MaxSnapshotBytes int
@@ -58,9 +59,9 @@ const (
 // DefaultMaxSnapshotBytes keeps a Sections answer under gRPC's default 4 MiB
 // receive limit of most clients, with room for framing. The store refuses a
 // snapshot certainly above it before reading it out of Redis (give it the
-// same limit with store.WithMaxSnapshotBytes); the handler checks the
+// same limit with engine.ReadLimits.MaxSnapshotBytes); the handler checks the
 // encoded answer.
-const DefaultMaxSnapshotBytes = store.DefaultMaxSnapshotBytes
+const DefaultMaxSnapshotBytes = engine.DefaultMaxSnapshotBytes
 
 // Service implements fencedv1.RecordsServiceServer over a Records core.
 type Service struct {
@@ -95,10 +96,10 @@ func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Serv
 		reads: newReadGate(opts.Reads, nil)}
 }
 
-var layouts = map[store.Layout]fencedv1.Layout{
-	store.LayoutNone:     fencedv1.Layout_LAYOUT_UNSPECIFIED,
-	store.LayoutRecords:  fencedv1.Layout_LAYOUT_RECORDS,
-	store.LayoutDocument: fencedv1.Layout_LAYOUT_DOCUMENT,
+var layouts = map[docstore.Layout]fencedv1.Layout{
+	docstore.LayoutNone:     fencedv1.Layout_LAYOUT_UNSPECIFIED,
+	docstore.LayoutRecords:  fencedv1.Layout_LAYOUT_RECORDS,
+	docstore.LayoutDocument: fencedv1.Layout_LAYOUT_DOCUMENT,
 }
 
 // Layout answers how a swarm is stored.
@@ -137,12 +138,12 @@ func (s *Service) Sections(ctx context.Context, req *fencedv1.SectionsRequest) (
 		resp.Sections[name] = &fencedv1.Section{Records: recordsProto(recs), Revision: snap.SectionRevisions[name]}
 	}
 	if size := proto.Size(resp); size > s.opts.MaxSnapshotBytes {
-		return nil, toStatus(&store.TooLargeError{Bytes: int64(size), MaxBytes: s.opts.MaxSnapshotBytes})
+		return nil, toStatus(&engine.TooLargeError{Bytes: int64(size), MaxBytes: s.opts.MaxSnapshotBytes})
 	}
 	return resp, nil
 }
 
-func recordsProto(recs map[string]store.Record) map[string]*fencedv1.Record {
+func recordsProto(recs map[string]batch.Record) map[string]*fencedv1.Record {
 	out := make(map[string]*fencedv1.Record, len(recs))
 	for key, r := range recs {
 		out[key] = &fencedv1.Record{Revision: r.Revision, Value: r.Value, Claim: r.Claim, ClaimEpoch: r.ClaimEpoch}
@@ -218,11 +219,11 @@ func replicaAckFromProto(ack *fencedv1.ReplicaAck) *batch.ReplicaAck {
 
 // durability is what a checked batch waits for: its own replica_ack, else
 // the server's default.
-func (s *Service) durability(ack *batch.ReplicaAck) store.Durability {
+func (s *Service) durability(ack *batch.ReplicaAck) engine.Durability {
 	if ack == nil {
 		return s.opts.Durability
 	}
-	return store.Durability{Replicas: int(ack.Replicas), Timeout: time.Duration(ack.TimeoutMs) * time.Millisecond}
+	return engine.Durability{Replicas: int(ack.Replicas), Timeout: time.Duration(ack.TimeoutMs) * time.Millisecond}
 }
 
 // BatchFromProto converts a request into the domain batch, unvalidated. The

@@ -14,6 +14,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 )
@@ -74,7 +75,7 @@ func TestWritesRefusedWhileRedisMayEvict(t *testing.T) {
 	// a batch sent then commits (seen under -race at load 4). Wait until
 	// a probe of the Store has found the policy: from then on commits and
 	// lease changes answer REDIS_MAY_EVICT until a probe finds none.
-	for deadline := time.Now().Add(waitLimit); !errors.Is(st.Ping(ctxT(t)), store.ErrRedisMayEvict); {
+	for deadline := time.Now().Add(waitLimit); !errors.Is(st.Ping(ctxT(t)), engine.ErrRedisMayEvict); {
 		if time.Now().After(deadline) {
 			t.Fatalf("no probe found maxmemory-policy allkeys-lru within %v", waitLimit)
 		}
@@ -83,12 +84,12 @@ func TestWritesRefusedWhileRedisMayEvict(t *testing.T) {
 	revBefore := srv.Do(t, "GET", redisKey(slug, "revision"))
 	_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
 		Writes: []*fencedv1.RecordWrite{put("intents", "b", 0, `2`)}})
-	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != store.ReasonRedisMayEvict {
-		t.Errorf("FencedBatch = %v %q (%v), want UNAVAILABLE %s", d.code, d.info.GetReason(), err, store.ReasonRedisMayEvict)
+	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != engine.ReasonRedisMayEvict {
+		t.Errorf("FencedBatch = %v %q (%v), want UNAVAILABLE %s", d.code, d.info.GetReason(), err, engine.ReasonRedisMayEvict)
 	}
 	_, err = fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctxT(t), &fencedv1.AcquireRequest{Slug: slug, Owner: "o-1", TtlMs: 60000})
-	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != store.ReasonRedisMayEvict {
-		t.Errorf("Acquire = %v %q (%v), want UNAVAILABLE %s", d.code, d.info.GetReason(), err, store.ReasonRedisMayEvict)
+	if d := decode(t, err); d.code != codes.Unavailable || d.info.GetReason() != engine.ReasonRedisMayEvict {
+		t.Errorf("Acquire = %v %q (%v), want UNAVAILABLE %s", d.code, d.info.GetReason(), err, engine.ReasonRedisMayEvict)
 	}
 	if got := srv.Do(t, "GET", redisKey(slug, "revision")); got != revBefore {
 		t.Errorf("swarm revision %s after refused calls, want %s (nothing written)", got, revBefore)
@@ -177,8 +178,8 @@ func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
 	srv := redistest.Start(t)
 	replica := redistest.StartReplica(t, srv)
 	awaitLinked(t, replica)
-	own := store.Durability{Replicas: 1, Timeout: 5 * time.Second}
-	st, err := store.Open(srv.URL(), prefix, store.WithReplicaWaitLimits(perProcess, perSwarm), store.WithLeaseDurability(own))
+	own := engine.Durability{Replicas: 1, Timeout: 5 * time.Second}
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, MaxReplicaWaits: perProcess, MaxReplicaWaitsPerSwarm: perSwarm, Wait: own}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

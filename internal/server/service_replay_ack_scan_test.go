@@ -20,6 +20,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -306,9 +307,9 @@ func TestReplicaAckWaitsOrAnswersReplicationTimeout(t *testing.T) {
 	t.Run("server default applies when replica_ack is unset", func(t *testing.T) {
 		waits := func() int64 { return commandCalls(t, primary, "wait") }
 		one := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{
-			Durability: store.Durability{Replicas: 1, Timeout: waitLimit}}})
+			Durability: engine.Durability{Replicas: 1, Timeout: waitLimit}}})
 		two := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{
-			Durability: store.Durability{Replicas: 2, Timeout: 50 * time.Millisecond}}})
+			Durability: engine.Durability{Replicas: 2, Timeout: 50 * time.Millisecond}}})
 		w0 := waits()
 		resp, err := one.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
 			Writes: []*fencedv1.RecordWrite{put("claims", "c", 0, `3`)}})
@@ -414,7 +415,7 @@ func secChk(section string, expected int64) *fencedv1.RecordWrite {
 // SNAPSHOT_TOO_LARGE pointing to ScanSection.
 func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), prefix, store.WithMaxSnapshotRecords(1000))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotRecords: 1000}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

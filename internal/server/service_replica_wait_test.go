@@ -11,6 +11,7 @@ import (
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 )
@@ -56,7 +57,7 @@ func TestReplicaAckBoundedBeforeWriting(t *testing.T) {
 func TestReplicaWaitsBounded(t *testing.T) {
 	const perProcess, perSwarm = 4, 2
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), prefix, store.WithReplicaWaitLimits(perProcess, perSwarm))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, MaxReplicaWaits: perProcess, MaxReplicaWaitsPerSwarm: perSwarm}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 )
 
@@ -20,7 +20,7 @@ type barrier struct {
 	wg *sync.WaitGroup
 }
 
-func (b barrier) CommitDurable(ctx context.Context, _ *batch.Batch, _ store.Durability) (store.Committed, error) {
+func (b barrier) CommitDurable(ctx context.Context, _ *batch.Batch, _ engine.Durability) (engine.Committed, error) {
 	b.wg.Done()
 	done := make(chan struct{})
 	go func() {
@@ -29,9 +29,9 @@ func (b barrier) CommitDurable(ctx context.Context, _ *batch.Batch, _ store.Dura
 	}()
 	select {
 	case <-done:
-		return store.Committed{Revision: 1}, nil
+		return engine.Committed{Revision: 1}, nil
 	case <-ctx.Done():
-		return store.Committed{}, ctx.Err()
+		return engine.Committed{}, ctx.Err()
 	}
 }
 

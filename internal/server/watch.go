@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/protocol"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -27,7 +27,7 @@ import (
 // Watcher is the core Watch needs: *store.Store implements it. A core
 // without it answers Watch UNIMPLEMENTED.
 type Watcher interface {
-	Watch(ctx context.Context, slug string, after int64) (*store.Watch, error)
+	Watch(ctx context.Context, slug string, after int64) (*watch.Watcher, error)
 }
 
 // WatchOptions bound RecordsService Watch streams. Zero fields take the
@@ -59,7 +59,7 @@ type WatchOptions struct {
 }
 
 // Watch defaults. A watcher costs one goroutine (its handler's) and its
-// buffer of events (store.DefaultWatchBuffer); the swarm's reader is
+// buffer of events (watch.DefaultWatchBuffer); the swarm's reader is
 // shared.
 const (
 	DefaultMaxWatchers              = 10000
@@ -170,10 +170,10 @@ func (e *tooSlowError) Error() string {
 	return "watcher too slow: dropped after falling behind; resume from revision " + strconv.FormatInt(e.last, 10)
 }
 
-func (e *tooSlowError) Unwrap() error { return store.ErrWatcherTooSlow }
+func (e *tooSlowError) Unwrap() error { return watch.ErrWatcherTooSlow }
 
 func compactedDetails(err error) []protoadapt.MessageV1 {
-	var ce *store.CompactedError
+	var ce *watch.CompactedError
 	if !errors.As(err, &ce) {
 		return []protoadapt.MessageV1{info(ReasonRevisionCompacted, nil)}
 	}
@@ -186,7 +186,7 @@ func compactedDetails(err error) []protoadapt.MessageV1 {
 // would (BadRequest): a revision no batch of the swarm can have.
 func startAheadDetails(err error) []protoadapt.MessageV1 {
 	why := "is later than any revision the swarm has issued and than Redis's clock: no batch can follow it yet"
-	var se *store.StartAheadError
+	var se *watch.StartAheadError
 	if errors.As(err, &se) {
 		why = fmt.Sprintf("%d is later than any revision the swarm has issued (latest %d) and than Redis's clock (%d as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent",
 			se.Start, se.Latest, se.Clock)
@@ -236,7 +236,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	s.watchObs.Watchers(1)
 	defer s.watchObs.Watchers(-1)
 
-	w, err := core.Watch(store.WithWatchGroup(ctx, conn), req.GetSlug(), req.GetStartRevision())
+	w, err := core.Watch(watch.WithWatchGroup(ctx, conn), req.GetSlug(), req.GetStartRevision())
 	if err != nil {
 		return toStatus(err)
 	}
@@ -246,7 +246,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	// the last revision sent (what the caller has at most), or the
 	// reader's own (it fell behind the log: REVISION_COMPACTED).
 	dropped := sync.OnceValue(func() error {
-		if err := w.DropErr(); !errors.Is(err, store.ErrWatcherTooSlow) {
+		if err := w.DropErr(); !errors.Is(err, watch.ErrWatcherTooSlow) {
 			return toStatus(err)
 		}
 		s.watchObs.WatchDropped()
@@ -329,11 +329,11 @@ const (
 	maxBytesPerMessage  = 1 << 20
 )
 
-// encodedBatch is a store.EventBatch's events (filtered by sections) in
+// encodedBatch is a watch.EventBatch's events (filtered by sections) in
 // wire form: buf is the concatenation of each event's encoding as a
 // WatchResponse holding it alone, so any run of them, start(i):ends[j-1],
 // is the encoding of a WatchResponse holding events i..j-1. Built once per
-// batch and filter (store.EventBatch.Memo) and shared, never written, by
+// batch and filter (watch.EventBatch.Memo) and shared, never written, by
 // every watcher handed the batch.
 type encodedBatch struct {
 	buf []byte
@@ -399,7 +399,7 @@ func sharedGzip(ctx context.Context) bool {
 // sends each batch as its segments, each compressed once for every such
 // stream; another carries every event at hand in one message, up to
 // maxEventsPerMessage and maxBytesPerMessage.
-func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService_WatchServer, w *store.Watch, fromNow bool, sections []string) error {
+func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService_WatchServer, w *watch.Watcher, fromNow bool, sections []string) error {
 	every := s.opts.Watch.ProgressInterval
 	lastSend := time.Now()
 	sent := func(n int, last int64) {
@@ -427,7 +427,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 		}
 	}
 	filter := strings.Join(sections, ",")
-	encoded := func(b *store.EventBatch) *encodedBatch {
+	encoded := func(b *watch.EventBatch) *encodedBatch {
 		e, _ := b.Memo(filter, func() any { return encodeBatch(b, sections) }).(*encodedBatch)
 		return e
 	}
@@ -440,7 +440,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 	var curLast int64
 	quiet := time.NewTimer(every)
 	defer quiet.Stop()
-	take := func(b *store.EventBatch) {
+	take := func(b *watch.EventBatch) {
 		cur, seg, next, curLast = encoded(b), 0, 0, w.Last()
 		if len(cur.ends) == 0 {
 			cur = nil // filtered out
@@ -525,7 +525,7 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 // filter empties are left out. The messages each event is marshalled from
 // are reused (eventScratch), and the buffer is sized from the first event:
 // a fan-out's encoding allocates about its bytes, once.
-func encodeBatch(b *store.EventBatch, sections []string) *encodedBatch {
+func encodeBatch(b *watch.EventBatch, sections []string) *encodedBatch {
 	e := &encodedBatch{segs: []int{0}}
 	var sc eventScratch
 	segStart := 0
@@ -577,7 +577,7 @@ type eventScratch struct {
 // fill sets the scratch to ev as a WatchResponse holding it alone, with
 // only the changes in sections (nil: all); ok is false when none is left.
 // A claim's event is sent whatever sections names (WatchEvent.claim).
-func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1.WatchResponse, ok bool) {
+func (sc *eventScratch) fill(ev *watch.Event, sections []string) (resp *fencedv1.WatchResponse, ok bool) {
 	pe := &sc.ev
 	pe.Revision, pe.Owner, pe.RequestId, pe.Truncated = ev.Revision, validUTF8(ev.Owner), ev.RequestID, ev.Truncated
 	pe.Sections, pe.Changes, pe.Claim = pe.Sections[:0], nil, nil
@@ -622,7 +622,7 @@ func (sc *eventScratch) fill(ev *store.Event, sections []string) (resp *fencedv1
 	return &sc.resp, len(sc.ptrs) > 0 || pe.Claim != nil
 }
 
-// claimEventKinds maps a log entry's claim kind (store.ClaimEvent.Kind)
+// claimEventKinds maps a log entry's claim kind (watch.ClaimEvent.Kind)
 // to the wire's.
 var claimEventKinds = map[string]fencedv1.ClaimEventKind{
 	protocol.ClaimGranted:  fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_GRANTED,

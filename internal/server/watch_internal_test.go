@@ -12,6 +12,8 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -31,11 +33,11 @@ import (
 // events, the benchmark's shape.
 func TestAFanOutOfThousandsOfBatchesIsOneMessage(t *testing.T) {
 	const n = 2900
-	b := &store.EventBatch{}
+	b := &watch.EventBatch{}
 	for i := range n {
 		rev := int64(1796079180861000 + i)
-		b.Events = append(b.Events, &store.Event{Revision: rev, Changes: []store.Change{{Section: "claims", Key: "k" + strconv.Itoa(i%8),
-			Record: &store.Record{Revision: rev, Value: `{"by":"engineer-1","at":1796079180861}`}}}})
+		b.Events = append(b.Events, &watch.Event{Revision: rev, Changes: []watch.Change{{Section: "claims", Key: "k" + strconv.Itoa(i%8),
+			Record: &batch.Record{Revision: rev, Value: `{"by":"engineer-1","at":1796079180861}`}}}})
 	}
 	e := encodeBatch(b, nil)
 	if len(e.ends) != n {
@@ -52,14 +54,14 @@ func TestAFanOutOfThousandsOfBatchesIsOneMessage(t *testing.T) {
 // empties, a changes slice longer than the last one's) reads back as
 // itself, filtered.
 func TestEncodedEventsReadBackAsTheEvents(t *testing.T) {
-	rec := func(rev int64, v string) *store.Record { return &store.Record{Revision: rev, Value: v} }
-	b := &store.EventBatch{Events: []*store.Event{
-		{Revision: 1, Owner: "hive-1", RequestID: "r1", Changes: []store.Change{{Section: "claims", Key: "a", Record: rec(1, `1`)}}},
-		{Revision: 2, Changes: []store.Change{{Section: "claims", Key: "a", Delete: true}, {Section: "grants", Key: "g", Record: rec(5, `"x"`)},
+	rec := func(rev int64, v string) *batch.Record { return &batch.Record{Revision: rev, Value: v} }
+	b := &watch.EventBatch{Events: []*watch.Event{
+		{Revision: 1, Owner: "hive-1", RequestID: "r1", Changes: []watch.Change{{Section: "claims", Key: "a", Record: rec(1, `1`)}}},
+		{Revision: 2, Changes: []watch.Change{{Section: "claims", Key: "a", Delete: true}, {Section: "grants", Key: "g", Record: rec(5, `"x"`)},
 			{Section: "claims", Key: "b"}}},
 		{Revision: 3, Truncated: true, Sections: []string{"claims", "grants"}},
-		{Revision: 4, Owner: "hive-2", Changes: []store.Change{{Section: "grants", Key: "h", Record: rec(4, `2`)}}},
-		{Revision: 5, Changes: []store.Change{{Section: "claims", Key: "c", Record: rec(5, `3`)}}},
+		{Revision: 4, Owner: "hive-2", Changes: []watch.Change{{Section: "grants", Key: "h", Record: rec(4, `2`)}}},
+		{Revision: 5, Changes: []watch.Change{{Section: "claims", Key: "c", Record: rec(5, `3`)}}},
 		{Revision: 6, Truncated: true},
 	}}
 	put := func(sec, key string, r *fencedv1.Record) *fencedv1.Change {
@@ -124,7 +126,7 @@ func (s *streamWithContext) Context() context.Context { return s.ctx }
 // watcher's slot while its caller still reads nothing.
 func TestWatchDropsAWatcherThatNeverReadsWithoutWriteStatus(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), "agentihooks", store.WithWatchBuffer(4))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: "agentihooks"}, Watch: watch.Options{Buffer: 4}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

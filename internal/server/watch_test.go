@@ -12,9 +12,12 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/fencedtest"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -202,7 +205,7 @@ func TestWatchRefusesOverTheWatcherBounds(t *testing.T) {
 
 func TestWatchDropsAWatcherThatNeverReads(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), prefix, store.WithWatchBuffer(4))
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Watch: watch.Options{Buffer: 4}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -359,7 +362,7 @@ func appendLog(t *testing.T, srv *redistest.Server, slug string, after int64, n 
 	const script = `for i = 1, #ARGV - 2 do
   redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'revision', ARGV[i + 2], 'owner', '', 'records', '1', 'changes', 'pclaims:1:k', 'prev', ARGV[i + 1])
 end`
-	args := []string{"EVAL", script, "1", redisKey(slug, "log"), strconv.Itoa(store.LogCap)}
+	args := []string{"EVAL", script, "1", redisKey(slug, "log"), strconv.Itoa(protocol.LogCap)}
 	for i := range n + 1 { // ARGV[2..]: after, after+1, .. after+n
 		args = append(args, strconv.FormatInt(after+int64(i), 10))
 	}
@@ -388,7 +391,7 @@ func TestWatchWhoseReaderFellBehindTheLogEndsOutOfRange(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	appendLog(t, srv, "overrun", r0, store.LogCap+100)
+	appendLog(t, srv, "overrun", r0, protocol.LogCap+100)
 	ev, err := stream.Recv()
 	info := errorInfoOf(err)
 	if status.Code(err) != codes.OutOfRange || info.GetReason() != server.ReasonRevisionCompacted ||

@@ -32,10 +32,10 @@ func ClientOptions(url string) (rueidis.ClientOption, error) {
 	return opt, nil
 }
 
-// Open connects to the Redis at url (see ClientOptions) and returns a Store
-// over it with the given key prefix, able to reconnect (WithDial). On Cluster, rueidis follows MOVED and
-// ASK itself; none reaches a caller.
-func Open(url, prefix string, opts ...Option) (*Store, error) {
+// Open connects to the Redis at url (see ClientOptions) and returns a
+// Store over it, able to reconnect (o.Engine.Dial, set here). On Cluster,
+// rueidis follows MOVED and ASK itself; none reaches a caller.
+func Open(url string, o Options) (*Store, error) {
 	opt, err := ClientOptions(url)
 	if err != nil {
 		return nil, err
@@ -44,8 +44,8 @@ func Open(url, prefix string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: connect to redis: %w", err)
 	}
-	dial := WithDial(func() (rueidis.Client, error) { return rueidis.NewClient(opt) })
-	s, err := New(client, prefix, append([]Option{dial}, opts...)...)
+	o.Engine.Dial = func() (rueidis.Client, error) { return rueidis.NewClient(opt) }
+	s, err := New(client, o)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -57,7 +57,7 @@ func Open(url, prefix string, opts ...Option) (*Store, error) {
 // choice of topology: a client in cluster mode whose server is not a Redis
 // Cluster (clusterEnabled) is closed and made again as a single client, and
 // opt.ForceSingleClient is set so that later connections made from *opt
-// agree. Without this, a Store over the embedded Redis reached by its URL
+// agree. Without this, a store over the embedded Redis reached by its URL
 // would call itself Cluster, skip the standalone stamp and ask for the
 // layout outside the script. Errors are rueidis's, unwrapped.
 func NewClient(opt *rueidis.ClientOption) (rueidis.Client, error) {
@@ -109,28 +109,27 @@ func StartEmbedded() (*Embedded, error) {
 }
 
 // Addr is the embedded Redis's host:port.
-func (e *Embedded) Addr() string { return e.server.Addr() }
+func (m *Embedded) Addr() string { return m.server.Addr() }
 
 // Open returns a Store over the embedded Redis.
-func (e *Embedded) Open(prefix string, opts ...Option) (*Store, error) {
+func (m *Embedded) Open(o Options) (*Store, error) {
 	client, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:       []string{e.server.Addr()},
+		InitAddress:       []string{m.server.Addr()},
 		DisableCache:      true,
 		ForceSingleClient: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: connect to embedded redis: %w", err)
 	}
-	s, err := New(client, prefix, opts...)
+	// miniredis has neither ROLE nor CONFIG, and never evicts: no warnings.
+	o.Engine.Embedded = true
+	s, err := New(client, o)
 	if err != nil {
 		client.Close()
 		return nil, err
 	}
-	// miniredis has neither ROLE nor CONFIG, and never evicts: no warnings.
-	s.roleRefused.Store(true)
-	s.configRefused.Store(true)
 	return s, nil
 }
 
 // Close stops the embedded Redis.
-func (e *Embedded) Close() { e.server.Close() }
+func (m *Embedded) Close() { m.server.Close() }

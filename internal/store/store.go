@@ -1,383 +1,407 @@
-// Package store is everything of fenced that talks to Redis: the key names of
-// a swarm (docs/design/02-redis-layout.md §2), the embedded Lua scripts, the reads, the fenced batch
-// commit, and client construction (standalone, Cluster, Sentinel, embedded).
-// No other package issues Redis commands.
+// Package store is everything of fenced that talks to Redis; no other
+// package issues Redis commands. It composes the packages beside it, each
+// one concern over the engine (internal/store/engine: the client, scripts,
+// group commit, replica waits, key names, record grammar and the errors
+// they share): records (the fenced batch's commit and the reads),
+// lease (leases, claims, the reaper), watch (following committed batches),
+// byname (the by-name index's repair and check), docstore (swarms still
+// on the document layout) and inspect (fenced inspect's reads). A Store is
+// what the server calls (internal/server's Core, Watcher, Migrator); it
+// adds the routing between the two layouts (docs/design/02-redis-layout.md
+// §2.5): a swarm the records layout finds on the document layout is served
+// by docstore, and one docstore finds moved is read or written on the
+// records again.
 //
-// Errors are transport-free: ErrLeaseStale (as *StaleError), *ConflictError,
-// ErrLayoutDocument, *CorruptError, ErrUnavailable, ErrMalformedReply and
-// context errors; anything else is a Redis error (*RedisError).
+// Errors are each package's: the engine's shared ones (engine.ErrUnavailable,
+// *engine.StaleError, *engine.ConflictError, ...), and records', lease's,
+// watch's and docstore's own.
 package store
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
+	"errors"
 	"fmt"
-	"log/slog"
-	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/store/byname"
+	"github.com/agentihooks/fenced/internal/store/docstore"
+	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/agentihooks/fenced/internal/store/inspect"
+	"github.com/agentihooks/fenced/internal/store/lease"
+	"github.com/agentihooks/fenced/internal/store/records"
+	"github.com/agentihooks/fenced/internal/store/watch"
 	"github.com/redis/rueidis"
 )
 
-// The scripts are called by SHA, with EVAL as the fallback on NOSCRIPT
-// (after a restart, failover or SCRIPT FLUSH); LoadScripts loads them ahead
-// so that a first large batch is not sent twice. The commit is not
-// retryable: it is not idempotent.
-var (
-	// commitScript is a batch that puts or deletes no execution: it runs
-	// without the by-name code (lua.go luaCommit) and is sent neither the
-	// by-name nor the executions key; commitByNameScript is any other.
-	commitScript       = newScript(ScriptCommit, luaCommit).as(functionCommit)
-	commitByNameScript = newScript(ScriptCommit, luaCommitByName).as(functionCommitByName)
-	leaseScript        = newScript(ScriptLease, luaLease).as(functionLease)
-	readSectionsScript = newScript(ScriptReadSections, luaReadSections)
-	readRecordScript   = newScript(ScriptReadRecord, luaReadRecord)
-	readLeaseScript    = newScript(ScriptReadLease, luaReadLease)
-	claimScript        = newScript(ScriptLease, luaClaim)
-	reapScript         = newScript(ScriptReap, luaReap)
-	reapPlanScript     = newScript(ScriptReapPlan, luaReapPlan)
-	readScanScript     = newScript(ScriptScanSection, luaScanSection)
-	readScanKeysScript = newScript(ScriptScanSection, luaScanKeys)
-
-	allScripts = []*script{commitScript, commitByNameScript, byNameRebuildScript, byNameCheckScript, leaseScript, claimScript, reapScript, reapPlanScript, readSectionsScript, readRecordScript, readLeaseScript, readScanScript, readScanKeysScript}
-)
-
-// script is a Lua script with its name (for the Observer), source and
-// SHA-1 (Store.call sends it by EVALSHA, by EVAL on NOSCRIPT); fn is the
-// name of the same code as a Redis Function of fencedLibrary ("" for a
-// script that is not one).
-type script struct {
-	name string
-	src  string
-	sha  string
-	fn   string
-	// member is how a group commit names fn (groupMember); 0: none.
-	member int
+// Options configure a Store: each package's own. The zero value of each
+// field is its default.
+type Options struct {
+	Engine  engine.Options
+	Reads   engine.ReadLimits
+	Records records.Options
+	Leases  lease.Options
+	Watch   watch.Options
+	ByName  byname.Options
+	Docs    docstore.Options
 }
 
-// as is sc, also callable as the function named fn of fencedLibrary.
-func (sc *script) as(fn string) *script {
-	sc.fn = fn
-	for _, f := range libraryFunctions {
-		if libraryName+f.suffix == fn {
-			sc.member = groupMember(f.main)
-		}
-	}
-	return sc
-}
-
-// newScript is the script l as EVAL sends it (lua.go), named name for the
-// Observer.
-func newScript(name string, l luaScript) *script {
-	src := l.eval()
-	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
-}
-
-// DefaultPrefix is the key prefix when AGENTIHOOKS_SWARM_KEY_PREFIX is unset.
-const DefaultPrefix = "agentihooks"
-
-// Store reads and commits swarms' records in Redis. It holds no state of its
-// own besides the client: any number of Stores (and fenced replicas) may
-// serve the same swarms at once.
+// Store reads and commits swarms' records, leases and claims in Redis. It
+// holds no state of a swarm: any number of Stores (and fenced replicas)
+// may serve the same swarms at once.
 type Store struct {
-	// client is the rueidis client in use: replaced by a new one when the
-	// connection leads to a node that cannot take writes (reconnect).
-	client atomic.Pointer[rueidis.Client]
-	// dial builds a new client over the same address(es); nil: never
-	// reconnect (a client handed to New without WithDial).
-	dial func() (rueidis.Client, error)
-	// redial serializes reconnects and rate-limits them.
-	redial       sync.Mutex
-	lastRedialAt time.Time
-	closed       bool // under redial
-	dialing      bool // under redial: a reconnect is dialling
-	// timeout bounds every call to Redis (WithRedisTimeout).
-	timeout time.Duration
-	// allowEviction: serve on a Redis that may evict keys (WithAllowEviction).
-	allowEviction bool
-	// evicting is the *EvictionError of the last health probe that found a
-	// Redis that may evict keys (without allowEviction); nil once a probe
-	// finds none. Commits and lease changes are refused while it is set.
-	evicting atomic.Pointer[EvictionError]
-	// configRefused is set once CONFIG GET was refused (warned once).
-	configRefused atomic.Bool
-	// roleRefused is set once ROLE was refused (warned once).
-	roleRefused atomic.Bool
-	// fns is whether the committing scripts go as functions (functions.go);
-	// functionsRefused is set once Redis refused the library (logged once).
-	fns              functions
-	functionsRefused atomic.Bool
-	// noFunctions: never load or call the library (WithoutFunctions).
-	noFunctions bool
-	// log receives the warnings of the health probe and reconnects.
-	log    *slog.Logger
-	prefix string // "<prefix>:swarm"
-	// currentKey is P:state:fencing:current (swarmKeys.current).
-	currentKey string
-	// stamp: standalone (or Sentinel) Redis, where commits stamp
-	// P:state:fencing:current; never on Cluster, where that key has no slot
-	// in common with the swarm's.
-	stamp bool
-	// requestWindow is how long a committed request id is remembered.
-	requestWindow time.Duration
-	// rebuildStep is the Redis time a by-name rebuild step aims at
-	// (WithRebuildStepTime; 0: DefaultRebuildStepTime).
-	rebuildStep time.Duration
-	// rebuildShare is the most of Redis's time a by-name rebuild takes
-	// (WithRebuildShare; 0: DefaultRebuildShare).
-	rebuildShare float64
-	// legacyRequestKeys: commits also read and write request ids' keys of
-	// the layout before request-ids (WithLegacyRequestKeys).
-	legacyRequestKeys bool
-	// leaseDurability is what lease grants, renewals and releases wait for.
-	leaseDurability Durability
-	// maxClaimsPerSwarm is WithMaxClaimsPerSwarm's value; 0: the default.
-	maxClaimsPerSwarm int64
-	// claimReapBudget is WithClaimReapBudget's value; 0: the default.
-	claimReapBudget int
-	// maxSnapshotRecords bounds one Sections read.
-	maxSnapshotRecords int
-	// maxSnapshotBytes bounds one Sections answer, checked in Redis.
-	maxSnapshotBytes int
-	// memoryUsageRefused is set once Redis refused MEMORY USAGE: Sections
-	// reads go through read_sections.lua alone (readSectionsMulti).
-	memoryUsageRefused atomic.Bool
-	// snapshotStepRecords and snapshotStepBytes bound one step of a
-	// chunked snapshot (read_chunked.go; WithSnapshotStep).
-	snapshotStepRecords, snapshotStepBytes int
-	// afterSnapshotStep, when set (tests only), is called after each step
-	// of a chunked snapshot was answered, before the next is sent.
-	afterSnapshotStep func(slug string, attempt, step int)
-	// afterSnapshotCheck, when set (tests only), is called after each
-	// round trip of MEMORY USAGE checks before a snapshot was answered.
-	afterSnapshotCheck func(slug string)
-	// observe is told of every script call, batch and lease operation.
-	observe Observer
-	// rebuilds runs by-name index rebuilds in the background; nil without
-	// WithByNameRebuild.
-	rebuilds *rebuilds
-	// groups queue committing calls into group commits (group.go).
-	groups groups
-	// waits bounds the replica waits in flight (waits.go).
-	waits *waitSlots
-	// feeds are the swarms' log readers of Watch (watch.go).
-	feeds *feeds
-	// sections are the section names a migration may write
-	// (WithSections).
-	sections []string
-	// afterPlan, when set (tests only), is called with the slug after a
-	// document write or migration was planned, before it is sent.
-	afterPlan func(slug string)
+	e       *engine.Engine
+	records *records.Records
+	leases  *lease.Leases
+	feeds   *watch.Feeds
+	byName  *byname.Index
+	docs    *docstore.Documents
+	inspect *inspect.Reader
 }
 
-// DefaultMaxSnapshotRecords is the most records one Sections read holds by
-// default: a large section is read with ScanSection instead, so that no
-// read runs as one long script.
-const DefaultMaxSnapshotRecords = 20000
-
-// WithMaxSnapshotRecords sets the most records one Sections read may hold
-// (at least 1; default DefaultMaxSnapshotRecords).
-func WithMaxSnapshotRecords(n int) Option {
-	return func(s *Store) {
-		if n >= 1 {
-			s.maxSnapshotRecords = n
-		}
+// New returns a Store over client. Errors: a key prefix holding '{' or
+// '}'.
+func New(client rueidis.Client, o Options) (*Store, error) {
+	e, err := engine.New(client, o.Engine)
+	if err != nil {
+		return nil, err
 	}
-}
-
-// DefaultMaxSnapshotBytes is the largest Sections answer by default, in
-// bytes: 4 MiB less 64 KiB, under the 4 MiB default receive limit of gRPC
-// clients.
-const DefaultMaxSnapshotBytes = 4<<20 - 64<<10
-
-// WithMaxSnapshotBytes sets the largest Sections answer, in bytes (at least
-// 1; default DefaultMaxSnapshotBytes). The read script sums the keys and
-// stored records it read, less 27 bytes of record text per record, and
-// refuses a snapshot above n before it leaves Redis (*TooLargeError): its
-// answer could not be smaller. The server checks the encoded answer
-// exactly afterwards.
-func WithMaxSnapshotBytes(n int) Option {
-	return func(s *Store) {
-		if n >= 1 {
-			s.maxSnapshotBytes = n
-		}
-	}
-}
-
-// DefaultSnapshotStepRecords and DefaultSnapshotStepBytes bound one step of
-// a chunked snapshot (docs/design/06-reads-and-scans.md §6): ~0.2-0.3 ms of
-// Redis time on a quiet box for the fixture's records (~870 bytes each).
-const (
-	DefaultSnapshotStepRecords = 640
-	DefaultSnapshotStepBytes   = 512 << 10
-)
-
-// WithSnapshotStep sets how many records (records >= 1) and bytes (as
-// MEMORY USAGE counts them, bytes >= 1) one step of a chunked snapshot
-// reads at most; a snapshot within one step is one MULTI. Defaults:
-// DefaultSnapshotStepRecords, DefaultSnapshotStepBytes.
-func WithSnapshotStep(records, bytes int) Option {
-	return func(s *Store) {
-		if records >= 1 && bytes >= 1 {
-			s.snapshotStepRecords, s.snapshotStepBytes = records, bytes
-		}
-	}
-}
-
-// DefaultRequestIDWindow is how long a committed batch's request id is
-// remembered by default.
-const DefaultRequestIDWindow = 10 * time.Minute
-
-// WithLeaseDurability makes every lease grant, renewal and release wait for
-// replicas as d says. A grant or renewal that fewer than d.Replicas
-// acknowledge within d.Timeout is not handed out (*ReplicationError, no
-// lease), so that no caller holds an epoch a failover could grant again; a
-// release waits best effort (one lost in a failover leaves the lease to
-// expire).
-func WithLeaseDurability(d Durability) Option {
-	return func(s *Store) { s.leaseDurability = d }
-}
-
-// WithMaxClaimsPerSwarm caps how many claims (named leases) one swarm may
-// hold at once (--max-claims-per-swarm; default DefaultMaxClaimsPerSwarm):
-// an Acquire of a new name past it is *TooManyClaimsError.
-func WithMaxClaimsPerSwarm(n int64) Option {
-	return func(s *Store) { s.maxClaimsPerSwarm = n }
-}
-
-func (s *Store) maxClaims() int64 {
-	if s.maxClaimsPerSwarm <= 0 {
-		return DefaultMaxClaimsPerSwarm
-	}
-	return s.maxClaimsPerSwarm
-}
-
-// Option configures a Store.
-type Option func(*Store)
-
-// WithSections sets the section names the Store serves besides meta
-// (default: batch.DefaultLimits's, fenced's default --sections): Migrate
-// refuses a document holding any other section (*SectionNotServedError)
-// before writing anything, since no batch could read or write it
-// afterwards. Batches are checked against the configured sections by the
-// caller (batch.Limits), not here.
-func WithSections(names []string) Option {
-	return func(s *Store) { s.sections = slices.Clone(names) }
-}
-
-// WithRequestIDWindow sets how long a committed batch's request id is
-// remembered (default DefaultRequestIDWindow); at least 1 ms.
-func WithRequestIDWindow(d time.Duration) Option {
-	return func(s *Store) {
-		if d >= time.Millisecond {
-			s.requestWindow = d
-		}
-	}
-}
-
-// WithLegacyRequestKeys sets whether commits with a request id also read
-// and write its key of the layout before the request-ids hash,
-// P:{slug}:fence:request:<id> (docs/design/03-fenced-batch.md §3.5), so
-// that during a rolling upgrade a batch committed by an older fenced and
-// resent to this one is answered replayed, and the reverse; default
-// DefaultLegacyRequestKeys. Those keys are read and written without being
-// declared to Redis, best effort: on Cluster, while the swarm's slot
-// migrates, one not on the node running the commit is left out.
-func WithLegacyRequestKeys(on bool) Option {
-	return func(s *Store) { s.legacyRequestKeys = on }
-}
-
-// DefaultLegacyRequestKeys is WithLegacyRequestKeys's default: on, for
-// the release that introduced request-ids.
-const DefaultLegacyRequestKeys = true
-
-// New returns a Store over client with the given key prefix (DefaultPrefix
-// when empty). The prefix may not contain '{' or '}'.
-func New(client rueidis.Client, prefix string, opts ...Option) (*Store, error) {
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
-	if strings.ContainsAny(prefix, "{}") {
-		return nil, fmt.Errorf("store: key prefix %q may not contain '{' or '}'", prefix)
-	}
-	s := &Store{
-		prefix:              prefix + ":swarm",
-		stamp:               client.Mode() != rueidis.ClientModeCluster,
-		requestWindow:       DefaultRequestIDWindow,
-		legacyRequestKeys:   DefaultLegacyRequestKeys,
-		maxSnapshotRecords:  DefaultMaxSnapshotRecords,
-		maxSnapshotBytes:    DefaultMaxSnapshotBytes,
-		snapshotStepRecords: DefaultSnapshotStepRecords,
-		snapshotStepBytes:   DefaultSnapshotStepBytes,
-		observe:             nopObserver{},
-		timeout:             DefaultRedisTimeout,
-		log:                 slog.Default(),
-		waits:               newWaitSlots(),
-		sections:            batch.DefaultLimits().Sections,
-		feeds:               &feeds{hubs: map[string]*hub{}, buffer: DefaultWatchBuffer, block: DefaultWatchBlock, coalesce: DefaultWatchCoalesce, coalesceWatchers: DefaultWatchCoalesceWatchers},
-	}
-	s.currentKey = s.prefix + ":" + protocol.CurrentKey
-	s.client.Store(&client)
-	for _, o := range opts {
-		o(s)
-	}
+	s := &Store{e: e, records: records.New(e, o.Records, o.Reads), feeds: watch.New(e, o.Watch), byName: byname.New(e, o.ByName)}
+	s.leases = lease.New(e, o.Leases, s.byName.RebuildLater)
+	s.docs = docstore.New(e, o.Docs, o.Reads)
+	s.inspect = inspect.New(e, s.docs)
 	return s, nil
 }
 
 // Cluster reports whether the Store talks to a Redis Cluster.
-func (s *Store) Cluster() bool { return !s.stamp }
+func (s *Store) Cluster() bool { return s.e.Cluster() }
 
-// LoadScripts loads fenced's function library on every primary (FUNCTION
-// LOAD REPLACE: functions.go; where Redis refuses it, the committing
-// scripts go by EVALSHA), deletes other fenced versions' libraries there
-// (deleteOtherVersions), and every script on every node (SCRIPT LOAD), so
-// that the next calls find them. fenced calls it whenever Redis becomes
-// reachable; calls work without it, at the cost of sending a script (and
-// its arguments) twice on the first call after Redis forgot it.
-func (s *Store) LoadScripts(ctx context.Context) error {
-	ctx, cancel := s.bound(ctx, 0)
-	defer cancel()
-	if !s.noFunctions {
-		s.fns.loading.Lock()
-		s.loadFunctions(ctx)
-		s.fns.loading.Unlock()
-		if functionsState(s.fns.state.Load()) == functionsLoaded {
-			s.deleteOtherVersions(ctx)
-		}
-	}
-	for addr, node := range s.c().Nodes() {
-		cmds := make(rueidis.Commands, len(allScripts))
-		for i, sc := range allScripts {
-			cmds[i] = node.B().ScriptLoad().Script(sc.src).Build()
-		}
-		for _, res := range node.DoMulti(ctx, cmds...) {
-			if err := res.Error(); err != nil {
-				err = s.classify(ctx, err)
-				s.observe.RedisFailed("load_scripts", err)
-				return fmt.Errorf("store: load scripts on %s: %w", addr, err)
-			}
-		}
-	}
-	return nil
-}
+// CurrentKey is P:state:fencing:current, the key of the document layout
+// and of the standalone stamp.
+func (s *Store) CurrentKey() string { return s.e.Key(protocol.CurrentKey) }
 
-// Close stops the background by-name rebuilds, then closes the client (and
-// stops reconnecting).
+// Ping is the health probe (engine.Engine.Ping).
+func (s *Store) Ping(ctx context.Context) error { return s.e.Ping(ctx) }
+
+// CheckEviction reads Redis's eviction settings at start-up
+// (engine.Engine.CheckEviction).
+func (s *Store) CheckEviction(ctx context.Context) error { return s.e.CheckEviction(ctx) }
+
+// LoadScripts loads fenced's scripts and function library
+// (engine.Engine.LoadScripts).
+func (s *Store) LoadScripts(ctx context.Context) error { return s.e.LoadScripts(ctx) }
+
+// Close stops the background by-name rebuilds and the Watch readers, then
+// closes the client (and stops reconnecting).
 func (s *Store) Close() {
-	s.rebuilds.stop()
-	s.feeds.close()
-	s.redial.Lock()
-	defer s.redial.Unlock()
-	s.closed = true
-	s.c().Close()
+	s.byName.Close()
+	s.feeds.Close()
+	s.e.Close()
 }
 
-// c is the client in use.
-func (s *Store) c() rueidis.Client { return *s.client.Load() }
+// Layout tells how a swarm is stored (docstore.Documents.Layout).
+func (s *Store) Layout(ctx context.Context, slug string) (docstore.Layout, error) {
+	return s.docs.Layout(ctx, slug)
+}
+
+// onDocument runs read, a read of the records layout that answers the
+// swarm revision, and when it found no state (revision 0) serves the
+// swarm's document by doc instead, when there is one; when the document
+// turned out to have moved meanwhile, it reads the records once more. The
+// document is looked for only then, not by a round trip of its own on
+// every read.
+func onDocument[T any](ctx context.Context, s *Store, slug string, read func() (T, int64, error), doc func(*docstore.Document) (T, error)) (T, error) {
+	for range 2 {
+		v, rev, err := read()
+		if err != nil || rev != 0 {
+			return v, err
+		}
+		d, err := s.docs.Document(ctx, slug)
+		if errors.Is(err, docstore.ErrMoved) {
+			continue
+		}
+		if err != nil {
+			return v, fmt.Errorf("store: read document: %w", err)
+		}
+		if d == nil {
+			return v, nil
+		}
+		return doc(d)
+	}
+	v, _, err := read()
+	return v, err
+}
+
+// Record reads the record at (section, key) of a swarm and the swarm
+// revision at one instant (records.Records.Record; on the document layout
+// docstore.Documents.Record). rec is nil when the record is absent;
+// revision is 0 when no batch ever committed. Errors: those of either.
+func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *batch.Record, revision int64, err error) {
+	ctx, cancel := s.e.Bound(ctx, 0)
+	defer cancel()
+	rec, err = onDocument(ctx, s, slug, func() (*batch.Record, int64, error) {
+		r, rev, err := s.records.Record(ctx, slug, section, key)
+		revision = rev
+		return r, rev, err
+	}, func(d *docstore.Document) (*batch.Record, error) {
+		revision = d.Revision
+		return s.docs.Record(d, section, key)
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return rec, revision, nil
+}
+
+// Sections reads the named sections of a swarm and the swarm revision as
+// one snapshot (records.Records.Sections; on the document layout
+// docstore.Documents.Snapshot). Errors: those of either.
+func (s *Store) Sections(ctx context.Context, slug string, names []string) (*engine.Snapshot, error) {
+	ctx, cancel := s.e.Bound(ctx, 0)
+	defer cancel()
+	return onDocument(ctx, s, slug, func() (*engine.Snapshot, int64, error) {
+		snap, err := s.records.Sections(ctx, slug, names)
+		if err != nil {
+			return nil, 0, err
+		}
+		return snap, snap.Revision, nil
+	}, func(d *docstore.Document) (*engine.Snapshot, error) { return s.docs.Snapshot(d, names) })
+}
+
+// ScanSection reads one page of a section from position
+// (records.Records.ScanSection; on the document layout
+// docstore.Documents.Page). Errors: those of either.
+func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*engine.Page, error) {
+	ctx, cancel := s.e.Bound(ctx, 0)
+	defer cancel()
+	return onDocument(ctx, s, slug, func() (*engine.Page, int64, error) {
+		p, err := s.records.ScanSection(ctx, slug, section, position, count)
+		if err != nil {
+			return nil, 0, err
+		}
+		return p, p.Revision, nil
+	}, func(d *docstore.Document) (*engine.Page, error) {
+		_, _, after, _ := batch.ParseScanPosition(position) // checked by the records' read
+		return s.docs.Page(d, slug, section, after, count)
+	})
+}
+
+// Commit is CommitDurable without a replica wait, answering the revision.
+func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
+	c, err := s.CommitDurable(ctx, b, engine.Durability{})
+	return c.Revision, err
+}
+
+// CommitDurable runs a batch (records.Records.Commit) and waits for
+// replicas as d asks. A swarm on the document layout has its batch
+// committed in the document (docstore.Documents.Commit), but not one
+// fenced by a claim: claims need the records layout
+// (engine.ErrLayoutDocument, docs/design/12-claims.md §12.3). A commit
+// that finds by-name's index stale has it rebuilt in the background
+// (byname.Index.RebuildLater). The Observer is told of every outcome
+// (BatchDone). Errors: those of either layout's commit.
+func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (c engine.Committed, err error) {
+	ctx, cancel := s.e.Bound(ctx, d.Duration())
+	defer cancel()
+	defer func() { s.e.Observer().BatchDone(b, c, err) }()
+	c, err = s.records.Commit(ctx, b, d)
+	if errors.Is(err, engine.ErrLayoutDocument) && !s.e.Cluster() && b.Claim == nil {
+		var moved bool
+		c, moved, err = s.docs.Commit(ctx, b, d)
+		var repl *engine.ReplicationError
+		switch {
+		case moved:
+			c, err = s.records.Commit(ctx, b, d)
+		case errors.As(err, &repl):
+			return c, fmt.Errorf("store: fenced batch: %w", err)
+		case err != nil:
+			return engine.Committed{}, fmt.Errorf("store: fenced batch: document: %w", err)
+		default:
+			return c, nil
+		}
+	}
+	if c.ByNameStale {
+		s.byName.RebuildLater(b.Slug)
+	}
+	return c, err
+}
+
+// Acquire grants the swarm's lease to owner for ttlMs (lease.Leases.Change
+// with protocol.LeaseAcquire). It answers the lease and the revision the
+// grant committed at. Errors: those of Change.
+func (s *Store) Acquire(ctx context.Context, slug, owner string, ttlMs int64) (batch.Lease, int64, error) {
+	l, rev, err := s.leaseOp(ctx, slug, protocol.LeaseAcquire, owner, 0, ttlMs)
+	if err != nil {
+		return batch.Lease{}, 0, fmt.Errorf("store: acquire lease: %w", err)
+	}
+	return l, rev, nil
+}
+
+// Renew extends the live lease of owner at epoch by ttlMs from Redis's now
+// (lease.Leases.Change with protocol.LeaseRenew). Errors: those of Change.
+func (s *Store) Renew(ctx context.Context, slug, owner string, epoch, ttlMs int64) (batch.Lease, int64, error) {
+	l, rev, err := s.leaseOp(ctx, slug, protocol.LeaseRenew, owner, epoch, ttlMs)
+	if err != nil {
+		return batch.Lease{}, 0, fmt.Errorf("store: renew lease: %w", err)
+	}
+	return l, rev, nil
+}
+
+// Release ends the live lease of owner at epoch (lease.Leases.Change with
+// protocol.LeaseRelease), answering the revision of the release. Errors:
+// those of Change, never *engine.ReplicationError.
+func (s *Store) Release(ctx context.Context, slug, owner string, epoch int64) (int64, error) {
+	_, rev, err := s.leaseOp(ctx, slug, protocol.LeaseRelease, owner, epoch, 0)
+	if err != nil {
+		return 0, fmt.Errorf("store: release lease: %w", err)
+	}
+	return rev, nil
+}
+
+// leaseOp runs one lease operation on whichever layout the swarm is on,
+// within the Redis timeout and the server's replica wait, and tells the
+// Observer (LeaseDone).
+func (s *Store) leaseOp(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (batch.Lease, int64, error) {
+	ctx, cancel := s.e.Bound(ctx, s.e.Wait().Duration())
+	defer cancel()
+	e, rev := s.leases.Change(ctx, slug, op, owner, epoch, ttlMs)
+	if errors.Is(e.Err, engine.ErrLayoutDocument) && !s.e.Cluster() {
+		var moved bool
+		if e, rev, moved = s.docs.Lease(ctx, slug, op, owner, epoch, ttlMs); moved {
+			e, rev = s.leases.Change(ctx, slug, op, owner, epoch, ttlMs)
+		}
+	}
+	s.e.Observer().LeaseDone(e)
+	return e.Lease, rev, e.Err
+}
+
+// CurrentLease reads the swarm's lease, Redis's now (ms) and the swarm
+// revision together (lease.Leases.CurrentLease; on the document layout
+// docstore.Document.CurrentLease). lease is nil when there is none.
+// Errors: those of either.
+func (s *Store) CurrentLease(ctx context.Context, slug string) (lease *batch.Lease, nowMs, revision int64, err error) {
+	ctx, cancel := s.e.Bound(ctx, 0)
+	defer cancel()
+	lease, err = onDocument(ctx, s, slug, func() (*batch.Lease, int64, error) {
+		l, now, rev, err := s.leases.CurrentLease(ctx, slug)
+		nowMs, revision = now, rev
+		return l, rev, err
+	}, func(d *docstore.Document) (*batch.Lease, error) {
+		revision = d.Revision
+		return d.CurrentLease()
+	})
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return lease, nowMs, revision, nil
+}
+
+// AcquireClaim grants a claim (lease.Leases.AcquireClaim).
+func (s *Store) AcquireClaim(ctx context.Context, slug, name, owner string, ttlMs int64) (batch.Lease, int64, error) {
+	return s.leases.AcquireClaim(ctx, slug, name, owner, ttlMs)
+}
+
+// RenewClaim extends a claim's grant (lease.Leases.RenewClaim).
+func (s *Store) RenewClaim(ctx context.Context, slug, name, owner string, epoch, ttlMs int64) (batch.Lease, int64, error) {
+	return s.leases.RenewClaim(ctx, slug, name, owner, epoch, ttlMs)
+}
+
+// ReleaseClaim ends a claim's grant (lease.Leases.ReleaseClaim).
+func (s *Store) ReleaseClaim(ctx context.Context, slug, name, owner string, epoch int64) (int64, error) {
+	return s.leases.ReleaseClaim(ctx, slug, name, owner, epoch)
+}
+
+// CurrentClaim reads a claim's grant, Redis's now (ms) and the swarm
+// revision together (lease.Leases.CurrentClaim). Errors: those of
+// CurrentClaim, and engine.ErrLayoutDocument for a swarm on the document
+// layout, which has no claims.
+func (s *Store) CurrentClaim(ctx context.Context, slug, name string) (lease *batch.Lease, nowMs, revision int64, err error) {
+	ctx, cancel := s.e.Bound(ctx, 0)
+	defer cancel()
+	lease, err = onDocument(ctx, s, slug, func() (*batch.Lease, int64, error) {
+		l, now, rev, err := s.leases.CurrentClaim(ctx, slug, name)
+		nowMs, revision = now, rev
+		return l, rev, err
+	}, func(*docstore.Document) (*batch.Lease, error) {
+		return nil, fmt.Errorf("store: read claim: %w", engine.ErrLayoutDocument)
+	})
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return lease, nowMs, revision, nil
+}
+
+// RunReaper runs the claim reaper every interval until ctx ends
+// (lease.Leases.RunReaper).
+func (s *Store) RunReaper(ctx context.Context, interval time.Duration) {
+	s.leases.RunReaper(ctx, interval)
+}
+
+// ReapOnce is one reaper pass over every swarm that may hold claims
+// (lease.Leases.ReapOnce).
+func (s *Store) ReapOnce(ctx context.Context) (lease.ReapResult, error) {
+	return s.leases.ReapOnce(ctx)
+}
+
+// ReapSwarm reaps one swarm's lapsed claims (lease.Leases.ReapSwarm).
+func (s *Store) ReapSwarm(ctx context.Context, slug string) (lease.ReapResult, error) {
+	return s.leases.ReapSwarm(ctx, slug)
+}
+
+// Watch starts following slug's committed batches after revision after
+// (watch.Feeds.Watch).
+func (s *Store) Watch(ctx context.Context, slug string, after int64) (*watch.Watcher, error) {
+	return s.feeds.Watch(ctx, slug, after)
+}
+
+// RebuildByName rebuilds a swarm's by-name index (byname.Index.Rebuild).
+func (s *Store) RebuildByName(ctx context.Context, slug string, pageSize int) (*byname.Rebuild, error) {
+	return s.byName.Rebuild(ctx, slug, pageSize)
+}
+
+// CheckByName compares a swarm's by-name with what its executions call for
+// (byname.Index.Check).
+func (s *Store) CheckByName(ctx context.Context, slug string, pageSize int) (*byname.Check, error) {
+	return s.byName.Check(ctx, slug, pageSize)
+}
+
+// Migrate moves a swarm from the document layout onto the records layout
+// (docstore.Documents.Migrate), within ctx's deadline (docstore.DefaultMigrateTimeout
+// when it has none). The move set by-name and flagged its index stale; the
+// index is built here after the move, step by step, each step bounded on
+// its own (the move's bound would cut a large swarm's rebuild short); a
+// batch meanwhile sees the flag. A rebuild that fails is logged: the next
+// batch that finds the flag rebuilds it. Errors: those of Migrate.
+func (s *Store) Migrate(ctx context.Context, slug string, dryRun bool) (*docstore.Migration, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, docstore.DefaultMigrateTimeout)
+		defer cancel()
+	}
+	m, err := s.docs.Migrate(ctx, slug, dryRun)
+	if err == nil && m.Revision != 0 {
+		if _, err := s.byName.Rebuild(ctx, slug, 0); err != nil {
+			s.e.Log().Warn("migrate: by-name index rebuild failed; the next batch rebuilds it", "slug", slug, "err", err)
+		}
+	}
+	return m, err
+}
+
+// DocumentSlugs answers the slugs of every swarm with a document
+// (docstore.Documents.DocumentSlugs).
+func (s *Store) DocumentSlugs(ctx context.Context) ([]string, error) {
+	return s.docs.DocumentSlugs(ctx)
+}
+
+// Overview reads what an operator asks first of a swarm
+// (inspect.Reader.Overview).
+func (s *Store) Overview(ctx context.Context, slug string, sections []string) (*inspect.Overview, error) {
+	return s.inspect.Overview(ctx, slug, sections)
+}
+
+// LogEntries reads the newest n entries of the swarm's log
+// (inspect.Reader.LogEntries).
+func (s *Store) LogEntries(ctx context.Context, slug string, n int) ([]inspect.LogEntry, error) {
+	return s.inspect.LogEntries(ctx, slug, n)
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
 // rebuildAttackerEnv, when set to "<redis-url> <slug> <seconds>", makes the
@@ -63,14 +64,14 @@ func pauses(ctx context.Context) (hold func()) {
 type holdObserver struct{ hold func() }
 
 func (o holdObserver) ScriptDone(script string, _ time.Duration, _ error) {
-	if script == store.ScriptByNameRebuild {
+	if script == engine.ScriptByNameRebuild {
 		o.hold()
 	}
 }
-func (holdObserver) RedisFailed(string, error)                      {}
-func (holdObserver) BatchDone(*batch.Batch, store.Committed, error) {}
-func (holdObserver) LeaseDone(store.LeaseEvent)                     {}
-func (holdObserver) EvictionChecked(bool)                           {}
+func (holdObserver) RedisFailed(string, error)                       {}
+func (holdObserver) BatchDone(*batch.Batch, engine.Committed, error) {}
+func (holdObserver) LeaseDone(engine.LeaseEvent)                     {}
+func (holdObserver) EvictionChecked(bool)                            {}
 
 // rebuildFlood is the attacker's side of BenchmarkByNameRebuildFlood.
 func rebuildFlood(arg string) (rebuilds, steps, errs int64, longest time.Duration) {
@@ -81,7 +82,7 @@ func rebuildFlood(arg string) (rebuilds, steps, errs int64, longest time.Duratio
 	defer cancel()
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()
-	st, err := store.Open(url, store.DefaultPrefix, store.WithObserver(holdObserver{hold: pauses(ctx)}))
+	st, err := store.Open(url, store.Options{Engine: engine.Options{Observer: holdObserver{hold: pauses(ctx)}}})
 	if err != nil {
 		panic(err)
 	}
@@ -130,7 +131,7 @@ func rebuildValue(agent string, gen int, id string) string {
 // steps a second.
 func BenchmarkByNameRebuildFlood(b *testing.B) {
 	srv := redistest.Start(b)
-	st, err := store.Open(srv.URL(), store.DefaultPrefix)
+	st, err := store.Open(srv.URL(), store.Options{})
 	if err != nil {
 		b.Fatalf("store.Open: %v", err)
 	}
