@@ -14,7 +14,7 @@ import (
 // BenchmarkRewrite is the Go work of one document write on the 2 MB
 // fixture: locate every member, change one record, frame the document.
 func BenchmarkRewrite(b *testing.B) {
-	raw, err := os.ReadFile("../../../testdata/swarm-state.json")
+	raw, err := os.ReadFile("../../../../testdata/swarm-state.json")
 	if err != nil {
 		b.Fatal(err)
 	}
