@@ -22,19 +22,16 @@ type docFlag struct {
 	defaultVal string // "" when the row gives none (an italic note: off, none, plaintext)
 }
 
-// migrationDoc is the user's page of fenced migrate, with a table of the
-// flags it has and fenced serve has not.
-const migrationDoc = "../../docs/migration.md"
-
 // configurationTable reads the rows of configurationDoc's flag table.
 func configurationTable(t *testing.T) map[string]docFlag {
 	t.Helper()
-	return flagTable(t, configurationDoc)
+	return flagTable(t, configurationDoc, "| flag | env | default |")
 }
 
-// flagTable reads the rows of the table of doc whose header is
-// "| flag | env | default | meaning |", keyed by flag name without "--".
-func flagTable(t *testing.T, configurationDoc string) map[string]docFlag {
+// flagTable reads the rows of the tables of doc whose header starts with
+// header ("| flag | env | default |": serve's), keyed by flag name without
+// "--".
+func flagTable(t *testing.T, configurationDoc, header string) map[string]docFlag {
 	t.Helper()
 	raw, err := os.ReadFile(configurationDoc)
 	if err != nil {
@@ -43,7 +40,7 @@ func flagTable(t *testing.T, configurationDoc string) map[string]docFlag {
 	rows := map[string]docFlag{}
 	inTable := false
 	for i, line := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(line, "| flag | env | default |") {
+		if strings.HasPrefix(line, header) {
 			inTable = true
 			continue
 		}
@@ -132,10 +129,11 @@ func TestConfigurationTableMatchesTheFlags(t *testing.T) {
 	}
 }
 
-// TestMigrationTableMatchesTheFlags: docs/migration.md has one row for
-// every flag of "fenced migrate" that fenced serve does not have (those are
-// configuration.md's) and none other, each with its environment variables
-// and default.
+// TestMigrationTableMatchesTheFlags: configuration.md's table of "fenced
+// migrate" has one row for every flag of the command that fenced serve does
+// not have (those are serve's rows), --sections, and none the command lacks,
+// each with the flag's environment variables and its default as kong
+// applies it ("as `fenced serve`'s": the same default as serve's flag).
 func TestMigrationTableMatchesTheFlags(t *testing.T) {
 	parser, err := kong.New(&cli{}, kong.Name("fenced"), kong.Exit(func(int) {}))
 	if err != nil {
@@ -145,21 +143,21 @@ func TestMigrationTableMatchesTheFlags(t *testing.T) {
 	for _, n := range parser.Model.Children {
 		nodes[n.Name] = n
 	}
-	serveFlags := map[string]bool{}
+	serveFlags := map[string]*kong.Flag{}
 	for _, group := range nodes["serve"].AllFlags(false) {
 		for _, f := range group {
-			serveFlags[f.Name] = true
+			serveFlags[f.Name] = f
 		}
 	}
-	rows := flagTable(t, migrationDoc)
+	rows := flagTable(t, configurationDoc, "| migrate flag | env | default |")
 	for _, group := range nodes["migrate"].AllFlags(false) {
 		for _, f := range group {
-			if f.Name == "help" || (serveFlags[f.Name] && f.Name != "sections") {
+			row, ok := rows[f.Name]
+			if f.Name == "help" || (!ok && serveFlags[f.Name] != nil && f.Name != "sections") {
 				continue
 			}
-			row, ok := rows[f.Name]
 			if !ok {
-				t.Errorf("%s has no row for --%s (env %v, default %q)", migrationDoc, f.Name, f.Envs, f.Default)
+				t.Errorf("%s has no migrate row for --%s (env %v, default %q)", configurationDoc, f.Name, f.Envs, f.Default)
 				continue
 			}
 			delete(rows, f.Name)
@@ -167,12 +165,16 @@ func TestMigrationTableMatchesTheFlags(t *testing.T) {
 			if want == "" && f.IsBool() {
 				want = "false"
 			}
-			if !slices.Equal(row.envs, f.Envs) || row.defaultVal != want {
-				t.Errorf("%s:%d: --%s env %q default %q; the flag reads %q, default %q", migrationDoc, row.line, f.Name, row.envs, row.defaultVal, f.Envs, want)
+			got := row.defaultVal
+			if got == "" && serveFlags[f.Name] != nil {
+				got = serveFlags[f.Name].Default // "as `fenced serve`'s"
+			}
+			if !slices.Equal(row.envs, f.Envs) || got != want {
+				t.Errorf("%s:%d: --%s env %q default %q; the flag reads %q, default %q", configurationDoc, row.line, f.Name, row.envs, got, f.Envs, want)
 			}
 		}
 	}
 	for name, row := range rows {
-		t.Errorf("%s:%d: a row for --%s, which fenced migrate does not have (or shares with serve)", migrationDoc, row.line, name)
+		t.Errorf("%s:%d: a migrate row for --%s, which fenced migrate does not have", configurationDoc, row.line, name)
 	}
 }

@@ -189,7 +189,7 @@ const memoryUsageSlack = 20
 // Redis answered an error inside the MULTI (a key of another type: the
 // script's error is the one to return). Redis time: ~1.1x the MULTI alone
 // against ~7-10x for the script, which copies every field into Lua and
-// back (docs/benchmarks.md). A snapshot over one step, and one of a swarm
+// back (bench/results/2026-12-02-issue26-reads-under-flood.md). A snapshot over one step, and one of a swarm
 // with claim grants (EXISTS claim-grants, sent with the HLENs), is read in
 // steps under WATCH instead (readSectionsChunked), a few attempts before
 // the MULTI.
@@ -257,7 +257,7 @@ func (rs *Records) readSectionsMulti(ctx context.Context, k engine.Keys, names [
 	// In round trips of at most one snapshot step's records (a section
 	// over one step alone), each of which Redis runs whole: one pipeline
 	// of them all was the longest Redis call of a chunked snapshot of the
-	// fixture swarm, ~1.5x its longest step (docs/benchmarks.md). A
+	// fixture swarm, ~1.5x its longest step (bench/results/). A
 	// snapshot within one step's records stays one round trip.
 	var usage []rueidis.RedisResult
 	for from := 0; from < len(usageCmds); {
