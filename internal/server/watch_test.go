@@ -1,8 +1,12 @@
 package server_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +33,357 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 )
+
+// TestWatchShowsClaimGrantsRenewalsAndReleases: a claim's Acquire, Renew
+// and Release (claims.lua, each a committed batch) reach a Watch as events
+// carrying WatchEvent.claim (name, kind, owner, epoch, expiry), even on a
+// stream filtered to a section the claim operations do not write. Before,
+// the store dropped the claim fields and the filter (or an entry with no
+// changes) dropped the event: a watcher never saw a claim change.
+func TestWatchShowsClaimGrantsRenewalsAndReleases(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	ctx := ctxT(t)
+	const slug = "claim-watch"
+	r0 := commitPut(t, e, slug, "claims", "T-0", `{"n":0}`)
+	raw, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: r0, Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	acq, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Name: "wake/42", Owner: "worker-a", TtlMs: 60_000})
+	if err != nil {
+		t.Fatalf("Acquire(wake/42): %v", err)
+	}
+	ren, err := leases.Renew(ctx, &fencedv1.RenewRequest{Slug: slug, Name: "wake/42", Owner: "worker-a", Epoch: acq.GetLease().GetEpoch(), TtlMs: 90_000})
+	if err != nil {
+		t.Fatalf("Renew(wake/42): %v", err)
+	}
+	rel, err := leases.Release(ctx, &fencedv1.ReleaseRequest{Slug: slug, Name: "wake/42", Owner: "worker-a", Epoch: acq.GetLease().GetEpoch()})
+	if err != nil {
+		t.Fatalf("Release(wake/42): %v", err)
+	}
+	r4 := commitPut(t, e, slug, "claims", "T-1", `{"n":1}`)
+	epoch := acq.GetLease().GetEpoch()
+	claim := func(kind fencedv1.ClaimEventKind, expires int64) *fencedv1.ClaimEvent {
+		return &fencedv1.ClaimEvent{Name: "wake/42", Kind: kind, Owner: "worker-a", Epoch: epoch, ExpiresAtMs: expires}
+	}
+	want := []*fencedv1.WatchEvent{
+		{Revision: acq.GetRevision(), Owner: "worker-a", Claim: claim(fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_GRANTED, acq.GetLease().GetExpiresAtMs())},
+		{Revision: ren.GetRevision(), Owner: "worker-a", Claim: claim(fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RENEWED, ren.GetLease().GetExpiresAtMs())},
+		{Revision: rel.GetRevision(), Owner: "worker-a"},
+		{Revision: r4, Changes: []*fencedv1.Change{{Section: "claims", Key: "T-1", Kind: fencedv1.ChangeKind_CHANGE_KIND_PUT, Record: &fencedv1.Record{Revision: r4, Value: `{"n":1}`}}}},
+	}
+	for i, w := range want {
+		got, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Recv %d: %v", i, err)
+		}
+		if i == 2 {
+			// A release's expiry is when it ended: Redis's clock at the
+			// release, not known to the caller; it is at most the grant's.
+			if c := got.GetClaim(); c == nil || c.GetKind() != fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RELEASED || c.GetExpiresAtMs() > ren.GetLease().GetExpiresAtMs() || c.GetExpiresAtMs() <= 0 {
+				t.Errorf("release event's claim = %v; want RELEASED ending by %d", c, ren.GetLease().GetExpiresAtMs())
+			}
+			w.Claim = claim(fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RELEASED, got.GetClaim().GetExpiresAtMs())
+		}
+		if diff := cmp.Diff(w, got, protocmp.Transform()); diff != "" {
+			t.Errorf("Watch event %d (-want +got):\n%s", i, diff)
+		}
+	}
+}
+
+// TestWatchShowsClaimLapses: the reaper's end of a lapsed claim reaches a
+// Watch as one event whose claim is LAPSED (the lapsed grant's owner, epoch
+// and expiry) and whose changes are the deletes of its bound records,
+// filtered as any batch's (docs/design/12-claims.md §12.5, §12.6).
+func TestWatchShowsClaimLapses(t *testing.T) {
+	srv := redistest.Start(t)
+	st := openStore(t, srv)
+	e := serve(t, st, batch.DefaultLimits(), server.Options{})
+	ctx := ctxT(t)
+	const slug = "claim-lapse"
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	acq, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Name: "wake/7", Owner: "worker-a", TtlMs: 100})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	g := acq.GetLease()
+	// Two records bound to the grant (§12.4's stored form), one in a
+	// section the watch does not name.
+	for _, sec := range []string{"claims", "orphans"} {
+		srv.Do(t, "HSET", redisKey(slug, sec), "T-1",
+			fmt.Sprintf(`{"r":%d,"claim":"wake/7","claim_epoch":%d,"v":{}}`, g.GetEpoch(), g.GetEpoch()))
+		srv.Do(t, "SADD", redisKey(slug, "claim:wake/7"), sec+"\nT-1")
+	}
+	raw, err := e.records.Watch(ctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: acq.GetRevision(), Sections: []string{"claims"}})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	stream := &events{stream: raw}
+	for {
+		l, now, _, err := st.CurrentClaim(ctx, slug, "wake/7")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.ExpiresAtMs <= now {
+			break
+		}
+		time.Sleep(time.Duration(l.ExpiresAtMs-now) * time.Millisecond)
+	}
+	r, err := st.ReapOnce(ctx)
+	if err != nil || r.Lapsed != 1 || r.Records != 2 {
+		t.Fatalf("ReapOnce = %+v, %v; want 1 lapse, 2 records", r, err)
+	}
+	got, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("Recv: %v", err)
+	}
+	want := &fencedv1.WatchEvent{Revision: got.GetRevision(), Owner: "worker-a",
+		Claim: &fencedv1.ClaimEvent{Name: "wake/7", Kind: fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_LAPSED, Owner: "worker-a",
+			Epoch: g.GetEpoch(), ExpiresAtMs: g.GetExpiresAtMs()},
+		Changes: []*fencedv1.Change{{Section: "claims", Key: "T-1", Kind: fencedv1.ChangeKind_CHANGE_KIND_DELETE}}}
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" || got.GetRevision() <= acq.GetRevision() {
+		t.Errorf("lapse event (-want +got):\n%s", diff)
+	}
+}
+
+// TestWatchersAtTheDefaultsLeaveTheirConnectionServed: at the default
+// bounds a caller opens Watch streams on one connection until fenced
+// refuses one. Before, --max-watchers-per-connection (1000) was above
+// --max-concurrent-streams (256): the 256 watches took every stream of the
+// connection, so the next Watch was never refused (it waited for a stream
+// until its deadline: DEADLINE_EXCEEDED, not TOO_MANY_WATCHERS), and every
+// unary call of that connection (FencedBatch, Sections: the Go client has
+// one connection) waited with it. The refusal must come while unary calls
+// on the same connection are still answered.
+func TestWatchersAtTheDefaultsLeaveTheirConnectionServed(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{})
+	c := dialConn(t, e.addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opened := 0
+	var refusal error
+	for opened <= int(server.DefaultMaxConcurrentStreams) {
+		// The stream lives until the test ends, unless it is not answered
+		// (its progress event, or the refusal) within waitLimit: a bound
+		// on a stream that waits for ever, not on a slow answer.
+		sctx, scancel := context.WithCancel(ctx)
+		defer scancel()
+		done := make(chan error, 1)
+		go func() {
+			stream, err := c.Watch(sctx, &fencedv1.WatchRequest{Slug: "greedy"})
+			if err == nil {
+				_, err = stream.Recv()
+			}
+			done <- err
+		}()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(waitLimit):
+			err = status.Errorf(codes.DeadlineExceeded, "no answer within %v", waitLimit)
+		}
+		if err != nil {
+			scancel()
+			refusal = err
+			break
+		}
+		opened++
+	}
+	t.Logf("%d Watch streams opened on one connection, then: %v", opened, refusal)
+	if status.Code(refusal) != codes.ResourceExhausted {
+		t.Errorf("Watch %d on one connection = %v, want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS (limit connection)", opened+1, refusal)
+	} else if info := errorInfoOf(refusal); info.GetReason() != server.ReasonTooManyWatchers || info.GetMetadata()["limit"] != "connection" {
+		t.Errorf("Watch %d refused with %v, want TOO_MANY_WATCHERS limit connection", opened+1, info)
+	}
+	bctx, bcancel := context.WithTimeout(ctx, waitLimit)
+	defer bcancel()
+	_, err := e.records.FencedBatch(bctx, &fencedv1.FencedBatchRequest{Slug: "greedy", Writes: []*fencedv1.RecordWrite{
+		{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: "claims", Key: "k", Expected: -1, Value: `1`}}})
+	if err != nil {
+		t.Errorf("FencedBatch on another connection with %d watchers open: %v", opened, err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, waitLimit) // only a hang fails
+	defer scancel()
+	if _, err := c.Sections(sctx, &fencedv1.SectionsRequest{Slug: "greedy"}); err != nil {
+		t.Errorf("Sections on the watchers' own connection with %d watchers open: %v (its streams are all taken)", opened, err)
+	}
+}
+
+// Watch streams as callers end them and open them (issue 26 §2): a caller
+// that goes away mid-backlog, one that opens and cancels in a loop, one
+// that holds every slot, a start no batch can have, a revoked token.
+
+// TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal: a watcher
+// resumes from an old revision, so fenced sends it a backlog of ~5 MB, and
+// its process exits (its connection closes) while fenced's sends to it are
+// blocked by flow control. Before, the handler answered the send's error
+// through the error table, which does not know it: INTERNAL, logged at
+// ERROR, counted grpc_code="Internal", and the FencedInternalErrors alert
+// fired for a normal disconnect. Now it is CANCELED (or UNAVAILABLE), and
+// not logged above INFO.
+func TestWatchOfACallerThatGoesAwayMidBacklogIsCanceledNotInternal(t *testing.T) {
+	counts := &watchCounts{}
+	// What the Prometheus interceptor counts (grpc_server_handled_total's
+	// grpc_code, which FencedInternalErrors reads): the handler's status.
+	counted := make(chan codes.Code, 1)
+	metrics := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		err := h(srv, ss)
+		if info.FullMethod == fencedv1.RecordsService_Watch_FullMethodName {
+			counted <- status.Code(err)
+		}
+		return err
+	}
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Telemetry: server.Telemetry{Limits: counts, Stream: metrics}})
+	r0 := commitPut(t, e, "leaver", "claims", "c", `0`)
+	value := `"` + strings.Repeat("x", 16<<10) + `"`
+	for i := range 300 {
+		commitPut(t, e, "leaver", "claims", "k"+strings.Repeat("0", i%7)+string(rune('a'+i%26)), value)
+	}
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	if _, err := fencedv1.NewRecordsServiceClient(conn).Watch(ctx, &fencedv1.WatchRequest{Slug: "leaver", StartRevision: r0}); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	// The first message is handed to gRPC; the next sends block on the
+	// caller's window, which it never opens.
+	deadline := time.Now().Add(waitLimit)
+	for counts.sent.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no Watch message was sent")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	conn.Close() // the caller's process exits
+	rec, err := e.logs.await(callFinished("Watch"))
+	if err != nil {
+		t.Fatalf("no finished-call line for the Watch: %v", err)
+	}
+	if code := rec.attrs["grpc.code"]; code != "Canceled" && code != "Unavailable" {
+		t.Errorf("Watch of a caller gone mid-backlog ended %s (%v), want Canceled or Unavailable", code, rec.attrs)
+	}
+	if rec.level > slog.LevelInfo {
+		t.Errorf("Watch of a caller gone mid-backlog logged at %v, want at most INFO: %v", rec.level, rec.attrs)
+	}
+	select {
+	case c := <-counted:
+		if c != codes.Canceled && c != codes.Unavailable {
+			t.Errorf("Watch of a caller gone mid-backlog counted grpc_code=%q, want Canceled or Unavailable", c)
+		}
+	case <-time.After(waitLimit):
+		t.Error("the Watch was never counted")
+	}
+}
+
+// TestWatchFromARevisionNoBatchCanHaveIsRefused: a Watch from a revision
+// later than both the swarm's counter and Redis's clock (now + 1 h) opened
+// OK and then carried nothing, not a batch, for an hour (its progress
+// events named that future revision). It is refused INVALID_ARGUMENT
+// naming start_revision. What stays served: a 16-digit revision (fenced's
+// former µs era, which every batch issued now follows), a revision at the
+// counter that the swarm's reader has not read (a counter ahead of the
+// clock, as floors make it), and the counter's next is refused there too.
+func TestWatchFromARevisionNoBatchCanHaveIsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	r0 := commitPut(t, e, "ahead", "claims", "a", `1`)
+	refused := func(slug string, start int64) {
+		t.Helper()
+		stream, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: slug, StartRevision: start})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		d := decode(t, err)
+		if d.code != codes.InvalidArgument || d.info.GetReason() != server.ReasonInvalidArgument || !slices.Equal(d.fields(), []string{"start_revision"}) {
+			t.Errorf("Watch(%s after %d) = %v (%v %v), want INVALID_ARGUMENT naming start_revision", slug, start, err, d.info, d.badReq)
+		}
+	}
+	served := func(slug string, start int64, want int64) {
+		t.Helper()
+		raw, err := e.records.Watch(ctxT(t), &fencedv1.WatchRequest{Slug: slug, StartRevision: start})
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		stream := &events{stream: raw}
+		rev := commitPut(t, e, slug, "claims", "b", `2`)
+		if want == 0 {
+			want = rev
+		}
+		if ev, err := stream.Recv(); err != nil || ev.GetRevision() != want {
+			t.Errorf("Watch(%s after %d): %v, %v; want the batch at %d", slug, start, ev, err, want)
+		}
+	}
+	hourAhead := protocol.ClockRevision(time.Now().Add(time.Hour).UnixMicro())
+	refused("ahead", hourAhead)
+	refused("never-written", hourAhead)
+	served("ahead", 1<<53-1, r0) // era 1: the log's batches follow it
+	// A counter ahead of the clock (the floors of another writer).
+	const counter = 50_000_000_000_000
+	srv.Do(t, "SET", redisKey("floored", "revision"), strconv.FormatInt(counter, 10))
+	refused("floored", counter+1)
+	served("floored", counter, counter+1)
+}
+
+// dialFrom is a client connection to addr from the loopback address
+// local (127.0.0.2: another caller's IP address on this machine).
+func dialFrom(t *testing.T, addr, local string) fencedv1.RecordsServiceClient {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	return dialConn(t, addr, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", a)
+	}))
+}
+
+// TestOneAddressCannotTakeEveryWatcherSlot: with --max-watchers 500 and
+// 100 per connection, one caller (one IP address) opens Watch streams on
+// connection after connection. Before, it took all 500 (the sixth
+// connection's were refused limit "process"), and so was every other
+// caller's Watch. The streams of one address are bounded (a quarter of
+// --max-watchers by default: limit "address"), and a caller from another
+// address still opens one.
+func TestOneAddressCannotTakeEveryWatcherSlot(t *testing.T) {
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
+		Records: server.ServiceOptions{Watch: server.WatchOptions{Max: 500, MaxPerConnection: 100}},
+	})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	open := func(c fencedv1.RecordsServiceClient) error {
+		stream, err := c.Watch(ctx, &fencedv1.WatchRequest{Slug: "greedy"})
+		if err != nil {
+			return err
+		}
+		_, err = stream.Recv() // the progress event, or the refusal
+		return err
+	}
+	opened := 0
+	var refusal error
+	for conn := 0; conn < 6 && refusal == nil; conn++ {
+		c := dialConn(t, e.addr)
+		for range 100 {
+			if refusal = open(c); refusal != nil {
+				break
+			}
+			opened++
+		}
+	}
+	info := errorInfoOf(refusal)
+	t.Logf("one address opened %d Watch streams, then: %v (%v)", opened, refusal, info)
+	if status.Code(refusal) != codes.ResourceExhausted || info.GetReason() != server.ReasonTooManyWatchers || info.GetMetadata()["limit"] != "address" {
+		t.Errorf("Watch %d from one address = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit address", opened+1, refusal, info)
+	}
+	if opened >= 500 {
+		t.Errorf("one address holds %d of the 500 watcher slots", opened)
+	}
+	if err := open(dialFrom(t, e.addr, "127.0.0.2")); err != nil {
+		t.Errorf("Watch from another address while one holds %d streams: %v", opened, err)
+	}
+}
 
 // watchCounts is a LimitObserver and WatchObserver that counts.
 type watchCounts struct {
