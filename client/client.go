@@ -178,7 +178,17 @@ func (c *Client) Close() error {
 type Record struct {
 	// Revision is the swarm revision of the batch that last put it.
 	Revision int64
-	// Value is the JSON text, byte for byte as its writer sent it.
+	// Value is the record's value, byte for byte as its writer sent it:
+	// one text of fenced's value grammar, JSON (RFC 8259) in which a value
+	// may also be NaN, Infinity or -Infinity, the literals Python's
+	// json.dumps writes for non-finite floats by default (the in-house
+	// writers store them; docs/design/02-redis-layout.md §2.2).
+	// encoding/json refuses those three: json.Unmarshal of such a value
+	// answers a *json.SyntaxError, and json.Marshal of a struct holding it
+	// as a RawMessage fails. Decode a value that may hold them with a
+	// decoder that reads them (Python's json.loads does), or write each of
+	// the three that stands outside a string as a number or null of your
+	// choosing first; fenced never rewrites them.
 	Value json.RawMessage
 	// Claim is the claim the record is bound to (a Write with Bound,
 	// docs/design/12-claims.md §12.4); "" when it is bound to none. A
@@ -397,7 +407,10 @@ type Write struct {
 	Section  string
 	Key      string
 	Expected int64
-	Value    json.RawMessage
+	// Value is a Put's value, stored byte for byte: one text of the value
+	// grammar (JSON, and NaN, Infinity, -Infinity; see Record.Value); else
+	// INVALID_ARGUMENT naming writes[i].value and the byte at fault.
+	Value json.RawMessage
 	// Checks are the records a CheckRecords compares; nil for other kinds.
 	Checks []RecordCheck
 	// Bound binds a Put's record to the batch's claim (WithClaim;

@@ -395,10 +395,8 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		switch {
 		case len(w.Value) > l.MaxValueBytes:
 			vs.add(field("value"), "at most %d bytes, got %d", l.MaxValueBytes, len(w.Value))
-		case !utf8.ValidString(w.Value):
-			vs.add(field("value"), "not valid UTF-8")
-		case !ValidJSON(w.Value):
-			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
+		case !utf8.ValidString(w.Value) || !ValidJSON(w.Value):
+			vs.add(field("value"), "not one JSON text (RFC 8259, or NaN, Infinity, -Infinity where a value stands): %s", JSONProblem(w.Value))
 		case tooDeep(w.Value, MaxValueDepth) >= 0:
 			vs.add(field("value"), "nests deeper than %d arrays and objects (byte %d): the stored record {\"r\":N,\"v\":VALUE} nests it once more, and a record may nest at most %d", MaxValueDepth, tooDeep(w.Value, MaxValueDepth), MaxScriptJSONDepth)
 		case w.Section == "executions":

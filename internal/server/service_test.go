@@ -439,8 +439,9 @@ func TestDeadlinePassedWithRedisSaysTheOutcomeIsUnknown(t *testing.T) {
 }
 
 // TestDocumentRecordThatIsNoRecordAnswersThatRecord: on the wire, a
-// document's record that is not strict JSON (Python's NaN) or not UTF-8 (a
-// lone surrogate stored as raw bytes ED A0 80) is DATA_LOSS
+// document's record that is no JSON (a bare nan, which Python does not
+// write) or not UTF-8 (a lone surrogate stored as raw bytes ED A0 80) is
+// DATA_LOSS
 // RECORD_CORRUPT naming its section and key, as the records layout
 // answers; the record beside them reads and writes; Migrate refuses naming
 // the first and listing both, writing nothing.
@@ -448,7 +449,7 @@ func TestDocumentRecordThatIsNoRecordAnswersThatRecord(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	ctx := ctxT(t)
-	srv.Do(t, "HSET", currentKey, "doc", "{\"revision\": 41, \"sections\": {\"claims\": {\"a\": {\"x\": NaN}, \"b\": 2, \"s\": \"\xed\xa0\x80\"}}}")
+	srv.Do(t, "HSET", currentKey, "doc", "{\"revision\": 41, \"sections\": {\"claims\": {\"a\": {\"x\": nan}, \"b\": 2, \"s\": \"\xed\xa0\x80\"}}}")
 
 	got, err := e.records.Record(ctx, &fencedv1.RecordRequest{Slug: "doc", Section: "claims", Key: "b"})
 	if err != nil || got.GetRecord().GetValue() != "2" || got.GetRecord().GetRevision() != 41 {
@@ -472,7 +473,7 @@ func TestDocumentRecordThatIsNoRecordAnswersThatRecord(t *testing.T) {
 		d.info.GetMetadata()["section"] != "claims" || d.info.GetMetadata()["key"] != "a" {
 		t.Fatalf("Migrate = %v; want DATA_LOSS RECORD_CORRUPT naming claims/a", err)
 	}
-	for _, want := range []string{"claims/a", "claims/s", "NaN", "UTF-8", "nothing was written"} {
+	for _, want := range []string{"claims/a", "claims/s", `"nan"`, "UTF-8", "nothing was written"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Migrate's refusal %q does not say %q", err, want)
 		}

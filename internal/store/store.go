@@ -224,7 +224,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Dura
 	if c.ByNameStale {
 		s.byName.RebuildLater(b.Slug)
 	}
-	return c, err
+	return c, s.records.Explain(ctx, b.Slug, err)
 }
 
 // Acquire grants the swarm's lease to owner for ttlMs (lease.Leases.Change

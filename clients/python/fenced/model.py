@@ -41,15 +41,19 @@ BLIND = -1
 """The ``expected`` revision that disables a write's check (not allowed for Check)."""
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: Any, *, allow_nan: bool = False) -> str:
     """Serialise any JSON-serialisable object as compact JSON text for a put.
 
     No whitespace between tokens, dict keys in their insertion order, non-ASCII
-    characters kept as they are (UTF-8 on the wire); NaN and infinities are
-    refused (ValueError), as JSON has none. Raises TypeError for objects json
-    cannot serialise.
+    characters kept as they are (UTF-8 on the wire). NaN and infinities are
+    refused (ValueError) unless ``allow_nan`` is True: then they are written
+    ``NaN``, ``Infinity`` and ``-Infinity`` as json.dumps writes them by
+    default, which fenced stores and serves byte for byte
+    (docs/design/02-redis-layout.md §2.2) and json.loads reads back, but
+    strict JSON readers (Go's encoding/json) refuse. Raises TypeError for
+    objects json cannot serialise.
     """
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
 
 
 def new_request_id() -> str:

@@ -459,7 +459,8 @@ class Document(Mapping[str, Any]):
                     if _canon(v) == e.canon:
                         continue  # what was there: checked below as read
                 self._owned(ref)
-                writes.append(Put(section, key, BLIND if blind or e is None else e.revision, dumps(v)))
+                # NaN and Infinity written as the in-house json.dumps wrote them.
+                writes.append(Put(section, key, BLIND if blind or e is None else e.revision, dumps(v, allow_nan=True)))
             written.add(ref)
         if not writes:
             return None

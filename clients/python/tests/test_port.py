@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from typing import Any, Optional
 
@@ -90,6 +91,57 @@ def test_sections_and_record_answer_decoded_values(p: port.Port, slug: str) -> N
     revision, value = got
     assert (revision, value) == (rev, values["a"])
     assert p.record(slug, "claims", "absent") is None
+
+
+def test_python_json_with_nan_and_infinity_reads_and_writes_as_json_loads_does(
+    client: fenced.Client, p: port.Port, redis: Redis, slug: str
+) -> None:
+    """Python's json.dumps writes NaN, Infinity and -Infinity by default: an
+    in-house writer's record holding them is read (record, sections, a write
+    reading its section whole, iterating the document) as json.loads reads
+    it, its bytes served as stored, on both layouts; a change to it writes
+    them back as json.dumps does; fenced.dumps refuses them unless asked."""
+    value = {"score": float("nan"), "best": float("inf"), "worst": float("-inf")}
+    text = json.dumps(value)  # {"score": NaN, "best": Infinity, "worst": -Infinity}
+
+    def same(got: Any) -> bool:
+        return math.isnan(got["score"]) and got["best"] == math.inf and got["worst"] == -math.inf
+
+    seed_document(redis, slug + "-doc", {"revision": 3, "sections": {"claims": {"T-1": value, "T-2": {"by": "hive-a"}}}})
+    rev = inhouse_put(redis, slug, "claims", "T-1", value)
+    inhouse_put(redis, slug, "claims", "T-2", {"by": "hive-a"})
+    for s in (slug, slug + "-doc"):
+        assert client.record(s, "claims", "T-1").value == text  # type: ignore[union-attr]
+        got = p.record(s, "claims", "T-1")
+        assert got is not None and same(got.value)
+        assert same(p.sections(s, "claims")["claims"]["T-1"])
+        assert same(p.sections(s)["claims"]["T-1"])
+
+        def whole(doc: port.Document) -> list[str]:
+            names = list(doc["sections"])  # every section, at one instant
+            claims = doc["sections"]["claims"]
+            assert same(claims["T-1"]) and sorted(claims) == ["T-1", "T-2"]
+            claims["T-2"] = {"by": "hive-b", "n": len(names)}
+            return names
+
+        assert port.Port(client).write(s, whole) == ["claims"]
+        assert p.record(s, "claims", "T-2").value == {"by": "hive-b", "n": 1}  # type: ignore[union-attr]
+
+        def touch(doc: port.Document) -> None:
+            doc["sections"]["claims"]["T-1"]["n"] = 1
+
+        p.write(s, touch)
+        assert client.record(s, "claims", "T-1").value == '{"score":NaN,"best":Infinity,"worst":-Infinity,"n":1}'  # type: ignore[union-attr]
+    assert p.record(slug, "claims", "T-1").revision > rev  # type: ignore[union-attr]
+
+    with pytest.raises(ValueError):
+        fenced.dumps(value)
+    assert fenced.dumps([float("nan")], allow_nan=True) == "[NaN]"
+    client.fenced_batch(slug, [fenced.Put("claims", "T-3", 0, "[NaN, -Infinity]")])
+    assert client.record(slug, "claims", "T-3").value == "[NaN, -Infinity]"  # type: ignore[union-attr]
+    with pytest.raises(fenced.InvalidArgument) as bad:
+        client.fenced_batch(slug, [fenced.Put("claims", "T-4", 0, "[nan]")])
+    assert 'byte 1 starts "nan"' in bad.value.violations[0].description
 
 
 def test_errors_carry_the_in_house_texts_and_types(client: fenced.Client, p: port.Port, slug: str) -> None:

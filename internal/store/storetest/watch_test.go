@@ -798,3 +798,32 @@ func TestWatchFromBetweenTwoBatchesIsNoLoss(t *testing.T) {
 		t.Errorf("from-now watcher's event = %d, want %d", ev.Revision, r2)
 	}
 }
+
+// TestWatchServesPythonsNonFiniteValuesByteForByte: a batch putting values
+// Python's json.dumps writes (NaN, Infinity, -Infinity, with its spacing)
+// reaches a watcher byte for byte, as every read path answers them.
+func TestWatchServesPythonsNonFiniteValuesByteForByte(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	values := map[string]string{"a": `{"score": NaN, "best": Infinity}`, "b": `[-Infinity]`, "c": `NaN`}
+	r0 := mustCommit(t, st, &batch.Batch{Slug: "nan-watch", Writes: []batch.Write{put("claims", "z", 0, `1`)}})
+	w, err := st.Watch(context.Background(), "nan-watch", r0)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close()
+	var ws []batch.Write
+	for _, k := range []string{"a", "b", "c"} {
+		ws = append(ws, put("claims", k, 0, values[k]))
+	}
+	mustCommit(t, st, &batch.Batch{Slug: "nan-watch", Writes: ws})
+	ev := next(t, w)
+	if len(ev.Changes) != 3 {
+		t.Fatalf("event = %+v, want the 3 puts", ev)
+	}
+	for _, ch := range ev.Changes {
+		if ch.Record == nil || ch.Record.Value != values[ch.Key] {
+			t.Errorf("event's claims/%s = %+v, want %q byte for byte", ch.Key, ch.Record, values[ch.Key])
+		}
+	}
+}

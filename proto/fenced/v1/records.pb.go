@@ -433,8 +433,12 @@ type Record struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The swarm revision of the batch that last put this record; >= 1.
 	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
-	// The value: one JSON text (RFC 8259), byte for byte as its writer sent
-	// it (key order, whitespace, number spelling and escapes preserved).
+	// The value: one text of fenced's value grammar, byte for byte as its
+	// writer sent it (key order, whitespace, number spelling and escapes
+	// preserved): JSON (RFC 8259) in which a value may also be NaN, Infinity
+	// or -Infinity, as Python's json.dumps writes non-finite floats
+	// (docs/design/02-redis-layout.md §2.2). Decode it as Python's json.loads
+	// does; a strict JSON decoder refuses those three literals.
 	Value string `protobuf:"bytes,2,opt,name=value" json:"value,omitempty"`
 	// The claim the record is bound to (RecordWrite.bind_to_claim); empty
 	// for a record bound to none. A bound record is returned only while that
@@ -1023,8 +1027,11 @@ type RecordWrite struct {
 	// record must be absent; -1 (BLIND) means no check (not allowed for
 	// WRITE_KIND_CHECK). Values below -1 are invalid.
 	Expected int64 `protobuf:"varint,4,opt,name=expected" json:"expected,omitempty"`
-	// For WRITE_KIND_PUT: one JSON text (RFC 8259), at most the configured
-	// value limit (default 1 MiB), stored byte for byte. Must be empty for
+	// For WRITE_KIND_PUT: one text of the value grammar (JSON, RFC 8259, in
+	// which a value may also be NaN, Infinity or -Infinity, as Python's
+	// json.dumps writes them; anything else is INVALID_ARGUMENT naming the
+	// byte at fault), at most the configured value limit (default 1 MiB),
+	// stored byte for byte. Must be empty for
 	// deletes and checks. An `executions` value must also be one Redis's Lua
 	// JSON decoder (cjson) can decode, since by-name indexes it: arrays and
 	// objects nested at most 1000 deep, and every \u escape of a UTF-16
