@@ -48,13 +48,13 @@ func TestKeepClaimHoldsReleasesAndIsRefusedToAnother(t *testing.T) {
 		t.Errorf("the swarm's lease = %+v, %v; want none (claims are not the controller lease)", lease, err)
 	}
 	put := []client.Write{{Kind: client.Put, Section: "claims", Key: "wake-1", Expected: client.Blind, Value: json.RawMessage(`"a"`)}}
-	if _, err := f.c.Batch(ctx, slug, nil, put, client.WithClaim(k.Claim())); err != nil {
+	if _, err := f.c.Batch(ctx, slug, client.Unfenced, put, client.WithClaim(k.Claim())); err != nil {
 		t.Errorf("Batch fenced by the kept claim: %v", err)
 	}
 	if err := k.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	_, err = f.c.Batch(ctx, slug, nil, put, client.WithClaim(k.Claim()))
+	_, err = f.c.Batch(ctx, slug, client.Unfenced, put, client.WithClaim(k.Claim()))
 	if !errors.As(err, &le) || !errors.Is(err, client.ErrLeaseStale) || le.Claim != "wake/1" {
 		t.Errorf("Batch fenced by the released claim = %v; want ErrLeaseStale naming wake/1", err)
 	}

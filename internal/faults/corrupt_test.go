@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"github.com/agentihooks/fenced/client"
 	"testing"
 
 	"github.com/agentihooks/fenced/internal/redistest"
@@ -41,7 +42,7 @@ func TestCorruptField(t *testing.T) {
 	r := startReplica(t, redis.URL(), server.Options{})
 	c, raw := dial(t, r.addr)
 	const slug = "corrupt-field"
-	if _, err := c.Batch(ctxT(t), slug, nil, []clientWrite{
+	if _, err := c.Batch(ctxT(t), slug, client.Unfenced, []clientWrite{
 		putW("claims", "a", 0, `{"a":1}`), putW("grants", "g", 0, `{"g":1}`),
 	}); err != nil {
 		t.Fatalf("seed batch: %v", err)
@@ -110,12 +111,12 @@ func TestCorruptField(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Record(claims/a): %v", err)
 			}
-			if _, err := c.Batch(ctxT(t), slug, nil, []clientWrite{putW("claims", "a", rec.Revision, `{"a":1}`)}); err != nil {
+			if _, err := c.Batch(ctxT(t), slug, client.Unfenced, []clientWrite{putW("claims", "a", rec.Revision, `{"a":1}`)}); err != nil {
 				t.Errorf("a batch on claims/a next to a corrupt field: %v", err)
 			}
 
 			// A BLIND put repairs it.
-			rev, err := c.Batch(ctxT(t), slug, nil, []clientWrite{putW("claims", "bad", -1, `"repaired"`)})
+			rev, err := c.Batch(ctxT(t), slug, client.Unfenced, []clientWrite{putW("claims", "bad", -1, `"repaired"`)})
 			if err != nil {
 				t.Fatalf("BLIND put over a corrupt field: %v", err)
 			}

@@ -113,7 +113,7 @@ func TestRedisRestartedEmptyUnderARunningFenced(t *testing.T) {
 	}
 	// A replay of the lost request is a new batch now (its key is gone):
 	// unfenced, it commits above the lost revision.
-	again, err := cl.Batch(ctx, slug, nil, []client.Write{putW("claims", "x", 0, `1`)}, client.WithRequestID("before"))
+	again, err := cl.Batch(ctx, slug, client.Unfenced, []client.Write{putW("claims", "x", 0, `1`)}, client.WithRequestID("before"))
 	if err != nil || again <= rev {
 		t.Errorf("replay of the lost request = r%d, %v; want committed above r%d", again, err, rev)
 	}

@@ -256,7 +256,7 @@ func (w *workload) fence(rng *rand.Rand, kind fenceKind) *client.Fence {
 			return &client.Fence{Owner: w.owner, Epoch: w.epoch, NowMs: time.Now().Add(time.Hour).UnixMilli()}
 		}
 	}
-	return nil
+	return client.Unfenced
 }
 
 // call runs one call, records it, and updates the client's view. It

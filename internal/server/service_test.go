@@ -2191,3 +2191,43 @@ func TestWriteKindNumbering(t *testing.T) {
 		t.Errorf("BatchFromProto(one write) mismatch (-want +got):\n%s", diff)
 	}
 }
+
+// TestRequireFenceRefusesAnUnfencedBatch: with --require-fence, the tour's
+// unfenced put into claims while tick-b holds demo-swarm's lease is
+// FAILED_PRECONDITION FENCE_REQUIRED naming claims, nothing written; the
+// holder's fenced batch, a claim-fenced one and an unfenced one into a
+// section not named commit. Without it the unfenced put commits (the
+// default: a batch without a fence is fenced by revisions alone).
+func TestRequireFenceRefusesAnUnfencedBatch(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := batch.DefaultLimits()
+	limits.RequireFence = []string{"claims"}
+	e := serveRedis(t, srv, limits, server.Options{HealthInterval: noProbes})
+	ctx := ctxT(t)
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	got, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: "demo-swarm", Owner: "tick-b", TtlMs: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dumpKeys(t, srv)
+	_, err = e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("claims", "T-3", 0, `{}`)}})
+	d := decode(t, err)
+	if d.code != codes.FailedPrecondition || d.info.GetReason() != server.ReasonFenceRequired || d.info.GetMetadata()["sections"] != "claims" {
+		t.Fatalf("an unfenced put into claims = %v; want FAILED_PRECONDITION FENCE_REQUIRED naming claims", err)
+	}
+	if after := dumpKeys(t, srv); after != before {
+		t.Fatal("a refused unfenced batch changed Redis")
+	}
+	fence := &fencedv1.LeaseFence{Owner: "tick-b", Epoch: got.GetLease().GetEpoch()}
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Fence: fence, Writes: []*fencedv1.RecordWrite{put("claims", "T-3", 0, `{}`)}})
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("grants", "g", 0, `1`)}})
+	claim, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: "demo-swarm", Name: "wake/1", Owner: "worker-1", TtlMs: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Claim: &fencedv1.ClaimFence{Name: "wake/1", Owner: "worker-1", Epoch: claim.GetLease().GetEpoch()},
+		Writes: []*fencedv1.RecordWrite{put("claims", "T-4", 0, `{}`)}})
+
+	open := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
+	commit(t, open, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("claims", "T-5", 0, `{}`)}})
+}

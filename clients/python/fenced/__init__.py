@@ -49,6 +49,7 @@ from .errors import (  # noqa: E402
     InvalidArgument,
     KeptChanging,
     LayoutDocument,
+    FenceRequired,
     LeaseHeld,
     Reason,
     RedisRefusal,
@@ -68,6 +69,7 @@ from .errors import (  # noqa: E402
 from .keeper import ClaimKeeper, LeaseKeeper  # noqa: E402
 from .model import (  # noqa: E402
     BLIND,
+    UNFENCED,
     BatchResult,
     Change,
     Check,
@@ -99,6 +101,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BLIND",
+    "UNFENCED",
     "BatchResult",
     "CHANNEL_OPTIONS",
     "Cancelled",
@@ -121,6 +124,7 @@ __all__ = [
     "KeptChanging",
     "Layout",
     "LayoutDocument",
+    "FenceRequired",
     "Lease",
     "LeaseFence",
     "LeaseHeld",

@@ -53,11 +53,15 @@ from .client import (
     _page,
     _record,
     _snapshot,
+    _stream_refused,
+    _StreamedSnapshot,
     _WatchLoop,
+    _whole_too_large,
 )
 from .client import Client as _SyncClient
 from .keeper import _Acquiring, _Held
 from .model import (
+    FENCE_MISSING,
     BatchResult,
     ClaimFence,
     Current,
@@ -70,7 +74,9 @@ from .model import (
     Record,
     ReplicaAck,
     Snapshot,
+    FenceArg,
     Write,
+    lease_fence,
 )
 from .update import Txn, _Commit, _Deadline, _run_change, _RunChange, _Sleep, _takes_timeout, _update_steps
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
@@ -167,9 +173,28 @@ class Client:
         return (_record(resp.record) if resp.HasField("record") else None), resp.revision
 
     async def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
-        """As :meth:`fenced.Client.sections`."""
+        """As :meth:`fenced.Client.sections`: of any size (StreamSections
+        past the server's limits for one answer)."""
         before = self._mark(slug)
-        resp = await self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        try:
+            resp = await self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        except errors.SnapshotTooLarge as e:
+            if not _whole_too_large(e):
+                raise
+            call = self._records.StreamSections(records_pb2.StreamSectionsRequest(slug=slug, names=names),
+                                                timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+            got = _StreamedSnapshot()
+            try:
+                async for part in call:
+                    snap = got.add(part)
+                    if snap is not None:
+                        self._read(slug, before, snap.revision)
+                        return snap
+            except grpc.RpcError as err:
+                raise _stream_refused(errors.decode(err), e) from err
+            finally:
+                call.cancel()
+            raise errors.FencedError("StreamSections ended without its end", code=grpc.StatusCode.INTERNAL) from e
         self._read(slug, before, resp.revision)
         return _snapshot(resp)
 
@@ -209,7 +234,7 @@ class Client:
         slug: str,
         writes: Sequence[Write],
         *,
-        fence: Optional[LeaseFence] = None,
+        fence: FenceArg = FENCE_MISSING,
         request_id: Optional[str] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
@@ -250,14 +275,16 @@ class Client:
         slug: str,
         change: Callable[[Txn], None],
         *,
-        fence: Optional[LeaseFence] = None,
+        fence: FenceArg = FENCE_MISSING,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
         claim: Optional[ClaimFence] = None,
     ) -> int:
         """As :meth:`fenced.Client.update` (the same reruns, resends under
-        one request id, and overall ``timeout``); ``change`` is a plain
-        function, run in a worker thread (see the module's doc)."""
+        one request id, and overall ``timeout``; ``fence`` required unless
+        ``claim`` is given); ``change`` is a plain function, run in a worker
+        thread (see the module's doc)."""
+        lease_fence(fence, claim)  # ValueError before anything runs
         per_call = self._timeout
         deadline = _Deadline(per_call if timeout is None else timeout)
         reads = _LoopReads(self, asyncio.get_running_loop(), deadline, per_call)
@@ -338,7 +365,7 @@ async def _drive(
     c: Client,
     slug: str,
     change: Callable[[Txn], None],
-    fence: Optional[LeaseFence],
+    fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
     claim: Optional[ClaimFence] = None,
 ) -> int:

@@ -61,6 +61,7 @@ __all__ = [
     "InvalidArgument",
     "KeptChanging",
     "LayoutDocument",
+    "FenceRequired",
     "LeaseHeld",
     "REASONS",
     "Reason",
@@ -188,6 +189,22 @@ class LayoutDocument(FencedError):
     document, which fenced serves on standalone Redis only: on Redis Cluster
     it must be moved onto records (fenced migrate, on the standalone Redis it
     lives on)."""
+
+
+class FenceRequired(FencedError):
+    """FAILED_PRECONDITION + FENCE_REQUIRED: the server requires a fence
+    (--require-fence) for a section this unfenced batch writes; nothing was
+    written. Fence it with the swarm's lease (keeper.fence()).
+
+    Attributes:
+        sections: the sections written that require one.
+    """
+
+    sections: tuple[str, ...] = ()
+
+
+def _fence_required(e: FenceRequired, d: _Details) -> None:
+    e.sections = tuple(s for s in e.metadata.get("sections", "").split(",") if s)
 
 
 class InvalidArgument(FencedError):
@@ -486,6 +503,7 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LEASE_STALE), StaleLease, _stale),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LEASE_HELD), LeaseHeld, _held),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LAYOUT_DOCUMENT), LayoutDocument),
+    Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.FENCE_REQUIRED), FenceRequired, _fence_required),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.INVALID_ARGUMENT, _r(_Reasons.REQUEST_ID_REUSED), RequestIdReused, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.INVALID_ARGUMENT, "", InvalidArgument, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.UNAVAILABLE, _r(_Reasons.REPLICATION_TIMEOUT), ReplicationTimeout, _replication),  # type: ignore[arg-type]

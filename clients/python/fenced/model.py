@@ -233,6 +233,64 @@ class LeaseFence:
     now_ms: int = 0
 
 
+class Unfenced:
+    """The type of :data:`UNFENCED` (one instance)."""
+
+    _one: "Optional[Unfenced]" = None
+
+    def __new__(cls) -> "Unfenced":
+        if cls._one is None:
+            cls._one = super().__new__(cls)
+        return cls._one
+
+    def __repr__(self) -> str:
+        return "fenced.UNFENCED"
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (Unfenced, ())
+
+
+UNFENCED = Unfenced()
+"""The ``fence`` of a batch written without the swarm's lease, by choice:
+it is sent with no fence at all, so it commits on its revisions alone,
+whoever holds the lease (a hive's batches, which hold none). ``fence`` left
+out, or None, without a ``claim`` is refused (ValueError) before anything is
+sent: an unfenced write is never an accident (docs/api.md, "Fences")."""
+
+
+class _FenceMissing:
+    def __repr__(self) -> str:
+        return "<fence not given>"
+
+
+FENCE_MISSING: Any = _FenceMissing()
+"""The default of ``fence`` arguments: none was given."""
+
+FenceArg = Union[LeaseFence, Unfenced, None]
+"""What ``fence=`` takes: a LeaseFence (keeper.fence()) or UNFENCED."""
+
+NO_FENCE_TEXT = ("no fence: pass fence=keeper.fence() (the swarm's lease), a claim=, "
+                 "or fence=fenced.UNFENCED to write without one by choice")
+
+
+def lease_fence(fence: Any, claim: Any) -> Optional[LeaseFence]:
+    """The lease fence a batch is sent under: None for UNFENCED (or a fence
+    left out beside a claim, which fences it). Raises ValueError for a fence
+    left out or None without a claim, TypeError for anything else that is no
+    LeaseFence."""
+    if fence is UNFENCED:
+        return None
+    if fence is FENCE_MISSING or fence is None:
+        if claim is not None:
+            return None
+        raise ValueError(f"fenced: {NO_FENCE_TEXT}")
+    if isinstance(fence, ClaimFence):
+        raise TypeError("a ClaimFence goes in claim=, not fence= (fence= is the swarm's lease)")
+    if not isinstance(fence, LeaseFence):
+        raise TypeError(f"fence= takes a fenced.LeaseFence (LeaseKeeper.fence()) or fenced.UNFENCED, not {type(fence).__name__}")
+    return fence
+
+
 @dataclasses.dataclass(frozen=True)
 class ClaimFence:
     """A batch's condition on one of the swarm's claims (a named lease,

@@ -13,7 +13,23 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMap
 import grpc
 
 from . import errors
-from .model import Check, CheckRecords, CheckSection, ClaimFence, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+from .model import (
+    FENCE_MISSING,
+    Check,
+    CheckRecords,
+    CheckSection,
+    ClaimFence,
+    Delete,
+    FenceArg,
+    LeaseFence,
+    Put,
+    Record,
+    ReplicaAck,
+    Write,
+    dumps,
+    lease_fence,
+    new_request_id,
+)
 from .revisions import later_revision
 
 if TYPE_CHECKING:
@@ -298,7 +314,7 @@ def update(
     slug: str,
     change: Callable[[Txn], None],
     *,
-    fence: Optional[LeaseFence] = None,
+    fence: FenceArg = FENCE_MISSING,
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     claim: Optional[ClaimFence] = None,
@@ -311,7 +327,10 @@ def update(
     read at, plus a check of every record read but not written (one
     CheckRecords of its records for a section read whole, or one CheckSection
     with ``tx.section(name, phantom_proof=True)``), and sent as one batch under ``fence``
-    and ``claim`` (a :class:`ClaimFence`; None: unfenced by either). A change that writes nothing sends nothing and answers
+    (the lease's, keeper.fence(); or :data:`fenced.UNFENCED`, unfenced by
+    choice) and ``claim`` (a :class:`ClaimFence`). ``fence`` left out or None
+    without a ``claim`` raises ValueError at once: ``change`` does not run,
+    nothing is sent. A change that writes nothing sends nothing and answers
     the highest revision it saw.
 
     On RevisionConflict it sleeps (2 ms, doubling up to 256 ms, +-50 %) and
@@ -340,6 +359,7 @@ def update(
 
     Returns the revision the batch committed at.
     """
+    lease_fence(fence, claim)  # ValueError before anything runs
     per_call = client._timeout
     deadline = _Deadline(per_call if timeout is None else timeout)
     reads = _BoundedReads(client, deadline, per_call)
@@ -352,7 +372,7 @@ def commit(
     slug: str,
     writes: Sequence[Write],
     *,
-    fence: Optional[LeaseFence] = None,
+    fence: FenceArg = FENCE_MISSING,
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -379,7 +399,7 @@ def _drive(
     client: "Client",
     slug: str,
     steps: Generator["_Step", Any, int],
-    fence: Optional[LeaseFence],
+    fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
     run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
     sleep: Callable[[float], None],

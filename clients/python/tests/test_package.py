@@ -23,7 +23,7 @@ def readme_example() -> str:
 def test_readme_tick_example_runs(server: Fenced, client: fenced.Client, slug: str, tmp_path: pathlib.Path) -> None:
     code = readme_example()
     assert len(code.strip().splitlines()) <= 22
-    client.fenced_batch(slug, [fenced.Put("claims", "T-1", 0, '{"state":"done"}'), fenced.Put("claims", "T-2", 0, '{"state":"open"}')])
+    client.fenced_batch(slug, [fenced.Put("claims", "T-1", 0, '{"state":"done"}'), fenced.Put("claims", "T-2", 0, '{"state":"open"}')], fence=fenced.UNFENCED)
     env = dict(os.environ, FENCED_ADDR=server.addr, SWARM=slug, PYTHONPATH=str(PYCLIENT))
     for n in (1, 2):
         out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=120)
