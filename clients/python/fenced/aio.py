@@ -23,7 +23,12 @@ client's calls, awaited on the event loop while the thread waits for them. The
 change must therefore not touch the event loop's objects; anything it needs
 from async code is read before the update. Cancelling the update (its task)
 stops it at its next step: a change still running finishes in its thread,
-but its reads then raise and its batch is never sent.
+but its reads then raise and its batch is never sent (a plain
+CancelledError). Cancelled while its batch may have been sent (the call in
+flight, or a resend pending after a lost answer), it raises
+:class:`fenced.UpdateCancelled`, still a CancelledError, naming the batch
+and its request id: ``await c.fenced_batch(**e.resend_args())`` answers
+``replayed`` if it committed.
 
 Not for use across ``fork()``: grpc.aio and asyncio do not follow a fork. A
 process that forks while an aio Client is open gives its children nothing
@@ -78,7 +83,18 @@ from .model import (
     Write,
     lease_fence,
 )
-from .update import Txn, _Commit, _Deadline, _run_change, _RunChange, _Sleep, _takes_timeout, _update_steps
+from .update import (
+    Txn,
+    _Commit,
+    _Deadline,
+    _fence_arg,
+    _run_change,
+    _RunChange,
+    _Sent,
+    _Sleep,
+    _takes_timeout,
+    _update_steps,
+)
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
 
 __all__ = ["Client", "LeaseKeeper"]
@@ -369,8 +385,11 @@ async def _drive(
     replica_ack: Optional[ReplicaAck],
     claim: Optional[ClaimFence] = None,
 ) -> int:
-    """Run update's steps (fenced.update._update_steps) on the event loop."""
+    """Run update's steps (fenced.update._update_steps) on the event loop.
+    A cancellation while the batch may have been sent is UpdateCancelled,
+    naming it (fenced.update._Sent)."""
     result: Any = None
+    sent = _Sent()
     try:
         step = next(steps)
         while True:
@@ -386,9 +405,18 @@ async def _drive(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
                         timeout=step.timeout, claim=claim,
                     )).revision
+            except asyncio.CancelledError as e:
+                steps.close()
+                if (commit := sent.at(step)) is None:
+                    raise
+                out = errors.UpdateCancelled(*e.args)
+                out._in_flight(slug, commit.request_id, commit.writes, _fence_arg(fence), claim, replica_ack)
+                raise out from e
             except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
+                sent.answered(step, e)
                 step = steps.throw(e)
             else:
+                sent.answered(step, None)
                 step = steps.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

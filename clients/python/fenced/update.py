@@ -15,6 +15,7 @@ import grpc
 from . import errors
 from .model import (
     FENCE_MISSING,
+    UNFENCED,
     Check,
     CheckRecords,
     CheckSection,
@@ -406,8 +407,10 @@ def _drive(
     claim: Optional[ClaimFence] = None,
 ) -> int:
     """Run a policy's steps (_update_steps, _commit_steps) with blocking I/O;
-    fenced.aio drives the same steps on its event loop."""
+    fenced.aio drives the same steps on its event loop. A KeyboardInterrupt
+    while the batch may have been sent is UpdateInterrupted, naming it."""
     result: Any = None
+    sent = _Sent()
     try:
         step = next(steps)
         while True:
@@ -423,12 +426,51 @@ def _drive(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
                         timeout=step.timeout, claim=claim,
                     ).revision
+            except KeyboardInterrupt as e:
+                steps.close()
+                if (commit := sent.at(step)) is None:
+                    raise
+                out = errors.UpdateInterrupted(*e.args)
+                out._in_flight(slug, commit.request_id, commit.writes, _fence_arg(fence), claim, replica_ack)
+                raise out from e
             except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
+                sent.answered(step, e)
                 step = steps.throw(e)
             else:
+                sent.answered(step, None)
                 step = steps.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+class _Sent:
+    """Whether a driver's batch may have been sent and not answered (a
+    cancellation then leaves its outcome unknown): while its commit step is
+    in flight, and after an answer that leaves the outcome open (the
+    policy's resend pending), until a step ends it."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[_Commit] = None
+
+    def answered(self, step: "_Step", err: Optional[BaseException]) -> None:
+        """step ended, with err (None: its result)."""
+        if isinstance(step, _Commit):
+            unknown = isinstance(err, errors.Unavailable) and not isinstance(err, errors.ReplicationTimeout)
+            self.pending = step if unknown else None
+        elif isinstance(step, _RunChange):
+            self.pending = None
+
+    def at(self, step: "_Step") -> Optional[_Commit]:
+        """The batch whose outcome a cut at step leaves unknown, or None."""
+        if isinstance(step, _Commit):
+            return step
+        return self.pending
+
+
+def _fence_arg(fence: Any) -> Any:
+    """The fence a resend of the batch goes under: the one given, UNFENCED
+    for one left out (a claim fenced the batch)."""
+    return UNFENCED if fence is FENCE_MISSING or fence is None else fence
 
 
 # update's policy, as steps for a driver: the sync update above and
