@@ -285,6 +285,56 @@ func TestMigrationRetriesPastTheRedisTimeoutWithinItsDeadline(t *testing.T) {
 	}
 }
 
+// TestMigrationOnABusySwarmTriesUntilItsDeadline: while the 2 MB
+// fixture is planned for its move, a document writer commits to the same
+// swarm after each of the first 24 plans, so that each of them loses its
+// compare-and-set (the issue's writer at ~7 commits/s, made
+// deterministic). The move commits at its 25th plan, within its deadline,
+// with every record the writer committed. Before: it gave up after 16
+// plans, "the swarm fencing state kept changing; nothing was written".
+// And with a writer that never stops, it gives up at its deadline with
+// ErrMigrationContended, nothing moved.
+func TestMigrationOnABusySwarmTriesUntilItsDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: plans the 2 MB fixture's move 25 times; run without -short")
+	}
+	srv := redistest.Start(t)
+	raw, _ := fixtureSections(t)
+	srv.Do(t, "HSET", bucket, "busy", `{"revision": 41, "meta": {"epoch": 7}, "sections": `+string(raw)+`}`)
+	writer := open(t, srv)
+	var plans atomic.Int64
+	busyFor := int64(24)
+	st := openWithHook(t, srv, func(slug string) {
+		if n := plans.Add(1); n <= busyFor {
+			mustCommit(t, writer, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "busy-"+itoa(n), batch.Blind, itoa(n))}})
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := st.Migrate(ctx, "busy", false)
+	if err != nil || m.Attempts != 25 {
+		t.Fatalf("Migrate beside a writer winning its first 24 plans = %+v, %v after %d plans; want it moved at the 25th", m, err, plans.Load())
+	}
+	for n := int64(1); n <= busyFor; n++ {
+		if rec, _, err := st.Record(ctx, "busy", "claims", "busy-"+itoa(n)); err != nil || rec == nil || rec.Value != itoa(n) || rec.Revision != m.Revision {
+			t.Fatalf("claims/busy-%d after the move = %+v, %v; want %d at the move's revision", n, rec, err, n)
+		}
+	}
+
+	srv.Do(t, "HSET", bucket, "never", `{"revision": 3, "sections": {"claims": {"a": 1}}}`)
+	plans.Store(0)
+	busyFor = 1 << 40
+	short, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	before := srv.Do(t, "EXISTS", key("never", "claims"))
+	if _, err := st.Migrate(short, "never", false); !errors.Is(err, docstore.ErrMigrationContended) {
+		t.Fatalf("Migrate beside a writer that never stops = %v; want ErrMigrationContended at its deadline", err)
+	}
+	if got := srv.Do(t, "EXISTS", key("never", "claims")); got != before || plans.Load() < 2 {
+		t.Fatalf("a contended migration wrote the records (%s) or planned %d times", got, plans.Load())
+	}
+}
+
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // TestMigrateRefusesSectionsFencedDoesNotServe: a document holding a
