@@ -100,3 +100,26 @@ func TestUnfencedIsAnExplicitChoice(t *testing.T) {
 		t.Fatalf("Batch Unfenced: %v", err)
 	}
 }
+
+// TestValuesWithPythonsNonFiniteLiteralsGoInAndOutByteForByte: a put of a
+// value as Python's json.dumps writes it (NaN, Infinity, -Infinity) commits
+// and reads back byte for byte, as Record.Value says; a value that is none
+// of the grammar is ErrInvalidArgument naming the byte at fault.
+func TestValuesWithPythonsNonFiniteLiteralsGoInAndOutByteForByte(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	v := json.RawMessage(`{"score": NaN, "best": Infinity, "worst": -Infinity}`)
+	rev, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "T-1", Value: v}})
+	if err != nil {
+		t.Fatalf("a put of %s: %v", v, err)
+	}
+	if rec, _, err := f.c.Get(ctx, slug, "claims", "T-1"); err != nil || rec == nil || string(rec.Value) != string(v) || rec.Revision != rev {
+		t.Fatalf("Get = %+v, %v; want %s at r%d", rec, err, v, rev)
+	}
+	_, err = f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "T-2", Value: json.RawMessage(`{"score": nan}`)}})
+	var ie *client.InvalidArgumentError
+	if !errors.As(err, &ie) || len(ie.Violations) != 1 || !strings.Contains(ie.Violations[0].Description, `byte 10 starts "nan"`) {
+		t.Fatalf("a put of nan = %v; want ErrInvalidArgument naming byte 10", err)
+	}
+}
