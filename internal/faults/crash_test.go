@@ -89,10 +89,14 @@ func TestReplicaRestartedMidHistory(t *testing.T) {
 }
 
 // TestScriptFlushMidHistory empties Redis's script cache before a history
-// and every 25 ms during it, with half the batches waiting for a replica:
-// every call still answers as it would without the flushes (nothing
-// refused, above all not NOSCRIPT, nothing INTERNAL), and the history stays
-// linearizable.
+// and every 25 ms during it, with half the batches waiting for a replica
+// (the script, then WAIT on the same dedicated connection): every call
+// still answers as it would without the flushes (nothing refused, above
+// all not NOSCRIPT, nothing INTERNAL), and the history stays linearizable.
+// Record reads run read_record.lua on both fenced replicas; batches run
+// the commit script on the second (WithoutFunctions: by EVALSHA, by EVAL
+// after NOSCRIPT), the function library on the first, which SCRIPT FLUSH
+// leaves loaded.
 //
 // A call may still end without an answer for reasons that are not the
 // flush's, however busy the box: its own deadline (callTimeout; a Sections
@@ -115,7 +119,7 @@ func TestScriptFlushMidHistory(t *testing.T) {
 	redistest.StartReplica(t, redis)
 	timeout := store.WithRedisTimeout(2 * callTimeout)
 	r1 := startReplica(t, redis.URL(), server.Options{}, timeout)
-	r2 := startReplica(t, redis.URL(), server.Options{}, timeout)
+	r2 := startReplica(t, redis.URL(), server.Options{}, timeout, store.WithoutFunctions())
 	replicas := []*replica{r1, r2}
 	clients := clientsOver(t, 8, replicas...)
 	w := newWorkload(t, redis, "script-flush", clients, envInt(t, "FAULTS_OPS", 200), seed)
