@@ -99,11 +99,13 @@ func TestReplicaRestartedMidHistory(t *testing.T) {
 // leaves loaded.
 //
 // A call may still end without an answer for reasons that are not the
-// flush's, however busy the box: its own deadline (callTimeout; a Sections
-// read waits its turn in the read gate, which paces all eight clients as
-// the one caller 127.0.0.1 does, by how long their reads take), or a
+// flush's, however busy the box: its own deadline (callTimeout), or a
 // replica that did not acknowledge within the wait the batch asked for
-// (REPLICATION_TIMEOUT, after that wait). The Store's Redis timeout is set
+// (REPLICATION_TIMEOUT, after that wait). The replicas do not pace heavy
+// reads (Share 1): all eight clients are one caller, 127.0.0.1, and the
+// default pacing held a Sections read for about ten times what the reads
+// ahead of it took, past its deadline on a busy box (the failures of issue
+// 39). It still takes them one at a time. The Store's Redis timeout is set
 // past callTimeout, so that a slow Redis ends a call as its deadline, not
 // as UNAVAILABLE REDIS_UNAVAILABLE (which a lost connection answers too).
 // Any other UNAVAILABLE fails the test. So does a kind of call that was
@@ -118,8 +120,9 @@ func TestScriptFlushMidHistory(t *testing.T) {
 	redis := redistest.Start(t)
 	redistest.StartReplica(t, redis)
 	timeout := store.WithRedisTimeout(2 * callTimeout)
-	r1 := startReplica(t, redis.URL(), server.Options{}, timeout)
-	r2 := startReplica(t, redis.URL(), server.Options{}, timeout, store.WithoutFunctions())
+	opts := server.Options{Records: server.ServiceOptions{Reads: server.ReadShare{Share: 1}}}
+	r1 := startReplica(t, redis.URL(), opts, timeout)
+	r2 := startReplica(t, redis.URL(), opts, timeout, store.WithoutFunctions())
 	replicas := []*replica{r1, r2}
 	clients := clientsOver(t, 8, replicas...)
 	w := newWorkload(t, redis, "script-flush", clients, envInt(t, "FAULTS_OPS", 200), seed)
