@@ -120,9 +120,34 @@ func TestScriptFlushMidHistory(t *testing.T) {
 	redis := redistest.Start(t)
 	redistest.StartReplica(t, redis)
 	timeout := store.WithRedisTimeout(2 * callTimeout)
-	opts := server.Options{Records: server.ServiceOptions{Reads: server.ReadShare{Share: 1}}}
-	r1 := startReplica(t, redis.URL(), opts, timeout)
-	r2 := startReplica(t, redis.URL(), opts, timeout, store.WithoutFunctions())
+	// A replica's health probe loads every script (LoadScripts) before it
+	// turns ready, and again whenever it finds Redis after a probe that
+	// failed, as one bounded by the fixture's 100 ms interval does on a
+	// busy box: the calls after such a load would not need EVAL. The
+	// history starts once both replicas are ready, and their probes cannot
+	// fail in its time: only the calls load a flushed script.
+	replicaOpts := func(ready chan struct{}) server.Options {
+		var once sync.Once
+		return server.Options{
+			HealthInterval: time.Minute,
+			Records:        server.ServiceOptions{Reads: server.ReadShare{Share: 1}},
+			Telemetry: server.Telemetry{Ready: func(serving bool) {
+				if serving {
+					once.Do(func() { close(ready) })
+				}
+			}},
+		}
+	}
+	ready1, ready2 := make(chan struct{}), make(chan struct{})
+	r1 := startReplica(t, redis.URL(), replicaOpts(ready1), timeout)
+	r2 := startReplica(t, redis.URL(), replicaOpts(ready2), timeout, store.WithoutFunctions())
+	for i, ready := range []chan struct{}{ready1, ready2} {
+		select {
+		case <-ready:
+		case <-time.After(time.Minute):
+			t.Fatalf("fenced replica %d did not turn ready in a minute", i+1)
+		}
+	}
 	replicas := []*replica{r1, r2}
 	clients := clientsOver(t, 8, replicas...)
 	w := newWorkload(t, redis, "script-flush", clients, envInt(t, "FAULTS_OPS", 200), seed)
