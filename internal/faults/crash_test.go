@@ -11,7 +11,7 @@ import (
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -119,7 +119,6 @@ func TestScriptFlushMidHistory(t *testing.T) {
 	seed := seedFor(t, 5003)
 	redis := redistest.Start(t)
 	redistest.StartReplica(t, redis)
-	timeout := store.WithRedisTimeout(2 * callTimeout)
 	// A replica's health probe loads every script (LoadScripts) before it
 	// turns ready, and again whenever it finds Redis after a probe that
 	// failed, as one bounded by the fixture's 100 ms interval does on a
@@ -139,8 +138,8 @@ func TestScriptFlushMidHistory(t *testing.T) {
 		}
 	}
 	ready1, ready2 := make(chan struct{}), make(chan struct{})
-	r1 := startReplica(t, redis.URL(), replicaOpts(ready1), timeout)
-	r2 := startReplica(t, redis.URL(), replicaOpts(ready2), timeout, store.WithoutFunctions())
+	r1 := startReplica(t, redis.URL(), replicaOpts(ready1), engine.Options{RedisTimeout: 2 * callTimeout})
+	r2 := startReplica(t, redis.URL(), replicaOpts(ready2), engine.Options{RedisTimeout: 2 * callTimeout, NoFunctions: true})
 	for i, ready := range []chan struct{}{ready1, ready2} {
 		select {
 		case <-ready:
