@@ -52,7 +52,8 @@ type replica struct {
 }
 
 // startReplica starts fenced over the Redis at redisURL on 127.0.0.1 at a
-// free port; it is stopped when the test ends.
+// free port, with the store's engine options eng (at most one; the key
+// prefix is the fixture's); it is stopped when the test ends.
 func startReplica(t testing.TB, redisURL string, opts server.Options, eng ...engine.Options) *replica {
 	t.Helper()
 	if opts.Logger == nil {
