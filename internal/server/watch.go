@@ -594,7 +594,10 @@ func (sc *eventScratch) fill(ev *watch.Event, sections []string) (resp *fencedv1
 				pe.Sections = append(pe.Sections, sec)
 			}
 		}
-		return &sc.resp, len(pe.Sections) > 0 || (sections == nil && len(ev.Sections) == 0) || pe.Claim != nil
+		// A batch whose log entry names neither keys nor sections (a writer
+		// that bypasses fenced: the in-house Lua) may have changed any
+		// section: every watcher gets it, whatever sections it named.
+		return &sc.resp, len(pe.Sections) > 0 || len(ev.Sections) == 0 || pe.Claim != nil
 	}
 	if n := len(ev.Changes); cap(sc.changes) < n {
 		sc.changes = make([]fencedv1.Change, n)

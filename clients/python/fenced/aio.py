@@ -384,6 +384,7 @@ async def _drive(
     fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
     claim: Optional[ClaimFence] = None,
+    views: Optional[Any] = None,
 ) -> int:
     """Run update's steps (fenced.update._update_steps) on the event loop.
     A cancellation while the batch may have been sent is UpdateCancelled,
@@ -398,7 +399,7 @@ async def _drive(
                     await asyncio.sleep(step.seconds)
                     result = None
                 elif isinstance(step, _RunChange):
-                    result = await asyncio.to_thread(_run_change, reads, slug, change)
+                    result = await asyncio.to_thread(_run_change, reads, slug, change, views, step.conflict)
                 else:
                     assert isinstance(step, _Commit)
                     result = (await c.fenced_batch(

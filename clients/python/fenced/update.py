@@ -35,6 +35,7 @@ from .revisions import later_revision
 
 if TYPE_CHECKING:
     from .client import Client
+    from .view import Taken
 
 __all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "commit", "update"]
 
@@ -83,9 +84,12 @@ class Txn:
     :class:`CheckSection` instead (see :meth:`section`).
     """
 
-    def __init__(self, client: "Client", slug: str) -> None:
+    def __init__(self, client: "Client", slug: str, taken: Optional["Taken"] = None) -> None:
         self._c = client
         self._slug = slug
+        # The swarm's view at the attempt's start (update reads from it):
+        # what it holds is read with no call.
+        self._taken = taken
         self._read: dict[_Ref, Record] = {}
         self._absent: set[_Ref] = set()
         self._sections: dict[str, dict[str, Record]] = {}
@@ -93,7 +97,7 @@ class Txn:
         self._phantom_proof: set[str] = set()
         self._whole: set[str] = set()
         self._pending: dict[_Ref, _Pending] = {}  # insertion order: first-write order
-        self.seen = 0
+        self.seen = taken.revision if taken is not None else 0
         """The highest swarm revision this Txn read at."""
 
     def _see(self, rev: int) -> None:
@@ -105,6 +109,8 @@ class Txn:
         if r in self._absent:
             return None
         sec = self._sections.get(r[0])
+        if sec is None and self._taken is not None and self._taken.covers(r[0]):
+            sec = self._taken.section(r[0])
         if sec is not None:
             rec = sec.get(r[1])
         else:
@@ -167,6 +173,12 @@ class Txn:
         """
         if phantom_proof:
             self._phantom_proof.add(name)
+        t = self._taken
+        if name in self._phantom_proof and name in self._sections and name not in self._section_revs:
+            del self._sections[name]  # taken from the view, which keeps no section revisions: read it from fenced
+        if name not in self._sections and t is not None and t.covers(name) and name not in self._phantom_proof:
+            # From the view: its records, no call.
+            self._sections[name] = t.section(name)  # type: ignore[assignment]
         if name not in self._sections:
             snap = self._c.sections(self._slug, name)
             self._see(snap.revision)
@@ -319,11 +331,17 @@ def update(
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     claim: Optional[ClaimFence] = None,
+    view: bool = True,
 ) -> int:
     """Turn "read, change, write" into one fenced batch, as the Go client's Update.
 
     Runs ``change`` on a fresh :class:`Txn`, which reads records on demand and
-    records what was read: each key, and whether a section was read whole. The
+    records what was read: each key, and whether a section was read whole.
+    With ``view`` (the default) it reads from the Client's view of the swarm
+    (:meth:`fenced.Client.view`, kept by its Watch stream; no call for what
+    the view holds), a rerun once the view has caught up with the swarm;
+    a swarm that cannot have one (the document layout, no state yet) is
+    read from fenced, as with ``view=False``. The
     result is diffed into puts and deletes expecting the revisions they were
     read at, plus a check of every record read but not written (one
     CheckRecords of its records for a section read whole, or one CheckSection
@@ -364,8 +382,10 @@ def update(
     per_call = client._timeout
     deadline = _Deadline(per_call if timeout is None else timeout)
     reads = _BoundedReads(client, deadline, per_call)
+    views = _ViewRuns(client.view(slug), deadline, per_call) if view and not client._closed else None
     steps = _update_steps(slug, deadline, per_call, client._cancelled_by_caller)
-    return _drive(client, slug, steps, fence, replica_ack, lambda: _run_change(reads, slug, change), time.sleep, claim)
+    return _drive(client, slug, steps, fence, replica_ack,
+                  lambda step: _run_change(reads, slug, change, views, step.conflict), time.sleep, claim)
 
 
 def commit(
@@ -402,7 +422,7 @@ def _drive(
     steps: Generator["_Step", Any, int],
     fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
-    run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
+    run_change: Optional[Callable[["_RunChange"], tuple[Optional[list[Write]], int]]],
     sleep: Callable[[float], None],
     claim: Optional[ClaimFence] = None,
 ) -> int:
@@ -420,7 +440,7 @@ def _drive(
                     result = None
                 elif isinstance(step, _RunChange):
                     assert run_change is not None
-                    result = run_change()
+                    result = run_change(step)
                 else:
                     result = client.fenced_batch(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
@@ -485,9 +505,13 @@ class _Sleep:
 
 
 class _RunChange:
-    """Run the change on a fresh Txn; send back (writes or None, seen)."""
+    """Run the change on a fresh Txn; send back (writes or None, seen).
+    ``conflict``: the last attempt's (None for the first)."""
 
-    __slots__ = ()
+    __slots__ = ("conflict",)
+
+    def __init__(self, conflict: Optional[errors.RevisionConflict] = None) -> None:
+        self.conflict = conflict
 
 
 class _Commit:
@@ -523,12 +547,49 @@ class _Deadline:
         return min(per_call, left)
 
 
-def _run_change(reads: Any, slug: str, change: Callable[[Txn], None]) -> tuple[Optional[list[Write]], int]:
-    """One run of the change on a fresh Txn reading through ``reads``: its
-    batch (None when it changes nothing) and the highest revision it saw."""
-    tx = Txn(reads, slug)
+def _run_change(
+    reads: Any, slug: str, change: Callable[[Txn], None], views: Optional["_ViewRuns"] = None,
+    conflict: Optional[errors.RevisionConflict] = None,
+) -> tuple[Optional[list[Write]], int]:
+    """One run of the change on a fresh Txn reading through ``reads`` (and
+    from the swarm's view, with ``views``; ``conflict``: the last attempt's):
+    its batch (None when it changes nothing) and the highest revision it saw."""
+    tx = Txn(reads, slug, views.take(conflict) if views is not None else None)
     change(tx)
     return tx._batch(), tx.seen
+
+
+class _ViewRuns:
+    """The view an update's attempts read from: the first as the view
+    stands; each rerun (after a conflict) once the view has caught up with
+    the swarm (see fenced/view.py). A view that cannot serve (not listed in
+    time, not caught up in time) leaves the update's later attempts to read
+    from fenced."""
+
+    def __init__(self, view: Any, deadline: "_Deadline", per_call: float) -> None:
+        self.view = view
+        self.deadline = deadline
+        self.per_call = per_call
+        self.taken: Optional["Taken"] = None
+
+    def take(self, conflict: Optional[errors.RevisionConflict] = None) -> Optional["Taken"]:
+        v = self.view
+        if v is None:
+            return None
+        try:
+            if self.taken is None:
+                if not v._usable(self.deadline.call_timeout(self.per_call)):
+                    self.view = None
+                    return None
+            else:
+                v._after_conflict(self.taken, self.deadline.call_timeout(self.per_call), conflict)
+            self.taken = v.take()
+        except errors.FencedError as e:
+            if isinstance(e, errors.DeadlineExceeded) and self.deadline.left() <= 0:
+                raise
+            _log.warning("update %s: its view cannot serve (%s); reading from fenced", v.slug, e)
+            self.view = self.taken = None
+        return self.taken
 
 
 def _gave_up(slug: str, deadline: _Deadline, request_id: str, cause: Optional[BaseException], committed: str) -> errors.DeadlineExceeded:
@@ -556,7 +617,7 @@ def _update_steps(
                 raise _gave_up(slug, deadline, last.request_id, last, f"nothing was committed ({attempt - 1} attempts met conflicts)")
             _log.debug("update %s: attempt %d met a revision conflict; rerunning in %.3fs", slug, attempt - 1, pause)
             yield _Sleep(pause)
-        writes, seen = yield _RunChange()
+        writes, seen = yield _RunChange(last)
         if writes is None:
             return seen  # type: ignore[no-any-return]
         if deadline.left() <= 0:
