@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import random
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Generator, Optional, Sequence, Union
@@ -97,7 +99,9 @@ from .update import (
 )
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
 
-__all__ = ["Client", "LeaseKeeper"]
+__all__ = ["Client", "LeaseKeeper", "View"]
+
+_log = logging.getLogger("fenced.keeper")
 
 
 class Client:
@@ -474,7 +478,8 @@ class _LoopReads:
 class LeaseKeeper(_Held):
     """Holds a swarm's lease from an asyncio task: :class:`fenced.LeaseKeeper`'s
     rules (acquire within ``wait``, renew every third of the TTL, lost on
-    StaleLease or when no renewal succeeded in time, logged the same way) with
+    StaleLease, when no renewal succeeded in time, or on a take-over heard
+    on the swarm's Watch stream by another task; logged the same way) with
     :attr:`lost` an ``asyncio.Event``. Made by :meth:`Client.keep`; ``await
     close()`` (or leave ``async with``) stops it and releases the lease."""
 
@@ -484,9 +489,13 @@ class LeaseKeeper(_Held):
         self.lost = asyncio.Event()
         """Set when the lease is lost (or released by close)."""
         self._task: Optional["asyncio.Task[None]"] = None
+        self._follower: Optional["asyncio.Task[None]"] = None
 
     def _signal_lost(self) -> None:
         self.lost.set()
+        f = self._follower
+        if f is not None and f is not asyncio.current_task():
+            f.cancel()
 
     async def _start(self, wait: Optional[float]) -> "LeaseKeeper":
         a = _Acquiring(self._label, self.owner, self._ttl, self._c._timeout if wait is None else wait)
@@ -500,8 +509,30 @@ class LeaseKeeper(_Held):
                 pause = a.pause(e)
             await asyncio.sleep(pause)
         self._granted(sent, lease)
-        self._task = asyncio.get_running_loop().create_task(self._renew(), name=f"fenced-keeper-{self.slug}")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._renew(), name=f"fenced-keeper-{self.slug}")
+        self._follower = loop.create_task(self._follow(lease.revision), name=f"fenced-keeper-follow-{self.slug}")
         return self
+
+    async def _follow(self, start: int) -> None:
+        """As the sync keeper's: a take-over heard on the swarm's Watch
+        stream (meta records, claim events) marks the lease lost at once."""
+        wait = 0.05
+        while not self.lost.is_set():
+            try:
+                async for ev in self._c.watch(self.slug, start, sections=("meta",)):
+                    start = ev.revision
+                    wait = 0.05
+                    err = self._taken_over(ev)
+                    if err is not None:
+                        self._mark_lost(err)
+                        return
+            except errors.RevisionCompacted:
+                start = 0  # what was missed cannot be read: from now on
+            except errors.FencedError as e:
+                _log.debug("keep %s: its watch ended (%s); opening it again", self._label, e)
+            await asyncio.sleep(wait * random.uniform(0.5, 1.5))
+            wait = min(wait * 2, 5.0)
 
     async def _renew(self) -> None:
         period = self._ttl / 3
@@ -519,12 +550,13 @@ class LeaseKeeper(_Held):
     async def close(self) -> None:
         """Stop renewing and release the lease if it is still held. Idempotent;
         raises FencedError when the release fails for another reason than StaleLease."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._task, self._follower):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self.error is not None:
             return
         try:
