@@ -320,3 +320,36 @@ def test_a_view_lists_again_after_batches_left_the_log_unread(client: fenced.Cli
     last = client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, "1")], fence=fenced.UNFENCED).revision
     wait_until(lambda: v.revision >= last, "the view to pass the fenced put")
     assert held(v, "journals") == stored(redis, slug, "journals")
+
+
+def test_aio_view_reads_and_update_reads_from_it(server: Fenced, client: fenced.Client, redis: Redis, slug: str) -> None:
+    import asyncio
+
+    import fenced.aio
+
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
+
+    async def main() -> None:
+        async with fenced.aio.Client(server.addr) as c:
+            v = c.view(slug)
+            assert c.view(slug) is v
+            assert (await v.record("claims", "a")).value == "1"  # type: ignore[union-attr]
+            client.fenced_batch(slug, [fenced.Put("claims", "a", fenced.BLIND, "2")], fence=fenced.UNFENCED)
+            rev = inhouse(redis, slug, "claims", "ih", "x")
+            snap = await v.snapshot("claims")  # as of now: the fenced put and the in-house batch
+            assert snap.revision >= rev and {k: r.value for k, r in snap.sections["claims"].items()} == {"a": "2", "ih": '"x"'}
+            seen: list[int] = []
+
+            def count(tx: fenced.Txn) -> None:
+                n = len(tx.section("claims"))
+                seen.append(n)
+                if len(seen) == 1:
+                    inhouse(redis, slug, "claims", "a", 3)  # a record it read changes: refused, rerun from the view
+                tx.put_json("intents", "n", n)
+
+            await c.update(slug, count, fence=fenced.UNFENCED)
+            assert seen == [2, 2] and client.record(slug, "intents", "n").value == "2"  # type: ignore[union-attr]
+            assert (await v.record("claims", "a")).value == "3"  # type: ignore[union-attr]
+            assert v.memory_bytes() > 0
+
+    asyncio.run(main())
