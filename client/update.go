@@ -100,11 +100,19 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		MaxInterval:         RerunWaitMax,
 	}
 	attempts := 0
+	var views *viewRuns
+	if !o.noView {
+		views = &viewRuns{v: c.View(slug)}
+	}
+	var conflict error // the last attempt's
 	rev, err := backoff.Retry(ctx, func() (int64, error) {
 		attempts++
-		tx := &Txn{ctx: ctx, c: c, slug: slug,
+		tx := &Txn{ctx: ctx, c: c, slug: slug, taken: views.take(ctx, conflict),
 			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
 			sectionRevs: map[string]int64{}, phantomProof: map[string]bool{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
+		if tx.taken != nil {
+			tx.seen = tx.taken.revision
+		}
 		if err := change(tx); err != nil {
 			return 0, backoff.Permanent(err)
 		}
@@ -117,6 +125,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		case err == nil:
 			return rev, nil
 		case errors.Is(err, ErrConflict):
+			conflict = err
 			return 0, err
 		default:
 			return 0, backoff.Permanent(err)
@@ -140,6 +149,43 @@ type UpdateOption interface{ applyUpdate(*updateOptions) }
 type updateOptions struct {
 	batch   []BatchOption
 	attempt time.Duration // 0: none
+	noView  bool
+}
+
+type withoutView struct{}
+
+func (withoutView) applyUpdate(u *updateOptions) { u.noView = true }
+
+// WithoutView has every attempt of Update read from fenced (one call per
+// key, one snapshot per section), not from the Client's View of the swarm.
+func WithoutView() UpdateOption { return withoutView{} }
+
+// viewRuns is the View an Update's attempts read from: the first as the
+// view stands, each rerun once it caught up with the swarm
+// (View.afterConflict). A view that cannot serve (the swarm cannot have
+// one, not listed or not caught up within ctx) leaves the later attempts
+// to read from fenced.
+type viewRuns struct {
+	v    *View
+	last *taken
+}
+
+func (r *viewRuns) take(ctx context.Context, conflict error) *taken {
+	if r == nil || r.v == nil {
+		return nil
+	}
+	var err error
+	if r.last == nil {
+		err = r.v.wait(ctx, 0, func() bool { return r.v.loaded })
+	} else {
+		err = r.v.afterConflict(ctx, r.last, conflict)
+	}
+	if err != nil {
+		r.v, r.last = nil, nil
+		return nil
+	}
+	r.last = r.v.take()
+	return r.last
 }
 
 func (o BatchOption) applyUpdate(u *updateOptions) { u.batch = append(u.batch, o) }
@@ -241,6 +287,9 @@ type Txn struct {
 	ctx  context.Context
 	c    *Client
 	slug string
+	// taken: the swarm's View at the attempt's start (Update reads from
+	// it: no call for what it holds); nil without one.
+	taken *taken
 	// read: records read one by one, at their revision; absent: keys read
 	// and found absent. sections: sections loaded whole (a snapshot);
 	// whole: sections whose every record was read (iterated, counted).
@@ -267,7 +316,11 @@ func (tx *Txn) lookup(r ref) (Record, bool, error) {
 	if tx.absent[r] {
 		return Record{}, false, nil
 	}
-	if sec, ok := tx.sections[r.section]; ok {
+	sec, ok := tx.sections[r.section]
+	if !ok && tx.taken != nil && tx.taken.covers(r.section) {
+		sec, ok = tx.taken.secs[r.section], true
+	}
+	if ok {
 		rec, ok := sec[r.key]
 		if ok {
 			tx.read[r] = rec
@@ -384,7 +437,17 @@ func (tx *Txn) Section(name string, opts ...SectionOption) (*Section, error) {
 	if o.phantomProof {
 		tx.phantomProof[name] = true
 	}
-	if _, ok := tx.sections[name]; !ok {
+	_, loaded := tx.sections[name]
+	if _, hasRev := tx.sectionRevs[name]; loaded && !hasRev && tx.phantomProof[name] {
+		loaded = false // taken from the view, which keeps no section revisions: read it from fenced
+	}
+	if t := tx.taken; !loaded && t != nil && t.covers(name) && !tx.phantomProof[name] {
+		tx.sections[name], loaded = t.secs[name], true
+		if tx.sections[name] == nil {
+			tx.sections[name] = map[string]Record{}
+		}
+	}
+	if !loaded {
 		snap, err := tx.c.Snapshot(tx.ctx, tx.slug, name)
 		if err != nil {
 			return nil, err
