@@ -275,7 +275,7 @@ do
           stored_err[list[first + m - 1]] = got
         else
           stored[list[first + m - 1]] = got[m]
-          if got[m] then
+          if got[m] and not fenced_head(got[m]) then
             meet(list[first + m - 1], got[m])
           end
         end
@@ -349,8 +349,12 @@ for i = 1, n do
     end
     local raw = stored[i]
     if raw then
+      -- A write reads only what it compares (§3.2): fenced's exact form
+      -- gives its revision from its head, the value not judged; a bound
+      -- field was judged by meet (record_claim); any other text by the
+      -- record grammar.
       local over
-      local digits = bound_revs and bound_revs[i]
+      local digits = fenced_head(raw) or (bound_revs and bound_revs[i])
       if digits == nil then
         actual, over = record_revision(raw)
       elseif digits_in_range(digits) then

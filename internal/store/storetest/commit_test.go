@@ -715,3 +715,83 @@ func TestRecordsCommitsStampOnlyWhenTheSwarmGoesOntoTheRecords(t *testing.T) {
 		t.Errorf("stamp after a commit that found it missing = %q, want %d", got, healed)
 	}
 }
+
+// TestAWriteReadsOnlyTheRevisionItCompares is issue 42's decision 1
+// (docs/design/03-fenced-batch.md §3.2): a put, delete or check of a field
+// in fenced's exact form {"r":<digits>,"v": ... } (unbound, ending in '}')
+// compares the revision of its head and never judges the value, so a
+// field whose value is no JSON is written over, deleted or checked at that
+// revision, and a mismatch names it; any other text is judged by the
+// record grammar as before: the in-house writers' forms (cjson's other
+// member order, spaces after ':' and ','), the bound form, a leading
+// zero, a revision cjson printed as a float, a trailing space. Reads still
+// judge every value they answer.
+func TestAWriteReadsOnlyTheRevisionItCompares(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const rev = 41
+	for i, tc := range []struct {
+		name, field string
+		// read: the write compares rev; else it answers RECORD_CORRUPT
+		// (REVISION_LIMIT for a BLIND put when limit).
+		read, limit bool
+		// judged: a read of the field answers it (else RECORD_CORRUPT).
+		judged bool
+	}{
+		{"fenced's form, a value that is no JSON", `{"r":41,"v":nope}`, true, false, false},
+		{"fenced's form, invalid UTF-8", "{\"r\":41,\"v\":\"\xff\"}", true, false, false},
+		{"fenced's form, r named again after v", `{"r":41,"v":1,"r":7}`, true, false, false},
+		{"fenced's form, a value", `{"r":41,"v":{"a":[1,"x"]}}`, true, false, true},
+		{"fenced's form above 2^53-1", `{"r":9007199254740993,"v":1}`, false, true, false},
+		{"cjson's member order", `{"v":{"a":1},"r":41}`, true, false, true},
+		{"cjson's member order, a value that is no JSON", `{"v":nope,"r":41}`, false, false, false},
+		{"spaced, as older writers write", `{"r": 41, "v": [1, 2]}`, true, false, true},
+		{"spaced, a value that is no JSON", `{"r": 41, "v": nope}`, false, false, false},
+		{"a trailing space", `{"r":41,"v":1} `, true, false, true},
+		{"a trailing space, a value that is no JSON", `{"r":41,"v":nope} `, false, false, false},
+		{"a revision cjson printed as a float", `{"r":1.7961503264679e+15,"v":1}`, false, false, false},
+		{"a leading zero", `{"r":041,"v":1}`, false, false, false},
+		{"bound, a value that is no JSON", `{"r":41,"claim":"c","claim_epoch":3,"v":nope}`, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slug := "reads-" + strconv.Itoa(i)
+			set := func() { srv.Do(t, "HSET", key(slug, "claims"), "k", tc.field) }
+			set()
+			rec, _, err := st.Record(ctx, slug, "claims", "k")
+			if tc.judged != (err == nil) || (err == nil && (rec == nil || rec.Revision != rev)) {
+				t.Errorf("Record = %+v, %v; want a record at %d: %v", rec, err, rev, tc.judged)
+			}
+			for _, w := range []batch.Write{put("claims", "k", rev, `2`), del("claims", "k", rev), check("claims", "k", rev)} {
+				set()
+				_, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{w}})
+				if tc.read && err != nil {
+					t.Errorf("kind %v expecting %d = %v; want it committed", w.Kind, rev, err)
+				}
+				if !tc.read && !errors.Is(err, engine.ErrCorruptRecord) {
+					t.Errorf("kind %v expecting %d = %v; want RECORD_CORRUPT", w.Kind, rev, err)
+				}
+				if tc.read && w.Kind != batch.KindCheck {
+					if got := srv.Do(t, "HGET", key(slug, "claims"), "k"); got == tc.field {
+						t.Errorf("kind %v committed and left the field %q", w.Kind, got)
+					}
+				}
+			}
+			set()
+			var ce *engine.ConflictError
+			_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "k", rev-1, `2`)}})
+			if tc.read && (!errors.As(err, &ce) || len(ce.Conflicts) != 1 || ce.Conflicts[0].Actual != rev) {
+				t.Errorf("a put expecting %d = %v; want a conflict naming revision %d", rev-1, err, rev)
+			}
+			if !tc.read && !errors.Is(err, engine.ErrCorruptRecord) {
+				t.Errorf("a put expecting %d = %v; want RECORD_CORRUPT", rev-1, err)
+			}
+			// A BLIND put writes over any field but one whose revision no
+			// script reads exactly.
+			_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "k", batch.Blind, `3`)}})
+			if tc.limit != errors.Is(err, engine.ErrRevisionLimit) || (!tc.limit && err != nil) {
+				t.Errorf("a BLIND put = %v; want REVISION_LIMIT: %v", err, tc.limit)
+			}
+		})
+	}
+}
