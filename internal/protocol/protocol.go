@@ -145,8 +145,9 @@ const (
 	ReplyLayoutUnknown  = "LAYOUT_UNKNOWN"
 	ReplyCorrupt        = "CORRUPT"
 	ReplyLimit          = "LIMIT"
-	// ReplyWrongType: a key the commit writes without reading it first
-	// holds another Redis type: {WRONGTYPE, name, type, want}.
+	// ReplyWrongType: a swarm key a committing script reads or writes
+	// holds another Redis type: {WRONGTYPE, name, type, want, key}
+	// (key: its whole Redis name).
 	ReplyWrongType = "WRONGTYPE"
 	ReplyTooLarge  = "TOO_LARGE"
 	// ReplyLengths: scan_section.lua's batch was too large to answer

@@ -267,10 +267,12 @@ func (e *ConflictError) Error() string {
 // with Section "" and Key "revision", a swarm revision counter that is not
 // an integer 0..MaxRevision.
 //
-// With Type set, Key names a swarm key fenced writes without reading it
-// first (log, by-name, by-name-index, state:fencing:current) that holds
-// another Redis type (Type, where Want was expected): the commit or lease
-// change was refused before writing anything.
+// With Type set, Key names a swarm key a commit, lease change or claim
+// call reads or writes (meta, revision, log, a section by its name,
+// request-ids, claim-grants, claim-expiry, claim-sweep, claim:<name>,
+// by-name, by-name-index, state:fencing:current) that holds another Redis
+// type (Type, where Want was expected), RedisKey its whole Redis name: the
+// call was refused before writing anything.
 //
 // With Name set, Key (clipped) names a section field whose name is no
 // record key (Name says why), as a foreign writer could store.
@@ -283,17 +285,19 @@ func (e *ConflictError) Error() string {
 // the document itself (Section "document", Key "not JSON", "not an
 // object", "revision", "sections", "moved_to" or "sections/<name>").
 type CorruptError struct {
-	Section string
-	Key     string
-	Type    string
-	Want    string
-	Name    string
-	Why     string
+	Section  string
+	Key      string
+	Type     string
+	Want     string
+	RedisKey string
+	Name     string
+	Why      string
 }
 
 func (e *CorruptError) Error() string {
 	if e.Type != "" {
-		return fmt.Sprintf("swarm key %s holds a Redis %s, not a %s; nothing was written (repair the key by hand)", e.Key, e.Type, e.Want)
+		return fmt.Sprintf("swarm key %s (%s) holds a Redis %s, not a %s; nothing was written (repair it by hand: "+
+			"look at it, then RENAME it away or DEL it; fenced makes a new %s)", e.Key, e.RedisKey, e.Type, e.Want, e.Want)
 	}
 	if e.Name != "" {
 		return fmt.Sprintf("stored field %s/%s is not a record: %s; nothing fenced writes (repair the key by hand)", e.Section, e.Key, e.Name)

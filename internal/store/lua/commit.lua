@@ -65,9 +65,11 @@
 --   {'LIMIT', index}     a BLIND write on a record whose revision is above
 --                        2^53-1 (REV_MAX): not a number a script reads
 --                        exactly
---   {'WRONGTYPE', name, type, want}  a key the commit writes without
---                        reading it first (log, by-name, by-name-index,
---                        state:fencing:current) holds another Redis type
+--   {'WRONGTYPE', name, type, want, key}  a key the commit reads or writes
+--                        (meta, revision, log, a section, request-ids,
+--                        claim-grants, a claim's set, by-name,
+--                        by-name-index, state:fencing:current) holds
+--                        another Redis type; nothing was written
 --   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
 --                        'meta/lease') holds a number above REV_MAX, or the
 --                        new revision would be above ISSUE_MAX (10^14-1)
@@ -225,7 +227,10 @@ do
         fields[#fields + 1] = wkeys[i]
         i = i + 1
       end
-      local got = redis.call('HMGET', KEYS[ki], unpack(fields))
+      local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
+      if got.err then
+        return refusal_of(got, KEYS[ki], 'hash', string.match(KEYS[ki], P.SECTION_PATTERN))
+      end
       checked = checked or {}
       for j = 1, #fields do
         local actual = 0
@@ -241,9 +246,10 @@ end
 -- The stored fields of the puts, deletes and checks, read likewise: one
 -- HMGET per section key (at most CHECK_CHUNK fields a call) instead of an
 -- HGET per write (a redis.call per record was a third of a large batch's
--- reads). A read Redis refuses (the key holds another type) is raised when
--- the loop below reaches the first write it holds, so a batch answers the
--- same refusal, in the same order, as when each write read its own field.
+-- reads). A read Redis refuses (the key holds another type) is answered
+-- (refusal_of) when the loop below reaches the first write it holds, so a
+-- batch answers the same refusal, in the same order, as when each write
+-- read its own field.
 local stored, stored_err = {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
 do
   local by_key, order = {}, {}
@@ -345,7 +351,7 @@ for i = 1, n do
     end
   else
     if stored_err and stored_err[i] then
-      error(stored_err[i])
+      return refusal_of(stored_err[i], KEYS[ki], 'hash', string.match(KEYS[ki], P.SECTION_PATTERN))
     end
     local raw = stored[i]
     if raw then

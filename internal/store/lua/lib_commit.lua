@@ -6,10 +6,10 @@
 -- order).
 --
 -- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
--- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, wrong_type,
--- refusal_of, start_commit, finish_commit, claim_fence, begin.
+-- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, start_commit,
+-- finish_commit, claim_fence, begin.
 -- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
--- clock's cache), lib_json.lua (json_string, int), lib_memo.lua (memo,
+-- clock's cache, wrong_type, refusal_of), lib_json.lua (json_string, int), lib_memo.lua (memo,
 -- memo_on, remember, forget), lib_record.lua (canonical_digits,
 -- digits_in_range, REV_MAX, ISSUE_MAX, rev_later, rev_latest), lib_meta.lua (section_revisions_field,
 -- section_revisions_record, section_revisions_rewrite, section_revisions
@@ -34,7 +34,9 @@ end
 -- revision in it; meta/section_revisions is rewritten by every commit, so
 -- its revision is a floor that survives a lost counter). It answers the
 -- latest of them in issue order (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
--- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+-- not a revision, {'LIMIT', '', what} when one is above REV_MAX,
+-- {'WRONGTYPE', 'revision', type, 'string'} when the counter's key holds
+-- another type.
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
 -- prior_revision is the swarm revision before this commit (the log entry's
 -- prev): swarm_floor's answer, so that a lost counter does not make it 0
@@ -47,7 +49,10 @@ local prior_revision = '0'
 -- finish_commit to rewrite in place; nil otherwise.
 local function swarm_floor()
   local highest = 0
-  local counter = redis.call('GET', KEYS[2])
+  local counter = redis.pcall('GET', KEYS[2])
+  if type(counter) == 'table' then
+    return nil, refusal_of(counter, KEYS[2], 'string', P.KEY_REVISION)
+  end
   if counter then
     if not canonical_digits(counter) then
       return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
@@ -131,31 +136,6 @@ local LOG_CHANGES_MAX = tonumber(P.LOG_CHANGES_MAX)
 -- what the script already has: nothing more is sent to Redis per batch.
 local function log_change(changes, op, section, key)
   changes[#changes + 1] = op .. section .. ':' .. #key .. ':' .. key
-end
-
--- wrong_type answers {'WRONGTYPE', name, type, want} for the first entry
--- {key, want, name} of list whose key exists as another Redis type than
--- want; nil when every key is absent or of its type.
-local function wrong_type(list)
-  for _, k in ipairs(list) do
-    local t = redis.call('TYPE', k[1])
-    if type(t) == 'table' then
-      t = t.ok
-    end
-    if t ~= 'none' and t ~= k[2] then
-      return { P.REPLY_WRONGTYPE, k[3], t, k[2] }
-    end
-  end
-  return nil
-end
-
--- refusal_of is the answer to a write that Redis refused (err, the error
--- pcall answered) on key, which the commit writes without reading it
--- first (want: its Redis type, name: how a refusal names it):
--- {'WRONGTYPE', name, type, want} when the key holds another type, else
--- Redis's own error reply.
-local function refusal_of(err, key, want, name)
-  return wrong_type({ { key, want, name } }) or err
 end
 
 -- stamp_command is the command a commit stamps P:state:fencing:current

@@ -5,8 +5,8 @@
 -- lib_meta.lua's lease_of and lib_commit.lua's swarm_floor), memo_on,
 -- remember, forget; and what a commit remembers of request ids
 -- (request_begin, request_id_of, request_prior, request_commit).
--- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms
--- (lib_call.lua), int (lib_json.lua).
+-- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms and
+-- refusal_of (lib_call.lua), int (lib_json.lua).
 
 -- The memo: the meta fields this library wrote (meta/section_revisions,
 -- meta/lease), by their exact bytes, with what reading them answers
@@ -104,11 +104,14 @@ end
 -- request_prior answers the reply of a request already committed: the
 -- revision it committed at (replayed) when its entry names digest,
 -- REUSED when it names another request, nil when none is remembered (or
--- its entry expired). A replay rewrites the entry as it is (pcall) so
+-- its entry expired); a WRONGTYPE refusal when request-ids is no hash. A replay rewrites the entry as it is (pcall) so
 -- that the call propagates: from Redis 7.2 a connection's WAIT offset
 -- moves only with commands that propagate.
 local function request_prior(digest)
-  local prior = redis.call('HGET', request_ids_key, request_id)
+  local prior = redis.pcall('HGET', request_ids_key, request_id)
+  if type(prior) == 'table' then
+    return refusal_of(prior, request_ids_key, 'hash', P.KEY_REQUEST_IDS)
+  end
   if prior then
     local rev, prior_digest, expires = string.match(prior, '^(%d+):(%x+):(%d+)$')
     if rev and tonumber(expires) > now_ms() then

@@ -8,7 +8,7 @@
 -- section_revisions_field, section_revisions_general,
 -- section_revisions_record, section_revisions_rewrite, section_revisions
 -- (and its caches section_revs_decoded, section_revisions_body).
--- Needs: lib_call.lua (KEYS), lib_json.lua (find, gsub, sub), lib_memo.lua (memo),
+-- Needs: lib_call.lua (KEYS, refusal_of), lib_json.lua (find, gsub, sub), lib_memo.lua (memo),
 -- lib_record.lua (parse_record, record_value, digits_canonical_in_range,
 -- REV_MAX); begin (lib_commit.lua) resets the caches for each call.
 
@@ -134,11 +134,18 @@ end
 -- false when absent. The first call reads all three in one HMGET: a script
 -- reads each before its first write and never after, so one reading
 -- serves (a redis.call fewer, two on a fenced batch).
+-- When meta holds another Redis type, every field reads as absent and
+-- meta_fields.refused holds the refusal (refusal_of), which check_layout,
+-- the first step of every committing script, answers.
 local meta_fields = nil
 local function meta_field(name)
   if meta_fields == nil then
-    local got = redis.call('HMGET', KEYS[1], P.FIELD_LAYOUT, P.FIELD_LEASE, P.FIELD_SECTION_REVISIONS)
-    meta_fields = { [P.FIELD_LAYOUT] = got[1], [P.FIELD_LEASE] = got[2], [P.FIELD_SECTION_REVISIONS] = got[3] }
+    local got = redis.pcall('HMGET', KEYS[1], P.FIELD_LAYOUT, P.FIELD_LEASE, P.FIELD_SECTION_REVISIONS)
+    if got.err then
+      meta_fields = { refused = refusal_of(got, KEYS[1], 'hash', P.KEY_META) }
+    else
+      meta_fields = { [P.FIELD_LAYOUT] = got[1], [P.FIELD_LEASE] = got[2], [P.FIELD_SECTION_REVISIONS] = got[3] }
+    end
   end
   return meta_fields[name]
 end
@@ -167,17 +174,25 @@ end
 
 -- check_layout refuses a swarm still stored as one document. It answers the
 -- stored meta/layout field (nil when absent) and an error reply (nil when
--- the batch may go on). Standalone: looked up here, atomically. Cluster: the
+-- the batch may go on): a WRONGTYPE refusal when meta, or the stamp's
+-- bucket it reads, holds another Redis type. Standalone: looked up here, atomically. Cluster: the
 -- document key has another slot, so the caller looks and calls again with
 -- mode 'l'.
 local function check_layout(stamp, layout_checked, slug)
   local layout = meta_field(P.FIELD_LAYOUT)
+  if meta_fields.refused then
+    return nil, meta_fields.refused
+  end
   if layout then
     if layout_is_document(layout) then
       return layout, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif stamp then
-    if redis.call('HEXISTS', KEYS[#KEYS], slug) == 1 then
+    local held = redis.pcall('HEXISTS', KEYS[#KEYS], slug)
+    if type(held) == 'table' then
+      return nil, refusal_of(held, KEYS[#KEYS], 'hash', 'state:fencing:current')
+    end
+    if held == 1 then
       return nil, { P.REPLY_LAYOUT_DOCUMENT }
     end
   elseif not layout_checked then

@@ -47,8 +47,11 @@ func TestScriptsAreBuiltFromTheirFiles(t *testing.T) {
 			for i, f := range sc.want {
 				want += "\n" + File(f)
 				if len(sc.lua.lib) > 0 && i == len(sc.lua.lib)-1 {
-					want += "\n" + evalBegin
+					want += "\n" + evalBegin + "\n" + evalMain
 				}
+			}
+			if len(sc.lua.lib) > 0 {
+				want += "\n" + evalReturn
 			}
 			if got != want {
 				t.Errorf("%s: eval() is not the prelude and %v in order (%d bytes, want %d)", sc.name, sc.want, len(got), len(want))

@@ -151,6 +151,20 @@ function reclaim.note(p, changed, log_changes)
   return #p.deletes
 end
 
+-- check answers the refusal of a plan that deletes executions records
+-- while by-name or its index holds another Redis type (byname.commit
+-- writes both after the first write, reading neither before), nil
+-- otherwise: called before start_commit, so that nothing is written.
+function reclaim.check(p)
+  for _, d in ipairs(p.deletes) do
+    if d.skey == KEYS[byname.EXEC] then
+      return wrong_type({ { KEYS[byname.NAMES], 'hash', P.KEY_BY_NAME },
+        { byname.index_key(KEYS[byname.NAMES]), 'zset', P.KEY_BY_NAME_INDEX } })
+    end
+  end
+  return nil
+end
+
 -- apply makes a plan's writes (after start_commit): the HDELs (one per
 -- section key), by-name kept for executions deletes (head: the commit's
 -- '{"r":<rev>,"v":'), the SREMs, and the queue: name's entry set to

@@ -648,6 +648,43 @@ func TestReleaseDeletesItsBoundRecords(t *testing.T) {
 	}
 }
 
+// TestReleaseOverByNameOfAnotherTypeWritesNothing: a release whose
+// reclaim deletes an executions record (bound by a writer outside fenced)
+// while by-name, or its index, holds another Redis type is refused before
+// its first write, DATA_LOSS naming the key; before, the reclaim deleted
+// the record and wrote the log entry, then by-name's HGET failed
+// (INTERNAL), leaving the release half done.
+func TestReleaseOverByNameOfAnotherTypeWritesNothing(t *testing.T) {
+	for _, name := range []string{"by-name", "by-name-index"} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			st := open(t, srv)
+			ctx := context.Background()
+			const slug = "relwt"
+			erev, err := st.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e1", 0, `{"name":"agent-1","generation":1}`)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, _, err := st.AcquireClaim(ctx, slug, "task", "worker-a", 60000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seedBound(t, srv, slug, "executions", "e1", "task", g.Epoch, erev, `{"name":"agent-1","generation":1}`)
+			srv.Do(t, "DEL", key(slug, name))
+			srv.Do(t, "SET", key(slug, name), "junk")
+			before := dumpSwarm(t, srv)
+			_, err = st.ReleaseClaim(ctx, slug, "task", "worker-a", g.Epoch)
+			var ce *engine.CorruptError
+			if !errors.As(err, &ce) || ce.Key != name || ce.Type != "string" {
+				t.Errorf("ReleaseClaim over %s of another type = %v; want *CorruptError naming %s", name, err, name)
+			}
+			if after := dumpSwarm(t, srv); after != before {
+				t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+}
+
 // TestReleaseOverBudgetLeavesTheRestToTheReaper: a release of a claim with
 // more bound records than one step's budget deletes a part, queues the rest
 // in claim-sweep, and a reaper pass deletes them and prunes the swarm from

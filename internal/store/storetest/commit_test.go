@@ -407,8 +407,9 @@ func TestInterleavedPutsAndDeletesAcrossSectionsLandEachRecord(t *testing.T) {
 // the stored fields of a batch's writes by one HMGET per section key; a
 // batch meeting two faults still answers the first in write order, as when
 // each write read its own field: a field that is no record before a
-// section key of another type answers RECORD_CORRUPT, the other order
-// Redis's WRONGTYPE; nothing is written either way.
+// section key of another type answers RECORD_CORRUPT naming the field, the
+// other order RECORD_CORRUPT naming the key (issue 42); nothing is written
+// either way.
 func TestCommitReadsEachSectionOnceAndRefusesInWriteOrder(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -422,8 +423,8 @@ func TestCommitReadsEachSectionOnceAndRefusesInWriteOrder(t *testing.T) {
 		t.Errorf("a field that is no record, then a key of another type: %v; want RECORD_CORRUPT claims/bad", err)
 	}
 	_, err = commit(t, st, &batch.Batch{Slug: "two-faults", Writes: []batch.Write{put("intents", "i", 0, `3`), put("claims", "bad", 5, `2`)}})
-	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || errors.As(err, &corrupt) {
-		t.Errorf("a key of another type, then a field that is no record: %v; want Redis's WRONGTYPE", err)
+	if !errors.As(err, &corrupt) || corrupt.Key != "intents" || corrupt.Type != "string" || corrupt.Want != "hash" {
+		t.Errorf("a key of another type, then a field that is no record: %v; want RECORD_CORRUPT naming the key intents", err)
 	}
 	if after := dumpSwarm(t, srv); after != before {
 		t.Errorf("refused batches changed Redis:\n%s\n->\n%s", before, after)
