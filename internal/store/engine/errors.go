@@ -311,6 +311,14 @@ func (e *CorruptError) Error() string {
 		}
 		return fmt.Sprintf("stored record %s/%s of the swarm's document is not a record: %s (repair: a put expecting its revision, or a BLIND put, overwrites it; a delete removes it)", e.Section, e.Key, e.Why)
 	}
+	if e.Section == protocol.KeyRequestIDs || e.Section == "" && strings.HasPrefix(e.Key, protocol.KeyRequestPrefix) {
+		what, form, repair := "field "+e.Section+"/"+e.Key, "<revision>:<digest>:<expires_ms>", "HDEL it"
+		if e.Section == "" {
+			what, form, repair = "key "+e.Key, "<revision>:<digest>", "DEL it"
+		}
+		return fmt.Sprintf("stored request id %s is not %s as fenced writes it: fenced cannot tell whether that request "+
+			"committed; nothing was written (repair by hand: %s once the request's outcome is known)", what, form, repair)
+	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)
 	}

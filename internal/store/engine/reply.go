@@ -80,7 +80,9 @@ func SwarmRefusal(reply []string) error {
 		return nil
 	}
 	section, key, _ := strings.Cut(reply[2], "/")
-	if key == "" {
+	if key == "" || strings.HasPrefix(reply[2], protocol.KeyRequestPrefix) {
+		// A key of the swarm ("revision", "log", "request:<id>", whose id
+		// may hold '/'), not a section's field.
 		section, key = "", reply[2]
 	}
 	switch reply[0] {

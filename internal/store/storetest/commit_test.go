@@ -796,3 +796,70 @@ func TestAWriteReadsOnlyTheRevisionItCompares(t *testing.T) {
 		})
 	}
 }
+
+// TestAMalformedRequestIDEntryIsReported is issue 42's request-ids item:
+// an entry of request-ids that is not '<revision>:<digest>:<expires_ms>'
+// as fenced writes it (a legacy key not '<revision>:<digest>') was taken as
+// absent and overwritten (the request committed again) or, when it looked
+// enough like another request's, answered REQUEST_ID_REUSED, and the prune
+// dropped it as expired. Now it is handled one way
+// (docs/design/03-fenced-batch.md §3.5): the batch under that id answers
+// RECORD_CORRUPT naming the entry, nothing written; the prune leaves it;
+// once repaired (HDEL), the id commits. A well-formed entry answers as
+// before: expired as absent, live another request's REUSED.
+func TestAMalformedRequestIDEntryIsReported(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	digest := strings.Repeat("ab", 32)
+	far := strconv.FormatInt(redisNowMs(t, srv)+3_600_000, 10)
+	for i, entry := range []string{
+		"not an entry", "", "17:" + digest, "17:" + digest + ":" + far + ":x", "17:xyz:" + far, "17:abab:" + far,
+		"17:" + strings.ToUpper(digest) + ":" + far, "017:" + digest + ":" + far, "9007199254740992:" + digest + ":" + far,
+		"17:" + digest + ":0" + far, "17:" + digest + ":-1", " 17:" + digest + ":" + far,
+	} {
+		slug := "rid-" + strconv.Itoa(i)
+		srv.Do(t, "HSET", key(slug, "request-ids"), "r-1", entry)
+		before := dumpSwarm(t, srv)
+		_, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{})
+		var ce *engine.CorruptError
+		if !errors.As(err, &ce) || ce.Section != "request-ids" || ce.Key != "r-1" || !strings.Contains(err.Error(), "HDEL") {
+			t.Errorf("entry %q: %v; want RECORD_CORRUPT naming request-ids/r-1 and its repair", entry, err)
+		}
+		if after := dumpSwarm(t, srv); after != before {
+			t.Errorf("entry %q: Redis changed:\n%s\n->\n%s", entry, before, after)
+		}
+		// Another id's commit samples the hash (two fields: both) and
+		// leaves the malformed entry.
+		mustCommitID(t, st, &batch.Batch{Slug: slug, RequestID: "r-2", Writes: []batch.Write{put("claims", "d", 0, `1`)}})
+		if got := srv.Do(t, "HGET", key(slug, "request-ids"), "r-1"); got != entry {
+			t.Errorf("entry %q after another id's commit: %q; want it left as it was", entry, got)
+		}
+		srv.Do(t, "HDEL", key(slug, "request-ids"), "r-1")
+		mustCommitID(t, st, &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	}
+	// A legacy key of another form alike, named as the key it is.
+	srv.Do(t, "SET", key("rid-legacy", "request:a/b"), "17:zz")
+	_, err := st.CommitDurable(ctx, &batch.Batch{Slug: "rid-legacy", RequestID: "a/b", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{})
+	var ce *engine.CorruptError
+	if !errors.As(err, &ce) || ce.Section != "" || ce.Key != "request:a/b" || !strings.Contains(err.Error(), "DEL it") {
+		t.Errorf("a malformed legacy key: %v; want RECORD_CORRUPT naming request:a/b", err)
+	}
+	// Well formed: expired is absent; live, another request's is REUSED.
+	srv.Do(t, "HSET", key("rid-ok", "request-ids"), "old", "17:"+digest+":1", "live", "17:"+digest+":"+far)
+	mustCommitID(t, st, &batch.Batch{Slug: "rid-ok", RequestID: "old", Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	_, err = st.CommitDurable(ctx, &batch.Batch{Slug: "rid-ok", RequestID: "live", Writes: []batch.Write{put("claims", "e", 0, `1`)}}, engine.Durability{})
+	if !errors.Is(err, records.ErrRequestIDReused) {
+		t.Errorf("a live entry of another request: %v; want REQUEST_ID_REUSED", err)
+	}
+}
+
+// mustCommitID commits b (a request id's batch), failing the test on an error.
+func mustCommitID(t *testing.T, st *store.Store, b *batch.Batch) int64 {
+	t.Helper()
+	c, err := st.CommitDurable(context.Background(), b, engine.Durability{})
+	if err != nil {
+		t.Fatalf("Commit(%s, %s): %v", b.Slug, b.RequestID, err)
+	}
+	return c.Revision
+}
