@@ -2229,6 +2229,11 @@ func TestAKeyOfAnotherTypeIsNamedWithItsRepair(t *testing.T) {
 			return err
 		}},
 		{name: "the counter", key: "revision", want: "string", junk: []string{"HSET", "f", "1"}, call: onePut},
+		{name: "the section revisions", key: "section-revisions", want: "hash", call: onePut},
+		{name: "the section revisions, for a lease", key: "section-revisions", want: "hash", call: func(slug string) error {
+			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o", TtlMs: 10_000})
+			return err
+		}},
 		{name: "the counter, for a lease", key: "revision", want: "string", junk: []string{"HSET", "f", "1"}, call: func(slug string) error {
 			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o", TtlMs: 10_000})
 			return err

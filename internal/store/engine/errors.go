@@ -319,6 +319,10 @@ func (e *CorruptError) Error() string {
 		return fmt.Sprintf("stored request id %s is not %s as fenced writes it: fenced cannot tell whether that request "+
 			"committed; nothing was written (repair by hand: %s once the request's outcome is known)", what, form, repair)
 	}
+	if e.Section == protocol.KeySectionRevisions {
+		return fmt.Sprintf("stored section revision %s/%s is not an integer from 0 to 2^53-1 (repair by hand: HSET it "+
+			"to the revision of the section's last batch, or HDEL it)", e.Section, e.Key)
+	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)
 	}

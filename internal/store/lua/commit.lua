@@ -60,8 +60,8 @@
 --   {'LAYOUT_DOCUMENT'}
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
---   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions') is
---                        not a revision
+--   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions',
+--                        'section-revisions/<name>') is not a revision
 --   {'LIMIT', index}     a BLIND write on a record whose revision is above
 --                        2^53-1 (REV_MAX): not a number a script reads
 --                        exactly
@@ -71,6 +71,7 @@
 --                        by-name-index, state:fencing:current) holds
 --                        another Redis type; nothing was written
 --   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
+--                        'section-revisions/<name>',
 --                        'meta/lease') holds a number above REV_MAX, or the
 --                        new revision would be above ISSUE_MAX (10^14-1)
 local META, REV, LOG = 1, 2, 3
@@ -335,10 +336,10 @@ for i = 1, n do
   local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
   local actual = 0
   if kind == P.KIND_CHECK_SECTION then
-    local revs = section_revisions()
-    local name = string.match(KEYS[ki], P.SECTION_PATTERN)
-    if type(revs[name]) == 'number' then
-      actual = revs[name]
+    local refused
+    actual, refused = section_revision(string.match(KEYS[ki], P.SECTION_PATTERN))
+    if refused then
+      return refused
     end
   elseif kind == P.KIND_CHECK_RECORDS then
     actual = checked[i]

@@ -12,8 +12,8 @@
 -- clock's cache, wrong_type, refusal_of), lib_json.lua (json_string, int), lib_memo.lua (memo,
 -- memo_on, remember, forget), lib_record.lua (canonical_digits,
 -- digits_in_range, REV_MAX, ISSUE_MAX, rev_later, rev_latest), lib_meta.lua (section_revisions_field,
--- section_revisions_record, section_revisions_rewrite, section_revisions
--- and the meta caches begin resets).
+-- section_revisions_record, old_section_revs, section_revisions_key,
+-- SECTION_FLOOR and the meta caches begin resets).
 
 -- The patterns commit.lua reads its arguments with (built once: a function
 -- library keeps them across calls): ARGV[1], then one write.
@@ -30,23 +30,24 @@ local function base36(s)
 end
 
 -- swarm_floor reads what every commit checks before it writes: the swarm
--- counter and meta/section_revisions (its record revision and every section
--- revision in it; meta/section_revisions is rewritten by every commit, so
--- its revision is a floor that survives a lost counter). It answers the
--- latest of them in issue order (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
+-- counter, the latest section revision (SECTION_FLOOR of section-revisions:
+-- every commit raises it, so it is a floor that survives a lost counter,
+-- docs/design/05-numbering.md §5.1) and, while it exists, the retired
+-- meta/section_revisions (its record revision and every section revision
+-- in it, kept in old_section_revs for the section checks and
+-- finish_commit). It answers the latest of them in issue order
+-- (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
 -- not a revision, {'LIMIT', '', what} when one is above REV_MAX,
--- {'WRONGTYPE', 'revision', type, 'string'} when the counter's key holds
--- another type.
+-- {'WRONGTYPE', name, type, want, key} when the counter's or the section
+-- revisions' key holds another type (so that finish_commit's write of the
+-- latter, after the first writes, cannot be refused).
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
+local SECTION_FLOOR_NAME = P.KEY_SECTION_REVISIONS .. '/' .. SECTION_FLOOR
 -- prior_revision is the swarm revision before this commit (the log entry's
 -- prev): swarm_floor's answer, so that a lost counter does not make it 0
 -- (a prev of 0 would tell a resuming watch that nothing before the entry
 -- left the log).
 local prior_revision = '0'
--- section_revisions_body (lib_meta.lua) is the stored meta/section_revisions'
--- text between its value's braces when it has fenced's own form
--- (section_revisions_record's third answer, or the memo's), for
--- finish_commit to rewrite in place; nil otherwise.
 local function swarm_floor()
   local highest = 0
   local counter = redis.pcall('GET', KEYS[2])
@@ -62,24 +63,26 @@ local function swarm_floor()
     end
     highest = tonumber(counter)
   end
-  local raw = section_revisions_field()
-  local revs = {}
-  if raw then
-    local m = memo[raw]
-    if type(m) == 'table' and m.body then
-      -- Written by this library in fenced's own form: its highest
-      -- revision is known; section_revisions decodes it only if asked.
-      section_revisions_body = m.body
-      highest = rev_latest(highest, m.highest)
-      prior_revision = int(highest)
-      return highest
+  local srkey = section_revisions_key()
+  local floor = redis.pcall('HGET', srkey, SECTION_FLOOR)
+  if type(floor) == 'table' then
+    return nil, refusal_of(floor, srkey, 'hash', P.KEY_SECTION_REVISIONS)
+  end
+  if floor then
+    if not canonical_digits(floor) then
+      return nil, { P.REPLY_CORRUPT, '', SECTION_FLOOR_NAME }
     end
-    local r, revs_or_over, body = section_revisions_record(raw)
-    section_revisions_body = body
-    if revs_or_over == 'over' then
+    if not digits_in_range(floor) then
+      return nil, { P.REPLY_LIMIT, '', SECTION_FLOOR_NAME }
+    end
+    highest = rev_latest(highest, tonumber(floor))
+  end
+  local raw = section_revisions_field()
+  if raw then
+    local r, revs, _ = section_revisions_record(raw)
+    if revs == 'over' then
       return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
     end
-    revs = revs_or_over
     if type(revs) ~= 'table' then
       return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
     end
@@ -93,8 +96,8 @@ local function swarm_floor()
       highest = rev_latest(highest, v)
     end
     highest = rev_latest(highest, r)
+    old_section_revs = revs
   end
-  section_revs_decoded = revs
   prior_revision = int(highest)
   return highest
 end
@@ -230,43 +233,47 @@ end
 
 -- finish_commit does what every commit ends with (after start_commit and
 -- its own writes): the section revisions of the sections the batch
--- changed (a set of names; nil: none) raised to rev, and meta/layout set to
--- records when absent. Both are fields of meta, a hash the commit has read.
+-- changed (a set of names; nil: none), and the latest of them
+-- (SECTION_FLOOR), raised to rev in section-revisions (one HSET of those
+-- fields alone: no other section's is read or rewritten); and meta/layout
+-- set to records when absent. The first commit that meets the retired
+-- meta/section_revisions (old_section_revs) moves its entries into the
+-- hash, each at the later of the two, and deletes it: one record is never
+-- rewritten by every commit again, and nothing of it is lost. The keys
+-- were read before the first write (swarm_floor, meta_field), so neither
+-- write is refused for a type.
 local function finish_commit(rev, layout, changed)
-  local head = '{"r":' .. rev .. ',"v":'
-  local rewritten = nil
   if changed and next(changed) then
-    forget(section_revisions_field())
-  end
-  if changed and next(changed) and section_revisions_body then
-    rewritten = section_revisions_rewrite(section_revisions_body, changed, rev)
-  end
-  if rewritten then
-    local field = head .. '{' .. rewritten .. '}}'
-    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, field)
-    -- Every entry it kept was a floor of this commit: rev is above them.
-    local r = tonumber(rev)
-    remember(field, { rev = r, highest = r, body = rewritten })
-  elseif changed and next(changed) then
-    local revs = section_revisions()
+    local srkey = section_revisions_key()
+    local args = { SECTION_FLOOR, rev }
     for name in pairs(changed) do
-      revs[name] = tonumber(rev)
+      args[#args + 1] = name
+      args[#args + 1] = rev
     end
-    local names = {}
-    for name, r in pairs(revs) do
-      if type(name) == 'string' and type(r) == 'number' then
-        names[#names + 1] = name
+    if old_section_revs then
+      local names = {}
+      for name in pairs(old_section_revs) do
+        if not changed[name] then
+          names[#names + 1] = name
+        end
       end
+      if #names > 0 then
+        local got = redis.call('HMGET', srkey, unpack(names))
+        for i, name in ipairs(names) do
+          local v = old_section_revs[name]
+          if got[i] and canonical_in_range(got[i]) then
+            v = rev_latest(v, tonumber(got[i]))
+          end
+          args[#args + 1] = name
+          args[#args + 1] = int(v)
+        end
+      end
+      redis.call('HDEL', KEYS[1], P.FIELD_SECTION_REVISIONS)
     end
-    table.sort(names)
-    local parts = {}
-    for i, name in ipairs(names) do
-      parts[i] = json_string(name) .. ':' .. int(revs[name])
-    end
-    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, head .. '{' .. table.concat(parts, ',') .. '}}')
+    redis.call('HSET', srkey, unpack(args))
   end
   if not layout then
-    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
+    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, '{"r":' .. rev .. ',"v":"' .. P.LAYOUT_RECORDS .. '"}')
   end
 end
 
@@ -324,9 +331,8 @@ local function begin(keys, argv, library)
   memo_on = library == true
   clock_reply = nil
   meta_fields = nil
-  section_revs_decoded = nil
+  old_section_revs = nil
   prior_revision = '0'
-  section_revisions_body = nil
   log_cap = P.LOG_CAP
   log_extra = nil
 end

@@ -9,39 +9,30 @@
 -- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms and
 -- refusal_of (lib_call.lua), int (lib_json.lua).
 
--- The memo: the meta fields this library wrote (meta/section_revisions,
--- meta/lease), by their exact bytes, with what reading them answers
--- (docs/design/03-fenced-batch.md §3.9). Records are no longer remembered:
--- thousands of long, similar record strings kept alive made every string a
--- commit creates slower (Lua 5.1 hashes a long string from a sample of its
--- bytes, so they crowd few chains of the string table), costing more than
--- the record grammar's checks they saved. What follows is the older account. A commit reads back, as the
--- stored field of each record it overwrites, meta/section_revisions and
--- meta/lease, what an earlier commit wrote; judging them again (the record
--- grammar's JSON check of a value, ~3 us for 200 bytes; parsing every
--- section's revision) is most of a commit's time in Redis. Read back with
--- the same bytes, a field answers what its writer knew it to be: a record
--- at revision N (its value came from a batch that fenced checked before
--- sending: the same trust that let the commit write it), fenced's own form
--- of meta/section_revisions with its highest revision, a lease. Redis
--- interns Lua strings, so a lookup by the bytes just read is one hash
+-- The memo: the meta record this library wrote that every fenced batch
+-- reads back, meta/lease, by its exact bytes, with what reading it answers
+-- (docs/design/03-fenced-batch.md §3.9): the lease, not parsed again.
+-- Redis interns Lua strings, so a lookup by the bytes just read is one hash
 -- probe, and equal bytes always answer alike: any other writer's field
--- with other bytes misses and is judged in full. Only a function library
--- keeps it across calls (memo_on, set by begin); an EVAL script starts
--- empty and does not fill it. It holds at most MEMO_BYTES of Lua memory
--- and starts again empty when full: each entry is counted as its field's
--- bytes plus MEMO_ENTRY_BYTES, what Lua spends besides them (the string's
--- header, ~24 bytes, and a hash node, 40, in a table whose size doubles;
--- a table value for meta fields). Counting the field's bytes alone let
--- small records (a 25-byte field) hold ~6 times MEMO_BYTES: 25 MB of Lua
--- memory, which Redis's maxmemory does not count.
+-- with other bytes misses and is judged in full. Records are not
+-- remembered: thousands of long, similar record strings kept alive made
+-- every string a commit creates slower (Lua 5.1 hashes a long string from
+-- a sample of its bytes, so they crowd few chains of the string table),
+-- costing more than the record grammar's checks they saved; nor are the
+-- section revisions, which no longer live in one meta record (lib_meta.lua
+-- section_revisions_key). Only a function library keeps it across calls
+-- (memo_on, set by begin); an EVAL script starts empty and does not fill
+-- it. It holds at most MEMO_BYTES of Lua memory and starts again empty
+-- when full: each entry is counted as its field's bytes plus
+-- MEMO_ENTRY_BYTES, what Lua spends besides them (the string's header, ~24
+-- bytes, and a hash node, 40, in a table whose size doubles; a table value
+-- for meta fields), which Redis's maxmemory does not count.
 local MEMO_BYTES = 4194304
 local MEMO_ENTRY_BYTES = 96
 local memo, memo_bytes, memo_on = {}, 0, false
 
 -- remember notes that raw, a field this call wrote, answers v when read
--- (a number: a record's revision; a table: rev, and highest and body for
--- meta/section_revisions, or lease).
+-- (a table: rev and lease).
 local function remember(raw, v)
   if not memo_on then
     return

@@ -138,12 +138,12 @@ var chanceLiterals = map[string]map[string]int{
 	"lib_json.lua": {"~": 9, "S": 2},
 	// 'r': the record grammar's member "r", not CheckRecord.
 	"lib_record.lua": {"r": 1},
-	// ',': the separator of section_revisions' JSON object, not
-	// LogSectionsSeparator: the fast reader checks that only commas
-	// separate its entries (lib_meta.lua), finish_commit builds it
-	// (lib_commit.lua). '-': base36's minus sign, not ModeNone.
+	// ',': the separator of the retired section_revisions' JSON object,
+	// not LogSectionsSeparator: the fast reader checks that only commas
+	// separate its entries (lib_meta.lua). '-': base36's minus sign, not
+	// ModeNone; '*': XADD's automatic id, not SectionFloor (lib_commit.lua).
 	"lib_meta.lua":   {",": 1},
-	"lib_commit.lua": {",": 1, "-": 1},
+	"lib_commit.lua": {"-": 1, "*": 1},
 }
 
 // TestScriptsSpellNoProtocolValue: no script spells a value of the Go↔Lua

@@ -30,7 +30,7 @@ reclaim.GRANTS, reclaim.EXPIRY, reclaim.SWEEP, reclaim.SET = 6, 7, 8, 9
 local NOT_SECTIONS = {
   [P.KEY_META] = true, [P.KEY_REVISION] = true, [P.KEY_LOG] = true, [P.KEY_BY_NAME] = true,
   [P.KEY_BY_NAME_INDEX] = true, [P.KEY_REQUEST_IDS] = true, [P.KEY_CLAIMS] = true,
-  [P.KEY_CLAIM_EXPIRY] = true, [P.KEY_CLAIM_SWEEP] = true,
+  [P.KEY_CLAIM_EXPIRY] = true, [P.KEY_CLAIM_SWEEP] = true, [P.KEY_SECTION_REVISIONS] = true,
 }
 
 -- open is the opening of claims.lua and reap.lua, before any write: the

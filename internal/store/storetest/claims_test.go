@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -540,16 +539,20 @@ func seedBound(t testing.TB, srv *redistest.Server, slug, section, k, name strin
 	srv.Do(t, "SADD", key(slug, "claim:"+name), section+"\n"+k)
 }
 
-// sectionRevisions decodes meta/section_revisions.
+// sectionRevisions decodes the hash section-revisions (its "*", the
+// latest, among them).
 func sectionRevisions(t *testing.T, srv *redistest.Server, slug string) map[string]int64 {
 	t.Helper()
-	var rec struct {
-		V map[string]int64 `json:"v"`
+	got := srv.DoArray(t, "HGETALL", key(slug, "section-revisions"))
+	revs := map[string]int64{}
+	for i := 0; i+1 < len(got); i += 2 {
+		r, err := strconv.ParseInt(got[i+1], 10, 64)
+		if err != nil {
+			t.Fatalf("section-revisions/%s = %q: %v", got[i], got[i+1], err)
+		}
+		revs[got[i]] = r
 	}
-	if err := json.Unmarshal([]byte(srv.Do(t, "HGET", key(slug, "meta"), "section_revisions")), &rec); err != nil {
-		t.Fatalf("meta/section_revisions: %v", err)
-	}
-	return rec.V
+	return revs
 }
 
 // logEntries are the swarm's log entries, oldest first, each field ->

@@ -863,3 +863,80 @@ func mustCommitID(t *testing.T, st *store.Store, b *batch.Batch) int64 {
 	}
 	return c.Revision
 }
+
+// TestSectionRevisionsLiveInAHashOfTheirOwn is issue 42's decision 2
+// (docs/design/03-fenced-batch.md §3.4): the section revisions are no
+// longer one meta record that every commit decodes and rewrites, but the
+// swarm's hash section-revisions, of which a commit writes only the
+// sections it changed and "*", their latest (the floor that survives a
+// lost counter). A swarm that still holds the retired
+// meta/section_revisions (an older fenced's) reads and checks by it, and
+// its first commit moves it into the hash, each section at the later of
+// the two, and deletes it. Values that are no revision are named.
+func TestSectionRevisionsLiveInAHashOfTheirOwn(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "srevs"
+	srevs := key(slug, "section-revisions")
+	// An older fenced's swarm: the record holds every section revision.
+	srv.Do(t, "SET", key(slug, "revision"), "17000000000500")
+	srv.Do(t, "HSET", key(slug, "meta"), "layout", `{"r":17000000000001,"v":"records"}`,
+		"section_revisions", `{"r":17000000000500,"v":{"archive":17000000000100,"claims":17000000000500,"grants":17000000000300}}`)
+	srv.Do(t, "HSET", srevs, "grants", "17000000000400") // a later one in the hash: the later wins
+	snap, err := st.Sections(ctx, slug, []string{"archive", "claims", "grants", "intents"})
+	want := map[string]int64{"archive": 17000000000100, "claims": 17000000000500, "grants": 17000000000400, "intents": 0}
+	if err != nil || !maps.Equal(snap.SectionRevisions, want) {
+		t.Fatalf("Sections over the retired record = %v, %v; want %v", snap.SectionRevisions, err, want)
+	}
+	// A section check reads it too.
+	_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{sectionCheck("archive", 17000000000099), put("intents", "i", 0, `1`)}})
+	if !isConflict(err) {
+		t.Fatalf("a section check below the retired record's revision = %v; want a conflict", err)
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{sectionCheck("archive", 17000000000100), put("intents", "i", 0, `1`)}})
+	if got := srv.Do(t, "HEXISTS", key(slug, "meta"), "section_revisions"); got != "0" {
+		t.Errorf("meta/section_revisions still exists after the first commit")
+	}
+	r := strconv.FormatInt(rev, 10)
+	wantHash := map[string]string{"*": r, "intents": r, "archive": "17000000000100", "claims": "17000000000500", "grants": "17000000000400"}
+	if got := hashOf(t, srv, srevs); !maps.Equal(got, wantHash) {
+		t.Errorf("section-revisions after the first commit = %v; want %v", got, wantHash)
+	}
+	// A commit writes only its sections' fields (and "*"): another's, set
+	// by hand, is left as it is.
+	srv.Do(t, "HSET", srevs, "archive", "17000000000101")
+	rev2 := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	wantHash["archive"], wantHash["claims"], wantHash["*"] = "17000000000101", strconv.FormatInt(rev2, 10), strconv.FormatInt(rev2, 10)
+	if got := hashOf(t, srv, srevs); !maps.Equal(got, wantHash) {
+		t.Errorf("section-revisions after a commit to claims = %v; want %v", got, wantHash)
+	}
+	if snap, err := st.Sections(ctx, slug, []string{"archive", "claims", "intents"}); err != nil ||
+		snap.SectionRevisions["archive"] != 17000000000101 || snap.SectionRevisions["claims"] != rev2 || snap.SectionRevisions["intents"] != rev {
+		t.Errorf("Sections = %v, %v; want archive at 17000000000101, claims at r%d, intents at r%d", snap, err, rev2, rev)
+	}
+	// A value that is no revision is named, by reads and by the commit.
+	var ce *engine.CorruptError
+	srv.Do(t, "HSET", srevs, "grants", "x")
+	if _, err := st.Sections(ctx, slug, []string{"grants"}); !errors.As(err, &ce) || ce.Section != "section-revisions" || ce.Key != "grants" {
+		t.Errorf("Sections over a section revision that is no number = %v; want RECORD_CORRUPT naming section-revisions/grants", err)
+	}
+	if _, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{sectionCheck("grants", 0), put("intents", "j", 0, `1`)}}); !errors.As(err, &ce) || ce.Key != "grants" {
+		t.Errorf("a section check over it = %v; want RECORD_CORRUPT naming section-revisions/grants", err)
+	}
+	srv.Do(t, "HSET", srevs, "*", "01")
+	if _, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("intents", "j", 0, `1`)}}); !errors.As(err, &ce) || ce.Section != "section-revisions" || ce.Key != "*" {
+		t.Errorf("a commit over a latest section revision that is no revision = %v; want RECORD_CORRUPT naming section-revisions/*", err)
+	}
+}
+
+// hashOf is the hash at k, field -> value.
+func hashOf(t *testing.T, srv *redistest.Server, k string) map[string]string {
+	t.Helper()
+	got := srv.DoArray(t, "HGETALL", k)
+	out := map[string]string{}
+	for i := 0; i+1 < len(got); i += 2 {
+		out[got[i]] = got[i+1]
+	}
+	return out
+}
