@@ -5,7 +5,8 @@
 -- each call. It is the last of the shared files (lib_call.lua says the
 -- order).
 --
--- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
+-- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, mode_flags, len_text, bound,
+-- meet, base36, prior_revision,
 -- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, start_commit,
 -- finish_commit, claim_fence, begin.
 -- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
@@ -19,6 +20,64 @@
 -- library keeps them across calls): ARGV[1], then one write.
 local COMMIT_HEADER_PATTERN = '^(' .. P.MODE_PATTERN .. '+):(%w*):(%w+):(%d*):(%x*):(.*)$'
 local WRITE_PATTERN = '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$'
+
+-- mode_flags answers the letters of a commit's mode (ARGV[1]'s first
+-- field) as flags: stamp (P.MODE_STAMP), checked (P.MODE_LAYOUT_CHECKED),
+-- request (P.MODE_REQUEST), legacy (P.MODE_LEGACY_REQUEST), claim
+-- (P.MODE_CLAIM). Read once per mode: a function library keeps them in
+-- MODE_FLAGS (a mode is a few letters: a few dozen modes at most), so a
+-- commit reads its flags with one table lookup instead of five searches.
+local MODE_FLAGS = {}
+local function mode_flags(mode)
+  local f = MODE_FLAGS[mode]
+  if not f then
+    f = { stamp = find(mode, P.MODE_STAMP, 1, true) ~= nil, checked = find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil,
+      request = find(mode, P.MODE_REQUEST, 1, true) ~= nil, legacy = find(mode, P.MODE_LEGACY_REQUEST, 1, true) ~= nil,
+      claim = find(mode, P.MODE_CLAIM, 1, true) ~= nil }
+    MODE_FLAGS[mode] = f
+  end
+  return f
+end
+
+-- len_text is the decimal text of a small count (a key's length in a log
+-- change, a log entry's record count), made once per count up to
+-- LEN_TEXT_MAX and kept (a function library keeps them): what `..` would
+-- make of the number, without formatting it on every commit.
+local LEN_TEXT, LEN_TEXT_MAX = {}, 1024
+local function len_text(l)
+  local t = LEN_TEXT[l]
+  if not t then
+    t = string.format('%d', l)
+    if l <= LEN_TEXT_MAX then
+      LEN_TEXT[l] = t
+    end
+  end
+  return t
+end
+
+-- bound is what a commit met of records bound to a claim
+-- (docs/design/12-claims.md §12.4), made by the first one met (nil until
+-- then: most batches meet none; begin resets it): per write index i,
+-- names[i] the record's claim, epochs[i] its epoch and revs[i] its
+-- revision's digits (record_claim judged the field as record_revision
+-- would: the revisions' loop reads it from there), and the claims met,
+-- once each, in claims (met: claim -> true).
+local bound = nil
+-- meet notes write i's stored field raw in bound when it is of the bound
+-- form (record_claim).
+local function meet(i, raw)
+  local name, epoch, digits = record_claim(raw)
+  if name then
+    if not bound then
+      bound = { names = {}, epochs = {}, revs = {}, claims = {}, met = {} }
+    end
+    bound.names[i], bound.epochs[i], bound.revs[i] = name, epoch, digits
+    if not bound.met[name] then
+      bound.met[name] = true
+      bound.claims[#bound.claims + 1] = name
+    end
+  end
+end
 
 -- base36 reads a number the caller wrote in base 36 ('-' first when
 -- negative: tonumber's base conversion takes no sign); exact below 2^53.
@@ -184,8 +243,10 @@ local log_cap = P.LOG_CAP
 -- log_extra: field/value pairs a claim operation adds to its log entry
 -- (the claim event), after records and before changes; nil when none.
 local log_extra = nil
-local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
-  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
+-- start_entry is the log entry start_commit writes when it has a request
+-- id, a claim event or more changes than LOG_CHANGES_MAX.
+local function start_entry(rev, owner, records, changed, request_id, text)
+  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, len_text(records) }
   if request_id then
     entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
     entry[#entry + 1] = request_id
@@ -195,7 +256,6 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
       entry[#entry + 1] = v
     end
   end
-  local text = table.concat(changes)
   if #text <= LOG_CHANGES_MAX then
     entry[#entry + 1] = P.LOG_FIELD_CHANGES
     entry[#entry + 1] = text
@@ -210,6 +270,18 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
   end
   entry[#entry + 1] = P.LOG_FIELD_PREV
   entry[#entry + 1] = prior_revision
+  return entry
+end
+local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
+  local text = table.concat(changes)
+  local entry
+  if not request_id and not log_extra and #text <= LOG_CHANGES_MAX then
+    -- Most entries: made whole at once.
+    entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, len_text(records),
+      P.LOG_FIELD_CHANGES, text, P.LOG_FIELD_PREV, prior_revision }
+  else
+    entry = start_entry(rev, owner, records, changed, request_id, text)
+  end
   local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*', unpack(entry))
   if type(id) == 'table' and id.err then
     if string.find(id.err, 'exhausted the last possible ID', 1, true) then
@@ -332,6 +404,7 @@ local function begin(keys, argv, library)
   clock_reply = nil
   meta_fields = nil
   old_section_revs = nil
+  bound = nil
   prior_revision = '0'
   log_cap = P.LOG_CAP
   log_extra = nil
