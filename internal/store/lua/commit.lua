@@ -79,6 +79,8 @@ local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
 -- The kinds, as locals (a table lookup less each time one is compared).
 local PUT, DELETE, CHECK, CHECK_RECORDS = P.KIND_PUT, P.KIND_DELETE, P.KIND_CHECK, P.KIND_CHECK_RECORDS
+-- Revisions of fewer digits than REV_MAX's are in range without comparing.
+local REV_DIGITS = #REV_MAX_TEXT
 
 local mode, fence_epoch, caller_now, window, digest, fence_owner = string.match(ARGV[1], COMMIT_HEADER_PATTERN)
 if fence_epoch ~= '' then
@@ -239,8 +241,9 @@ end
 -- read its own field. A field of fenced's unbound form (fenced_head) is
 -- never bound: meet is spared it.
 local stored, stored_err = {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
+local heads = {} -- write index -> the revision digits of a stored field of fenced's unbound form (fenced_head)
+local by_key = {} -- KEYS index -> the indices of its puts, deletes and checks, in order
 do
-  local by_key = {} -- KEYS index -> the indices of its writes
   for i = 1, n do
     local kind = kinds[i]
     if kind == PUT or kind == DELETE or kind == CHECK then
@@ -271,8 +274,13 @@ do
         for m = 1, f do
           local raw, i = got[m], list[first + m - 1]
           stored[i] = raw
-          if raw and not fenced_head(raw) then
-            meet(i, raw)
+          if raw then
+            local digits = fenced_head(raw)
+            if digits then
+              heads[i] = digits
+            else
+              meet(i, raw)
+            end
           end
         end
       end
@@ -352,10 +360,10 @@ for i = 1, n do
       -- field was judged by meet (record_claim); any other text by the
       -- record grammar.
       local over
-      local digits = fenced_head(raw) or (bound_revs and bound_revs[i])
+      local digits = heads[i] or (bound_revs and bound_revs[i])
       if digits == nil then
         actual, over = record_revision(raw)
-      elseif digits_in_range(digits) then
+      elseif #digits < REV_DIGITS or digits_in_range(digits) then
         actual, over = tonumber(digits), false
       else
         actual, over = nil, true
@@ -372,8 +380,16 @@ for i = 1, n do
         end
         actual = 0
       end
+      -- highest = rev_latest(highest, actual), the common case (an era-2
+      -- floor, a revision not of era 1) without its calls.
       if actual ~= 0 and actual ~= highest then
-        highest = rev_latest(highest, actual)
+        if highest >= CLOCK_ERA_MIN and highest <= ISSUE_MAX and actual <= ISSUE_MAX then
+          if actual > highest then
+            highest = actual
+          end
+        else
+          highest = rev_latest(highest, actual)
+        end
       end
       if dead and dead[i] then
         actual = 0
@@ -458,42 +474,13 @@ local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
 local log_changes, c = {}, 0 -- the log entry's changes (as log_change makes them), and their count
-local section_of = {} -- KEYS index -> section name, once per key
 local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
--- One HSET and one HDEL per section key, each with all of the batch's
--- fields of that key (a batch names a record at most once, so the order
--- between them does not matter): a redis.call per record was most of the
--- per-record cost besides the record grammar check. A key's lists are
--- made by its first put and its first delete (most batches only put).
-local puts, dels, touched = {}, nil, {}
 for i = 1, n do
-  local kind, ki, key = kinds[i], kis[i], wkeys[i]
+  local kind = kinds[i]
   if kind == PUT or kind == DELETE then
-    local section = section_of[ki]
-    if not section then
-      section = sub(KEYS[ki], #base + 1)
-      section_of[ki] = section
-      changed[section] = true
-      touched[#touched + 1] = ki
-    end
-    if kind == PUT then
-      local args = puts[ki]
-      local field = (binds and binds[i] and bound_head or head) .. values[i] .. '}'
-      if args then
-        args[#args + 1] = key
-        args[#args + 1] = field
-      else
-        puts[ki] = { key, field }
-      end
-    else
-      dels = dels or {}
-      local keys = dels[ki]
-      if keys then
-        keys[#keys + 1] = key
-      else
-        dels[ki] = { key }
-      end
-    end
+    local ki, key = kis[i], wkeys[i]
+    local section = sub(KEYS[ki], #base + 1)
+    changed[section] = true
     records = records + 1
     c = c + 1
     log_changes[c] = kind .. section .. ':' .. len_text(#key) .. ':' .. key
@@ -509,13 +496,30 @@ if refused_write then
   return refused_write
 end
 
-for _, ki in ipairs(touched) do
-  local args = puts[ki]
+-- One HSET and one HDEL per section key, each with all of the batch's
+-- fields of that key (a batch names a record at most once, so the order
+-- between them does not matter): a redis.call per record was most of the
+-- per-record cost besides the record grammar check. A key's deletes are
+-- listed by its first delete (most batches only put).
+for ki, list in pairs(by_key) do
+  local args, a, dels = nil, 0, nil
+  for _, i in ipairs(list) do
+    local kind = kinds[i]
+    if kind == PUT then
+      args = args or {}
+      args[a + 1] = wkeys[i]
+      args[a + 2] = (binds and binds[i] and bound_head or head) .. values[i] .. '}'
+      a = a + 2
+    elseif kind == DELETE then
+      dels = dels or {}
+      dels[#dels + 1] = wkeys[i]
+    end
+  end
   if args then
     redis.call('HSET', KEYS[ki], unpack(args))
   end
-  if dels and dels[ki] then
-    redis.call('HDEL', KEYS[ki], unpack(dels[ki]))
+  if dels then
+    redis.call('HDEL', KEYS[ki], unpack(dels))
   end
 end
 

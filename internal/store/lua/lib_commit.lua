@@ -82,7 +82,9 @@ end
 -- base36 reads a number the caller wrote in base 36 ('-' first when
 -- negative: tonumber's base conversion takes no sign); exact below 2^53.
 local function base36(s)
-  if sub(s, 1, 1) == '-' then
+  if s == '-1' then
+    return -1 -- BLIND, the only negative number a commit is sent
+  elseif string.byte(s) == 45 then
     return -tonumber(sub(s, 2), 36)
   end
   return tonumber(s, 36)

@@ -118,6 +118,8 @@ end
 -- When meta holds another Redis type, every field reads as absent and
 -- meta_fields.refused holds the refusal (refusal_of), which check_layout,
 -- the first step of every committing script, answers.
+-- (meta_fields is HMGET's own reply, the fields in META_INDEX's order.)
+local META_INDEX = { [P.FIELD_LAYOUT] = 1, [P.FIELD_LEASE] = 2, [P.FIELD_SECTION_REVISIONS] = 3 }
 local meta_fields = nil
 local function meta_field(name)
   if meta_fields == nil then
@@ -125,10 +127,10 @@ local function meta_field(name)
     if got.err then
       meta_fields = { refused = refusal_of(got, KEYS[1], 'hash', P.KEY_META) }
     else
-      meta_fields = { [P.FIELD_LAYOUT] = got[1], [P.FIELD_LEASE] = got[2], [P.FIELD_SECTION_REVISIONS] = got[3] }
+      meta_fields = got
     end
   end
-  return meta_fields[name]
+  return meta_fields[META_INDEX[name]]
 end
 
 -- read_lease decodes meta/lease (lease_of); nil when absent; nil and

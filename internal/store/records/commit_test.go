@@ -609,17 +609,17 @@ var commitPhases = []struct {
 	// stop answers ({'OK', rev}).
 	wrote bool
 }{
-	{"call", "local META, REV, LOG = 1, 2, 3", false},          // the call: FCALL, begin, the reply
-	{"args", "-- 1. Layout:", false},                           // the arguments decoded
-	{"layout", "-- A retried request:", false},                 // meta read, the layout checked
-	{"replay", "-- 2. Fence:", false},                          // the request id's entry (none here)
-	{"fence", "-- 3. Revisions:", false},                       // the lease (and claim) fence
-	{"floor", "local CHECK_CHUNK = 256", false},                // the swarm's floors
-	{"reads", "local conflicts = nil", false},                  // the stored fields read
-	{"checks", "-- 4. Commit.", false},                         // every revision compared
-	{"build", "-- The first writes:", false},                   // the new revision, the writes built
-	{"first-writes", "for _, ki in ipairs(touched) do", false}, // the log entry, the stamp, the counter
-	{"records", "finish_commit(rev, layout, changed)", true},   // the records written
+	{"call", "local META, REV, LOG = 1, 2, 3", false},                   // the call: FCALL, begin, the reply
+	{"args", "-- 1. Layout:", false},                                    // the arguments decoded
+	{"layout", "-- A retried request:", false},                          // meta read, the layout checked
+	{"replay", "-- 2. Fence:", false},                                   // the request id's entry (none here)
+	{"fence", "-- 3. Revisions:", false},                                // the lease (and claim) fence
+	{"floor", "local CHECK_CHUNK = 256", false},                         // the swarm's floors
+	{"reads", "local conflicts = nil", false},                           // the stored fields read
+	{"checks", "-- 4. Commit.", false},                                  // every revision compared
+	{"build", "-- The first writes:", false},                            // the new revision, the writes built
+	{"first-writes", "-- One HSET and one HDEL per section key", false}, // the log entry, the stamp, the counter
+	{"records", "finish_commit(rev, layout, changed)", true},            // the records written
 }
 
 // phaseStop is the line inserted before a phase's marker: the call
