@@ -110,7 +110,7 @@ local SECTION_FLOOR_NAME = P.KEY_SECTION_REVISIONS .. '/' .. SECTION_FLOOR
 -- left the log).
 local prior_revision = '0'
 local function swarm_floor()
-  local highest = 0
+  local highest, text = 0, '0' -- the latest floor, and its digits as read
   local counter = redis.pcall('GET', KEYS[2])
   if type(counter) == 'table' then
     return nil, refusal_of(counter, KEYS[2], 'string', P.KEY_REVISION)
@@ -122,7 +122,7 @@ local function swarm_floor()
     if not digits_in_range(counter) then
       return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
     end
-    highest = tonumber(counter)
+    highest, text = tonumber(counter), counter
   end
   local srkey = section_revisions_key()
   local floor = redis.pcall('HGET', srkey, SECTION_FLOOR)
@@ -136,7 +136,10 @@ local function swarm_floor()
     if not digits_in_range(floor) then
       return nil, { P.REPLY_LIMIT, '', SECTION_FLOOR_NAME }
     end
-    highest = rev_latest(highest, tonumber(floor))
+    local f = tonumber(floor)
+    if f ~= highest and rev_latest(highest, f) == f then
+      highest, text = f, floor
+    end
   end
   local raw = section_revisions_field()
   if raw then
@@ -158,8 +161,9 @@ local function swarm_floor()
     end
     highest = rev_latest(highest, r)
     old_section_revs = revs
+    text = int(highest)
   end
-  prior_revision = int(highest)
+  prior_revision = text
   return highest
 end
 
@@ -178,7 +182,13 @@ end
 -- number for other writers, and in era 2).
 local function next_revision(highest)
   local rev = now_rev()
-  if not rev_later(rev, highest) then
+  if rev >= CLOCK_ERA_MIN and rev <= ISSUE_MAX then
+    -- not rev_later(rev, highest), rev being of era 2 (the latest): only
+    -- an era-2 floor at or above it.
+    if highest >= CLOCK_ERA_MIN and highest <= ISSUE_MAX and highest >= rev then
+      rev = highest + 1
+    end
+  elseif not rev_later(rev, highest) then
     rev = highest + 1
   end
   if rev > ISSUE_MAX then
@@ -406,6 +416,7 @@ local function begin(keys, argv, library)
   clock_reply = nil
   meta_fields = nil
   old_section_revs = nil
+  section_revisions_key_text = nil
   bound = nil
   prior_revision = '0'
   log_cap = P.LOG_CAP

@@ -9,7 +9,7 @@
 -- section_revisions_field, section_revisions_general,
 -- section_revisions_record, old_section_revs, section_revisions_key,
 -- SECTION_FLOOR, section_revision.
--- Needs: lib_call.lua (KEYS, refusal_of), lib_json.lua (find, gsub, sub), lib_memo.lua (memo),
+-- Needs: lib_call.lua (KEYS, refusal_of), lib_json.lua (find, gsub, sub), lib_memo.lua (memo, remember),
 -- lib_record.lua (parse_record, record_value, digits_canonical_in_range,
 -- canonical_in_range, rev_latest, REV_MAX); begin (lib_commit.lua) resets
 -- the caches for each call.
@@ -147,9 +147,17 @@ end
 -- layout. The form finish_commit writes ({"r":N,"v":"records"}) is told by
 -- a pattern; any other text is decoded as a record.
 local LAYOUT_RECORDS_PATTERN = '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$'
+-- A layout read as records is remembered (the memo, lib_memo.lua): the
+-- next commits of the swarm read the same bytes, and answer with one
+-- lookup.
+local LAYOUT_IS_RECORDS = { layout = P.LAYOUT_RECORDS }
 local function layout_is_document(raw)
+  if memo[raw] == LAYOUT_IS_RECORDS then
+    return false
+  end
   local r = string.match(raw, LAYOUT_RECORDS_PATTERN)
   if r and digits_canonical_in_range(r) then
+    remember(raw, LAYOUT_IS_RECORDS)
     return false
   end
   return record_value(raw) == P.LAYOUT_DOCUMENT
@@ -206,8 +214,12 @@ local old_section_revs = nil
 -- A commit writes only the fields of the sections it changed. The key is
 -- derived from KEYS[1] (same hash tag), not sent.
 local SECTION_FLOOR = P.SECTION_FLOOR
+local section_revisions_key_text = nil -- the call's key, made by its first use (begin resets it)
 local function section_revisions_key()
-  return sub(KEYS[1], 1, #KEYS[1] - #P.KEY_META) .. P.KEY_SECTION_REVISIONS
+  if not section_revisions_key_text then
+    section_revisions_key_text = sub(KEYS[1], 1, #KEYS[1] - #P.KEY_META) .. P.KEY_SECTION_REVISIONS
+  end
+  return section_revisions_key_text
 end
 
 -- section_revision is the revision of the section name (a section check,
