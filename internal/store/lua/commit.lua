@@ -79,6 +79,7 @@ local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
 -- The kinds, as locals (a table lookup less each time one is compared).
 local PUT, DELETE, CHECK, CHECK_RECORDS = P.KIND_PUT, P.KIND_DELETE, P.KIND_CHECK, P.KIND_CHECK_RECORDS
+local PUT_BOUND, CHECK_SECTION = P.KIND_PUT_BOUND, P.KIND_CHECK_SECTION
 -- Revisions of fewer digits than REV_MAX's are in range without comparing.
 local REV_DIGITS = #REV_MAX_TEXT
 
@@ -105,14 +106,16 @@ local first_write = claim_arg and 3 or 2
 -- expects[i], values[i] (puts only), for i = 1..n.
 -- A bound put (kind P.KIND_PUT_BOUND, docs/design/12-claims.md §12.4) is a
 -- put in kinds[i], with binds[i] true (binds: nil while none is bound).
-local kinds, kis, wkeys, expects, values, binds = {}, {}, {}, {}, {}, nil
+-- (Made at the most writes the arguments can hold: one each.)
+local most = #ARGV - first_write + 1
+local kinds, kis, wkeys, expects, values, binds = sized(most), sized(most), sized(most), sized(most), sized(most), nil
 local n = 0
 do
   local a, last = first_write, #ARGV
   while a <= last do
     local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
     n = n + 1
-    if kind == P.KIND_PUT_BOUND then
+    if kind == PUT_BOUND then
       kind = PUT
       binds = binds or {}
       binds[n] = true
@@ -240,8 +243,8 @@ end
 -- batch answers the same refusal, in the same order, as when each write
 -- read its own field. A field of fenced's unbound form (fenced_head) is
 -- never bound: meet is spared it.
-local stored, stored_err = {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
-local heads = {} -- write index -> the revision digits of a stored field of fenced's unbound form (fenced_head)
+local stored, stored_err = sized(n), nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
+local heads = sized(n) -- write index -> the revision digits of a stored field of fenced's unbound form (fenced_head)
 local by_key = {} -- KEYS index -> the indices of its puts, deletes and checks, in order
 do
   for i = 1, n do
@@ -258,7 +261,7 @@ do
   for ki, list in pairs(by_key) do
     local j, len = 1, #list
     while j <= len do
-      local first, fields, f = j, {}, 0
+      local first, fields, f = j, sized(math.min(len - j + 1, CHECK_CHUNK)), 0
       while j <= len and f < CHECK_CHUNK do
         f = f + 1
         fields[f] = wkeys[list[j]]
@@ -332,7 +335,7 @@ local bound_revs = bound and bound.revs
 for i = 1, n do
   local kind, expected = kinds[i], expects[i]
   local actual = 0
-  if kind == P.KIND_CHECK_SECTION then
+  if kind == CHECK_SECTION then
     local refused
     actual, refused = section_revision(sub(KEYS[kis[i]], #base + 1))
     if refused then
@@ -473,7 +476,7 @@ local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name 
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
-local log_changes, c = {}, 0 -- the log entry's changes (as log_change makes them), and their count
+local log_changes, c = sized(n), 0 -- the log entry's changes (as log_change makes them), and their count
 local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
 for i = 1, n do
   local kind = kinds[i]
@@ -506,7 +509,7 @@ for ki, list in pairs(by_key) do
   for _, i in ipairs(list) do
     local kind = kinds[i]
     if kind == PUT then
-      args = args or {}
+      args = args or sized(2 * #list)
       args[a + 1] = wkeys[i]
       args[a + 2] = (binds and binds[i] and bound_head or head) .. values[i] .. '}'
       a = a + 2

@@ -6,7 +6,7 @@
 -- order).
 --
 -- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, mode_flags, len_text, bound,
--- meet, base36, prior_revision,
+-- meet, sized, base36, prior_revision,
 -- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, start_commit,
 -- finish_commit, claim_fence, begin.
 -- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
@@ -77,6 +77,20 @@ local function meet(i, raw)
       bound.claims[#bound.claims + 1] = name
     end
   end
+end
+
+-- sized is an empty table whose array already holds k slots (k known to
+-- be needed): { unpack(NILS, 1, k) } makes it at that size in one step
+-- (Lua 5.1 has no table.new), where filling an empty table grows it ~log2
+-- k times (each a new array and a copy). At most SIZED_MAX slots (unpack's
+-- answers are bounded by Lua's C stack), and not for k < 3, where growing
+-- costs no more.
+local NILS, SIZED_MAX = {}, 4000
+local function sized(k)
+  if k < 3 or k > SIZED_MAX then
+    return {}
+  end
+  return { unpack(NILS, 1, k) }
 end
 
 -- base36 reads a number the caller wrote in base 36 ('-' first when
