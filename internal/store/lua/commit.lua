@@ -84,10 +84,11 @@ local PUT_BOUND, CHECK_SECTION = P.KIND_PUT_BOUND, P.KIND_CHECK_SECTION
 local REV_DIGITS = #REV_MAX_TEXT
 
 local mode, fence_epoch, caller_now, window, digest, fence_owner = string.match(ARGV[1], COMMIT_HEADER_PATTERN)
+-- (The epoch and now_ms are never negative: base 36 read directly.)
 if fence_epoch ~= '' then
-  fence_epoch = base36(fence_epoch)
+  fence_epoch = tonumber(fence_epoch, 36)
 end
-caller_now = base36(caller_now)
+caller_now = tonumber(caller_now, 36)
 -- The mode's letters, read once per mode the library meets (mode_flags).
 local flags = mode_flags(mode)
 local stamp = flags.stamp
@@ -106,9 +107,15 @@ local first_write = claim_arg and 3 or 2
 -- expects[i], values[i] (puts only), for i = 1..n.
 -- A bound put (kind P.KIND_PUT_BOUND, docs/design/12-claims.md §12.4) is a
 -- put in kinds[i], with binds[i] true (binds: nil while none is bound).
--- (Made at the most writes the arguments can hold: one each.)
+-- (Made at the most writes the arguments can hold, one each, when that
+-- is worth it: sized.)
 local most = #ARGV - first_write + 1
-local kinds, kis, wkeys, expects, values, binds = sized(most), sized(most), sized(most), sized(most), sized(most), nil
+local kinds, kis, wkeys, expects, values, binds
+if most > 2 then
+  kinds, kis, wkeys, expects, values = sized(most), sized(most), sized(most), sized(most), sized(most)
+else
+  kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
+end
 local n = 0
 do
   local a, last = first_write, #ARGV
@@ -120,7 +127,13 @@ do
       binds = binds or {}
       binds[n] = true
     end
-    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
+    -- expected: BLIND (-1) is the only negative a commit is sent.
+    kinds[n], kis[n], wkeys[n] = kind, tonumber(ki), key
+    if expected == '-1' then
+      expects[n] = -1
+    else
+      expects[n] = tonumber(expected, 36)
+    end
     if kind == PUT then
       a = a + 1
       values[n] = ARGV[a]
@@ -243,8 +256,8 @@ end
 -- batch answers the same refusal, in the same order, as when each write
 -- read its own field. A field of fenced's unbound form (fenced_head) is
 -- never bound: meet is spared it.
-local stored, stored_err = sized(n), nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
-local heads = sized(n) -- write index -> the revision digits of a stored field of fenced's unbound form (fenced_head)
+local stored, stored_err = n > 2 and sized(n) or {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
+local heads = n > 2 and sized(n) or {} -- write index -> the revision digits of a stored field of fenced's unbound form (fenced_head)
 local by_key = {} -- KEYS index -> the indices of its puts, deletes and checks, in order
 do
   for i = 1, n do
@@ -261,7 +274,7 @@ do
   for ki, list in pairs(by_key) do
     local j, len = 1, #list
     while j <= len do
-      local first, fields, f = j, sized(math.min(len - j + 1, CHECK_CHUNK)), 0
+      local first, fields, f = j, len - j > 1 and sized(math.min(len - j + 1, CHECK_CHUNK)) or {}, 0
       while j <= len and f < CHECK_CHUNK do
         f = f + 1
         fields[f] = wkeys[list[j]]
@@ -476,7 +489,7 @@ local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name 
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
-local log_changes, c = sized(n), 0 -- the log entry's changes (as log_change makes them), and their count
+local log_changes, c = n > 2 and sized(n) or {}, 0 -- the log entry's changes (as log_change makes them), and their count
 local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
 for i = 1, n do
   local kind = kinds[i]
@@ -509,7 +522,7 @@ for ki, list in pairs(by_key) do
   for _, i in ipairs(list) do
     local kind = kinds[i]
     if kind == PUT then
-      args = args or sized(2 * #list)
+      args = args or (#list > 1 and sized(2 * #list) or {})
       args[a + 1] = wkeys[i]
       args[a + 2] = (binds and binds[i] and bound_head or head) .. values[i] .. '}'
       a = a + 2
