@@ -60,7 +60,7 @@ func TestWithBearerToken(t *testing.T) {
 	tlsCreds := grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool()}))
 
 	c := dialT(t, addr, tlsCreds, client.WithBearerToken(bearerToken))
-	rev, err := c.Update(t.Context(), "rig-1", nil, func(tx *client.Txn) error {
+	rev, err := c.Update(t.Context(), "rig-1", client.Unfenced, func(tx *client.Txn) error {
 		return tx.Put("claims", "T-1", []byte(`{"by":"tick"}`))
 	})
 	if err != nil || rev <= 0 {

@@ -21,14 +21,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // Client calls one fenced deployment. It is safe for concurrent use.
@@ -178,7 +181,17 @@ func (c *Client) Close() error {
 type Record struct {
 	// Revision is the swarm revision of the batch that last put it.
 	Revision int64
-	// Value is the JSON text, byte for byte as its writer sent it.
+	// Value is the record's value, byte for byte as its writer sent it:
+	// one text of fenced's value grammar, JSON (RFC 8259) in which a value
+	// may also be NaN, Infinity or -Infinity, the literals Python's
+	// json.dumps writes for non-finite floats by default (the in-house
+	// writers store them; docs/design/02-redis-layout.md §2.2).
+	// encoding/json refuses those three: json.Unmarshal of such a value
+	// answers a *json.SyntaxError, and json.Marshal of a struct holding it
+	// as a RawMessage fails. Decode a value that may hold them with a
+	// decoder that reads them (Python's json.loads does), or write each of
+	// the three that stands outside a string as a number or null of your
+	// choosing first; fenced never rewrites them.
 	Value json.RawMessage
 	// Claim is the claim the record is bound to (a Write with Bound,
 	// docs/design/12-claims.md §12.4); "" when it is bound to none. A
@@ -206,8 +219,16 @@ type Fence struct {
 	NowMs int64
 }
 
+// Unfenced is the fence of a batch written without the swarm's lease, by
+// choice: Batch and Update send it as no fence at all, so the batch commits
+// on its revisions alone, whoever holds the lease (a hive's batches, which
+// hold none). A nil fence is refused (ErrNoFence) unless a claim fences the
+// batch (WithClaim): an unfenced write is never an accident. Never modify
+// it.
+var Unfenced = &Fence{}
+
 func (f *Fence) proto() *fencedv1.LeaseFence {
-	if f == nil {
+	if f == nil || f == Unfenced {
 		return nil
 	}
 	return &fencedv1.LeaseFence{Owner: f.Owner, Epoch: f.Epoch, NowMs: f.NowMs}
@@ -234,9 +255,8 @@ func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Recor
 }
 
 // Sections reads whole sections (every section but archive when names is
-// empty) and the swarm revision as one snapshot. Errors: see Decode;
-// ErrSnapshotTooLarge (*TooLargeError, RESOURCE_EXHAUSTED) for a snapshot
-// over the server's limits (use ScanSection).
+// empty) and the swarm revision as one snapshot, of any size (Snapshot).
+// Errors: see Snapshot.
 func (c *Client) Sections(ctx context.Context, slug string, names ...string) (map[string]map[string]Record, int64, error) {
 	snap, err := c.Snapshot(ctx, slug, names...)
 	if err != nil {
@@ -256,13 +276,37 @@ type Snapshot struct {
 	SectionRevisions map[string]int64
 }
 
-// Snapshot is Sections with the section revisions. Errors:
-// ErrRevisionWentBackwards, see Decode.
+// Snapshot is Sections with the section revisions: one consistent
+// snapshot of any size. It asks with one Sections call; a snapshot over
+// the server's limits for one answer (ErrSnapshotTooLarge) is read again
+// with StreamSections, one snapshot streamed in messages of at most 1 MiB
+// (restarted by the server when a write lands in it while it is read; only
+// a complete one is answered), so that no snapshot is refused for its size
+// (a server older than StreamSections answers the ErrSnapshotTooLarge).
+// Errors: ErrRevisionWentBackwards; ErrConflict when writes kept landing
+// in a streamed snapshot on each of the server's attempts (read again);
+// ErrResourceExhausted with a retry delay when the server has as many
+// streams open as it allows (TOO_MANY_SECTION_STREAMS); see Decode.
 func (c *Client) Snapshot(ctx context.Context, slug string, names ...string) (*Snapshot, error) {
 	before := c.mark(slug)
 	resp, err := c.records.Sections(ctx, &fencedv1.SectionsRequest{Slug: slug, Names: names})
 	if err != nil {
-		return nil, Decode(err)
+		err = Decode(err)
+		var tl *TooLargeError
+		if errors.As(err, &tl) && tl.Key == "" {
+			snap, serr := c.streamSnapshot(ctx, slug, names)
+			if status.Code(serr) == codes.Unimplemented {
+				return nil, err
+			}
+			if serr != nil {
+				return nil, Decode(serr)
+			}
+			if err := c.read(slug, before, snap.Revision); err != nil {
+				return nil, err
+			}
+			return snap, nil
+		}
+		return nil, err
 	}
 	if err := c.read(slug, before, resp.GetRevision()); err != nil {
 		return nil, err
@@ -277,6 +321,60 @@ func (c *Client) Snapshot(ctx context.Context, slug string, names ...string) (*S
 		snap.SectionRevisions[name] = sec.GetRevision()
 	}
 	return snap, nil
+}
+
+// streamSnapshot reads the sections with StreamSections: the records of
+// the last attempt, joined from their parts, and the end. Errors: the
+// call's status error, unDecoded.
+func (c *Client) streamSnapshot(ctx context.Context, slug string, names []string) (*Snapshot, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.records.StreamSections(ctx, &fencedv1.StreamSectionsRequest{Slug: slug, Names: names})
+	if err != nil {
+		return nil, err
+	}
+	snap := &Snapshot{Sections: map[string]map[string]Record{}}
+	var part []byte // the value of a record sent in parts, so far
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			return nil, status.Error(codes.Internal, "fenced: StreamSections ended without its end")
+		}
+		if err != nil {
+			return nil, err
+		}
+		if resp.GetRestart() {
+			snap.Sections, part = map[string]map[string]Record{}, nil
+			continue
+		}
+		for _, r := range resp.GetRecords() {
+			if r.GetMore() || part != nil {
+				part = append(part, r.GetRecord().GetValue()...)
+				if r.GetMore() {
+					continue
+				}
+			}
+			rec := recordOf(r.GetRecord())
+			if part != nil {
+				rec.Value, part = json.RawMessage(part), nil
+			}
+			sec := snap.Sections[r.GetSection()]
+			if sec == nil {
+				sec = map[string]Record{}
+				snap.Sections[r.GetSection()] = sec
+			}
+			sec[r.GetKey()] = rec
+		}
+		if end := resp.GetEnd(); end != nil {
+			snap.Revision, snap.SectionRevisions = end.GetRevision(), end.GetSectionRevisions()
+			for name := range snap.SectionRevisions {
+				if snap.Sections[name] == nil {
+					snap.Sections[name] = map[string]Record{}
+				}
+			}
+			return snap, nil
+		}
+	}
 }
 
 func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
@@ -397,7 +495,10 @@ type Write struct {
 	Section  string
 	Key      string
 	Expected int64
-	Value    json.RawMessage
+	// Value is a Put's value, stored byte for byte: one text of the value
+	// grammar (JSON, and NaN, Infinity, -Infinity; see Record.Value); else
+	// INVALID_ARGUMENT naming writes[i].value and the byte at fault.
+	Value json.RawMessage
 	// Checks are the records a CheckRecords compares; nil for other kinds.
 	Checks []RecordCheck
 	// Bound binds a Put's record to the batch's claim (WithClaim;
@@ -490,7 +591,10 @@ func NewRequestID() string {
 // the WithRequestID id as RequestID (and still matching its own kind,
 // ErrUnavailable, context.DeadlineExceeded): Batch does not resend it;
 // send the same writes again under that id (Update does so by itself).
-// Errors: see Decode.
+// fence is the lease's (Keeper.Fence), or Unfenced to write without one by
+// choice; nil without a claim (WithClaim) is ErrNoFence, nothing sent.
+// Errors: ErrNoFence, ErrFenceRequired (the server requires a fence for a
+// section written, --require-fence), see Decode.
 func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write, opts ...BatchOption) (int64, error) {
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
@@ -505,6 +609,9 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	}
 	for _, o := range opts {
 		o(req)
+	}
+	if fence == nil && req.Claim == nil {
+		return 0, ErrNoFence
 	}
 	resp, err := c.records.FencedBatch(ctx, req)
 	if err != nil {

@@ -34,13 +34,13 @@ func TestBoundPuts(t *testing.T) {
 	}
 	epoch := got.GetLease().GetEpoch()
 	claim := client.WithClaim(&client.ClaimFence{Name: "wake/1", Owner: "worker-a", Epoch: epoch})
-	r1, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	r1, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		return tx.PutBound("claims", "T-1", json.RawMessage(`{"step":1}`))
 	}, claim)
 	if err != nil {
 		t.Fatalf("Update with PutBound: %v", err)
 	}
-	r2, err := f.c.Batch(ctx, slug, nil, []client.Write{client.PutBound("claims", "T-2", 0, json.RawMessage(`2`)),
+	r2, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{client.PutBound("claims", "T-2", 0, json.RawMessage(`2`)),
 		{Kind: client.Put, Section: "claims", Key: "plain", Value: json.RawMessage(`0`)}}, claim)
 	if err != nil {
 		t.Fatalf("Batch with PutBound: %v", err)
@@ -63,7 +63,7 @@ func TestBoundPuts(t *testing.T) {
 		}
 	}
 	// Update reads it absent and puts over it expecting 0.
-	if _, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	if _, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		if _, ok, err := tx.Get("claims", "T-1"); err != nil || ok {
 			return errors.New("T-1 is present after its claim's release")
 		}
@@ -72,7 +72,7 @@ func TestBoundPuts(t *testing.T) {
 		t.Errorf("Update over a released bound record: %v", err)
 	}
 
-	_, err = f.c.Batch(ctx, slug, nil, []client.Write{client.PutBound("claims", "T-3", 0, json.RawMessage(`3`))})
+	_, err = f.c.Batch(ctx, slug, client.Unfenced, []client.Write{client.PutBound("claims", "T-3", 0, json.RawMessage(`3`))})
 	var ie *client.InvalidArgumentError
 	if !errors.Is(err, client.ErrInvalidArgument) || !errors.As(err, &ie) || len(ie.Violations) != 1 || ie.Violations[0].Field != "writes[0].bind_to_claim" {
 		t.Errorf("PutBound without a claim fence = %v; want ErrInvalidArgument on writes[0].bind_to_claim", err)
@@ -94,7 +94,7 @@ func TestUpdateFencedByAClaim(t *testing.T) {
 	}
 	g := got.GetLease()
 	live := &client.ClaimFence{Name: "wake/1", Owner: "worker-a", Epoch: g.GetEpoch()}
-	rev, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	rev, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		return tx.Put("claims", "T-1", json.RawMessage(`{"by":"a"}`))
 	}, client.WithClaim(live))
 	if err != nil || rev <= got.GetRevision() {
@@ -103,7 +103,7 @@ func TestUpdateFencedByAClaim(t *testing.T) {
 
 	runs := 0
 	stale := &client.ClaimFence{Name: "wake/1", Owner: "worker-a", Epoch: g.GetEpoch() - 1}
-	_, err = f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	_, err = f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		runs++
 		return tx.Put("claims", "T-1", json.RawMessage(`{"by":"a, stale"}`))
 	}, client.WithClaim(stale))
@@ -523,7 +523,7 @@ func TestClientReportsRevisionGoingBackwards(t *testing.T) {
 	const slug = "backwards"
 	put := func(key string) int64 {
 		t.Helper()
-		rev, err := f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: key, Expected: client.Blind, Value: json.RawMessage(`1`)}})
+		rev, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: key, Expected: client.Blind, Value: json.RawMessage(`1`)}})
 		if err != nil {
 			t.Fatalf("Batch(%s): %v", key, err)
 		}
@@ -566,7 +566,7 @@ func TestClientReportsRevisionGoingBackwards(t *testing.T) {
 	id := client.NewRequestID()
 	var next int64
 	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
-		next, err = f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "again", Expected: client.Blind, Value: json.RawMessage(`1`)}}, client.WithRequestID(id))
+		next, err = f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "again", Expected: client.Blind, Value: json.RawMessage(`1`)}}, client.WithRequestID(id))
 		if !errors.Is(err, client.ErrUnavailable) || time.Now().After(deadline) {
 			break
 		}
@@ -622,7 +622,7 @@ func TestClientFollowsASwarmFromMicrosecondToNewRevisions(t *testing.T) {
 		}
 	}()
 	var revs []int64
-	rev, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	rev, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		if _, _, err := tx.Get("claims", "T-1"); err != nil {
 			return err
 		}
@@ -636,7 +636,7 @@ func TestClientFollowsASwarmFromMicrosecondToNewRevisions(t *testing.T) {
 	if err != nil || snap.Revision != rev || snap.Sections["claims"]["T-1"].Revision != rev {
 		t.Fatalf("Snapshot after the Update = %+v, %v; want the swarm and T-1 at r%d", snap, err, rev)
 	}
-	next, err := f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "T-2", Expected: client.Blind, Value: json.RawMessage(`1`)}})
+	next, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "T-2", Expected: client.Blind, Value: json.RawMessage(`1`)}})
 	if err != nil || client.CompareRevisions(next, rev) <= 0 {
 		t.Fatalf("Batch = r%d, %v; want later than r%d", next, err, rev)
 	}

@@ -66,6 +66,14 @@ var (
 	// ScanSection), or one record alone over them (a foreign writer's),
 	// from Get or ScanSection, nothing of it read. As *TooLargeError.
 	ErrSnapshotTooLarge = errors.New("fenced: snapshot too large")
+	// ErrFenceRequired: FAILED_PRECONDITION FENCE_REQUIRED: the server
+	// requires a fence (--require-fence) for a section the unfenced batch
+	// writes; nothing was written. Fence it with the swarm's lease.
+	ErrFenceRequired = errors.New("fenced: the server requires a fence for these writes")
+	// ErrNoFence: Batch or Update was given a nil fence and no claim
+	// (WithClaim); nothing was sent. Pass the lease's fence (Keeper.Fence),
+	// or Unfenced to write unfenced by choice.
+	ErrNoFence = errors.New("fenced: no fence given: pass the lease's fence, or client.Unfenced to write unfenced")
 	// ErrKeptChanging: Update met a revision conflict on every attempt.
 	ErrKeptChanging = errors.New("the swarm fencing state kept changing; nothing was committed")
 )
@@ -321,6 +329,8 @@ func Decode(err error) error {
 		return le
 	case st.Code() == codes.FailedPrecondition && is(fencedv1.ErrorReason_LAYOUT_DOCUMENT):
 		return &codeError{kind: ErrLayoutDocument, err: err}
+	case st.Code() == codes.FailedPrecondition && is(fencedv1.ErrorReason_FENCE_REQUIRED):
+		return &codeError{kind: ErrFenceRequired, err: err}
 	case st.Code() == codes.InvalidArgument:
 		ie := &InvalidArgumentError{Err: err}
 		for _, v := range br.GetFieldViolations() {

@@ -28,7 +28,7 @@ func TestScanSectionStepsPastAForeignRecordOverTheLimit(t *testing.T) {
 	for i := range 30 {
 		ws = append(ws, client.Write{Kind: client.Put, Section: "claims", Key: fmt.Sprintf("c-%02d", i), Value: json.RawMessage(`{"by":"x"}`)})
 	}
-	if _, err := f.c.Batch(ctx, slug, nil, ws); err != nil {
+	if _, err := f.c.Batch(ctx, slug, client.Unfenced, ws); err != nil {
 		t.Fatal(err)
 	}
 	huge := `{"r":1,"v":"` + strings.Repeat("x", 5<<20) + `"}`

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -40,8 +41,11 @@ const (
 // revisions they were read at, plus a check of every record read but not
 // written: the records of a section read whole in one CheckRecords write
 // per section (or one CheckSection for a section read PhantomProof), and
-// sent as one FencedBatch under fence (nil: unfenced). A change that writes
-// nothing sends nothing and answers the highest revision it saw.
+// sent as one FencedBatch under fence: the lease's (Keeper.Fence), or
+// Unfenced to write without one by choice; nil without a claim
+// (WithClaim) is refused at once, ErrNoFence, change not run. A change
+// that writes nothing sends nothing and answers the highest revision it
+// saw.
 //
 // On a revision conflict (ABORTED) Update waits (2 ms, doubling up to 256
 // ms, ±50 %: RerunWaitInitial), reads
@@ -79,6 +83,15 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 	var o updateOptions
 	for _, opt := range opts {
 		opt.applyUpdate(&o)
+	}
+	if fence == nil {
+		var req fencedv1.FencedBatchRequest
+		for _, bo := range o.batch {
+			bo(&req)
+		}
+		if req.Claim == nil {
+			return 0, ErrNoFence
+		}
 	}
 	jitter := &backoff.ExponentialBackOff{
 		InitialInterval:     RerunWaitInitial,

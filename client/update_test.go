@@ -164,7 +164,7 @@ func TestUpdateResendsABatchHeldByAStoppedRedisUnderItsRequestID(t *testing.T) {
 	c := f.dialLogged(t, l)
 	ctx, slug := ctxT(t), newSlug(t)
 	runs := 0
-	rev, err := c.Update(ctx, slug, nil, stoppingChange(r, &runs), client.WithAttemptTimeout(time.Second))
+	rev, err := c.Update(ctx, slug, client.Unfenced, stoppingChange(r, &runs), client.WithAttemptTimeout(time.Second))
 	if err != nil {
 		t.Fatalf("Update whose first send met a stopped Redis: %v", err)
 	}
@@ -204,7 +204,7 @@ func TestUpdateWhoseContextEndsWhileRedisIsStoppedNamesItsRequestID(t *testing.T
 	ctx, cancel := context.WithTimeout(ctxT(t), 3*time.Second)
 	defer cancel()
 	runs := 0
-	_, err := c.Update(ctx, slug, nil, stoppingChange(r, &runs))
+	_, err := c.Update(ctx, slug, client.Unfenced, stoppingChange(r, &runs))
 	r.resume()
 	var oe *client.OutcomeUnknownError
 	if !errors.Is(err, client.ErrOutcomeUnknown) || !errors.As(err, &oe) || !errors.Is(err, context.DeadlineExceeded) ||
@@ -219,11 +219,11 @@ func TestUpdateWhoseContextEndsWhileRedisIsStoppedNamesItsRequestID(t *testing.T
 	// send was cut before fenced sent it on): resent under its id, it
 	// commits once either way.
 	ws := []client.Write{{Kind: client.Put, Section: "operations", Key: "counter", Expected: 0, Value: json.RawMessage(`{"n":1}`)}}
-	rev, err := f.c.Batch(ctxT(t), slug, nil, ws, client.WithRequestID(oe.RequestID))
+	rev, err := f.c.Batch(ctxT(t), slug, client.Unfenced, ws, client.WithRequestID(oe.RequestID))
 	if err != nil {
 		t.Fatalf("Batch resent under request id %s: %v", oe.RequestID, err)
 	}
-	if again, err := f.c.Batch(ctxT(t), slug, nil, ws, client.WithRequestID(oe.RequestID)); err != nil || again != rev {
+	if again, err := f.c.Batch(ctxT(t), slug, client.Unfenced, ws, client.WithRequestID(oe.RequestID)); err != nil || again != rev {
 		t.Errorf("Batch resent again under request id %s = r%d, %v; want r%d", oe.RequestID, again, err, rev)
 	}
 	if log := f.log(t, slug); len(log) != 1 || log[0].requestID != oe.RequestID || log[0].revision != rev {
@@ -253,7 +253,7 @@ func TestBatchWhoseOutcomeIsUnknownNamesItsRequestIDAndIsNotResent(t *testing.T)
 			c := recordingClient(t, f.addr, rec)
 			slug, id := newSlug(t), client.NewRequestID()
 			ws := []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`1`)}}
-			_, err := c.Batch(ctxT(t), slug, nil, ws, client.WithRequestID(id))
+			_, err := c.Batch(ctxT(t), slug, client.Unfenced, ws, client.WithRequestID(id))
 			var oe *client.OutcomeUnknownError
 			if !errors.As(err, &oe) || oe.RequestID != id || !errors.Is(err, client.ErrOutcomeUnknown) ||
 				tc.kind != nil && !errors.Is(err, tc.kind) || status.Code(err) != status.Code(tc.answer) {
@@ -262,21 +262,21 @@ func TestBatchWhoseOutcomeIsUnknownNamesItsRequestIDAndIsNotResent(t *testing.T)
 			if n := len(rec.sent()); n != 1 {
 				t.Errorf("Batch sent %d times, want once", n)
 			}
-			rev, err := f.c.Batch(ctxT(t), slug, nil, ws, client.WithRequestID(id))
+			rev, err := f.c.Batch(ctxT(t), slug, client.Unfenced, ws, client.WithRequestID(id))
 			if log := f.log(t, slug); err != nil || len(log) != 1 || log[0].revision != rev {
 				t.Errorf("resent under %s: r%d, %v; log %+v; want the one commit", id, rev, err, log)
 			}
-			_, err = c.Batch(ctxT(t), newSlug(t), nil, ws)
+			_, err = c.Batch(ctxT(t), newSlug(t), client.Unfenced, ws)
 			if !errors.As(err, &oe) || oe.RequestID != "" {
 				t.Errorf("Batch without a request id answered %v = %v; want *OutcomeUnknownError with no id", tc.answer, err)
 			}
 		})
 	}
 	slug := newSlug(t)
-	if _, err := f.c.Batch(ctxT(t), slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`1`)}}); err != nil {
+	if _, err := f.c.Batch(ctxT(t), slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`1`)}}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := f.c.Batch(ctxT(t), slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`2`)}},
+	_, err := f.c.Batch(ctxT(t), slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`2`)}},
 		client.WithRequestID(client.NewRequestID()))
 	if !errors.Is(err, client.ErrConflict) || errors.Is(err, client.ErrOutcomeUnknown) {
 		t.Errorf("Batch refused by a conflict = %v; want ErrConflict, not ErrOutcomeUnknown", err)
@@ -357,7 +357,7 @@ func seedSection(t *testing.T, c *client.Client, slug, section string, n int) ma
 			want[k] = fmt.Sprintf(`{"i":%d}`, i)
 			ws = append(ws, client.Write{Kind: client.Put, Section: section, Key: k, Expected: 0, Value: json.RawMessage(want[k])})
 		}
-		if _, err := c.Batch(ctxT(t), slug, nil, ws); err != nil {
+		if _, err := c.Batch(ctxT(t), slug, client.Unfenced, ws); err != nil {
 			t.Fatalf("seed %s/%s: %v", slug, section, err)
 		}
 	}
@@ -379,7 +379,7 @@ func TestUpdateFencesWholeSectionWithOneRecordsCheck(t *testing.T) {
 	seedSection(t, f.c, slug, "claims", 500)
 	seeded := f.revision(t, slug)
 	runs := 0
-	_, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	_, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		runs++
 		s, err := tx.Section("claims")
 		if err != nil {
@@ -389,7 +389,7 @@ func TestUpdateFencesWholeSectionWithOneRecordsCheck(t *testing.T) {
 		if _, ok, err := s.Get("key-0007"); err != nil || !ok {
 			return fmt.Errorf("claims/key-0007: present %v, %v", ok, err)
 		}
-		if _, err := f.c.Batch(ctx, slug, nil, []client.Write{
+		if _, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{
 			{Kind: client.Put, Section: "claims", Key: "phantom", Expected: 0, Value: json.RawMessage(`{"new":true}`)}}); err != nil {
 			return fmt.Errorf("phantom insert: %w", err)
 		}
@@ -433,7 +433,7 @@ func TestUpdatePhantomProofFencesWholeSectionWithOneSectionCheck(t *testing.T) {
 	runs := 0
 	var phantom int64
 	var sectionRevs []int64
-	rev, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	rev, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		runs++
 		s, err := tx.Section("claims", client.PhantomProof())
 		if err != nil {
@@ -452,7 +452,7 @@ func TestUpdatePhantomProofFencesWholeSectionWithOneSectionCheck(t *testing.T) {
 		if runs == 1 {
 			// Another controller inserts a new claim between the count and
 			// the commit.
-			phantom, err = f.c.Batch(ctx, slug, nil, []client.Write{
+			phantom, err = f.c.Batch(ctx, slug, client.Unfenced, []client.Write{
 				{Kind: client.Put, Section: "claims", Key: "phantom", Expected: 0, Value: json.RawMessage(`{"new":true}`)}})
 			if err != nil {
 				return fmt.Errorf("phantom insert: %w", err)
@@ -518,7 +518,7 @@ func TestUpdateResendsLostReplyUnderItsRequestID(t *testing.T) {
 	c := recordingClient(t, f.addr, rec)
 	ctx, slug := ctxT(t), newSlug(t)
 	runs := 0
-	rev, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	rev, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		runs++
 		var n counter
 		if _, err := tx.GetJSON("operations", "counter", &n); err != nil {
@@ -577,7 +577,7 @@ func TestUpdateResendsUnderItsRequestIDWhenTheOutcomeIsUnknown(t *testing.T) {
 			c := recordingClient(t, f.addr, rec)
 			ctx, slug := ctxT(t), newSlug(t)
 			runs := 0
-			rev, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+			rev, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 				runs++
 				return tx.PutJSON("operations", "counter", counter{N: int64(runs)})
 			})
@@ -601,7 +601,7 @@ func TestUpdateResendsUnderItsRequestIDWhenTheOutcomeIsUnknown(t *testing.T) {
 			return status.Error(codes.Canceled, "context canceled")
 		}}
 		c := recordingClient(t, f.addr, rec)
-		_, err := c.Update(ctx, newSlug(t), nil, func(tx *client.Txn) error {
+		_, err := c.Update(ctx, newSlug(t), client.Unfenced, func(tx *client.Txn) error {
 			return tx.PutJSON("operations", "counter", counter{N: 1})
 		})
 		if err == nil || len(rec.sent()) != 1 {
@@ -622,16 +622,16 @@ func TestBatchRequestIDReplaysAndRefusesAnotherRequest(t *testing.T) {
 		t.Errorf("NewRequestID() = %q: want 32 hex digits, fresh each call", id)
 	}
 	ws := []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`1`)}}
-	first, err := f.c.Batch(ctx, slug, nil, ws, client.WithRequestID(id))
+	first, err := f.c.Batch(ctx, slug, client.Unfenced, ws, client.WithRequestID(id))
 	if err != nil {
 		t.Fatalf("Batch: %v", err)
 	}
-	again, err := f.c.Batch(ctx, slug, nil, ws, client.WithRequestID(id))
+	again, err := f.c.Batch(ctx, slug, client.Unfenced, ws, client.WithRequestID(id))
 	if err != nil || again != first {
 		t.Errorf("Batch again under id %s = %d, %v; want %d", id, again, err, first)
 	}
 	other := []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: first, Value: json.RawMessage(`2`)}}
-	_, err = f.c.Batch(ctx, slug, nil, other, client.WithRequestID(id))
+	_, err = f.c.Batch(ctx, slug, client.Unfenced, other, client.WithRequestID(id))
 	var ie *client.InvalidArgumentError
 	if !errors.Is(err, client.ErrInvalidArgument) || !errors.As(err, &ie) || len(ie.Violations) != 1 || ie.Violations[0].Field != "request_id" {
 		t.Errorf("Batch of another request under id %s = %v, want ErrInvalidArgument on request_id", id, err)
@@ -658,7 +658,7 @@ func TestReplicaAckShortfallIsAReplicationErrorNotResent(t *testing.T) {
 	ctx, slug := ctxT(t), newSlug(t)
 
 	ws := []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`1`)}}
-	rev, err := c.Batch(ctx, slug, nil, ws, client.WithReplicaAck(1, waitLimit))
+	rev, err := c.Batch(ctx, slug, client.Unfenced, ws, client.WithReplicaAck(1, waitLimit))
 	if err != nil {
 		t.Fatalf("Batch(WithReplicaAck(1)): %v", err)
 	}
@@ -666,7 +666,7 @@ func TestReplicaAckShortfallIsAReplicationErrorNotResent(t *testing.T) {
 		t.Errorf("replica claims/a = %q right after the acknowledgement", got)
 	}
 
-	_, err = c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "b", Expected: 0, Value: json.RawMessage(`2`)}},
+	_, err = c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "b", Expected: 0, Value: json.RawMessage(`2`)}},
 		client.WithReplicaAck(2, 50*time.Millisecond))
 	var re *client.ReplicationError
 	if !errors.Is(err, client.ErrReplicationTimeout) || !errors.Is(err, client.ErrUnavailable) || !errors.As(err, &re) ||
@@ -677,7 +677,7 @@ func TestReplicaAckShortfallIsAReplicationErrorNotResent(t *testing.T) {
 	first := re.Revision
 	before := len(rec.sent())
 	runs := 0
-	_, err = c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	_, err = c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		runs++
 		return tx.PutJSON("claims", "c", 3)
 	}, client.WithReplicaAck(2, 50*time.Millisecond))
@@ -729,7 +729,7 @@ func TestScanSectionReportsWhetherTheSectionChanged(t *testing.T) {
 		calls++
 		if calls == 1 {
 			var err error
-			wrote, err = f.c.Batch(ctx, slug, nil, []client.Write{
+			wrote, err = f.c.Batch(ctx, slug, client.Unfenced, []client.Write{
 				{Kind: client.Put, Section: "archive", Key: "mid-scan", Expected: 0, Value: json.RawMessage(`{}`)}})
 			return err
 		}
@@ -792,7 +792,7 @@ func TestUpdateWhoseOutcomeIsUnknownWhenItsContextEndsSaysSo(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	slug := newSlug(t)
-	_, err = c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	_, err = c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		return tx.PutJSON("operations", "counter", counter{N: 1})
 	})
 	if !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.Canceled) {
@@ -825,7 +825,7 @@ type task struct {
 
 func seedTasks(t *testing.T, f *fixture, slug string) int64 {
 	t.Helper()
-	rev, err := f.c.Batch(ctxT(t), slug, nil, []client.Write{
+	rev, err := f.c.Batch(ctxT(t), slug, client.Unfenced, []client.Write{
 		{Kind: client.Put, Section: "claims", Key: "T-1", Expected: 0, Value: json.RawMessage(`{"status":"running"}`)},
 		{Kind: client.Put, Section: "claims", Key: "T-2", Expected: 0, Value: json.RawMessage(`{"status":"running"}`)},
 	})
@@ -867,7 +867,7 @@ func TestUpdateOfASectionReadWholeCatchesAWriterThatBypassesFenced(t *testing.T)
 			seedTasks(t, f, slug)
 			opts := sectionOptions(phantomProof)
 			runs := 0
-			_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+			_, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 				runs++
 				s, err := tx.Section("claims", opts...)
 				if err != nil {
@@ -922,7 +922,7 @@ func TestUpdateOfASectionReadWholeLetsInsertsThrough(t *testing.T) {
 			seeded := seedTasks(t, f, slug)
 			opts := sectionOptions(phantomProof)
 			runs := 0
-			_, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+			_, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 				runs++
 				s, err := tx.Section("claims", opts...)
 				if err != nil {
@@ -930,7 +930,7 @@ func TestUpdateOfASectionReadWholeLetsInsertsThrough(t *testing.T) {
 				}
 				n := s.Len()
 				if runs == 1 {
-					if _, err := other.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: fmt.Sprintf("new-%d", runs), Expected: 0, Value: json.RawMessage(`{"status":"running"}`)}}); err != nil {
+					if _, err := other.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: fmt.Sprintf("new-%d", runs), Expected: 0, Value: json.RawMessage(`{"status":"running"}`)}}); err != nil {
 						return fmt.Errorf("insert: %w", err)
 					}
 				}
@@ -986,14 +986,14 @@ func TestUpdateOfABusySectionReadWholeCommits(t *testing.T) {
 		seedTasks(t, f, slug)
 		opts := sectionOptions(phantomProof)
 		runs := 0
-		_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		_, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 			runs++
 			s, err := tx.Section("claims", opts...)
 			if err != nil {
 				return err
 			}
 			n := s.Len()
-			if _, err := other.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: fmt.Sprintf("new-%d", runs), Expected: 0, Value: json.RawMessage(`{}`)}}); err != nil {
+			if _, err := other.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: fmt.Sprintf("new-%d", runs), Expected: 0, Value: json.RawMessage(`{}`)}}); err != nil {
 				return err
 			}
 			return tx.PutJSON("operations", "count", n)
@@ -1022,14 +1022,14 @@ func TestUpdateChecksEveryRecordOfASectionReadWholeOnce(t *testing.T) {
 	r0 := seedClaims(t, f, slug) // a, b, c
 	runs := 0
 	var r1 int64
-	_, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+	_, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 		runs++
 		if _, _, err := tx.Get("claims", "a"); err != nil {
 			return err
 		}
 		if runs == 1 {
 			var err error
-			if r1, err = other.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: r0, Value: json.RawMessage(`"A2"`)}}); err != nil {
+			if r1, err = other.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: r0, Value: json.RawMessage(`"A2"`)}}); err != nil {
 				return err
 			}
 		}
@@ -1095,7 +1095,7 @@ func TestBatchCheckRecordsConflictNamesThePair(t *testing.T) {
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
 	r0 := seedClaims(t, f, slug)
-	_, err := f.c.Batch(ctx, slug, nil, []client.Write{
+	_, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{
 		{Kind: client.Put, Section: "intents", Key: "i", Expected: 0, Value: json.RawMessage(`1`)},
 		{Kind: client.CheckRecords, Section: "claims", Checks: []client.RecordCheck{{Key: "a", Expected: r0}, {Key: "b", Expected: r0 - 1}, {Key: "new", Expected: 0}}},
 	})
@@ -1148,7 +1148,7 @@ func TestConcurrentIncrements(t *testing.T) {
 			slug := newSlug(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			var fence *client.Fence
+			fence := client.Unfenced
 			owner := ""
 			if fenced {
 				// The longest TTL: no renewal (and no log entry of one)
@@ -1262,7 +1262,7 @@ func TestConcurrentIncrements(t *testing.T) {
 // seedClaims puts claims a, b and c (unfenced) and answers the revision.
 func seedClaims(t *testing.T, f *fixture, slug string) int64 {
 	t.Helper()
-	rev, err := f.c.Batch(ctxT(t), slug, nil, []client.Write{
+	rev, err := f.c.Batch(ctxT(t), slug, client.Unfenced, []client.Write{
 		{Kind: client.Put, Section: "claims", Key: "a", Expected: 0, Value: json.RawMessage(`"A"`)},
 		{Kind: client.Put, Section: "claims", Key: "b", Expected: 0, Value: json.RawMessage(`"B"`)},
 		{Kind: client.Put, Section: "claims", Key: "c", Expected: 0, Value: json.RawMessage(`"C"`)},
@@ -1316,7 +1316,7 @@ func TestSectionReadWholeConflicts(t *testing.T) {
 			seedClaims(t, f, slug)
 			runs := 0
 			var meddled int64
-			rev, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+			rev, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 				runs++
 				s, err := tx.Section("claims")
 				if err != nil {
@@ -1326,7 +1326,7 @@ func TestSectionReadWholeConflicts(t *testing.T) {
 				if runs == 1 {
 					// Another controller writes between this read and the
 					// commit.
-					if meddled, err = other.Batch(ctx, slug, nil, []client.Write{tt.meddle}); err != nil {
+					if meddled, err = other.Batch(ctx, slug, client.Unfenced, []client.Write{tt.meddle}); err != nil {
 						t.Errorf("meddling Batch: %v", err)
 					}
 				}
@@ -1382,7 +1382,7 @@ func TestUpdateWritesNothing(t *testing.T) {
 	for name, change := range changes {
 		t.Run(name, func(t *testing.T) {
 			logLen := len(f.log(t, slug))
-			rev, err := f.c.Update(ctx, slug, nil, change)
+			rev, err := f.c.Update(ctx, slug, client.Unfenced, change)
 			if err != nil {
 				t.Fatalf("Update: %v", err)
 			}
@@ -1445,7 +1445,7 @@ func TestUpdateStops(t *testing.T) {
 		slug := newSlug(t)
 		boom := errors.New("boom")
 		runs := 0
-		_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		_, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 			runs++
 			if err := tx.Put("operations", "x", json.RawMessage(`1`)); err != nil {
 				return err
@@ -1466,12 +1466,12 @@ func TestUpdateStops(t *testing.T) {
 	t.Run("kept changing", func(t *testing.T) {
 		slug := newSlug(t)
 		runs := 0
-		_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		_, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 			runs++
 			if err := increment(new(int))(tx); err != nil {
 				return err
 			}
-			_, err := other.Batch(ctx, slug, nil, []client.Write{
+			_, err := other.Batch(ctx, slug, client.Unfenced, []client.Write{
 				{Kind: client.Put, Section: "operations", Key: "counter", Expected: client.Blind, Value: json.RawMessage(`{"n":-1}`)},
 			})
 			return err
@@ -1503,7 +1503,7 @@ func TestUpdateStops(t *testing.T) {
 		slug := newSlug(t)
 		boom := errors.New("boom")
 		runs := 0
-		_, err := f.c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		_, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 			runs++
 			if runs == client.MaxUpdateAttempts {
 				return boom
@@ -1511,7 +1511,7 @@ func TestUpdateStops(t *testing.T) {
 			if err := increment(new(int))(tx); err != nil {
 				return err
 			}
-			_, err := other.Batch(ctx, slug, nil, []client.Write{
+			_, err := other.Batch(ctx, slug, client.Unfenced, []client.Write{
 				{Kind: client.Put, Section: "operations", Key: "counter", Expected: client.Blind, Value: json.RawMessage(`{"n":-1}`)},
 			})
 			return err
@@ -1529,7 +1529,7 @@ func TestConflictError(t *testing.T) {
 	f := start(t)
 	ctx, slug := ctxT(t), newSlug(t)
 	seeded := seedClaims(t, f, slug)
-	_, err := f.c.Batch(ctx, slug, nil, []client.Write{
+	_, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{
 		{Kind: client.Put, Section: "claims", Key: "c", Expected: seeded + 5, Value: json.RawMessage(`1`)},
 		{Kind: client.Check, Section: "claims", Key: "b", Expected: seeded},
 		{Kind: client.Delete, Section: "claims", Key: "a", Expected: 0},

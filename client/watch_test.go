@@ -151,7 +151,7 @@ func TestWatchFallsBackToUncompressedOnceAServerRefusesGzip(t *testing.T) {
 			ctx := ctxT(t)
 			var revs []int64
 			for i := range 2 {
-				rev, err := f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "k", Expected: client.Blind, Value: []byte(strconv.Itoa(i))}})
+				rev, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "k", Expected: client.Blind, Value: []byte(strconv.Itoa(i))}})
 				if err != nil {
 					t.Fatalf("Batch %d: %v", i, err)
 				}
@@ -259,7 +259,7 @@ func TestWatchResumesAcrossFencedAndRedisRestarts(t *testing.T) {
 		// coming back; the request id keeps a retry from committing twice.
 		id := client.NewRequestID()
 		for {
-			rev, err := writer.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "k" + strconv.Itoa(i%3), Expected: client.Blind, Value: []byte(strconv.Itoa(i))}}, client.WithRequestID(id))
+			rev, err := writer.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "k" + strconv.Itoa(i%3), Expected: client.Blind, Value: []byte(strconv.Itoa(i))}}, client.WithRequestID(id))
 			if err == nil {
 				committed = append(committed, rev)
 				return
@@ -336,7 +336,7 @@ func TestWatchReportsCompactionAsTypedError(t *testing.T) {
 	slug := newSlug(t)
 	ctx := ctxT(t)
 	revs, oldest := fencedtest.FillLogPastItsCap(t, f.redis, key(slug, "log"), func(i int) int64 {
-		rev, err := f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "journals", Key: "j", Expected: client.Blind, Value: []byte(strconv.Itoa(i))}})
+		rev, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "journals", Key: "j", Expected: client.Blind, Value: []byte(strconv.Itoa(i))}})
 		if err != nil {
 			t.Fatalf("Batch: %v", err)
 		}
@@ -354,7 +354,7 @@ func TestWatchReportsCompactionAsTypedError(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
-	next, err := f.c.Batch(ctx, slug, nil, []client.Write{{Kind: client.Put, Section: "journals", Key: "j", Expected: snap.Sections["journals"]["j"].Revision, Value: []byte(`"after"`)}})
+	next, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "journals", Key: "j", Expected: snap.Sections["journals"]["j"].Revision, Value: []byte(`"after"`)}})
 	if err != nil {
 		t.Fatalf("Batch: %v", err)
 	}

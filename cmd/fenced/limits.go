@@ -68,6 +68,10 @@ type limitFlags struct {
 	MaxHeavyReads          int           `name:"max-heavy-reads" env:"FENCED_MAX_HEAVY_READS" default:"0" help:"Heavy reads all callers run at once in this process; the others wait their turn, bounded by their deadline (0: GOMAXPROCS/2, at least 1, so that other calls keep a core)."`
 	HeavyReadShare         float64       `name:"heavy-read-share" env:"FENCED_HEAVY_READ_SHARE" default:"0.1" help:"Fraction of wall time (0 < share <= 1) one caller's heavy reads may take once --heavy-read-burst is spent: a caller reading in a loop is paced to it, one reading now and then never waits (1: no pacing)."`
 	HeavyReadBurst         time.Duration `name:"heavy-read-burst" env:"FENCED_HEAVY_READ_BURST" default:"250ms" help:"Heavy-read time one caller may take in one go before --heavy-read-share paces it; it refills at --heavy-read-share seconds a second."`
+	// MaxSectionStreams and MaxSectionStreamsPerIP bound StreamSections
+	// streams (server.SectionStreamOptions).
+	MaxSectionStreams      int           `name:"max-section-streams" env:"FENCED_MAX_SECTION_STREAMS" default:"16" help:"Most StreamSections streams (whole sections of any size) open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS with a retry delay, nothing read. Each holds at most one answer's worth of records and one 1 MiB message at once."`
+	MaxSectionStreamsPerIP int           `name:"max-section-streams-per-ip" env:"FENCED_MAX_SECTION_STREAMS_PER_IP" default:"2" help:"Most StreamSections streams open at once from one client IP address (more: RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit address)."`
 	WatchProgressInterval  time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
 }
 
@@ -113,6 +117,8 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce and --watch-coalesce-watchers >= 0")
 	case l.MaxWatchersPerIP < -1:
 		return fmt.Errorf("configuration: --max-watchers-per-ip must be >= 1, 0 (a quarter of --max-watchers, at least --max-watchers-per-connection) or -1 (off)")
+	case l.MaxSectionStreams < 1 || l.MaxSectionStreamsPerIP < 1:
+		return fmt.Errorf("configuration: --max-section-streams and --max-section-streams-per-ip must be >= 1")
 	case l.MaxHeavyReadsPerCaller < 1 || l.MaxHeavyReads < 0 || !(l.HeavyReadShare > 0 && l.HeavyReadShare <= 1) || l.HeavyReadBurst <= 0:
 		return fmt.Errorf("configuration: --max-heavy-reads-per-caller must be >= 1, --max-heavy-reads >= 0, --heavy-read-share above 0 and at most 1, --heavy-read-burst above 0")
 	case l.MaxWatchersPerConnection >= int(l.MaxConcurrentStreams):
@@ -195,6 +201,11 @@ func (l *limitFlags) storeOptions(o *store.Options) {
 // reads is the server's ReadShare for these flags.
 func (l *limitFlags) reads() server.ReadShare {
 	return server.ReadShare{PerCaller: l.MaxHeavyReadsPerCaller, Total: l.MaxHeavyReads, Share: l.HeavyReadShare, Burst: l.HeavyReadBurst}
+}
+
+// sectionStreams is the server's SectionStreamOptions for these flags.
+func (l *limitFlags) sectionStreams() server.SectionStreamOptions {
+	return server.SectionStreamOptions{Max: l.MaxSectionStreams, MaxPerIP: l.MaxSectionStreamsPerIP}
 }
 
 // watch is the server's WatchOptions for these flags.

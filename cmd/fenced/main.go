@@ -101,6 +101,8 @@ type serveCmd struct {
 	// MaxChecks bounds the record checks (WRITE_KIND_CHECK_RECORDS pairs)
 	// of one batch.
 	MaxChecks int `env:"FENCED_MAX_CHECKS" default:"20000" help:"Most record checks (WRITE_KIND_CHECK_RECORDS pairs, in all) in one batch."`
+	// RequireFence names the sections only fenced batches may write.
+	RequireFence []string `env:"FENCED_REQUIRE_FENCE" help:"Sections (comma-separated; meta included by name; * for every one) a FencedBatch may put or delete in only with a lease fence or a claim fence; an unfenced one is refused FAILED_PRECONDITION FENCE_REQUIRED, nothing written. Empty: an unfenced batch commits on revisions alone."`
 	// WaitReplicas and WaitTimeout: the default replica acknowledgement.
 	WaitReplicas int           `env:"FENCED_WAIT_REPLICAS" default:"0" help:"Replicas that must acknowledge every commit and lease change (Redis WAIT) unless a batch says otherwise; a lease grant or renewal fewer acknowledge is refused (REPLICATION_TIMEOUT); 0: do not wait."`
 	WaitTimeout  time.Duration `env:"FENCED_WAIT_TIMEOUT" default:"1s" help:"How long a commit or lease change waits for replica acknowledgements."`
@@ -197,6 +199,7 @@ func (c *serveCmd) limits() (batch.Limits, error) {
 		MaxValueBytes:      c.MaxValueBytes,
 		MaxBatchValueBytes: c.MaxBatchValueBytes,
 		MaxChecks:          c.MaxChecks,
+		RequireFence:       c.RequireFence,
 	}
 	if err := l.Check(); err != nil {
 		var ve *batch.ValidationError
@@ -390,7 +393,8 @@ func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Log
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
 		Records: server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes,
-			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch(), Reads: c.limitFlags.reads()},
+			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch(), Reads: c.limitFlags.reads(),
+			SectionStreams: c.limitFlags.sectionStreams()},
 		Security:  sec,
 		Telemetry: obs.telemetry(),
 		Transport: c.limitFlags.transport(maxConns),

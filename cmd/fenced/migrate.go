@@ -66,7 +66,7 @@ type migrateCmd struct {
 	// other is refused before anything is written.
 	Sections []string `env:"FENCED_SECTIONS" default:"executions,archive,intents,orphans,grants,registrations,claims,journals,fences,operations" help:"Section names fenced serves besides meta, comma-separated (as fenced serve's --sections): a document holding another section is refused before anything is written."`
 	// Timeout bounds each swarm's migration.
-	Timeout time.Duration `default:"60s" help:"Give up on one swarm after this long (its attempts, up to 16, and their waits); each call to Redis is bounded by --redis-timeout within it."`
+	Timeout time.Duration `default:"60s" help:"Give up on one swarm after this long: a move that loses to the swarm's writers is planned again (1 ms doubling to 250 ms, jittered) until then; each call to Redis is bounded by --redis-timeout within it."`
 	// RedisTimeout bounds every call to Redis (as serve's).
 	RedisTimeout time.Duration `name:"redis-timeout" env:"FENCED_REDIS_TIMEOUT" default:"3s" help:"Longest one call waits for Redis (a read of the document, the move): past it the attempt is tried again, within --timeout."`
 }

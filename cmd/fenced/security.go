@@ -29,7 +29,7 @@ type securityFlags struct {
 	// empty: no client certificates asked for.
 	TLSClientCA string `name:"tls-client-ca" env:"FENCED_TLS_CLIENT_CA" placeholder:"FILE" help:"Require client certificates signed by this CA bundle (PEM): mutual TLS. Needs --tls-cert."`
 	// AuthTokensFile is the bearer token file; empty: authorization off.
-	AuthTokensFile string `name:"auth-tokens-file" env:"FENCED_AUTH_TOKENS_FILE" placeholder:"FILE" help:"Bearer tokens (JSON, see docs/security.md), each bound to slug patterns and to read or write; every call but health and reflection then needs one. Reloaded when it changes. Empty: authorization off, every caller may read and write every swarm."`
+	AuthTokensFile string `name:"auth-tokens-file" env:"FENCED_AUTH_TOKENS_FILE" placeholder:"FILE" help:"Bearer tokens (JSON, see docs/security.md), each bound to slug patterns and to read, fenced (only fenced batches) or write; every call but health and reflection then needs one. Reloaded when it changes. Empty: authorization off, every caller may read and write every swarm."`
 }
 
 // security loads the TLS and token files the flags name and keeps reloading

@@ -87,7 +87,7 @@ func TestServeTLSAndTokens(t *testing.T) {
 		t.Fatalf("client.Dial: %v", err)
 	}
 	defer c.Close()
-	rev, err := c.Update(t.Context(), "rig-1", nil, func(tx *client.Txn) error {
+	rev, err := c.Update(t.Context(), "rig-1", client.Unfenced, func(tx *client.Txn) error {
 		return tx.Put("claims", "T-1", []byte(`{"by":"tick"}`))
 	})
 	if err != nil || rev <= 0 {

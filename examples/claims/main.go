@@ -336,7 +336,7 @@ func printHeld(out *lockedWriter, name string, l client.Lease) {
 // Update.
 func step(ctx context.Context, c *client.Client, cfg config, k *client.ClaimKeeper) (progress, int64, error) {
 	var v progress
-	rev, err := c.Update(ctx, cfg.slug, nil, func(tx *client.Txn) error {
+	rev, err := c.Update(ctx, cfg.slug, client.Unfenced, func(tx *client.Txn) error {
 		v = progress{}
 		if _, err := tx.GetJSON(section, cfg.key(), &v); err != nil {
 			return err

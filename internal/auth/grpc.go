@@ -22,16 +22,19 @@ import (
 // PERMISSION_DENIED whatever the token: a new RPC must be classified before
 // anyone can call it with authorization on.
 var MethodAccess = map[string]Access{
-	fencedv1.RecordsService_Layout_FullMethodName:      Read,
-	fencedv1.RecordsService_Sections_FullMethodName:    Read,
-	fencedv1.RecordsService_ScanSection_FullMethodName: Read,
-	fencedv1.RecordsService_Record_FullMethodName:      Read,
-	fencedv1.RecordsService_Watch_FullMethodName:       Read,
-	fencedv1.LeaseService_Current_FullMethodName:       Read,
-	fencedv1.RecordsService_FencedBatch_FullMethodName: Write,
-	fencedv1.LeaseService_Acquire_FullMethodName:       Write,
-	fencedv1.LeaseService_Renew_FullMethodName:         Write,
-	fencedv1.LeaseService_Release_FullMethodName:       Write,
+	fencedv1.RecordsService_Layout_FullMethodName:         Read,
+	fencedv1.RecordsService_Sections_FullMethodName:       Read,
+	fencedv1.RecordsService_StreamSections_FullMethodName: Read,
+	fencedv1.RecordsService_ScanSection_FullMethodName:    Read,
+	fencedv1.RecordsService_Record_FullMethodName:         Read,
+	fencedv1.RecordsService_Watch_FullMethodName:          Read,
+	fencedv1.LeaseService_Current_FullMethodName:          Read,
+	// A fenced token's FencedBatch must be fenced when it writes
+	// (fencedBatchUnfenced).
+	fencedv1.RecordsService_FencedBatch_FullMethodName: Fenced,
+	fencedv1.LeaseService_Acquire_FullMethodName:       Fenced,
+	fencedv1.LeaseService_Renew_FullMethodName:         Fenced,
+	fencedv1.LeaseService_Release_FullMethodName:       Fenced,
 	// Migrate rewrites the swarm's whole state: a write to its slug.
 	fencedv1.AdminService_Migrate_FullMethodName: Write,
 }
@@ -63,6 +66,10 @@ var (
 	// ReasonMethodDenied (PERMISSION_DENIED): the RPC is not classified in
 	// MethodAccess. Metadata: token, method.
 	ReasonMethodDenied = fencedv1.ErrorReason_METHOD_NOT_PERMITTED.String()
+	// ReasonUnfencedWrite (PERMISSION_DENIED): a fenced token sent an
+	// unfenced FencedBatch that writes, or called Migrate. Metadata: token,
+	// slug.
+	ReasonUnfencedWrite = fencedv1.ErrorReason_UNFENCED_WRITE_NOT_PERMITTED.String()
 )
 
 // domain is the ErrorInfo domain of every fenced error.
@@ -160,10 +167,28 @@ func authorize(ctx context.Context, method string, req any) error {
 	if !ok {
 		return refuse(ctx, method, "", errMethodDenied)
 	}
-	if err := Caller(ctx).Permits(m.GetSlug(), need); err != nil {
+	t := Caller(ctx)
+	if err := t.Permits(m.GetSlug(), need); err != nil {
 		return refuse(ctx, method, m.GetSlug(), err)
 	}
+	if b, ok := req.(*fencedv1.FencedBatchRequest); ok && t.Access == Fenced && fencedBatchUnfenced(b) {
+		return refuse(ctx, method, m.GetSlug(), ErrUnfencedWrite)
+	}
 	return nil
+}
+
+// fencedBatchUnfenced: b has neither a lease fence nor a claim fence and
+// puts or deletes (a batch of checks alone writes nothing).
+func fencedBatchUnfenced(b *fencedv1.FencedBatchRequest) bool {
+	if b.GetFence() != nil || b.GetClaim() != nil {
+		return false
+	}
+	for _, w := range b.GetWrites() {
+		if k := w.GetKind(); k == fencedv1.WriteKind_WRITE_KIND_PUT || k == fencedv1.WriteKind_WRITE_KIND_DELETE {
+			return true
+		}
+	}
+	return false
 }
 
 // refuse turns an error of this package into a gRPC status with an
@@ -189,6 +214,10 @@ func refuse(ctx context.Context, method, slug string, err error) error {
 		meta = map[string]string{"token": name, "slug": slug}
 	case errors.Is(err, ErrReadOnly):
 		code, reason, msg = codes.PermissionDenied, ReasonReadOnly, "token "+name+" permits reads only"
+		meta = map[string]string{"token": name, "slug": slug}
+	case errors.Is(err, ErrUnfencedWrite):
+		code, reason, msg = codes.PermissionDenied, ReasonUnfencedWrite, "token "+name+
+			" permits fenced writes only: fence the batch with the swarm's lease (or a claim); nothing was written"
 		meta = map[string]string{"token": name, "slug": slug}
 	default:
 		code, reason, msg = codes.PermissionDenied, ReasonMethodDenied, "method "+method+" is not permitted with a token"

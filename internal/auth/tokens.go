@@ -1,14 +1,15 @@
 // Package auth owns who may call fenced and what they may do: the TLS
 // configuration of the gRPC server (its certificate and, for mTLS, the CA
 // that client certificates must chain to), and bearer tokens, each bound to
-// slug patterns and to read or write access. Both are read from files
+// slug patterns and to read, fenced or write access. Both are read from files
 // (Kubernetes mounts Secrets as files) and reloaded when the files change; a
 // file that no longer parses keeps what was loaded before.
 //
 // The token file is JSON:
 //
 //	{"tokens": [
-//	  {"name": "tick-prod", "token_sha256": "<64 hex digits>", "slugs": ["rig-*", "prod-?"], "access": "write"},
+//	  {"name": "tick-prod", "token_sha256": "<64 hex digits>", "slugs": ["rig-*", "prod-?"], "access": "fenced"},
+//	  {"name": "hive-prod", "token_sha256": "<64 hex digits>", "slugs": ["rig-*"], "access": "write"},
 //	  {"name": "dashboard", "token": "<the token itself>", "slugs": ["*"], "access": "read"}
 //	]}
 //
@@ -29,22 +30,31 @@ import (
 	"strings"
 )
 
-// Access is what a token may do: Read or Write (write implies read).
+// Access is what a token may do: Read, Fenced or Write (each allows what
+// the ones before it do).
 type Access int
 
 const (
-	// Read allows Layout, Sections, ScanSection, Record and Current.
+	// Read allows Layout, Sections, StreamSections, ScanSection, Record,
+	// Watch and Current.
 	Read Access = 1
-	// Write allows, besides every read, FencedBatch, Acquire, Renew and
-	// Release.
-	Write Access = 2
+	// Fenced allows, besides every read, Acquire, Renew, Release and
+	// FencedBatch, but a FencedBatch that puts or deletes only when it is
+	// fenced (a lease fence or a claim fence): an unfenced one is refused
+	// (ErrUnfencedWrite), as is Migrate. For a controller's token: no
+	// write of its goes unfenced by accident.
+	Fenced Access = 2
+	// Write allows everything: unfenced batches and Migrate too.
+	Write Access = 3
 )
 
-// String is the file format's name of a: "read" or "write".
+// String is the file format's name of a: "read", "fenced" or "write".
 func (a Access) String() string {
 	switch a {
 	case Read:
 		return "read"
+	case Fenced:
+		return "fenced"
 	case Write:
 		return "write"
 	}
@@ -63,6 +73,9 @@ var (
 	ErrSlugDenied = errors.New("auth: token not permitted for this swarm")
 	// ErrReadOnly: a read token was used for a write.
 	ErrReadOnly = errors.New("auth: token permits reads only")
+	// ErrUnfencedWrite: a fenced token was used for an unfenced batch that
+	// writes, or for Migrate.
+	ErrUnfencedWrite = errors.New("auth: token permits fenced writes only")
 )
 
 // Token is one entry of the token file, as loaded. The token itself is kept
@@ -73,22 +86,26 @@ type Token struct {
 	// Slugs are path.Match patterns; the token may touch a swarm whose slug
 	// matches one of them.
 	Slugs []string
-	// Access is Read or Write.
+	// Access is Read, Fenced or Write.
 	Access Access
 
 	digest [sha256.Size]byte
 }
 
-// Permits reports whether t allows need on slug: nil, ErrSlugDenied or
-// ErrReadOnly.
+// Permits reports whether t allows need on slug: nil, ErrSlugDenied,
+// ErrReadOnly (a read token, for more) or ErrUnfencedWrite (a fenced
+// token, for Write).
 func (t *Token) Permits(slug string, need Access) error {
 	if !t.matches(slug) {
 		return ErrSlugDenied
 	}
-	if need > t.Access {
+	switch {
+	case need <= t.Access:
+		return nil
+	case t.Access == Read:
 		return ErrReadOnly
 	}
-	return nil
+	return ErrUnfencedWrite
 }
 
 func (t *Token) matches(slug string) bool {
@@ -171,7 +188,7 @@ type file struct {
 // fields, a missing "tokens" list, an entry without a name, with both or
 // neither of token and token_sha256, with a digest that is not 64 hex
 // digits, without slugs, with a malformed pattern or with an access other
-// than "read" or "write", two entries of one name and two entries of one
+// than "read", "fenced" or "write", two entries of one name and two entries of one
 // token are errors naming the entry. An empty list is valid: every call
 // that needs a token is then refused.
 func Parse(data []byte) (*Tokens, error) {
@@ -243,10 +260,12 @@ func (e fileEntry) token() (Token, error) {
 	switch e.Access {
 	case "read":
 		t.Access = Read
+	case "fenced":
+		t.Access = Fenced
 	case "write":
 		t.Access = Write
 	default:
-		return t, fmt.Errorf(`access %q: want "read" or "write"`, e.Access)
+		return t, fmt.Errorf(`access %q: want "read", "fenced" or "write"`, e.Access)
 	}
 	return t, nil
 }

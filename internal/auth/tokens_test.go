@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -157,17 +158,19 @@ func TestMethodAccessComplete(t *testing.T) {
 			}
 		}
 	}
-	writes := []string{
+	// What a fenced token may call (FencedBatch fenced when it writes),
+	// and what needs a write token.
+	fenced := []string{
 		fencedv1.RecordsService_FencedBatch_FullMethodName, fencedv1.LeaseService_Acquire_FullMethodName,
 		fencedv1.LeaseService_Renew_FullMethodName, fencedv1.LeaseService_Release_FullMethodName,
-		fencedv1.AdminService_Migrate_FullMethodName,
 	}
 	for m, a := range auth.MethodAccess {
 		want := auth.Read
-		for _, w := range writes {
-			if m == w {
-				want = auth.Write
-			}
+		switch {
+		case slices.Contains(fenced, m):
+			want = auth.Fenced
+		case m == fencedv1.AdminService_Migrate_FullMethodName:
+			want = auth.Write
 		}
 		if a != want {
 			t.Errorf("MethodAccess[%s] = %v, want %v", m, a, want)

@@ -2,6 +2,8 @@ package batch
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -23,9 +25,10 @@ type AckBounds struct {
 }
 
 // CheckFencedBatch validates a FencedBatch request: the batch as CheckBatch
-// does, then its replica_ack (nil when unset) against bounds. It returns a
+// does, then its replica_ack (nil when unset) against bounds, then the
+// server's fence requirement (Limits.RequireFence). It returns a
 // *ValidationError listing the batch's violations and then replica_ack's,
-// or nil.
+// a *FenceRequiredError, or nil.
 func (l Limits) CheckFencedBatch(b *Batch, ack *ReplicaAck, bounds AckBounds) error {
 	var vs []Violation
 	if err := l.CheckBatch(b); err != nil {
@@ -41,7 +44,41 @@ func (l Limits) CheckFencedBatch(b *Batch, ack *ReplicaAck, bounds AckBounds) er
 	if len(vs) > 0 {
 		return &ValidationError{Violations: vs}
 	}
+	if sections := l.unfencedWrites(b); len(sections) > 0 {
+		return &FenceRequiredError{Sections: sections}
+	}
 	return nil
+}
+
+// FenceRequiredError is an unfenced batch (neither a lease fence nor a
+// claim fence) that puts or deletes in Sections (sorted), which the server
+// requires fenced (Limits.RequireFence, --require-fence): nothing was
+// written. gRPC: FAILED_PRECONDITION, FENCE_REQUIRED.
+type FenceRequiredError struct {
+	Sections []string
+}
+
+func (e *FenceRequiredError) Error() string {
+	return "fence required: this server requires a lease fence (or a claim fence) for writes to " + strings.Join(e.Sections, ", ") +
+		" (--require-fence), and the batch has none; nothing was written: fence it with the swarm's lease"
+}
+
+// unfencedWrites are the sections b puts or deletes in that the limits
+// require fenced, when b has no fence; nil otherwise.
+func (l Limits) unfencedWrites(b *Batch) []string {
+	if b.Fence != nil || b.Claim != nil || len(l.RequireFence) == 0 {
+		return nil
+	}
+	all := slices.Contains(l.RequireFence, AllSections)
+	var out []string
+	for i := range b.Writes {
+		w := &b.Writes[i]
+		if (w.Kind == KindPut || w.Kind == KindDelete) && (all || slices.Contains(l.RequireFence, w.Section)) && !slices.Contains(out, w.Section) {
+			out = append(out, w.Section)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // ackViolations are appended after a batch's own, even when those reached

@@ -7,7 +7,6 @@ package batch
 // same grammar in Redis; both layouts and every reader judge by it.
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 
@@ -74,36 +73,30 @@ func ParseRecord(raw string) (rec Record, ok bool) {
 	if !ValidJSONNesting(raw, MaxRecordDepth) {
 		return Record{}, false
 	}
-	dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+	// One valid text: the span scanner frames it exactly (and reads
+	// NaN, Infinity and -Infinity as the tokens they are).
+	spans, err := ObjectSpans(raw)
+	if err != nil {
 		return Record{}, false
 	}
-	var r, v json.RawMessage
+	var r, v string
 	var rs, vs int
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return Record{}, false
-		}
-		var member json.RawMessage
-		if err := dec.Decode(&member); err != nil {
-			return Record{}, false
-		}
-		switch tok {
+	for _, sp := range spans {
+		switch memberName(raw[sp.KeyStart:sp.KeyEnd]) {
 		case "r":
-			r, rs = member, rs+1
+			r, rs = raw[sp.ValueStart:sp.ValueEnd], rs+1
 		case "v":
-			v, vs = member, vs+1
+			v, vs = raw[sp.ValueStart:sp.ValueEnd], vs+1
 		}
 	}
 	if rs != 1 || vs != 1 {
 		return Record{}, false
 	}
-	rev, ok := protocol.ParseRevision(string(r))
+	rev, ok := protocol.ParseRevision(r)
 	if !ok {
 		return Record{}, false
 	}
-	return Record{Revision: rev, Value: string(v)}, true
+	return Record{Revision: rev, Value: v}, true
 }
 
 // parseCompact slices fenced's own form {"r":N,"v":VALUE}. own is false

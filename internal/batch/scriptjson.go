@@ -54,8 +54,8 @@ func tooDeep(value string, limit int) int {
 	return -1
 }
 
-// ScriptUndecodable reports why the scripts cannot decode value, one valid
-// JSON text (RFC 8259; check json.Valid first), or "" when they can. It is
+// ScriptUndecodable reports why the scripts cannot decode value, one text
+// of the value grammar (check ValidJSON first), or "" when they can. It is
 // the rule of Redis's Lua cjson.decode, stated once here for both sides of
 // the script: the by-name index (commit.lua) indexes an executions value
 // only when cjson decodes it, so CheckBatch refuses an executions put that
@@ -67,8 +67,9 @@ func tooDeep(value string, limit int) int {
 //     surrogate (\uD800-\uDBFF) not followed at once by a \u escape of a
 //     low one (\uDC00-\uDFFF), or a low surrogate on its own.
 //
-// Everything else valid JSON may hold decodes: \u0000, numbers of any size
-// (beyond a double's range they decode to +/-inf or 0), top-level scalars.
+// Everything else the grammar holds decodes: \u0000, numbers of any size
+// (beyond a double's range they decode to +/-inf or 0), top-level scalars,
+// and NaN, Infinity, -Infinity (nan, inf and -inf, as strtod reads them).
 // internal/store's FuzzScriptUndecodableMatchesRedisCjson checks the rule
 // against cjson on redis-server for a corpus and fuzzed inputs.
 func ScriptUndecodable(value string) string {

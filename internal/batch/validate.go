@@ -63,7 +63,16 @@ type Limits struct {
 	// MaxChecks is the most record checks (the pairs of its KindCheckRecords
 	// writes, in all) one batch may carry.
 	MaxChecks int
+	// RequireFence names the sections a batch may put or delete in only
+	// when it is fenced (a lease fence, or a claim fence): a configured
+	// section name, MetaSection, or "*" for every one. Empty: none (an
+	// unfenced batch commits on revisions alone). CheckFencedBatch refuses
+	// an unfenced batch writing one (*FenceRequiredError).
+	RequireFence []string
 }
+
+// AllSections is the RequireFence entry that names every section.
+const AllSections = "*"
 
 // DefaultLimits returns the default sections and limits.
 func DefaultLimits() Limits {
@@ -88,6 +97,11 @@ func (l Limits) Check() error {
 	}
 	if l.MaxChecks < 1 {
 		vs.add("max_checks", "must be at least 1, got %d", l.MaxChecks)
+	}
+	for _, name := range l.RequireFence {
+		if name != AllSections && name != MetaSection && !slices.Contains(l.Sections, name) {
+			vs.add("require_fence", "%q is not a configured section, meta or %q", name, AllSections)
+		}
 	}
 	if l.MaxBatchValueBytes < l.MaxValueBytes {
 		vs.add("max_batch_value_bytes", "must be at least max_value_bytes (%d), got %d", l.MaxValueBytes, l.MaxBatchValueBytes)
@@ -395,10 +409,8 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		switch {
 		case len(w.Value) > l.MaxValueBytes:
 			vs.add(field("value"), "at most %d bytes, got %d", l.MaxValueBytes, len(w.Value))
-		case !utf8.ValidString(w.Value):
-			vs.add(field("value"), "not valid UTF-8")
-		case !ValidJSON(w.Value):
-			vs.add(field("value"), "not one valid JSON text (RFC 8259)")
+		case !utf8.ValidString(w.Value) || !ValidJSON(w.Value):
+			vs.add(field("value"), "not one JSON text (RFC 8259, or NaN, Infinity, -Infinity where a value stands): %s", JSONProblem(w.Value))
 		case tooDeep(w.Value, MaxValueDepth) >= 0:
 			vs.add(field("value"), "nests deeper than %d arrays and objects (byte %d): the stored record {\"r\":N,\"v\":VALUE} nests it once more, and a record may nest at most %d", MaxValueDepth, tooDeep(w.Value, MaxValueDepth), MaxScriptJSONDepth)
 		case w.Section == "executions":

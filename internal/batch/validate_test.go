@@ -744,8 +744,12 @@ func TestCheckBatchInvalidJSON(t *testing.T) {
 		{"whitespace only", " \n"},
 		{"unclosed object", "{"},
 		{"single quotes", "{'a':1}"},
-		{"NaN", "NaN"},
-		{"Infinity", "Infinity"},
+		{"lower-case nan", "nan"},
+		{"inf", `{"score":inf}`},
+		{"signed NaN", "[-NaN]"},
+		{"plus Infinity", "+Infinity"},
+		{"Infinity run on", "[Infinity1]"},
+		{"NaN in a key's place", "{NaN:1}"},
 		{"trailing comma", "[1,]"},
 		{"two JSON texts", "1 2"},
 		{"two objects", "{}{}"},
@@ -770,6 +774,22 @@ func TestCheckBatchInvalidJSON(t *testing.T) {
 	}
 }
 
+// TestCheckBatchInvalidJSONSaysWhereAndWhat: a put's value that is no
+// text of the value grammar is refused naming the byte offset and what
+// was found there (JSONProblem), as a stored one is.
+func TestCheckBatchInvalidJSONSaysWhereAndWhat(t *testing.T) {
+	for _, tt := range []struct{ value, want string }{
+		{`{"score":nan}`, `byte 9 starts "nan", which is no JSON value`},
+		{"\"a\x00\"", "byte 2 is a raw NUL (U+0000) inside a string"},
+		{"\"\xed\xa0\x80\"", "byte 1 starts a raw surrogate U+D800"},
+	} {
+		vs := violationsOf(DefaultLimits().CheckBatch(fenced(put("claims", "c", Blind, tt.value))))
+		if len(vs) != 1 || !strings.Contains(vs[0].Description, tt.want) {
+			t.Errorf("CheckBatch(put value %q) = %+v, want one violation saying %q", tt.value, vs, tt.want)
+		}
+	}
+}
+
 func TestCheckBatchValidJSON(t *testing.T) {
 	for _, tt := range []struct{ name, value string }{
 		{"empty containers", `{"ids":[],"m":{},"l":[[]]}`},
@@ -786,6 +806,10 @@ func TestCheckBatchValidJSON(t *testing.T) {
 		{"escaped NUL", `"\u0000"`},
 		{"duplicate object names", `{"a":1,"a":2}`},
 		{"DEL character", "\"\x7f\""},
+		{"Python's NaN", `{"score": NaN}`},
+		{"Python's Infinity and -Infinity", `[Infinity,-Infinity,{"a":NaN}]`},
+		{"NaN alone", `NaN`},
+		{"NaN spelled in a string", `"NaN -Infinity"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			b := fenced(put("executions", "e1", Blind, tt.value))

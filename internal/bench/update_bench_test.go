@@ -47,7 +47,7 @@ func BenchmarkUpdateContention(b *testing.B) {
 			wg.Go(func() {
 				myRuns, myKept := 0, 0
 				for done := 0; done < each; {
-					_, err := clients[i].Update(ctx, slug, nil, func(tx *client.Txn) error {
+					_, err := clients[i].Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 						myRuns++
 						var v counter
 						if _, err := tx.GetJSON("operations", "counter", &v); err != nil {

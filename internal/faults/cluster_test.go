@@ -96,7 +96,7 @@ func (l *clusterLoad) worker(t *testing.T, id int, c *client.Client, stop <-chan
 		value := fmt.Sprintf(`{"w":%d,"n":%d}`, id, n)
 		reqID := fmt.Sprintf("cl-%d-%d", id, n)
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		rev, err := c.Batch(ctx, slug, nil, []client.Write{
+		rev, err := c.Batch(ctx, slug, client.Unfenced, []client.Write{
 			putW("claims", uniq, 0, value),
 			putW("claims", "hot", hot[slug], value),
 		}, client.WithReplicaAck(1, time.Second), client.WithRequestID(reqID))

@@ -34,7 +34,7 @@ func TestWatchersThroughClusterFailovers(t *testing.T) {
 	r := startReplica(t, c.URL(), server.Options{})
 	clients := clientsOver(t, 6, r)
 	ctx := context.Background()
-	start, err := clients[0].Batch(ctx, slug, nil, []client.Write{putW("claims", "hot", 0, `{"w":-1}`)}, client.WithReplicaAck(1, time.Second))
+	start, err := clients[0].Batch(ctx, slug, client.Unfenced, []client.Write{putW("claims", "hot", 0, `{"w":-1}`)}, client.WithReplicaAck(1, time.Second))
 	if err != nil {
 		t.Fatalf("first batch: %v", err)
 	}
@@ -89,7 +89,7 @@ func TestWatchersThroughClusterFailovers(t *testing.T) {
 				}
 				k := fmt.Sprintf("u-%d-%d", id, n)
 				bctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-				rev, err := clients[id].Batch(bctx, slug, nil, []client.Write{putW("claims", k, 0, `1`)},
+				rev, err := clients[id].Batch(bctx, slug, client.Unfenced, []client.Write{putW("claims", k, 0, `1`)},
 					client.WithReplicaAck(1, time.Second), client.WithRequestID("fw-"+k))
 				cancel()
 				mu.Lock()
@@ -215,7 +215,7 @@ func TestWatcherToldOfABatchAFailoverLostIsCompacted(t *testing.T) {
 	r := startReplica(t, c.URL(), server.Options{})
 	cl, _ := dial(t, r.addr)
 	ctx := context.Background()
-	kept, err := cl.Batch(ctx, slug, nil, []client.Write{putW("claims", "kept", 0, `1`)}, client.WithReplicaAck(1, 5*time.Second))
+	kept, err := cl.Batch(ctx, slug, client.Unfenced, []client.Write{putW("claims", "kept", 0, `1`)}, client.WithReplicaAck(1, 5*time.Second))
 	if err != nil {
 		t.Fatalf("first batch: %v", err)
 	}
@@ -242,7 +242,7 @@ func TestWatcherToldOfABatchAFailoverLostIsCompacted(t *testing.T) {
 			t.Fatal("the replica's link did not go down")
 		}
 	}
-	lost, err := cl.Batch(ctx, slug, nil, []client.Write{putW("claims", "lost", 0, `2`)})
+	lost, err := cl.Batch(ctx, slug, client.Unfenced, []client.Write{putW("claims", "lost", 0, `2`)})
 	if err != nil {
 		t.Fatalf("batch on the primary: %v", err)
 	}
@@ -265,7 +265,7 @@ func TestWatcherToldOfABatchAFailoverLostIsCompacted(t *testing.T) {
 	var next int64
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		bctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		next, err = cl.Batch(bctx, slug, nil, []client.Write{putW("claims", "after", 0, `3`)})
+		next, err = cl.Batch(bctx, slug, client.Unfenced, []client.Write{putW("claims", "after", 0, `3`)})
 		cancel()
 		if err == nil {
 			break

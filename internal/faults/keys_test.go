@@ -94,7 +94,7 @@ func TestBatchesStayInTheirSwarm(t *testing.T) {
 			}
 			opts = append(opts, client.WithRequestID(string(id)))
 		}
-		var fence *client.Fence
+		fence := client.Unfenced
 		if rng.IntN(4) == 0 {
 			fence = &client.Fence{Owner: randomText(rng, 5), Epoch: 1 + rng.Int64N(3)}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentihooks/fenced/client"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,7 +127,7 @@ func TestSlowRedis(t *testing.T) {
 	c, raw := dial(t, r.addr)
 	const slug = "slow-redis"
 	for i := 0; i < 8; i++ {
-		if _, err := c.Batch(ctxT(t), slug, nil, []clientWrite{putW("claims", fmt.Sprintf("k-%d", i), 0, fmt.Sprintf(`{"i":%d}`, i))}); err != nil {
+		if _, err := c.Batch(ctxT(t), slug, client.Unfenced, []clientWrite{putW("claims", fmt.Sprintf("k-%d", i), 0, fmt.Sprintf(`{"i":%d}`, i))}); err != nil {
 			t.Fatalf("seed batch %d: %v", i, err)
 		}
 	}

@@ -70,7 +70,7 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 
 	// The swarm exists before the move, and the watcher starts from it.
 	ctx := context.Background()
-	start, err := clients[0].Batch(ctx, slug, nil, []client.Write{putW("claims", "hot", 0, `{"w":-1}`)})
+	start, err := clients[0].Batch(ctx, slug, client.Unfenced, []client.Write{putW("claims", "hot", 0, `{"w":-1}`)})
 	if err != nil {
 		t.Fatalf("first batch: %v", err)
 	}
@@ -122,7 +122,7 @@ func moveSlotUnderTraffic(t *testing.T, c *redistest.Cluster, target func() *red
 					opts = append(opts, client.WithRequestID(a.reqID))
 				}
 				bctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-				rev, err := cl.Batch(bctx, slug, nil, []client.Write{
+				rev, err := cl.Batch(bctx, slug, client.Unfenced, []client.Write{
 					putW("claims", a.key, 0, fmt.Sprintf(`{"w":%d,"n":%d}`, id, n)),
 					putW("claims", "hot", hot, fmt.Sprintf(`{"w":%d,"n":%d}`, id, n)),
 				}, opts...)

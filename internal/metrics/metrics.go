@@ -299,7 +299,7 @@ func New() *Metrics {
 	for _, r := range engine.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
 	}
-	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage, server.LimitUnreadAnswers} {
+	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage, server.LimitUnreadAnswers, server.LimitSectionStreams} {
 		m.limitRefusals.WithLabelValues(l)
 	}
 	for _, r := range []string{server.ReadWaitCaller, server.ReadWaitShare, server.ReadWaitTotal} {

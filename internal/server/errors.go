@@ -53,6 +53,9 @@ var (
 	// ReasonOutcomeUnknown: a batch's deadline passed while it was with
 	// Redis; it may still commit (outcomeUnknownError).
 	ReasonOutcomeUnknown = fencedv1.ErrorReason_OUTCOME_UNKNOWN.String()
+	// ReasonFenceRequired: an unfenced batch writes a section the server
+	// requires fenced (--require-fence); nothing was written.
+	ReasonFenceRequired = fencedv1.ErrorReason_FENCE_REQUIRED.String()
 )
 
 // outcomeUnknownError is a FencedBatch whose deadline passed (err, a
@@ -122,7 +125,11 @@ var errorTable = []errorMapping{
 	// attempt: nothing was written; read again and rerun.
 	{is(docstore.ErrDocumentContended), codes.Aborted, reason(ReasonRevisionConflict)},
 	{is(docstore.ErrMigrationContended), codes.Aborted, reason(ReasonRevisionConflict)},
+	// A StreamSections whose snapshot kept changing on every attempt:
+	// read again, later.
+	{is(records.ErrSnapshotContended), codes.Aborted, reason(ReasonRevisionConflict)},
 	{is(engine.ErrLeaseStale), codes.FailedPrecondition, staleDetails},
+	{as[*batch.FenceRequiredError](), codes.FailedPrecondition, fenceRequiredDetails},
 	{is(engine.ErrLeaseHeld), codes.FailedPrecondition, heldDetails},
 	{is(lease.ErrTooManyClaims), codes.ResourceExhausted, tooManyClaimsDetails},
 	{is(engine.ErrLayoutDocument), codes.FailedPrecondition, reason(ReasonLayoutDocument)},
@@ -132,6 +139,7 @@ var errorTable = []errorMapping{
 	{is(watch.ErrRevisionCompacted), codes.OutOfRange, compactedDetails},
 	{is(watch.ErrStartAhead), codes.InvalidArgument, startAheadDetails},
 	{as[*tooManyWatchersError](), codes.ResourceExhausted, tooManyWatchersDetails},
+	{as[*tooManySectionStreamsError](), codes.ResourceExhausted, tooManySectionStreamsDetails},
 	{is(watch.ErrWatcherTooSlow), codes.ResourceExhausted, tooSlowDetails},
 	{is(records.ErrRequestIDReused), codes.InvalidArgument, reusedDetails},
 	{is(engine.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
@@ -166,6 +174,14 @@ func tooLargeDetails(err error) []protoadapt.MessageV1 {
 		md["next_page_token"] = tl.NextPageToken
 	}
 	return []protoadapt.MessageV1{info(ReasonSnapshotTooLarge, md)}
+}
+
+// fenceRequiredDetails names the sections an unfenced batch wrote that the
+// server requires fenced.
+func fenceRequiredDetails(err error) []protoadapt.MessageV1 {
+	var fe *batch.FenceRequiredError
+	errors.As(err, &fe)
+	return []protoadapt.MessageV1{info(ReasonFenceRequired, map[string]string{"sections": strings.Join(fe.Sections, ",")})}
 }
 
 // sectionNotServedDetails names the sections a migration found but fenced

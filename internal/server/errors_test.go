@@ -129,6 +129,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 				}
 			}},
 		{"layout document", engine.ErrLayoutDocument, codes.FailedPrecondition, fencedv1.ErrorReason_LAYOUT_DOCUMENT, is(client.ErrLayoutDocument)},
+		{"fence required", &batch.FenceRequiredError{Sections: []string{"claims"}}, codes.FailedPrecondition, fencedv1.ErrorReason_FENCE_REQUIRED, is(client.ErrFenceRequired)},
 		{"section not served", &docstore.SectionNotServedError{Sections: []string{"widgets"}}, codes.FailedPrecondition, fencedv1.ErrorReason_SECTION_NOT_SERVED,
 			func(t *testing.T, got error) {
 				if got == nil || !strings.Contains(got.Error(), "widgets") {
@@ -137,6 +138,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 			}},
 		{"document kept changing", docstore.ErrDocumentContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
 		{"migration kept changing", docstore.ErrMigrationContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
+		{"streamed snapshot kept changing", records.ErrSnapshotContended, codes.Aborted, fencedv1.ErrorReason_REVISION_CONFLICT, is(client.ErrConflict)},
 		{"corrupt", &engine.CorruptError{Section: "claims", Key: "a"}, codes.DataLoss, fencedv1.ErrorReason_RECORD_CORRUPT, same},
 		{"revision limit", &engine.LimitError{Key: "revision"}, codes.OutOfRange, fencedv1.ErrorReason_REVISION_LIMIT, is(client.ErrRevisionLimit)},
 		{"request id reused", records.ErrRequestIDReused, codes.InvalidArgument, fencedv1.ErrorReason_REQUEST_ID_REUSED, func(t *testing.T, got error) {
@@ -157,6 +159,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 			}},
 		{"snapshot too large", &engine.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE, same},
 		{"replica waits", engine.ErrReplicaWaitsExhausted, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS, same},
+		{"too many section streams", &tooManySectionStreamsError{limit: "address"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_SECTION_STREAMS, same},
 		{"request bytes in flight", &bytesInFlightError{size: 9, max: 8}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT, same},
 		{"invalid cursor", records.ErrInvalidCursor, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
 		{"may evict", &engine.EvictionError{Addr: "127.0.0.1:1", Policy: "allkeys-lru"}, codes.Unavailable, fencedv1.ErrorReason_REDIS_MAY_EVICT, is(client.ErrUnavailable)},
@@ -264,7 +267,8 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		engine.ReasonRedisClusterDown, engine.ReasonRedisNoScript, engine.ReasonRedisNotPermitted, engine.ReasonRedisMayEvict,
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
 		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
-		ReasonSectionNotServed, ReasonOutcomeUnknown, ReasonTooManyClaims,
+		ReasonSectionNotServed, ReasonOutcomeUnknown, ReasonTooManyClaims, ReasonTooManySectionStreams,
+		ReasonFenceRequired, auth.ReasonUnfencedWrite,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {
@@ -389,11 +393,14 @@ func TestErrorTable(t *testing.T) {
 		{"held past its expiry waits zero", heldPast, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", heldMD), &errdetails.RetryInfo{RetryDelay: durationpb.New(0)}}},
 		{"held sentinel alone", engine.ErrLeaseHeld, codes.FailedPrecondition, []proto.Message{errInfo("LEASE_HELD", nil)}},
 		{"layout document", engine.ErrLayoutDocument, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
+		{"fence required", &batch.FenceRequiredError{Sections: []string{"claims", "meta"}}, codes.FailedPrecondition, []proto.Message{
+			errInfo("FENCE_REQUIRED", map[string]string{"sections": "claims,meta"})}},
 		{"document on cluster", engine.ErrDocumentOnCluster, codes.FailedPrecondition, []proto.Message{errInfo("LAYOUT_DOCUMENT", nil)}},
 		{"section not served", &docstore.SectionNotServedError{Sections: []string{"widgets", "gadgets"}}, codes.FailedPrecondition,
 			[]proto.Message{errInfo("SECTION_NOT_SERVED", map[string]string{"sections": "widgets,gadgets"})}},
 		{"document kept changing", docstore.ErrDocumentContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
 		{"migration kept changing", docstore.ErrMigrationContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
+		{"streamed snapshot kept changing", records.ErrSnapshotContended, codes.Aborted, []proto.Message{errInfo("REVISION_CONFLICT", nil)}},
 		{"corrupt record", corrupt, codes.DataLoss, []proto.Message{
 			errInfo("RECORD_CORRUPT", map[string]string{"section": "executions", "key": "exec-1"})}},
 		{"corrupt sentinel alone", engine.ErrCorruptRecord, codes.DataLoss, []proto.Message{errInfo("RECORD_CORRUPT", map[string]string{})}},
@@ -412,6 +419,8 @@ func TestErrorTable(t *testing.T) {
 				Description: "30 is later than any revision the swarm has issued (latest 10) and than Redis's clock (20 as a revision): no batch can follow it yet; watch from 0 (from now) or from a revision you were sent"}}}}},
 		{"too many watchers", &tooManyWatchersError{limit: "connection"}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_WATCHERS", map[string]string{"limit": "connection"})}},
+		{"too many section streams", &tooManySectionStreamsError{limit: "process"}, codes.ResourceExhausted, []proto.Message{
+			errInfo("TOO_MANY_SECTION_STREAMS", map[string]string{"limit": "process"}), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)}}},
 		{"too many claims", fmt.Errorf("store: acquire claim: %w", &lease.TooManyClaimsError{Claims: 3, Max: 3}), codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_CLAIMS", map[string]string{"claims": "3", "max": "3"})}},
 		{"watcher too slow", &tooSlowError{last: 7}, codes.ResourceExhausted, []proto.Message{

@@ -823,7 +823,7 @@ func TestReflection(t *testing.T) {
 				}
 			}
 		}
-		want := []string{"FencedBatch", "Layout", "Record", "ScanSection", "Sections", "Watch"}
+		want := []string{"FencedBatch", "Layout", "Record", "ScanSection", "Sections", "StreamSections", "Watch"}
 		slices.Sort(methods)
 		if diff := cmp.Diff(want, methods); diff != "" {
 			t.Errorf("v1 fenced.v1.RecordsService methods mismatch (-want +got):\n%s", diff)

@@ -100,6 +100,16 @@ var rpcs = []rpc{
 		_, err := fencedv1.NewRecordsServiceClient(c).Sections(ctx, &fencedv1.SectionsRequest{Slug: slug})
 		return err
 	}},
+	{"StreamSections", false, func(ctx context.Context, c *grpc.ClientConn, slug string) error {
+		stream, err := fencedv1.NewRecordsServiceClient(c).StreamSections(ctx, &fencedv1.StreamSectionsRequest{Slug: slug})
+		for err == nil {
+			var resp *fencedv1.StreamSectionsResponse
+			if resp, err = stream.Recv(); err == nil && resp.GetEnd() != nil {
+				return nil
+			}
+		}
+		return err
+	}},
 	{"ScanSection", false, func(ctx context.Context, c *grpc.ClientConn, slug string) error {
 		_, err := fencedv1.NewRecordsServiceClient(c).ScanSection(ctx, &fencedv1.ScanSectionRequest{Slug: slug, Section: "executions"})
 		return err
@@ -493,4 +503,44 @@ func commitAs(t *testing.T, e *endpoint, token, slug string) int64 {
 		t.Fatalf("FencedBatch(%s): %v", slug, err)
 	}
 	return resp.GetRevision()
+}
+
+// TestAFencedTokenWritesOnlyFencedBatches: a token of access "fenced"
+// reads, takes the lease and commits a fenced batch; an unfenced batch
+// that puts (the tour's grpcurl example while the lease is held) is
+// PERMISSION_DENIED UNFENCED_WRITE_NOT_PERMITTED naming the token, nothing
+// written; an unfenced batch of checks alone, which writes nothing, is
+// served; Migrate needs a write token.
+func TestAFencedTokenWritesOnlyFencedBatches(t *testing.T) {
+	srv := redistest.Start(t)
+	const fencedToken = "fenced-0123456789abcdef"
+	e := serveTokens(t, srv, writeFile(t, t.TempDir(), "tokens.json", `{"tokens": [
+  {"name": "tick-b", "token": "`+fencedToken+`", "slugs": ["demo-*"], "access": "fenced"}]}`))
+	records := fencedv1.NewRecordsServiceClient(e.conn)
+	ctx := withToken(t, fencedToken)
+	got, err := fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctx, &fencedv1.AcquireRequest{Slug: "demo-swarm", Owner: "tick-b", TtlMs: 600000})
+	if err != nil {
+		t.Fatalf("Acquire with a fenced token: %v", err)
+	}
+	fence := &fencedv1.LeaseFence{Owner: "tick-b", Epoch: got.GetLease().GetEpoch()}
+	rev, err := records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Fence: fence, Writes: []*fencedv1.RecordWrite{put("claims", "T-1", 0, `{}`)}})
+	if err != nil {
+		t.Fatalf("a fenced batch with a fenced token: %v", err)
+	}
+	before := dumpKeys(t, srv)
+	_, err = records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("claims", "T-3", 0, `{}`)}})
+	d := decode(t, err)
+	if d.code != codes.PermissionDenied || d.info.GetReason() != auth.ReasonUnfencedWrite || d.info.GetMetadata()["token"] != "tick-b" {
+		t.Fatalf("an unfenced put with a fenced token = %v; want PERMISSION_DENIED UNFENCED_WRITE_NOT_PERMITTED naming tick-b", err)
+	}
+	if after := dumpKeys(t, srv); after != before {
+		t.Fatal("a refused unfenced batch changed Redis")
+	}
+	if _, err := records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{chk("claims", "T-1", rev.GetRevision())}}); err != nil {
+		t.Errorf("an unfenced batch of checks alone with a fenced token: %v; want it served (it writes nothing)", err)
+	}
+	_, err = fencedv1.NewAdminServiceClient(e.conn).Migrate(ctx, &fencedv1.MigrateRequest{Slug: "demo-swarm", WritersUpgraded: true})
+	if d := decode(t, err); d.code != codes.PermissionDenied || d.info.GetReason() != auth.ReasonUnfencedWrite {
+		t.Errorf("Migrate with a fenced token = %v; want PERMISSION_DENIED UNFENCED_WRITE_NOT_PERMITTED", err)
+	}
 }

@@ -43,9 +43,11 @@ type ServiceOptions struct {
 	MaxAckTimeout time.Duration
 	// Watch bounds Watch streams (watch.go).
 	Watch WatchOptions
-	// Reads shares heavy reads (Sections, ScanSection) between callers
-	// (readgate.go).
+	// Reads shares heavy reads (Sections, ScanSection, each step of
+	// StreamSections) between callers (readgate.go).
 	Reads ReadShare
+	// SectionStreams bounds StreamSections streams (streams.go).
+	SectionStreams SectionStreamOptions
 }
 
 // Defaults of ServiceOptions' replica_ack bounds: a Redis primary seldom
@@ -76,6 +78,8 @@ type Service struct {
 	watchObs   WatchObserver
 	// reads gates Sections and ScanSection (readgate.go).
 	reads *readGate
+	// sectionStreams counts open StreamSections streams (streams.go).
+	sectionStreams *sectionStreams
 }
 
 // NewService returns the RecordsService handlers over records, enforcing
@@ -91,9 +95,10 @@ func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Serv
 		opts.MaxAckTimeout = DefaultMaxAckTimeout
 	}
 	opts.Watch = opts.Watch.withDefaults()
+	opts.SectionStreams = opts.SectionStreams.withDefaults()
 	return &Service{records: records, limits: limits, opts: opts,
 		watchSlots: &watchSlots{byConn: map[string]int{}, byIP: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{},
-		reads: newReadGate(opts.Reads, nil)}
+		reads: newReadGate(opts.Reads, nil), sectionStreams: &sectionStreams{byIP: map[string]int{}}}
 }
 
 var layouts = map[docstore.Layout]fencedv1.Layout{

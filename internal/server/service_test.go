@@ -439,8 +439,9 @@ func TestDeadlinePassedWithRedisSaysTheOutcomeIsUnknown(t *testing.T) {
 }
 
 // TestDocumentRecordThatIsNoRecordAnswersThatRecord: on the wire, a
-// document's record that is not strict JSON (Python's NaN) or not UTF-8 (a
-// lone surrogate stored as raw bytes ED A0 80) is DATA_LOSS
+// document's record that is no JSON (a bare nan, which Python does not
+// write) or not UTF-8 (a lone surrogate stored as raw bytes ED A0 80) is
+// DATA_LOSS
 // RECORD_CORRUPT naming its section and key, as the records layout
 // answers; the record beside them reads and writes; Migrate refuses naming
 // the first and listing both, writing nothing.
@@ -448,7 +449,7 @@ func TestDocumentRecordThatIsNoRecordAnswersThatRecord(t *testing.T) {
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
 	ctx := ctxT(t)
-	srv.Do(t, "HSET", currentKey, "doc", "{\"revision\": 41, \"sections\": {\"claims\": {\"a\": {\"x\": NaN}, \"b\": 2, \"s\": \"\xed\xa0\x80\"}}}")
+	srv.Do(t, "HSET", currentKey, "doc", "{\"revision\": 41, \"sections\": {\"claims\": {\"a\": {\"x\": nan}, \"b\": 2, \"s\": \"\xed\xa0\x80\"}}}")
 
 	got, err := e.records.Record(ctx, &fencedv1.RecordRequest{Slug: "doc", Section: "claims", Key: "b"})
 	if err != nil || got.GetRecord().GetValue() != "2" || got.GetRecord().GetRevision() != 41 {
@@ -472,7 +473,7 @@ func TestDocumentRecordThatIsNoRecordAnswersThatRecord(t *testing.T) {
 		d.info.GetMetadata()["section"] != "claims" || d.info.GetMetadata()["key"] != "a" {
 		t.Fatalf("Migrate = %v; want DATA_LOSS RECORD_CORRUPT naming claims/a", err)
 	}
-	for _, want := range []string{"claims/a", "claims/s", "NaN", "UTF-8", "nothing was written"} {
+	for _, want := range []string{"claims/a", "claims/s", `"nan"`, "UTF-8", "nothing was written"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Migrate's refusal %q does not say %q", err, want)
 		}
@@ -2289,4 +2290,44 @@ func dropClaimSwarms(dump string) string {
 		}
 	}
 	return strings.Join(keep, "\n")
+}
+
+// TestRequireFenceRefusesAnUnfencedBatch: with --require-fence, the tour's
+// unfenced put into claims while tick-b holds demo-swarm's lease is
+// FAILED_PRECONDITION FENCE_REQUIRED naming claims, nothing written; the
+// holder's fenced batch, a claim-fenced one and an unfenced one into a
+// section not named commit. Without it the unfenced put commits (the
+// default: a batch without a fence is fenced by revisions alone).
+func TestRequireFenceRefusesAnUnfencedBatch(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := batch.DefaultLimits()
+	limits.RequireFence = []string{"claims"}
+	e := serveRedis(t, srv, limits, server.Options{HealthInterval: noProbes})
+	ctx := ctxT(t)
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	got, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: "demo-swarm", Owner: "tick-b", TtlMs: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dumpKeys(t, srv)
+	_, err = e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("claims", "T-3", 0, `{}`)}})
+	d := decode(t, err)
+	if d.code != codes.FailedPrecondition || d.info.GetReason() != server.ReasonFenceRequired || d.info.GetMetadata()["sections"] != "claims" {
+		t.Fatalf("an unfenced put into claims = %v; want FAILED_PRECONDITION FENCE_REQUIRED naming claims", err)
+	}
+	if after := dumpKeys(t, srv); after != before {
+		t.Fatal("a refused unfenced batch changed Redis")
+	}
+	fence := &fencedv1.LeaseFence{Owner: "tick-b", Epoch: got.GetLease().GetEpoch()}
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Fence: fence, Writes: []*fencedv1.RecordWrite{put("claims", "T-3", 0, `{}`)}})
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("grants", "g", 0, `1`)}})
+	claim, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: "demo-swarm", Name: "wake/1", Owner: "worker-1", TtlMs: 600000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Claim: &fencedv1.ClaimFence{Name: "wake/1", Owner: "worker-1", Epoch: claim.GetLease().GetEpoch()},
+		Writes: []*fencedv1.RecordWrite{put("claims", "T-4", 0, `{}`)}})
+
+	open := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
+	commit(t, open, &fencedv1.FencedBatchRequest{Slug: "demo-swarm", Writes: []*fencedv1.RecordWrite{put("claims", "T-5", 0, `{}`)}})
 }

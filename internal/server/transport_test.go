@@ -495,7 +495,7 @@ func TestLongCallsSurviveClientKeepalive(t *testing.T) {
 			}
 		}
 	}()
-	_, err = c.Batch(context.Background(), "keepalive-wait", nil,
+	_, err = c.Batch(context.Background(), "keepalive-wait", client.Unfenced,
 		[]client.Write{{Kind: client.Put, Section: "claims", Key: "a", Expected: client.Blind, Value: []byte("1")}},
 		client.WithReplicaAck(1, hold))
 	var re *client.ReplicationError

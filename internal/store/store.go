@@ -169,6 +169,41 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*eng
 	}, func(d *docstore.Document) (*engine.Snapshot, error) { return s.docs.Snapshot(d, names) })
 }
 
+// StreamSections reads the named sections of a swarm and the swarm
+// revision as one snapshot of any size, handing it to sink in pieces
+// (records.Records.StreamSections; on the document layout the document's
+// records, read whole as every document read reads it, by
+// docstore.Documents.Whole). turn is taken around each round trip of heavy
+// reading. Errors: those of either.
+func (s *Store) StreamSections(ctx context.Context, slug string, names []string, turn engine.Turn, sink engine.SnapshotSink) error {
+	for range 2 {
+		moved := false
+		err := s.records.StreamSections(ctx, slug, names, turn, func() (bool, error) {
+			bctx, cancel := s.e.Bound(ctx, 0)
+			defer cancel()
+			d, err := s.docs.Document(bctx, slug)
+			switch {
+			case errors.Is(err, docstore.ErrMoved):
+				moved = true
+				return true, nil
+			case err != nil:
+				return true, fmt.Errorf("store: read document: %w", err)
+			case d == nil:
+				return false, nil
+			}
+			snap, err := s.docs.Whole(d, names)
+			if err != nil {
+				return true, err
+			}
+			return true, engine.StreamSnapshot(snap, sink)
+		}, sink)
+		if !moved {
+			return err
+		}
+	}
+	return s.records.StreamSections(ctx, slug, names, turn, func() (bool, error) { return false, nil }, sink)
+}
+
 // ScanSection reads one page of a section from position
 // (records.Records.ScanSection; on the document layout
 // docstore.Documents.Page). Errors: those of either.
@@ -224,7 +259,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Dura
 	if c.ByNameStale {
 		s.byName.RebuildLater(b.Slug)
 	}
-	return c, err
+	return c, s.records.Explain(ctx, b.Slug, err)
 }
 
 // Acquire grants the swarm's lease to owner for ttlMs (lease.Leases.Change

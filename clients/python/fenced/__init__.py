@@ -49,6 +49,10 @@ from .errors import (  # noqa: E402
     InvalidArgument,
     KeptChanging,
     LayoutDocument,
+    FenceRequired,
+    BatchInFlight,
+    UpdateCancelled,
+    UpdateInterrupted,
     LeaseHeld,
     Reason,
     RedisRefusal,
@@ -68,6 +72,7 @@ from .errors import (  # noqa: E402
 from .keeper import ClaimKeeper, LeaseKeeper  # noqa: E402
 from .model import (  # noqa: E402
     BLIND,
+    UNFENCED,
     BatchResult,
     Change,
     Check,
@@ -99,6 +104,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BLIND",
+    "UNFENCED",
     "BatchResult",
     "CHANNEL_OPTIONS",
     "Cancelled",
@@ -121,6 +127,10 @@ __all__ = [
     "KeptChanging",
     "Layout",
     "LayoutDocument",
+    "FenceRequired",
+    "BatchInFlight",
+    "UpdateCancelled",
+    "UpdateInterrupted",
     "Lease",
     "LeaseFence",
     "LeaseHeld",

@@ -23,7 +23,12 @@ client's calls, awaited on the event loop while the thread waits for them. The
 change must therefore not touch the event loop's objects; anything it needs
 from async code is read before the update. Cancelling the update (its task)
 stops it at its next step: a change still running finishes in its thread,
-but its reads then raise and its batch is never sent.
+but its reads then raise and its batch is never sent (a plain
+CancelledError). Cancelled while its batch may have been sent (the call in
+flight, or a resend pending after a lost answer), it raises
+:class:`fenced.UpdateCancelled`, still a CancelledError, naming the batch
+and its request id: ``await c.fenced_batch(**e.resend_args())`` answers
+``replayed`` if it committed.
 
 Not for use across ``fork()``: grpc.aio and asyncio do not follow a fork. A
 process that forks while an aio Client is open gives its children nothing
@@ -53,11 +58,15 @@ from .client import (
     _page,
     _record,
     _snapshot,
+    _stream_refused,
+    _StreamedSnapshot,
     _WatchLoop,
+    _whole_too_large,
 )
 from .client import Client as _SyncClient
 from .keeper import _Acquiring, _Held
 from .model import (
+    FENCE_MISSING,
     BatchResult,
     ClaimFence,
     Current,
@@ -70,9 +79,22 @@ from .model import (
     Record,
     ReplicaAck,
     Snapshot,
+    FenceArg,
     Write,
+    lease_fence,
 )
-from .update import Txn, _Commit, _Deadline, _run_change, _RunChange, _Sleep, _takes_timeout, _update_steps
+from .update import (
+    Txn,
+    _Commit,
+    _Deadline,
+    _fence_arg,
+    _run_change,
+    _RunChange,
+    _Sent,
+    _Sleep,
+    _takes_timeout,
+    _update_steps,
+)
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
 
 __all__ = ["Client", "LeaseKeeper"]
@@ -167,9 +189,28 @@ class Client:
         return (_record(resp.record) if resp.HasField("record") else None), resp.revision
 
     async def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
-        """As :meth:`fenced.Client.sections`."""
+        """As :meth:`fenced.Client.sections`: of any size (StreamSections
+        past the server's limits for one answer)."""
         before = self._mark(slug)
-        resp = await self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        try:
+            resp = await self._call(self._records.Sections, records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        except errors.SnapshotTooLarge as e:
+            if not _whole_too_large(e):
+                raise
+            call = self._records.StreamSections(records_pb2.StreamSectionsRequest(slug=slug, names=names),
+                                                timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+            got = _StreamedSnapshot()
+            try:
+                async for part in call:
+                    snap = got.add(part)
+                    if snap is not None:
+                        self._read(slug, before, snap.revision)
+                        return snap
+            except grpc.RpcError as err:
+                raise _stream_refused(errors.decode(err), e) from err
+            finally:
+                call.cancel()
+            raise errors.FencedError("StreamSections ended without its end", code=grpc.StatusCode.INTERNAL) from e
         self._read(slug, before, resp.revision)
         return _snapshot(resp)
 
@@ -209,7 +250,7 @@ class Client:
         slug: str,
         writes: Sequence[Write],
         *,
-        fence: Optional[LeaseFence] = None,
+        fence: FenceArg = FENCE_MISSING,
         request_id: Optional[str] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
@@ -250,14 +291,16 @@ class Client:
         slug: str,
         change: Callable[[Txn], None],
         *,
-        fence: Optional[LeaseFence] = None,
+        fence: FenceArg = FENCE_MISSING,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
         claim: Optional[ClaimFence] = None,
     ) -> int:
         """As :meth:`fenced.Client.update` (the same reruns, resends under
-        one request id, and overall ``timeout``); ``change`` is a plain
-        function, run in a worker thread (see the module's doc)."""
+        one request id, and overall ``timeout``; ``fence`` required unless
+        ``claim`` is given); ``change`` is a plain function, run in a worker
+        thread (see the module's doc)."""
+        lease_fence(fence, claim)  # ValueError before anything runs
         per_call = self._timeout
         deadline = _Deadline(per_call if timeout is None else timeout)
         reads = _LoopReads(self, asyncio.get_running_loop(), deadline, per_call)
@@ -338,12 +381,15 @@ async def _drive(
     c: Client,
     slug: str,
     change: Callable[[Txn], None],
-    fence: Optional[LeaseFence],
+    fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
     claim: Optional[ClaimFence] = None,
 ) -> int:
-    """Run update's steps (fenced.update._update_steps) on the event loop."""
+    """Run update's steps (fenced.update._update_steps) on the event loop.
+    A cancellation while the batch may have been sent is UpdateCancelled,
+    naming it (fenced.update._Sent)."""
     result: Any = None
+    sent = _Sent()
     try:
         step = next(steps)
         while True:
@@ -359,9 +405,18 @@ async def _drive(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
                         timeout=step.timeout, claim=claim,
                     )).revision
+            except asyncio.CancelledError as e:
+                steps.close()
+                if (commit := sent.at(step)) is None:
+                    raise
+                out = errors.UpdateCancelled(*e.args)
+                out._in_flight(slug, commit.request_id, commit.writes, _fence_arg(fence), claim, replica_ack)
+                raise out from e
             except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
+                sent.answered(step, e)
                 step = steps.throw(e)
             else:
+                sent.answered(step, None)
                 step = steps.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -17,6 +17,7 @@ from . import _fork
 from ._fork import gate as _gate
 from .keeper import ClaimKeeper, LeaseKeeper
 from .model import (
+    FENCE_MISSING,
     BatchResult,
     Change,
     Check,
@@ -37,7 +38,9 @@ from .model import (
     Record,
     ReplicaAck,
     Snapshot,
+    FenceArg,
     Write,
+    lease_fence,
     new_request_id,
 )
 from .revisions import compare_revisions, later_revision
@@ -212,16 +215,15 @@ def _write(w: Write) -> records_pb2.RecordWrite:
 def _batch_request(
     slug: str,
     writes: Sequence[Write],
-    fence: Optional[LeaseFence],
+    fence: Any,
     request_id: Optional[str],
     replica_ack: Optional[ReplicaAck],
     claim: Optional[ClaimFence] = None,
 ) -> records_pb2.FencedBatchRequest:
+    lease = lease_fence(fence, claim)  # ValueError for no fence and no claim: nothing is sent
     req = records_pb2.FencedBatchRequest(slug=slug, writes=[_write(w) for w in writes], request_id=request_id or "")
-    if fence is not None:
-        if isinstance(fence, ClaimFence):
-            raise TypeError("a ClaimFence goes in claim=, not fence= (fence= is the swarm's lease)")
-        req.fence.CopyFrom(records_pb2.LeaseFence(owner=fence.owner, epoch=fence.epoch, now_ms=fence.now_ms))
+    if lease is not None:
+        req.fence.CopyFrom(records_pb2.LeaseFence(owner=lease.owner, epoch=lease.epoch, now_ms=lease.now_ms))
     if claim is not None:
         if not isinstance(claim, ClaimFence):
             raise TypeError(f"claim= takes a fenced.ClaimFence (ClaimKeeper.claim()), not {type(claim).__name__}")
@@ -237,6 +239,50 @@ def _snapshot(resp: records_pb2.SectionsResponse) -> Snapshot:
         sections={n: {k: _record(r) for k, r in s.records.items()} for n, s in resp.sections.items()},
         section_revisions={n: s.revision for n, s in resp.sections.items()},
     )
+
+
+class _StreamedSnapshot:
+    """A StreamSections snapshot as its messages come (shared by the sync and
+    asyncio clients): the records of the current attempt (a ``restart``
+    drops them), a value sent in parts joined, and the Snapshot once the
+    ``end`` comes."""
+
+    def __init__(self) -> None:
+        self.sections: dict[str, dict[str, Record]] = {}
+        self.parts: list[str] = []  # of a value whose last part is still to come
+
+    def add(self, resp: records_pb2.StreamSectionsResponse) -> Optional[Snapshot]:
+        """Take one message; answers the Snapshot after its end, else None."""
+        if resp.restart:
+            self.sections, self.parts = {}, []
+            return None
+        for r in resp.records:
+            value = r.record.value
+            if r.more or self.parts:
+                self.parts.append(value)
+                if r.more:
+                    continue
+                value, self.parts = "".join(self.parts), []
+            self.sections.setdefault(r.section, {})[r.key] = Record(
+                revision=r.record.revision, value=value, claim=r.record.claim, claim_epoch=r.record.claim_epoch)
+        if not resp.HasField("end"):
+            return None
+        for name in resp.end.section_revisions:
+            self.sections.setdefault(name, {})
+        return Snapshot(revision=resp.end.revision, sections=self.sections, section_revisions=dict(resp.end.section_revisions))
+
+
+def _stream_refused(err: errors.FencedError, too_large: errors.SnapshotTooLarge) -> errors.FencedError:
+    """What a StreamSections refusal raises: the SnapshotTooLarge that
+    asked for it when the server has no StreamSections (an older fenced,
+    UNIMPLEMENTED), else the refusal."""
+    return too_large if err.code == grpc.StatusCode.UNIMPLEMENTED else err
+
+
+def _whole_too_large(e: errors.SnapshotTooLarge) -> bool:
+    """A Sections refusal for the whole snapshot's size (not one record's
+    alone), which StreamSections reads."""
+    return not e.key
 
 
 def _page(resp: records_pb2.ScanSectionResponse, skipped: tuple[errors.SnapshotTooLarge, ...] = ()) -> Page:
@@ -540,13 +586,51 @@ class Client:
 
     def sections(self, slug: str, *names: str, timeout: Optional[float] = None) -> Snapshot:
         """Whole sections (every section but archive when no names are given)
-        and the swarm revision, as one snapshot. Raises ResourceExhausted for a
-        snapshot over the server's limits (read it with scan_section),
-        RevisionWentBackwards, FencedError."""
+        and the swarm revision, as one snapshot of any size. It asks with one
+        Sections call; a snapshot over the server's limits for one answer
+        (SnapshotTooLarge) is read again with StreamSections: one snapshot
+        streamed in messages of at most 1 MiB (restarted by the server when a
+        write lands in it while it is read; only a complete one is answered),
+        within ``timeout`` too. A server older than StreamSections raises the
+        SnapshotTooLarge. Raises RevisionWentBackwards, RevisionConflict
+        (writes kept landing in a streamed snapshot: read again),
+        ResourceExhausted (TOO_MANY_SECTION_STREAMS: the server has as many
+        streams open as it allows; retry later), FencedError."""
         before = self._mark(slug)
-        resp = self._call("records", "Sections", records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        try:
+            resp = self._call("records", "Sections", records_pb2.SectionsRequest(slug=slug, names=names), timeout)
+        except errors.SnapshotTooLarge as e:
+            if not _whole_too_large(e):
+                raise
+            snap = self._stream_sections(slug, names, timeout, e)
+            self._read(slug, before, snap.revision)
+            return snap
         self._read(slug, before, resp.revision)
         return _snapshot(resp)
+
+    def _stream_sections(
+        self, slug: str, names: Sequence[str], timeout: Optional[float], too_large: errors.SnapshotTooLarge
+    ) -> Snapshot:
+        """The snapshot read with StreamSections (see sections)."""
+        self._check_process()
+        _gate.enter()
+        call = None
+        try:
+            req = records_pb2.StreamSectionsRequest(slug=slug, names=names)
+            call = self._stub("records").StreamSections(
+                req, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+            got = _StreamedSnapshot()
+            for resp in call:
+                snap = got.add(resp)
+                if snap is not None:
+                    return snap
+            raise errors.FencedError("StreamSections ended without its end", code=grpc.StatusCode.INTERNAL)
+        except grpc.RpcError as e:
+            raise _stream_refused(errors.decode(e), too_large) from e
+        finally:
+            if call is not None:
+                call.cancel()
+            _gate.leave()
 
     def scan_section(
         self,
@@ -596,7 +680,7 @@ class Client:
         slug: str,
         writes: Sequence[Write],
         *,
-        fence: Optional[LeaseFence] = None,
+        fence: FenceArg = FENCE_MISSING,
         request_id: Optional[str] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
@@ -607,7 +691,11 @@ class Client:
         Args:
             slug: the swarm.
             writes: applied in order; each names the revision its record was read at.
-            fence: the lease condition (LeaseFence, LeaseKeeper.fence()); None: unfenced.
+            fence: the lease condition (LeaseFence, LeaseKeeper.fence()), or
+                :data:`fenced.UNFENCED` to write without one by choice (the
+                batch then commits on its revisions alone). Required unless
+                ``claim`` is given: left out or None it raises ValueError
+                before anything is sent.
             claim: a claim's condition (ClaimFence, ClaimKeeper.claim()), alone
                 or beside ``fence``; a refusal's StaleLease says which failed.
             request_id: makes the batch idempotent (1-128 printable ASCII,
@@ -713,14 +801,15 @@ class Client:
         slug: str,
         change: Callable[[Txn], None],
         *,
-        fence: Optional[LeaseFence] = None,
+        fence: FenceArg = FENCE_MISSING,
         claim: Optional[ClaimFence] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
     ) -> int:
         """Read, change, write as one fenced batch, rerun on conflict, within
-        ``timeout`` seconds in all (None: the Client's timeout); see
-        :func:`fenced.update.update`."""
+        ``timeout`` seconds in all (None: the Client's timeout), under
+        ``fence`` (keeper.fence(), or :data:`fenced.UNFENCED`: required unless
+        ``claim`` is given); see :func:`fenced.update.update`."""
         return _update(self, slug, change, fence=fence, claim=claim, replica_ack=replica_ack, timeout=timeout)
 
     # Leases.

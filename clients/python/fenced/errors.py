@@ -42,6 +42,7 @@ never to be parsed) and, when it was raised by a batch sent under a request id
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import fnmatch
 from typing import Callable, Mapping, Optional, Sequence
@@ -61,6 +62,10 @@ __all__ = [
     "InvalidArgument",
     "KeptChanging",
     "LayoutDocument",
+    "BatchInFlight",
+    "UpdateCancelled",
+    "UpdateInterrupted",
+    "FenceRequired",
     "LeaseHeld",
     "REASONS",
     "Reason",
@@ -190,6 +195,22 @@ class LayoutDocument(FencedError):
     lives on)."""
 
 
+class FenceRequired(FencedError):
+    """FAILED_PRECONDITION + FENCE_REQUIRED: the server requires a fence
+    (--require-fence) for a section this unfenced batch writes; nothing was
+    written. Fence it with the swarm's lease (keeper.fence()).
+
+    Attributes:
+        sections: the sections written that require one.
+    """
+
+    sections: tuple[str, ...] = ()
+
+
+def _fence_required(e: FenceRequired, d: _Details) -> None:
+    e.sections = tuple(s for s in e.metadata.get("sections", "").split(",") if s)
+
+
 class InvalidArgument(FencedError):
     """INVALID_ARGUMENT: the request was refused as malformed; nothing was written.
 
@@ -225,7 +246,55 @@ class Cancelled(Unavailable):
     fenced cancelled it). As UNAVAILABLE: a batch may or may not have
     committed; resend it under its ``request_id``. A cancellation the caller
     asked for (an asyncio task cancelled) is ``asyncio.CancelledError``, not
-    this."""
+    this: :class:`UpdateCancelled` when an update's batch may have been sent."""
+
+
+class BatchInFlight:
+    """What an update (or ``fenced.port`` write) cut short by its caller
+    carries when its batch may have been sent, so that the caller can learn
+    whether it committed: its batch (``slug``, ``writes``, ``fence``,
+    ``claim``, ``replica_ack``) and the ``request_id`` it went under. Resend
+    it, ``client.fenced_batch(**e.resend_args())`` (awaited with
+    fenced.aio), within the server's --request-id-window (10 min by
+    default): a batch that committed answers ``replayed`` with its revision,
+    writing nothing; one that did not commits now. Either way it is applied
+    once."""
+
+    slug: str = ""
+    request_id: str = ""
+    writes: tuple = ()  # type: ignore[type-arg]
+    fence: object = None
+    claim: object = None
+    replica_ack: object = None
+
+    def _in_flight(self, slug: str, request_id: str, writes: Sequence[object], fence: object, claim: object,
+                   replica_ack: object) -> None:
+        self.slug, self.request_id, self.writes = slug, request_id, tuple(writes)
+        self.fence, self.claim, self.replica_ack = fence, claim, replica_ack
+
+    def resend_args(self) -> dict[str, object]:
+        """The arguments of ``fenced_batch`` that resend the batch under its
+        request id."""
+        return {"slug": self.slug, "writes": list(self.writes), "fence": self.fence, "claim": self.claim,
+                "request_id": self.request_id, "replica_ack": self.replica_ack}
+
+
+class UpdateCancelled(asyncio.CancelledError, BatchInFlight):
+    """An ``asyncio.CancelledError`` (the task was cancelled: it stays one)
+    raised by fenced.aio's ``update`` cancelled while its batch may have been
+    sent (the call in flight, or its answer lost and a resend pending): a
+    :class:`BatchInFlight`, whose ``request_id`` and ``resend_args()`` learn
+    the outcome. A cancellation that comes while nothing of the batch left
+    (the change running, a wait after a conflict) is a plain
+    ``asyncio.CancelledError``: nothing was committed."""
+
+
+class UpdateInterrupted(KeyboardInterrupt, BatchInFlight):
+    """A ``KeyboardInterrupt`` (it stays one) raised by the sync ``update``
+    or ``fenced.port`` write interrupted while its batch may have been sent:
+    a :class:`BatchInFlight`, as :class:`UpdateCancelled` for asyncio. An
+    update's own ``timeout`` running out raises :class:`DeadlineExceeded`
+    with ``request_id`` instead."""
 
 
 class ReplicationTimeout(Unavailable):
@@ -486,6 +555,7 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LEASE_STALE), StaleLease, _stale),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LEASE_HELD), LeaseHeld, _held),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.LAYOUT_DOCUMENT), LayoutDocument),
+    Reason(grpc.StatusCode.FAILED_PRECONDITION, _r(_Reasons.FENCE_REQUIRED), FenceRequired, _fence_required),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.INVALID_ARGUMENT, _r(_Reasons.REQUEST_ID_REUSED), RequestIdReused, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.INVALID_ARGUMENT, "", InvalidArgument, _invalid),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.UNAVAILABLE, _r(_Reasons.REPLICATION_TIMEOUT), ReplicationTimeout, _replication),  # type: ignore[arg-type]

@@ -30,7 +30,8 @@ class _Acquiring:
 
     def __init__(self, slug: str, owner: str, ttl_s: float, wait: float) -> None:
         self.slug, self.owner, self.ttl_s, self.wait = slug, owner, ttl_s, wait
-        self.give_up = time.monotonic() + wait if math.isfinite(wait) else math.inf
+        self.start = time.monotonic()
+        self.give_up = self.start + wait if math.isfinite(wait) else math.inf
         self.backoff = 0.5
         self.logged_holder = ""
 
@@ -63,10 +64,14 @@ class _Acquiring:
             _log.warning("keep %s: acquire failed (%s); asking again in %.2fs", self.slug, err, pause)
         else:
             raise err
-        if time.monotonic() + pause > self.give_up:
+        now = time.monotonic()
+        if now + pause > self.give_up:
             if isinstance(err, errors.LeaseHeld):
+                # The time it waited, not its budget: it gives up as soon as
+                # the next wait would pass the budget.
                 out = errors.LeaseHeld(
-                    f"keep {self.slug}: the lease is still held by {self.logged_holder!r} after waiting {self.wait:g}s",
+                    f"keep {self.slug}: the lease is still held by {self.logged_holder!r} after waiting {now - self.start:.1f}s "
+                    f"(of at most {self.wait:g}s; its next try, in {pause:.1f}s, would come past that)",
                     code=err.code, reason=err.reason, metadata=err.metadata,
                 )
                 out.holder, out.retry_after = err.holder, err.retry_after

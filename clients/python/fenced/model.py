@@ -41,15 +41,19 @@ BLIND = -1
 """The ``expected`` revision that disables a write's check (not allowed for Check)."""
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: Any, *, allow_nan: bool = False) -> str:
     """Serialise any JSON-serialisable object as compact JSON text for a put.
 
     No whitespace between tokens, dict keys in their insertion order, non-ASCII
-    characters kept as they are (UTF-8 on the wire); NaN and infinities are
-    refused (ValueError), as JSON has none. Raises TypeError for objects json
-    cannot serialise.
+    characters kept as they are (UTF-8 on the wire). NaN and infinities are
+    refused (ValueError) unless ``allow_nan`` is True: then they are written
+    ``NaN``, ``Infinity`` and ``-Infinity`` as json.dumps writes them by
+    default, which fenced stores and serves byte for byte
+    (docs/design/02-redis-layout.md §2.2) and json.loads reads back, but
+    strict JSON readers (Go's encoding/json) refuse. Raises TypeError for
+    objects json cannot serialise.
     """
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
 
 
 def new_request_id() -> str:
@@ -227,6 +231,64 @@ class LeaseFence:
     owner: str
     epoch: int
     now_ms: int = 0
+
+
+class Unfenced:
+    """The type of :data:`UNFENCED` (one instance)."""
+
+    _one: "Optional[Unfenced]" = None
+
+    def __new__(cls) -> "Unfenced":
+        if cls._one is None:
+            cls._one = super().__new__(cls)
+        return cls._one
+
+    def __repr__(self) -> str:
+        return "fenced.UNFENCED"
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (Unfenced, ())
+
+
+UNFENCED = Unfenced()
+"""The ``fence`` of a batch written without the swarm's lease, by choice:
+it is sent with no fence at all, so it commits on its revisions alone,
+whoever holds the lease (a hive's batches, which hold none). ``fence`` left
+out, or None, without a ``claim`` is refused (ValueError) before anything is
+sent: an unfenced write is never an accident (docs/api.md, "Fences")."""
+
+
+class _FenceMissing:
+    def __repr__(self) -> str:
+        return "<fence not given>"
+
+
+FENCE_MISSING: Any = _FenceMissing()
+"""The default of ``fence`` arguments: none was given."""
+
+FenceArg = Union[LeaseFence, Unfenced, None]
+"""What ``fence=`` takes: a LeaseFence (keeper.fence()) or UNFENCED."""
+
+NO_FENCE_TEXT = ("no fence: pass fence=keeper.fence() (the swarm's lease), a claim=, "
+                 "or fence=fenced.UNFENCED to write without one by choice")
+
+
+def lease_fence(fence: Any, claim: Any) -> Optional[LeaseFence]:
+    """The lease fence a batch is sent under: None for UNFENCED (or a fence
+    left out beside a claim, which fences it). Raises ValueError for a fence
+    left out or None without a claim, TypeError for anything else that is no
+    LeaseFence."""
+    if fence is UNFENCED:
+        return None
+    if fence is FENCE_MISSING or fence is None:
+        if claim is not None:
+            return None
+        raise ValueError(f"fenced: {NO_FENCE_TEXT}")
+    if isinstance(fence, ClaimFence):
+        raise TypeError("a ClaimFence goes in claim=, not fence= (fence= is the swarm's lease)")
+    if not isinstance(fence, LeaseFence):
+        raise TypeError(f"fence= takes a fenced.LeaseFence (LeaseKeeper.fence()) or fenced.UNFENCED, not {type(fence).__name__}")
+    return fence
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,7 +61,7 @@ from . import errors
 from . import update as _update
 from .client import Client
 from .keeper import LeaseKeeper
-from .model import BLIND, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Write, dumps
+from .model import BLIND, UNFENCED, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Unfenced, Write, dumps
 from .revisions import later_revision
 
 __all__ = [
@@ -459,7 +459,8 @@ class Document(Mapping[str, Any]):
                     if _canon(v) == e.canon:
                         continue  # what was there: checked below as read
                 self._owned(ref)
-                writes.append(Put(section, key, BLIND if blind or e is None else e.revision, dumps(v)))
+                # NaN and Infinity written as the in-house json.dumps wrote them.
+                writes.append(Put(section, key, BLIND if blind or e is None else e.revision, dumps(v, allow_nan=True)))
             written.add(ref)
         if not writes:
             return None
@@ -579,8 +580,12 @@ fenced.Lease or LeaseKeeper (its fence()), a mapping with ``owner`` and
 None (unfenced)."""
 
 
-def _fence(f: FenceLike) -> Optional[LeaseFence]:
-    if f is None or isinstance(f, LeaseFence):
+def _fence(f: FenceLike) -> Union[LeaseFence, Unfenced]:
+    """A port's fence as the client's: None is UNFENCED (the in-house
+    port's unfenced write, kept; fenced's own calls make it explicit)."""
+    if f is None:
+        return UNFENCED
+    if isinstance(f, LeaseFence):
         return f
     if isinstance(f, (Lease, LeaseKeeper)):
         return f.fence()
@@ -690,7 +695,7 @@ class Port:
         conflict = _port_error(last)
         raise KeptChanging(slug, MAX_WRITE_ATTEMPTS, conflict) from conflict  # type: ignore[arg-type]
 
-    def _commit(self, slug: str, writes: list[Write], fence: Optional[LeaseFence]) -> int:
+    def _commit(self, slug: str, writes: list[Write], fence: Union[LeaseFence, Unfenced]) -> int:
         """One batch under a fresh request id, resent under the same id while
         its outcome is unknown (fenced answers a batch that did commit with
         its original revision): update's own resends (fenced.update.commit),

@@ -13,7 +13,24 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, MutableMap
 import grpc
 
 from . import errors
-from .model import Check, CheckRecords, CheckSection, ClaimFence, Delete, LeaseFence, Put, Record, ReplicaAck, Write, dumps, new_request_id
+from .model import (
+    FENCE_MISSING,
+    UNFENCED,
+    Check,
+    CheckRecords,
+    CheckSection,
+    ClaimFence,
+    Delete,
+    FenceArg,
+    LeaseFence,
+    Put,
+    Record,
+    ReplicaAck,
+    Write,
+    dumps,
+    lease_fence,
+    new_request_id,
+)
 from .revisions import later_revision
 
 if TYPE_CHECKING:
@@ -298,7 +315,7 @@ def update(
     slug: str,
     change: Callable[[Txn], None],
     *,
-    fence: Optional[LeaseFence] = None,
+    fence: FenceArg = FENCE_MISSING,
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     claim: Optional[ClaimFence] = None,
@@ -311,7 +328,10 @@ def update(
     read at, plus a check of every record read but not written (one
     CheckRecords of its records for a section read whole, or one CheckSection
     with ``tx.section(name, phantom_proof=True)``), and sent as one batch under ``fence``
-    and ``claim`` (a :class:`ClaimFence`; None: unfenced by either). A change that writes nothing sends nothing and answers
+    (the lease's, keeper.fence(); or :data:`fenced.UNFENCED`, unfenced by
+    choice) and ``claim`` (a :class:`ClaimFence`). ``fence`` left out or None
+    without a ``claim`` raises ValueError at once: ``change`` does not run,
+    nothing is sent. A change that writes nothing sends nothing and answers
     the highest revision it saw.
 
     On RevisionConflict it sleeps (2 ms, doubling up to 256 ms, +-50 %) and
@@ -340,6 +360,7 @@ def update(
 
     Returns the revision the batch committed at.
     """
+    lease_fence(fence, claim)  # ValueError before anything runs
     per_call = client._timeout
     deadline = _Deadline(per_call if timeout is None else timeout)
     reads = _BoundedReads(client, deadline, per_call)
@@ -352,7 +373,7 @@ def commit(
     slug: str,
     writes: Sequence[Write],
     *,
-    fence: Optional[LeaseFence] = None,
+    fence: FenceArg = FENCE_MISSING,
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -379,15 +400,17 @@ def _drive(
     client: "Client",
     slug: str,
     steps: Generator["_Step", Any, int],
-    fence: Optional[LeaseFence],
+    fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
     run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
     sleep: Callable[[float], None],
     claim: Optional[ClaimFence] = None,
 ) -> int:
     """Run a policy's steps (_update_steps, _commit_steps) with blocking I/O;
-    fenced.aio drives the same steps on its event loop."""
+    fenced.aio drives the same steps on its event loop. A KeyboardInterrupt
+    while the batch may have been sent is UpdateInterrupted, naming it."""
     result: Any = None
+    sent = _Sent()
     try:
         step = next(steps)
         while True:
@@ -403,12 +426,51 @@ def _drive(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
                         timeout=step.timeout, claim=claim,
                     ).revision
+            except KeyboardInterrupt as e:
+                steps.close()
+                if (commit := sent.at(step)) is None:
+                    raise
+                out = errors.UpdateInterrupted(*e.args)
+                out._in_flight(slug, commit.request_id, commit.writes, _fence_arg(fence), claim, replica_ack)
+                raise out from e
             except BaseException as e:  # noqa: BLE001 - the policy decides; it re-raises what it does not handle
+                sent.answered(step, e)
                 step = steps.throw(e)
             else:
+                sent.answered(step, None)
                 step = steps.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+class _Sent:
+    """Whether a driver's batch may have been sent and not answered (a
+    cancellation then leaves its outcome unknown): while its commit step is
+    in flight, and after an answer that leaves the outcome open (the
+    policy's resend pending), until a step ends it."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[_Commit] = None
+
+    def answered(self, step: "_Step", err: Optional[BaseException]) -> None:
+        """step ended, with err (None: its result)."""
+        if isinstance(step, _Commit):
+            unknown = isinstance(err, errors.Unavailable) and not isinstance(err, errors.ReplicationTimeout)
+            self.pending = step if unknown else None
+        elif isinstance(step, _RunChange):
+            self.pending = None
+
+    def at(self, step: "_Step") -> Optional[_Commit]:
+        """The batch whose outcome a cut at step leaves unknown, or None."""
+        if isinstance(step, _Commit):
+            return step
+        return self.pending
+
+
+def _fence_arg(fence: Any) -> Any:
+    """The fence a resend of the batch goes under: the one given, UNFENCED
+    for one left out (a claim fenced the batch)."""
+    return UNFENCED if fence is FENCE_MISSING or fence is None else fence
 
 
 # update's policy, as steps for a driver: the sync update above and

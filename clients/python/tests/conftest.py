@@ -100,6 +100,16 @@ class Redis:
         )
         return out.stdout.strip()
 
+    def cli_last(self, *args: str, last: str) -> str:
+        """cli with ``last`` as the command's last argument, read from stdin
+        (redis-cli -x): an argument of any size (the command line takes at
+        most 128 KiB one)."""
+        out = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "-x", *args],
+            check=True, capture_output=True, timeout=30, input=last.encode(),
+        )
+        return out.stdout.decode().strip()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

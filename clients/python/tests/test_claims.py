@@ -105,9 +105,9 @@ def test_a_put_bound_to_a_claim_is_gone_with_it(client: fenced.Client, redis, sl
     assert client.record(slug, "claims", "T-9") is None
     assert client.sections(slug, "claims").sections["claims"] == {}
     assert [p.records for p in client.scan_section(slug, "claims")] == [{}]
-    client.fenced_batch(slug, [fenced.Put("claims", "T-9", 0, '"next"')])  # absent: a put expecting 0 commits
+    client.fenced_batch(slug, [fenced.Put("claims", "T-9", 0, '"next"')], fence=fenced.UNFENCED)  # absent: a put expecting 0 commits
     assert client.record(slug, "claims", "T-9").claim == ""  # type: ignore[union-attr]
 
     with pytest.raises(fenced.InvalidArgument) as bad:
-        client.fenced_batch(slug, [fenced.Put("claims", "T-11", 0, "1", bind_to_claim=True)])
+        client.fenced_batch(slug, [fenced.Put("claims", "T-11", 0, "1", bind_to_claim=True)], fence=fenced.UNFENCED)
     assert [v.field for v in bad.value.violations] == ["writes[0].bind_to_claim"]

@@ -12,7 +12,7 @@ from conftest import KEY_PREFIX, WAIT_S, Redis, cluster_args, one_node_cluster, 
 
 
 def test_revision_conflict_lists_every_conflict(client: fenced.Client, slug: str) -> None:
-    r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1"), fenced.Put("claims", "b", 0, "2")]).revision
+    r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1"), fenced.Put("claims", "b", 0, "2")], fence=fenced.UNFENCED).revision
     with pytest.raises(fenced.RevisionConflict) as e:
         client.fenced_batch(
             slug,
@@ -22,7 +22,7 @@ def test_revision_conflict_lists_every_conflict(client: fenced.Client, slug: str
                 fenced.Check("claims", "absent/with/slash", r1),  # absent: conflict
                 fenced.CheckSection("claims", 0),  # the section changed: conflict
             ],
-        )
+         fence=fenced.UNFENCED,)
     err = e.value
     assert err.code == grpc.StatusCode.ABORTED and err.reason == "REVISION_CONFLICT" and err.total == 3
     assert list(err.conflicts) == [
@@ -66,9 +66,9 @@ def test_lease_held_with_the_retry_delay(client: fenced.Client, slug: str) -> No
 
 def test_request_id_reused(client: fenced.Client, slug: str) -> None:
     rid = fenced.new_request_id()
-    first = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], request_id=rid).revision
+    first = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], request_id=rid, fence=fenced.UNFENCED).revision
     with pytest.raises(fenced.RequestIdReused) as e:
-        client.fenced_batch(slug, [fenced.Put("claims", "a", first, "2")], request_id=rid)
+        client.fenced_batch(slug, [fenced.Put("claims", "a", first, "2")], request_id=rid, fence=fenced.UNFENCED)
     err = e.value
     assert isinstance(err, fenced.InvalidArgument)
     assert [v.field for v in err.violations] == ["request_id"]
@@ -80,7 +80,7 @@ def test_invalid_argument_names_every_field(client: fenced.Client, slug: str) ->
             slug,
             [fenced.Put("claims", "a", 0, "{not json"), fenced.Put("no-such-section", "b", 0, "1"),
              fenced.Check("claims", "c", fenced.BLIND)],
-        )
+         fence=fenced.UNFENCED,)
     err = e.value
     assert not isinstance(err, fenced.RequestIdReused) and err.code == grpc.StatusCode.INVALID_ARGUMENT
     fields = {v.field for v in err.violations}
@@ -92,7 +92,7 @@ def test_invalid_argument_names_every_field(client: fenced.Client, slug: str) ->
 def test_replication_timeout_carries_the_committed_revision(client: fenced.Client, slug: str) -> None:
     with pytest.raises(fenced.ReplicationTimeout) as e:
         client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")],
-                            replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=50))
+                            replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=50), fence=fenced.UNFENCED)
     err = e.value
     assert isinstance(err, fenced.Unavailable) and (err.acked, err.wanted) == (0, 1)
     rec = client.record(slug, "claims", "a")
@@ -102,7 +102,7 @@ def test_replication_timeout_carries_the_committed_revision(client: fenced.Clien
 def test_document_swarm_is_served_on_standalone(client: fenced.Client, redis: Redis, slug: str) -> None:
     redis.cli("HSET", f"{KEY_PREFIX}:swarm:state:fencing:current", slug, "{}")
     assert client.layout(slug) == fenced.Layout.DOCUMENT
-    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '{"by":"py"}')]).revision
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '{"by":"py"}')], fence=fenced.UNFENCED).revision
     assert client.record(slug, "claims", "a") == fenced.Record(rev, '{"by":"py"}')
     assert client.layout(slug) == fenced.Layout.DOCUMENT
 
@@ -114,21 +114,21 @@ def test_layout_document_on_cluster(start_fenced) -> None:
     with fenced.Client(f.addr) as c:
         assert c.layout("py-doc") == fenced.Layout.DOCUMENT
         with pytest.raises(fenced.LayoutDocument) as e:
-            c.fenced_batch("py-doc", [fenced.Put("claims", "a", 0, "1")])
+            c.fenced_batch("py-doc", [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and e.value.reason == "LAYOUT_DOCUMENT"
         with pytest.raises(fenced.LayoutDocument):
             c.acquire("py-doc", "hive-a", ttl_ms=1000)
         # A swarm on the records layout is served on the same cluster.
-        assert c.fenced_batch("py-records", [fenced.Put("claims", "a", 0, "1")]).revision > 0
+        assert c.fenced_batch("py-records", [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED).revision > 0
 
 
 def test_unavailable_when_redis_is_down(start_fenced) -> None:
     f, r = start_fenced()
     with fenced.Client(f.addr) as c:
-        c.fenced_batch("py-down", [fenced.Put("claims", "a", 0, "1")])
+        c.fenced_batch("py-down", [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
         r.stop()
         with pytest.raises(fenced.Unavailable) as e:
-            c.fenced_batch("py-down", [fenced.Put("claims", "b", 0, "1")], timeout=30)
+            c.fenced_batch("py-down", [fenced.Put("claims", "b", 0, "1")], timeout=30, fence=fenced.UNFENCED)
     assert not isinstance(e.value, fenced.ReplicationTimeout)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
 
@@ -137,18 +137,18 @@ def test_unavailable_when_fenced_is_unreachable(server) -> None:
     from conftest import free_port
 
     with fenced.Client(f"127.0.0.1:{free_port()}") as c, pytest.raises(fenced.Unavailable) as e:
-        c.fenced_batch("py-nowhere", [fenced.Put("claims", "a", 0, "1")], timeout=10)
+        c.fenced_batch("py-nowhere", [fenced.Put("claims", "a", 0, "1")], timeout=10, fence=fenced.UNFENCED)
     assert e.value.reason == ""
 
 
 def test_redis_out_of_memory_is_a_redis_refusal(start_fenced) -> None:
     f, r = start_fenced()
     with fenced.Client(f.addr) as c:
-        rev = c.fenced_batch("py-oom", [fenced.Put("intents", "a", 0, "1")]).revision
+        rev = c.fenced_batch("py-oom", [fenced.Put("intents", "a", 0, "1")], fence=fenced.UNFENCED).revision
         r.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
         r.cli("CONFIG", "SET", "maxmemory", "1")
         with pytest.raises(fenced.RedisRefusal) as e:
-            c.fenced_batch("py-oom", [fenced.Put("intents", "a", rev, "2"), fenced.Put("intents", "b", 0, "3")])
+            c.fenced_batch("py-oom", [fenced.Put("intents", "a", rev, "2"), fenced.Put("intents", "b", 0, "3")], fence=fenced.UNFENCED)
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.reason == "REDIS_OUT_OF_MEMORY"
         assert isinstance(e.value, fenced.Unavailable)  # retry later, as the Go client's ErrUnavailable
         with pytest.raises(fenced.RedisRefusal):
@@ -199,7 +199,7 @@ def test_reason_names_are_the_declared_ones() -> None:
 def test_revision_limit_names_what_reached_it(client: fenced.Client, redis: Redis, slug: str) -> None:
     redis.cli("SET", swarm_key(slug, "revision"), str(10**14 - 1))  # the next revision would pass 10^14-1
     with pytest.raises(fenced.RevisionLimit) as e:
-        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
     err = e.value
     assert err.code == grpc.StatusCode.OUT_OF_RANGE and err.reason == "REVISION_LIMIT"
     assert (err.section, err.key, err.max_revision) == ("", "revision", 2**53 - 1)
@@ -226,7 +226,7 @@ def test_client_follows_a_swarm_from_microsecond_to_new_revisions(start_fenced) 
         def change(tx: fenced.Txn) -> None:
             tx.section("claims")["T-1"] = '"done"'
 
-        new = c.update(slug, change)
+        new = c.update(slug, change, fence=fenced.UNFENCED)
         assert 10**13 <= new < 10**14 and fenced.compare_revisions(new, old) == 1 and fenced.compare_revisions(old, new) == -1
         rec, rev = c.record_at(slug, "claims", "T-1")
         assert rev == new and rec is not None and rec.revision == new
@@ -277,7 +277,7 @@ def test_client_reports_revision_going_backwards_once(start_fenced) -> None:
     slug = "py-backwards"
     with fenced.Client(f.addr) as c, fenced.Client(f.addr) as fresh:
         def put(key: str) -> int:
-            return c.fenced_batch(slug, [fenced.Put("claims", key, fenced.BLIND, "1")]).revision
+            return c.fenced_batch(slug, [fenced.Put("claims", key, fenced.BLIND, "1")], fence=fenced.UNFENCED).revision
 
         kept = put("kept")
         r.cli("SAVE")

@@ -3,8 +3,10 @@ in-house suite's list, run against a live fenced and redis-server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import re
 from typing import Any, Optional
 
@@ -12,8 +14,10 @@ import grpc
 import pytest
 
 import fenced
+import fenced.aio
 from conftest import KEY_PREFIX, Fenced, Redis, swarm_key, wait_until
 from fenced import port
+from fenced.v1 import records_pb2
 from test_update import BatchRecorder, kinds, log_entries, recorded  # noqa: F401 (recorded: a fixture)
 
 BUCKET = f"{KEY_PREFIX}:swarm:state:fencing:current"
@@ -29,7 +33,7 @@ def inhouse_put(redis: Redis, slug: str, section: str, key: str, value: Any) -> 
     swarm counter INCRed, the record stored as its text (spaces after ':' and
     ','), no section revision, no log entry. Answers the record's revision."""
     rev = int(redis.cli("INCR", swarm_key(slug, "revision")))
-    redis.cli("HSET", swarm_key(slug, section), key, '{"r": %d, "v": %s}' % (rev, json.dumps(value)))
+    redis.cli_last("HSET", swarm_key(slug, section), key, last='{"r": %d, "v": %s}' % (rev, json.dumps(value)))
     return rev
 
 
@@ -90,6 +94,94 @@ def test_sections_and_record_answer_decoded_values(p: port.Port, slug: str) -> N
     revision, value = got
     assert (revision, value) == (rev, values["a"])
     assert p.record(slug, "claims", "absent") is None
+
+
+def test_python_json_with_nan_and_infinity_reads_and_writes_as_json_loads_does(
+    client: fenced.Client, p: port.Port, redis: Redis, slug: str
+) -> None:
+    """Python's json.dumps writes NaN, Infinity and -Infinity by default: an
+    in-house writer's record holding them is read (record, sections, a write
+    reading its section whole, iterating the document) as json.loads reads
+    it, its bytes served as stored, on both layouts; a change to it writes
+    them back as json.dumps does; fenced.dumps refuses them unless asked."""
+    value = {"score": float("nan"), "best": float("inf"), "worst": float("-inf")}
+    text = json.dumps(value)  # {"score": NaN, "best": Infinity, "worst": -Infinity}
+
+    def same(got: Any) -> bool:
+        return math.isnan(got["score"]) and got["best"] == math.inf and got["worst"] == -math.inf
+
+    seed_document(redis, slug + "-doc", {"revision": 3, "sections": {"claims": {"T-1": value, "T-2": {"by": "hive-a"}}}})
+    rev = inhouse_put(redis, slug, "claims", "T-1", value)
+    inhouse_put(redis, slug, "claims", "T-2", {"by": "hive-a"})
+    for s in (slug, slug + "-doc"):
+        assert client.record(s, "claims", "T-1").value == text  # type: ignore[union-attr]
+        got = p.record(s, "claims", "T-1")
+        assert got is not None and same(got.value)
+        assert same(p.sections(s, "claims")["claims"]["T-1"])
+        assert same(p.sections(s)["claims"]["T-1"])
+
+        def whole(doc: port.Document) -> list[str]:
+            names = list(doc["sections"])  # every section, at one instant
+            claims = doc["sections"]["claims"]
+            assert same(claims["T-1"]) and sorted(claims) == ["T-1", "T-2"]
+            claims["T-2"] = {"by": "hive-b", "n": len(names)}
+            return names
+
+        assert port.Port(client).write(s, whole) == ["claims"]
+        assert p.record(s, "claims", "T-2").value == {"by": "hive-b", "n": 1}  # type: ignore[union-attr]
+
+        def touch(doc: port.Document) -> None:
+            doc["sections"]["claims"]["T-1"]["n"] = 1
+
+        p.write(s, touch)
+        assert client.record(s, "claims", "T-1").value == '{"score":NaN,"best":Infinity,"worst":-Infinity,"n":1}'  # type: ignore[union-attr]
+    assert p.record(slug, "claims", "T-1").revision > rev  # type: ignore[union-attr]
+
+    with pytest.raises(ValueError):
+        fenced.dumps(value)
+    assert fenced.dumps([float("nan")], allow_nan=True) == "[NaN]"
+    client.fenced_batch(slug, [fenced.Put("claims", "T-3", 0, "[NaN, -Infinity]")], fence=fenced.UNFENCED)
+    assert client.record(slug, "claims", "T-3").value == "[NaN, -Infinity]"  # type: ignore[union-attr]
+    with pytest.raises(fenced.InvalidArgument) as bad:
+        client.fenced_batch(slug, [fenced.Put("claims", "T-4", 0, "[nan]")], fence=fenced.UNFENCED)
+    assert 'byte 1 starts "nan"' in bad.value.violations[0].description
+
+
+def test_five_megabytes_of_executions_read_whole_through_every_path(
+    server: Fenced, client: fenced.Client, p: port.Port, redis: Redis, slug: str
+) -> None:
+    """Five 1 MB executions records written by an in-house writer (over the
+    server's 4 MiB for one answer): port.sections of the section and of
+    every section, a port.write reading it whole, iterating the document, and
+    both clients' sections read all five byte for byte, as one snapshot."""
+    values = {f"exe-{i}": {"name": f"agent-{i}", "generation": i, "log": "x" * (1 << 20)} for i in range(5)}
+    for k, v in values.items():
+        inhouse_put(redis, slug, "executions", k, v)
+    rev = inhouse_put(redis, slug, "claims", "T-1", {"by": "hive-a"})
+    with pytest.raises(fenced.SnapshotTooLarge):  # one answer cannot hold it: what the clients read past
+        client._call("records", "Sections", records_pb2.SectionsRequest(slug=slug, names=["executions"]), None)
+
+    assert p.sections(slug, "executions")["executions"] == values
+    every = p.sections(slug)
+    assert every["executions"] == values and every["claims"] == {"T-1": {"by": "hive-a"}} and every.revision == rev
+    snap = client.sections(slug, "executions", "claims")
+    assert {k: r.value for k, r in snap.sections["executions"].items()} == {k: json.dumps(v) for k, v in values.items()}
+    assert snap.revision == rev and set(snap.section_revisions) == {"executions", "claims"}
+
+    def tally(doc: port.Document) -> list[str]:
+        names = list(doc["sections"])  # iterating the document: every section at one instant
+        execs = doc["sections"]["executions"]
+        doc["sections"]["claims"]["count"] = {"n": len(execs), "gens": sorted(v["generation"] for v in execs.values())}
+        return names
+
+    assert p.write(slug, tally) == ["claims", "executions"]
+    assert p.record(slug, "claims", "count").value == {"n": 5, "gens": [0, 1, 2, 3, 4]}  # type: ignore[union-attr]
+
+    async def aio_read() -> fenced.Snapshot:
+        async with fenced.aio.Client(server.addr) as c:
+            return await c.sections(slug, "executions")
+
+    assert {k: r.value for k, r in asyncio.run(aio_read()).sections["executions"].items()} == {k: json.dumps(v) for k, v in values.items()}
 
 
 def test_errors_carry_the_in_house_texts_and_types(client: fenced.Client, p: port.Port, slug: str) -> None:
@@ -170,7 +262,7 @@ def test_all_or_nothing(client: fenced.Client, p: port.Port, redis: Redis, slug:
         doc["sections"]["claims"]["a"] = {"saw": seen}
         doc["sections"]["intents"]["b"] = {"saw": seen}
         if runs == 1:
-            client.fenced_batch(slug, [fenced.Put("claims", "c", fenced.BLIND, '"c2"')])
+            client.fenced_batch(slug, [fenced.Put("claims", "c", fenced.BLIND, '"c2"')], fence=fenced.UNFENCED)
 
     p.write(slug, change)
     assert runs == 2
@@ -392,7 +484,7 @@ def test_a_scanned_section_is_checked_whole(client: fenced.Client, p: port.Port,
         running = sum(1 for v in doc["sections"]["claims"].values() if v["state"] == "running")
         if runs == 1:
             inhouse_put(redis, slug, "claims", "T-3", {"state": "running"})
-            client.fenced_batch(slug, [fenced.Put("claims", "T-4", 0, '{"state":"running"}')])
+            client.fenced_batch(slug, [fenced.Put("claims", "T-4", 0, '{"state":"running"}')], fence=fenced.UNFENCED)
         doc["sections"]["operations"]["summary"] = {"running": running}
         return running
 
@@ -427,7 +519,7 @@ def test_archive_puts_are_blind_and_never_checked(client: fenced.Client, p: port
         assert archive["old"] == {"n": 1} or runs > 1
         if runs == 1:  # others write the archive meanwhile: no conflict for a blind put
             inhouse_put(redis, slug, "archive", "old", {"n": 2})
-            client.fenced_batch(slug, [fenced.Put("archive", "new", 0, '"theirs"')])
+            client.fenced_batch(slug, [fenced.Put("archive", "new", 0, '"theirs"')], fence=fenced.UNFENCED)
         archive["new"] = {"ours": len(seen)}
         doc["sections"]["claims"]["c"]  # checked
         doc["sections"]["intents"]["i"] = 1
@@ -459,7 +551,7 @@ def test_write_reruns_sixteen_times_after_1_to_32_ms_then_raises_kept_changing(
         nonlocal runs
         runs += 1
         n = doc["sections"]["claims"]["hot"]
-        client.fenced_batch(slug, [fenced.Put("claims", "hot", fenced.BLIND, str(n + 1000))])  # always meddles
+        client.fenced_batch(slug, [fenced.Put("claims", "hot", fenced.BLIND, str(n + 1000))], fence=fenced.UNFENCED)  # always meddles
         doc["sections"]["claims"]["hot"] = n + 1
 
     with pytest.raises(port.KeptChanging) as e:

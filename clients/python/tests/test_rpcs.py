@@ -21,7 +21,7 @@ VALUES = {
 
 
 def test_values_round_trip_byte_for_byte(client: fenced.Client, slug: str) -> None:
-    res = client.fenced_batch(slug, [fenced.Put("intents", k, 0, v) for k, v in VALUES.items()])
+    res = client.fenced_batch(slug, [fenced.Put("intents", k, 0, v) for k, v in VALUES.items()], fence=fenced.UNFENCED)
     assert res.revision > 0 and not res.replayed
     for k, want in VALUES.items():
         rec = client.record(slug, "intents", k)
@@ -42,7 +42,7 @@ def test_dumps_is_compact_and_keeps_key_order_and_unicode(client: fenced.Client,
     obj = {"z": 1, "a": {"b": "<&>", "ids": []}, "n": 12345678901234567890, "name": "ünï 🐝"}
     text = fenced.dumps(obj)
     assert text == '{"z":1,"a":{"b":"<&>","ids":[]},"n":12345678901234567890,"name":"ünï 🐝"}'
-    client.fenced_batch(slug, [fenced.Put("intents", "o", 0, text)])
+    client.fenced_batch(slug, [fenced.Put("intents", "o", 0, text)], fence=fenced.UNFENCED)
     rec = client.record(slug, "intents", "o")
     assert rec is not None and rec.value == text and rec.json() == obj
     with pytest.raises(ValueError):
@@ -55,19 +55,19 @@ def test_layout_record_and_batch_kinds(client: fenced.Client, slug: str) -> None
     assert client.layout(slug) == fenced.Layout.UNSPECIFIED
     assert client.record(slug, "claims", "a") is None
     assert client.record_at(slug, "claims", "a") == (None, 0)
-    r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1"), fenced.Put("claims", "b", 0, "2")]).revision
+    r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1"), fenced.Put("claims", "b", 0, "2")], fence=fenced.UNFENCED).revision
     assert client.layout(slug) == fenced.Layout.RECORDS
     r2 = client.fenced_batch(
         slug,
         [fenced.Delete("claims", "a", r1), fenced.Check("claims", "b", r1), fenced.CheckSection("claims", r1),
          fenced.Put("claims", "c", fenced.BLIND, '"c"')],
-    ).revision
+     fence=fenced.UNFENCED,).revision
     assert r2 > r1
     assert client.record(slug, "claims", "a") is None
     rec, rev = client.record_at(slug, "claims", "c")
     assert rec == fenced.Record(r2, '"c"') and rev == r2
     # A batch of checks alone commits nothing and answers the current revision.
-    assert client.fenced_batch(slug, [fenced.Check("claims", "b", r1)]).revision == r2
+    assert client.fenced_batch(slug, [fenced.Check("claims", "b", r1)], fence=fenced.UNFENCED).revision == r2
     every = client.sections(slug)
     assert "claims" in every.sections and "meta" in every.sections and "archive" not in every.sections
 
@@ -76,14 +76,14 @@ def test_request_id_replays_the_original_revision(client: fenced.Client, slug: s
     rid = fenced.new_request_id()
     assert len(rid) == 32 and rid != fenced.new_request_id()
     ws = [fenced.Put("claims", "a", 0, "1")]
-    first = client.fenced_batch(slug, ws, request_id=rid)
-    again = client.fenced_batch(slug, ws, request_id=rid)
+    first = client.fenced_batch(slug, ws, request_id=rid, fence=fenced.UNFENCED)
+    again = client.fenced_batch(slug, ws, request_id=rid, fence=fenced.UNFENCED)
     assert again.revision == first.revision and again.replayed and not first.replayed
 
 
 def test_scan_section_pages(client: fenced.Client, slug: str) -> None:
     want = {f"k{i:03d}": str(i) for i in range(25)}
-    rev = client.fenced_batch(slug, [fenced.Put("journals", k, 0, v) for k, v in want.items()]).revision
+    rev = client.fenced_batch(slug, [fenced.Put("journals", k, 0, v) for k, v in want.items()], fence=fenced.UNFENCED).revision
     pages = list(client.scan_section(slug, "journals", page_size=10))
     assert len(pages) >= 3 and pages[-1].next_page_token == ""
     assert all(len(p.records) <= 10 for p in pages)
@@ -139,7 +139,7 @@ def test_tls_with_a_bearer_token(start_fenced, tmp_path) -> None:
     f, _ = start_fenced("--tls-cert", str(cert), "--tls-key", str(key), "--auth-tokens-file", str(tokens))
     creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
     with fenced.Client(f.addr, tls=creds, token="tls-token-for-python-tests") as c:
-        assert c.fenced_batch("py-tls", [fenced.Put("claims", "a", 0, "1")]).revision > 0
+        assert c.fenced_batch("py-tls", [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED).revision > 0
         assert c.record("py-tls", "claims", "a").value == "1"  # type: ignore[union-attr]
     with fenced.Client(f.addr, tls=creds) as anon, pytest.raises(fenced.FencedError) as e:
         anon.record("py-tls", "claims", "a")
@@ -161,7 +161,7 @@ def test_migrate_without_state_or_already_moved_writes_nothing(client: fenced.Cl
     """Client.migrate (AdminService/Migrate); a document swarm's move: tests/test_port.py."""
     assert client.migrate(slug, writers_upgraded=True) == fenced.MigrateResult(records=0, revision=0, no_state=True)
     assert client.layout(slug) == fenced.Layout.UNSPECIFIED
-    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")]).revision
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED).revision
     got = client.migrate(slug, writers_upgraded=True, dry_run=True)
     assert got == fenced.MigrateResult(records=0, revision=0, already_moved=True)
     assert client.record(slug, "claims", "a") == fenced.Record(rev, "1")

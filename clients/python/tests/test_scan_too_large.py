@@ -25,7 +25,7 @@ def _seed(client: fenced.Client, redis: Redis, slug: str) -> set[str]:
     The hash is rewritten in one table (redistest's SettleHash) so that HSCAN
     answers each field once."""
     keys = {f"c-{i:02d}" for i in range(30)}
-    client.fenced_batch(slug, [fenced.Put("claims", k, 0, '{"by":"x"}') for k in sorted(keys)])
+    client.fenced_batch(slug, [fenced.Put("claims", k, 0, '{"by":"x"}') for k in sorted(keys)], fence=fenced.UNFENCED)
     # The value is too long for one argv string: redis-cli -x reads it from stdin.
     subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(redis.port), "-x", "HSET", swarm_key(slug, "claims"), BIG_KEY],
                    input=HUGE.encode(), check=True, capture_output=True, timeout=30)

@@ -114,7 +114,7 @@ def kinds(req: records_pb2.FencedBatchRequest) -> list[tuple[str, str, str, int]
 def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced, redis: Redis, slug: str) -> None:
     callers, each = 8, 10
     setup = fenced.Client(server.addr)
-    setup.fenced_batch(slug, [fenced.Put("operations", "counter", 0, fenced.dumps({"n": 0, "ids": []}))])
+    setup.fenced_batch(slug, [fenced.Put("operations", "counter", 0, fenced.dumps({"n": 0, "ids": []}))], fence=fenced.UNFENCED)
     before = len(log_entries(redis, slug))
     failures: list[BaseException] = []
 
@@ -135,7 +135,7 @@ def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced
 
                 while True:
                     try:
-                        c.update(slug, change)
+                        c.update(slug, change, fence=fenced.UNFENCED)
                         break
                     except fenced.KeptChanging:
                         pass  # nothing committed: run the change again
@@ -162,7 +162,7 @@ def test_eight_concurrent_writers_commit_each_change_exactly_once(server: Fenced
 
 
 def test_phantom_insert_during_whole_section_read_is_caught_when_phantom_proof(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
-    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
     rec = BatchRecorder()
     c = recorded(rec)
     runs = 0
@@ -173,10 +173,10 @@ def test_phantom_insert_during_whole_section_read_is_caught_when_phantom_proof(c
         claims = tx.section("claims", phantom_proof=True)
         n = len(claims)  # reads the section whole
         if runs == 1:  # another writer inserts a record meanwhile
-            client.fenced_batch(slug, [fenced.Put("claims", "phantom", 0, "2")])
+            client.fenced_batch(slug, [fenced.Put("claims", "phantom", 0, "2")], fence=fenced.UNFENCED)
         tx.put_json("operations", "claim-count", n)
 
-    c.update(slug, change)
+    c.update(slug, change, fence=fenced.UNFENCED)
     assert runs == 2
     assert len(rec.sent) == 2
     assert ("WRITE_KIND_CHECK_SECTION", "claims", "", rec.sent[0].writes[1].expected) in kinds(rec.sent[0])
@@ -204,7 +204,7 @@ def test_lost_reply_is_not_applied_twice(redis: Redis, slug: str, recorded, lost
         v["n"] += 1
         tx.put_json("operations", "counter", v)
 
-    rev = c.update(slug, change)
+    rev = c.update(slug, change, fence=fenced.UNFENCED)
     assert runs == 1 and len(rec.sent) == 2  # one resend, the change ran once
     assert rec.sent[0] == rec.sent[1] and rec.sent[0].request_id != ""
     log = log_entries(redis, slug)
@@ -227,7 +227,7 @@ def test_a_replication_timeout_or_a_closed_client_is_not_resent(client: fenced.C
         tx.put("operations", "a", "1")
 
     with pytest.raises(fenced.ReplicationTimeout) as e:
-        c.update(slug, change, replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=10))
+        c.update(slug, change, replica_ack=fenced.ReplicaAck(replicas=1, timeout_ms=10), fence=fenced.UNFENCED)
     assert len(rec.sent) == 1 and e.value.request_id == rec.sent[0].request_id != ""
     assert client.record(slug, "operations", "a") is not None  # it did commit
 
@@ -235,13 +235,13 @@ def test_a_replication_timeout_or_a_closed_client_is_not_resent(client: fenced.C
     d = recorded(closed)
     d.close()  # the caller closed it: a CANCELLED now is the caller's doing
     with pytest.raises(fenced.Cancelled) as e2:
-        d.update(slug, lambda tx: tx.put("operations", "b", "1"))
+        d.update(slug, lambda tx: tx.put("operations", "b", "1"), fence=fenced.UNFENCED)
     assert len(closed.sent) == 1 and e2.value.request_id == closed.sent[0].request_id != ""
 
 
 def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
     r1 = client.fenced_batch(
-        slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("claims", "b", 0, '"b"'), fenced.Put("intents", "x", 0, "1")]
+        slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("claims", "b", 0, '"b"'), fenced.Put("intents", "x", 0, "1")], fence=fenced.UNFENCED
     ).revision
     rec = BatchRecorder()
     c = recorded(rec)
@@ -252,7 +252,7 @@ def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.
         assert tx.get("intents", "x") == "1"
         tx.put("orphans", "o", '"new"')
 
-    c.update(slug, by_key)
+    c.update(slug, by_key, fence=fenced.UNFENCED)
     assert kinds(rec.sent[-1]) == [
         ("WRITE_KIND_PUT", "orphans", "o", 0),
         ("WRITE_KIND_CHECK", "claims", "a", r1),
@@ -272,7 +272,7 @@ def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.
 
         sec_rev = client.sections(slug, "claims").section_revisions["claims"]
         a_rev = client.record(slug, "claims", "a").revision  # type: ignore[union-attr]
-        c.update(slug, change)
+        c.update(slug, change, fence=fenced.UNFENCED)
         if phantom_proof:
             assert kinds(rec.sent[-1]) == [
                 ("WRITE_KIND_PUT", "claims", "c", 0),
@@ -289,12 +289,12 @@ def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.
             assert [(p.key, p.expected) for p in rec.sent[-1].writes[2].checks] == [("a", a_rev)], whole
         # Put b back and drop c for the next form of whole read.
         snap = client.sections(slug, "claims")
-        client.fenced_batch(slug, [fenced.Put("claims", "b", 0, '"b"'), fenced.Delete("claims", "c", snap.sections["claims"]["c"].revision)])
+        client.fenced_batch(slug, [fenced.Put("claims", "b", 0, '"b"'), fenced.Delete("claims", "c", snap.sections["claims"]["c"].revision)], fence=fenced.UNFENCED)
         r1 = client.record(slug, "claims", "b").revision  # type: ignore[union-attr]
 
 
 def test_update_that_writes_nothing_sends_nothing(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
-    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '"a"')]).revision
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '"a"')], fence=fenced.UNFENCED).revision
     rec = BatchRecorder()
     c = recorded(rec)
 
@@ -302,22 +302,22 @@ def test_update_that_writes_nothing_sends_nothing(client: fenced.Client, slug: s
         tx.put("claims", "a", tx.get("claims", "a") or "")
         tx.delete("claims", "absent")
 
-    assert c.update(slug, same) == rev and rec.sent == []
+    assert c.update(slug, same, fence=fenced.UNFENCED) == rev and rec.sent == []
 
 
 def test_update_gives_up_after_sixteen_attempts(client: fenced.Client, slug: str) -> None:
-    client.fenced_batch(slug, [fenced.Put("claims", "hot", 0, "0")])
+    client.fenced_batch(slug, [fenced.Put("claims", "hot", 0, "0")], fence=fenced.UNFENCED)
     runs = 0
 
     def change(tx: fenced.Txn) -> None:
         nonlocal runs
         runs += 1
         n = int(tx.get("claims", "hot") or "0")
-        client.fenced_batch(slug, [fenced.Put("claims", "hot", fenced.BLIND, str(n + 1000))])  # always meddles
+        client.fenced_batch(slug, [fenced.Put("claims", "hot", fenced.BLIND, str(n + 1000))], fence=fenced.UNFENCED)  # always meddles
         tx.put("claims", "hot", str(n + 1))
 
     with pytest.raises(fenced.KeptChanging) as e:
-        client.update(slug, change)
+        client.update(slug, change, fence=fenced.UNFENCED)
     assert runs == fenced.MAX_UPDATE_ATTEMPTS == 16 and e.value.attempts == 16
     assert "the swarm fencing state kept changing; nothing was committed" in str(e.value)
     assert isinstance(e.value.__cause__, fenced.RevisionConflict) and e.value.last is e.value.__cause__
@@ -343,7 +343,7 @@ def test_update_stops_at_once_on_stale_lease_and_on_the_change_s_own_error(clien
         raise RuntimeError("change failed")
 
     with pytest.raises(RuntimeError, match="change failed"):
-        client.update(slug, boom)
+        client.update(slug, boom, fence=fenced.UNFENCED)
     assert client.record(slug, "claims", "a") is None
 
 
@@ -440,7 +440,7 @@ def test_update_resends_a_batch_whose_call_deadline_passed_under_the_same_id(sta
     logger.addHandler(handler)
     stopped: list[bool] = []
     try:
-        rev = c.update(slug, _stopping_change(r, stopped), timeout=WAIT_S)
+        rev = c.update(slug, _stopping_change(r, stopped), timeout=WAIT_S, fence=fenced.UNFENCED)
     finally:
         logger.removeHandler(handler)
         os.kill(r.proc.pid, signal.SIGCONT)
@@ -472,7 +472,7 @@ def test_update_gives_up_at_its_timeout_naming_the_request_id(start_fenced, slug
     stopped: list[bool] = []
     try:
         with pytest.raises(fenced.DeadlineExceeded) as e:
-            c.update(slug, _stopping_change(r, stopped), timeout=6.0)
+            c.update(slug, _stopping_change(r, stopped), timeout=6.0, fence=fenced.UNFENCED)
     finally:
         os.kill(r.proc.pid, signal.SIGCONT)
     err = e.value
@@ -482,20 +482,20 @@ def test_update_gives_up_at_its_timeout_naming_the_request_id(start_fenced, slug
     # Resent now under that id, the batch commits exactly once: replayed if
     # a send before reached Redis, committed now if none did (fenced may not
     # have passed it on before its deadline: "may still commit").
-    again = c.fenced_batch(slug, [fenced.Put("operations", "counter", 0, '{"n":1}')], request_id=err.request_id)
+    again = c.fenced_batch(slug, [fenced.Put("operations", "counter", 0, '{"n":1}')], request_id=err.request_id, fence=fenced.UNFENCED)
     assert [x["revision"] for x in log_entries(r, slug) if x.get("request_id") == err.request_id] == [str(again.revision)]
     assert c.record(slug, "operations", "counter").revision == again.revision
     ch.close()
 
 
 def test_every_error_of_a_batch_carries_its_request_id(client: fenced.Client, slug: str) -> None:
-    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")])
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
     with pytest.raises(fenced.RevisionConflict) as e:
-        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")], request_id="rid-conflict")
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")], request_id="rid-conflict", fence=fenced.UNFENCED)
     assert e.value.request_id == "rid-conflict" and "rid-conflict" in str(e.value)
     with pytest.raises(fenced.StaleLease) as s:
         client.update(slug, lambda tx: tx.put("claims", "b", "1"), fence=fenced.LeaseFence("ghost", 9))
     assert len(s.value.request_id) == 32
     with pytest.raises(fenced.RevisionConflict) as n:
-        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")])
+        client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "2")], fence=fenced.UNFENCED)
     assert n.value.request_id == ""

@@ -26,7 +26,7 @@ def seed_tasks(client: fenced.Client, slug: str) -> int:
     return client.fenced_batch(slug, [
         fenced.Put("claims", "T-1", 0, '{"status":"running"}'),
         fenced.Put("claims", "T-2", 0, '{"status":"running"}'),
-    ]).revision
+    ], fence=fenced.UNFENCED).revision
 
 
 @pytest.mark.parametrize("phantom_proof", [False, True])
@@ -47,7 +47,7 @@ def test_a_writer_that_bypasses_fenced_is_not_overwritten(client: fenced.Client,
             bypass_put(redis, slug, "claims", "T-1", '{"status":"done"}')
         tx.put_json("operations", "running", running)
 
-    client.update(slug, change)
+    client.update(slug, change, fence=fenced.UNFENCED)
     got = client.record(slug, "operations", "running")
     assert got is not None
     if phantom_proof:
@@ -71,10 +71,10 @@ def test_an_insert_of_another_key_lets_the_update_commit(client: fenced.Client, 
         runs += 1
         n = len(tx.section("claims", phantom_proof=phantom_proof))
         if runs == 1:
-            client.fenced_batch(slug, [fenced.Put("claims", "new-1", 0, '{"status":"running"}')])
+            client.fenced_batch(slug, [fenced.Put("claims", "new-1", 0, '{"status":"running"}')], fence=fenced.UNFENCED)
         tx.put_json("operations", "count", n)
 
-    c.update(slug, change)
+    c.update(slug, change, fence=fenced.UNFENCED)
     if phantom_proof:
         assert runs == 2
         assert kinds(rec.sent[0])[1] == ("WRITE_KIND_CHECK_SECTION", "claims", "", seeded)
@@ -89,7 +89,7 @@ def test_every_record_of_a_section_read_whole_is_named_once(client: fenced.Clien
     """The CheckRecords holds every record of the snapshot and every key read
     as absent, except those the batch writes and one read on its own at another
     revision (checked by itself); the rerun that conflict forces commits."""
-    r0 = client.fenced_batch(slug, [fenced.Put("claims", k, 0, '"%s"' % k) for k in ("a", "b", "c")]).revision
+    r0 = client.fenced_batch(slug, [fenced.Put("claims", k, 0, '"%s"' % k) for k in ("a", "b", "c")], fence=fenced.UNFENCED).revision
     rec = BatchRecorder()
     c = recorded(rec)
     runs = 0
@@ -100,13 +100,13 @@ def test_every_record_of_a_section_read_whole_is_named_once(client: fenced.Clien
         runs += 1
         tx.get("claims", "a")
         if runs == 1:
-            r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", r0, '"A2"')]).revision
+            r1 = client.fenced_batch(slug, [fenced.Put("claims", "a", r0, '"A2"')], fence=fenced.UNFENCED).revision
         claims = tx.section("claims")
         sorted(claims)
         assert "zz" not in claims
         claims["b"] = '"B2"'
 
-    c.update(slug, change)
+    c.update(slug, change, fence=fenced.UNFENCED)
     assert runs == 2 and len(rec.sent) == 2
 
     def shape(i: int) -> list[tuple[str, str, int, list[tuple[str, int]]]]:
@@ -132,10 +132,10 @@ def test_check_records_batch_conflict_and_refusals(client: fenced.Client, slug: 
     with pytest.raises(TypeError):
         w.checks["T-1"] = 5  # type: ignore[index]
     with pytest.raises(fenced.RevisionConflict) as ei:
-        client.fenced_batch(slug, [fenced.Put("intents", "i", 0, "1"), w])
+        client.fenced_batch(slug, [fenced.Put("intents", "i", 0, "1"), w], fence=fenced.UNFENCED)
     assert ei.value.conflicts == [fenced.Conflict("claims", "T-2", 1, r0 - 1, r0)] and ei.value.total == 1
     assert client.record(slug, "intents", "i") is None
     with pytest.raises(fenced.InvalidArgument) as bad:
-        client.fenced_batch(slug, [fenced.CheckRecords("claims", {"T-1": r0, "T-2": fenced.BLIND})])
+        client.fenced_batch(slug, [fenced.CheckRecords("claims", {"T-1": r0, "T-2": fenced.BLIND})], fence=fenced.UNFENCED)
     assert [v.field for v in bad.value.violations] == ["writes[0].checks[1].expected"]
-    assert client.fenced_batch(slug, [fenced.CheckRecords("claims", {"T-1": r0, "T-2": r0})]).revision == r0
+    assert client.fenced_batch(slug, [fenced.CheckRecords("claims", {"T-1": r0, "T-2": r0})], fence=fenced.UNFENCED).revision == r0

@@ -17,12 +17,12 @@ from fenced.v1 import records_pb2, records_pb2_grpc
 
 
 def test_list_then_watch_yields_every_later_batch_with_its_changes(client: fenced.Client, slug: str) -> None:
-    first = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("intents", "x", 0, "1")]).revision
+    first = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("intents", "x", 0, "1")], fence=fenced.UNFENCED).revision
     snap = client.sections(slug)
     lease = client.acquire(slug, "tick-w", ttl_ms=60_000)
     r1 = client.fenced_batch(slug, [fenced.Put("claims", "b", 0, '{"by":"w"}')], fence=lease.fence(), request_id="req-1").revision
-    r2 = client.fenced_batch(slug, [fenced.Delete("claims", "a", first)]).revision
-    r3 = client.fenced_batch(slug, [fenced.Put("intents", "x", first, "2")]).revision
+    r2 = client.fenced_batch(slug, [fenced.Delete("claims", "a", first)], fence=fenced.UNFENCED).revision
+    r3 = client.fenced_batch(slug, [fenced.Put("intents", "x", first, "2")], fence=fenced.UNFENCED).revision
 
     stream = client.watch(slug, snap.revision)
     events = [next(stream) for _ in range(4)]  # the grant, then the three batches
@@ -42,11 +42,11 @@ def test_list_then_watch_yields_every_later_batch_with_its_changes(client: fence
 
 
 def test_watch_from_now_with_progress(client: fenced.Client, slug: str) -> None:
-    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")]).revision
+    rev = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED).revision
     stream = client.watch(slug, progress=True)
     first = next(stream)
     assert first.progress and first.revision >= rev
-    nxt = client.fenced_batch(slug, [fenced.Put("claims", "a", rev, "2")]).revision
+    nxt = client.fenced_batch(slug, [fenced.Put("claims", "a", rev, "2")], fence=fenced.UNFENCED).revision
     ev = next(e for e in stream if not e.progress)
     stream.close()
     assert ev.revision == nxt
@@ -59,7 +59,7 @@ def test_watch_reports_compaction_as_a_typed_error(client: fenced.Client, redis:
     log = swarm_key(slug, "log")
     revs: list[int] = []
     for i in range(11_000):
-        revs.append(client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))]).revision)
+        revs.append(client.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))], fence=fenced.UNFENCED).revision)
         if len(revs) > 1000 and len(revs) % 10 == 0 and int(redis.cli("XLEN", log)) < len(revs):
             break
     else:
@@ -78,7 +78,7 @@ def test_watch_resumes_across_a_fenced_restart(fenced_bin: pathlib.Path, workdir
     try:
         with fenced.Client(addr) as writer, fenced.Client(addr) as watcher:
             def put(i: int) -> int:
-                return writer.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))]).revision
+                return writer.fenced_batch(slug, [fenced.Put("journals", "j", fenced.BLIND, str(i))], fence=fenced.UNFENCED).revision
 
             committed = [put(0)]
             stream = watcher.watch(slug, committed[0])
@@ -174,8 +174,8 @@ class _Count(grpc.ServerInterceptor):
 def test_watch_falls_back_to_uncompressed_once_a_server_refuses_gzip(
     server: Fenced, client: fenced.Client, slug: str, refusal: str
 ) -> None:
-    r0 = client.fenced_batch(slug, [fenced.Put("claims", "k", fenced.BLIND, "0")]).revision
-    r1 = client.fenced_batch(slug, [fenced.Put("claims", "k", fenced.BLIND, "1")]).revision
+    r0 = client.fenced_batch(slug, [fenced.Put("claims", "k", fenced.BLIND, "0")], fence=fenced.UNFENCED).revision
+    r1 = client.fenced_batch(slug, [fenced.Put("claims", "k", fenced.BLIND, "1")], fence=fenced.UNFENCED).revision
     old = OldFenced(server.addr, refusal)
     try:
         with fenced.Client(old.addr) as c:
@@ -206,7 +206,7 @@ def test_watch_yields_claim_events_whatever_the_sections(client: fenced.Client, 
     """A claim (a named lease) granted, renewed and released reaches watch as
     events carrying ``claim``, on a stream filtered to a section the claim
     operations do not write; current(name=) reads the claim."""
-    start = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")]).revision
+    start = client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED).revision
     grant = client.acquire(slug, "worker-1", ttl_ms=60_000, name="wake/9")
     assert client.current(slug, name="wake/9").lease.owner == "worker-1"
     renewal = client.renew(slug, "worker-1", grant.epoch, ttl_ms=90_000, name="wake/9")

@@ -95,7 +95,7 @@ def main() -> None:
         for section, recs in sorted(fx["sections"].items()):
             keys = sorted(recs)
             for i in range(0, len(keys), 256):
-                client.fenced_batch(SLUG, [fenced.Put(section, k, fenced.BLIND, json.dumps(recs[k])) for k in keys[i:i + 256]])
+                client.fenced_batch(SLUG, [fenced.Put(section, k, fenced.BLIND, json.dumps(recs[k])) for k in keys[i:i + 256]], fence=fenced.UNFENCED)
         snap = client.sections(SLUG)
         records = sum(len(s) for s in snap.sections.values())
         sides = {}

@@ -416,7 +416,7 @@ func BenchmarkReplicaWaitFlood(b *testing.B) {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				sent.Add(1)
-				_, err := att.Batch(ctx, "attacker-b", nil,
+				_, err := att.Batch(ctx, "attacker-b", client.Unfenced,
 					[]client.Write{{Kind: client.Put, Section: "claims", Key: "a" + strconv.Itoa(i), Expected: client.Blind, Value: []byte("1")}},
 					client.WithReplicaAck(2, 300*time.Second))
 				if status.Code(err) == codes.ResourceExhausted {
@@ -478,7 +478,7 @@ func BenchmarkGreedyLargeBatches(b *testing.B) {
 		for i := range victimBatches {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			start := time.Now()
-			_, err := vc.Batch(ctx, "victim-large", nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "k" + strconv.Itoa(i%16), Expected: client.Blind, Value: value}})
+			_, err := vc.Batch(ctx, "victim-large", client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "k" + strconv.Itoa(i%16), Expected: client.Blind, Value: value}})
 			lat = append(lat, time.Since(start))
 			cancel()
 			if err != nil {
@@ -508,7 +508,7 @@ func BenchmarkGreedyLargeBatches(b *testing.B) {
 			}
 			for ctx.Err() == nil {
 				sent.Add(1)
-				_, err := att.Batch(ctx, "attacker-large", nil, ws, client.WithReplicaAck(1, 300*time.Second))
+				_, err := att.Batch(ctx, "attacker-large", client.Unfenced, ws, client.WithReplicaAck(1, 300*time.Second))
 				if status.Code(err) == codes.ResourceExhausted {
 					refusedAtt.Add(1)
 				}

@@ -169,7 +169,7 @@ func loadFixture(b *testing.B, c *client.Client) {
 			for _, k := range keys[start:min(start+256, len(keys))] {
 				ws = append(ws, client.Write{Kind: client.Put, Section: section, Key: k, Expected: client.Blind, Value: fx.Sections[section][k]})
 			}
-			if _, err := c.Batch(ctx, fixtureSlug, nil, ws); err != nil {
+			if _, err := c.Batch(ctx, fixtureSlug, client.Unfenced, ws); err != nil {
 				b.Fatalf("load %s: %v", section, err)
 			}
 		}

@@ -39,29 +39,43 @@ func (ds *Documents) Record(d *Document, section, key string) (*batch.Record, er
 // bounds (the document has left Redis already, but the answer must still
 // fit a client).
 func (ds *Documents) Snapshot(d *Document, names []string) (*engine.Snapshot, error) {
-	snap := &engine.Snapshot{
-		Revision:         d.Revision,
-		Sections:         make(map[string]map[string]batch.Record, len(names)),
-		SectionRevisions: make(map[string]int64, len(names)),
+	snap, err := ds.Whole(d, names)
+	if err != nil {
+		return nil, err
 	}
 	n, bytes := 0, 0
-	for _, name := range names {
-		records, err := d.records(name)
-		if err != nil {
-			return nil, fmt.Errorf("store: read sections: %w", err)
-		}
-		snap.Sections[name] = records
+	for _, records := range snap.Sections {
 		n += len(records)
 		for key, rec := range records {
 			bytes += len(key) + len(rec.Value)
 		}
-		snap.SectionRevisions[name] = d.Revision
 	}
 	if n > ds.limits.MaxSnapshotRecords {
 		return nil, fmt.Errorf("store: read sections: %w", &engine.TooLargeError{Records: int64(n), Max: ds.limits.MaxSnapshotRecords})
 	}
 	if bytes > ds.limits.MaxSnapshotBytes {
 		return nil, fmt.Errorf("store: read sections: %w", &engine.TooLargeError{Records: int64(n), Bytes: int64(bytes), MaxBytes: ds.limits.MaxSnapshotBytes})
+	}
+	return snap, nil
+}
+
+// Whole answers the sections names of d as Snapshot does, whatever their
+// size (the document is in memory already): what StreamSections hands on
+// in pieces. Errors: *engine.CorruptError naming the section or the first
+// member that is no record.
+func (ds *Documents) Whole(d *Document, names []string) (*engine.Snapshot, error) {
+	snap := &engine.Snapshot{
+		Revision:         d.Revision,
+		Sections:         make(map[string]map[string]batch.Record, len(names)),
+		SectionRevisions: make(map[string]int64, len(names)),
+	}
+	for _, name := range names {
+		records, err := d.records(name)
+		if err != nil {
+			return nil, fmt.Errorf("store: read sections: %w", err)
+		}
+		snap.Sections[name] = records
+		snap.SectionRevisions[name] = d.Revision
 	}
 	return snap, nil
 }

@@ -12,8 +12,9 @@ import (
 )
 
 // ErrMigrationContended: the swarm's own fencing state (its document,
-// meta/layout or counter) kept changing during every attempt of a Migrate
-// (16); nothing was committed. gRPC: ABORTED, REVISION_CONFLICT.
+// meta/layout or counter) kept changing during every attempt of a Migrate,
+// until its deadline; nothing was committed. gRPC: ABORTED,
+// REVISION_CONFLICT. docs/migration.md says what to do.
 var ErrMigrationContended = errors.New("the swarm fencing state kept changing; nothing was committed")
 
 // ErrDocumentContended: a document batch or lease operation found the

@@ -277,13 +277,16 @@ func (e *ConflictError) Error() string {
 // With Name set, Key (clipped) names a section field whose name is no
 // record key (Name says why), as a foreign writer could store.
 //
-// With Why set, it names a part of a swarm on the document layout
-// (docs/design/02-redis-layout.md §2.6) and says why it cannot be read: a
-// record (Section and Key) whose value is no record's value by the same
-// rule the records layout reads "v" by (batch.ValueProblem); a section
-// (Key "") or meta (Section "meta", Key "") that is not a JSON object; or
-// the document itself (Section "document", Key "not JSON", "not an
-// object", "revision", "sections", "moved_to" or "sections/<name>").
+// With Why set, it says why: for a record (Section and Key), on either
+// layout, what batch.RecordProblem (records) or batch.ValueProblem
+// (a document's member) answers, the byte offset and what was found there,
+// one text per cause whatever the layout (docs/design/02-redis-layout.md
+// §2.6); on the document layout also a section (Key "") or meta (Section
+// "meta", Key "") that is not a JSON object, or the document itself
+// (Section "document", Key "not JSON", "not an object", "revision",
+// "sections", "moved_to" or "sections/<name>"). A record refused without
+// its bytes at hand (a commit's, which the script names) has no Why until
+// records.Records.Explain reads it again.
 type CorruptError struct {
 	Section  string
 	Key      string
@@ -309,7 +312,7 @@ func (e *CorruptError) Error() string {
 		case e.Key == "":
 			return fmt.Sprintf("stored section %s of the swarm's document cannot be read: %s; repair it by hand", e.Section, e.Why)
 		}
-		return fmt.Sprintf("stored record %s/%s of the swarm's document is not a record: %s (repair: a put expecting its revision, or a BLIND put, overwrites it; a delete removes it)", e.Section, e.Key, e.Why)
+		return fmt.Sprintf("stored record %s/%s is not a record: %s (repair: a BLIND put overwrites it; a BLIND delete removes it)", e.Section, e.Key, e.Why)
 	}
 	if e.Section == protocol.KeyRequestIDs || e.Section == "" && strings.HasPrefix(e.Key, protocol.KeyRequestPrefix) {
 		what, form, repair := "field "+e.Section+"/"+e.Key, "<revision>:<digest>:<expires_ms>", "HDEL it"

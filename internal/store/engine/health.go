@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -107,7 +108,8 @@ func (e *Engine) Ping(ctx context.Context) error {
 func (e *Engine) probe(ctx context.Context, addr string, node rueidis.Client) (*EvictionError, error) {
 	res := node.DoMulti(ctx,
 		node.B().Role().Build(),
-		node.B().ConfigGet().Parameter("maxmemory", "maxmemory-policy").Build())
+		node.B().ConfigGet().Parameter("maxmemory").Build(),
+		node.B().ConfigGet().Parameter("maxmemory-policy").Build())
 	if arr, err := res[0].ToArray(); err != nil {
 		if !e.permissionRefusal(err) {
 			return nil, err
@@ -130,7 +132,7 @@ func (e *Engine) probe(ctx context.Context, addr string, node rueidis.Client) (*
 		}
 		// A Redis older than 7.0 (no shebang): not a refusal.
 	}
-	cfg, err := res[1].AsStrMap()
+	cfg, err := configOf(res[1:])
 	if err != nil {
 		if !e.permissionRefusal(err) {
 			return nil, err
@@ -141,6 +143,20 @@ func (e *Engine) probe(ctx context.Context, addr string, node rueidis.Client) (*
 		return nil, nil
 	}
 	return mayEvict(addr, cfg), nil
+}
+
+// configOf merges the answers of CONFIG GET commands of one parameter
+// each (Redis before 7.0 takes one a call), or answers the first error.
+func configOf(res []rueidis.RedisResult) (map[string]string, error) {
+	cfg := map[string]string{}
+	for _, r := range res {
+		m, err := r.AsStrMap()
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(cfg, m)
+	}
+	return cfg, nil
 }
 
 // mayEvict answers an *EvictionError when the settings let Redis evict.
@@ -177,6 +193,7 @@ func (e *Engine) CheckEviction(ctx context.Context) error {
 	defer cancel()
 	for addr, node := range e.Client().Nodes() {
 		e.warnUnboundedLog(ctx, addr, node)
+		e.warnNoPersistence(ctx, addr, node)
 		evicts, err := e.probe(ctx, addr, node)
 		if err != nil || evicts == nil {
 			continue
@@ -200,7 +217,8 @@ func (e *Engine) CheckEviction(ctx context.Context) error {
 // it holds up to that many more entries. A refused or unknown CONFIG GET
 // (a managed Redis, the embedded one) says nothing.
 func (e *Engine) warnUnboundedLog(ctx context.Context, addr string, node rueidis.Client) {
-	cfg, err := node.Do(ctx, node.B().ConfigGet().Parameter("stream-node-max-entries", "stream-node-max-bytes").Build()).AsStrMap()
+	cfg, err := configOf(node.DoMulti(ctx, node.B().ConfigGet().Parameter("stream-node-max-entries").Build(),
+		node.B().ConfigGet().Parameter("stream-node-max-bytes").Build()))
 	if err != nil {
 		return
 	}
@@ -211,6 +229,35 @@ func (e *Engine) warnUnboundedLog(ctx context.Context, addr string, node rueidis
 	}
 	e.opts.Logger.Warn("redis does not bound stream nodes: each swarm's log (XADD MAXLEN ~ 1000 drops only whole nodes) grows past its 1000 entries; set stream-node-max-bytes 4096 (the default)",
 		"addr", addr, "stream-node-max-entries", entries, "stream-node-max-bytes", size)
+}
+
+// warnNoPersistence logs a warning (at start-up, once per node: from
+// CheckEviction) when node keeps nothing on disk: no AOF (appendonly no)
+// and no RDB save point (save ""). A restart of such a Redis forgets every
+// batch, lease and epoch it acknowledged since it started; fenced then
+// issues no revision or epoch twice (they follow Redis's clock, §5 of the
+// design), but the records are gone and a client that saw them is told
+// (RevisionWentBackwards). A primary whose replicas persist is warned
+// about all the same: a failover to a lagging replica loses the batches
+// it had not received, and a restart of the primary with no file to load
+// before its replicas resync empties them. A refused or unknown CONFIG GET
+// (a managed Redis, the embedded one) says nothing.
+func (e *Engine) warnNoPersistence(ctx context.Context, addr string, node rueidis.Client) {
+	cfg, err := configOf(node.DoMulti(ctx, node.B().ConfigGet().Parameter("appendonly").Build(),
+		node.B().ConfigGet().Parameter("save").Build()))
+	if err != nil {
+		return
+	}
+	aof, hasAOF := cfg["appendonly"]
+	save, hasSave := cfg["save"]
+	if !hasAOF || !hasSave || aof != "no" || strings.TrimSpace(save) != "" {
+		return
+	}
+	e.opts.Logger.Warn("redis keeps no persistence (appendonly no, no RDB save points): a restart of it loses every batch, "+
+		"lease and epoch it acknowledged since it started (fenced never issues a revision or epoch twice, but the records are gone; "+
+		"clients that saw them get RevisionWentBackwards); set appendonly yes (appendfsync everysec or always) or save points, "+
+		"and wait for replicas (--wait-replicas) where losing an acknowledged batch matters",
+		"addr", addr, "appendonly", aof, "save", save)
 }
 
 // Classify sorts an error of a call to Redis into the store's vocabulary

@@ -9,7 +9,9 @@
 -- (compared as bytes). A record's name is its value's top-level "name" when
 -- that is a string (else the record has no name and is not in by-name); its
 -- generation is its "generation" when that is a number (read as a double, as
--- cjson does; NaN counts as 0), else 0.
+-- cjson does: NaN, Infinity and -Infinity as Python's json.dumps writes
+-- them included; NaN counts as 0, Infinity ranks above every finite
+-- generation), else 0.
 --
 -- The index. P:{slug}:fence:by-name-index is a sorted set whose members all
 -- have score 0 and are ordered by bytes (ZRANGEBYLEX); every executions
@@ -96,7 +98,7 @@ local function agent(text)
       end
     end
   end
-  local ok, v = pcall(cjson.decode, text)
+  local ok, v = json_decode(text) -- NaN, Infinity and -Infinity too (lib_json.lua)
   if ok and type(v) == 'table' and type(v.name) == 'string' then
     return { name = v.name, generation = v.generation }
   end

@@ -74,8 +74,8 @@ local last_epoch, epoch_rev = stored(P.FIELD_EPOCH)
 if epoch_rev == nil or (type(last_epoch) == 'number' and last_epoch > REV_MAX) then
   return { P.REPLY_LIMIT, '', P.KEY_META .. '/' .. P.FIELD_EPOCH }
 end
-if type(last_epoch) ~= 'number' then
-  last_epoch = 0
+if type(last_epoch) ~= 'number' or last_epoch ~= last_epoch then
+  last_epoch = 0 -- not a number (NaN included)
 end
 
 local new_epoch, expires = nil, nil

@@ -1,17 +1,21 @@
 -- lib_json.lua: JSON, as the record grammar and the writers need it:
 -- checking that a text is exactly one JSON text (json_exact, and
 -- json_valid, which lets cjson answer when that is sound), finding where a
--- value of a valid text ends (string_end, value_end), and writing strings
+-- value of a valid text ends (string_end, value_end), decoding one
+-- (json_decode, cjson's, NaN and Infinity included), and writing strings
 -- and integers (json_string, int).
 --
 -- Owns: find, gsub, sub (string's, as locals), json_exact, json_valid,
--- cut_strings, json_valid_cut, json_valid_judged, string_end, value_end, json_string, int.
+-- cut_strings, json_valid_cut, json_valid_judged, string_end, value_end, json_decode,
+-- json_string, int.
 -- Needs: nothing of the other files (Redis's cjson for json_valid).
 
 local find, gsub, sub = string.find, string.gsub, string.sub
 
--- json_exact reports whether s is one JSON text (RFC 8259, valid UTF-8)
--- nesting at most depth_limit arrays/objects. Exact but slower than cjson:
+-- json_exact reports whether s is one text of fenced's value grammar (RFC
+-- 8259 JSON in valid UTF-8, where a value may also be NaN, Infinity or
+-- -Infinity, as Python's json.dumps writes them; Go: internal/batch
+-- ValidJSON) nesting at most depth_limit arrays/objects. Exact but slower than cjson:
 -- each step is one gsub over the text (numbers and literals: a Lua call per
 -- token). Strings become \1, other scalars \2, then rounds reduce innermost
 -- containers until one value is left; the number of rounds is the nesting
@@ -53,7 +57,7 @@ local function json_exact(s, depth_limit)
   -- Redis's Lua lacks it.)
   local bad = false
   t = gsub(t, '[%w%.%+%-]+', function(w)
-    if w == 'true' or w == 'false' or w == 'null' then
+    if w == 'true' or w == 'false' or w == 'null' or w == 'NaN' or w == 'Infinity' or w == '-Infinity' then
       return '\2'
     end
     local int, rest = string.match(w, '^%-?(%d+)(.*)$')
@@ -102,7 +106,9 @@ local function json_exact(s, depth_limit)
 end
 
 -- json_valid is json_exact, answered by cjson when that is sound. cjson
--- also accepts non-JSON numbers (01, +1, 1., -.5, 0x10, inf, nan), raw
+-- also accepts non-JSON numbers (01, +1, 1., -.5, 0x10, inf, nan, and
+-- NaN, Infinity, -Infinity, which the grammar takes too: a text holding
+-- an N or an I is json_exact's to judge), raw
 -- control characters in strings and invalid UTF-8, and refuses valid texts
 -- (deep ones, lone surrogate escapes), and stops at a NUL byte; so cjson
 -- answers only for a text whose strings are plain printable ASCII and
@@ -269,6 +275,52 @@ local function value_end(s, p)
     return e - 1
   end
   return #s
+end
+
+-- json_decode is cjson.decode of s, a text of the value grammar, that
+-- also reads NaN, Infinity and -Infinity on a Redis whose cjson refuses
+-- them (the embedded one's; Redis's own decodes them, as strtod does: nan,
+-- inf, -inf): there each outside a string is decoded from a stand-in
+-- string and put back as the number it names. ok, value as pcall answers;
+-- a decoder's nil answer is not ok.
+local json_decode
+do
+  local NONFINITE = { ['\0NaN'] = 0 / 0, ['\0Infinity'] = math.huge, ['\0-Infinity'] = -math.huge }
+  local function nonfinite_back(v)
+    if type(v) == 'string' then
+      return NONFINITE[v] or v
+    end
+    if type(v) == 'table' then
+      for k, x in pairs(v) do
+        v[k] = nonfinite_back(x)
+      end
+    end
+    return v
+  end
+  json_decode = function(s)
+    local ok, v = pcall(cjson.decode, s)
+    if (ok and v ~= nil) or not find(s, '[NI]') then
+      return ok and v ~= nil, v
+    end
+    local parts, p = {}, 1
+    while true do
+      local q = find(s, '"', p, true)
+      local seg = sub(s, p, (q or 0) - 1)
+      seg = gsub(seg, '%-?Infinity', '"\\u0000%0"')
+      parts[#parts + 1] = gsub(seg, 'NaN', '"\\u0000NaN"')
+      if not q then
+        break
+      end
+      local e = string_end(s, q)
+      parts[#parts + 1] = sub(s, q, e)
+      p = e + 1
+    end
+    ok, v = pcall(cjson.decode, table.concat(parts))
+    if not ok or v == nil then
+      return false, v
+    end
+    return true, nonfinite_back(v)
+  end
 end
 
 -- json_string encodes s as a JSON string the way Go and Python do for

@@ -2,7 +2,6 @@ package lua
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 
@@ -17,13 +16,15 @@ const cjsonDecodeScript = `local ok, err = pcall(cjson.decode, ARGV[1])
 if ok then return 'ok' end
 return tostring(err)`
 
-// FuzzScriptUndecodableMatchesRedisCjson runs valid JSON texts through
-// batch.ScriptUndecodable and through cjson.decode on a real redis-server,
-// and requires the same answer: "" exactly when cjson decodes the text.
-// The corpus holds the reported values (a name with a lone surrogate
-// escape, nesting 1,200 deep), the edges of each refusal, what valid JSON
-// may hold besides (NUL escapes, huge numbers, top-level scalars), and the
-// fuzz-found inputs in testdata/fuzz. Each input is tried as it is, as the
+// FuzzScriptUndecodableMatchesRedisCjson runs texts of the value grammar
+// (batch.ValidJSON: JSON, and NaN, Infinity, -Infinity as Python writes
+// them) through batch.ScriptUndecodable and through cjson.decode on a real
+// redis-server, and requires the same answer: "" exactly when cjson
+// decodes the text. The corpus holds the reported values (a name with a
+// lone surrogate escape, nesting 1,200 deep), the edges of each refusal,
+// what valid JSON may hold besides (NUL escapes, huge numbers, top-level
+// scalars), Python's non-finite literals, and the fuzz-found inputs in
+// testdata/fuzz. Each input is tried as it is, as the
 // content of a string, and nested depth levels deep in arrays or objects.
 func FuzzScriptUndecodableMatchesRedisCjson(f *testing.F) {
 	for _, seed := range []struct {
@@ -43,6 +44,8 @@ func FuzzScriptUndecodableMatchesRedisCjson(f *testing.F) {
 		{`"` + strings.Repeat("[", 1500) + `"`, 0}, {`"\/\b\f\n\r\t"`, 0},
 		{strings.Repeat("1", 400), 0}, {`1e99999999999999999999`, 0}, {`-0.0e-0`, 0}, {`\ud800\udbff`, 0}, {`\udbff\udc00`, 0},
 		{"\x7f\xf0\x9f\x98\x80", 0}, {`{"a":[{"b":[{"c":[]}]}]}`, 997},
+		{`NaN`, 0}, {`Infinity`, 999}, {`-Infinity`, 1000}, {`{"name":"w","generation":NaN,"s":Infinity}`, 0},
+		{`[NaN,"\ud800"]`, 0}, {`{"name": "w", "generation": -Infinity}`, 1001},
 	} {
 		f.Add(seed.text, seed.depth)
 	}
@@ -60,7 +63,7 @@ func FuzzScriptUndecodableMatchesRedisCjson(f *testing.F) {
 			strings.Repeat(`[{"k":`, d/2) + `"` + text + `"` + strings.Repeat("}]", d/2),
 		}
 		for _, v := range candidates {
-			if !json.Valid([]byte(v)) {
+			if !batch.ValidJSON(v) {
 				continue
 			}
 			got, err := decode.Exec(ctx, c, nil, []string{v}).ToString()

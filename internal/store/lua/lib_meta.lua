@@ -70,8 +70,11 @@ end
 -- below its epoch (the document layout refuses it alike, docplan).
 local function lease_general(raw)
   local lease = record_value(raw)
+  -- (x - x == 0: x is a finite number, not NaN, Infinity or -Infinity,
+  -- which the value grammar admits and no lease holds.)
   if type(lease) == 'table' and type(lease.owner) == 'string'
-      and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number' then
+      and type(lease.epoch) == 'number' and type(lease.expires_at) == 'number'
+      and lease.epoch - lease.epoch == 0 and lease.expires_at - lease.expires_at == 0 then
     if lease.epoch > REV_MAX or lease.expires_at > REV_MAX then
       return nil, 'over'
     end

@@ -9,7 +9,7 @@
 -- in_range, parse_record, record_revision, fenced_head, checked_revision,
 -- record_value, record_claim.
 -- Needs: lib_json.lua (json_valid, json_valid_cut, json_valid_judged, cut_strings,
--- string_end, value_end; find, sub),
+-- string_end, value_end, json_decode; find, sub),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
 
@@ -266,7 +266,7 @@ local function record_value(raw)
   if rev == nil then
     return nil
   end
-  local ok, v = pcall(cjson.decode, value)
+  local ok, v = json_decode(value)
   if ok then
     return v
   end

@@ -83,7 +83,7 @@ func (rs *Records) readRecord(ctx context.Context, k engine.Keys, section, key s
 	}
 	r, ok := batch.ParseRecord(raw)
 	if !ok {
-		return nil, 0, fmt.Errorf("store: read record: %w", &engine.CorruptError{Section: section, Key: key})
+		return nil, 0, fmt.Errorf("store: read record: %w", &engine.CorruptError{Section: section, Key: key, Why: batch.RecordProblem(raw)})
 	}
 	if r.Claim != "" {
 		var live batch.LiveClaims
@@ -786,9 +786,30 @@ func fieldRecord(section, key, raw string) (batch.Record, error) {
 	}
 	rec, ok := batch.ParseRecord(raw)
 	if !ok {
-		return batch.Record{}, &engine.CorruptError{Section: section, Key: key}
+		return batch.Record{}, &engine.CorruptError{Section: section, Key: key, Why: batch.RecordProblem(raw)}
 	}
 	return rec, nil
+}
+
+// Explain says why a record that err names (a *engine.CorruptError of a
+// record without Why: a commit's refusal, which the script answers with
+// the record's name alone) is no record, reading its field of the swarm
+// slug again (one HGET) and judging it by batch.RecordProblem, so that
+// the refusal says the same as a read of the same bytes. The field may
+// have changed since the refusal: then, or when the read fails, err is
+// answered as it was. It answers err itself, its CorruptError filled in.
+func (rs *Records) Explain(ctx context.Context, slug string, err error) error {
+	var ce *engine.CorruptError
+	if !errors.As(err, &ce) || ce.Why != "" || ce.Name != "" || ce.Type != "" || ce.Section == "" || ce.Key == "" {
+		return err
+	}
+	k := rs.e.Keys(slug)
+	c := rs.e.Client()
+	raw, rerr := c.Do(ctx, c.B().Hget().Key(k.Section(ce.Section)).Field(ce.Key).Build()).ToString()
+	if rerr == nil {
+		ce.Why = batch.RecordProblem(raw)
+	}
+	return err
 }
 
 // fieldMapRecords is parseFields of a section read as a RESP3 map (HGETALL

@@ -398,7 +398,7 @@ func TestBoundRecordsSnapshotOverGrantsOfAnotherType(t *testing.T) {
 // the record grammar's: a live bound record at 12345 conflicts at 12345 and
 // commits when expected; one at 2^53 (above REV_MAX) is RECORD_CORRUPT to a
 // put that expects a revision and a revision LIMIT to a BLIND one; a field
-// with the bound head whose value is no JSON (NaN) is no record: CORRUPT,
+// with the bound head whose value is no JSON (a bare nan) is no record: CORRUPT,
 // and a BLIND put repairs it. Nothing is written by a refused batch.
 func TestBoundFieldsRevisionsAsTheRecordGrammarReadsThem(t *testing.T) {
 	srv := redistest.Start(t)
@@ -411,7 +411,7 @@ func TestBoundFieldsRevisionsAsTheRecordGrammarReadsThem(t *testing.T) {
 		return `{"r":` + rev + `,"claim":"task/a","claim_epoch":` + strconv.FormatInt(a.Epoch, 10) + `,"v":` + value + `}`
 	}
 	srv.Do(t, "HSET", key(slug, "claims"), "live", field("12345", `"x"`), "over", field("9007199254740992", `"x"`),
-		"nan", field("5", "NaN"))
+		"nan", field("5", "nan"))
 	commit := func(w batch.Write) error {
 		_, err := st.Commit(ctx, &batch.Batch{Slug: slug, Claim: a, Writes: []batch.Write{w}})
 		return err
@@ -426,7 +426,7 @@ func TestBoundFieldsRevisionsAsTheRecordGrammarReadsThem(t *testing.T) {
 		t.Errorf("BLIND put over a bound field at 2^53: %v; want *LimitError", err)
 	}
 	if err := commit(put("claims", "nan", 5, `"y"`)); !errors.Is(err, engine.ErrCorruptRecord) {
-		t.Errorf("put expecting 5 over a bound head with a NaN value: %v; want ErrCorruptRecord", err)
+		t.Errorf("put expecting 5 over a bound head with a nan value (no JSON): %v; want ErrCorruptRecord", err)
 	}
 	if after := dumpSwarm(t, srv); after != before {
 		t.Errorf("a refused batch changed Redis:\n%s->\n%s", before, after)

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,6 +78,14 @@ func wantByName(values map[string]string) map[string]string {
 	bests := map[string]best{}
 	for id, v := range values {
 		var rec map[string]json.RawMessage
+		// NaN, Infinity and -Infinity (the value grammar's, as Python
+		// writes them) as strings the generation is read from below.
+		v = nonFiniteValues.ReplaceAllStringFunc(v, func(m string) string {
+			if m[0] == '"' {
+				return m
+			}
+			return `"#` + m + `"`
+		})
 		if json.Unmarshal([]byte(v), &rec) != nil {
 			continue
 		}
@@ -84,7 +94,12 @@ func wantByName(values map[string]string) map[string]string {
 			continue
 		}
 		gen := 0.0
-		if g := rec["generation"]; len(g) > 0 && (g[0] == '-' || g[0] >= '0' && g[0] <= '9') {
+		switch g := rec["generation"]; {
+		case string(g) == `"#Infinity"`:
+			gen = math.Inf(1)
+		case string(g) == `"#-Infinity"`:
+			gen = math.Inf(-1)
+		case len(g) > 0 && (g[0] == '-' || g[0] >= '0' && g[0] <= '9'):
 			gen, _ = strconv.ParseFloat(string(g), 64) // out of range: +/-Inf, as cjson
 		}
 		if b, ok := bests[name]; !ok || gen > b.gen || gen == b.gen && id > b.id {
@@ -97,6 +112,10 @@ func wantByName(values map[string]string) map[string]string {
 	}
 	return out
 }
+
+// nonFiniteValues finds a value's strings and the literals NaN, Infinity
+// and -Infinity outside them.
+var nonFiniteValues = regexp.MustCompile(`(?s)"(?:[^"\\]|\\.)*"|-?Infinity|NaN`)
 
 func diffByName(t *testing.T, what string, got, want map[string]string) {
 	t.Helper()
@@ -175,6 +194,7 @@ func TestByNameOrdersEveryGeneration(t *testing.T) {
 	const slug = "gens"
 	// In the order by-name must name them, highest first.
 	order := []struct{ id, gen string }{
+		{"py-inf", `Infinity`}, // Python's json.dumps's: ties with 1e400, the greater id
 		{"inf", `1e400`},
 		{"big", `1e300`},
 		{"b-2p53", `9007199254740992`}, // ties with a-2p53+1 as doubles: the greater id
@@ -183,12 +203,14 @@ func TestByNameOrdersEveryGeneration(t *testing.T) {
 		{"one-and-half", `1.5`},
 		{"one", `1`},
 		{"z-zero", `0`},
+		{"z-nan", `NaN`}, // counts 0
 		{"y-string", `"9"`},
 		{"x-missing", ``},
 		{"w-minus-zero", `-0`},
 		{"tiny", `-1e-300`},
 		{"minus-half", `-0.5`},
 		{"minus-big", `-1e300`},
+		{"minus-inf", `-Infinity`},
 	}
 	var ws []batch.Write
 	for _, o := range order {
@@ -435,6 +457,11 @@ func TestByNameOnTheEmbeddedRedis(t *testing.T) {
 	model := map[string]string{
 		"a1": `{"name":"a","generation":1}`, "a2": `{"name":"a","generation":2.5}`,
 		"a3": `{"name":"a","generation":-3}`, "b1": `{"name":"b"}`,
+		// The value grammar's NaN, Infinity and -Infinity, which the
+		// embedded Redis's cjson refuses: decoded all the same.
+		"c1": `{"name": "c", "generation": Infinity}`, "c2": `{"name":"c","generation":1e300}`,
+		"d1": `{"name": "d", "generation": NaN, "s": "NaN"}`, "d0": `{"name":"d","generation":-1}`,
+		"e1": `{"name": "e", "generation": -Infinity}`, "e0": `{"name":"e","generation":-1e300}`,
 	}
 	var ws []batch.Write
 	for _, k := range slices.Sorted(maps.Keys(model)) {

@@ -529,3 +529,43 @@ func TestFunctionLoadRefusedForMemoryIsNotSentWithEveryCommit(t *testing.T) {
 func attempts(t *testing.T, srv *redistest.Server, cmd string) int {
 	return cmdStat(t, srv, cmd, "calls", "rejected_calls")
 }
+
+// TestARedisWithoutItsSevenPointOhCommandsStillServes stands for a Redis
+// 6.2, the oldest docs/operating.md names, on the redis-server the tests
+// have (7.0): an ACL user refused FUNCTION, FCALL and PEXPIRE, the 7.0
+// commands fenced falls back from, commits and changes leases as scripts,
+// passes the health probe, and its claim reaper still reaps (the turn's
+// PEXPIRE LT refused: the pass runs). Not stood for: the shebang the probe
+// sends (a 6.2 refuses it as a syntax error, which the probe takes for no
+// refusal) and CONFIG GET of one parameter a call (sent so always).
+func TestARedisWithoutItsSevenPointOhCommandsStillServes(t *testing.T) {
+	srv := redistest.Start(t)
+	st := openAs(t, srv, "six-two", "-function", "-fcall", "-fcall_ro", "-pexpire")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := st.Ping(ctx); err != nil {
+		t.Fatalf("the health probe: %v", err)
+	}
+	l, _, err := st.Acquire(ctx, "six", "tick-a", 60000)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: "six", Fence: &batch.Fence{Owner: "tick-a", Epoch: l.Epoch}, RequestID: "six-1",
+		Writes: []batch.Write{put("executions", "e-1", 0, `{"name":"a"}`), put("claims", "c", 0, `1`)}})
+	if got := srv.Do(t, "HGET", key("six", "claims"), "c"); got != `{"r":`+strconv.FormatInt(rev, 10)+`,"v":1}` {
+		t.Fatalf("claims/c = %s", got)
+	}
+	if n := calls(t, srv, "fcall"); n != 0 {
+		t.Errorf("%d FCALLs on a Redis refusing them", n)
+	}
+	if _, _, err := st.AcquireClaim(ctx, "six", "task", "worker-a", 100); err != nil {
+		t.Fatal(err)
+	}
+	waitClaimLapsed(t, st, "six", "task")
+	srv.Do(t, "SET", prefix+":swarm:fence:reaper-turn", "another-replica") // a turn held, no expiry
+	done := make(chan struct{})
+	go func() { defer close(done); st.RunReaper(ctx, 5*time.Millisecond) }()
+	waitUntil(t, func() bool { return srv.Do(t, "HEXISTS", key("six", "claim-grants"), "task") == "0" }, "the lapsed claim reaped without PEXPIRE")
+	cancel()
+	<-done
+}

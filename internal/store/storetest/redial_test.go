@@ -319,3 +319,51 @@ func TestUnboundedStreamNodesAreWarnedOfAtStart(t *testing.T) {
 		})
 	}
 }
+
+// TestARedisWithoutPersistenceIsWarnedOfAtStart: a Redis keeping nothing on
+// disk (appendonly no, no save point: the test Redis's defaults) gets one
+// WARN at start saying what a restart does to acknowledged batches; an AOF,
+// or an RDB save point, says nothing; nor does a CONFIG GET that Redis
+// refuses (an ACL user without it).
+func TestARedisWithoutPersistenceIsWarnedOfAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  []string
+		user bool
+		warn bool
+	}{
+		{"no persistence", nil, false, true},
+		{"append-only file", []string{"appendonly", "yes"}, false, false},
+		{"an RDB save point", []string{"save", "3600 1"}, false, false},
+		{"CONFIG GET refused", nil, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			if tc.set != nil {
+				srv.Do(t, append([]string{"CONFIG", "SET"}, tc.set...)...)
+			}
+			url := srv.URL()
+			if tc.user {
+				srv.Do(t, "ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "+@all", "-config")
+				url = strings.Replace(url, "redis://", "redis://noconfig:pw@", 1)
+			}
+			var out lockedBuffer
+			st, err := store.Open(url, store.Options{Engine: engine.Options{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(&out, nil))}})
+			if err != nil {
+				t.Fatalf("store.Open: %v", err)
+			}
+			t.Cleanup(st.Close)
+			if err := st.CheckEviction(context.Background()); err != nil {
+				t.Fatalf("CheckEviction: %v", err)
+			}
+			log := out.String()
+			warned := strings.Count(log, "redis keeps no persistence")
+			if (warned == 1) != tc.warn || warned > 1 {
+				t.Fatalf("warned %d times of no persistence, want %v; log:\n%s", warned, tc.warn, log)
+			}
+			if tc.warn && (!strings.Contains(log, "level=WARN") || !strings.Contains(log, "acknowledged") || !strings.Contains(log, "appendonly yes")) {
+				t.Errorf("the warning does not say what a restart does and what to set: %s", log)
+			}
+		})
+	}
+}

@@ -176,6 +176,21 @@ const (
 	// swarm that already holds the server's --max-claims-per-swarm live
 	// claims. Nothing written. Metadata: "claims" (live now), "max".
 	ErrorReason_TOO_MANY_CLAIMS ErrorReason_Reason = 37
+	// RESOURCE_EXHAUSTED: the caller's IP address has
+	// --max-section-streams-per-ip StreamSections streams open, or the
+	// process --max-section-streams; nothing was read. RetryInfo: when to
+	// try again. Metadata: "limit" ("process" or "address").
+	ErrorReason_TOO_MANY_SECTION_STREAMS ErrorReason_Reason = 38
+	// FAILED_PRECONDITION: the server requires a lease fence
+	// (--require-fence) for a section this FencedBatch writes, and the
+	// batch has none; nothing was written. Fence the batch with the
+	// swarm's lease (FencedBatchRequest.fence). Metadata: "sections" (the
+	// sections written that require one, comma-separated).
+	ErrorReason_FENCE_REQUIRED ErrorReason_Reason = 39
+	// PERMISSION_DENIED: the caller's token may write only fenced batches
+	// (access "fenced" in the token file) and this FencedBatch has no lease
+	// fence; nothing was written. Metadata: "token", "slug".
+	ErrorReason_UNFENCED_WRITE_NOT_PERMITTED ErrorReason_Reason = 40
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -219,46 +234,52 @@ var (
 		35: "SECTION_NOT_SERVED",
 		36: "OUTCOME_UNKNOWN",
 		37: "TOO_MANY_CLAIMS",
+		38: "TOO_MANY_SECTION_STREAMS",
+		39: "FENCE_REQUIRED",
+		40: "UNFENCED_WRITE_NOT_PERMITTED",
 	}
 	ErrorReason_Reason_value = map[string]int32{
-		"REASON_UNSPECIFIED":       0,
-		"REVISION_CONFLICT":        1,
-		"LEASE_STALE":              2,
-		"LEASE_HELD":               3,
-		"LAYOUT_DOCUMENT":          4,
-		"RECORD_CORRUPT":           5,
-		"REDIS_UNAVAILABLE":        6,
-		"INVALID_ARGUMENT":         7,
-		"REQUEST_ID_REUSED":        8,
-		"REPLICATION_TIMEOUT":      9,
-		"SNAPSHOT_TOO_LARGE":       10,
-		"REVISION_LIMIT":           11,
-		"TOO_MANY_REPLICA_WAITS":   12,
-		"TOO_MANY_HEALTH_WATCHERS": 13,
-		"REDIS_OUT_OF_MEMORY":      14,
-		"REDIS_WRITE_ERROR":        15,
-		"REDIS_READ_ONLY":          16,
-		"REDIS_NO_REPLICAS":        17,
-		"REDIS_BUSY":               18,
-		"REDIS_LOADING":            19,
-		"REDIS_MASTER_DOWN":        20,
-		"REDIS_TRY_AGAIN":          21,
-		"REDIS_CLUSTER_DOWN":       22,
-		"REDIS_NO_SCRIPT":          23,
-		"REDIS_NOT_PERMITTED":      24,
-		"REDIS_MAY_EVICT":          25,
-		"TOKEN_MISSING":            26,
-		"TOKEN_UNKNOWN":            27,
-		"SLUG_NOT_PERMITTED":       28,
-		"WRITE_NOT_PERMITTED":      29,
-		"METHOD_NOT_PERMITTED":     30,
-		"REVISION_COMPACTED":       31,
-		"TOO_MANY_WATCHERS":        32,
-		"WATCHER_TOO_SLOW":         33,
-		"TOO_MANY_BYTES_IN_FLIGHT": 34,
-		"SECTION_NOT_SERVED":       35,
-		"OUTCOME_UNKNOWN":          36,
-		"TOO_MANY_CLAIMS":          37,
+		"REASON_UNSPECIFIED":           0,
+		"REVISION_CONFLICT":            1,
+		"LEASE_STALE":                  2,
+		"LEASE_HELD":                   3,
+		"LAYOUT_DOCUMENT":              4,
+		"RECORD_CORRUPT":               5,
+		"REDIS_UNAVAILABLE":            6,
+		"INVALID_ARGUMENT":             7,
+		"REQUEST_ID_REUSED":            8,
+		"REPLICATION_TIMEOUT":          9,
+		"SNAPSHOT_TOO_LARGE":           10,
+		"REVISION_LIMIT":               11,
+		"TOO_MANY_REPLICA_WAITS":       12,
+		"TOO_MANY_HEALTH_WATCHERS":     13,
+		"REDIS_OUT_OF_MEMORY":          14,
+		"REDIS_WRITE_ERROR":            15,
+		"REDIS_READ_ONLY":              16,
+		"REDIS_NO_REPLICAS":            17,
+		"REDIS_BUSY":                   18,
+		"REDIS_LOADING":                19,
+		"REDIS_MASTER_DOWN":            20,
+		"REDIS_TRY_AGAIN":              21,
+		"REDIS_CLUSTER_DOWN":           22,
+		"REDIS_NO_SCRIPT":              23,
+		"REDIS_NOT_PERMITTED":          24,
+		"REDIS_MAY_EVICT":              25,
+		"TOKEN_MISSING":                26,
+		"TOKEN_UNKNOWN":                27,
+		"SLUG_NOT_PERMITTED":           28,
+		"WRITE_NOT_PERMITTED":          29,
+		"METHOD_NOT_PERMITTED":         30,
+		"REVISION_COMPACTED":           31,
+		"TOO_MANY_WATCHERS":            32,
+		"WATCHER_TOO_SLOW":             33,
+		"TOO_MANY_BYTES_IN_FLIGHT":     34,
+		"SECTION_NOT_SERVED":           35,
+		"OUTCOME_UNKNOWN":              36,
+		"TOO_MANY_CLAIMS":              37,
+		"TOO_MANY_SECTION_STREAMS":     38,
+		"FENCE_REQUIRED":               39,
+		"UNFENCED_WRITE_NOT_PERMITTED": 40,
 	}
 )
 
@@ -345,8 +366,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xf0\x06\n" +
-	"\vErrorReason\"\xe0\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xc4\a\n" +
+	"\vErrorReason\"\xb4\a\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -388,7 +409,10 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"\x12\x16\n" +
 	"\x12SECTION_NOT_SERVED\x10#\x12\x13\n" +
 	"\x0fOUTCOME_UNKNOWN\x10$\x12\x13\n" +
-	"\x0fTOO_MANY_CLAIMS\x10%B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x0fTOO_MANY_CLAIMS\x10%\x12\x1c\n" +
+	"\x18TOO_MANY_SECTION_STREAMS\x10&\x12\x12\n" +
+	"\x0eFENCE_REQUIRED\x10'\x12 \n" +
+	"\x1cUNFENCED_WRITE_NOT_PERMITTED\x10(B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

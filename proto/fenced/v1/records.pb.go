@@ -33,8 +33,9 @@
 //                        request_id (always safe), or read before you rerun
 //                        it. REPLICATION_TIMEOUT: committed on the primary,
 //                        but not acknowledged by enough replicas in time.
-//   RESOURCE_EXHAUSTED   the answer would be too large: read the section page
-//                        by page with ScanSection. TOO_MANY_REPLICA_WAITS:
+//   RESOURCE_EXHAUSTED   the answer would be too large: read the sections
+//                        with StreamSections, or one page by page with
+//                        ScanSection. TOO_MANY_REPLICA_WAITS:
 //                        too many batches are waiting for replicas; nothing
 //                        was written, retry later. TOO_MANY_BYTES_IN_FLIGHT
 //                        (any call): the requests being handled already hold
@@ -433,8 +434,12 @@ type Record struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The swarm revision of the batch that last put this record; >= 1.
 	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
-	// The value: one JSON text (RFC 8259), byte for byte as its writer sent
-	// it (key order, whitespace, number spelling and escapes preserved).
+	// The value: one text of fenced's value grammar, byte for byte as its
+	// writer sent it (key order, whitespace, number spelling and escapes
+	// preserved): JSON (RFC 8259) in which a value may also be NaN, Infinity
+	// or -Infinity, as Python's json.dumps writes non-finite floats
+	// (docs/design/02-redis-layout.md §2.2). Decode it as Python's json.loads
+	// does; a strict JSON decoder refuses those three literals.
 	Value string `protobuf:"bytes,2,opt,name=value" json:"value,omitempty"`
 	// The claim the record is bound to (RecordWrite.bind_to_claim); empty
 	// for a record bound to none. A bound record is returned only while that
@@ -675,6 +680,265 @@ func (x *SectionsResponse) GetRevision() int64 {
 	return 0
 }
 
+// StreamSectionsRequest names the swarm and the sections to read, as
+// SectionsRequest does.
+type StreamSectionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The swarm's slug. Required.
+	Slug string `protobuf:"bytes,1,opt,name=slug" json:"slug,omitempty"`
+	// The sections to read, as SectionsRequest.names: empty means every
+	// configured section and `meta`, except `archive`.
+	Names         []string `protobuf:"bytes,2,rep,name=names" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamSectionsRequest) Reset() {
+	*x = StreamSectionsRequest{}
+	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamSectionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamSectionsRequest) ProtoMessage() {}
+
+func (x *StreamSectionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamSectionsRequest.ProtoReflect.Descriptor instead.
+func (*StreamSectionsRequest) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *StreamSectionsRequest) GetSlug() string {
+	if x != nil {
+		return x.Slug
+	}
+	return ""
+}
+
+func (x *StreamSectionsRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+// StreamSectionsResponse is one piece of a StreamSections snapshot: some
+// of its records, a restart, or its end.
+type StreamSectionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Records of the snapshot, each once, in no particular order. A record
+	// whose value does not fit one message comes as consecutive entries of
+	// the same section and key, each but the last with `more` set: the value
+	// is their values concatenated (split between UTF-8 characters).
+	Records []*SectionRecord `protobuf:"bytes,1,rep,name=records" json:"records,omitempty"`
+	// True: a write landed in the snapshot while it was read; drop every
+	// record this stream sent so far. The read starts again: the records of
+	// the new attempt follow. No records come with it.
+	Restart bool `protobuf:"varint,2,opt,name=restart" json:"restart,omitempty"`
+	// Set on the stream's last message only (which may hold records too):
+	// the snapshot is complete.
+	End           *SnapshotEnd `protobuf:"bytes,3,opt,name=end" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamSectionsResponse) Reset() {
+	*x = StreamSectionsResponse{}
+	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamSectionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamSectionsResponse) ProtoMessage() {}
+
+func (x *StreamSectionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamSectionsResponse.ProtoReflect.Descriptor instead.
+func (*StreamSectionsResponse) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StreamSectionsResponse) GetRecords() []*SectionRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *StreamSectionsResponse) GetRestart() bool {
+	if x != nil {
+		return x.Restart
+	}
+	return false
+}
+
+func (x *StreamSectionsResponse) GetEnd() *SnapshotEnd {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+// SectionRecord is one record of a streamed snapshot, or a part of one.
+type SectionRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The record's section.
+	Section string `protobuf:"bytes,1,opt,name=section" json:"section,omitempty"`
+	// The record's key.
+	Key string `protobuf:"bytes,2,opt,name=key" json:"key,omitempty"`
+	// The record: its revision, claim and claim_epoch, and its value (or
+	// this part of it).
+	Record *Record `protobuf:"bytes,3,opt,name=record" json:"record,omitempty"`
+	// True: the value continues in the next SectionRecord, of the same
+	// section and key.
+	More          bool `protobuf:"varint,4,opt,name=more" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SectionRecord) Reset() {
+	*x = SectionRecord{}
+	mi := &file_fenced_v1_records_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SectionRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SectionRecord) ProtoMessage() {}
+
+func (x *SectionRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SectionRecord.ProtoReflect.Descriptor instead.
+func (*SectionRecord) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SectionRecord) GetSection() string {
+	if x != nil {
+		return x.Section
+	}
+	return ""
+}
+
+func (x *SectionRecord) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SectionRecord) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *SectionRecord) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// SnapshotEnd closes a StreamSections snapshot.
+type SnapshotEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The swarm revision at the snapshot; 0 when no batch ever committed.
+	Revision int64 `protobuf:"varint,1,opt,name=revision" json:"revision,omitempty"`
+	// Every requested section's revision (as Section.revision), by name; a
+	// section with no records is here too.
+	SectionRevisions map[string]int64 `protobuf:"bytes,2,rep,name=section_revisions,json=sectionRevisions" json:"section_revisions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SnapshotEnd) Reset() {
+	*x = SnapshotEnd{}
+	mi := &file_fenced_v1_records_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotEnd) ProtoMessage() {}
+
+func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_fenced_v1_records_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
+func (*SnapshotEnd) Descriptor() ([]byte, []int) {
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SnapshotEnd) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *SnapshotEnd) GetSectionRevisions() map[string]int64 {
+	if x != nil {
+		return x.SectionRevisions
+	}
+	return nil
+}
+
 // ScanSectionRequest asks for one page of a section.
 type ScanSectionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -698,7 +962,7 @@ type ScanSectionRequest struct {
 
 func (x *ScanSectionRequest) Reset() {
 	*x = ScanSectionRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	mi := &file_fenced_v1_records_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +974,7 @@ func (x *ScanSectionRequest) String() string {
 func (*ScanSectionRequest) ProtoMessage() {}
 
 func (x *ScanSectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[6]
+	mi := &file_fenced_v1_records_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +987,7 @@ func (x *ScanSectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanSectionRequest.ProtoReflect.Descriptor instead.
 func (*ScanSectionRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{6}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ScanSectionRequest) GetSlug() string {
@@ -771,7 +1035,7 @@ type ScanSectionResponse struct {
 
 func (x *ScanSectionResponse) Reset() {
 	*x = ScanSectionResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	mi := &file_fenced_v1_records_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +1047,7 @@ func (x *ScanSectionResponse) String() string {
 func (*ScanSectionResponse) ProtoMessage() {}
 
 func (x *ScanSectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[7]
+	mi := &file_fenced_v1_records_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +1060,7 @@ func (x *ScanSectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanSectionResponse.ProtoReflect.Descriptor instead.
 func (*ScanSectionResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{7}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ScanSectionResponse) GetRecords() map[string]*Record {
@@ -842,7 +1106,7 @@ type RecordRequest struct {
 
 func (x *RecordRequest) Reset() {
 	*x = RecordRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[8]
+	mi := &file_fenced_v1_records_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1118,7 @@ func (x *RecordRequest) String() string {
 func (*RecordRequest) ProtoMessage() {}
 
 func (x *RecordRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[8]
+	mi := &file_fenced_v1_records_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1131,7 @@ func (x *RecordRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRequest.ProtoReflect.Descriptor instead.
 func (*RecordRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{8}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RecordRequest) GetSlug() string {
@@ -905,7 +1169,7 @@ type RecordResponse struct {
 
 func (x *RecordResponse) Reset() {
 	*x = RecordResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[9]
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1181,7 @@ func (x *RecordResponse) String() string {
 func (*RecordResponse) ProtoMessage() {}
 
 func (x *RecordResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[9]
+	mi := &file_fenced_v1_records_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1194,7 @@ func (x *RecordResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordResponse.ProtoReflect.Descriptor instead.
 func (*RecordResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{9}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RecordResponse) GetRecord() *Record {
@@ -963,7 +1227,7 @@ type RecordCheck struct {
 
 func (x *RecordCheck) Reset() {
 	*x = RecordCheck{}
-	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1239,7 @@ func (x *RecordCheck) String() string {
 func (*RecordCheck) ProtoMessage() {}
 
 func (x *RecordCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[10]
+	mi := &file_fenced_v1_records_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1252,7 @@ func (x *RecordCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
 func (*RecordCheck) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{10}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RecordCheck) GetKey() string {
@@ -1023,8 +1287,11 @@ type RecordWrite struct {
 	// record must be absent; -1 (BLIND) means no check (not allowed for
 	// WRITE_KIND_CHECK). Values below -1 are invalid.
 	Expected int64 `protobuf:"varint,4,opt,name=expected" json:"expected,omitempty"`
-	// For WRITE_KIND_PUT: one JSON text (RFC 8259), at most the configured
-	// value limit (default 1 MiB), stored byte for byte. Must be empty for
+	// For WRITE_KIND_PUT: one text of the value grammar (JSON, RFC 8259, in
+	// which a value may also be NaN, Infinity or -Infinity, as Python's
+	// json.dumps writes them; anything else is INVALID_ARGUMENT naming the
+	// byte at fault), at most the configured value limit (default 1 MiB),
+	// stored byte for byte. Must be empty for
 	// deletes and checks. An `executions` value must also be one Redis's Lua
 	// JSON decoder (cjson) can decode, since by-name indexes it: arrays and
 	// objects nested at most 1000 deep, and every \u escape of a UTF-16
@@ -1053,7 +1320,7 @@ type RecordWrite struct {
 
 func (x *RecordWrite) Reset() {
 	*x = RecordWrite{}
-	mi := &file_fenced_v1_records_proto_msgTypes[11]
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1332,7 @@ func (x *RecordWrite) String() string {
 func (*RecordWrite) ProtoMessage() {}
 
 func (x *RecordWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[11]
+	mi := &file_fenced_v1_records_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1345,7 @@ func (x *RecordWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordWrite.ProtoReflect.Descriptor instead.
 func (*RecordWrite) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{11}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RecordWrite) GetKind() WriteKind {
@@ -1149,7 +1416,7 @@ type LeaseFence struct {
 
 func (x *LeaseFence) Reset() {
 	*x = LeaseFence{}
-	mi := &file_fenced_v1_records_proto_msgTypes[12]
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1428,7 @@ func (x *LeaseFence) String() string {
 func (*LeaseFence) ProtoMessage() {}
 
 func (x *LeaseFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[12]
+	mi := &file_fenced_v1_records_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1441,7 @@ func (x *LeaseFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseFence.ProtoReflect.Descriptor instead.
 func (*LeaseFence) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{12}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LeaseFence) GetOwner() string {
@@ -1227,7 +1494,7 @@ type ClaimFence struct {
 
 func (x *ClaimFence) Reset() {
 	*x = ClaimFence{}
-	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1506,7 @@ func (x *ClaimFence) String() string {
 func (*ClaimFence) ProtoMessage() {}
 
 func (x *ClaimFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[13]
+	mi := &file_fenced_v1_records_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1519,7 @@ func (x *ClaimFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimFence.ProtoReflect.Descriptor instead.
 func (*ClaimFence) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{13}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClaimFence) GetName() string {
@@ -1319,7 +1586,7 @@ type FencedBatchRequest struct {
 
 func (x *FencedBatchRequest) Reset() {
 	*x = FencedBatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[14]
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1598,7 @@ func (x *FencedBatchRequest) String() string {
 func (*FencedBatchRequest) ProtoMessage() {}
 
 func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[14]
+	mi := &file_fenced_v1_records_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1611,7 @@ func (x *FencedBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchRequest.ProtoReflect.Descriptor instead.
 func (*FencedBatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{14}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FencedBatchRequest) GetSlug() string {
@@ -1409,7 +1676,7 @@ type ReplicaAck struct {
 
 func (x *ReplicaAck) Reset() {
 	*x = ReplicaAck{}
-	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	mi := &file_fenced_v1_records_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1688,7 @@ func (x *ReplicaAck) String() string {
 func (*ReplicaAck) ProtoMessage() {}
 
 func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[15]
+	mi := &file_fenced_v1_records_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1701,7 @@ func (x *ReplicaAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAck.ProtoReflect.Descriptor instead.
 func (*ReplicaAck) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{15}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReplicaAck) GetReplicas() int32 {
@@ -1470,7 +1737,7 @@ type FencedBatchResponse struct {
 
 func (x *FencedBatchResponse) Reset() {
 	*x = FencedBatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	mi := &file_fenced_v1_records_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1749,7 @@ func (x *FencedBatchResponse) String() string {
 func (*FencedBatchResponse) ProtoMessage() {}
 
 func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[16]
+	mi := &file_fenced_v1_records_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1762,7 @@ func (x *FencedBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedBatchResponse.ProtoReflect.Descriptor instead.
 func (*FencedBatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{16}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FencedBatchResponse) GetRevision() int64 {
@@ -1539,7 +1806,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	mi := &file_fenced_v1_records_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1818,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[17]
+	mi := &file_fenced_v1_records_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1831,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{17}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequest) GetSlug() string {
@@ -1609,7 +1876,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	mi := &file_fenced_v1_records_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1888,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[18]
+	mi := &file_fenced_v1_records_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1901,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{18}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Change) GetSection() string {
@@ -1680,7 +1947,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fenced_v1_records_proto_msgTypes[19]
+	mi := &file_fenced_v1_records_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1959,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[19]
+	mi := &file_fenced_v1_records_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1972,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{19}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1735,7 +2002,7 @@ type ClaimEvent struct {
 
 func (x *ClaimEvent) Reset() {
 	*x = ClaimEvent{}
-	mi := &file_fenced_v1_records_proto_msgTypes[20]
+	mi := &file_fenced_v1_records_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +2014,7 @@ func (x *ClaimEvent) String() string {
 func (*ClaimEvent) ProtoMessage() {}
 
 func (x *ClaimEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[20]
+	mi := &file_fenced_v1_records_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +2027,7 @@ func (x *ClaimEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimEvent.ProtoReflect.Descriptor instead.
 func (*ClaimEvent) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{20}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ClaimEvent) GetName() string {
@@ -1835,7 +2102,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_fenced_v1_records_proto_msgTypes[21]
+	mi := &file_fenced_v1_records_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +2114,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fenced_v1_records_proto_msgTypes[21]
+	mi := &file_fenced_v1_records_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +2127,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_fenced_v1_records_proto_rawDescGZIP(), []int{21}
+	return file_fenced_v1_records_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchEvent) GetRevision() int64 {
@@ -1948,7 +2215,25 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x1aO\n" +
 	"\rSectionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
-	"\x05value\x18\x02 \x01(\v2\x12.fenced.v1.SectionR\x05value:\x028\x01\"~\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.fenced.v1.SectionR\x05value:\x028\x01\"A\n" +
+	"\x15StreamSectionsRequest\x12\x12\n" +
+	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x14\n" +
+	"\x05names\x18\x02 \x03(\tR\x05names\"\x90\x01\n" +
+	"\x16StreamSectionsResponse\x122\n" +
+	"\arecords\x18\x01 \x03(\v2\x18.fenced.v1.SectionRecordR\arecords\x12\x18\n" +
+	"\arestart\x18\x02 \x01(\bR\arestart\x12(\n" +
+	"\x03end\x18\x03 \x01(\v2\x16.fenced.v1.SnapshotEndR\x03end\"z\n" +
+	"\rSectionRecord\x12\x18\n" +
+	"\asection\x18\x01 \x01(\tR\asection\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
+	"\x06record\x18\x03 \x01(\v2\x11.fenced.v1.RecordR\x06record\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xc9\x01\n" +
+	"\vSnapshotEnd\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12Y\n" +
+	"\x11section_revisions\x18\x02 \x03(\v2,.fenced.v1.SnapshotEnd.SectionRevisionsEntryR\x10sectionRevisions\x1aC\n" +
+	"\x15SectionRevisionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"~\n" +
 	"\x12ScanSectionRequest\x12\x12\n" +
 	"\x04slug\x18\x01 \x01(\tR\x04slug\x12\x18\n" +
 	"\asection\x18\x02 \x01(\tR\asection\x12\x1b\n" +
@@ -2060,10 +2345,11 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x18CLAIM_EVENT_KIND_GRANTED\x10\x01\x12\x1c\n" +
 	"\x18CLAIM_EVENT_KIND_RENEWED\x10\x02\x12\x1d\n" +
 	"\x19CLAIM_EVENT_KIND_RELEASED\x10\x03\x12\x1b\n" +
-	"\x17CLAIM_EVENT_KIND_LAPSED\x10\x042\xad\x03\n" +
+	"\x17CLAIM_EVENT_KIND_LAPSED\x10\x042\x86\x04\n" +
 	"\x0eRecordsService\x12=\n" +
 	"\x06Layout\x12\x18.fenced.v1.LayoutRequest\x1a\x19.fenced.v1.LayoutResponse\x12C\n" +
-	"\bSections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12L\n" +
+	"\bSections\x12\x1a.fenced.v1.SectionsRequest\x1a\x1b.fenced.v1.SectionsResponse\x12W\n" +
+	"\x0eStreamSections\x12 .fenced.v1.StreamSectionsRequest\x1a!.fenced.v1.StreamSectionsResponse0\x01\x12L\n" +
 	"\vScanSection\x12\x1d.fenced.v1.ScanSectionRequest\x1a\x1e.fenced.v1.ScanSectionResponse\x12=\n" +
 	"\x06Record\x12\x18.fenced.v1.RecordRequest\x1a\x19.fenced.v1.RecordResponse\x12L\n" +
 	"\vFencedBatch\x12\x1d.fenced.v1.FencedBatchRequest\x1a\x1e.fenced.v1.FencedBatchResponse\x12<\n" +
@@ -2082,76 +2368,87 @@ func file_fenced_v1_records_proto_rawDescGZIP() []byte {
 }
 
 var file_fenced_v1_records_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_fenced_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_fenced_v1_records_proto_goTypes = []any{
-	(Layout)(0),                 // 0: fenced.v1.Layout
-	(WriteKind)(0),              // 1: fenced.v1.WriteKind
-	(ChangeKind)(0),             // 2: fenced.v1.ChangeKind
-	(ClaimEventKind)(0),         // 3: fenced.v1.ClaimEventKind
-	(*LayoutRequest)(nil),       // 4: fenced.v1.LayoutRequest
-	(*LayoutResponse)(nil),      // 5: fenced.v1.LayoutResponse
-	(*Record)(nil),              // 6: fenced.v1.Record
-	(*Section)(nil),             // 7: fenced.v1.Section
-	(*SectionsRequest)(nil),     // 8: fenced.v1.SectionsRequest
-	(*SectionsResponse)(nil),    // 9: fenced.v1.SectionsResponse
-	(*ScanSectionRequest)(nil),  // 10: fenced.v1.ScanSectionRequest
-	(*ScanSectionResponse)(nil), // 11: fenced.v1.ScanSectionResponse
-	(*RecordRequest)(nil),       // 12: fenced.v1.RecordRequest
-	(*RecordResponse)(nil),      // 13: fenced.v1.RecordResponse
-	(*RecordCheck)(nil),         // 14: fenced.v1.RecordCheck
-	(*RecordWrite)(nil),         // 15: fenced.v1.RecordWrite
-	(*LeaseFence)(nil),          // 16: fenced.v1.LeaseFence
-	(*ClaimFence)(nil),          // 17: fenced.v1.ClaimFence
-	(*FencedBatchRequest)(nil),  // 18: fenced.v1.FencedBatchRequest
-	(*ReplicaAck)(nil),          // 19: fenced.v1.ReplicaAck
-	(*FencedBatchResponse)(nil), // 20: fenced.v1.FencedBatchResponse
-	(*WatchRequest)(nil),        // 21: fenced.v1.WatchRequest
-	(*Change)(nil),              // 22: fenced.v1.Change
-	(*WatchResponse)(nil),       // 23: fenced.v1.WatchResponse
-	(*ClaimEvent)(nil),          // 24: fenced.v1.ClaimEvent
-	(*WatchEvent)(nil),          // 25: fenced.v1.WatchEvent
-	nil,                         // 26: fenced.v1.Section.RecordsEntry
-	nil,                         // 27: fenced.v1.SectionsResponse.SectionsEntry
-	nil,                         // 28: fenced.v1.ScanSectionResponse.RecordsEntry
+	(Layout)(0),                    // 0: fenced.v1.Layout
+	(WriteKind)(0),                 // 1: fenced.v1.WriteKind
+	(ChangeKind)(0),                // 2: fenced.v1.ChangeKind
+	(ClaimEventKind)(0),            // 3: fenced.v1.ClaimEventKind
+	(*LayoutRequest)(nil),          // 4: fenced.v1.LayoutRequest
+	(*LayoutResponse)(nil),         // 5: fenced.v1.LayoutResponse
+	(*Record)(nil),                 // 6: fenced.v1.Record
+	(*Section)(nil),                // 7: fenced.v1.Section
+	(*SectionsRequest)(nil),        // 8: fenced.v1.SectionsRequest
+	(*SectionsResponse)(nil),       // 9: fenced.v1.SectionsResponse
+	(*StreamSectionsRequest)(nil),  // 10: fenced.v1.StreamSectionsRequest
+	(*StreamSectionsResponse)(nil), // 11: fenced.v1.StreamSectionsResponse
+	(*SectionRecord)(nil),          // 12: fenced.v1.SectionRecord
+	(*SnapshotEnd)(nil),            // 13: fenced.v1.SnapshotEnd
+	(*ScanSectionRequest)(nil),     // 14: fenced.v1.ScanSectionRequest
+	(*ScanSectionResponse)(nil),    // 15: fenced.v1.ScanSectionResponse
+	(*RecordRequest)(nil),          // 16: fenced.v1.RecordRequest
+	(*RecordResponse)(nil),         // 17: fenced.v1.RecordResponse
+	(*RecordCheck)(nil),            // 18: fenced.v1.RecordCheck
+	(*RecordWrite)(nil),            // 19: fenced.v1.RecordWrite
+	(*LeaseFence)(nil),             // 20: fenced.v1.LeaseFence
+	(*ClaimFence)(nil),             // 21: fenced.v1.ClaimFence
+	(*FencedBatchRequest)(nil),     // 22: fenced.v1.FencedBatchRequest
+	(*ReplicaAck)(nil),             // 23: fenced.v1.ReplicaAck
+	(*FencedBatchResponse)(nil),    // 24: fenced.v1.FencedBatchResponse
+	(*WatchRequest)(nil),           // 25: fenced.v1.WatchRequest
+	(*Change)(nil),                 // 26: fenced.v1.Change
+	(*WatchResponse)(nil),          // 27: fenced.v1.WatchResponse
+	(*ClaimEvent)(nil),             // 28: fenced.v1.ClaimEvent
+	(*WatchEvent)(nil),             // 29: fenced.v1.WatchEvent
+	nil,                            // 30: fenced.v1.Section.RecordsEntry
+	nil,                            // 31: fenced.v1.SectionsResponse.SectionsEntry
+	nil,                            // 32: fenced.v1.SnapshotEnd.SectionRevisionsEntry
+	nil,                            // 33: fenced.v1.ScanSectionResponse.RecordsEntry
 }
 var file_fenced_v1_records_proto_depIdxs = []int32{
 	0,  // 0: fenced.v1.LayoutResponse.layout:type_name -> fenced.v1.Layout
-	26, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
-	27, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
-	28, // 3: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
-	6,  // 4: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
-	1,  // 5: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
-	14, // 6: fenced.v1.RecordWrite.checks:type_name -> fenced.v1.RecordCheck
-	15, // 7: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
-	16, // 8: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
-	19, // 9: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
-	17, // 10: fenced.v1.FencedBatchRequest.claim:type_name -> fenced.v1.ClaimFence
-	2,  // 11: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
-	6,  // 12: fenced.v1.Change.record:type_name -> fenced.v1.Record
-	25, // 13: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
-	3,  // 14: fenced.v1.ClaimEvent.kind:type_name -> fenced.v1.ClaimEventKind
-	22, // 15: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
-	24, // 16: fenced.v1.WatchEvent.claim:type_name -> fenced.v1.ClaimEvent
-	6,  // 17: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
-	7,  // 18: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
-	6,  // 19: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
-	4,  // 20: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
-	8,  // 21: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
-	10, // 22: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
-	12, // 23: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
-	18, // 24: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
-	21, // 25: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
-	5,  // 26: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
-	9,  // 27: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
-	11, // 28: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
-	13, // 29: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
-	20, // 30: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
-	23, // 31: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	30, // 1: fenced.v1.Section.records:type_name -> fenced.v1.Section.RecordsEntry
+	31, // 2: fenced.v1.SectionsResponse.sections:type_name -> fenced.v1.SectionsResponse.SectionsEntry
+	12, // 3: fenced.v1.StreamSectionsResponse.records:type_name -> fenced.v1.SectionRecord
+	13, // 4: fenced.v1.StreamSectionsResponse.end:type_name -> fenced.v1.SnapshotEnd
+	6,  // 5: fenced.v1.SectionRecord.record:type_name -> fenced.v1.Record
+	32, // 6: fenced.v1.SnapshotEnd.section_revisions:type_name -> fenced.v1.SnapshotEnd.SectionRevisionsEntry
+	33, // 7: fenced.v1.ScanSectionResponse.records:type_name -> fenced.v1.ScanSectionResponse.RecordsEntry
+	6,  // 8: fenced.v1.RecordResponse.record:type_name -> fenced.v1.Record
+	1,  // 9: fenced.v1.RecordWrite.kind:type_name -> fenced.v1.WriteKind
+	18, // 10: fenced.v1.RecordWrite.checks:type_name -> fenced.v1.RecordCheck
+	19, // 11: fenced.v1.FencedBatchRequest.writes:type_name -> fenced.v1.RecordWrite
+	20, // 12: fenced.v1.FencedBatchRequest.fence:type_name -> fenced.v1.LeaseFence
+	23, // 13: fenced.v1.FencedBatchRequest.replica_ack:type_name -> fenced.v1.ReplicaAck
+	21, // 14: fenced.v1.FencedBatchRequest.claim:type_name -> fenced.v1.ClaimFence
+	2,  // 15: fenced.v1.Change.kind:type_name -> fenced.v1.ChangeKind
+	6,  // 16: fenced.v1.Change.record:type_name -> fenced.v1.Record
+	29, // 17: fenced.v1.WatchResponse.events:type_name -> fenced.v1.WatchEvent
+	3,  // 18: fenced.v1.ClaimEvent.kind:type_name -> fenced.v1.ClaimEventKind
+	26, // 19: fenced.v1.WatchEvent.changes:type_name -> fenced.v1.Change
+	28, // 20: fenced.v1.WatchEvent.claim:type_name -> fenced.v1.ClaimEvent
+	6,  // 21: fenced.v1.Section.RecordsEntry.value:type_name -> fenced.v1.Record
+	7,  // 22: fenced.v1.SectionsResponse.SectionsEntry.value:type_name -> fenced.v1.Section
+	6,  // 23: fenced.v1.ScanSectionResponse.RecordsEntry.value:type_name -> fenced.v1.Record
+	4,  // 24: fenced.v1.RecordsService.Layout:input_type -> fenced.v1.LayoutRequest
+	8,  // 25: fenced.v1.RecordsService.Sections:input_type -> fenced.v1.SectionsRequest
+	10, // 26: fenced.v1.RecordsService.StreamSections:input_type -> fenced.v1.StreamSectionsRequest
+	14, // 27: fenced.v1.RecordsService.ScanSection:input_type -> fenced.v1.ScanSectionRequest
+	16, // 28: fenced.v1.RecordsService.Record:input_type -> fenced.v1.RecordRequest
+	22, // 29: fenced.v1.RecordsService.FencedBatch:input_type -> fenced.v1.FencedBatchRequest
+	25, // 30: fenced.v1.RecordsService.Watch:input_type -> fenced.v1.WatchRequest
+	5,  // 31: fenced.v1.RecordsService.Layout:output_type -> fenced.v1.LayoutResponse
+	9,  // 32: fenced.v1.RecordsService.Sections:output_type -> fenced.v1.SectionsResponse
+	11, // 33: fenced.v1.RecordsService.StreamSections:output_type -> fenced.v1.StreamSectionsResponse
+	15, // 34: fenced.v1.RecordsService.ScanSection:output_type -> fenced.v1.ScanSectionResponse
+	17, // 35: fenced.v1.RecordsService.Record:output_type -> fenced.v1.RecordResponse
+	24, // 36: fenced.v1.RecordsService.FencedBatch:output_type -> fenced.v1.FencedBatchResponse
+	27, // 37: fenced.v1.RecordsService.Watch:output_type -> fenced.v1.WatchResponse
+	31, // [31:38] is the sub-list for method output_type
+	24, // [24:31] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_fenced_v1_records_proto_init() }
@@ -2165,7 +2462,7 @@ func file_fenced_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fenced_v1_records_proto_rawDesc), len(file_fenced_v1_records_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,8 +33,9 @@
 //                        request_id (always safe), or read before you rerun
 //                        it. REPLICATION_TIMEOUT: committed on the primary,
 //                        but not acknowledged by enough replicas in time.
-//   RESOURCE_EXHAUSTED   the answer would be too large: read the section page
-//                        by page with ScanSection. TOO_MANY_REPLICA_WAITS:
+//   RESOURCE_EXHAUSTED   the answer would be too large: read the sections
+//                        with StreamSections, or one page by page with
+//                        ScanSection. TOO_MANY_REPLICA_WAITS:
 //                        too many batches are waiting for replicas; nothing
 //                        was written, retry later. TOO_MANY_BYTES_IN_FLIGHT
 //                        (any call): the requests being handled already hold
@@ -72,12 +73,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RecordsService_Layout_FullMethodName      = "/fenced.v1.RecordsService/Layout"
-	RecordsService_Sections_FullMethodName    = "/fenced.v1.RecordsService/Sections"
-	RecordsService_ScanSection_FullMethodName = "/fenced.v1.RecordsService/ScanSection"
-	RecordsService_Record_FullMethodName      = "/fenced.v1.RecordsService/Record"
-	RecordsService_FencedBatch_FullMethodName = "/fenced.v1.RecordsService/FencedBatch"
-	RecordsService_Watch_FullMethodName       = "/fenced.v1.RecordsService/Watch"
+	RecordsService_Layout_FullMethodName         = "/fenced.v1.RecordsService/Layout"
+	RecordsService_Sections_FullMethodName       = "/fenced.v1.RecordsService/Sections"
+	RecordsService_StreamSections_FullMethodName = "/fenced.v1.RecordsService/StreamSections"
+	RecordsService_ScanSection_FullMethodName    = "/fenced.v1.RecordsService/ScanSection"
+	RecordsService_Record_FullMethodName         = "/fenced.v1.RecordsService/Record"
+	RecordsService_FencedBatch_FullMethodName    = "/fenced.v1.RecordsService/FencedBatch"
+	RecordsService_Watch_FullMethodName          = "/fenced.v1.RecordsService/Watch"
 )
 
 // RecordsServiceClient is the client API for RecordsService service.
@@ -95,6 +97,38 @@ type RecordsServiceClient interface {
 	// RESOURCE_EXHAUSTED when the snapshot would hold more records or bytes
 	// than the server's limits: read such a section with ScanSection.
 	Sections(ctx context.Context, in *SectionsRequest, opts ...grpc.CallOption) (*SectionsResponse, error)
+	// StreamSections reads whole sections and the swarm revision as one
+	// consistent snapshot, as Sections does, of any size: the snapshot comes
+	// in StreamSectionsResponse messages of at most 1 MiB each (a record's
+	// value larger than that in parts), never refused for its size. Use it
+	// when Sections answers RESOURCE_EXHAUSTED SNAPSHOT_TOO_LARGE (or
+	// always: a snapshot within Sections' limits is read by Sections' own
+	// path and sent at once). The server stays stateless: one call reads one
+	// snapshot, in steps of Redis reads under WATCH on one connection, and
+	// sends each step's records as it reads them; when a write lands in the
+	// read sections (or meta, the revision, the claim grants) before the
+	// snapshot is complete, the read starts again and the stream says so
+	// (`restart`): drop every record received so far. The stream ends with
+	// one message whose `end` is set; only then is the snapshot whole.
+	// Read-only (a read token suffices).
+	//
+	// Bounds, which protect the server's memory without shortening any
+	// answer: a stream holds at most one step of Redis reads (~640 records
+	// and ~512 KiB, as MEMORY USAGE counts them) and one message at once
+	// (gRPC's flow control holds the next step while the caller reads
+	// slowly); a snapshot within --max-snapshot-bytes is read as Sections
+	// reads it. Each Redis step takes the caller's turn among
+	// heavy reads, as Sections does. A caller (its IP address) has at most
+	// --max-section-streams-per-ip streams open and the process at most
+	// --max-section-streams: beyond them RESOURCE_EXHAUSTED +
+	// TOO_MANY_SECTION_STREAMS with RetryInfo, nothing read.
+	//
+	// Errors: as Sections (INVALID_ARGUMENT, DATA_LOSS RECORD_CORRUPT naming
+	// the first record that is none, UNAVAILABLE, DEADLINE_EXCEEDED), but
+	// never SNAPSHOT_TOO_LARGE; ABORTED + REVISION_CONFLICT when writes kept
+	// landing in the snapshot on each of its attempts (read again, later);
+	// RESOURCE_EXHAUSTED + TOO_MANY_SECTION_STREAMS.
+	StreamSections(ctx context.Context, in *StreamSectionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamSectionsResponse], error)
 	// ScanSection reads one section page by page, for sections too large for
 	// one message. Each page is read atomically with the swarm and section
 	// revisions, but pages are not one snapshot: a record may appear on two
@@ -177,6 +211,25 @@ func (c *recordsServiceClient) Sections(ctx context.Context, in *SectionsRequest
 	return out, nil
 }
 
+func (c *recordsServiceClient) StreamSections(ctx context.Context, in *StreamSectionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamSectionsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RecordsService_ServiceDesc.Streams[0], RecordsService_StreamSections_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamSectionsRequest, StreamSectionsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RecordsService_StreamSectionsClient = grpc.ServerStreamingClient[StreamSectionsResponse]
+
 func (c *recordsServiceClient) ScanSection(ctx context.Context, in *ScanSectionRequest, opts ...grpc.CallOption) (*ScanSectionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ScanSectionResponse)
@@ -209,7 +262,7 @@ func (c *recordsServiceClient) FencedBatch(ctx context.Context, in *FencedBatchR
 
 func (c *recordsServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &RecordsService_ServiceDesc.Streams[0], RecordsService_Watch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &RecordsService_ServiceDesc.Streams[1], RecordsService_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -241,6 +294,38 @@ type RecordsServiceServer interface {
 	// RESOURCE_EXHAUSTED when the snapshot would hold more records or bytes
 	// than the server's limits: read such a section with ScanSection.
 	Sections(context.Context, *SectionsRequest) (*SectionsResponse, error)
+	// StreamSections reads whole sections and the swarm revision as one
+	// consistent snapshot, as Sections does, of any size: the snapshot comes
+	// in StreamSectionsResponse messages of at most 1 MiB each (a record's
+	// value larger than that in parts), never refused for its size. Use it
+	// when Sections answers RESOURCE_EXHAUSTED SNAPSHOT_TOO_LARGE (or
+	// always: a snapshot within Sections' limits is read by Sections' own
+	// path and sent at once). The server stays stateless: one call reads one
+	// snapshot, in steps of Redis reads under WATCH on one connection, and
+	// sends each step's records as it reads them; when a write lands in the
+	// read sections (or meta, the revision, the claim grants) before the
+	// snapshot is complete, the read starts again and the stream says so
+	// (`restart`): drop every record received so far. The stream ends with
+	// one message whose `end` is set; only then is the snapshot whole.
+	// Read-only (a read token suffices).
+	//
+	// Bounds, which protect the server's memory without shortening any
+	// answer: a stream holds at most one step of Redis reads (~640 records
+	// and ~512 KiB, as MEMORY USAGE counts them) and one message at once
+	// (gRPC's flow control holds the next step while the caller reads
+	// slowly); a snapshot within --max-snapshot-bytes is read as Sections
+	// reads it. Each Redis step takes the caller's turn among
+	// heavy reads, as Sections does. A caller (its IP address) has at most
+	// --max-section-streams-per-ip streams open and the process at most
+	// --max-section-streams: beyond them RESOURCE_EXHAUSTED +
+	// TOO_MANY_SECTION_STREAMS with RetryInfo, nothing read.
+	//
+	// Errors: as Sections (INVALID_ARGUMENT, DATA_LOSS RECORD_CORRUPT naming
+	// the first record that is none, UNAVAILABLE, DEADLINE_EXCEEDED), but
+	// never SNAPSHOT_TOO_LARGE; ABORTED + REVISION_CONFLICT when writes kept
+	// landing in the snapshot on each of its attempts (read again, later);
+	// RESOURCE_EXHAUSTED + TOO_MANY_SECTION_STREAMS.
+	StreamSections(*StreamSectionsRequest, grpc.ServerStreamingServer[StreamSectionsResponse]) error
 	// ScanSection reads one section page by page, for sections too large for
 	// one message. Each page is read atomically with the swarm and section
 	// revisions, but pages are not one snapshot: a record may appear on two
@@ -308,6 +393,9 @@ func (UnimplementedRecordsServiceServer) Layout(context.Context, *LayoutRequest)
 }
 func (UnimplementedRecordsServiceServer) Sections(context.Context, *SectionsRequest) (*SectionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Sections not implemented")
+}
+func (UnimplementedRecordsServiceServer) StreamSections(*StreamSectionsRequest, grpc.ServerStreamingServer[StreamSectionsResponse]) error {
+	return status.Error(codes.Unimplemented, "method StreamSections not implemented")
 }
 func (UnimplementedRecordsServiceServer) ScanSection(context.Context, *ScanSectionRequest) (*ScanSectionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ScanSection not implemented")
@@ -377,6 +465,17 @@ func _RecordsService_Sections_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _RecordsService_StreamSections_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StreamSectionsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RecordsServiceServer).StreamSections(m, &grpc.GenericServerStream[StreamSectionsRequest, StreamSectionsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RecordsService_StreamSectionsServer = grpc.ServerStreamingServer[StreamSectionsResponse]
 
 func _RecordsService_ScanSection_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ScanSectionRequest)
@@ -472,6 +571,11 @@ var RecordsService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "StreamSections",
+			Handler:       _RecordsService_StreamSections_Handler,
+			ServerStreams: true,
+		},
 		{
 			StreamName:    "Watch",
 			Handler:       _RecordsService_Watch_Handler,

@@ -9,6 +9,7 @@ class ErrorReason(_message.Message):
     __slots__ = []
     class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = []
+    FENCE_REQUIRED: ErrorReason.Reason
     INVALID_ARGUMENT: ErrorReason.Reason
     LAYOUT_DOCUMENT: ErrorReason.Reason
     LEASE_HELD: ErrorReason.Reason
@@ -44,7 +45,9 @@ class ErrorReason(_message.Message):
     TOO_MANY_CLAIMS: ErrorReason.Reason
     TOO_MANY_HEALTH_WATCHERS: ErrorReason.Reason
     TOO_MANY_REPLICA_WAITS: ErrorReason.Reason
+    TOO_MANY_SECTION_STREAMS: ErrorReason.Reason
     TOO_MANY_WATCHERS: ErrorReason.Reason
+    UNFENCED_WRITE_NOT_PERMITTED: ErrorReason.Reason
     WATCHER_TOO_SLOW: ErrorReason.Reason
     WRITE_NOT_PERMITTED: ErrorReason.Reason
     def __init__(self) -> None: ...

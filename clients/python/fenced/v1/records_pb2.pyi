@@ -219,6 +219,18 @@ class Section(_message.Message):
     revision: int
     def __init__(self, records: _Optional[_Mapping[str, Record]] = ..., revision: _Optional[int] = ...) -> None: ...
 
+class SectionRecord(_message.Message):
+    __slots__ = ["key", "more", "record", "section"]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    SECTION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    more: bool
+    record: Record
+    section: str
+    def __init__(self, section: _Optional[str] = ..., key: _Optional[str] = ..., record: _Optional[_Union[Record, _Mapping]] = ..., more: bool = ...) -> None: ...
+
 class SectionsRequest(_message.Message):
     __slots__ = ["names", "slug"]
     NAMES_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +253,39 @@ class SectionsResponse(_message.Message):
     revision: int
     sections: _containers.MessageMap[str, Section]
     def __init__(self, sections: _Optional[_Mapping[str, Section]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class SnapshotEnd(_message.Message):
+    __slots__ = ["revision", "section_revisions"]
+    class SectionRevisionsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SECTION_REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    section_revisions: _containers.ScalarMap[str, int]
+    def __init__(self, revision: _Optional[int] = ..., section_revisions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class StreamSectionsRequest(_message.Message):
+    __slots__ = ["names", "slug"]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    slug: str
+    def __init__(self, slug: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StreamSectionsResponse(_message.Message):
+    __slots__ = ["end", "records", "restart"]
+    END_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_FIELD_NUMBER: _ClassVar[int]
+    end: SnapshotEnd
+    records: _containers.RepeatedCompositeFieldContainer[SectionRecord]
+    restart: bool
+    def __init__(self, records: _Optional[_Iterable[_Union[SectionRecord, _Mapping]]] = ..., restart: bool = ..., end: _Optional[_Union[SnapshotEnd, _Mapping]] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
     __slots__ = ["changes", "claim", "owner", "progress", "request_id", "revision", "sections", "truncated"]

@@ -24,6 +24,11 @@ class RecordsServiceStub(object):
                 request_serializer=fenced_dot_v1_dot_records__pb2.SectionsRequest.SerializeToString,
                 response_deserializer=fenced_dot_v1_dot_records__pb2.SectionsResponse.FromString,
                 )
+        self.StreamSections = channel.unary_stream(
+                '/fenced.v1.RecordsService/StreamSections',
+                request_serializer=fenced_dot_v1_dot_records__pb2.StreamSectionsRequest.SerializeToString,
+                response_deserializer=fenced_dot_v1_dot_records__pb2.StreamSectionsResponse.FromString,
+                )
         self.ScanSection = channel.unary_unary(
                 '/fenced.v1.RecordsService/ScanSection',
                 request_serializer=fenced_dot_v1_dot_records__pb2.ScanSectionRequest.SerializeToString,
@@ -56,6 +61,12 @@ class RecordsServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Sections(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamSections(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +108,11 @@ def add_RecordsServiceServicer_to_server(servicer, server):
                     servicer.Sections,
                     request_deserializer=fenced_dot_v1_dot_records__pb2.SectionsRequest.FromString,
                     response_serializer=fenced_dot_v1_dot_records__pb2.SectionsResponse.SerializeToString,
+            ),
+            'StreamSections': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamSections,
+                    request_deserializer=fenced_dot_v1_dot_records__pb2.StreamSectionsRequest.FromString,
+                    response_serializer=fenced_dot_v1_dot_records__pb2.StreamSectionsResponse.SerializeToString,
             ),
             'ScanSection': grpc.unary_unary_rpc_method_handler(
                     servicer.ScanSection,
@@ -159,6 +175,23 @@ class RecordsService(object):
         return grpc.experimental.unary_unary(request, target, '/fenced.v1.RecordsService/Sections',
             fenced_dot_v1_dot_records__pb2.SectionsRequest.SerializeToString,
             fenced_dot_v1_dot_records__pb2.SectionsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StreamSections(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/fenced.v1.RecordsService/StreamSections',
+            fenced_dot_v1_dot_records__pb2.StreamSectionsRequest.SerializeToString,
+            fenced_dot_v1_dot_records__pb2.StreamSectionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

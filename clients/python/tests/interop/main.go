@@ -63,7 +63,7 @@ func run(args []string) error {
 			return fmt.Errorf("put needs a value")
 		}
 		// Update: the record is read, then put expecting that revision.
-		rev, err := c.Update(ctx, slug, nil, func(tx *client.Txn) error {
+		rev, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
 			return tx.Put(section, key, json.RawMessage(args[5]))
 		})
 		if err != nil {

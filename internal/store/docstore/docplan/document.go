@@ -280,8 +280,8 @@ func (d *Document) lastEpoch() (int64, error) {
 	}
 	f, err := strconv.ParseFloat(string(v), 64)
 	switch {
-	case err != nil && !errors.Is(err, strconv.ErrRange):
-		return 0, nil // not a number
+	case err != nil && !errors.Is(err, strconv.ErrRange), math.IsNaN(f):
+		return 0, nil // not a number (NaN included, as lease.lua reads it)
 	case f > protocol.RevMax:
 		return 0, &LimitError{Key: protocol.KeyMeta + "/" + protocol.FieldEpoch}
 	case f <= 0:

@@ -137,7 +137,7 @@ func TestParseNamesThePartItCannotRead(t *testing.T) {
 }
 
 func TestParseLeavesWhatIsNotAnObjectToWhatReadsIt(t *testing.T) {
-	d, err := Parse([]byte("{\"meta\":1,\"sections\":{\"a\":[1],\"b\":{\"k\":NaN,\"j\":\"\xff\",\"ok\":[ ]},\"c\":[ ],\"d\":null}}"))
+	d, err := Parse([]byte("{\"meta\":1,\"sections\":{\"a\":[1],\"b\":{\"k\":nan,\"n\":NaN,\"j\":\"\xff\",\"ok\":[ ]},\"c\":[ ],\"d\":null}}"))
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
@@ -159,7 +159,10 @@ func TestParseLeavesWhatIsNotAnObjectToWhatReadsIt(t *testing.T) {
 	if v, err := d.Record("b", "ok"); err != nil || string(v) != "[ ]" {
 		t.Errorf(`Record("b", "ok") = %q, %v; want its bytes beside records that are none`, v, err)
 	}
-	for key, why := range map[string]string{"k": "NaN", "j": "UTF-8"} {
+	if v, err := d.Record("b", "n"); err != nil || string(v) != "NaN" {
+		t.Errorf(`Record("b", "n") = %q, %v; want NaN, a value as Python's json.dumps writes it`, v, err)
+	}
+	for key, why := range map[string]string{"k": `"nan"`, "j": "UTF-8"} {
 		if _, err := d.Record("b", key); !errors.As(err, &ce) || ce.Section != "b" || ce.Key != key || !strings.Contains(ce.Why, why) {
 			t.Errorf("Record(b, %s) = %v, want *CorruptError b/%s saying %s", key, err, key, why)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 
@@ -158,19 +159,43 @@ func PlanMigration(doc *Document, rev int64, executions string) (*Move, error) {
 }
 
 // agentOf reads the top-level "name" (a string) and "generation" (a
-// number; else 0) of an executions value, as byname.lua does.
+// number; else 0) of an executions value (one text of the value grammar),
+// as byname.lua does through cjson: the last copy of a repeated member;
+// NaN counts as 0, Infinity and -Infinity and numbers past a double's
+// range are +/-Inf (cjson reads them so, as strtod does).
 func agentOf(value []byte) (name string, generation float64, ok bool) {
-	var v struct {
-		Name       *string         `json:"name"`
-		Generation json.RawMessage `json:"generation"`
-	}
-	if json.Unmarshal(value, &v) != nil || v.Name == nil {
+	spans, err := batch.ObjectSpans(value)
+	if err != nil {
 		return "", 0, false
 	}
-	if g, err := strconv.ParseFloat(string(v.Generation), 64); err == nil {
-		generation = g
+	var nameText, genText []byte
+	for _, sp := range spans {
+		var key string
+		if json.Unmarshal(value[sp.KeyStart:sp.KeyEnd], &key) != nil {
+			continue
+		}
+		switch key {
+		case "name":
+			nameText = value[sp.ValueStart:sp.ValueEnd]
+		case "generation":
+			genText = value[sp.ValueStart:sp.ValueEnd]
+		}
 	}
-	return *v.Name, generation, true
+	if nameText == nil || nameText[0] != '"' || json.Unmarshal(nameText, &name) != nil {
+		return "", 0, false
+	}
+	switch g := string(genText); g {
+	case "NaN":
+	case "Infinity":
+		generation = math.Inf(1)
+	case "-Infinity":
+		generation = math.Inf(-1)
+	default:
+		if f, err := strconv.ParseFloat(g, 64); (err == nil || errors.Is(err, strconv.ErrRange)) && len(g) > 0 && (g[0] == '-' || g[0] >= '0' && g[0] <= '9') {
+			generation = f
+		}
+	}
+	return name, generation, true
 }
 
 // jsonString is s as a JSON string.

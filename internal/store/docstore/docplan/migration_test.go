@@ -2,6 +2,7 @@ package docplan
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -88,9 +89,9 @@ func TestPlanMigrationRefusesWhatIsNoSection(t *testing.T) {
 }
 
 func TestPlanMigrationListsEveryRecordItCannotMove(t *testing.T) {
-	raw := `{"sections":{"claims":{"a":{"x":NaN},"ok":1,"b":"\xff","":2},` +
+	raw := `{"sections":{"claims":{"a":{"x":nan},"ok":1,"n":{"x":NaN},"b":"\xff","":2},` +
 		`"executions":{"e":{"name":"n","s":"\udc00"},"f":{"name":"m"}}},` +
-		`"meta":{"lease":{"owner":"a"},"epoch":Infinity}}`
+		`"meta":{"lease":{"owner":"a"},"epoch":inf}}`
 	raw = strings.Replace(raw, `\xff`, "\xff", 1)
 	_, err := PlanMigration(mustParse(t, raw), 7, "executions")
 	var ue *UnmovableError
@@ -128,6 +129,12 @@ func TestAgentOfReadsNameAndGeneration(t *testing.T) {
 		{`{"name":1}`, "", 0, false},
 		{`{"generation":3}`, "", 0, false},
 		{`[1]`, "", 0, false},
+		{`{"name": "a", "generation": NaN, "score": -Infinity}`, "a", 0, true},
+		{`{"name":"a","generation":Infinity}`, "a", math.Inf(1), true},
+		{`{"name":"a","generation":-Infinity}`, "a", math.Inf(-1), true},
+		{`{"name":"a","generation":1e999}`, "a", math.Inf(1), true},
+		{`{"name":"a","generation":1,"name":"b","generation":2}`, "b", 2, true},
+		{`{"\u006eame":"a"}`, "a", 0, true},
 	}
 	for _, tt := range tests {
 		name, gen, ok := agentOf([]byte(tt.value))

@@ -330,12 +330,12 @@ func TestPlanLeaseUpToTheLimits(t *testing.T) {
 	if _, _, _, err := PlanLease(doc, protocol.LeaseAcquire, "a", 0, 1000, protocol.IssueMax, 0, 0); !sameRefusal(err, &LimitError{Key: "revision"}) {
 		t.Errorf("PlanLease at the revision limit = %v, want *LimitError revision", err)
 	}
-	for _, epoch := range []string{`9007199254740992`, `1e300`, `Infinity`} {
+	for _, epoch := range []string{`9007199254740992`, `1e300`, `Infinity`, `NaN`} {
 		over := mustParse(t, `{"revision":5,"meta":{"epoch":`+epoch+`}}`)
 		_, _, _, err := PlanLease(over, protocol.LeaseAcquire, "a", 0, 1000, 0, 0, 0)
-		if epoch == `Infinity` {
+		if epoch == `NaN` {
 			if err != nil {
-				t.Errorf("PlanLease with meta/epoch Infinity (no JSON number: counts 0) = %v, want a grant", err)
+				t.Errorf("PlanLease with meta/epoch NaN (not a number: counts 0, as lease.lua reads it) = %v, want a grant", err)
 			}
 			continue
 		}

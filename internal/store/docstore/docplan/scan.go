@@ -3,21 +3,20 @@ package docplan
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
 )
 
-// The span scanner: it locates the byte span of every member of an object
-// and never decodes a value. It reads the structure a document's writers
-// frame (the top level, meta, the sections object, each section: strings,
-// balanced brackets, and tokens between them) without judging the values
-// inside: a value that is no JSON (Python's bare NaN or Infinity, raw
-// invalid UTF-8) still has a span, and is judged on its own, as one record
-// (ValueProblem), so that it is that record's problem and never the whole
-// document's (docs/design/02-redis-layout.md §2.6).
+// A document is framed by batch's span scanner (batch.ObjectSpans): it
+// locates the byte span of every member of an object and never decodes a
+// value. It reads the structure a document's writers frame (the top level,
+// meta, the sections object, each section) without judging the values
+// inside: a value that is no JSON (a bare nan, raw invalid UTF-8) still
+// has a span, and is judged on its own, as one record (ValueProblem), so
+// that it is that record's problem and never the whole document's
+// (docs/design/02-redis-layout.md §2.6).
 
 // Member is one member of a JSON object: its key (decoded) and its value's
 // bytes as stored.
@@ -117,61 +116,24 @@ func (o Object) bytes() []byte {
 }
 
 // errNotObject: the text is not framed as an object at all.
-var errNotObject = fmt.Errorf("not an object")
+var errNotObject = batch.ErrNotObject
 
 // parseObject locates the members of the object b, which must be all of
-// b but JSON whitespace around it: '{', then members "key": value
-// separated by ',', then '}'. Keys are decoded (decodeKey); values are
-// only located (valueEnd). errNotObject when b does not start with '{'.
+// b but JSON whitespace around it (batch.ObjectSpans, the one span
+// scanner both layouts frame by). Keys are decoded (decodeKey); values are
+// only located. errNotObject when b does not start with '{'.
 func parseObject(b []byte) (Object, error) {
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return nil, errNotObject
+	spans, err := batch.ObjectSpans(b)
+	if err != nil {
+		return nil, err
 	}
-	o := Object{}
-	i = skipSpace(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return o, endOfText(b, i+1)
+	o := make(Object, 0, len(spans))
+	for _, sp := range spans {
+		raw := b[sp.KeyStart:sp.KeyEnd]
+		key, bad := decodeKey(raw)
+		o = append(o, Member{Key: key, BadName: bad, rawKey: raw, Value: b[sp.ValueStart:sp.ValueEnd]})
 	}
-	for i < len(b) {
-		ks := i
-		if b[ks] != '"' {
-			return nil, fmt.Errorf("no key at byte %d", ks)
-		}
-		ke := stringEnd(b, ks)
-		if ke < 0 {
-			return nil, fmt.Errorf("unterminated key at byte %d", ks)
-		}
-		key, bad := decodeKey(b[ks:ke])
-		i = skipSpace(b, ke)
-		if i >= len(b) || b[i] != ':' {
-			return nil, fmt.Errorf("no colon at byte %d", i)
-		}
-		vs := skipSpace(b, i+1)
-		ve := valueEnd(b, vs)
-		if ve < 0 {
-			return nil, fmt.Errorf("no value at byte %d", vs)
-		}
-		o = append(o, Member{Key: key, BadName: bad, rawKey: b[ks:ke], Value: b[vs:ve]})
-		i = skipSpace(b, ve)
-		if i < len(b) && b[i] == ',' {
-			i = skipSpace(b, i+1)
-			continue
-		}
-		if i < len(b) && b[i] == '}' {
-			return o, endOfText(b, i+1)
-		}
-		return nil, fmt.Errorf("no ',' or '}' at byte %d", i)
-	}
-	return nil, fmt.Errorf("unterminated object")
-}
-
-// endOfText: nothing but JSON whitespace from b[i] on.
-func endOfText(b []byte, i int) error {
-	if j := skipSpace(b, i); j < len(b) {
-		return fmt.Errorf("text after the object at byte %d", j)
-	}
-	return nil
+	return o, nil
 }
 
 // decodeKey decodes a stored key (a JSON string, quotes included): the key
@@ -207,83 +169,4 @@ func hasControl(raw []byte) bool {
 		}
 	}
 	return false
-}
-
-// skipSpace answers the index of the first byte at or after i that is not
-// JSON whitespace (len(b) when none).
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// valueEnd answers the end of the value starting at b[i] (-1 when none):
-// a string (to its closing quote), an array or object (to the bracket
-// that closes it, every bracket between matched by its kind, strings
-// skipped), or a token (a run of bytes up to JSON whitespace or one of
-// ,:[]{}"): the spans a JSON text has, and those of the values JSON's
-// near relatives write (NaN, Infinity, 'x', 01), which are then judged on
-// their own.
-func valueEnd(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return stringEnd(b, i)
-	case '{', '[':
-		var open []byte
-		for j := i; j < len(b); j++ {
-			switch c := b[j]; c {
-			case '"':
-				if j = stringEnd(b, j) - 1; j < 0 {
-					return -1
-				}
-			case '{', '[':
-				open = append(open, c)
-			case '}', ']':
-				want := byte('{')
-				if c == ']' {
-					want = '['
-				}
-				if open[len(open)-1] != want {
-					return -1
-				}
-				if open = open[:len(open)-1]; len(open) == 0 {
-					return j + 1
-				}
-			}
-		}
-		return -1
-	case '}', ']', ',', ':':
-		return -1
-	}
-	j := i
-	for j < len(b) && !tokenEnds[b[j]] {
-		j++
-	}
-	return j
-}
-
-// tokenEnds are the bytes that end a token: JSON whitespace and ,:[]{}".
-var tokenEnds = func() (t [256]bool) {
-	for _, c := range []byte(",:[]{}\" \t\r\n") {
-		t[c] = true
-	}
-	return t
-}()
-
-// stringEnd answers the end of the JSON string starting at b[i] (just past
-// its closing quote; -1 when unterminated).
-func stringEnd(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
-		}
-	}
-	return -1
 }

@@ -61,31 +61,6 @@ func TestParseObjectRefusesWhatIsNoObject(t *testing.T) {
 	}
 }
 
-func TestValueEndFindsTheEndOfEachValue(t *testing.T) {
-	tests := []struct {
-		in   string
-		at   int
-		want int
-	}{
-		{`"ab"`, 0, 4},
-		{`"a\"b",`, 0, 6},
-		{`"a\\",`, 0, 5},
-		{`[1,[2],"]"] `, 0, 11},
-		{`{"a":{"b":"}"}},`, 0, 15},
-		{`123,`, 0, 3},
-		{`true}`, 0, 4},
-		{`x:null ]`, 2, 6},
-		{`"open`, 0, -1},
-		{`[1,2`, 0, -1},
-		{`[1`, 5, -1},
-	}
-	for _, tt := range tests {
-		if got := valueEnd([]byte(tt.in), tt.at); got != tt.want {
-			t.Errorf("valueEnd(%q, %d) = %d, want %d", tt.in, tt.at, got, tt.want)
-		}
-	}
-}
-
 func TestObjectGetAnswersTheLastCopy(t *testing.T) {
 	o, err := parseObject([]byte(`{"k":1,"j":"x","k":2}`))
 	if err != nil {
