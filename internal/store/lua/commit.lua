@@ -103,22 +103,22 @@ end
 local claim_arg = flags.claim and ARGV[2]
 local first_write = claim_arg and 3 or 2
 
--- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
--- expects[i], values[i] (puts only), for i = 1..n.
+-- The writes, decoded once, each one's state in STRIDE slots of one table
+-- W (one table a commit instead of one per field: each table is Redis
+-- time): write i's are W[b + 1] to W[b + STRIDE], b = (i - 1) * STRIDE:
+-- KIND its kind, KI the index into KEYS of its section, KEY its record's
+-- key, EXPECTED its expected revision, VALUE a put's value, then, read
+-- below, RAW the stored field (false: absent) and HEAD the revision digits
+-- of a stored field of fenced's unbound form (fenced_head).
 -- A bound put (kind P.KIND_PUT_BOUND, docs/design/12-claims.md §12.4) is a
--- put in kinds[i], with binds[i] true (binds: nil while none is bound).
--- (Made at the most writes the arguments can hold, one each, when that
--- is worth it: sized.)
-local most = #ARGV - first_write + 1
-local kinds, kis, wkeys, expects, values, binds
-if most > 2 then
-  kinds, kis, wkeys, expects, values = sized(most), sized(most), sized(most), sized(most), sized(most)
-else
-  kinds, kis, wkeys, expects, values = {}, {}, {}, {}, {}
-end
+-- put in KIND, with binds[i] true (binds: nil while none is bound).
+-- W is made at the most writes the arguments can hold (sized).
+local KIND, KI, KEY, EXPECTED, VALUE, RAW, HEAD, STRIDE = 1, 2, 3, 4, 5, 6, 7, 7
+local W = sized(STRIDE * (#ARGV - first_write + 1))
+local binds = nil
 local n = 0
 do
-  local a, last = first_write, #ARGV
+  local a, last, b = first_write, #ARGV, 0
   while a <= last do
     local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
     n = n + 1
@@ -128,17 +128,17 @@ do
       binds[n] = true
     end
     -- expected: BLIND (-1) is the only negative a commit is sent.
-    kinds[n], kis[n], wkeys[n] = kind, tonumber(ki), key
+    W[b + KIND], W[b + KI], W[b + KEY] = kind, tonumber(ki), key
     if expected == '-1' then
-      expects[n] = -1
+      W[b + EXPECTED] = -1
     else
-      expects[n] = tonumber(expected, 36)
+      W[b + EXPECTED] = tonumber(expected, 36)
     end
     if kind == PUT then
       a = a + 1
-      values[n] = ARGV[a]
+      W[b + VALUE] = ARGV[a]
     end
-    a = a + 1
+    a, b = a + 1, b + STRIDE
   end
 end
 
@@ -223,14 +223,15 @@ local checked = nil -- write index -> stored revision (0: absent; false: not a r
 do
   local i = 1
   while i <= n do
-    local ki = kis[i]
-    if kinds[i] ~= CHECK_RECORDS then
+    local b = (i - 1) * STRIDE
+    local ki = W[b + KI]
+    if W[b + KIND] ~= CHECK_RECORDS then
       i = i + 1
     else
       local first, fields = i, {}
-      while i <= n and kinds[i] == CHECK_RECORDS and kis[i] == ki and #fields < CHECK_CHUNK do
-        fields[#fields + 1] = wkeys[i]
-        i = i + 1
+      while i <= n and W[b + KIND] == CHECK_RECORDS and W[b + KI] == ki and #fields < CHECK_CHUNK do
+        fields[#fields + 1] = W[b + KEY]
+        i, b = i + 1, b + STRIDE
       end
       local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
       if got.err then
@@ -256,18 +257,18 @@ end
 -- batch answers the same refusal, in the same order, as when each write
 -- read its own field. A field of fenced's unbound form (fenced_head) is
 -- never bound: meet is spared it.
-local stored, stored_err = n > 2 and sized(n) or {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
-local heads = n > 2 and sized(n) or {} -- write index -> the revision digits of a stored field of fenced's unbound form (fenced_head)
+local stored_err = nil -- write index -> the read's error (a table made on the first)
 local by_key = {} -- KEYS index -> the indices of its puts, deletes and checks, in order
 do
   for i = 1, n do
-    local kind = kinds[i]
+    local b = (i - 1) * STRIDE
+    local kind = W[b + KIND]
     if kind == PUT or kind == DELETE or kind == CHECK then
-      local list = by_key[kis[i]]
+      local list = by_key[W[b + KI]]
       if list then
         list[#list + 1] = i
       else
-        by_key[kis[i]] = { i }
+        by_key[W[b + KI]] = { i }
       end
     end
   end
@@ -277,7 +278,7 @@ do
       local first, fields, f = j, len - j > 1 and sized(math.min(len - j + 1, CHECK_CHUNK)) or {}, 0
       while j <= len and f < CHECK_CHUNK do
         f = f + 1
-        fields[f] = wkeys[list[j]]
+        fields[f] = W[(list[j] - 1) * STRIDE + KEY]
         j = j + 1
       end
       local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
@@ -289,11 +290,12 @@ do
       else
         for m = 1, f do
           local raw, i = got[m], list[first + m - 1]
-          stored[i] = raw
+          local b = (i - 1) * STRIDE
+          W[b + RAW] = raw
           if raw then
             local digits = fenced_head(raw)
             if digits then
-              heads[i] = digits
+              W[b + HEAD] = digits
             else
               meet(i, raw)
             end
@@ -346,11 +348,12 @@ local conflicts = nil -- the CONFLICT reply, made by the first mismatch
 local mutates = false
 local bound_revs = bound and bound.revs
 for i = 1, n do
-  local kind, expected = kinds[i], expects[i]
+  local b = (i - 1) * STRIDE
+  local kind, expected = W[b + KIND], W[b + EXPECTED]
   local actual = 0
   if kind == CHECK_SECTION then
     local refused
-    actual, refused = section_revision(sub(KEYS[kis[i]], #base + 1))
+    actual, refused = section_revision(sub(KEYS[W[b + KI]], #base + 1))
     if refused then
       return refused
     end
@@ -367,16 +370,16 @@ for i = 1, n do
     end
   else
     if stored_err and stored_err[i] then
-      return refusal_of(stored_err[i], KEYS[kis[i]], 'hash', sub(KEYS[kis[i]], #base + 1))
+      return refusal_of(stored_err[i], KEYS[W[b + KI]], 'hash', sub(KEYS[W[b + KI]], #base + 1))
     end
-    local raw = stored[i]
+    local raw = W[b + RAW]
     if raw then
       -- A write reads only what it compares (§3.2): fenced's exact form
       -- gives its revision from its head, the value not judged; a bound
       -- field was judged by meet (record_claim); any other text by the
       -- record grammar.
       local over
-      local digits = heads[i] or (bound_revs and bound_revs[i])
+      local digits = W[b + HEAD] or (bound_revs and bound_revs[i])
       if digits == nil then
         actual, over = record_revision(raw)
       elseif #digits < REV_DIGITS or digits_in_range(digits) then
@@ -448,18 +451,19 @@ if bound or binds then
   unbinds, unbind_order, binding = {}, {}, {}
   local bound_names = bound and bound.names
   for i = 1, n do
+    local b = (i - 1) * STRIDE
     local old = bound_names and bound_names[i]
     local bind = binds and binds[i]
-    if old and stored[i] and kinds[i] ~= CHECK and not (bind and old == claim_name) then
+    if old and W[b + RAW] and W[b + KIND] ~= CHECK and not (bind and old == claim_name) then
       if not unbinds[old] then
         unbinds[old] = {}
         unbind_order[#unbind_order + 1] = old
       end
       local list = unbinds[old]
-      list[#list + 1] = sub(KEYS[kis[i]], #base + 1) .. '\n' .. wkeys[i]
+      list[#list + 1] = sub(KEYS[W[b + KI]], #base + 1) .. '\n' .. W[b + KEY]
     end
     if bind then
-      binding[#binding + 1] = sub(KEYS[kis[i]], #base + 1) .. '\n' .. wkeys[i]
+      binding[#binding + 1] = sub(KEYS[W[b + KI]], #base + 1) .. '\n' .. W[b + KEY]
     end
   end
   if #binding > 0 or #unbind_order > 0 then
@@ -489,19 +493,19 @@ local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name 
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
-local log_changes, c = n > 2 and sized(n) or {}, 0 -- the log entry's changes (as log_change makes them), and their count
+local log_changes, c = sized(n), 0 -- the log entry's changes (as log_change makes them), and their count
 local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
-for i = 1, n do
-  local kind = kinds[i]
+for b = 0, (n - 1) * STRIDE, STRIDE do
+  local kind = W[b + KIND]
   if kind == PUT or kind == DELETE then
-    local ki, key = kis[i], wkeys[i]
+    local ki, key = W[b + KI], W[b + KEY]
     local section = sub(KEYS[ki], #base + 1)
     changed[section] = true
     records = records + 1
     c = c + 1
     log_changes[c] = kind .. section .. ':' .. len_text(#key) .. ':' .. key
     if ki == EXEC then
-      exec_writes[#exec_writes + 1] = { id = key, old = stored[i] or false, new = values[i] }
+      exec_writes[#exec_writes + 1] = { id = key, old = W[b + RAW] or false, new = W[b + VALUE] }
     end
   end
 end
@@ -520,15 +524,16 @@ end
 for ki, list in pairs(by_key) do
   local args, a, dels = nil, 0, nil
   for _, i in ipairs(list) do
-    local kind = kinds[i]
+    local b = (i - 1) * STRIDE
+    local kind = W[b + KIND]
     if kind == PUT then
       args = args or (#list > 1 and sized(2 * #list) or {})
-      args[a + 1] = wkeys[i]
-      args[a + 2] = (binds and binds[i] and bound_head or head) .. values[i] .. '}'
+      args[a + 1] = W[b + KEY]
+      args[a + 2] = (binds and binds[i] and bound_head or head) .. W[b + VALUE] .. '}'
       a = a + 2
     elseif kind == DELETE then
       dels = dels or {}
-      dels[#dels + 1] = wkeys[i]
+      dels[#dels + 1] = W[b + KEY]
     end
   end
   if args then

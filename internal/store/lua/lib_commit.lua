@@ -300,15 +300,16 @@ local function start_entry(rev, owner, records, changed, request_id, text)
 end
 local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
   local text = table.concat(changes)
-  local entry
+  local id
   if not request_id and not log_extra and #text <= LOG_CHANGES_MAX then
-    -- Most entries: made whole at once.
-    entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, len_text(records),
-      P.LOG_FIELD_CHANGES, text, P.LOG_FIELD_PREV, prior_revision }
+    -- Most entries: sent as they are, no table made for them.
+    id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*', P.LOG_FIELD_REVISION, rev,
+      P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, len_text(records), P.LOG_FIELD_CHANGES, text,
+      P.LOG_FIELD_PREV, prior_revision)
   else
-    entry = start_entry(rev, owner, records, changed, request_id, text)
+    id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*',
+      unpack(start_entry(rev, owner, records, changed, request_id, text)))
   end
-  local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*', unpack(entry))
   if type(id) == 'table' and id.err then
     if string.find(id.err, 'exhausted the last possible ID', 1, true) then
       -- Not Redis refusing writes (OOM, READONLY, an ACL: its own reply,

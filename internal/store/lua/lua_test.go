@@ -141,9 +141,9 @@ var chanceLiterals = map[string]map[string]int{
 	// ',': the separator of the retired section_revisions' JSON object,
 	// not LogSectionsSeparator: the fast reader checks that only commas
 	// separate its entries (lib_meta.lua). '-': base36's minus sign, not
-	// ModeNone; '*': XADD's automatic id, not SectionFloor (lib_commit.lua).
+	// ModeNone; '*': XADD's automatic id (twice), not SectionFloor (lib_commit.lua).
 	"lib_meta.lua":   {",": 1},
-	"lib_commit.lua": {"-": 1, "*": 1},
+	"lib_commit.lua": {"-": 1, "*": 2},
 }
 
 // TestScriptsSpellNoProtocolValue: no script spells a value of the Go↔Lua
