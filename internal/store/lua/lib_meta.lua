@@ -150,17 +150,17 @@ end
 -- layout. The form finish_commit writes ({"r":N,"v":"records"}) is told by
 -- a pattern; any other text is decoded as a record.
 local LAYOUT_RECORDS_PATTERN = '^{"r":(%d+),"v":"' .. P.LAYOUT_RECORDS .. '"}$'
--- A layout read as records is remembered (the memo, lib_memo.lua): the
--- next commits of the swarm read the same bytes, and answer with one
--- lookup.
-local LAYOUT_IS_RECORDS = { layout = P.LAYOUT_RECORDS }
+-- A layout read as records is remembered (the memo, lib_memo.lua, with
+-- its revision, as record_revision reads a memo entry): the next commits
+-- of the swarm read the same bytes, and answer with one lookup.
 local function layout_is_document(raw)
-  if memo[raw] == LAYOUT_IS_RECORDS then
+  local m = memo[raw]
+  if type(m) == 'table' and m.layout then
     return false
   end
   local r = string.match(raw, LAYOUT_RECORDS_PATTERN)
   if r and digits_canonical_in_range(r) then
-    remember(raw, LAYOUT_IS_RECORDS)
+    remember(raw, { rev = tonumber(r), layout = P.LAYOUT_RECORDS })
     return false
   end
   return record_value(raw) == P.LAYOUT_DOCUMENT
