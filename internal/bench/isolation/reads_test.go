@@ -91,7 +91,8 @@ func readFlood(arg string) (reads, errs int64) {
 				for ctx.Err() == nil {
 					hold()
 					cmds := rueidis.Commands{rdb.B().Multi().Build(), rdb.B().Get().Key(base + "revision").Build(),
-						rdb.B().Hget().Key(base + "meta").Field("section_revisions").Build()}
+						rdb.B().Hget().Key(base + "meta").Field("section_revisions").Build(),
+						rdb.B().Hgetall().Key(base + "section-revisions").Build()}
 					for _, n := range snapshotSections {
 						cmds = append(cmds, rdb.B().Hgetall().Key(base+n).Build())
 					}
