@@ -107,7 +107,7 @@ func readFlood(arg string) (reads, errs int64) {
 		return nReads.Load(), nErrs.Load()
 	}
 	for i := range readers {
-		opts := []grpc.DialOption{client.WithInsecureBearerToken(token)}
+		opts := []grpc.DialOption{client.WithInsecureBearerToken(attackerToken)}
 		if own {
 			opts = append(opts, dialFrom(net.IPv4(127, 0, 0, byte(2+i))))
 		}
