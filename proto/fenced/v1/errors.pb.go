@@ -131,9 +131,10 @@ const (
 	// with Sections and watch from its revision. Metadata: "oldest_revision"
 	// (the oldest batch the log still holds, or the batch after the loss).
 	ErrorReason_REVISION_COMPACTED ErrorReason_Reason = 31
-	// RESOURCE_EXHAUSTED: the process, the caller's IP address or its
-	// connection has as many Watch streams open as it allows; nothing was
-	// started. Metadata: "limit" ("process", "address" or "connection").
+	// RESOURCE_EXHAUSTED: the process, the caller (its token, or its
+	// address: --flows-by) or its connection has as many Watch streams open
+	// as it allows; nothing was started. Metadata: "limit" ("process",
+	// "caller" or "connection").
 	ErrorReason_TOO_MANY_WATCHERS ErrorReason_Reason = 32
 	// RESOURCE_EXHAUSTED: the watcher fell too far behind and was dropped;
 	// watch again from the last revision received. Metadata:
@@ -143,14 +144,14 @@ const (
 	// hold as many bytes as it allows (--max-request-bytes-in-flight); this
 	// one, over 64 KiB (smaller requests are never refused for bytes), was
 	// refused as soon as it was read, before anything was written.
-	// Or the calls from the caller's address already hold its share
-	// (--max-request-bytes-per-caller). Retry later, with a backoff: it is
+	// Or the caller's other calls (its token, or its address: --flows-by)
+	// already hold its share (--max-request-bytes-per-caller). Retry later, with a backoff: it is
 	// load, not the request. Metadata, in bytes: "request_bytes" (this
 	// request's size), "max_bytes_in_flight" (the bound),
 	// "max_bytes_in_flight_per_caller" (the share) and, when the share
 	// refused it, "caller_bytes_in_flight" (what the caller's other calls
 	// hold). A read (Sections, ScanSection, Record) is refused with it too
-	// when answers its address has not read (no HTTP/2 flow-control
+	// when answers the caller has not read (no HTTP/2 flow-control
 	// credit) hold --max-unread-answer-bytes-per-caller: metadata
 	// "unread_answer_bytes", "max_unread_answer_bytes" and, when its answer
 	// was built, "answer_bytes"; read what was answered, then retry.
@@ -176,6 +177,17 @@ const (
 	// swarm that already holds the server's --max-claims-per-swarm live
 	// claims. Nothing written. Metadata: "claims" (live now), "max".
 	ErrorReason_TOO_MANY_CLAIMS ErrorReason_Reason = 37
+	// RESOURCE_EXHAUSTED: the call did not get its turn at Redis. Every
+	// call that costs Redis waits its turn in its caller's queue (the
+	// caller: its token, or its address, --flows-by), callers served in
+	// fair shares; this caller already had --max-queued-calls-per-caller
+	// calls waiting, or this call would not have got its turn with time
+	// left before its deadline. Nothing was sent to Redis, nothing written:
+	// retry after the RetryInfo delay (at this caller's share, when what it
+	// has waiting should have gone), with a backoff. Metadata: "why"
+	// ("queue_full" or "deadline"), "queued" (the caller's calls waiting),
+	// "max_queued".
+	ErrorReason_TOO_MANY_CALLS_QUEUED ErrorReason_Reason = 38
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -219,6 +231,7 @@ var (
 		35: "SECTION_NOT_SERVED",
 		36: "OUTCOME_UNKNOWN",
 		37: "TOO_MANY_CLAIMS",
+		38: "TOO_MANY_CALLS_QUEUED",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -259,6 +272,7 @@ var (
 		"SECTION_NOT_SERVED":       35,
 		"OUTCOME_UNKNOWN":          36,
 		"TOO_MANY_CLAIMS":          37,
+		"TOO_MANY_CALLS_QUEUED":    38,
 	}
 )
 
@@ -345,8 +359,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xf0\x06\n" +
-	"\vErrorReason\"\xe0\x06\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\x8b\a\n" +
+	"\vErrorReason\"\xfb\x06\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -388,7 +402,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x18TOO_MANY_BYTES_IN_FLIGHT\x10\"\x12\x16\n" +
 	"\x12SECTION_NOT_SERVED\x10#\x12\x13\n" +
 	"\x0fOUTCOME_UNKNOWN\x10$\x12\x13\n" +
-	"\x0fTOO_MANY_CLAIMS\x10%B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x0fTOO_MANY_CLAIMS\x10%\x12\x19\n" +
+	"\x15TOO_MANY_CALLS_QUEUED\x10&B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once
