@@ -57,6 +57,7 @@ type queueWatch struct {
 	waiting  int
 	refused  []string // flow:reason
 	admitted []string
+	redis    map[string]time.Duration // Redis time by flow
 	changed  chan struct{}
 }
 
@@ -77,7 +78,15 @@ func (q *queueWatch) QueueRefused(flow, reason string) {
 	q.mu.Unlock()
 	q.poke()
 }
-func (q *queueWatch) QueueFinished(string, time.Duration, time.Duration) {}
+func (q *queueWatch) QueueFinished(flow string, redis, _ time.Duration) {
+	q.mu.Lock()
+	if q.redis == nil {
+		q.redis = map[string]time.Duration{}
+	}
+	q.redis[flow] += redis
+	q.mu.Unlock()
+	q.poke()
+}
 func (q *queueWatch) QueueLoad(_, waiting int) {
 	q.mu.Lock()
 	q.waiting = waiting
@@ -310,5 +319,25 @@ func TestTheGoClientGivesUpWhenTheDelayPassesItsDeadline(t *testing.T) {
 		if err := <-ch; err != nil {
 			t.Errorf("a call: %v", err)
 		}
+	}
+}
+
+// TestTheRedisTimeOfACallIsChargedToItsCaller: the store reports each
+// script's round trip to the call's ticket (engine.WithMeter): a commit's
+// and a lease call's Redis time is charged to the token that made them,
+// and nothing to another.
+func TestTheRedisTimeOfACallIsChargedToItsCaller(t *testing.T) {
+	e, _, q := serveQueued(t, server.FlowsByToken)
+	if err := <-batchFrom(t, e, "127.0.0.1", writerToken, "rig-m"); err != nil {
+		t.Fatalf("FencedBatch: %v", err)
+	}
+	ctx := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer "+writerToken)
+	if _, err := fencedv1.NewLeaseServiceClient(e.conn).Acquire(ctx, &fencedv1.AcquireRequest{Slug: "rig-m", Owner: "tick-1", TtlMs: 60000}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.redis["token:tick"] <= 0 || len(q.redis) != 1 {
+		t.Errorf("Redis time charged %v; want some to token:tick alone", q.redis)
 	}
 }
