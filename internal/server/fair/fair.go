@@ -139,10 +139,11 @@ func (c Config) withDefaults() Config {
 		c.Seats = DefaultSeats
 	}
 	if c.Concurrency <= 0 {
-		// With 16 calls served on 2 cores, one caller's 32 parallel
-		// one-put commits left another caller's commits 0.32× the
-		// throughput they had beside the same flood on another fenced;
-		// with 4, 0.52×; with 2 for the flood, 0.93× (BenchmarkFairShare).
+		// BenchmarkFairShare's small-batches flood (one caller's 32
+		// parallel one-put commits) on 2 cores: with 16 calls served at
+		// once the other caller's commits went 0.32× as fast as beside
+		// the same flood on another fenced, with 4 0.52×, with the flood
+		// held to 2 of 4 while the other is active 0.6-0.7×.
 		c.Concurrency = max(2, 2*runtime.GOMAXPROCS(0))
 	}
 	if c.Recent <= 0 {
@@ -241,10 +242,16 @@ type Scheduler struct {
 	// busy counts the flows with calls waiting or being served.
 	busy int
 	// graced are the flows within their grace (anticipation): no call
-	// waiting, their last one's answer (or script) just came.
-	graced map[*flow]struct{}
-	// recent are the idle flows whose last call ended within Recent.
-	recent map[*flow]struct{}
+	// waiting, their last one's answer (or script) just came; gracedSeats
+	// the seats they keep in all; graceScan when the first of them may
+	// have ended (then they are looked over).
+	graced      map[*flow]struct{}
+	gracedSeats int
+	graceScan   time.Time
+	// recent are the idle flows whose last call ended within Recent;
+	// recentScan when the first of them may have left it.
+	recent     map[*flow]struct{}
+	recentScan time.Time
 	// clock is the virtual time of the last call that went (start-time
 	// fair queuing's system virtual time), in ns of seat-time.
 	clock   int64
@@ -423,7 +430,7 @@ func (s *Scheduler) Acquire(ctx context.Context, flowKey string, c Call) (*Ticke
 		if f.idle() && !(kept && now.Sub(f.idleAt) < s.cfg.Grace) {
 			f.vt = max(f.vt, s.clock) // idle time is not banked
 		}
-		delete(s.graced, f) // its place, if kept, is taken
+		s.ungrace(f) // its place, if kept, is taken
 	}
 	est := s.estimate(f, c)
 	t := &Ticket{s: s, f: f, kind: c.Kind, est: est, width: s.width(est), enq: now, once: c.ThenWaits}
@@ -514,22 +521,28 @@ func (s *Scheduler) settle(f *flow, now time.Time) {
 		s.busy--
 		if !f.doneAt.IsZero() && now.Sub(f.doneAt) < s.cfg.Recent {
 			s.recent[f] = struct{}{}
+			if s.recentScan.IsZero() {
+				s.recentScan = f.doneAt.Add(s.cfg.Recent)
+			}
 		}
 	}
 }
 
-// active is how many flows are active beside f, f counted (under s.mu):
-// busy, or idle with a call ended within Recent.
+// active is how many flows are active, f counted (under s.mu): busy, or
+// idle with a call ended within Recent.
 func (s *Scheduler) active(f *flow, now time.Time) int {
-	n := s.busy
-	for r := range s.recent {
-		if now.Sub(r.doneAt) >= s.cfg.Recent {
-			delete(s.recent, r)
-			s.forgetIfEven(r)
-			continue
+	if !s.recentScan.IsZero() && !now.Before(s.recentScan) {
+		s.recentScan = time.Time{}
+		for r := range s.recent {
+			if end := r.doneAt.Add(s.cfg.Recent); !now.Before(end) {
+				delete(s.recent, r)
+				s.forgetIfEven(r)
+			} else if s.recentScan.IsZero() || end.Before(s.recentScan) {
+				s.recentScan = end
+			}
 		}
-		n++
 	}
+	n := s.busy + len(s.recent)
 	if _, counted := s.recent[f]; !f.busy && !counted {
 		n++
 	}
@@ -589,18 +602,30 @@ func (s *Scheduler) fits(f *flow, width int, now time.Time) bool {
 	if width > free {
 		return false
 	}
-	kept := 0
-	for g := range s.graced {
-		if now.Sub(g.idleAt) >= s.cfg.Grace {
-			delete(s.graced, g)
-			s.forgetIfEven(g)
-			continue
-		}
-		if g.vt < f.vt {
-			kept += g.width
+	if !s.graceScan.IsZero() && !now.Before(s.graceScan) {
+		s.graceScan = time.Time{}
+		for g := range s.graced {
+			if end := g.idleAt.Add(s.cfg.Grace); !now.Before(end) {
+				s.ungrace(g)
+				s.forgetIfEven(g)
+			} else if s.graceScan.IsZero() || end.Before(s.graceScan) {
+				s.graceScan = end
+			}
 		}
 	}
-	return width <= free-kept && s.underShare(f, now)
+	if width > free-s.gracedSeats {
+		// Only the graced flows that would go first keep their seats.
+		kept := 0
+		for g := range s.graced {
+			if g.vt < f.vt {
+				kept += g.width
+			}
+		}
+		if width > free-kept {
+			return false
+		}
+	}
+	return s.underShare(f, now)
 }
 
 // admit lets t go (under s.mu): it takes its seats, and its flow is
@@ -766,9 +791,23 @@ func (s *Scheduler) charge(t *Ticket, now time.Time) {
 // grace starts f's grace (anticipation) at now, keeping width seats
 // (under s.mu).
 func (s *Scheduler) grace(f *flow, width int, now time.Time) {
-	if s.cfg.Grace > 0 {
-		f.idleAt, f.width = now, width
-		s.graced[f] = struct{}{}
+	if s.cfg.Grace <= 0 {
+		return
+	}
+	s.ungrace(f)
+	f.idleAt, f.width = now, width
+	s.graced[f] = struct{}{}
+	s.gracedSeats += width
+	if s.graceScan.IsZero() {
+		s.graceScan = now.Add(s.cfg.Grace)
+	}
+}
+
+// ungrace ends f's grace (under s.mu).
+func (s *Scheduler) ungrace(f *flow) {
+	if _, ok := s.graced[f]; ok {
+		delete(s.graced, f)
+		s.gracedSeats -= f.width
 	}
 }
 
@@ -790,7 +829,7 @@ func (s *Scheduler) forgetIfEven(f *flow) {
 func (s *Scheduler) sweep(now time.Time) {
 	for g := range s.graced {
 		if now.Sub(g.idleAt) >= s.cfg.Grace {
-			delete(s.graced, g)
+			s.ungrace(g)
 		}
 	}
 	for r := range s.recent {
