@@ -67,7 +67,7 @@ const (
 	costSections   = time.Millisecond       // a caller's first Sections (then: what its last ones took)
 	costWatchOpen  = 50 * time.Microsecond  // a Watch from now
 	costWatchAfter = 250 * time.Microsecond // a Watch resumed: its backlog
-	costMigrate    = 100 * time.Millisecond // a migration: a whole document
+	costMigrate    = 2 * time.Millisecond   // a migration (its move, then by-name in steps): charged what it took
 )
 
 // callOf is the fair queue's view of a call of method with req (size: its
@@ -155,7 +155,7 @@ func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServer
 		return nil, toStatus(err)
 	}
 	defer t.Done()
-	resp, err := h(engine.WithMeter(ctx, t), req)
+	resp, err := h(engine.WithMeter(context.WithValue(ctx, ticketKey{}, t), t), req)
 	t.Done()
 	if err == nil && conn != nil {
 		if qerr := s.unread.queue(conn, flow, resp); qerr != nil {
@@ -163,6 +163,19 @@ func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServer
 		}
 	}
 	return resp, err
+}
+
+type ticketKey struct{}
+
+// redisDone tells the fair queue that the call of ctx no longer costs Redis
+// (fair.Ticket.Served): a read's handler calls it once the store answered,
+// so that building and encoding a large answer (a Sections of a 2 MB swarm
+// costs fenced's CPU several times its Redis time) holds the caller's share
+// of the calls served, not the seats every other caller's calls need.
+func redisDone(ctx context.Context) {
+	if t, ok := ctx.Value(ticketKey{}).(*fair.Ticket); ok {
+		t.Served()
+	}
 }
 
 // admission is what every call that costs Redis passes (admitUnary; a

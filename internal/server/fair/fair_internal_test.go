@@ -531,3 +531,24 @@ func TestACallerThatCalledLatelyStillCountsForTheShares(t *testing.T) {
 		finish(tk, time.Millisecond)
 	}
 }
+
+// TestServedFreesTheSeatsNotTheShare: a call served (its Redis part done,
+// its answer still being built) gives its seats back, is charged once, and
+// still counts among its flow's calls while another flow is active.
+func TestServedFreesTheSeatsNotTheShare(t *testing.T) {
+	s, r, _ := newTest(Config{Seats: 2, SeatCost: time.Millisecond, Concurrency: 2, Grace: -1})
+	read := got(t, start(t, s, context.Background(), "a", narrow(2*time.Millisecond))) // both seats
+	b := start(t, s, context.Background(), "b", narrow(time.Millisecond))
+	stillWaiting(t, "b while a's read holds both seats", b)
+	read.RedisTime(2 * time.Millisecond)
+	read.Served()
+	tb := got(t, b) // the seats are free
+	a2 := start(t, s, context.Background(), "a", narrow(time.Millisecond))
+	stillWaiting(t, "a's second call with its read still counted beside b", a2)
+	read.Done()
+	finish(got(t, a2), time.Millisecond)
+	finish(tb, time.Millisecond)
+	if got := r.charged["a"]; got != 2*2*time.Millisecond+time.Millisecond {
+		t.Errorf("a charged %v; want its read once (2 seats × 2 ms) and its second call (1 ms)", got)
+	}
+}
