@@ -124,8 +124,9 @@ func (q *queueWatch) await(t *testing.T, what string, cond func(q *queueWatch) b
 
 // serveQueued serves fenced over a heldCore on srv with bearer tokens
 // (tokenFile: tick and other may write), one seat and a queue of one call
-// per caller, flows told apart by flowsBy.
-func serveQueued(t *testing.T, flowsBy server.FlowsBy) (*endpoint, *heldCore, *queueWatch) {
+// per caller, flows told apart by flowsBy (and the longest wait, maxWait,
+// when given).
+func serveQueued(t *testing.T, flowsBy server.FlowsBy, maxWait ...time.Duration) (*endpoint, *heldCore, *queueWatch) {
 	t.Helper()
 	a, err := auth.LoadTokens(writeFile(t, t.TempDir(), "tokens.json", tokenFile), slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -134,11 +135,15 @@ func serveQueued(t *testing.T, flowsBy server.FlowsBy) (*endpoint, *heldCore, *q
 	srv := redistest.Start(t)
 	core := &heldCore{Store: openStore(t, srv), redis: srv, release: make(chan struct{})}
 	q := newQueueWatch()
+	queue := fair.Config{Seats: 1, QueueLength: 1, Grace: -1}
+	if len(maxWait) > 0 {
+		queue.MaxWait = maxWait[0]
+	}
 	e := serve(t, core, batch.DefaultLimits(), server.Options{
 		HealthInterval: noProbes,
 		Security:       server.Security{Tokens: a},
 		Telemetry:      server.Telemetry{Limits: q},
-		Fairness:       server.Fairness{FlowsBy: flowsBy, Queue: fair.Config{Seats: 1, QueueLength: 1, Grace: -1}},
+		Fairness:       server.Fairness{FlowsBy: flowsBy, Queue: queue},
 	})
 	return e, core, q
 }
@@ -221,104 +226,26 @@ func TestFlowsByAddressMakesEachAddressACaller(t *testing.T) {
 }
 
 // TestACallThatWouldNotGoBeforeItsDeadlineIsRefused: with the seat held,
-// a call whose deadline leaves less than its own estimate twice (at least
+// a call whose wait bound (its deadline, or fair.Config.MaxWait when
+// sooner: here 1 ms) leaves less than its own estimate twice (at least
 // 1 ms) is refused at once, RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED
-// deadline, not queued to fail later with DEADLINE_EXCEEDED.
+// deadline, not queued to fail later with DEADLINE_EXCEEDED; nothing is
+// written.
 func TestACallThatWouldNotGoBeforeItsDeadlineIsRefused(t *testing.T) {
-	e, core, q := serveQueued(t, server.FlowsByToken)
+	e, core, q := serveQueued(t, server.FlowsByToken, time.Millisecond)
 	first := batchFrom(t, e, "127.0.0.1", otherToken, heldSlug)
 	q.await(t, "the first call holding the seat", func(*queueWatch) bool { return core.holding.Load() == 1 })
-	// A deadline the server sees as about 1 ms away: grpc-timeout travels
-	// as the time left.
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+writerToken), time.Millisecond)
-	defer cancel()
-	_, err := dialFrom(t, e.addr, "127.0.0.2").FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "rig-d", Writes: []*fencedv1.RecordWrite{put("claims", "k", -1, `1`)}})
-	// The caller's own deadline may pass before the answer arrives: then
-	// its client says DEADLINE_EXCEEDED; the server's refusal is what the
-	// queue reports.
-	q.await(t, "the refusal", func(q *queueWatch) bool { return len(q.refused) == 1 })
-	q.mu.Lock()
-	refused := q.refused[0]
-	q.mu.Unlock()
-	if refused != "token:tick:deadline" || (status.Code(err) != codes.ResourceExhausted && status.Code(err) != codes.DeadlineExceeded) {
-		t.Errorf("a call with 1 ms left behind a held seat = %v, queue said %q; want token:tick:deadline", err, refused)
+	err := <-batchFrom(t, e, "127.0.0.2", writerToken, "rig-d")
+	var qe *client.QueuedError
+	if d := client.Decode(err); status.Code(err) != codes.ResourceExhausted || !errors.As(d, &qe) || qe.Why != "deadline" {
+		t.Errorf("a call behind a held seat with 1 ms to wait = %v (%+v); want RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED deadline", err, qe)
+	}
+	if got := core.redis.DoArray(t, "KEYS", prefix+":swarm:{rig-d}:*"); len(got) != 0 {
+		t.Errorf("the refused batch left keys of its swarm in Redis: %v; want none", got)
 	}
 	close(core.release)
 	if err := <-first; err != nil {
 		t.Errorf("the first call: %v", err)
-	}
-}
-
-// TestTheGoClientSendsAQueuedCallAgainAfterTheDelay: a batch refused its
-// turn (queue_full) is sent again by the Go client after the server's
-// delay, and commits once the seat is free; the caller sees only the
-// commit.
-func TestTheGoClientSendsAQueuedCallAgainAfterTheDelay(t *testing.T) {
-	e, core, q := serveQueued(t, server.FlowsByToken)
-	first := batchFrom(t, e, "127.0.0.1", otherToken, heldSlug)
-	q.await(t, "the first call holding the seat", func(*queueWatch) bool { return core.holding.Load() == 1 })
-	second := batchFrom(t, e, "127.0.0.2", otherToken, "other-2")
-	q.await(t, "the second call waiting", func(q *queueWatch) bool { return q.waiting == 1 })
-	c, err := client.Dial(e.addr, client.WithInsecureBearerToken(otherToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	done := make(chan error, 1)
-	var rev int64
-	go func() {
-		var err error
-		rev, err = c.Batch(ctxT(t), "other-3", nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "k", Expected: client.Blind, Value: []byte(`3`)}})
-		done <- err
-	}()
-	q.await(t, "the client's first send refused", func(q *queueWatch) bool { return len(q.refused) >= 1 })
-	close(core.release)
-	if err := <-done; err != nil || rev <= 0 {
-		t.Fatalf("client.Batch refused its turn once, then the seat freed: %d, %v; want a commit", rev, err)
-	}
-	for _, ch := range []<-chan error{first, second} {
-		if err := <-ch; err != nil {
-			t.Errorf("a call: %v", err)
-		}
-	}
-	got, _, err := c.Get(ctxT(t), "other-3", "claims", "k")
-	if err != nil || got == nil || string(got.Value) != "3" {
-		t.Errorf("the record the retried batch put = %v, %v; want 3", got, err)
-	}
-}
-
-// TestTheGoClientGivesUpWhenTheDelayPassesItsDeadline: a call refused its
-// turn whose deadline is shorter than the delay answers the refusal
-// (ErrCallsQueued: nothing written), not its deadline, nor an unknown
-// outcome.
-func TestTheGoClientGivesUpWhenTheDelayPassesItsDeadline(t *testing.T) {
-	e, core, q := serveQueued(t, server.FlowsByToken)
-	first := batchFrom(t, e, "127.0.0.1", otherToken, heldSlug)
-	q.await(t, "the first call holding the seat", func(*queueWatch) bool { return core.holding.Load() == 1 })
-	second := batchFrom(t, e, "127.0.0.2", otherToken, "other-2")
-	q.await(t, "the second call waiting", func(q *queueWatch) bool { return q.waiting == 1 })
-	c, err := client.Dial(e.addr, client.WithInsecureBearerToken(otherToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	// The delay is at least 5 ms (fair's floor) and backoff's 25 ms at
-	// least; 3 ms of deadline leave room for neither.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Millisecond)
-	defer cancel()
-	_, err = c.Batch(ctx, "other-3", nil, []client.Write{{Kind: client.Put, Section: "claims", Key: "k", Expected: client.Blind, Value: []byte(`3`)}})
-	var oe *client.OutcomeUnknownError
-	if !errors.Is(err, client.ErrCallsQueued) && !errors.As(err, &oe) {
-		t.Errorf("client.Batch with 3 ms behind a full queue = %v; want ErrCallsQueued (or its own deadline before the answer)", err)
-	}
-	if errors.Is(err, client.ErrCallsQueued) && errors.As(err, &oe) {
-		t.Errorf("client.Batch = %v: a refusal that wrote nothing is no unknown outcome", err)
-	}
-	close(core.release)
-	for _, ch := range []<-chan error{first, second} {
-		if err := <-ch; err != nil {
-			t.Errorf("a call: %v", err)
-		}
 	}
 }
 
