@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -11,11 +13,12 @@ import (
 
 // Keeper holds a swarm's lease for one owner: it acquires it, renews it in
 // the background every third of its TTL (well before expiry), and gives the
-// fence to pass to batches. Once the lease is lost (a renewal refused, or
-// none succeeding before the lease would expire) it stops renewing and
-// closes Lost. Held is cheap and never calls the network. Whatever the
-// Keeper believes, the server is the authority: a batch fenced with a lost
-// lease is refused with ErrLeaseStale.
+// fence to pass to batches. Once the lease is lost (a renewal refused, none
+// succeeding before the lease would expire, or a take-over heard on the
+// swarm's Watch stream: a grant to another owner or at a later epoch) it
+// stops renewing and closes Lost. Held is cheap and never calls the
+// network. Whatever the Keeper believes, the server is the authority: a
+// batch fenced with a lost lease is refused with ErrLeaseStale.
 type Keeper struct {
 	c     *Client
 	slug  string
@@ -31,6 +34,8 @@ type Keeper struct {
 	lost chan struct{}
 	stop chan struct{}
 	done chan struct{}
+	// following ends when the take-over watch has stopped (follow).
+	following chan struct{}
 }
 
 // Keep acquires the swarm's lease for owner with ttl, waiting while another
@@ -93,9 +98,11 @@ func (c *ClaimKeeper) Close(ctx context.Context) error { return c.k.Close(ctx) }
 
 func (c *Client) keep(ctx context.Context, slug, name, owner string, ttl time.Duration) (*Keeper, error) {
 	var sent time.Time
+	var granted int64
 	lease, err := backoff.Retry(ctx, func() (Lease, error) {
 		sent = time.Now()
-		l, _, err := c.acquire(ctx, slug, name, owner, ttl)
+		l, rev, err := c.acquire(ctx, slug, name, owner, ttl)
+		granted = rev
 		var le *LeaseError
 		switch {
 		case err == nil:
@@ -118,13 +125,107 @@ func (c *Client) keep(ctx context.Context, slug, name, owner string, ttl time.Du
 	}
 	k := &Keeper{
 		c: c, slug: slug, name: name, owner: owner, ttl: ttl, epoch: lease.Epoch,
-		deadline: sent.Add(ttl),
-		lost:     make(chan struct{}),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		deadline:  sent.Add(ttl),
+		lost:      make(chan struct{}),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		following: make(chan struct{}),
 	}
 	go k.renew()
+	go k.follow(granted)
 	return k, nil
+}
+
+// follow watches the swarm from the grant's revision (from) and marks the
+// lease lost as soon as the stream carries a take-over of it: for the
+// swarm's lease a batch putting meta/lease fenced by another owner, or by
+// this owner at a later epoch (the lease lapsed, a stalled process, and
+// was granted again); for a claim its grant to another owner or at
+// another epoch, or the end (release, lapse) of this grant. So Lost closes
+// at once, not at the next renewal a third of the TTL later. A stream that
+// ends (compacted, refused, the server away) is opened again from the last
+// revision it yielded, with backoff, until the keeper stops or is lost; the
+// renewals stay the keeper's own account of its lease meanwhile.
+func (k *Keeper) follow(from int64) {
+	defer close(k.following)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-k.stop:
+		case <-k.lost:
+		}
+		cancel()
+	}()
+	wait := backoff.NewExponentialBackOff()
+	wait.InitialInterval, wait.MaxInterval = 50*time.Millisecond, 5*time.Second
+	for ctx.Err() == nil {
+		for ev, err := range k.c.Watch(ctx, k.slug, from, WatchSections(batchMetaSection)) {
+			if err != nil {
+				if errors.Is(err, ErrRevisionCompacted) {
+					from = 0 // what was missed cannot be read: from now on
+				}
+				break
+			}
+			wait.Reset()
+			from = ev.Revision
+			if why, holder := k.takenOver(ev); why != "" {
+				k.markLost(&LeaseError{Kind: ErrLeaseStale, Holder: holder, Claim: k.name,
+					Err: errorf("%s taken over (heard on its Watch stream at revision %d): %s", leaseOf(k.slug, k.name), ev.Revision, why)})
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait.NextBackOff()):
+		}
+	}
+}
+
+// batchMetaSection is the section of the swarm's own records, meta/lease
+// among them.
+const batchMetaSection = "meta"
+
+// takenOver says how ev takes this keeper's lease over ("" when it does
+// not), with the lease that took it over when ev tells it.
+func (k *Keeper) takenOver(ev Event) (string, *Lease) {
+	if k.name != "" {
+		c := ev.Claim
+		switch {
+		case c == nil || c.Name != k.name:
+			return "", nil
+		case c.Kind == ClaimGranted && (c.Owner != k.owner || c.Epoch != k.epoch):
+			return fmt.Sprintf("granted to %q at epoch %d", c.Owner, c.Epoch), &Lease{Owner: c.Owner, Epoch: c.Epoch, ExpiresAtMs: c.ExpiresAtMs}
+		case (c.Kind == ClaimLapsed || c.Kind == ClaimReleased) && c.Epoch == k.epoch:
+			return string(c.Kind), nil
+		}
+		return "", nil
+	}
+	for _, ch := range ev.Changes {
+		if ch.Section != batchMetaSection || ch.Key != "lease" || ch.Delete {
+			continue
+		}
+		// The record read with the event is the one it wrote when it is at
+		// the event's revision (else a later event follows).
+		var l struct {
+			Owner     string `json:"owner"`
+			Epoch     int64  `json:"epoch"`
+			ExpiresAt int64  `json:"expires_at"`
+		}
+		var holder *Lease
+		if r := ch.Record; r != nil && r.Revision == ev.Revision && json.Unmarshal(r.Value, &l) == nil {
+			holder = &Lease{Owner: l.Owner, Epoch: l.Epoch, ExpiresAtMs: l.ExpiresAt}
+		}
+		switch {
+		case ev.Owner != k.owner:
+			return fmt.Sprintf("granted to %q", ev.Owner), holder
+		case holder != nil && holder.Epoch > k.epoch:
+			// This owner's own name, a later epoch: another process of the
+			// same owner took the lease after this one lapsed.
+			return fmt.Sprintf("granted again to %q at epoch %d", ev.Owner, holder.Epoch), holder
+		}
+	}
+	return "", nil
 }
 
 // Fence is the fence for batches under this lease.
@@ -204,6 +305,7 @@ func (k *Keeper) Close(ctx context.Context) error {
 		close(k.stop)
 	}
 	<-k.done
+	<-k.following
 	if err := k.Err(); err != nil {
 		return err
 	}

@@ -332,3 +332,63 @@ func TestKeeperCountsOnlyAcknowledgedRenewals(t *testing.T) {
 		t.Errorf("Keep(replica cut) = keeper at epoch %d, want no lease", k.Epoch())
 	}
 }
+
+// TestKeeperHearsATakeOverOnItsWatchStream: a lease that lapsed while its
+// keeper stalled, then granted to another owner, is lost as soon as the
+// grant's batch reaches the swarm's Watch stream: Lost closes, and Err is
+// ErrLeaseStale naming the new holder, long before the keeper's next
+// renewal (its TTL is 10 minutes: every 200 s). Before, Lost waited for
+// that renewal to be refused.
+func TestKeeperHearsATakeOverOnItsWatchStream(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	k, err := f.c.Keep(ctx, slug, "ctl-a", 10*time.Minute)
+	if err != nil {
+		t.Fatalf("Keep: %v", err)
+	}
+	defer k.Close(ctx)
+	// The lease lapses as if its keeper had stalled past it.
+	rev := itoa(f.revision(t, slug))
+	f.redis.Do(t, "HSET", key(slug, "meta"), "lease",
+		`{"r":`+rev+`,"v":{"owner":"ctl-a","epoch":`+itoa(k.Epoch())+`,"expires_at":`+itoa(f.redisNowMs(t)-1)+`}}`)
+	usurper, _, err := f.c.Acquire(ctx, slug, "ctl-b", time.Minute)
+	if err != nil {
+		t.Fatalf("Acquire(ctl-b) after ctl-a's lease lapsed: %v", err)
+	}
+	waitClosed(t, "Lost() after the take-over", k.Lost())
+	var le *client.LeaseError
+	if !errors.Is(k.Err(), client.ErrLeaseStale) || !errors.As(k.Err(), &le) || le.Holder == nil ||
+		le.Holder.Owner != "ctl-b" || le.Holder.Epoch != usurper.Epoch || le.Holder.ExpiresAtMs != usurper.ExpiresAtMs {
+		t.Errorf("Err() = %v (holder %+v); want ErrLeaseStale naming %+v", k.Err(), le, usurper)
+	}
+	if k.Held() {
+		t.Error("Held() = true after the take-over")
+	}
+}
+
+// TestClaimKeeperHearsATakeOverOnItsWatchStream: the same for a claim: its
+// grant lapsed while its keeper stalled, and another worker was granted it
+// (or the reaper lapsed it first): Lost closes at once, not at the next
+// renewal of a 10-minute claim.
+func TestClaimKeeperHearsATakeOverOnItsWatchStream(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	k, err := f.c.KeepClaim(ctx, slug, "task-7", "worker-a", 10*time.Minute)
+	if err != nil {
+		t.Fatalf("KeepClaim: %v", err)
+	}
+	defer k.Close(ctx)
+	past := f.redisNowMs(t) - 1
+	f.redis.Do(t, "HSET", key(slug, "claim-grants"), "task-7",
+		`{"r":`+itoa(f.revision(t, slug))+`,"v":{"owner":"worker-a","epoch":`+itoa(k.Epoch())+`,"expires_at":`+itoa(past)+`}}`)
+	f.redis.Do(t, "ZADD", key(slug, "claim-expiry"), itoa(past), "task-7")
+	if _, _, err := f.c.AcquireClaim(ctx, slug, "task-7", "worker-b", time.Minute); err != nil {
+		t.Fatalf("AcquireClaim(worker-b) after worker-a's grant lapsed: %v", err)
+	}
+	waitClosed(t, "Lost() after the take-over", k.Lost())
+	if !errors.Is(k.Err(), client.ErrLeaseStale) {
+		t.Errorf("Err() = %v; want ErrLeaseStale", k.Err())
+	}
+}

@@ -36,6 +36,12 @@ func corruptInfo(err error) (map[string]string, bool) {
 // records (spaced, reordered, extra members) read as records, and the
 // commit script agrees on their revision: a check at the revision Record
 // answered commits.
+//
+// The test reads sections in a loop, one read at a time: a caller alone
+// is never held by the fair queue in front of Redis (an earlier pacing of
+// heavy reads held each for ten times what the one before took, past its
+// deadline on a busy box): every read is answered, or not, for what it
+// read.
 func TestCorruptField(t *testing.T) {
 	redis := redistest.Start(t)
 	r := startReplica(t, redis.URL(), server.Options{})

@@ -44,6 +44,7 @@ type replica struct {
 	t        testing.TB
 	redisURL string
 	opts     server.Options
+	engine   engine.Options
 	addr     string
 
 	st     *store.Store
@@ -51,8 +52,9 @@ type replica struct {
 }
 
 // startReplica starts fenced over the Redis at redisURL on 127.0.0.1 at a
-// free port; it is stopped when the test ends.
-func startReplica(t testing.TB, redisURL string, opts server.Options) *replica {
+// free port, with the store's engine options eng (at most one; the key
+// prefix is the fixture's); it is stopped when the test ends.
+func startReplica(t testing.TB, redisURL string, opts server.Options, eng ...engine.Options) *replica {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet
@@ -61,6 +63,9 @@ func startReplica(t testing.TB, redisURL string, opts server.Options) *replica {
 		opts.HealthInterval = 100 * time.Millisecond
 	}
 	r := &replica{t: t, redisURL: redisURL, opts: opts, addr: "127.0.0.1:0"}
+	if len(eng) > 0 {
+		r.engine = eng[0]
+	}
 	r.start()
 	t.Cleanup(func() { r.stop(true) })
 	return r
@@ -69,7 +74,9 @@ func startReplica(t testing.TB, redisURL string, opts server.Options) *replica {
 // start opens a store and serves on r.addr (the same port after a stop).
 func (r *replica) start() {
 	r.t.Helper()
-	st, err := store.Open(r.redisURL, store.Options{Engine: engine.Options{Prefix: prefix}})
+	o := r.engine
+	o.Prefix = prefix
+	st, err := store.Open(r.redisURL, store.Options{Engine: o})
 	if err != nil {
 		r.t.Fatalf("store.Open(%s): %v", r.redisURL, err)
 	}

@@ -43,10 +43,35 @@ type workload struct {
 	// something, as the clients were told.
 	mu    sync.Mutex
 	acked []ack
+	// unknown holds the calls of unknown outcome (resUnknown), with why.
+	unknown []unknownCall
 	// unexpected counts outcomes outside the allowed set (each also fails
 	// the test).
 	unexpected atomic.Int64
 }
+
+// unknownCall is a call of unknown outcome: what it answered, how long it
+// took, and whether its own deadline had passed by then (deadlinePassed).
+type unknownCall struct {
+	client   int
+	what     string
+	err      error
+	took     time.Duration
+	deadline bool
+}
+
+// deadlinePassed reports whether ctx's deadline has come, by the clock:
+// ctx.Err() is set by a timer that a busy box runs late, and fenced's
+// DEADLINE_EXCEEDED (the deadline grpc-timeout carries, rounded up) can
+// arrive before it.
+func deadlinePassed(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// replicaAckTimeout is how long a batch with replica_ack (workload.replicaAck)
+// asks Redis to wait for its replica.
+const replicaAckTimeout = 2 * time.Second
 
 // ack is a commit a client was told about.
 type ack struct {
@@ -316,7 +341,7 @@ func (w *workload) call(t *testing.T, id int, c *client.Client, in *mInput, f *c
 			opts = append(opts, client.WithRequestID(in.reqID))
 		}
 		if w.replicaAck && len(in.writes)%2 == 1 {
-			opts = append(opts, client.WithReplicaAck(1, 2*time.Second))
+			opts = append(opts, client.WithReplicaAck(1, replicaAckTimeout))
 		}
 		out.rev, err = c.Batch(ctx, w.slug, f, writes, opts...)
 	}
@@ -335,6 +360,10 @@ func (w *workload) call(t *testing.T, id int, c *client.Client, in *mInput, f *c
 		out.res = resStale
 	case errors.Is(err, client.ErrUnavailable), status.Code(err) == codes.DeadlineExceeded, status.Code(err) == codes.Canceled:
 		out.res = resUnknown
+		w.mu.Lock()
+		w.unknown = append(w.unknown, unknownCall{client: id, what: describeOp(in, out), err: err,
+			took: time.Duration(ret - call), deadline: deadlinePassed(ctx)})
+		w.mu.Unlock()
 	default:
 		w.unexpected.Add(1)
 		t.Errorf("client %d: %s: unexpected outcome %v (code %s)", id, describeOp(in, out), err, status.Code(err))
@@ -345,17 +374,19 @@ func (w *workload) call(t *testing.T, id int, c *client.Client, in *mInput, f *c
 	return out
 }
 
-// count answers how many recorded calls had outcome res.
-func (w *workload) count(res result) int {
+// answered counts the recorded calls of kind op through replica r of n
+// (client i calls replica i%n, the final read replica 0) that answered:
+// any outcome but resUnknown.
+func (w *workload) answered(op opKind, r, n int) int {
 	w.rec.mu.Lock()
 	defer w.rec.mu.Unlock()
-	n := 0
-	for _, op := range w.rec.ops {
-		if op.Output.(*mOutput).res == res {
-			n++
+	c := 0
+	for _, o := range w.rec.ops {
+		if o.Input.(*mInput).op == op && o.ClientId%n == r && o.Output.(*mOutput).res != resUnknown {
+			c++
 		}
 	}
-	return n
+	return c
 }
 
 func countKeys(sec int) int {

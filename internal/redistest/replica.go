@@ -18,14 +18,14 @@ func StartReplica(t testing.TB, primary *Server, opts ...Option) *Server {
 		t.Fatalf("redistest: primary address %q: %v", primary.Addr(), err)
 	}
 	r := Start(t, append(opts, WithArgs("--replicaof", host, port))...)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute) // a failure bound: a busy box links late
 	for {
 		info := r.Do(t, "INFO", "replication")
 		if strings.Contains(info, "master_link_status:up") {
 			return r
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redistest: replica %s did not link to %s within 30s:\n%s", r.Addr(), primary.Addr(), info)
+			t.Fatalf("redistest: replica %s did not link to %s within 2m:\n%s", r.Addr(), primary.Addr(), info)
 		}
 		time.Sleep(pollInterval)
 	}

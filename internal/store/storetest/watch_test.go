@@ -798,3 +798,41 @@ func TestWatchFromBetweenTwoBatchesIsNoLoss(t *testing.T) {
 		t.Errorf("from-now watcher's event = %d, want %d", ev.Revision, r2)
 	}
 }
+
+// TestWatchTellsInHouseBatchesThatLeftTheLogUnread: batches of an in-house
+// writer (INCR the counter, HSET the record, XADD the log MAXLEN = 1000
+// with revision, owner and records, no prev) that pass through the log
+// faster than the reader reads it (3,000 at once, while fenced could not
+// read: kill -STOP) and push past its position are a gap, whoever wrote
+// them and whatever their entries carry: the watcher ends
+// REVISION_COMPACTED from its last revision, naming the oldest the log
+// still holds, and is handed none of the batches after the gap. Before,
+// the reader looked for a gap only where the first entry it read carried
+// prev: it handed the watcher the ~1,000 batches left and the next fenced
+// one, silently skipping ~2,000.
+func TestWatchTellsInHouseBatchesThatLeftTheLogUnread(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	r0 := mustCommit(t, st, &batch.Batch{Slug: "inhouse", Writes: []batch.Write{put("claims", "k", 0, `"v"`)}})
+	w, err := st.Watch(ctx, "inhouse", 0)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close()
+	blockedReader(t, srv)
+	const script = `for i = 1, tonumber(ARGV[1]) do
+  local rev = redis.call('INCR', KEYS[1])
+  redis.call('HSET', KEYS[2], 'k', '{"r":' .. rev .. ',"v":"in-house ' .. i .. '"}')
+  redis.call('XADD', KEYS[3], 'MAXLEN', '=', '1000', '*', 'revision', rev, 'owner', 'hive', 'records', '1')
+end`
+	srv.Do(t, "EVAL", script, "3", key("inhouse", "revision"), key("inhouse", "claims"), key("inhouse", "log"), "3000")
+	mustCommit(t, st, &batch.Batch{Slug: "inhouse", Writes: []batch.Write{put("claims", "k", -1, `"fenced"`)}})
+	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ev, err := w.Next(nctx)
+	var ce *watch.CompactedError
+	if !errors.As(err, &ce) || ce.Start != r0 || ce.Oldest != r0+2001 {
+		t.Fatalf("Next after 3,000 in-house batches passed the log unread = event %+v, error %v; want *CompactedError from %d, oldest %d", ev, err, r0, r0+2001)
+	}
+}

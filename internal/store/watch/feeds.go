@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/engine"
@@ -27,6 +28,8 @@ type Feeds struct {
 	mu     sync.Mutex
 	hubs   map[string]*hub
 	closed bool
+	// xinfoRefused is set once Redis refused XINFO STREAM (hub.read).
+	xinfoRefused atomic.Bool
 }
 
 // New returns the Watch feeds over e.

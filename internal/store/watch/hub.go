@@ -35,9 +35,12 @@ type hub struct {
 	initErr error
 	cancel  context.CancelFunc
 	mu      sync.Mutex
-	// lastID and lastRev: the newest entry read (or present at the start).
+	// lastID and lastRev: the newest entry read (or present at the start);
+	// added: how many entries the log ever took up to lastID, at the
+	// start (-1: unknown; the reader keeps it after: hub.read).
 	lastID  string
 	lastRev int64
+	added   int64
 	// loss is the last time the reader saw the swarm go back.
 	loss     lostRange
 	watchers map[*Watcher]struct{}

@@ -166,6 +166,18 @@ func xreadEntries(res rueidis.RedisResult, key string) ([]logEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	return xreadMessage(m, key)
+}
+
+// xreadMessage is xreadEntries of an XREAD's reply message (one reply of
+// an EXEC: nil when nothing was read).
+func xreadMessage(m rueidis.RedisMessage, key string) ([]logEntry, error) {
+	if m.IsNil() {
+		return nil, nil
+	}
+	if err := m.Error(); err != nil {
+		return nil, err
+	}
 	if m.IsMap() {
 		kv, err := m.ToMap()
 		if err != nil {

@@ -6,9 +6,11 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -212,13 +214,33 @@ type ReaderObserver interface {
 	WatchReaders(delta int)
 }
 
-// start reads the log's newest entry, then runs the reader.
+// start reads the log's newest entry, and with it (one MULTI) how many
+// entries the log ever took (streamMark), then runs the reader.
 func (h *hub) start(ctx context.Context) error {
 	f := h.feeds
 	bctx, cancel := f.e.Bound(ctx, 0)
 	defer cancel()
 	c := f.e.Client()
-	entries, err := c.Do(bctx, c.B().Xrevrange().Key(h.key).End("+").Start("-").Count(1).Build()).AsXRange()
+	newest := c.B().Xrevrange().Key(h.key).End("+").Start("-").Count(1).Build()
+	var entries []rueidis.XRangeEntry
+	var err error
+	h.added = -1
+	if f.xinfoRefused.Load() {
+		entries, err = c.Do(bctx, newest).AsXRange()
+	} else {
+		var exec []rueidis.RedisMessage
+		var refused bool
+		if exec, refused, err = f.withMark(bctx, h.key, newest); refused {
+			entries, err = c.Do(bctx, c.B().Xrevrange().Key(h.key).End("+").Start("-").Count(1).Build()).AsXRange()
+		} else if err == nil {
+			if entries, err = exec[1].AsXRange(); rueidis.IsRedisNil(err) || exec[1].IsNil() {
+				entries, err = nil, nil
+			}
+			if m := markOf(exec[0]); m.ok && (len(entries) == 1 && entries[0].ID == m.last || len(entries) == 0 && m.added == 0) {
+				h.added = m.added
+			}
+		}
+	}
 	if err != nil && !rueidis.IsRedisNil(err) {
 		err = f.e.Classify(bctx, err)
 		f.e.Observer().RedisFailed("watch", err)
@@ -269,7 +291,7 @@ func (h *hub) run(ctx context.Context) {
 	// oldest revision it still had (0: none lost).
 	var lostOldest int64
 	h.mu.Lock()
-	readID, readRev := h.lastID, h.lastRev
+	readID, readRev, readAdded := h.lastID, h.lastRev, h.added
 	h.mu.Unlock()
 	sleep := func(d time.Duration) bool {
 		if d <= 0 {
@@ -307,7 +329,7 @@ func (h *hub) run(ctx context.Context) {
 			}
 			blockFor = 0
 		}
-		events, newLast, lost, err := h.read(ctx, readID, readRev, blockFor)
+		events, newLast, newAdded, lost, err := h.read(ctx, readID, readRev, readAdded, blockFor)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -343,6 +365,7 @@ func (h *hub) run(ctx context.Context) {
 		if newLast != "" {
 			readID = newLast
 		}
+		readAdded = newAdded
 		if len(events) > 0 {
 			readRev = protocol.LatestRevision(readRev, events[len(events)-1].Revision)
 		}
@@ -388,29 +411,62 @@ func (h *hub) run(ctx context.Context) {
 	}
 }
 
-// read is one XREAD after lastID, blocking up to block (0: not at all),
-// and, while each read comes back full, more without BLOCK (up to
-// watchReadMax entries); newLast is the last entry's id ("" when none). lost
-// says that the log dropped batches after lastRev before they were read:
-// the first entry's prev is above lastRev and the log is full.
-func (h *hub) read(ctx context.Context, lastID string, lastRev int64, block time.Duration) (events []*Event, newLast string, lost bool, err error) {
+// read reads the log after lastID: when block > 0 it first waits, up to
+// block, for an entry past lastID (XREAD BLOCK, COUNT 1: a wake-up only);
+// then it reads in chunks (up to watchReadMax entries, while each chunk
+// comes back full), each one MULTI of XINFO STREAM and XREAD after the
+// chunk's start, so that Redis answers at one instant what follows the
+// start and the stream's mark (streamMark: the entries it ever took, holds
+// now and its oldest). added is how many entries the log had ever taken
+// up to lastID (-1: unknown); newAdded the same up to newLast. Trimming
+// (XADD MAXLEN) deletes the oldest entries first, so when the log's oldest
+// entry is past a chunk's start and more entries were taken since the
+// start than the log holds, batches left the log before this reader read
+// them, whoever wrote them and whatever their entries carry (the in-house
+// writers' have no prev): lost. Where the mark is unknown (Redis before
+// 7.0, XINFO refused), lost is the first entry's prev above lastRev with
+// the log full. newLast is the last entry's id ("" when none).
+func (h *hub) read(ctx context.Context, lastID string, lastRev, added int64, block time.Duration) (events []*Event, newLast string, newAdded int64, lost bool, err error) {
 	f := h.feeds
 	bctx, cancel := f.e.Bound(ctx, block)
 	defer cancel()
 	c := f.e.Client()
+	failed := func(err error) ([]*Event, string, int64, bool, error) {
+		err = f.e.Classify(bctx, err)
+		f.e.Observer().RedisFailed("watch", err)
+		return nil, "", added, false, fmt.Errorf("store: watch: read log: %w", err)
+	}
+	if block > 0 {
+		woke, err := xreadEntries(c.Do(bctx, c.B().Xread().Count(1).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()), h.key)
+		if err != nil {
+			return failed(err)
+		}
+		if len(woke) == 0 {
+			return nil, "", added, false, nil
+		}
+	}
 	var entries []logEntry
 	for len(entries) < watchReadMax {
-		var cmd rueidis.Completed
-		if len(entries) > 0 || block <= 0 {
-			cmd = c.B().Xread().Count(watchChunk).Streams().Key(h.key).Id(lastID).Build()
-		} else {
-			cmd = c.B().Xread().Count(watchChunk).Block(block.Milliseconds()).Streams().Key(h.key).Id(lastID).Build()
-		}
-		read, err := xreadEntries(c.Do(bctx, cmd), h.key)
+		read, m, err := f.readChunk(bctx, h.key, lastID)
 		if err != nil {
-			err = f.e.Classify(bctx, err)
-			f.e.Observer().RedisFailed("watch", err)
-			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
+			return failed(err)
+		}
+		switch {
+		case !m.ok:
+			added = -1
+		case len(read) > 0 && read[len(read)-1].id == m.last || len(read) == 0 && lastID == m.last:
+			// Read to the log's end: every entry it ever took is read.
+			if added >= 0 && idAfter(m.first, lastID) && m.added-added > m.length {
+				lost = true
+			}
+			added = m.added
+		case added >= 0 && idAfter(m.first, lastID):
+			// The chunk starts at the log's oldest entry, the
+			// (m.added-m.length+1)-th it took.
+			lost = lost || m.added-added > m.length
+			added = m.added - m.length + int64(len(read))
+		case added >= 0:
+			added += int64(len(read))
 		}
 		entries = append(entries, read...)
 		if len(read) < watchChunk {
@@ -419,7 +475,7 @@ func (h *hub) read(ctx context.Context, lastID string, lastRev int64, block time
 		lastID = read[len(read)-1].id
 	}
 	if len(entries) == 0 {
-		return nil, "", false, nil
+		return nil, "", added, lost, nil
 	}
 	events = make([]*Event, 0, len(entries))
 	for i := range entries {
@@ -432,16 +488,106 @@ func (h *hub) read(ctx context.Context, lastID string, lastRev int64, block time
 			events = append(events, ev)
 		}
 	}
-	if len(events) > 0 && events[0].hasPrev && protocol.RevisionLater(events[0].prev, lastRev) {
-		// Either batches the log does not hold (a swarm's batches on the
-		// document layout), or batches trimmed away: only a full log trims.
+	if !lost && added < 0 && len(events) > 0 && events[0].hasPrev && protocol.RevisionLater(events[0].prev, lastRev) {
+		// Without the stream's mark: either batches the log does not hold
+		// (a swarm's batches on the document layout), or batches trimmed
+		// away: only a full log trims.
 		n, err := c.Do(bctx, c.B().Xlen().Key(h.key).Build()).AsInt64()
 		if err != nil {
-			err = f.e.Classify(bctx, err)
-			f.e.Observer().RedisFailed("watch", err)
-			return nil, "", false, fmt.Errorf("store: watch: read log: %w", err)
+			return failed(err)
 		}
-		lost = n >= LogCap
+		lost = n >= protocol.LogCap
 	}
-	return events, entries[len(entries)-1].id, lost, nil
+	return events, entries[len(entries)-1].id, added, lost, nil
+}
+
+// readChunk reads up to watchChunk entries of the log at key after id,
+// and the stream's mark at the same instant (withMark; m.ok false where
+// Redis has none, or refuses XINFO: then XREAD alone).
+func (f *Feeds) readChunk(ctx context.Context, key, id string) (read []logEntry, m streamMark, err error) {
+	c := f.e.Client()
+	if !f.xinfoRefused.Load() {
+		exec, refused, err := f.withMark(ctx, key, c.B().Xread().Count(watchChunk).Streams().Key(key).Id(id).Build())
+		if err != nil {
+			return nil, streamMark{}, err
+		}
+		if !refused {
+			read, err = xreadMessage(exec[1], key)
+			return read, markOf(exec[0]), err
+		}
+	}
+	read, err = xreadEntries(c.Do(ctx, c.B().Xread().Count(watchChunk).Streams().Key(key).Id(id).Build()), key)
+	return read, streamMark{}, err
+}
+
+// withMark runs XINFO STREAM key and cmd as one MULTI and answers their
+// two replies. Where Redis refuses XINFO when it is queued (an ACL
+// without it, a Redis or proxy that does not have it: the EXEC is
+// aborted), refused is true, nothing of cmd ran, and the Feeds read
+// without the mark from then on (xinfoRefused; logged once).
+func (f *Feeds) withMark(ctx context.Context, key string, cmd rueidis.Completed) (exec []rueidis.RedisMessage, refused bool, err error) {
+	c := f.e.Client()
+	res := c.DoMulti(ctx, c.B().Multi().Build(), c.B().XinfoStream().Key(key).Build(), cmd, c.B().Exec().Build())
+	if rerr, ok := rueidis.IsRedisErr(res[1].Error()); ok && !rerr.IsNil() {
+		if !f.xinfoRefused.Swap(true) {
+			f.e.Log().Info("watch: Redis refused XINFO STREAM; a reader tells batches that left the log unread by their entries' prev alone", "err", rerr)
+		}
+		return nil, true, nil
+	}
+	if exec, err = res[len(res)-1].ToArray(); err != nil {
+		return nil, false, err
+	}
+	if len(exec) != 2 {
+		return nil, false, fmt.Errorf("%w: EXEC answered %d replies", engine.ErrMalformedReply, len(exec))
+	}
+	return exec, false, nil
+}
+
+// streamMark is what XINFO STREAM says of a log: how many entries it ever
+// took (entries-added), holds now (length), its oldest entry's id
+// (recorded-first-entry-id) and its newest (last-generated-id). ok is
+// false when Redis answered none of them (before 7.0; no such key).
+type streamMark struct {
+	added, length int64
+	first, last   string
+	ok            bool
+}
+
+// markOf reads XINFO STREAM's reply.
+func markOf(m rueidis.RedisMessage) streamMark {
+	if m.Error() != nil {
+		return streamMark{}
+	}
+	info, err := m.AsMap()
+	if err != nil {
+		return streamMark{}
+	}
+	var mk streamMark
+	var e1, e2, e3, e4 error
+	v, ok1 := info["entries-added"]
+	mk.added, e1 = v.AsInt64()
+	v, ok2 := info["length"]
+	mk.length, e2 = v.AsInt64()
+	v, ok3 := info["recorded-first-entry-id"]
+	mk.first, e3 = v.ToString()
+	v, ok4 := info["last-generated-id"]
+	mk.last, e4 = v.ToString()
+	mk.ok = ok1 && ok2 && ok3 && ok4 && errors.Join(e1, e2, e3, e4) == nil
+	return mk
+}
+
+// idAfter reports whether the stream id a ("<ms>-<seq>") is after b; an
+// id that does not parse is after nothing.
+func idAfter(a, b string) bool {
+	am, as, ok1 := parseID(a)
+	bm, bs, ok2 := parseID(b)
+	return ok1 && ok2 && (am > bm || am == bm && as > bs)
+}
+
+// parseID splits a stream id into its milliseconds and sequence.
+func parseID(id string) (ms, seq uint64, ok bool) {
+	l, r, found := strings.Cut(id, "-")
+	ms, err1 := strconv.ParseUint(l, 10, 64)
+	seq, err2 := strconv.ParseUint(r, 10, 64)
+	return ms, seq, found && err1 == nil && err2 == nil
 }
