@@ -53,8 +53,8 @@ type Fairness struct {
 // turn at Redis (declared in proto/fenced/v1/errors.proto).
 var ReasonTooManyCallsQueued = fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
 
-// Estimates of what a call costs Redis, before the fair queue calibrates
-// them on what calls of each kind took (fair.Kind): one-put commits took
+// Estimates of what a call costs Redis, from its request alone (the fair
+// queue corrects each call's charge by what it took): one-put commits took
 // ~50 µs of Redis, 8 puts ~110-150, 64 puts of 200 bytes ~500-600
 // (docs/benchmarks.md's harness), a thousand puts of 1 KB 14-24 ms
 // (issue 41).

@@ -10,8 +10,9 @@
 //   - Flows. Calls are grouped by their caller's identity, a string the
 //     server gives (the bearer token's name, or the peer address).
 //   - Seats. At most Config.Seats seats are taken by calls being served
-//     (from their turn until their handler returns: their Redis calls and
-//     what fenced does with the replies) at once. A call takes as many
+//     (from their turn until Ticket.Done, or Ticket.Served once the store
+//     has answered a read whose answer is still to build, or the script of
+//     a commit that then waits for replicas) at once. A call takes as many
 //     seats as its estimated Redis time needs at Config.SeatCost a seat,
 //     at least one and at most all of them (APF's width): a one-put
 //     FencedBatch takes one, a batch of a thousand puts all, and runs
