@@ -67,7 +67,7 @@ type limitFlags struct {
 	// (server.Fairness).
 	FlowsBy                 string        `name:"flows-by" env:"FENCED_FLOWS_BY" enum:"token,address" default:"token" help:"How the fair queue in front of Redis tells callers apart: token (the bearer token's name when authorization is on, whatever the caller's connections and addresses; else the peer address) or address (the peer's IP address, tokens or not: callers behind one proxy are one caller, one caller with several addresses several)."`
 	MaxRedisCallsInFlight   int           `name:"max-redis-calls-in-flight" env:"FENCED_MAX_REDIS_CALLS_IN_FLIGHT" default:"64" help:"Seats of the fair queue in front of Redis: calls served at once, a call taking one seat per 125us of Redis it is estimated at (a commit of up to ~8 puts one, a batch of a thousand puts or a Sections of a large swarm all, alone), so that what is queued in Redis ahead of a call stays within about this many x 125us; the others wait their turn, callers served in fair shares."`
-	SharedConcurrency       int           `name:"shared-concurrency" env:"FENCED_SHARED_CONCURRENCY" default:"0" help:"Calls served at once to the callers active together (calls waiting or served, or one ended within the last second), in equal parts, while more than one is: a caller flooding fenced with parallel calls leaves the others their part of its cores; a caller alone is bounded by the seats only (0: twice GOMAXPROCS, at least 2)."`
+	SharedConcurrency       int           `name:"shared-concurrency" env:"FENCED_SHARED_CONCURRENCY" default:"0" help:"Calls served at once to the callers active together (calls waiting or served, or one ended within the last second), in equal parts, while more than one is: a caller flooding fenced with parallel calls leaves the others their part of its cores; a caller alone is bounded by the seats only (0: GOMAXPROCS, at least 2)."`
 	MaxQueuedCallsPerCaller int           `name:"max-queued-calls-per-caller" env:"FENCED_MAX_QUEUED_CALLS_PER_CALLER" default:"256" help:"Calls one caller may have waiting in the fair queue; one more is refused RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED with a RetryInfo delay, nothing written."`
 	WatchProgressInterval   time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
 }
@@ -115,7 +115,7 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 	case l.MaxWatchersPerCaller < -1:
 		return fmt.Errorf("configuration: --max-watchers-per-caller must be >= 1, 0 (a quarter of --max-watchers, at least --max-watchers-per-connection) or -1 (off)")
 	case l.MaxRedisCallsInFlight < 1 || l.SharedConcurrency < 0 || l.MaxQueuedCallsPerCaller < 1:
-		return fmt.Errorf("configuration: --max-redis-calls-in-flight and --max-queued-calls-per-caller must be >= 1, --shared-concurrency >= 0 (0: twice GOMAXPROCS)")
+		return fmt.Errorf("configuration: --max-redis-calls-in-flight and --max-queued-calls-per-caller must be >= 1, --shared-concurrency >= 0 (0: GOMAXPROCS)")
 	case l.MaxWatchersPerConnection >= int(l.MaxConcurrentStreams):
 		return fmt.Errorf("configuration: --max-watchers-per-connection %d must be below --max-concurrent-streams %d: a connection's watchers would take all its streams, and its next Watch and its other calls would wait instead of the Watch being refused", l.MaxWatchersPerConnection, l.MaxConcurrentStreams)
 	}
