@@ -43,9 +43,12 @@ type fairMetrics struct {
 	calls, seconds *prometheus.CounterVec
 	seats, waiting prometheus.Gauge
 
-	mu    sync.Mutex
-	flows map[string]*flowSeries // at most MaxFlowLabels
-	other *flowSeries
+	// flows maps a flow to its series (at most MaxFlowLabels: labels
+	// counts them, under mu, which guards adding one and other).
+	flows  sync.Map
+	mu     sync.Mutex
+	labels int
+	other  *flowSeries
 }
 
 // flowSeries are one flow label's counters, bound once.
@@ -72,25 +75,28 @@ func newFairMetrics() *fairMetrics {
 			Name: "fenced_fair_calls_waiting",
 			Help: "Calls waiting their turn in the fair queue now.",
 		}),
-		flows: map[string]*flowSeries{},
 	}
 }
 
 // series is flow's counters (OtherFlow's past MaxFlowLabels flows).
 func (f *fairMetrics) series(flow string) *flowSeries {
+	if s, ok := f.flows.Load(flow); ok {
+		return s.(*flowSeries)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if s := f.flows[flow]; s != nil {
-		return s
+	if s, ok := f.flows.Load(flow); ok {
+		return s.(*flowSeries)
 	}
-	if len(f.flows) >= MaxFlowLabels {
+	if f.labels >= MaxFlowLabels {
 		if f.other == nil {
 			f.other = f.bind(OtherFlow)
 		}
 		return f.other
 	}
 	s := f.bind(flow)
-	f.flows[flow] = s
+	f.flows.Store(flow, s)
+	f.labels++
 	return s
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,28 +89,33 @@ func callOf(method string, req any, size int64, waits bool) (c fair.Call, ok boo
 	case fencedv1.LeaseService_Acquire_FullMethodName, fencedv1.LeaseService_Renew_FullMethodName,
 		fencedv1.LeaseService_Release_FullMethodName:
 		return fair.Call{Kind: fair.KindLease, Est: costCall, ThenWaits: waits}, true
-	case fencedv1.LeaseService_Current_FullMethodName, fencedv1.RecordsService_Record_FullMethodName,
-		fencedv1.RecordsService_Layout_FullMethodName:
+	case fencedv1.LeaseService_Current_FullMethodName, fencedv1.RecordsService_Layout_FullMethodName:
 		return fair.Call{Kind: fair.KindRead, Est: costCall}, true
+	case fencedv1.RecordsService_Record_FullMethodName:
+		return fair.Call{Kind: fair.KindRead, Est: costCall, Seated: true}, true
 	case fencedv1.RecordsService_ScanSection_FullMethodName:
 		r, _ := req.(*fencedv1.ScanSectionRequest)
 		n := int(r.GetPageSize())
 		if n <= 0 {
 			n = 100
 		}
-		return fair.Call{Kind: fair.KindRead, Est: costCall + time.Duration(n)*costScanRecord}, true
+		return fair.Call{Kind: fair.KindRead, Est: costCall + time.Duration(n)*costScanRecord, Seated: true}, true
 	case fencedv1.RecordsService_Sections_FullMethodName:
-		return fair.Call{Kind: fair.KindLearned, Est: costSections}, true
+		return fair.Call{Kind: fair.KindLearned, Est: costSections, Seated: true}, true
 	case fencedv1.RecordsService_Watch_FullMethodName:
 		if r, _ := req.(*fencedv1.WatchRequest); r.GetStartRevision() != 0 {
 			return fair.Call{Kind: fair.KindWatch, Est: costWatchAfter}, true
 		}
 		return fair.Call{Kind: fair.KindWatch, Est: costWatchOpen}, true
 	case fencedv1.AdminService_Migrate_FullMethodName:
-		return fair.Call{Kind: fair.KindAdmin, Est: costMigrate}, true
+		return fair.Call{Kind: fair.KindAdmin, Est: costMigrate, Seated: true}, true
 	}
 	return fair.Call{}, false
 }
+
+// tokenFlows holds each token name's flow ("token:<name>"), built once:
+// names are the operator's, a few.
+var tokenFlows sync.Map
 
 // flowOf is the flow of a call: "token:<name>" for a call its token
 // authorized (FlowsByToken), else "address:<peer IP>" ("address:" for a
@@ -117,7 +123,12 @@ func callOf(method string, req any, size int64, waits bool) (c fair.Call, ok boo
 func flowOf(ctx context.Context, by FlowsBy) string {
 	if by != FlowsByAddress {
 		if t := auth.Caller(ctx); t != nil {
-			return "token:" + t.Name
+			if f, ok := tokenFlows.Load(t.Name); ok {
+				return f.(string)
+			}
+			f := "token:" + t.Name
+			tokenFlows.Store(t.Name, f)
+			return f
 		}
 	}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
@@ -145,7 +156,7 @@ func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServer
 	}
 	defer s.requests.release(hold)
 	var conn *unreadConn
-	if readMethods[info.FullMethod] {
+	if countsAnswer(info.FullMethod) {
 		if conn, err = s.unread.admit(ctx, flow); err != nil {
 			return nil, toStatus(err)
 		}
@@ -155,7 +166,7 @@ func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServer
 		return nil, toStatus(err)
 	}
 	defer t.Done()
-	resp, err := h(engine.WithMeter(context.WithValue(ctx, ticketKey{}, t), t), req)
+	resp, err := h(engine.WithMeter(ctx, t), req)
 	t.Done()
 	if err == nil && conn != nil {
 		if qerr := s.unread.queue(conn, flow, resp); qerr != nil {
@@ -163,19 +174,6 @@ func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServer
 		}
 	}
 	return resp, err
-}
-
-type ticketKey struct{}
-
-// redisDone tells the fair queue that the call of ctx no longer costs Redis
-// (fair.Ticket.Served): a read's handler calls it once the store answered,
-// so that building and encoding a large answer (a Sections of a 2 MB swarm
-// costs fenced's CPU several times its Redis time) holds the caller's share
-// of the calls served, not the seats every other caller's calls need.
-func redisDone(ctx context.Context) {
-	if t, ok := ctx.Value(ticketKey{}).(*fair.Ticket); ok {
-		t.Served()
-	}
 }
 
 // admission is what every call that costs Redis passes (admitUnary; a

@@ -118,7 +118,6 @@ func (s *Service) Sections(ctx context.Context, req *fencedv1.SectionsRequest) (
 		return nil, toStatus(err)
 	}
 	snap, err := s.records.Sections(ctx, req.GetSlug(), names)
-	redisDone(ctx)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -150,7 +149,6 @@ func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequ
 		return nil, toStatus(err)
 	}
 	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), scan.Position, scan.PageSize)
-	redisDone(ctx)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -30,12 +30,15 @@ import (
 // alone always goes. So one caller parks at most about the bound of answers
 // in fenced's memory, whatever its connections, streams and addresses.
 
-// readMethods are the calls whose answers are counted: the only ones whose
-// answers can be large (up to --max-snapshot-bytes).
-var readMethods = map[string]bool{
-	fencedv1.RecordsService_Sections_FullMethodName:    true,
-	fencedv1.RecordsService_ScanSection_FullMethodName: true,
-	fencedv1.RecordsService_Record_FullMethodName:      true,
+// countsAnswer reports whether the answers of method are counted: the
+// reads whose answers can be large (up to --max-snapshot-bytes).
+func countsAnswer(method string) bool {
+	switch method {
+	case fencedv1.RecordsService_Sections_FullMethodName, fencedv1.RecordsService_ScanSection_FullMethodName,
+		fencedv1.RecordsService_Record_FullMethodName:
+		return true
+	}
+	return false
 }
 
 // unreadAnswers counts, per accepted connection and per caller, the bytes

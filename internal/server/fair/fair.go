@@ -10,14 +10,16 @@
 //   - Flows. Calls are grouped by their caller's identity, a string the
 //     server gives (the bearer token's name, or the peer address).
 //   - Seats. At most Config.Seats seats are taken by calls being served
-//     (from their turn until Ticket.Done, or Ticket.Served once the store
-//     has answered a read whose answer is still to build, or the script of
-//     a commit that then waits for replicas) at once. A call takes as many
+//     (from their turn until Ticket.Done, or the script of a commit that
+//     then waits for replicas, or Ticket.Served) at once. A call takes as many
 //     seats as its estimated Redis time needs at Config.SeatCost a seat,
 //     at least one and at most all of them (APF's width): a one-put
 //     FencedBatch takes one, a batch of a thousand puts all, and runs
 //     alone. What is queued in Redis ahead of a call is so bounded to
-//     about Seats × SeatCost of work.
+//     about Seats × SeatCost of work. A caller alone (no other active) is
+//     held only for a call of every seat, or a Seated one (a read whose
+//     answer fenced builds whole): its others go beyond the seats, which a
+//     caller that comes then finds counted.
 //   - Shares of fenced. Redis is one of the two things callers share; the
 //     other is fenced's cores, which every call being served uses too.
 //     While n callers are active (calls waiting or being served, or a call
@@ -346,22 +348,27 @@ type Call struct {
 	// they cost fenced (decoding the reply, building the answer) is
 	// bounded with what they cost Redis.
 	ThenWaits bool
+	// Seated: the call waits for its seats even when its caller is alone
+	// (a read whose answer fenced builds whole, a migration): the seats
+	// bound how many such answers are built at once, whoever asks.
+	Seated bool
 }
 
 // Ticket is a call admitted: hand it the Redis time the store measured
 // (RedisTime), and end it (Done) when the call no longer costs Redis.
 type Ticket struct {
-	s     *Scheduler
-	f     *flow
-	kind  Kind
-	est   time.Duration
-	width int
-	enq   time.Time
-	start time.Time
-	once  bool // Call.ThenWaits
-	redis atomic.Int64
-	freed atomic.Bool // its seats are given back
-	done  atomic.Bool
+	s      *Scheduler
+	f      *flow
+	kind   Kind
+	est    time.Duration
+	width  int
+	enq    time.Time
+	start  time.Time
+	once   bool // Call.ThenWaits
+	seated bool // Call.Seated
+	redis  atomic.Int64
+	freed  atomic.Bool // its seats are given back
+	done   atomic.Bool
 	// charged: its flow was charged what it took (under Scheduler.mu).
 	charged bool
 }
@@ -435,9 +442,9 @@ func (s *Scheduler) Acquire(ctx context.Context, flowKey string, c Call) (*Ticke
 		s.ungrace(f) // its place, if kept, is taken
 	}
 	est := s.estimate(f, c)
-	t := &Ticket{s: s, f: f, kind: c.Kind, est: est, width: s.width(est), enq: now, once: c.ThenWaits}
+	t := &Ticket{s: s, f: f, kind: c.Kind, est: est, width: s.width(est), enq: now, once: c.ThenWaits, seated: c.Seated}
 	// An idle box, or room beside what is served and kept: go at once.
-	if s.waiting == 0 && s.fits(f, t.width, now) {
+	if s.waiting == 0 && s.fits(f, t, now) {
 		s.setBusy(f)
 		s.admit(t, now)
 		s.obs.QueueAdmitted(f.key, 0)
@@ -599,10 +606,15 @@ func (s *Scheduler) unready(f *flow) {
 // s.mu): seats free beside what flows in their grace that would go first
 // keep, and f under its share (underShare). With nothing served and
 // nothing kept, a flow's call always fits (its width is at most Seats).
-func (s *Scheduler) fits(f *flow, width int, now time.Time) bool {
+func (s *Scheduler) fits(f *flow, t *Ticket, now time.Time) bool {
+	width := t.width
 	free := s.cfg.Seats - s.used
 	if width > free {
-		return false
+		// A caller alone is not held for calls short of every seat: no
+		// one waits behind them (the seats bound what another caller
+		// would find queued in Redis; one that comes finds the seats
+		// counted, and waits for them). Seated calls are.
+		return !t.seated && width < s.cfg.Seats && s.active(f, now) == 1
 	}
 	if !s.graceScan.IsZero() && !now.Before(s.graceScan) {
 		s.graceScan = time.Time{}
@@ -659,7 +671,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 			return
 		}
 		w := f.queue[0]
-		if !s.fits(f, w.t.width, now) {
+		if !s.fits(f, w.t, now) {
 			if w.t.width <= s.cfg.Seats-s.used {
 				s.wakeAfterGrace(now)
 			}

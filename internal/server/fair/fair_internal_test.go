@@ -193,9 +193,9 @@ func TestAnIdleBoxAdmitsAtOnce(t *testing.T) {
 func TestSeatsBoundWhatIsInFlight(t *testing.T) {
 	s, r, _ := newTest(Config{Seats: 2, SeatCost: time.Millisecond, Grace: -1})
 	a1 := got(t, start(t, s, context.Background(), "a", narrow(time.Millisecond)))
-	a2 := got(t, start(t, s, context.Background(), "a", narrow(time.Millisecond)))
+	a2 := got(t, start(t, s, context.Background(), "b", narrow(time.Millisecond)))
 	third := start(t, s, context.Background(), "a", narrow(time.Millisecond))
-	stillWaiting(t, "a third one-seat call with both seats taken", third)
+	stillWaiting(t, "a third one-seat call with both seats taken by two callers", third)
 	finish(a1, time.Millisecond)
 	finish(got(t, third), time.Millisecond)
 	finish(a2, time.Millisecond)
@@ -492,9 +492,9 @@ func TestAFlowIsServedItsShareWhileOthersAreActive(t *testing.T) {
 	for range 4 {
 		as = append(as, got(t, start(t, s, context.Background(), "a", narrow(time.Millisecond))))
 	}
-	a5 := start(t, s, context.Background(), "a", narrow(time.Millisecond))
 	b1 := start(t, s, context.Background(), "b", narrow(500*time.Microsecond))
 	b2 := start(t, s, context.Background(), "b", narrow(500*time.Microsecond))
+	a5 := start(t, s, context.Background(), "a", narrow(time.Millisecond))
 	finish(as[0], time.Millisecond)
 	tb1 := got(t, b1) // b had less
 	stillWaiting(t, "a's fifth call with a at 3 seats of 4", a5)
@@ -551,4 +551,33 @@ func TestServedFreesTheSeatsNotTheShare(t *testing.T) {
 	if got := r.charged["a"]; got != 2*2*time.Millisecond+time.Millisecond {
 		t.Errorf("a charged %v; want its read once (2 seats × 2 ms) and its second call (1 ms)", got)
 	}
+}
+
+// TestACallerAloneIsNotHeldByTheSeats: a flow alone goes past the seats
+// for calls short of every seat (no one waits behind them); a flow that
+// comes then waits for the seats to be free; a call of every seat waits
+// even alone.
+func TestACallerAloneIsNotHeldByTheSeats(t *testing.T) {
+	s, _, _ := newTest(Config{Seats: 2, SeatCost: time.Millisecond, Grace: -1})
+	var as []*Ticket
+	for range 4 {
+		tk, err := s.Acquire(context.Background(), "a", narrow(time.Millisecond)) // would hang if held
+		if err != nil {
+			t.Fatal(err)
+		}
+		as = append(as, tk)
+	}
+	b := start(t, s, context.Background(), "b", narrow(time.Millisecond))
+	stillWaiting(t, "another caller's call with 4 seats of 2 taken", b)
+	wide := start(t, s, context.Background(), "a", narrow(2*time.Millisecond))
+	for _, tk := range as[:2] {
+		finish(tk, time.Millisecond)
+	}
+	stillWaiting(t, "b with 2 seats of 2 taken", b)
+	finish(as[2], time.Millisecond)
+	tb := got(t, b)
+	stillWaiting(t, "a's call of every seat beside others", wide)
+	finish(as[3], time.Millisecond)
+	finish(tb, time.Millisecond)
+	finish(got(t, wide), 2*time.Millisecond)
 }

@@ -120,6 +120,12 @@ func WithMeter(ctx context.Context, m Meter) context.Context {
 	return context.WithValue(ctx, meterKey{}, m)
 }
 
+// MeterOf is the Meter ctx carries (WithMeter); nil when none.
+func MeterOf(ctx context.Context) Meter {
+	m, _ := ctx.Value(meterKey{}).(Meter)
+	return m
+}
+
 // GroupObserver is implemented by an Observer that counts the group
 // commit's sends (fenced_commit_group_members; group.go,
 // docs/design/03-fenced-batch.md §3.10): CommitSent as a lane (lane: 0 on
