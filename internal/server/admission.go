@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -132,9 +133,41 @@ func flowOf(ctx context.Context, by FlowsBy) string {
 		}
 	}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return "address:" + peerIP(p.Addr)
+		return addressFlow(p.Addr)
 	}
 	return "address:"
+}
+
+// addressFlows holds the flows of the peer IPs seen of late
+// ("address:<IP>"), so that a call does not build its caller's each time;
+// forgotten all at once past maxAddressFlows.
+var addressFlows = struct {
+	sync.Mutex
+	m map[[16]byte]string
+}{m: map[[16]byte]string{}}
+
+const maxAddressFlows = 4096
+
+// addressFlow is the flow of a peer address: "address:<IP>" ("address:"
+// for one without an IP, a Unix socket).
+func addressFlow(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return "address:" + peerIP(a)
+	}
+	var key [16]byte
+	copy(key[:], ta.IP.To16())
+	addressFlows.Lock()
+	defer addressFlows.Unlock()
+	if f, ok := addressFlows.m[key]; ok {
+		return f
+	}
+	if len(addressFlows.m) >= maxAddressFlows {
+		clear(addressFlows.m)
+	}
+	f := "address:" + ta.IP.String()
+	addressFlows.m[key] = f
+	return f
 }
 
 // admitUnary is the unary interceptor of admission, after authorization:
