@@ -393,11 +393,12 @@ func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Log
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
 		Records: server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes,
-			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch(), Reads: c.limitFlags.reads(),
+			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch(),
 			SectionStreams: c.limitFlags.sectionStreams()},
 		Security:  sec,
 		Telemetry: obs.telemetry(),
 		Transport: c.limitFlags.transport(maxConns),
+		Fairness:  c.limitFlags.fairness(),
 	}), nil
 }
 
