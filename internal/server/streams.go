@@ -42,7 +42,7 @@ type SectionStreamOptions struct {
 // dedicated Redis connection while it reads in steps: 16 streams hold at
 // most ~80 MiB at the default limits.
 const (
-	DefaultMaxSectionStreams      = 16
+	DefaultMaxSectionStreams          = 16
 	DefaultMaxSectionStreamsPerCaller = 2
 )
 
