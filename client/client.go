@@ -167,8 +167,11 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 }
 
 // New returns a Client over an existing connection; Close then does not
-// close it.
+// close it. Its calls that fenced refuses their turn at Redis
+// (ErrCallsQueued: nothing written) are sent again after the server's
+// delay while their deadline allows (queuedConn).
 func New(conn grpc.ClientConnInterface) *Client {
+	conn = queuedConn{conn}
 	return &Client{records: fencedv1.NewRecordsServiceClient(conn), leases: fencedv1.NewLeaseServiceClient(conn), seen: map[string]int64{}}
 }
 

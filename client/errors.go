@@ -49,6 +49,13 @@ var (
 	// fenced never issues those revisions again, so stale expectations
 	// fail as conflicts. As *RevisionWentBackwardsError.
 	ErrRevisionWentBackwards = errors.New("fenced: swarm revision went backwards")
+	// ErrCallsQueued: fenced refused the call its turn at Redis
+	// (RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED): the caller had too many
+	// calls waiting, or this one would not have gone before its deadline.
+	// Nothing was sent to Redis, nothing written. The client sends it again
+	// by itself after the server's delay while the caller's deadline allows
+	// (New); it returns it when it does not. As *QueuedError.
+	ErrCallsQueued = errors.New("fenced: too many calls queued")
 	// ErrOutcomeUnknown: a batch's answer leaves open whether it committed,
 	// and it may still commit: fenced's DEADLINE_EXCEEDED OUTCOME_UNKNOWN
 	// (its deadline passed while it was with Redis), or, from Batch and
@@ -200,6 +207,27 @@ func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcom
 
 // Unwrap returns the answer's error.
 func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
+
+// QueuedError is ErrCallsQueued: fenced's fair queue refused the call its
+// turn (docs/errors.md, TOO_MANY_CALLS_QUEUED). Why is "queue_full" (the
+// caller had MaxQueued calls waiting: Queued) or "deadline" (the call would
+// not have gone with time left before its deadline); RetryAfter is the
+// server's delay (google.rpc.RetryInfo): when what the caller has waiting
+// should have gone, at its share.
+type QueuedError struct {
+	Why               string
+	Queued, MaxQueued int
+	RetryAfter        time.Duration
+	Err               error
+}
+
+func (e *QueuedError) Error() string { return e.Err.Error() }
+
+// Is matches ErrCallsQueued.
+func (e *QueuedError) Is(target error) bool { return target == ErrCallsQueued }
+
+// Unwrap returns the status error.
+func (e *QueuedError) Unwrap() error { return e.Err }
 
 // TooLargeError is ErrSnapshotTooLarge. For one record over the server's
 // limit (a foreign writer's; fenced writes at most --max-value-bytes) Key
@@ -359,6 +387,14 @@ func Decode(err error) error {
 		te.Bytes, _ = strconv.ParseInt(md["bytes"], 10, 64)
 		te.MaxBytes, _ = strconv.ParseInt(md["max_bytes"], 10, 64)
 		return te
+	case st.Code() == codes.ResourceExhausted && is(fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED):
+		qe := &QueuedError{Why: md["why"], Err: err}
+		qe.Queued, _ = strconv.Atoi(md["queued"])
+		qe.MaxQueued, _ = strconv.Atoi(md["max_queued"])
+		if retry != nil {
+			qe.RetryAfter = retry.GetRetryDelay().AsDuration()
+		}
+		return qe
 	case st.Code() == codes.OutOfRange && is(fencedv1.ErrorReason_REVISION_LIMIT):
 		return &codeError{kind: ErrRevisionLimit, err: err}
 	}

@@ -221,11 +221,17 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 				yield(Event{}, decodeWatch(err, from))
 				return
 			}
+			// An open refused its turn at Redis waits the server's delay
+			// at least.
+			pause := wait.NextBackOff()
+			if d, queued := queuedDelay(err); queued {
+				pause = max(pause, d)
+			}
 			select {
 			case <-ctx.Done():
 				yield(Event{}, status.FromContextError(ctx.Err()).Err())
 				return
-			case <-time.After(wait.NextBackOff()):
+			case <-time.After(pause):
 			}
 		}
 	}
@@ -233,7 +239,8 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 
 // resumable: the stream broke for a reason a reopen from the last revision
 // mends (UNAVAILABLE: fenced or Redis away, a server shutting down, a
-// connection lost; WATCHER_TOO_SLOW).
+// connection lost; WATCHER_TOO_SLOW; TOO_MANY_CALLS_QUEUED, the open
+// refused its turn at Redis).
 func resumable(err error) bool {
 	st, ok := status.FromError(err)
 	if !ok {
@@ -243,7 +250,8 @@ func resumable(err error) bool {
 	case codes.Unavailable:
 		return true
 	case codes.ResourceExhausted:
-		return reasonOf(st) == fencedv1.ErrorReason_WATCHER_TOO_SLOW.String()
+		r := reasonOf(st)
+		return r == fencedv1.ErrorReason_WATCHER_TOO_SLOW.String() || r == fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
 	}
 	return false
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store"
 	"github.com/agentihooks/fenced/internal/store/engine"
 )
@@ -41,38 +42,37 @@ type limitFlags struct {
 	// request; 0: unbounded.
 	FirstMessageTimeout time.Duration `name:"first-message-timeout" env:"FENCED_FIRST_MESSAGE_TIMEOUT" default:"30s" help:"Longest a call may take, from its headers, to send its whole request (a stream: its first message); past it the call ends DEADLINE_EXCEEDED and frees its goroutine. Leave room for the largest batch over a slow or shared link (30s: ~9 MiB at 3 Mbit/s; 0: unbounded)."`
 	// MaxRequestBytesInFlight bounds the request bytes being handled.
-	MaxRequestBytesInFlight int64 `name:"max-request-bytes-in-flight" env:"FENCED_MAX_REQUEST_BYTES_IN_FLIGHT" default:"67108864" help:"Most request bytes (their encoded size) the calls being handled may hold at once in this process, from when a request is read until its call ends; a call that does not fit is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT before anything is written. Requests of at most 64 KiB are not weighed, so large batches filling it never starve small calls (default 64 MiB: seven batches at the default limits, each holding ~8 MB while it waits for Redis). At least --max-batch-value-bytes."`
-	// MaxUnreadAnswerBytesPerCaller bounds the read answers one peer
-	// address has not read.
-	MaxUnreadAnswerBytesPerCaller int64 `name:"max-unread-answer-bytes-per-caller" env:"FENCED_MAX_UNREAD_ANSWER_BYTES_PER_CALLER" default:"16777216" help:"Most bytes of read answers (Sections, ScanSection, Record) queued to one peer IP address and not yet written to it, because it grants no HTTP/2 flow-control credit; a read whose answer would go over it is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata unread_answer_bytes), one answer alone always goes (default 16 MiB: four Sections answers at the largest)."`
-	// MaxRequestBytesPerCaller bounds one peer address's share of it.
-	MaxRequestBytesPerCaller int64 `name:"max-request-bytes-per-caller" env:"FENCED_MAX_REQUEST_BYTES_PER_CALLER" default:"33554432" help:"Most of --max-request-bytes-in-flight the calls from one peer IP address may hold at once; one more over 64 KiB is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata caller_bytes_in_flight), so that one caller's large batches waiting on replicas or a slow Redis leave the rest to the others (default 32 MiB, half the default budget). A request larger than it is served when its caller has nothing else in flight; at or above --max-request-bytes-in-flight: no share."`
+	MaxRequestBytesInFlight int64 `name:"max-request-bytes-in-flight" env:"FENCED_MAX_REQUEST_BYTES_IN_FLIGHT" default:"67108864" help:"Most request bytes (their encoded size) the calls being handled may hold at once in this process, from when a request is read until its call ends; a call that does not fit is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT before anything is written. Requests of at most 64 KiB are not weighed, so large batches filling it never get small calls refused (their latency is the fair queue's: --max-redis-calls-in-flight) (default 64 MiB: seven batches at the default limits, each holding ~8 MB while it waits for Redis). At least --max-batch-value-bytes."`
+	// MaxUnreadAnswerBytesPerCaller bounds the read answers one caller
+	// has not read.
+	MaxUnreadAnswerBytesPerCaller int64 `name:"max-unread-answer-bytes-per-caller" env:"FENCED_MAX_UNREAD_ANSWER_BYTES_PER_CALLER" default:"16777216" help:"Most bytes of read answers (Sections, ScanSection, Record) queued to one caller (--flows-by) and not yet written to it, because it grants no HTTP/2 flow-control credit; a read whose answer would go over it is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata unread_answer_bytes), one answer alone always goes (default 16 MiB: four Sections answers at the largest)."`
+	// MaxRequestBytesPerCaller bounds one caller's share of it.
+	MaxRequestBytesPerCaller int64 `name:"max-request-bytes-per-caller" env:"FENCED_MAX_REQUEST_BYTES_PER_CALLER" default:"33554432" help:"Most of --max-request-bytes-in-flight the calls of one caller (--flows-by) may hold at once; one more over 64 KiB is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata caller_bytes_in_flight), so that one caller's large batches waiting on replicas or a slow Redis leave the rest to the others (default 32 MiB, half the default budget). A request larger than it is served when its caller has nothing else in flight; at or above --max-request-bytes-in-flight: no share."`
 	// MaxAckReplicas and MaxAckTimeout bound a batch's replica_ack.
 	MaxAckReplicas int           `name:"max-ack-replicas" env:"FENCED_MAX_ACK_REPLICAS" default:"8" help:"Largest replica_ack.replicas a batch may ask for; more is INVALID_ARGUMENT before anything is written."`
 	MaxAckTimeout  time.Duration `name:"max-ack-timeout" env:"FENCED_MAX_ACK_TIMEOUT" default:"5m" help:"Longest replica_ack.timeout_ms a batch may ask for; longer is INVALID_ARGUMENT before anything is written."`
 	// MaxReplicaWaits and MaxReplicaWaitsPerSwarm bound waits in flight.
 	MaxReplicaWaits         int `name:"max-replica-waits" env:"FENCED_MAX_REPLICA_WAITS" default:"512" help:"Most commits and lease changes waiting for replicas (Redis WAIT, each on a dedicated Redis connection) at once in this process; more are refused RESOURCE_EXHAUSTED before anything is written. Waits no longer than --wait-timeout (lease changes, batches without replica_ack) may take a quarter more, which longer replica_ack waits never use. Keep it and that quarter below the Redis client's blocking pool (1024)."`
 	MaxReplicaWaitsPerSwarm int `name:"max-replica-waits-per-swarm" env:"FENCED_MAX_REPLICA_WAITS_PER_SWARM" default:"64" help:"Most of those waits for one swarm, so that one swarm cannot take them all."`
-	// MaxWatchers, MaxWatchersPerConnection and MaxWatchersPerIP bound
+	// MaxWatchers, MaxWatchersPerConnection and MaxWatchersPerCaller bound
 	// RecordsService Watch streams; WatchBuffer and WatchProgressInterval shape each one.
 	MaxWatchers              int           `name:"max-watchers" env:"FENCED_MAX_WATCHERS" default:"10000" help:"Most RecordsService Watch streams open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_WATCHERS. Watchers of one swarm share one Redis reader."`
 	MaxWatchersPerConnection int           `name:"max-watchers-per-connection" env:"FENCED_MAX_WATCHERS_PER_CONNECTION" default:"128" help:"Most Watch streams open at once on one client connection; below --max-concurrent-streams, so that a connection's watchers leave streams for its other calls and one more Watch is refused (RESOURCE_EXHAUSTED) instead of queued."`
-	MaxWatchersPerIP         int           `name:"max-watchers-per-ip" env:"FENCED_MAX_WATCHERS_PER_IP" default:"0" help:"Most Watch streams open at once from one client IP address, over all its connections, so that one caller cannot take every --max-watchers slot (more: RESOURCE_EXHAUSTED TOO_MANY_WATCHERS, limit address). 0: a quarter of --max-watchers, at least --max-watchers-per-connection; -1: no per-address bound (behind a proxy every client shares its address)."`
+	MaxWatchersPerCaller     int           `name:"max-watchers-per-caller" aliases:"max-watchers-per-ip" env:"FENCED_MAX_WATCHERS_PER_CALLER,FENCED_MAX_WATCHERS_PER_IP" default:"0" help:"Most Watch streams open at once of one caller (--flows-by), over all its connections and addresses, so that one caller cannot take every --max-watchers slot (more: RESOURCE_EXHAUSTED TOO_MANY_WATCHERS, limit caller). 0: a quarter of --max-watchers, at least --max-watchers-per-connection; -1: no per-caller bound."`
 	WatchBuffer              int           `name:"watch-buffer" env:"FENCED_WATCH_BUFFER" default:"256" help:"Fan-outs of its swarm's reader (each every batch since the previous one, under 3,000) one watcher may fall behind before it is dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW; it resumes from its last revision)."`
 	WatchCoalesce            time.Duration `name:"watch-coalesce" env:"FENCED_WATCH_COALESCE" default:"50ms" help:"Shortest time between two fan-outs of one swarm's Watch reader: a batch after a quiet spell goes out at once; under a stream of commits each fan-out carries every batch since the last, so watching costs one message per watcher per interval whatever the write rate (0: no coalescing)."`
 	WatchCoalesceWatchers    int           `name:"watch-coalesce-watchers" env:"FENCED_WATCH_COALESCE_WATCHERS" default:"512" help:"Watchers of one swarm one --watch-coalesce interval serves: with more, the time between two fan-outs under a stream of commits grows in proportion (1,000 watchers: twice the interval), at most 1s, so that a swarm's fan-outs cost about as much whatever its watchers (0: it does not grow)."`
-	// MaxHeavyReadsPerCaller, MaxHeavyReads, HeavyReadShare and
-	// HeavyReadBurst share Sections and ScanSection between callers
-	// (server.ReadShare).
-	MaxHeavyReadsPerCaller int           `name:"max-heavy-reads-per-caller" env:"FENCED_MAX_HEAVY_READS_PER_CALLER" default:"1" help:"Heavy reads (Sections, ScanSection) one caller (peer IP) runs at once; its others wait their turn, bounded by their deadline."`
-	MaxHeavyReads          int           `name:"max-heavy-reads" env:"FENCED_MAX_HEAVY_READS" default:"0" help:"Heavy reads all callers run at once in this process; the others wait their turn, bounded by their deadline (0: GOMAXPROCS/2, at least 1, so that other calls keep a core)."`
-	HeavyReadShare         float64       `name:"heavy-read-share" env:"FENCED_HEAVY_READ_SHARE" default:"0.1" help:"Fraction of wall time (0 < share <= 1) one caller's heavy reads may take once --heavy-read-burst is spent: a caller reading in a loop is paced to it, one reading now and then never waits (1: no pacing)."`
-	HeavyReadBurst         time.Duration `name:"heavy-read-burst" env:"FENCED_HEAVY_READ_BURST" default:"250ms" help:"Heavy-read time one caller may take in one go before --heavy-read-share paces it; it refills at --heavy-read-share seconds a second."`
-	// MaxSectionStreams and MaxSectionStreamsPerIP bound StreamSections
-	// streams (server.SectionStreamOptions).
-	MaxSectionStreams      int           `name:"max-section-streams" env:"FENCED_MAX_SECTION_STREAMS" default:"16" help:"Most StreamSections streams (whole sections of any size) open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS with a retry delay, nothing read. Each holds at most one answer's worth of records and one 1 MiB message at once."`
-	MaxSectionStreamsPerIP int           `name:"max-section-streams-per-ip" env:"FENCED_MAX_SECTION_STREAMS_PER_IP" default:"2" help:"Most StreamSections streams open at once from one client IP address (more: RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit address)."`
-	WatchProgressInterval  time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
+	// FlowsBy, MaxRedisCallsInFlight, SharedConcurrency and
+	// MaxQueuedCallsPerCaller shape the fair queue in front of Redis
+	// (server.Fairness).
+	FlowsBy                 string `name:"flows-by" env:"FENCED_FLOWS_BY" enum:"token,address" default:"token" help:"How the fair queue in front of Redis tells callers apart: token (the bearer token's name when authorization is on, whatever the caller's connections and addresses; else the peer address) or address (the peer's IP address, tokens or not: callers behind one proxy are one caller, one caller with several addresses several)."`
+	MaxRedisCallsInFlight   int    `name:"max-redis-calls-in-flight" env:"FENCED_MAX_REDIS_CALLS_IN_FLIGHT" default:"64" help:"Seats of the fair queue in front of Redis: calls served at once, a call taking one seat per 125us of Redis it is estimated at (a commit of up to ~8 puts one, a batch of a thousand puts or a Sections of a large swarm all, alone), so that what is queued in Redis ahead of a call stays within about this many x 125us; the others wait their turn, callers served in fair shares. A caller alone is held only for a call of every seat."`
+	SharedConcurrency       int    `name:"shared-concurrency" env:"FENCED_SHARED_CONCURRENCY" default:"0" help:"Calls served at once to the callers active together (calls waiting or served, or one ended within the last second), in equal parts, while more than one is: a caller flooding fenced with parallel calls leaves the others their part of its cores; a caller alone is bounded by the seats only (0: GOMAXPROCS, at least 2)."`
+	MaxQueuedCallsPerCaller int    `name:"max-queued-calls-per-caller" env:"FENCED_MAX_QUEUED_CALLS_PER_CALLER" default:"256" help:"Calls one caller may have waiting in the fair queue; one more is refused RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED with a RetryInfo delay, nothing written."`
+	// MaxSectionStreams and MaxSectionStreamsPerCaller bound StreamSections
+	MaxSectionStreams          int           `name:"max-section-streams" env:"FENCED_MAX_SECTION_STREAMS" default:"16" help:"Most StreamSections streams (whole sections of any size) open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS with a retry delay, nothing read. Each holds at most one answer's worth of records and one 1 MiB message at once."`
+	MaxSectionStreamsPerCaller int           `name:"max-section-streams-per-caller" aliases:"max-section-streams-per-ip" env:"FENCED_MAX_SECTION_STREAMS_PER_CALLER,FENCED_MAX_SECTION_STREAMS_PER_IP" default:"2" help:"Most StreamSections streams one caller (as --flows-by tells callers apart) has open at once (more: RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit caller)."`
+	WatchProgressInterval      time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
 }
 
 // connectionReserve is the file descriptors kept for everything but gRPC
@@ -115,12 +115,12 @@ func (l *limitFlags) check(waitReplicas int, waitTimeout time.Duration) error {
 		return fmt.Errorf("configuration: --max-replica-waits and --max-replica-waits-per-swarm must be >= 1")
 	case l.MaxWatchers < 1 || l.MaxWatchersPerConnection < 1 || l.WatchBuffer < 1 || l.WatchProgressInterval < 100*time.Millisecond || l.WatchCoalesce < 0 || l.WatchCoalesceWatchers < 0:
 		return fmt.Errorf("configuration: --max-watchers, --max-watchers-per-connection and --watch-buffer must be >= 1, --watch-progress-interval >= 100ms, --watch-coalesce and --watch-coalesce-watchers >= 0")
-	case l.MaxWatchersPerIP < -1:
-		return fmt.Errorf("configuration: --max-watchers-per-ip must be >= 1, 0 (a quarter of --max-watchers, at least --max-watchers-per-connection) or -1 (off)")
-	case l.MaxSectionStreams < 1 || l.MaxSectionStreamsPerIP < 1:
-		return fmt.Errorf("configuration: --max-section-streams and --max-section-streams-per-ip must be >= 1")
-	case l.MaxHeavyReadsPerCaller < 1 || l.MaxHeavyReads < 0 || !(l.HeavyReadShare > 0 && l.HeavyReadShare <= 1) || l.HeavyReadBurst <= 0:
-		return fmt.Errorf("configuration: --max-heavy-reads-per-caller must be >= 1, --max-heavy-reads >= 0, --heavy-read-share above 0 and at most 1, --heavy-read-burst above 0")
+	case l.MaxWatchersPerCaller < -1:
+		return fmt.Errorf("configuration: --max-watchers-per-caller must be >= 1, 0 (a quarter of --max-watchers, at least --max-watchers-per-connection) or -1 (off)")
+	case l.MaxRedisCallsInFlight < 1 || l.SharedConcurrency < 0 || l.MaxQueuedCallsPerCaller < 1:
+		return fmt.Errorf("configuration: --max-redis-calls-in-flight and --max-queued-calls-per-caller must be >= 1, --shared-concurrency >= 0 (0: GOMAXPROCS)")
+	case l.MaxSectionStreams < 1 || l.MaxSectionStreamsPerCaller < 1:
+		return fmt.Errorf("configuration: --max-section-streams and --max-section-streams-per-caller must be >= 1")
 	case l.MaxWatchersPerConnection >= int(l.MaxConcurrentStreams):
 		return fmt.Errorf("configuration: --max-watchers-per-connection %d must be below --max-concurrent-streams %d: a connection's watchers would take all its streams, and its next Watch and its other calls would wait instead of the Watch being refused", l.MaxWatchersPerConnection, l.MaxConcurrentStreams)
 	}
@@ -198,17 +198,18 @@ func (l *limitFlags) storeOptions(o *store.Options) {
 	}
 }
 
-// reads is the server's ReadShare for these flags.
-func (l *limitFlags) reads() server.ReadShare {
-	return server.ReadShare{PerCaller: l.MaxHeavyReadsPerCaller, Total: l.MaxHeavyReads, Share: l.HeavyReadShare, Burst: l.HeavyReadBurst}
+// fairness is the server's Fairness for these flags.
+func (l *limitFlags) fairness() server.Fairness {
+	return server.Fairness{FlowsBy: server.FlowsBy(l.FlowsBy),
+		Queue: fair.Config{Seats: l.MaxRedisCallsInFlight, Concurrency: l.SharedConcurrency, QueueLength: l.MaxQueuedCallsPerCaller}}
 }
 
 // sectionStreams is the server's SectionStreamOptions for these flags.
 func (l *limitFlags) sectionStreams() server.SectionStreamOptions {
-	return server.SectionStreamOptions{Max: l.MaxSectionStreams, MaxPerIP: l.MaxSectionStreamsPerIP}
+	return server.SectionStreamOptions{Max: l.MaxSectionStreams, MaxPerCaller: l.MaxSectionStreamsPerCaller}
 }
 
 // watch is the server's WatchOptions for these flags.
 func (l *limitFlags) watch() server.WatchOptions {
-	return server.WatchOptions{Max: l.MaxWatchers, MaxPerConnection: l.MaxWatchersPerConnection, MaxPerIP: l.MaxWatchersPerIP, ProgressInterval: l.WatchProgressInterval}
+	return server.WatchOptions{Max: l.MaxWatchers, MaxPerConnection: l.MaxWatchersPerConnection, MaxPerCaller: l.MaxWatchersPerCaller, ProgressInterval: l.WatchProgressInterval}
 }

@@ -393,11 +393,12 @@ func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Log
 		HealthInterval: c.HealthInterval,
 		LeaseBounds:    bounds,
 		Records: server.ServiceOptions{Durability: durable, MaxSnapshotBytes: c.MaxSnapshotBytes,
-			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch(), Reads: c.limitFlags.reads(),
+			MaxAckReplicas: c.MaxAckReplicas, MaxAckTimeout: c.MaxAckTimeout, Watch: c.limitFlags.watch(),
 			SectionStreams: c.limitFlags.sectionStreams()},
 		Security:  sec,
 		Telemetry: obs.telemetry(),
 		Transport: c.limitFlags.transport(maxConns),
+		Fairness:  c.limitFlags.fairness(),
 	}), nil
 }
 
@@ -473,11 +474,11 @@ func byNameRebuilt(log *slog.Logger) func(string, *byname.Rebuild, error) {
 	return func(slug string, r *byname.Rebuild, err error) {
 		switch {
 		case err != nil:
-			log.Warn("by-name index rebuild failed; the next batch that finds it stale starts another", "slug", slug, "err", err)
+			log.Warn("by-name index rebuild failed; it is retried with backoff (at most a minute apart)", "slug", slug, "err", err)
 		case r.Busy:
 			log.Info("by-name index rebuild left to another (another fenced holds the swarm's claim)", "slug", slug)
 		case !r.Clean:
-			log.Warn("by-name index rebuilt but found stale again (a writer keeps bypassing fenced)", "slug", slug, "rounds", r.Rounds, "scanned", r.Scanned)
+			log.Warn("by-name index rebuilt but found stale again (a writer keeps bypassing fenced); it is retried with backoff", "slug", slug, "rounds", r.Rounds, "scanned", r.Scanned)
 		default:
 			log.Info("by-name index rebuilt", "slug", slug, "rounds", r.Rounds, "steps", r.Steps, "scanned", r.Scanned,
 				"members_removed", r.Removed, "entries_fixed", r.Fixed, "entries_removed", r.Extra)

@@ -214,6 +214,66 @@ func TestRecordGrammarSameInLuaAndGo(t *testing.T) {
 	}
 }
 
+// luaFencedHeadScript answers, for each ARGV (a stored field), what
+// lib_record.lua's fenced_head reads from it: its digits, or '-' when the
+// field is not of fenced's exact unbound form.
+var luaFencedHeadScript = helpers(`
+local out = {}
+for i = 1, #ARGV do
+  out[i] = fenced_head(ARGV[i]) or '-'
+end
+return out
+`)
+
+// TestFencedHeadIsTheGrammarsRevisionOfEveryRecord holds a write's reading
+// of a stored field (docs/design/03-fenced-batch.md §3.2, lib_record.lua's
+// fenced_head: the revision from the head of fenced's exact form, the value
+// not judged) to the record grammar, over the grammar's corpus and its
+// mutations on a real redis-server: it answers only fields that start
+// {"r":<canonical digits>,"v": and end in '}', and for every such field
+// that is a record, its answer is the record's revision (a write that
+// judged in full would compare the same number). Fields of that form that
+// are no record (a value that is no JSON) are what the rule lets a write
+// compare without judging.
+func TestFencedHeadIsTheGrammarsRevisionOfEveryRecord(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	corpus := grammarCorpus(t)
+	inputs := append(append([]string{}, corpus...), mutations(corpus, 20000)...)
+	inputs = append(inputs, `{"r":5,"v":nope}`, `{"r":5,"v":1,"r":6}`, `{"r":05,"v":1}`, `{"r":5,"v":1} `, `{"r":5,"claim":"c","claim_epoch":1,"v":1}`)
+	form := regexp.MustCompile(`^\{"r":(0|[1-9][0-9]*),"v":`)
+	var read, unjudged int
+	for start := 0; start < len(inputs); start += 500 {
+		chunk := inputs[start:min(start+500, len(inputs))]
+		got, err := c.Do(ctx, c.B().Eval().Script(luaFencedHeadScript).Numkeys(0).Arg(chunk...).Build()).AsStrSlice()
+		if err != nil || len(got) != len(chunk) {
+			t.Fatalf("EVAL fenced_head: %d answers for %d inputs, %v", len(got), len(chunk), err)
+		}
+		for i, raw := range chunk {
+			m := form.FindStringSubmatch(raw)
+			want := "-"
+			if m != nil && strings.HasSuffix(raw, "}") {
+				want = m[1]
+			}
+			if got[i] != want {
+				t.Errorf("fenced_head(%q) = %q, want %q", raw, got[i], want)
+				continue
+			}
+			if want == "-" {
+				continue
+			}
+			read++
+			if rec, ok := ParseRecord(raw); ok && strconv.FormatInt(rec.Revision, 10) != want {
+				t.Errorf("fenced_head(%q) = %s, but the record's revision is %d", raw, want, rec.Revision)
+			} else if !ok {
+				unjudged++
+			}
+		}
+	}
+	t.Logf("%d inputs: %d of fenced's form, %d of them no record", len(inputs), read, unjudged)
+}
+
 // luaValidPairScript answers, for each ARGV, json_valid's answer then
 // json_exact's ('1' or '0'), all in one call: json_valid's shape cache
 // (lib_json.lua) is filled by the texts before each.

@@ -46,7 +46,7 @@ const MaxRequestIDLen = 128
 
 // reservedNames cannot be configured as sections: they name the swarm's other
 // keys (docs/design/02-redis-layout.md §2.1), so a section of that name would overwrite them.
-var reservedNames = []string{MetaSection, protocol.KeyByName, protocol.KeyByNameIndex, protocol.KeyRevision, protocol.KeyLog, protocol.KeyRequestIDs, protocol.KeyClaims, protocol.KeyClaimExpiry, protocol.KeyClaimSweep}
+var reservedNames = []string{MetaSection, protocol.KeyByName, protocol.KeyByNameIndex, protocol.KeyRevision, protocol.KeyLog, protocol.KeyRequestIDs, protocol.KeyClaims, protocol.KeyClaimExpiry, protocol.KeyClaimSweep, protocol.KeySectionRevisions}
 
 // Limits are the names and bounds a request must keep. The zero value is not
 // usable; start from DefaultLimits.

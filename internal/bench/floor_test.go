@@ -14,15 +14,16 @@ import (
 // in its plainest Lua and trusting its input (no checks of stored bytes,
 // no refusals but the fence and the revisions): the lease read as fenced
 // stores it (a record field of meta, in one HMGET with meta/layout and
-// meta/section_revisions), the swarm's floor (the counter and
-// meta/section_revisions' revision), a revision that follows the clock in
-// microseconds, the log entry's fields (revision, owner, records, changes,
-// prev), the stamp of state:fencing:current, the counter SET, and
-// meta/section_revisions rewritten with the batch's section. It is the
-// floor under fenced's commit: what is left between the two is what fenced
+// the retired meta/section_revisions), the swarm's floor (the counter and
+// section-revisions' latest, "*"), a revision that follows the clock in
+// 100 µs, the log entry's fields (revision, owner, records, changes,
+// prev), the stamp of state:fencing:current, the counter SET, and the
+// batch's section and "*" raised in section-revisions. It is the floor
+// under fenced's commit: what is left between the two is what fenced
 // spends on judging what it reads and answering every refusal; the floor's
 // own cost over the prototype is what the documented bytes cost.
-// KEYS: meta, the section's hash, counter, log, state:fencing:current.
+// KEYS: meta, the section's hash, counter, log, state:fencing:current,
+// section-revisions.
 // ARGV: owner, epoch, section, slug, then field, expected, value per put.
 const floorScript = `
 local t = redis.call('TIME')
@@ -34,8 +35,8 @@ if owner ~= ARGV[1] or epoch ~= ARGV[2] or tonumber(exp) <= math.floor(now_rev /
   return redis.error_reply('STALE lease')
 end
 local prev = tonumber(redis.call('GET', KEYS[3]) or '0')
-local sr_rev, body = string.match(m[3], '^{"r":(%d+),"v":{(.*)}}$')
-if tonumber(sr_rev) > prev then prev = tonumber(sr_rev) end
+local latest = tonumber(redis.call('HGET', KEYS[6], '*') or '0')
+if latest > prev then prev = latest end
 local section = ARGV[3]
 local n = (#ARGV - 4) / 3
 local highest = prev
@@ -62,21 +63,18 @@ redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000', '*', 'revision', rev, 'owner'
 redis.call('HSET', KEYS[5], ARGV[4] .. ':records', rev)
 redis.call('SET', KEYS[3], rev)
 redis.call('HSET', KEYS[2], unpack(hs))
-local nb, k = string.gsub(body, '"' .. section .. '":%d+', '"' .. section .. '":' .. rev)
-if k == 0 then nb = body .. ',"' .. section .. '":' .. rev end
-redis.call('HSET', KEYS[1], 'section_revisions', '{"r":' .. rev .. ',"v":{' .. nb .. '}}')
+redis.call('HSET', KEYS[6], '*', rev, section, rev)
 return rev
 `
 
 // setFloorMeta writes what floorScript reads of a swarm's meta, as fenced
 // stores it: the layout, a lease of leaseOwner at epoch 1 until expires
-// (ms since the epoch), section revisions.
+// (ms since the epoch).
 func setFloorMeta(b *testing.B, srv *redistest.Server, slug, expires string) {
 	b.Helper()
 	srv.Do(b, "HSET", prefix+":{"+slug+"}:fence:meta",
 		"layout", `{"r":1,"v":"records"}`,
-		"lease", fmt.Sprintf(`{"r":1,"v":{"owner":%q,"epoch":1,"expires_at":%s}}`, leaseOwner, expires),
-		"section_revisions", `{"r":1,"v":{"meta":1}}`)
+		"lease", fmt.Sprintf(`{"r":1,"v":{"owner":%q,"epoch":1,"expires_at":%s}}`, leaseOwner, expires))
 }
 
 // newFloorSwarm is a swarm of floorScript's keys, its meta as
@@ -89,9 +87,9 @@ func newFloorSwarm(b *testing.B, srv *redistest.Server, slug string) *scriptSwar
 }
 
 // floorKeys is floorScript's KEYS for slug: fenced's keys of the swarm
-// (meta, the section minimalSection, the counter, the log) and
-// state:fencing:current.
+// (meta, the section minimalSection, the counter, the log),
+// state:fencing:current and section-revisions.
 func floorKeys(slug string) []string {
 	p := prefix + ":{" + slug + "}:fence:"
-	return []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current"}
+	return []string{p + "meta", p + minimalSection, p + "revision", p + "log", prefix + ":state:fencing:current", p + "section-revisions"}
 }

@@ -101,7 +101,7 @@ func flushCaches() {
 // (docs/design/06-reads-and-scans.md §6): Store.Sections of every section but
 // archive, plus meta, of the fixture swarm (testdata/swarm-state.json loaded
 // into a swarm of its own: 2,403 records with meta's), against one MULTI of
-// GET revision, HGET meta/section_revisions and an HGETALL of each of the
+// GET revision, HGET meta/section_revisions, HGETALL section-revisions and an HGETALL of each of the
 // same keys sent with rueidis (the floor: the same bytes out of Redis,
 // atomically, nothing more). Each side runs snapshotRounds rounds of
 // snapshotCalls reads one at a time after CONFIG RESETSTAT, the CPU caches
@@ -130,7 +130,8 @@ func BenchmarkSnapshotRedisTime(b *testing.B) {
 	rdb := e.srv.Client(b)
 	multi := func() error {
 		cmds := []rueidis.Completed{rdb.B().Multi().Build(), rdb.B().Get().Key(base + protocol.KeyRevision).Build(),
-			rdb.B().Hget().Key(base + protocol.KeyMeta).Field(protocol.FieldSectionRevisions).Build()}
+			rdb.B().Hget().Key(base + protocol.KeyMeta).Field(protocol.FieldSectionRevisions).Build(),
+			rdb.B().Hgetall().Key(base + protocol.KeySectionRevisions).Build()}
 		for _, name := range names {
 			cmds = append(cmds, rdb.B().Hgetall().Key(base+name).Build())
 		}

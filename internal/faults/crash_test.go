@@ -101,11 +101,11 @@ func TestReplicaRestartedMidHistory(t *testing.T) {
 // A call may still end without an answer for reasons that are not the
 // flush's, however busy the box: its own deadline (callTimeout), or a
 // replica that did not acknowledge within the wait the batch asked for
-// (REPLICATION_TIMEOUT, after that wait). The replicas do not pace heavy
-// reads (Share 1): all eight clients are one caller, 127.0.0.1, and the
-// default pacing held a Sections read for about ten times what the reads
-// ahead of it took, past its deadline on a busy box (the failures of issue
-// 39). It still takes them one at a time. The Store's Redis timeout is set
+// (REPLICATION_TIMEOUT, after that wait). All eight clients are one
+// caller, 127.0.0.1, to the fair queue in front of Redis, which does not
+// pace a caller alone (an earlier pacing of heavy reads held a Sections
+// read for about ten times what the reads ahead of it took, past its
+// deadline on a busy box: the failures of issue 39). The Store's Redis timeout is set
 // past callTimeout, so that a slow Redis ends a call as its deadline, not
 // as UNAVAILABLE REDIS_UNAVAILABLE (which a lost connection answers too).
 // Any other UNAVAILABLE fails the test. So does a kind of call that was
@@ -129,7 +129,6 @@ func TestScriptFlushMidHistory(t *testing.T) {
 		var once sync.Once
 		return server.Options{
 			HealthInterval: time.Minute,
-			Records:        server.ServiceOptions{Reads: server.ReadShare{Share: 1}},
 			Telemetry: server.Telemetry{Ready: func(serving bool) {
 				if serving {
 					once.Do(func() { close(ready) })

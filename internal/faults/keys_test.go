@@ -121,7 +121,7 @@ func TestBatchesStayInTheirSwarm(t *testing.T) {
 		}
 	}
 
-	names := map[string]bool{"meta": true, "revision": true, "log": true, "by-name": true, "by-name-index": true}
+	names := map[string]bool{"meta": true, "revision": true, "log": true, "by-name": true, "by-name-index": true, "section-revisions": true}
 	for _, s := range sections {
 		names[s] = true
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lease"
 	"github.com/agentihooks/fenced/internal/store/records"
@@ -124,9 +125,7 @@ type Metrics struct {
 	watchReaders       prometheus.Gauge
 	watchEvents        prometheus.Counter
 	watchDrops         prometheus.Counter
-	readWaits          *prometheus.CounterVec
-	readWaitSeconds    *prometheus.CounterVec
-	readsWaiting       prometheus.Gauge
+	fair               *fairMetrics
 	snapshotsChunked   prometheus.Counter
 	snapshotRetries    prometheus.Counter
 	snapshotFallbacks  prometheus.Counter
@@ -145,7 +144,7 @@ var (
 	_ records.SnapshotObserver = (*Metrics)(nil)
 	_ lease.ReapObserver       = (*Metrics)(nil)
 	_ server.LimitObserver     = (*Metrics)(nil)
-	_ server.ReadObserver      = (*Metrics)(nil)
+	_ fair.Observer            = (*Metrics)(nil)
 	_ server.WatchObserver     = (*Metrics)(nil)
 )
 
@@ -242,18 +241,7 @@ func New() *Metrics {
 			Name: "fenced_watch_drops_total",
 			Help: "Watchers dropped (RESOURCE_EXHAUSTED WATCHER_TOO_SLOW) for falling more than --watch-buffer events behind.",
 		}),
-		readWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fenced_heavy_read_waits_total",
-			Help: "Heavy reads (Sections, ScanSection) that waited their turn, by reason: caller (its caller ran --max-heavy-reads-per-caller already), share (its caller's reads had taken more than --heavy-read-share of the time), total (--max-heavy-reads were running).",
-		}, []string{"reason"}),
-		readWaitSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fenced_heavy_read_wait_seconds_total",
-			Help: "Seconds heavy reads spent waiting their turn, by reason (as fenced_heavy_read_waits_total).",
-		}, []string{"reason"}),
-		readsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "fenced_heavy_reads_waiting",
-			Help: "Heavy reads (Sections, ScanSection) waiting their turn now.",
-		}),
+		fair: newFairMetrics(),
 		snapshotsChunked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fenced_snapshots_chunked_total",
 			Help: "Sections reads over one step (640 records or 512 KiB) read in steps under WATCH, whatever their outcome.",
@@ -286,7 +274,7 @@ func New() *Metrics {
 	for _, c := range []prometheus.Collector{m.batchesCommitted, m.batchesReplayed, m.batchConflicts, m.staleRefusals,
 		m.replicationTimeout, m.batchRecords, m.scriptDuration, m.redisErrors, m.leaseGrants, m.leaseHeld, m.leaseLosses,
 		m.redisRefusals, m.redisReady, m.redisMayEvict, m.healthWatchers, m.connections, m.limitRefusals,
-		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.readWaits, m.readWaitSeconds, m.readsWaiting,
+		m.watchers, m.watchReaders, m.watchEvents, m.watchDrops, m.fair.calls, m.fair.seconds, m.fair.seats, m.fair.waiting,
 		m.snapshotsChunked, m.snapshotRetries, m.snapshotFallbacks,
 		m.claimsReaped, m.claimRecordsReaped, m.groupMembers} {
 		f(c)
@@ -301,10 +289,6 @@ func New() *Metrics {
 	}
 	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage, server.LimitUnreadAnswers, server.LimitSectionStreams} {
 		m.limitRefusals.WithLabelValues(l)
-	}
-	for _, r := range []string{server.ReadWaitCaller, server.ReadWaitShare, server.ReadWaitTotal} {
-		m.readWaits.WithLabelValues(r)
-		m.readWaitSeconds.WithLabelValues(r)
 	}
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
 		m.leaseLosses.WithLabelValues(r)
@@ -488,15 +472,6 @@ func (m *Metrics) WatchEventsSent(n int) { m.watchEvents.Add(float64(n)) }
 
 // WatchDropped implements server.WatchObserver.
 func (m *Metrics) WatchDropped() { m.watchDrops.Inc() }
-
-// ReadWaited implements server.ReadObserver.
-func (m *Metrics) ReadWaited(reason string, waited time.Duration) {
-	m.readWaits.WithLabelValues(reason).Inc()
-	m.readWaitSeconds.WithLabelValues(reason).Add(waited.Seconds())
-}
-
-// ReadsWaiting implements server.ReadObserver.
-func (m *Metrics) ReadsWaiting(delta int) { m.readsWaiting.Add(float64(delta)) }
 
 // WatchReaders implements watch.ReaderObserver.
 func (m *Metrics) WatchReaders(delta int) { m.watchReaders.Add(float64(delta)) }

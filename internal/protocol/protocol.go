@@ -50,6 +50,15 @@ const (
 	// KeyRequestIDs is the hash of the swarm's committed request ids:
 	// request id -> "<revision>:<digest>:<expires_ms>".
 	KeyRequestIDs = "request-ids"
+	// KeySectionRevisions is the hash of the swarm's section revisions:
+	// section name -> the revision (decimal digits) of the last batch that
+	// put or deleted in it, and SectionFloor -> the latest of them. The
+	// scripts derive it from the meta key (same hash tag). It replaced the
+	// meta record FieldSectionRevisions, which a commit retires.
+	KeySectionRevisions = "section-revisions"
+	// SectionFloor is the field of KeySectionRevisions that holds the
+	// latest section revision: no section's name (sections are [a-z0-9_-]).
+	SectionFloor = "*"
 	// KeyRequestPrefix starts the key that remembered a committed request
 	// id before KeyRequestIDs (KeyRequestPrefix + id = "<revision>:<digest>",
 	// with a PX): read and written in legacy mode only (ModeLegacyRequest).
@@ -145,8 +154,9 @@ const (
 	ReplyLayoutUnknown  = "LAYOUT_UNKNOWN"
 	ReplyCorrupt        = "CORRUPT"
 	ReplyLimit          = "LIMIT"
-	// ReplyWrongType: a key the commit writes without reading it first
-	// holds another Redis type: {WRONGTYPE, name, type, want}.
+	// ReplyWrongType: a swarm key a committing script reads or writes
+	// holds another Redis type: {WRONGTYPE, name, type, want, key}
+	// (key: its whole Redis name).
 	ReplyWrongType = "WRONGTYPE"
 	ReplyTooLarge  = "TOO_LARGE"
 	// ReplyLengths: scan_section.lua's batch was too large to answer
@@ -303,6 +313,8 @@ var entries = []struct{ name, value string }{
 	{"KEY_BY_NAME_INDEX", KeyByNameIndex},
 	{"KEY_REQUEST_PREFIX", KeyRequestPrefix},
 	{"KEY_REQUEST_IDS", KeyRequestIDs},
+	{"KEY_SECTION_REVISIONS", KeySectionRevisions},
+	{"SECTION_FLOOR", SectionFloor},
 	{"KEY_CLAIMS", KeyClaims},
 	{"KEY_CLAIM_EXPIRY", KeyClaimExpiry},
 	{"KEY_CLAIM_PREFIX", KeyClaimPrefix},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store/docstore"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lease"
@@ -146,6 +147,7 @@ var errorTable = []errorMapping{
 	{is(engine.ErrSnapshotTooLarge), codes.ResourceExhausted, tooLargeDetails},
 	{is(engine.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
 	{is(errBytesInFlight), codes.ResourceExhausted, bytesInFlightDetails},
+	{is(fair.ErrRefused), codes.ResourceExhausted, callsQueuedDetails},
 	{is(records.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	// Redis refused for a state of its own (store's refusal table): out of
 	// memory is RESOURCE_EXHAUSTED (nothing was written; retry after an

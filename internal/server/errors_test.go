@@ -14,6 +14,7 @@ import (
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/auth"
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store/docstore"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lease"
@@ -159,8 +160,18 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 			}},
 		{"snapshot too large", &engine.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE, same},
 		{"replica waits", engine.ErrReplicaWaitsExhausted, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS, same},
-		{"too many section streams", &tooManySectionStreamsError{limit: "address"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_SECTION_STREAMS, same},
+		{"too many section streams", &tooManySectionStreamsError{limit: "caller"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_SECTION_STREAMS, same},
 		{"request bytes in flight", &bytesInFlightError{size: 9, max: 8}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT, same},
+		{"calls queued", &fair.RefusedError{Reason: fair.ReasonDeadline, Queued: 3, Max: 256, RetryAfter: 25 * time.Millisecond}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED,
+			func(t *testing.T, got error) {
+				var qe *client.QueuedError
+				if !errors.As(got, &qe) || !errors.Is(got, client.ErrCallsQueued) {
+					t.Fatalf("client.Decode = %T %v; want *client.QueuedError", got, got)
+				}
+				if qe.Why != "deadline" || qe.Queued != 3 || qe.MaxQueued != 256 || qe.RetryAfter != 25*time.Millisecond {
+					t.Errorf("QueuedError = %+v; want deadline, 3 of 256, retry after 25ms", *qe)
+				}
+			}},
 		{"invalid cursor", records.ErrInvalidCursor, codes.InvalidArgument, fencedv1.ErrorReason_INVALID_ARGUMENT, is(client.ErrInvalidArgument)},
 		{"may evict", &engine.EvictionError{Addr: "127.0.0.1:1", Policy: "allkeys-lru"}, codes.Unavailable, fencedv1.ErrorReason_REDIS_MAY_EVICT, is(client.ErrUnavailable)},
 		{"unavailable", engine.ErrUnavailable, codes.Unavailable, fencedv1.ErrorReason_REDIS_UNAVAILABLE, func(t *testing.T, got error) {
@@ -268,7 +279,7 @@ func TestEveryErrorReasonIsDeclaredInTheProto(t *testing.T) {
 		auth.ReasonTokenMissing, auth.ReasonTokenUnknown, auth.ReasonSlugDenied, auth.ReasonReadOnly, auth.ReasonMethodDenied,
 		ReasonRevisionCompacted, ReasonTooManyWatchers, ReasonWatcherTooSlow, ReasonTooManyBytesInFlight,
 		ReasonSectionNotServed, ReasonOutcomeUnknown, ReasonTooManyClaims, ReasonTooManySectionStreams,
-		ReasonFenceRequired, auth.ReasonUnfencedWrite,
+		ReasonFenceRequired, auth.ReasonUnfencedWrite, ReasonTooManyCallsQueued,
 	}
 	var declared []string
 	for name, n := range fencedv1.ErrorReason_Reason_value {
@@ -454,6 +465,9 @@ func TestErrorTable(t *testing.T) {
 		{"request bytes in flight of one caller", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: 24 << 20}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432", "caller_bytes_in_flight": "25165824"})}},
 		{"invalid cursor", records.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
+		{"calls queued", &fair.RefusedError{Flow: "token:a", Reason: fair.ReasonQueueFull, Queued: 256, Max: 256, RetryAfter: 40 * time.Millisecond}, codes.ResourceExhausted, []proto.Message{
+			errInfo("TOO_MANY_CALLS_QUEUED", map[string]string{"why": "queue_full", "queued": "256", "max_queued": "256"}),
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(40 * time.Millisecond)}}},
 		{"canceled", context.Canceled, codes.Canceled, nil},
 		{"deadline exceeded", context.DeadlineExceeded, codes.DeadlineExceeded, nil},
 		// A context error wins over anything else it is wrapped with: a

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/fair"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -71,6 +72,10 @@ type Options struct {
 	// health watchers and connections (transport.go). Zero fields take
 	// their defaults.
 	Transport Transport
+	// Fairness shares Redis between callers: the fair queue every call
+	// that costs Redis goes through, and how callers are told apart
+	// (admission.go). Zero fields take their defaults.
+	Fairness Fairness
 }
 
 // Server is fenced's gRPC server: RecordsService, LeaseService, health and
@@ -101,6 +106,9 @@ type Server struct {
 	// (Transport.MaxRequestBytesInFlight).
 	requests *requestBytes
 	unread   *unreadAnswers
+	// admit is the fair queue every call that costs Redis takes its turn
+	// in, and how its callers are told apart (admission.go).
+	admit *admission
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -142,11 +150,17 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	callLog := unaryCallLog(logger)
 	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.transport.MaxRequestBytesPerCaller, s.limits)
 	s.unread = newUnreadAnswers(s.transport.MaxUnreadAnswerBytesPerCaller, s.limits)
-	// Health checks are neither counted (Shutdown does not wait for them),
-	// nor weighed against the request bytes budget, nor logged. One
-	// interceptor does all three, tested on the method name: a
+	fairObs, _ := s.limits.(fair.Observer)
+	s.admit = &admission{fair: fair.New(opts.Fairness.Queue, fairObs), flowsBy: opts.Fairness.FlowsBy, waits: opts.Records.Durability.Replicas > 0}
+	if s.admit.flowsBy == "" {
+		s.admit.flowsBy = FlowsByToken
+	}
+	// Health checks are neither counted (Shutdown does not wait for them)
+	// nor logged. One interceptor does both, tested on the method name: a
 	// selector.UnaryServerInterceptor per job cost a chain link and a
 	// CallMeta each per call (docs/design/10-running-and-operating.md §10.7).
+	// The admission (admitUnary: request bytes, unread answers, the fair
+	// queue) comes after authorization, which names the caller.
 	countAndLogUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		firstMessageArrived(ctx) // the request was read before any interceptor
 		if isHealthMethod(info.FullMethod) {
@@ -154,27 +168,6 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		}
 		s.calls.Add(1)
 		defer s.calls.Add(-1)
-		hold, err := s.requests.take(ctx, req)
-		if err != nil {
-			return callLog(ctx, req, info, refusedCall(err))
-		}
-		defer s.requests.release(hold)
-		if readMethods[info.FullMethod] {
-			// Answers its caller has not read are bounded (unread.go).
-			conn, err := s.unread.admit(ctx)
-			if err != nil {
-				return callLog(ctx, req, info, refusedCall(err))
-			}
-			return callLog(ctx, req, info, func(ctx context.Context, req any) (any, error) {
-				resp, err := h(ctx, req)
-				if err == nil {
-					if qerr := s.unread.queue(conn, resp); qerr != nil {
-						return nil, toStatus(qerr)
-					}
-				}
-				return resp, err
-			})
-		}
 		return callLog(ctx, req, info, h)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -202,6 +195,7 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			opts.Telemetry.unary(),
 			countAndLogUnary,
 			opts.Security.unary(),
+			s.admitUnary,
 			recovery.UnaryServerInterceptor(onPanic),
 		)...),
 		grpc.ChainStreamInterceptor(
@@ -219,11 +213,9 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 	}
 	svc := NewService(core, limits, opts.Records)
 	svc.limitsObs = s.limits
+	svc.admit = s.admit
 	if wo, ok := s.limits.(WatchObserver); ok {
 		svc.watchObs = wo
-	}
-	if ro, ok := s.limits.(ReadObserver); ok {
-		svc.reads.obs = ro
 	}
 	fencedv1.RegisterRecordsServiceServer(s.grpc, svc)
 	fencedv1.RegisterLeaseServiceServer(s.grpc, NewLeaseService(core, opts.LeaseBounds))

@@ -1,14 +1,12 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"sync"
 
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"golang.org/x/sync/semaphore"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 )
@@ -30,22 +28,22 @@ var ReasonTooManyBytesInFlight = fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT.S
 const SmallRequestBytes = 64 << 10
 
 // requestBytes is the process-wide budget of request bytes being handled:
-// every unary call but health checks and requests of at most
+// every call the fair queue schedules (admission.go) whose request is over
 // SmallRequestBytes holds its request's size (proto.Size, unknown fields
-// included) from before its handler runs until it returns,
-// so that calls waiting for Redis (which runs them one at a time, ~70 ms for
-// a batch at the limits) hold at most the budget of decoded requests, and
-// what the handler builds from them (Lua arguments, the rueidis command)
-// in proportion. A call that does not fit is refused at once rather than
-// queued: a queued call holds its decoded request while it waits, which is
-// the memory the budget bounds.
+// included) from before it queues until its handler returns, so that calls
+// waiting for their turn or for Redis (which runs them one at a time, ~70
+// ms for a batch at the limits) hold at most the budget of decoded
+// requests, and what the handler builds from them (Lua arguments, the
+// rueidis command) in proportion. A call that does not fit is refused at
+// once rather than queued: a queued call holds its decoded request while it
+// waits, which is the memory the budget bounds.
 //
-// Each caller (a peer IP address: every connection from one address is one
-// caller) holds at most perCaller of it, so that one caller keeping large
-// batches waiting (on replica_ack for up to --max-ack-timeout, or on a slow
-// Redis) leaves the rest of the budget to the others: before, one caller's
-// eight 8 MiB batches refused every other caller's batch over
-// SmallRequestBytes for as long as they waited.
+// Each caller (a flow of the fair queue: its token's name, or its address)
+// holds at most perCaller of it, so that one caller keeping large batches
+// waiting (on replica_ack for up to --max-ack-timeout, or on a slow Redis)
+// leaves the rest of the budget to the others: before, one caller's eight
+// 8 MiB batches refused every other caller's batch over SmallRequestBytes
+// for as long as they waited.
 type requestBytes struct {
 	sem       *semaphore.Weighted
 	max       int64
@@ -53,7 +51,7 @@ type requestBytes struct {
 	obs       LimitObserver
 
 	mu       sync.Mutex
-	byCaller map[string]int64 // caller -> weight held
+	byCaller map[string]int64 // flow -> weight held
 }
 
 func newRequestBytes(max, perCaller int64, obs LimitObserver) *requestBytes {
@@ -69,31 +67,26 @@ type held struct {
 	weight int64
 }
 
-// callerOf is the caller a call's bytes are counted against: its peer's IP
-// address ("" without one: a Unix socket, or no peer).
-func callerOf(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return peerIP(p.Addr)
+// requestSize is req's encoded size (proto.Size), 0 for what is no proto
+// message.
+func requestSize(req any) int64 {
+	if m, ok := req.(proto.Message); ok {
+		return int64(proto.Size(m))
 	}
-	return ""
+	return 0
 }
 
-// take holds req's size in the budget, and in its caller's share, and
+// take holds size, a request's, in the budget and in caller's share, and
 // returns the hold, to give back with release; a request larger than the
 // whole budget (or the share) weighs the whole budget (the share): it is
 // served when nothing else is in flight (of its caller), one of at most
 // SmallRequestBytes weighs nothing. Over the budget or the caller's share
 // it returns a *bytesInFlightError and holds nothing.
-func (r *requestBytes) take(ctx context.Context, req any) (held, error) {
-	m, ok := req.(proto.Message)
-	if !ok {
-		return held{}, nil
-	}
-	size := int64(proto.Size(m))
+func (r *requestBytes) take(caller string, size int64) (held, error) {
 	if size <= SmallRequestBytes {
 		return held{}, nil
 	}
-	h := held{caller: callerOf(ctx), weight: min(size, r.perCaller)}
+	h := held{caller: caller, weight: min(size, r.perCaller)}
 	r.mu.Lock()
 	mine := r.byCaller[h.caller]
 	if mine+h.weight > r.perCaller {
@@ -138,7 +131,7 @@ type bytesInFlightError struct{ size, max, perCaller, callerHeld int64 }
 func (e *bytesInFlightError) Error() string {
 	if e.callerHeld >= 0 {
 		return "too many request bytes in flight from this caller: this request's " + strconv.FormatInt(e.size, 10) +
-			" bytes do not fit beside the " + strconv.FormatInt(e.callerHeld, 10) + " bytes its address's other calls hold, in the " +
+			" bytes do not fit beside the " + strconv.FormatInt(e.callerHeld, 10) + " bytes this caller's other calls hold, in the " +
 			strconv.FormatInt(e.perCaller, 10) + " bytes one caller may hold at once; nothing was written, retry later"
 	}
 	return "too many request bytes in flight: this request's " + strconv.FormatInt(e.size, 10) +
@@ -167,10 +160,4 @@ func bytesInFlightDetails(err error) []protoadapt.MessageV1 {
 		}
 	}
 	return []protoadapt.MessageV1{info(ReasonTooManyBytesInFlight, md)}
-}
-
-// refusedCall is the handler of a call refused before its handler ran:
-// the call log still records it, with its refusal.
-func refusedCall(err error) func(context.Context, any) (any, error) {
-	return func(context.Context, any) (any, error) { return nil, toStatus(err) }
 }

@@ -12,11 +12,10 @@ import (
 // one-write batch: its size taken and given back, callers in parallel.
 func BenchmarkRequestBytesTake(b *testing.B) {
 	r := newRequestBytes(DefaultMaxRequestBytesInFlight, DefaultMaxRequestBytesInFlight/2, nopLimits{})
-	ctx := context.Background()
 	req := &fencedv1.FencedBatchRequest{Slug: "bench", Writes: []*fencedv1.RecordWrite{{Kind: fencedv1.WriteKind_WRITE_KIND_PUT, Section: "claims", Key: "k", Expected: 3, Value: `{"a":1}`}}}
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			w, err := r.take(ctx, req)
+			w, err := r.take("token:bench", requestSize(req))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -43,9 +43,6 @@ type ServiceOptions struct {
 	MaxAckTimeout time.Duration
 	// Watch bounds Watch streams (watch.go).
 	Watch WatchOptions
-	// Reads shares heavy reads (Sections, ScanSection, each step of
-	// StreamSections) between callers (readgate.go).
-	Reads ReadShare
 	// SectionStreams bounds StreamSections streams (streams.go).
 	SectionStreams SectionStreamOptions
 }
@@ -76,8 +73,9 @@ type Service struct {
 	watchSlots *watchSlots
 	limitsObs  LimitObserver
 	watchObs   WatchObserver
-	// reads gates Sections and ScanSection (readgate.go).
-	reads *readGate
+	// admit gives Watch opens their turn in the fair queue (set by New;
+	// nil: no queue).
+	admit *admission
 	// sectionStreams counts open StreamSections streams (streams.go).
 	sectionStreams *sectionStreams
 }
@@ -97,8 +95,8 @@ func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Serv
 	opts.Watch = opts.Watch.withDefaults()
 	opts.SectionStreams = opts.SectionStreams.withDefaults()
 	return &Service{records: records, limits: limits, opts: opts,
-		watchSlots: &watchSlots{byConn: map[string]int{}, byIP: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{},
-		reads: newReadGate(opts.Reads, nil), sectionStreams: &sectionStreams{byIP: map[string]int{}}}
+		watchSlots: &watchSlots{byConn: map[string]int{}, byCaller: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{},
+		sectionStreams: &sectionStreams{byCaller: map[string]int{}}}
 }
 
 var layouts = map[docstore.Layout]fencedv1.Layout{
@@ -119,18 +117,12 @@ func (s *Service) Layout(ctx context.Context, req *fencedv1.LayoutRequest) (*fen
 	return &fencedv1.LayoutResponse{Layout: layouts[l]}, nil
 }
 
-// Sections answers one consistent snapshot of whole sections, in its
-// caller's turn among heavy reads (ReadShare).
+// Sections answers one consistent snapshot of whole sections.
 func (s *Service) Sections(ctx context.Context, req *fencedv1.SectionsRequest) (*fencedv1.SectionsResponse, error) {
 	names, err := s.limits.CheckSections(req.GetSlug(), req.GetNames())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	done, err := s.reads.enter(ctx)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer done()
 	snap, err := s.records.Sections(ctx, req.GetSlug(), names)
 	if err != nil {
 		return nil, toStatus(err)
@@ -156,18 +148,12 @@ func recordsProto(recs map[string]batch.Record) map[string]*fencedv1.Record {
 	return out
 }
 
-// ScanSection answers one page of a section, in its caller's turn among
-// heavy reads (ReadShare).
+// ScanSection answers one page of a section.
 func (s *Service) ScanSection(ctx context.Context, req *fencedv1.ScanSectionRequest) (*fencedv1.ScanSectionResponse, error) {
 	scan, err := s.limits.CheckScan(req.GetSlug(), req.GetSection(), req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	done, err := s.reads.enter(ctx)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer done()
 	page, err := s.records.ScanSection(ctx, req.GetSlug(), req.GetSection(), scan.Position, scan.PageSize)
 	if err != nil {
 		return nil, toStatus(err)

@@ -2192,6 +2192,106 @@ func TestWriteKindNumbering(t *testing.T) {
 	}
 }
 
+// TestAKeyOfAnotherTypeIsNamedWithItsRepair is issue 42's example, made a
+// test of its kind: `SET agentihooks:swarm:{w1}:fence:intents junk`, then a
+// one-put FencedBatch on w1, answered INTERNAL "redis: WRONGTYPE …
+// @user_function" ("report it"). Every swarm key a commit, a lease change
+// or a claim call reads (a section, meta, request-ids, revision,
+// claim-grants, the bucket of the stamp before the swarm's first commit)
+// holding another Redis type answers DATA_LOSS RECORD_CORRUPT naming the
+// key (its name in the swarm, its whole Redis name) and how to repair it,
+// and nothing is written.
+func TestAKeyOfAnotherTypeIsNamedWithItsRepair(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{HealthInterval: noProbes})
+	leases := fencedv1.NewLeaseServiceClient(e.conn)
+	ctx := ctxT(t)
+	onePut := func(slug string) error {
+		_, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("intents", "i1", 0, `{"a":1}`)}})
+		return err
+	}
+	for i, tc := range []struct {
+		name, key, want string
+		// junk makes the key another type; redisKey is the key.
+		junk []string
+		// call is what meets it.
+		call func(slug string) error
+	}{
+		{name: "a section (the issue's example)", key: "intents", want: "hash", call: onePut},
+		{name: "a section, checked whole", key: "claims", want: "hash", call: func(slug string) error {
+			_, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{
+				put("intents", "i1", 0, `1`),
+				{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS, Section: "claims", Checks: []*fencedv1.RecordCheck{{Key: "c"}}}}})
+			return err
+		}},
+		{name: "meta", key: "meta", want: "hash", call: onePut},
+		{name: "meta, for a lease", key: "meta", want: "hash", call: func(slug string) error {
+			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o", TtlMs: 10_000})
+			return err
+		}},
+		{name: "the counter", key: "revision", want: "string", junk: []string{"HSET", "f", "1"}, call: onePut},
+		{name: "the section revisions", key: "section-revisions", want: "hash", call: onePut},
+		{name: "the section revisions, for a lease", key: "section-revisions", want: "hash", call: func(slug string) error {
+			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o", TtlMs: 10_000})
+			return err
+		}},
+		{name: "the counter, for a lease", key: "revision", want: "string", junk: []string{"HSET", "f", "1"}, call: func(slug string) error {
+			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o", TtlMs: 10_000})
+			return err
+		}},
+		{name: "request-ids", key: "request-ids", want: "hash", call: func(slug string) error {
+			_, err := e.records.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: slug, RequestId: "r-1", Writes: []*fencedv1.RecordWrite{put("intents", "i1", 0, `1`)}})
+			return err
+		}},
+		{name: "claim-grants", key: "claim-grants", want: "hash", call: func(slug string) error {
+			_, err := leases.Acquire(ctx, &fencedv1.AcquireRequest{Slug: slug, Owner: "o", TtlMs: 10_000, Name: "seat"})
+			return err
+		}},
+		{name: "the stamp's bucket, before the swarm's first commit", key: "state:fencing:current", want: "hash", call: onePut},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slug := "w" + strconv.Itoa(i)
+			k := redisKey(slug, tc.key)
+			if tc.key == "state:fencing:current" {
+				k = currentKey
+			}
+			junk := tc.junk
+			if junk == nil {
+				junk = []string{"SET", "junk"}
+			}
+			srv.Do(t, append([]string{junk[0], k}, junk[1:]...)...)
+			t.Cleanup(func() { srv.Do(t, "DEL", k) })
+			before := dumpKeys(t, srv)
+			err := tc.call(slug)
+			d := decode(t, err)
+			if d.code != codes.DataLoss || d.info.GetReason() != server.ReasonRecordCorrupt || d.info.GetMetadata()["key"] != tc.key {
+				t.Fatalf("%s of another type: %v (%v); want DATA_LOSS RECORD_CORRUPT naming %s", tc.key, err, d.info.GetMetadata(), tc.key)
+			}
+			for _, say := range []string{"swarm key " + tc.key + " (" + k + ")", "not a " + tc.want, "nothing was written", "RENAME", "DEL"} {
+				if !strings.Contains(status.Convert(err).Message(), say) {
+					t.Errorf("the refusal %q does not say %q", status.Convert(err).Message(), say)
+				}
+			}
+			// (A claim call first adds the slug to claim-swarms, the
+			// reaper's list, by a command of its own: not the swarm's.)
+			if after := dumpKeys(t, srv); dropClaimSwarms(after) != dropClaimSwarms(before) {
+				t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+}
+
+// dropClaimSwarms is a dumpKeys text without its claim-swarms key.
+func dropClaimSwarms(dump string) string {
+	var keep []string
+	for _, line := range strings.Split(dump, "\n") {
+		if !strings.HasPrefix(line, prefix+":swarm:fence:claim-swarms ") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
 // TestRequireFenceRefusesAnUnfencedBatch: with --require-fence, the tour's
 // unfenced put into claims while tick-b holds demo-swarm's lease is
 // FAILED_PRECONDITION FENCE_REQUIRED naming claims, nothing written; the

@@ -29,9 +29,10 @@ type SectionStreamOptions struct {
 	// one more is RESOURCE_EXHAUSTED + TOO_MANY_SECTION_STREAMS (limit
 	// "process") with RetryInfo. Default DefaultMaxSectionStreams.
 	Max int
-	// MaxPerIP bounds those open at once from one peer IP address (limit
-	// "address"). Default DefaultMaxSectionStreamsPerIP.
-	MaxPerIP int
+	// MaxPerCaller bounds those one caller has open at once (its flow, as
+	// Fairness.FlowsBy tells callers apart; limit "caller"). Default
+	// DefaultMaxSectionStreamsPerCaller.
+	MaxPerCaller int
 }
 
 // Defaults of SectionStreamOptions. A stream holds at most one answer's
@@ -41,8 +42,8 @@ type SectionStreamOptions struct {
 // dedicated Redis connection while it reads in steps: 16 streams hold at
 // most ~80 MiB at the default limits.
 const (
-	DefaultMaxSectionStreams      = 16
-	DefaultMaxSectionStreamsPerIP = 2
+	DefaultMaxSectionStreams          = 16
+	DefaultMaxSectionStreamsPerCaller = 2
 )
 
 // StreamMessageBytes is the most bytes of values and keys one
@@ -64,36 +65,37 @@ func (o SectionStreamOptions) withDefaults() SectionStreamOptions {
 	if o.Max <= 0 {
 		o.Max = DefaultMaxSectionStreams
 	}
-	if o.MaxPerIP <= 0 {
-		o.MaxPerIP = DefaultMaxSectionStreamsPerIP
+	if o.MaxPerCaller <= 0 {
+		o.MaxPerCaller = DefaultMaxSectionStreamsPerCaller
 	}
 	return o
 }
 
-// sectionStreams counts open StreamSections streams, in all and by peer IP.
+// sectionStreams counts open StreamSections streams, in all and by caller
+// (flow).
 type sectionStreams struct {
-	mu   sync.Mutex
-	open int
-	byIP map[string]int
+	mu       sync.Mutex
+	open     int
+	byCaller map[string]int
 }
 
-func (s *sectionStreams) acquire(ip string, o SectionStreamOptions) (release func(), limit string) {
+func (s *sectionStreams) acquire(flow string, o SectionStreamOptions) (release func(), limit string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.open >= o.Max {
 		return nil, "process"
 	}
-	if s.byIP[ip] >= o.MaxPerIP {
-		return nil, "address"
+	if s.byCaller[flow] >= o.MaxPerCaller {
+		return nil, "caller"
 	}
 	s.open++
-	s.byIP[ip]++
+	s.byCaller[flow]++
 	return func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.open--
-		if s.byIP[ip]--; s.byIP[ip] == 0 {
-			delete(s.byIP, ip)
+		if s.byCaller[flow]--; s.byCaller[flow] == 0 {
+			delete(s.byCaller, flow)
 		}
 	}, ""
 }
@@ -122,7 +124,8 @@ var ReasonTooManySectionStreams = fencedv1.ErrorReason_TOO_MANY_SECTION_STREAMS.
 // size, in messages of at most StreamMessageBytes
 // (proto/fenced/v1/records.proto): the checks of Sections, a slot among
 // the process's and the caller's streams, then the core's read, whose
-// every round trip of heavy reading takes the caller's turn (ReadShare).
+// every step of reading takes its turn in the caller's flow of the fair
+// queue (admission.step).
 func (s *Service) StreamSections(req *fencedv1.StreamSectionsRequest, stream fencedv1.RecordsService_StreamSectionsServer) error {
 	names, err := s.limits.CheckSections(req.GetSlug(), req.GetNames())
 	if err != nil {
@@ -133,14 +136,15 @@ func (s *Service) StreamSections(req *fencedv1.StreamSectionsRequest, stream fen
 		return fitTrailers(codes.Unimplemented, "streamed sections are not served by this core", nil).Err()
 	}
 	ctx := stream.Context()
-	release, limit := s.sectionStreams.acquire(callerOf(ctx), s.opts.SectionStreams)
+	flow := s.admit.flowOf(ctx)
+	release, limit := s.sectionStreams.acquire(flow, s.opts.SectionStreams)
 	if release == nil {
 		s.limitsObs.Refused(LimitSectionStreams)
 		return toStatus(&tooManySectionStreamsError{limit: limit})
 	}
 	defer release()
 	sink := &streamSink{send: stream.Send, budget: StreamMessageBytes, resp: &fencedv1.StreamSectionsResponse{}}
-	if err := core.StreamSections(ctx, req.GetSlug(), names, s.reads.enter, sink); err != nil {
+	if err := core.StreamSections(ctx, req.GetSlug(), names, s.admit.step(flow), sink); err != nil {
 		return toStatus(err)
 	}
 	return nil

@@ -94,14 +94,14 @@ func (b blockedStreams) StreamSections(ctx context.Context, slug string, names [
 }
 
 // TestStreamSectionsOverItsCallersStreamsIsRefusedWithARetryDelay: with
-// --max-section-streams-per-ip streams of one caller open, its next
+// --max-section-streams-per-caller streams of one caller open, its next
 // StreamSections is RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS (limit
-// address) with a RetryInfo, and reads nothing; once one ends, it reads.
+// caller) with a RetryInfo, and reads nothing; once one ends, it reads.
 func TestStreamSectionsOverItsCallersStreamsIsRefusedWithARetryDelay(t *testing.T) {
 	srv := redistest.Start(t)
 	core := blockedStreams{Store: openStore(t, srv), entered: make(chan struct{}, 4), release: make(chan struct{})}
 	e := serve(t, core, batch.DefaultLimits(), server.Options{HealthInterval: noProbes,
-		Records: server.ServiceOptions{SectionStreams: server.SectionStreamOptions{Max: 8, MaxPerIP: 2}}})
+		Records: server.ServiceOptions{SectionStreams: server.SectionStreamOptions{Max: 8, MaxPerCaller: 2}}})
 	ctx := ctxT(t)
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "s", Writes: []*fencedv1.RecordWrite{put("claims", "a", 0, `1`)}})
 	var wg sync.WaitGroup
@@ -126,9 +126,9 @@ func TestStreamSectionsOverItsCallersStreamsIsRefusedWithARetryDelay(t *testing.
 		_, err = stream.Recv()
 	}
 	d := decode(t, err)
-	if d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonTooManySectionStreams || d.info.GetMetadata()["limit"] != "address" ||
+	if d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonTooManySectionStreams || d.info.GetMetadata()["limit"] != "caller" ||
 		d.retry.GetRetryDelay().AsDuration() <= 0 {
-		t.Fatalf("a third stream = %v (%+v); want RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit address, with a retry delay", err, d)
+		t.Fatalf("a third stream = %v (%+v); want RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit caller, with a retry delay", err, d)
 	}
 	close(core.release)
 	wg.Wait()

@@ -18,43 +18,71 @@ import (
 // leaves it there until the connection closes. Nothing in grpc-go says
 // when an answer has left (stats End fires when it is queued), so fenced
 // counts it itself: each read's answer (Sections, ScanSection, Record) is
-// added, once built, to its connection's and its caller's (peer IP's)
-// unread bytes, and every byte grpc-go writes to the connection takes one
-// off (a byte written is a byte of some answer, or of the frames around
-// them: headers and pings drain it a little faster than the answers
-// leave, never slower than they do). A read whose answer would take its
-// caller's unread bytes over the bound is refused instead of queued
-// (RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT, metadata
-// "unread_answer_bytes"); one answer alone always goes. So one address
-// parks at most about the bound of answers in fenced's memory, whatever
-// its connections and streams.
+// added, once built, to its connection's and its caller's (the flow of the
+// fair queue, admission.go: its token's name, or its address) unread
+// bytes, and every byte grpc-go writes to the connection takes one off the
+// oldest answer queued on it, and off that answer's caller (a byte written
+// is a byte of some answer, or of the frames around them: headers and
+// pings drain it a little faster than the answers leave, never slower than
+// they do). A read whose answer would take its caller's unread bytes over
+// the bound is refused instead of queued (RESOURCE_EXHAUSTED
+// TOO_MANY_BYTES_IN_FLIGHT, metadata "unread_answer_bytes"); one answer
+// alone always goes. So one caller parks at most about the bound of answers
+// in fenced's memory, whatever its connections, streams and addresses.
 
-// readMethods are the calls whose answers are counted: the only ones whose
-// answers can be large (up to --max-snapshot-bytes).
-var readMethods = map[string]bool{
-	fencedv1.RecordsService_Sections_FullMethodName:    true,
-	fencedv1.RecordsService_ScanSection_FullMethodName: true,
-	fencedv1.RecordsService_Record_FullMethodName:      true,
+// countsAnswer reports whether the answers of method are counted: the
+// reads whose answers can be large (up to --max-snapshot-bytes).
+func countsAnswer(method string) bool {
+	switch method {
+	case fencedv1.RecordsService_Sections_FullMethodName, fencedv1.RecordsService_ScanSection_FullMethodName,
+		fencedv1.RecordsService_Record_FullMethodName:
+		return true
+	}
+	return false
 }
 
-// unreadAnswers counts, per accepted connection and per peer IP, the bytes
+// unreadAnswers counts, per accepted connection and per caller, the bytes
 // of answers queued and not yet written.
 type unreadAnswers struct {
-	max int64 // per caller (peer IP)
+	max int64 // per caller
 	obs LimitObserver
 
-	mu    sync.RWMutex
-	conns map[string]*unreadConn // by remote address
-	byIP  map[string]*unreadIP
+	mu      sync.Mutex
+	conns   map[string]*unreadConn // by remote address
+	callers map[string]*unreadCaller
 }
 
-type unreadIP struct {
+// unreadCaller is one caller's unread bytes, kept while answers of it are
+// queued (refs, under unreadAnswers.mu).
+type unreadCaller struct {
+	key     string
 	pending atomic.Int64
-	conns   int // under unreadAnswers.mu
+	refs    int
 }
 
 func newUnreadAnswers(max int64, obs LimitObserver) *unreadAnswers {
-	return &unreadAnswers{max: max, obs: obs, conns: map[string]*unreadConn{}, byIP: map[string]*unreadIP{}}
+	return &unreadAnswers{max: max, obs: obs, conns: map[string]*unreadConn{}, callers: map[string]*unreadCaller{}}
+}
+
+// caller is key's unreadCaller, held (one more ref) until unref.
+func (u *unreadAnswers) caller(key string) *unreadCaller {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	c := u.callers[key]
+	if c == nil {
+		c = &unreadCaller{key: key}
+		u.callers[key] = c
+	}
+	c.refs++
+	return c
+}
+
+func (u *unreadAnswers) unref(c *unreadCaller) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if c.refs--; c.refs <= 0 && u.callers[c.key] == c {
+		delete(u.callers, c.key)
+	}
 }
 
 // unreadListener wraps every accepted connection in an unreadConn.
@@ -72,30 +100,32 @@ func (l unreadListener) Accept() (net.Conn, error) {
 }
 
 // unreadConn is an accepted connection whose writes drain its unread
-// answer bytes.
+// answer bytes, oldest answer first.
 type unreadConn struct {
 	net.Conn
-	u       *unreadAnswers
-	addr    string
-	ip      *unreadIP
+	u    *unreadAnswers
+	addr string
+	// pending is the bytes of answers queued (a quick look for Write).
 	pending atomic.Int64
+
+	mu sync.Mutex
+	// answers are the answers queued and not all written, oldest first.
+	answers []unreadAnswer
 	// closed: Close ran; an answer queued after it (its caller gone while
 	// the read ran) is never written, so it is not counted.
-	closed atomic.Bool
+	closed bool
 	once   sync.Once
+}
+
+// unreadAnswer is what is left unwritten of one answer, and its caller.
+type unreadAnswer struct {
+	caller *unreadCaller
+	left   int64
 }
 
 func (u *unreadAnswers) track(c net.Conn) *unreadConn {
 	uc := &unreadConn{Conn: c, u: u, addr: c.RemoteAddr().String()}
-	ip := peerIP(c.RemoteAddr())
 	u.mu.Lock()
-	p := u.byIP[ip]
-	if p == nil {
-		p = &unreadIP{}
-		u.byIP[ip] = p
-	}
-	p.conns++
-	uc.ip = p
 	u.conns[uc.addr] = uc
 	u.mu.Unlock()
 	return uc
@@ -109,38 +139,41 @@ func (c *unreadConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// drain takes up to n written bytes off the connection's unread bytes.
+// drain takes n written bytes off the oldest answers queued on c, and off
+// their callers.
 func (c *unreadConn) drain(n int64) {
-	for {
-		old := c.pending.Load()
-		if old <= 0 {
-			return
+	var done []*unreadCaller
+	c.mu.Lock()
+	for n > 0 && len(c.answers) > 0 {
+		a := &c.answers[0]
+		d := min(a.left, n)
+		a.left -= d
+		n -= d
+		c.pending.Add(-d)
+		a.caller.pending.Add(-d)
+		if a.left == 0 {
+			done = append(done, a.caller)
+			c.answers[0] = unreadAnswer{}
+			c.answers = c.answers[1:]
 		}
-		d := min(old, n)
-		if c.pending.CompareAndSwap(old, old-d) {
-			c.ip.pending.Add(-d)
-			return
-		}
+	}
+	c.mu.Unlock()
+	for _, caller := range done {
+		c.u.unref(caller)
 	}
 }
 
 func (c *unreadConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
-		c.closed.Store(true)
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
 		c.drain(c.pending.Load())
 		u := c.u
 		u.mu.Lock()
 		if u.conns[c.addr] == c {
 			delete(u.conns, c.addr)
-		}
-		if c.ip.conns--; c.ip.conns <= 0 {
-			for ip, p := range u.byIP {
-				if p == c.ip {
-					delete(u.byIP, ip)
-					break
-				}
-			}
 		}
 		u.mu.Unlock()
 	})
@@ -154,46 +187,59 @@ func (u *unreadAnswers) conn(ctx context.Context) *unreadConn {
 	if !ok || p.Addr == nil {
 		return nil
 	}
-	u.mu.RLock()
+	u.mu.Lock()
 	c := u.conns[p.Addr.String()]
-	u.mu.RUnlock()
+	u.mu.Unlock()
 	return c
 }
 
-// admit reports nil when the caller of ctx may be answered a read (its
-// unread bytes under the bound), else the refusal.
-func (u *unreadAnswers) admit(ctx context.Context) (*unreadConn, error) {
+// admit reports nil when caller, whose call ctx is, may be answered a read
+// (its unread bytes under the bound), else the refusal; conn is the
+// connection to count the answer on (queue).
+func (u *unreadAnswers) admit(ctx context.Context, caller string) (*unreadConn, error) {
 	c := u.conn(ctx)
 	if c == nil {
 		return nil, nil
 	}
-	if held := c.ip.pending.Load(); held >= u.max {
-		u.obs.Refused(LimitUnreadAnswers)
-		return c, &unreadAnswersError{held: held, max: u.max}
+	u.mu.Lock()
+	uc := u.callers[caller]
+	u.mu.Unlock()
+	if uc != nil {
+		if held := uc.pending.Load(); held >= u.max {
+			u.obs.Refused(LimitUnreadAnswers)
+			return c, &unreadAnswersError{held: held, max: u.max}
+		}
 	}
 	return c, nil
 }
 
-// queue counts resp, an answer about to be queued on c: refused (nothing
-// counted) when it would take the caller's unread bytes over the bound and
-// they are not zero.
-func (u *unreadAnswers) queue(c *unreadConn, resp any) error {
+// queue counts resp, an answer to caller about to be queued on c: refused
+// (nothing counted) when it would take the caller's unread bytes over the
+// bound and they are not zero.
+func (u *unreadAnswers) queue(c *unreadConn, caller string, resp any) error {
 	m, ok := resp.(proto.Message)
 	if c == nil || !ok {
 		return nil
 	}
 	size := int64(proto.Size(m))
-	if held := c.ip.pending.Add(size); held > u.max && held > size {
-		c.ip.pending.Add(-size)
+	uc := u.caller(caller)
+	if held := uc.pending.Add(size); held > u.max && held > size {
+		uc.pending.Add(-size)
+		u.unref(uc)
 		u.obs.Refused(LimitUnreadAnswers)
 		return &unreadAnswersError{held: held - size, max: u.max, size: size}
 	}
-	c.pending.Add(size)
-	if c.closed.Load() {
-		// Closed meanwhile: Close drained what it saw, this drains the rest
-		// (drain takes off the address only what leaves the connection).
-		c.drain(size)
+	c.mu.Lock()
+	if c.closed {
+		// Closed meanwhile: the answer is never written.
+		c.mu.Unlock()
+		uc.pending.Add(-size)
+		u.unref(uc)
+		return nil
 	}
+	c.answers = append(c.answers, unreadAnswer{caller: uc, left: size})
+	c.pending.Add(size)
+	c.mu.Unlock()
 	return nil
 }
 
@@ -202,7 +248,7 @@ func (u *unreadAnswers) queue(c *unreadConn, resp any) error {
 type unreadAnswersError struct{ held, max, size int64 }
 
 func (e *unreadAnswersError) Error() string {
-	return "too many answer bytes unread: answers to this caller's address not yet read (no HTTP/2 flow-control credit) hold " +
+	return "too many answer bytes unread: answers to this caller not yet read (no HTTP/2 flow-control credit) hold " +
 		strconv.FormatInt(e.held, 10) + " bytes, at or over the " + strconv.FormatInt(e.max, 10) +
 		" bytes one caller may leave unread; read them, then retry"
 }

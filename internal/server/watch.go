@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -45,13 +47,13 @@ type WatchOptions struct {
 	// Default (New): DefaultMaxWatchersPerConnection, at most half of
 	// Transport.MaxConcurrentStreams.
 	MaxPerConnection int
-	// MaxPerIP bounds the Watch streams open at once from one peer IP
-	// address, over all its connections (limit "address"), so that one
-	// caller cannot take every slot of the process by opening more
-	// connections, as MaxConnectionsPerIP shares connections. Default
-	// (0): a quarter of Max, at least MaxPerConnection; < 0: unbounded
-	// (behind a proxy every caller shares its address).
-	MaxPerIP int
+	// MaxPerCaller bounds the Watch streams open at once of one caller
+	// (its flow: its token's name, or its address; Fairness.FlowsBy), over
+	// all its connections (limit "caller"), so that one caller cannot
+	// take every slot of the process by opening more connections or using
+	// more addresses. Default (0): a quarter of Max, at least
+	// MaxPerConnection; < 0: unbounded.
+	MaxPerCaller int
 	// ProgressInterval: a stream quiet for this long gets a progress event,
 	// so that proxies with idle timeouts do not cut it. Default
 	// DefaultWatchProgressInterval.
@@ -73,8 +75,8 @@ var (
 	// have left the log. Metadata oldest_revision.
 	ReasonRevisionCompacted = fencedv1.ErrorReason_REVISION_COMPACTED.String()
 	// ReasonTooManyWatchers (RESOURCE_EXHAUSTED): the process, the
-	// caller's IP address or its connection has as many Watch streams as
-	// it allows. Metadata limit: "process", "address" or "connection".
+	// caller or its connection has as many Watch streams as it allows.
+	// Metadata limit: "process", "caller" or "connection".
 	ReasonTooManyWatchers = fencedv1.ErrorReason_TOO_MANY_WATCHERS.String()
 	// ReasonWatcherTooSlow (RESOURCE_EXHAUSTED): the caller fell too far
 	// behind and was dropped. Metadata last_revision.
@@ -110,8 +112,8 @@ func (o WatchOptions) withDefaults() WatchOptions {
 	if o.MaxPerConnection <= 0 {
 		o.MaxPerConnection = DefaultMaxWatchersPerConnection
 	}
-	if o.MaxPerIP == 0 {
-		o.MaxPerIP = max(o.MaxPerConnection, o.Max/4)
+	if o.MaxPerCaller == 0 {
+		o.MaxPerCaller = max(o.MaxPerConnection, o.Max/4)
 	}
 	if o.ProgressInterval <= 0 {
 		o.ProgressInterval = DefaultWatchProgressInterval
@@ -120,29 +122,29 @@ func (o WatchOptions) withDefaults() WatchOptions {
 }
 
 // watchSlots counts the open Watch streams, in all, per connection (keyed
-// by the peer's address: one per TCP connection) and per peer IP address.
+// by the peer's address: one per TCP connection) and per caller (its flow).
 type watchSlots struct {
-	mu     sync.Mutex
-	open   int
-	byConn map[string]int
-	byIP   map[string]int
+	mu       sync.Mutex
+	open     int
+	byConn   map[string]int
+	byCaller map[string]int
 }
 
-func (w *watchSlots) acquire(conn, ip string, o WatchOptions) (release func(), limit string) {
+func (w *watchSlots) acquire(conn, caller string, o WatchOptions) (release func(), limit string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.open >= o.Max {
 		return nil, "process"
 	}
-	if o.MaxPerIP > 0 && w.byIP[ip] >= o.MaxPerIP {
-		return nil, "address"
+	if o.MaxPerCaller > 0 && w.byCaller[caller] >= o.MaxPerCaller {
+		return nil, "caller"
 	}
 	if w.byConn[conn] >= o.MaxPerConnection {
 		return nil, "connection"
 	}
 	w.open++
 	w.byConn[conn]++
-	w.byIP[ip]++
+	w.byCaller[caller]++
 	return func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -150,8 +152,8 @@ func (w *watchSlots) acquire(conn, ip string, o WatchOptions) (release func(), l
 		if w.byConn[conn]--; w.byConn[conn] == 0 {
 			delete(w.byConn, conn)
 		}
-		if w.byIP[ip]--; w.byIP[ip] == 0 {
-			delete(w.byIP, ip)
+		if w.byCaller[caller]--; w.byCaller[caller] == 0 {
+			delete(w.byCaller, caller)
 		}
 	}, ""
 }
@@ -223,11 +225,22 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 		return fitTrailers(codes.Unimplemented, "watch is not served by this core", nil).Err()
 	}
 	ctx := stream.Context()
-	conn, ip := "", ""
+	conn := ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		conn, ip = p.Addr.String(), peerIP(p.Addr)
+		conn = p.Addr.String()
 	}
-	release, limit := s.watchSlots.acquire(conn, ip, s.opts.Watch)
+	// The open takes its turn in the fair queue (once its request is read:
+	// a stream that never sends one holds nothing), until its first message
+	// is sent, and counts among its caller's calls a moment longer
+	// (admission.go).
+	flow, t, err := s.admit.stream(ctx, req)
+	if err != nil {
+		return toStatus(err)
+	}
+	defer t.Done()
+	ctx = engine.WithMeter(ctx, t)
+	stream = firstSendEnds{stream, t, new(atomic.Bool)}
+	release, limit := s.watchSlots.acquire(conn, flow, s.opts.Watch)
 	if release == nil {
 		s.limitsObs.Refused(LimitWatchers)
 		return toStatus(&tooManyWatchersError{limit: limit})

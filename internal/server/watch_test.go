@@ -341,11 +341,11 @@ func dialFrom(t *testing.T, addr, local string) fencedv1.RecordsServiceClient {
 }
 
 // TestOneAddressCannotTakeEveryWatcherSlot: with --max-watchers 500 and
-// 100 per connection, one caller (one IP address) opens Watch streams on
-// connection after connection. Before, it took all 500 (the sixth
-// connection's were refused limit "process"), and so was every other
-// caller's Watch. The streams of one address are bounded (a quarter of
-// --max-watchers by default: limit "address"), and a caller from another
+// 100 per connection, one caller (one IP address, without tokens) opens
+// Watch streams on connection after connection. Before, it took all 500
+// (the sixth connection's were refused limit "process"), and so was every
+// other caller's Watch. The streams of one caller are bounded (a quarter
+// of --max-watchers by default: limit "caller"), and a caller from another
 // address still opens one.
 func TestOneAddressCannotTakeEveryWatcherSlot(t *testing.T) {
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
@@ -374,8 +374,8 @@ func TestOneAddressCannotTakeEveryWatcherSlot(t *testing.T) {
 	}
 	info := errorInfoOf(refusal)
 	t.Logf("one address opened %d Watch streams, then: %v (%v)", opened, refusal, info)
-	if status.Code(refusal) != codes.ResourceExhausted || info.GetReason() != server.ReasonTooManyWatchers || info.GetMetadata()["limit"] != "address" {
-		t.Errorf("Watch %d from one address = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit address", opened+1, refusal, info)
+	if status.Code(refusal) != codes.ResourceExhausted || info.GetReason() != server.ReasonTooManyWatchers || info.GetMetadata()["limit"] != "caller" {
+		t.Errorf("Watch %d from one address = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit caller", opened+1, refusal, info)
 	}
 	if opened >= 500 {
 		t.Errorf("one address holds %d of the 500 watcher slots", opened)
@@ -521,7 +521,7 @@ func TestWatchFromACompactedRevisionIsOutOfRange(t *testing.T) {
 func TestWatchRefusesOverTheWatcherBounds(t *testing.T) {
 	counts := &watchCounts{}
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
-		Records:   server.ServiceOptions{Watch: server.WatchOptions{Max: 3, MaxPerConnection: 2, MaxPerIP: -1}},
+		Records:   server.ServiceOptions{Watch: server.WatchOptions{Max: 3, MaxPerConnection: 2, MaxPerCaller: -1}},
 		Telemetry: server.Telemetry{Limits: counts},
 	})
 	open := func(c fencedv1.RecordsServiceClient) error {

@@ -38,9 +38,10 @@ if "grpc" not in _sys.modules:
 _logging.getLogger("fenced").addHandler(_logging.NullHandler())
 
 from . import _fork  # noqa: E402,F401  (registers the fork hooks)
-from .client import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, Client  # noqa: E402
+from .client import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, QUEUED_RETRIES, Client  # noqa: E402
 from .errors import (  # noqa: E402
     REASONS,
+    CallsQueued,
     Cancelled,
     Conflict,
     DeadlineExceeded,
@@ -108,6 +109,7 @@ __all__ = [
     "UNFENCED",
     "BatchResult",
     "CHANNEL_OPTIONS",
+    "CallsQueued",
     "Cancelled",
     "Change",
     "Check",
@@ -142,6 +144,7 @@ __all__ = [
     "MigratedSection",
     "MigrateResult",
     "Page",
+    "QUEUED_RETRIES",
     "Put",
     "REASONS",
     "Reason",

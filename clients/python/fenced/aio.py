@@ -62,6 +62,7 @@ from .client import (
     _page,
     _record,
     _snapshot,
+    _QueuedRetries,
     _stream_refused,
     _StreamedSnapshot,
     _WatchLoop,
@@ -183,12 +184,18 @@ class Client:
         await self.close()
 
     async def _call(self, method: Callable[..., Any], request: object, timeout: Optional[float], request_id: str = "") -> Any:
-        try:
-            return await method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            err = errors.decode(e)
-            err.request_id = request_id
-            raise err from e
+        """The sync client's _call: sent again when fenced refused it its turn."""
+        retries = _QueuedRetries(self._timeout if timeout is None else timeout)
+        while True:
+            try:
+                return await method(request, timeout=retries.left(), metadata=self._metadata)
+            except grpc.RpcError as e:
+                err = errors.decode(e)
+                err.request_id = request_id
+                pause = retries.pause(err)
+                if pause is None:
+                    raise err from e
+            await asyncio.sleep(pause)
 
     # Records.
 

@@ -173,6 +173,41 @@ _CLAIM_KINDS = {
 _WATCH_BACKOFF_S = (0.05, 2.0, 5.0, 0.5)
 
 
+# A call fenced's fair queue refused its turn at Redis (RESOURCE_EXHAUSTED +
+# TOO_MANY_CALLS_QUEUED: nothing was sent to Redis, so a batch too is safe to
+# send again) is sent again after the server's delay (RetryInfo) or the Go
+# client's backoff (client/queued.go: 50 ms growing 1.5 times to 5 s, each
+# randomised by +-50 %), whichever is longer, while the call's timeout leaves
+# room for the delay: at most QUEUED_RETRIES sends in all.
+QUEUED_RETRIES = 8
+_QUEUED_BACKOFF_S = (0.05, 1.5, 5.0, 0.5)
+
+
+class _QueuedRetries:
+    """The pauses of one call refused its turn (see QUEUED_RETRIES)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.wait = _QUEUED_BACKOFF_S[0]
+        self.sends = 0
+
+    def left(self) -> float:
+        """The seconds of the call's timeout left for its next send."""
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    def pause(self, err: errors.FencedError) -> Optional[float]:
+        """The seconds to wait before sending the call again after err, or
+        None when it must be raised: not a refusal of its turn, the sends are
+        spent, or the timeout leaves no room for the pause."""
+        self.sends += 1
+        if not isinstance(err, errors.CallsQueued) or self.sends >= QUEUED_RETRIES:
+            return None
+        _, multiplier, most, spread = _QUEUED_BACKOFF_S
+        pause = max(err.retry_after, self.wait * random.uniform(1 - spread, 1 + spread))
+        self.wait = min(self.wait * multiplier, most)
+        return pause if pause < self.left() else None
+
+
 def _code(err: grpc.RpcError) -> Optional[grpc.StatusCode]:
     """The status code of a call's error; None for one without a status."""
     return err.code() if hasattr(err, "code") else None
@@ -181,12 +216,13 @@ def _code(err: grpc.RpcError) -> Optional[grpc.StatusCode]:
 def _watch_resumable(err: grpc.RpcError) -> bool:
     """Whether a reopen from the last revision mends a broken watch stream:
     UNAVAILABLE (fenced or Redis away, a shutdown, a lost connection) and
-    RESOURCE_EXHAUSTED + WATCHER_TOO_SLOW; anything without a status."""
+    RESOURCE_EXHAUSTED + WATCHER_TOO_SLOW or TOO_MANY_CALLS_QUEUED (the open
+    refused its turn at Redis); anything without a status."""
     code = _code(err)
     if code is None or code == grpc.StatusCode.UNAVAILABLE:
         return True
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.decode(err).reason == "WATCHER_TOO_SLOW"
+        return errors.decode(err).reason in ("WATCHER_TOO_SLOW", "TOO_MANY_CALLS_QUEUED")
     return False
 
 
@@ -429,6 +465,10 @@ class _WatchLoop:
         _, multiplier, most, spread = _WATCH_BACKOFF_S
         pause = self.wait * random.uniform(1 - spread, 1 + spread)
         self.wait = min(self.wait * multiplier, most)
+        if err is not None:
+            refused = errors.decode(err)
+            if isinstance(refused, errors.CallsQueued):
+                pause = max(pause, refused.retry_after)  # the server's delay at least
         _watch_log.info(
             "watch %s: stream ended (%s); reopening from revision %d in %.2fs",
             self.slug, "closed by the server" if err is None else errors.decode(err), self.from_revision, pause,
@@ -568,18 +608,25 @@ class Client:
         self.close()
 
     def _call(self, service: str, method: str, request: object, timeout: Optional[float], request_id: str = "") -> Any:
-        """One unary call: through the fork gate, errors decoded (carrying request_id)."""
+        """One unary call: through the fork gate, errors decoded (carrying
+        request_id), sent again when fenced refused it its turn
+        (QUEUED_RETRIES)."""
         self._check_process()  # before the gate: a child's copy of a Client never counts in it
-        _gate.enter()
-        try:
-            fn = getattr(self._stub(service), method)
-            return fn(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            err = errors.decode(e)
-            err.request_id = request_id
-            raise err from e
-        finally:
-            _gate.leave()
+        retries = _QueuedRetries(self._timeout if timeout is None else timeout)
+        while True:
+            _gate.enter()
+            try:
+                fn = getattr(self._stub(service), method)
+                return fn(request, timeout=retries.left(), metadata=self._metadata)
+            except grpc.RpcError as e:
+                err = errors.decode(e)
+                err.request_id = request_id
+                pause = retries.pause(err)
+                if pause is None:
+                    raise err from e
+            finally:
+                _gate.leave()
+            time.sleep(pause)
 
     def _saw(self, slug: str, revision: int) -> None:
         """Record a swarm revision a commit or lease change answered: it only raises the mark."""

@@ -24,6 +24,7 @@ DEADLINE_EXCEEDED      (any)                :class:`DeadlineExceeded`
 CANCELLED              (any)                :class:`Cancelled`
 RESOURCE_EXHAUSTED     REDIS_*              :class:`RedisRefusal`
 RESOURCE_EXHAUSTED     SNAPSHOT_TOO_LARGE   :class:`SnapshotTooLarge`
+RESOURCE_EXHAUSTED     TOO_MANY_CALLS_QUEUED :class:`CallsQueued`
 RESOURCE_EXHAUSTED     (any other)          :class:`ResourceExhausted`
 OUT_OF_RANGE           REVISION_COMPACTED   :class:`RevisionCompacted`
 OUT_OF_RANGE           REVISION_LIMIT       :class:`RevisionLimit`
@@ -54,6 +55,7 @@ from .v1 import errors_pb2
 from .model import Lease
 
 __all__ = [
+    "CallsQueued",
     "Cancelled",
     "Conflict",
     "DeadlineExceeded",
@@ -353,6 +355,26 @@ class SnapshotTooLarge(ResourceExhausted):
     next_page_token: str = ""
 
 
+class CallsQueued(ResourceExhausted):
+    """RESOURCE_EXHAUSTED + TOO_MANY_CALLS_QUEUED: fenced's fair queue refused
+    the call its turn at Redis (its caller had too many calls waiting, or it
+    would not have gone before its deadline); nothing was sent to Redis,
+    nothing written. The client sends such a call again by itself after
+    ``retry_after`` while its timeout allows; it raises this when it does
+    not. As the Go client's ``*QueuedError``.
+
+    Attributes:
+        why: "queue_full" or "deadline".
+        queued: the caller's calls waiting; max_queued: how many may wait.
+        retry_after: the server's delay, in seconds (RetryInfo).
+    """
+
+    why: str = ""
+    queued: int = 0
+    max_queued: int = 0
+    retry_after: float = 0.0
+
+
 class RevisionLimit(FencedError):
     """OUT_OF_RANGE + REVISION_LIMIT: the batch or lease change would issue a
     revision or epoch past 10^14-1, or meets a stored number past 2^53-1;
@@ -492,6 +514,13 @@ def _invalid(err: InvalidArgument, d: _Details) -> None:
     ]
 
 
+def _queued(err: CallsQueued, d: _Details) -> None:
+    md = err.metadata
+    err.why, err.queued, err.max_queued = md.get("why", ""), _int(md, "queued"), _int(md, "max_queued")
+    if d.retry is not None:
+        err.retry_after = d.retry.retry_delay.seconds + d.retry.retry_delay.nanos / 1e9
+
+
 def _replication(err: ReplicationTimeout, d: _Details) -> None:
     md = err.metadata
     err.revision, err.acked, err.wanted = _int(md, "revision"), _int(md, "replicas_acked"), _int(md, "replicas_wanted")
@@ -566,6 +595,7 @@ REASONS: Sequence[Reason] = (
     Reason(grpc.StatusCode.CANCELLED, "", Cancelled),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _REDIS_REFUSAL, RedisRefusal),
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _r(_Reasons.SNAPSHOT_TOO_LARGE), SnapshotTooLarge, _too_large),  # type: ignore[arg-type]
+    Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, _r(_Reasons.TOO_MANY_CALLS_QUEUED), CallsQueued, _queued),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.RESOURCE_EXHAUSTED, "", ResourceExhausted),
     Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_COMPACTED), RevisionCompacted, _compacted),  # type: ignore[arg-type]
     Reason(grpc.StatusCode.OUT_OF_RANGE, _r(_Reasons.REVISION_LIMIT), RevisionLimit, _limit),  # type: ignore[arg-type]

@@ -166,6 +166,7 @@ def test_redis_out_of_memory_is_a_redis_refusal(start_fenced) -> None:
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "REDIS_OUT_OF_MEMORY", fenced.RedisRefusal),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "SNAPSHOT_TOO_LARGE", fenced.SnapshotTooLarge),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_REPLICA_WAITS", fenced.ResourceExhausted),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_CALLS_QUEUED", fenced.CallsQueued),
         (grpc.StatusCode.FAILED_PRECONDITION, "SOMETHING_ELSE", fenced.FencedError),
         (grpc.StatusCode.INTERNAL, "LEASE_STALE", fenced.FencedError),
     ],

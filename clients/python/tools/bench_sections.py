@@ -9,11 +9,10 @@ difference: the Record objects). Prints the least and the median, in ms. A
 benchmark, not a test: the figures depend on the machine and its load.
 $FENCED_BIN_BEFORE (another fenced binary, e.g. an older build) starts a
 second fenced on the same Redis, and each round times every side on both, in
-turn, so that the two are compared under the same load. Each fenced runs with
---heavy-read-share 1: the benchmark reads in a loop, which the default share
-(0.1 of wall time per caller, docs/configuration.md) paces once its burst is
-spent, and that wait is the pacing's, not the read's (a tick that reads the
-swarm once a pass stays under the share and is never paced).
+turn, so that the two are compared under the same load. A fenced older than
+its fair queue paced a caller reading in a loop (--heavy-read-share); such a
+build runs with --heavy-read-share 1, so that the wait measured is the read's,
+not the pacing's. A caller alone is never held by the fair queue.
 
     /usr/bin/python3 clients/python/tools/bench_sections.py [rounds]
 """
@@ -74,9 +73,12 @@ def main() -> None:
         for n, (label, path) in enumerate(binaries):
             log = work / f"fenced-{n}.log"
             with open(log, "wb") as logf:
+                paced = "--heavy-read-share" in subprocess.run(
+                    [str(path), "serve", "--help"], capture_output=True, text=True).stdout
                 proc = subprocess.Popen(
                     [str(path), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "0s",
-                     "--heavy-read-share", "1", "--redis-url", f"redis://127.0.0.1:{port}"], stdout=logf, stderr=subprocess.STDOUT)
+                     *(["--heavy-read-share", "1"] if paced else []), "--redis-url", f"redis://127.0.0.1:{port}"],
+                    stdout=logf, stderr=subprocess.STDOUT)
             servers.append(proc)
             addr: list[str] = []
 

@@ -27,6 +27,11 @@
 //   - BenchmarkByNameRebuildFlood (rebuild_test.go): another process loops
 //     the by-name index rebuild of a swarm of 50,000 executions; the victim
 //     timed in BenchmarkReadFlood's paired rounds.
+//   - BenchmarkFairShare (fair_test.go): each flood of issue 41 (large
+//     batches, new claims, small batches, Watch churn, all at once) from
+//     one caller against a one-put FencedBatch victim under another token,
+//     and the same flood against a second fenced over its own Redis as the
+//     control, same run.
 //   - BenchmarkGreedyLargeBatches: one address keeps 8 batches at the limits
 //     waiting on a replica that does not exist, while a victim on another
 //     address sends 128 KiB batches. Reported: victim-refused (the share per
@@ -67,8 +72,14 @@ import (
 // victimCalls is how many calls the victim times in each phase.
 const victimCalls = 1000
 
-// token is the victim's bearer token.
-const token = "victim-token-0123456789abcdef"
+// token is the victim's bearer token (its name: "victim"); attackerToken
+// an attacker's ("attacker"): with authorization on, fenced's flows are
+// the tokens' names, so an attacker under its own token is another caller
+// whatever its address.
+const (
+	token         = "victim-token-0123456789abcdef"
+	attackerToken = "attacker-token-0123456789abcdef"
+)
 
 // fenced is a fenced subprocess.
 type fenced struct {
@@ -89,8 +100,10 @@ func startFenced(b *testing.B, redisURL string, args ...string) *fenced {
 		}
 	}
 	sum := sha256.Sum256([]byte(token))
+	asum := sha256.Sum256([]byte(attackerToken))
 	tokens := filepath.Join(b.TempDir(), "tokens.json")
-	doc := `{"tokens":[{"name":"victim","token_sha256":"` + hex.EncodeToString(sum[:]) + `","slugs":["*"],"access":"write"}]}`
+	doc := `{"tokens":[{"name":"victim","token_sha256":"` + hex.EncodeToString(sum[:]) + `","slugs":["*"],"access":"write"},` +
+		`{"name":"attacker","token_sha256":"` + hex.EncodeToString(asum[:]) + `","slugs":["*"],"access":"write"}]}`
 	if err := os.WriteFile(tokens, []byte(doc), 0o600); err != nil {
 		b.Fatal(err)
 	}
@@ -249,6 +262,11 @@ func TestMain(m *testing.M) {
 		fmt.Println(reads, errs)
 		os.Exit(0)
 	}
+	if arg := os.Getenv(fairAttackerEnv); arg != "" {
+		calls, errs := fairFlood(arg)
+		fmt.Println(calls, errs)
+		os.Exit(0)
+	}
 	if arg := os.Getenv(rebuildAttackerEnv); arg != "" {
 		rebuilds, steps, errs, longest := rebuildFlood(arg)
 		fmt.Println(rebuilds, steps, errs, longest.Microseconds())
@@ -402,7 +420,7 @@ func BenchmarkReplicaWaitFlood(b *testing.B) {
 	v.run(200, nil)
 	idle, _ := v.run(victimCalls, nil)
 
-	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(token))
+	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(attackerToken))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -489,7 +507,7 @@ func BenchmarkGreedyLargeBatches(b *testing.B) {
 	}
 	idle, _ := victimRun()
 
-	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(token), dialFrom(net.IPv4(127, 0, 0, 1)))
+	att, err := client.Dial(f.addr, client.WithInsecureBearerToken(attackerToken), dialFrom(net.IPv4(127, 0, 0, 1)))
 	if err != nil {
 		b.Fatal(err)
 	}

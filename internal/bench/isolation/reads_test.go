@@ -27,7 +27,8 @@ import (
 // readAttackerEnv, when set to "<addr> <mode> <readers> <seconds> [own]",
 // makes the test binary a read flood's attacker (TestMain): readers
 // goroutines, each on its own connection (with ownAddresses, reader i
-// dials from 127.0.0.<2+i>, another caller to fenced's per-IP shares; else
+// dials from 127.0.0.<2+i>, another caller to fenced only with --flows-by
+// address; else
 // all from 127.0.0.1), loop mode ("sections": Sections of every section
 // but archive of the fixture swarm; "scan": ScanSection of its executions,
 // 200 records a page, from the start again at the end) for seconds, then
@@ -91,7 +92,8 @@ func readFlood(arg string) (reads, errs int64) {
 				for ctx.Err() == nil {
 					hold()
 					cmds := rueidis.Commands{rdb.B().Multi().Build(), rdb.B().Get().Key(base + "revision").Build(),
-						rdb.B().Hget().Key(base + "meta").Field("section_revisions").Build()}
+						rdb.B().Hget().Key(base + "meta").Field("section_revisions").Build(),
+						rdb.B().Hgetall().Key(base + "section-revisions").Build()}
 					for _, n := range snapshotSections {
 						cmds = append(cmds, rdb.B().Hgetall().Key(base+n).Build())
 					}
@@ -107,7 +109,7 @@ func readFlood(arg string) (reads, errs int64) {
 		return nReads.Load(), nErrs.Load()
 	}
 	for i := range readers {
-		opts := []grpc.DialOption{client.WithInsecureBearerToken(token)}
+		opts := []grpc.DialOption{client.WithInsecureBearerToken(attackerToken)}
 		if own {
 			opts = append(opts, dialFrom(net.IPv4(127, 0, 0, byte(2+i))))
 		}
@@ -176,7 +178,7 @@ func loadFixture(b *testing.B, c *client.Client) {
 }
 
 // BenchmarkReadFlood (FENCED_BENCH_READ_ARGS: more flags for fenced, e.g.
-// "--heavy-read-share 1" to turn the pacing off): fenced over one redis-server holding the fixture
+// "--flows-by address"): fenced over one redis-server holding the fixture
 // swarm (testdata/swarm-state.json, 2,880 records); the victim (a one-put
 // FencedBatch on its own swarm and a Renew of its lease, alternating, one
 // at a time) is timed in paired rounds, readRoundCalls calls idle then as
@@ -184,10 +186,11 @@ func loadFixture(b *testing.B, c *client.Client) {
 // again, paused between rounds; the box's other load moves less within a
 // round than between attacks):
 // one and four callers looping Sections of every section but archive
-// (2,403 records, ~2 MB an answer; "sections-4": four connections from one
-// address, 127.0.0.1, one caller to fenced's per-IP heavy-read share;
-// "sections-4addr": four callers, each from its own address, 127.0.0.2-5,
-// each with its own share), and one caller looping ScanSection of
+// (2,403 records, ~2 MB an answer, under the attacker's token: one caller to
+// the fair queue; "sections-4": four connections from one address,
+// 127.0.0.1; "sections-4addr": four connections, each from its own address,
+// 127.0.0.2-5, still one caller under one token; several with
+// --flows-by address), and one caller looping ScanSection of
 // executions (1,352 records, 200 a page); and, as the control, one caller
 // looping the same snapshot straight from Redis (one MULTI of HGETALLs,
 // "direct-1": what the reads cost the victim whatever fenced does, the

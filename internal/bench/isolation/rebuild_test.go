@@ -41,8 +41,12 @@ const rebuildSlug = "rebuild-swarm"
 
 // pauses answers a func that blocks while SIGUSR1 (pause) is the last of
 // SIGUSR1 and SIGUSR2 (resume) received, or until ctx ends.
-func pauses(ctx context.Context) (hold func()) {
+func pauses(ctx context.Context) (hold func()) { return pausesFrom(ctx, false) }
+
+// pausesFrom is pauses, paused from the start when paused is set.
+func pausesFrom(ctx context.Context, paused0 bool) (hold func()) {
 	var paused atomic.Bool
+	paused.Store(paused0)
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 	go func() {

@@ -58,7 +58,7 @@ func BenchmarkWatchChurn(b *testing.B) {
 	defer conn.Close()
 	records := fencedv1.NewRecordsServiceClient(conn)
 	leases := fencedv1.NewLeaseServiceClient(conn)
-	authed := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+	authed := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+attackerToken)
 
 	watch := func() error {
 		ctx, cancel := context.WithTimeout(authed, 10*time.Second)

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/engine"
@@ -45,7 +47,8 @@ type Options struct {
 	// Background: rebuild a swarm's index in the background (Rebuild,
 	// Page records a step; 0: DefaultByNamePage) as soon as a commit
 	// reports it stale (RebuildLater), one rebuild per swarm at a time,
-	// and tell Rebuilt of each (nil: nobody). Close stops them.
+	// again with backoff while it fails or ends not clean (rebuildRetry),
+	// and tell Rebuilt of each attempt (nil: nobody). Close stops them.
 	Background bool
 	Page       int
 	Rebuilt    func(slug string, r *Rebuild, err error)
@@ -350,6 +353,29 @@ const (
 	rebuildCooldown = 10 * time.Second
 )
 
+// A background rebuild that fails (an error: Redis did not answer in time,
+// refused, the rebuild's own timeout) or ends not clean (a batch flagged
+// the index during each of its passes) is run again after a wait that
+// starts at rebuildRetryInitial and doubles, jittered, up to
+// rebuildRetryMax, until one ends clean, another fenced holds the swarm's
+// claim (Busy: that one does the work), or the Index closes. Before
+// (issue 42), only a later batch that found the index stale started
+// another, so a quiet swarm's index stayed stale after one failure.
+const (
+	rebuildRetryInitial = time.Second
+	rebuildRetryMax     = time.Minute
+)
+
+// errNotClean makes backoff.Retry run a rebuild that ended not clean again.
+var errNotClean = errors.New("the index was flagged stale again during the rebuild")
+
+// rebuildRetry is the wait before each attempt of a background rebuild
+// after the first.
+func rebuildRetry() backoff.BackOff {
+	return &backoff.ExponentialBackOff{InitialInterval: rebuildRetryInitial, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: rebuildRetryMax}
+}
+
 // rebuilds are the background by-name rebuilds of an Index.
 type rebuilds struct {
 	ctx    context.Context
@@ -365,8 +391,11 @@ type rebuilds struct {
 }
 
 // RebuildLater starts a rebuild of slug's by-name index unless one
-// runs, one ended less than rebuildCooldown ago, or the Index was made
-// without Options.Background.
+// runs (or waits to run again), one ended less than rebuildCooldown ago,
+// or the Index was made without Options.Background. The rebuild is run
+// again with backoff while it fails or ends not clean (rebuildRetry),
+// until it ends clean, finds another rebuild holding the swarm's claim,
+// or the Index closes; Options.Rebuilt is told of every attempt.
 func (x *Index) RebuildLater(slug string) {
 	rb := x.rebuilds
 	if rb == nil {
@@ -386,16 +415,28 @@ func (x *Index) RebuildLater(slug string) {
 	rb.wg.Add(1)
 	go func() {
 		defer rb.wg.Done()
-		ctx, cancel := context.WithTimeout(rb.ctx, rebuildTimeout)
-		r, err := x.Rebuild(ctx, slug, rb.page)
-		cancel()
+		_, _ = backoff.Retry(rb.ctx, func() (struct{}, error) {
+			ctx, cancel := context.WithTimeout(rb.ctx, rebuildTimeout)
+			r, err := x.Rebuild(ctx, slug, rb.page)
+			cancel()
+			if rb.ctx.Err() != nil {
+				return struct{}{}, backoff.Permanent(rb.ctx.Err()) // closed: not told
+			}
+			if rb.done != nil {
+				rb.done(slug, r, err)
+			}
+			switch {
+			case err != nil:
+				return struct{}{}, err
+			case !r.Clean && !r.Busy:
+				return struct{}{}, errNotClean
+			}
+			return struct{}{}, nil
+		}, backoff.WithBackOff(rebuildRetry()), backoff.WithMaxElapsedTime(0))
 		rb.mu.Lock()
 		delete(rb.running, slug)
 		rb.ended[slug] = time.Now()
 		rb.mu.Unlock()
-		if rb.done != nil && !errors.Is(err, context.Canceled) {
-			rb.done(slug, r, err)
-		}
 	}()
 }
 

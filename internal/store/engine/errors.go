@@ -267,10 +267,12 @@ func (e *ConflictError) Error() string {
 // with Section "" and Key "revision", a swarm revision counter that is not
 // an integer 0..MaxRevision.
 //
-// With Type set, Key names a swarm key fenced writes without reading it
-// first (log, by-name, by-name-index, state:fencing:current) that holds
-// another Redis type (Type, where Want was expected): the commit or lease
-// change was refused before writing anything.
+// With Type set, Key names a swarm key a commit, lease change or claim
+// call reads or writes (meta, revision, log, a section by its name,
+// request-ids, claim-grants, claim-expiry, claim-sweep, claim:<name>,
+// by-name, by-name-index, state:fencing:current) that holds another Redis
+// type (Type, where Want was expected), RedisKey its whole Redis name: the
+// call was refused before writing anything.
 //
 // With Name set, Key (clipped) names a section field whose name is no
 // record key (Name says why), as a foreign writer could store.
@@ -286,17 +288,19 @@ func (e *ConflictError) Error() string {
 // its bytes at hand (a commit's, which the script names) has no Why until
 // records.Records.Explain reads it again.
 type CorruptError struct {
-	Section string
-	Key     string
-	Type    string
-	Want    string
-	Name    string
-	Why     string
+	Section  string
+	Key      string
+	Type     string
+	Want     string
+	RedisKey string
+	Name     string
+	Why      string
 }
 
 func (e *CorruptError) Error() string {
 	if e.Type != "" {
-		return fmt.Sprintf("swarm key %s holds a Redis %s, not a %s; nothing was written (repair the key by hand)", e.Key, e.Type, e.Want)
+		return fmt.Sprintf("swarm key %s (%s) holds a Redis %s, not a %s; nothing was written (repair it by hand: "+
+			"look at it, then RENAME it away or DEL it; fenced makes a new %s)", e.Key, e.RedisKey, e.Type, e.Want, e.Want)
 	}
 	if e.Name != "" {
 		return fmt.Sprintf("stored field %s/%s is not a record: %s; nothing fenced writes (repair the key by hand)", e.Section, e.Key, e.Name)
@@ -309,6 +313,18 @@ func (e *CorruptError) Error() string {
 			return fmt.Sprintf("stored section %s of the swarm's document cannot be read: %s; repair it by hand", e.Section, e.Why)
 		}
 		return fmt.Sprintf("stored record %s/%s is not a record: %s (repair: a BLIND put overwrites it; a BLIND delete removes it)", e.Section, e.Key, e.Why)
+	}
+	if e.Section == protocol.KeyRequestIDs || e.Section == "" && strings.HasPrefix(e.Key, protocol.KeyRequestPrefix) {
+		what, form, repair := "field "+e.Section+"/"+e.Key, "<revision>:<digest>:<expires_ms>", "HDEL it"
+		if e.Section == "" {
+			what, form, repair = "key "+e.Key, "<revision>:<digest>", "DEL it"
+		}
+		return fmt.Sprintf("stored request id %s is not %s as fenced writes it: fenced cannot tell whether that request "+
+			"committed; nothing was written (repair by hand: %s once the request's outcome is known)", what, form, repair)
+	}
+	if e.Section == protocol.KeySectionRevisions {
+		return fmt.Sprintf("stored section revision %s/%s is not an integer from 0 to 2^53-1 (repair by hand: HSET it "+
+			"to the revision of the section's last batch, or HDEL it)", e.Section, e.Key)
 	}
 	if e.Section == "" {
 		return fmt.Sprintf("stored swarm %s counter is not an integer from 0 to 2^53-1", e.Key)

@@ -74,6 +74,10 @@ func (k Keys) ByNameIndex() string { return k.base + protocol.KeyByNameIndex }
 // (lib_memo.lua).
 func (k Keys) RequestIDs() string { return k.base + protocol.KeyRequestIDs }
 
+// SectionRevisions is the swarm's hash of section revisions
+// (docs/design/03-fenced-batch.md §3.4).
+func (k Keys) SectionRevisions() string { return k.base + protocol.KeySectionRevisions }
+
 // Claims is the hash of the swarm's claim grants (claim-grants).
 func (k Keys) Claims() string { return k.base + protocol.KeyClaims }
 

@@ -87,12 +87,43 @@ func (e *Engine) observeScript(ctx context.Context, sc *Script, start time.Time,
 // ObserveCall reports to the Observer one call that is no single script
 // but stands for the script name (a Sections read sent as a pipeline, or
 // read in steps: ScriptReadSections), begun at start and ended with err,
-// as Redis or rueidis answered it (a nil reply is an answer).
+// as Redis or rueidis answered it (a nil reply is an answer), and hands
+// its elapsed time to the Meter ctx carries (WithMeter).
 func (e *Engine) ObserveCall(ctx context.Context, name string, start time.Time, err error) {
 	if rueidis.IsRedisNil(err) {
 		err = nil
 	}
-	e.opts.Observer.ScriptDone(name, time.Since(start), e.Classify(ctx, err))
+	elapsed := time.Since(start)
+	if m, ok := ctx.Value(meterKey{}).(Meter); ok {
+		m.RedisTime(elapsed)
+	}
+	e.opts.Observer.ScriptDone(name, elapsed, e.Classify(ctx, err))
+}
+
+// Meter is told the Redis time of a caller's call, so that it is charged
+// to its caller: the server's fair queue hands the store one per call
+// (internal/server/fair.Ticket) in the call's context (WithMeter). Every
+// script call made with that context reports to it, as it reports to the
+// Observer's ScriptDone: the round trip in ns (for a member of a group
+// commit, the group's; for a commit that waits for replicas on its own
+// connection, the script's alone, before WAIT). RedisTime must be cheap and
+// safe for concurrent use.
+type Meter interface {
+	RedisTime(elapsed time.Duration)
+}
+
+type meterKey struct{}
+
+// WithMeter returns ctx carrying m: the scripts called with it report
+// their round trips to m (ObserveCall).
+func WithMeter(ctx context.Context, m Meter) context.Context {
+	return context.WithValue(ctx, meterKey{}, m)
+}
+
+// MeterOf is the Meter ctx carries (WithMeter); nil when none.
+func MeterOf(ctx context.Context) Meter {
+	m, _ := ctx.Value(meterKey{}).(Meter)
+	return m
 }
 
 // GroupObserver is implemented by an Observer that counts the group

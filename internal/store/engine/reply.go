@@ -73,14 +73,16 @@ func ParseInts(ss ...string) ([]int64, error) {
 // SwarmRefusal decodes the {'CORRUPT', ”, what} and {'LIMIT', ”, what}
 // replies of the committing scripts; nil when reply is neither.
 func SwarmRefusal(reply []string) error {
-	if len(reply) == 4 && reply[0] == protocol.ReplyWrongType {
-		return &CorruptError{Key: reply[1], Type: reply[2], Want: reply[3]}
+	if len(reply) == 5 && reply[0] == protocol.ReplyWrongType {
+		return &CorruptError{Key: reply[1], Type: reply[2], Want: reply[3], RedisKey: reply[4]}
 	}
 	if len(reply) != 3 || reply[1] != "" {
 		return nil
 	}
 	section, key, _ := strings.Cut(reply[2], "/")
-	if key == "" {
+	if key == "" || strings.HasPrefix(reply[2], protocol.KeyRequestPrefix) {
+		// A key of the swarm ("revision", "log", "request:<id>", whose id
+		// may hold '/'), not a section's field.
 		section, key = "", reply[2]
 	}
 	switch reply[0] {

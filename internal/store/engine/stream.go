@@ -25,8 +25,10 @@ type SnapshotSink interface {
 
 // Turn waits for the caller's turn to run one step of a heavy read (a
 // round trip of Redis reads) and answers the function that gives it back;
-// err is ctx's error when the deadline came first (nothing is held then).
-// The server's is its heavy reads' gate; nil takes no turn.
+// err is ctx's error when the deadline came first, or the turn's refusal
+// (nothing is held then).
+// The server's is a turn in the caller's flow of its fair queue; nil
+// takes no turn.
 type Turn func(ctx context.Context) (done func(), err error)
 
 // Take takes t's turn (no turn when t is nil).

@@ -7,7 +7,7 @@ package inspect
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -69,8 +69,9 @@ type Overview struct {
 	// writer that bypassed fenced; RebuildByName clears it).
 	ByNameIndex      int64
 	ByNameIndexStale bool
-	// SectionRevisions is meta/section_revisions: section -> the revision
-	// of the last batch that put or deleted in it.
+	// SectionRevisions are the section revisions (section-revisions, and
+	// the retired meta/section_revisions while it exists): section -> the
+	// revision of the last batch that put or deleted in it.
 	SectionRevisions map[string]int64
 	// Problems lists meta records that could not be read ("meta/lease: not
 	// a lease record"); the fields they feed are left zero.
@@ -100,7 +101,7 @@ func (o *Overview) StampAgrees() bool {
 
 // Overview reads the layout, then in one short script the swarm revision,
 // the standalone stamp, the lease with Redis's clock, meta/epoch,
-// meta/leader_changes, meta/section_revisions, the log's length, the
+// meta/leader_changes, the section revisions, the log's length, the
 // record count of by-name and of each named section, and the size and
 // stale flag of by-name's index. Meta records that are
 // not readable are listed in Problems, not returned as errors. Errors:
@@ -129,7 +130,7 @@ func (rd *Reader) Overview(ctx context.Context, slug string, sections []string) 
 
 // runInspect runs inspect.lua over the swarm's meta, revision, log,
 // by-name, by-name index and each section's keys (and, where the stamp is
-// kept, P:state:fencing:current) and checks the reply's length: 12
+// kept, P:state:fencing:current) and checks the reply's length: 13
 // elements, then one record count per section.
 func (rd *Reader) runInspect(ctx context.Context, slug string, sections []string) (inspectReply, error) {
 	k := rd.e.Keys(slug)
@@ -146,7 +147,7 @@ func (rd *Reader) runInspect(ctx context.Context, slug string, sections []string
 	if err != nil {
 		return nil, fmt.Errorf("store: inspect: %w", rd.e.Classify(ctx, err))
 	}
-	if len(arr) != 12+len(sections) {
+	if len(arr) != 13+len(sections) {
 		return nil, fmt.Errorf("store: inspect: %w: %d elements for %d sections", engine.ErrMalformedReply, len(arr), len(sections))
 	}
 	return inspectReply(arr), nil
@@ -154,9 +155,10 @@ func (rd *Reader) runInspect(ctx context.Context, slug string, sections []string
 
 // inspectReply is inspect.lua's reply: [0] Redis's clock in ms, [1] the
 // swarm revision, [2..6] meta lease, epoch, leader_changes, layout and
-// section_revisions, [7] the stamp, [8] the log's length, [9] by-name's
-// size, [10] its index's size, [11] the index's stale flag, [12..] each
-// section's record count.
+// section_revisions (retired), [7] the stamp, [8] the log's length, [9]
+// by-name's size, [10] its index's size, [11] the index's stale flag,
+// [12] section-revisions' fields and values, [13..] each section's record
+// count.
 type inspectReply []rueidis.RedisMessage
 
 // str answers element i as a string, and false when it is nil.
@@ -199,8 +201,8 @@ func (r inspectReply) head(o *Overview) error {
 	return nil
 }
 
-// meta reads the meta records (lease, epoch, leader_changes, layout,
-// section_revisions) into o; each one that cannot be read is listed in
+// meta reads the meta records (lease, epoch, leader_changes, layout) and
+// the section revisions into o; each one that cannot be read is listed in
 // o.Problems, sorted.
 func (r inspectReply) meta(o *Overview) error {
 	var raw [5]string
@@ -235,12 +237,21 @@ func (r inspectReply) meta(o *Overview) error {
 			o.Problems = append(o.Problems, fmt.Sprintf("meta/layout: %q is not a record of \"records\" or \"document\"", clipped(raw[3])))
 		}
 	}
-	if present[4] {
-		rec, ok := batch.ParseRecord(raw[4])
-		if !ok || json.Unmarshal([]byte(rec.Value), &o.SectionRevisions) != nil {
-			o.SectionRevisions = map[string]int64{}
-			o.Problems = append(o.Problems, "meta/section_revisions: not a record of section revisions")
-		}
+	// The section revisions: section-revisions, and the retired
+	// meta/section_revisions while it exists (engine.SectionRevisions).
+	hash, err := r[12].AsStrMap()
+	if err != nil {
+		return fmt.Errorf("store: inspect: %w: element 12: %w", engine.ErrMalformedReply, err)
+	}
+	revs, err := engine.SectionRevisions(raw[4], hash)
+	var ce *engine.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		o.Problems = append(o.Problems, fmt.Sprintf("%s/%s: not a record of section revisions", ce.Section, ce.Key))
+	case err != nil:
+		return err
+	default:
+		o.SectionRevisions = revs
 	}
 	slices.Sort(o.Problems)
 	return nil
@@ -262,7 +273,7 @@ func (r inspectReply) counts(o *Overview, sections []string) error {
 		return err
 	}
 	for i, name := range sections {
-		if o.Records[name], err = r.num(12 + i); err != nil {
+		if o.Records[name], err = r.num(13 + i); err != nil {
 			return err
 		}
 	}

@@ -51,7 +51,7 @@ func TestLeaseResult(t *testing.T) {
 		{name: "stale: another lease", reply: []string{"STALE", "ctl:b", "8", "1"}, err: &engine.StaleError{Present: true, Owner: "ctl:b", Epoch: 8, ExpiresAtMs: 1}},
 		{name: "meta/epoch corrupt", reply: []string{"CORRUPT", "", "meta/epoch"}, err: &engine.CorruptError{Section: "meta", Key: "epoch"}},
 		{name: "the new epoch over the limit", reply: []string{"LIMIT", "", "epoch"}, err: &engine.LimitError{Key: "epoch"}},
-		{name: "the log of another type", reply: []string{"WRONGTYPE", "log", "string", "stream"}, err: &engine.CorruptError{Key: "log", Type: "string", Want: "stream"}},
+		{name: "the log of another type", reply: []string{"WRONGTYPE", "log", "string", "stream", "P:{s}:fence:log"}, err: &engine.CorruptError{Key: "log", Type: "string", Want: "stream", RedisKey: "P:{s}:fence:log"}},
 		{name: "a write index means nothing here", reply: []string{"CORRUPT", "0"}, is: engine.ErrMalformedReply},
 		{name: "a commit's reply", reply: []string{"REUSED"}, is: engine.ErrMalformedReply},
 		{name: "an unknown tag", reply: []string{"MAYBE"}, is: engine.ErrMalformedReply},

@@ -28,7 +28,7 @@
 --   {'STALE', owner, epoch, expires_at_ms}       ('' when the name has no grant)
 --   {'TOO_MANY', claims, max}                     acquire of a new name at the cap
 --   {'LAYOUT_DOCUMENT'}, {'LAYOUT_UNKNOWN'}, {'CORRUPT', '', what},
---   {'LIMIT', '', what}, {'WRONGTYPE', name, type, want}  as commit.lua
+--   {'LIMIT', '', what}, {'WRONGTYPE', name, type, want, key}  as commit.lua
 local slug = string.match(KEYS[1], P.SLUG_PATTERN)
 local mode, op, owner = ARGV[1], ARGV[2], ARGV[3]
 local epoch, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -130,6 +130,10 @@ if op == P.LEASE_RELEASE then
   -- its start (a queued walk of an earlier epoch is taken over by this one).
   plan = reclaim.plan(name, dead, '0', budget, 0)
   records = reclaim.note(plan, changed, log_changes)
+  local wrong = reclaim.check(plan)
+  if wrong then
+    return wrong
+  end
 elseif granted and redis.call('SCARD', KEYS[reclaim.SET]) > 0 then
   -- A new epoch: every record of the name bound below it is dead (a
   -- lapsed grant taken over before the reaper ended it, a grant Redis

@@ -60,66 +60,94 @@
 --   {'LAYOUT_DOCUMENT'}
 --   {'LAYOUT_UNKNOWN'}   Cluster only: check the layout and call again
 --   {'CORRUPT', index}   the write's stored field is not a record
---   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions') is
---                        not a revision
+--   {'CORRUPT', '', what}  what ('revision', 'meta/section_revisions',
+--                        'section-revisions/<name>') is not a revision
 --   {'LIMIT', index}     a BLIND write on a record whose revision is above
 --                        2^53-1 (REV_MAX): not a number a script reads
 --                        exactly
---   {'WRONGTYPE', name, type, want}  a key the commit writes without
---                        reading it first (log, by-name, by-name-index,
---                        state:fencing:current) holds another Redis type
+--   {'WRONGTYPE', name, type, want, key}  a key the commit reads or writes
+--                        (meta, revision, log, a section, request-ids,
+--                        claim-grants, a claim's set, by-name,
+--                        by-name-index, state:fencing:current) holds
+--                        another Redis type; nothing was written
 --   {'LIMIT', '', what}  what ('revision', 'meta/section_revisions',
+--                        'section-revisions/<name>',
 --                        'meta/lease') holds a number above REV_MAX, or the
 --                        new revision would be above ISSUE_MAX (10^14-1)
 local META, REV, LOG = 1, 2, 3
 local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
+-- The kinds, as locals (a table lookup less each time one is compared).
+local PUT, DELETE, CHECK, CHECK_RECORDS = P.KIND_PUT, P.KIND_DELETE, P.KIND_CHECK, P.KIND_CHECK_RECORDS
+local PUT_BOUND, CHECK_SECTION = P.KIND_PUT_BOUND, P.KIND_CHECK_SECTION
+-- Revisions of fewer digits than REV_MAX's are in range without comparing.
+local REV_DIGITS = #REV_MAX_TEXT
 
-local slug = string.match(KEYS[META], P.SLUG_PATTERN)
 local mode, fence_epoch, caller_now, window, digest, fence_owner = string.match(ARGV[1], COMMIT_HEADER_PATTERN)
+-- (The epoch and now_ms are never negative: base 36 read directly.)
 if fence_epoch ~= '' then
-  fence_epoch = base36(fence_epoch)
+  fence_epoch = tonumber(fence_epoch, 36)
 end
-caller_now = base36(caller_now)
-local stamp = string.find(mode, P.MODE_STAMP, 1, true) ~= nil
-local layout_checked = string.find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil
+caller_now = tonumber(caller_now, 36)
+-- The mode's letters, read once per mode the library meets (mode_flags).
+local flags = mode_flags(mode)
+local stamp = flags.stamp
 local request_id = nil
-if string.find(mode, P.MODE_REQUEST, 1, true) then
-  fence_owner = request_begin(KEYS[fixed_keys + 1], fence_owner, string.find(mode, P.MODE_LEGACY_REQUEST, 1, true) ~= nil)
+if flags.request then
+  fence_owner = request_begin(KEYS[fixed_keys + 1], fence_owner, flags.legacy)
   request_id = request_id_of()
 end
 
 -- With a claim fence (mode 'c') ARGV[2] is the claim (claim_fence) and
 -- the writes start at ARGV[3].
-local claim_arg = string.find(mode, P.MODE_CLAIM, 1, true) and ARGV[2]
+local claim_arg = flags.claim and ARGV[2]
 local first_write = claim_arg and 3 or 2
 
--- The writes, decoded once: kinds[i], kis[i] (index into KEYS), wkeys[i],
--- expects[i], values[i] (puts only), for i = 1..n.
+-- The writes, decoded once, each one's state in STRIDE slots of one table
+-- W (one table a commit instead of one per field: each table is Redis
+-- time): write i's are W[b + 1] to W[b + STRIDE], b = (i - 1) * STRIDE:
+-- KIND its kind, KI the index into KEYS of its section, KEY its record's
+-- key, EXPECTED its expected revision, VALUE a put's value, then, read
+-- below, RAW the stored field (false: absent) and HEAD the revision digits
+-- of a stored field of fenced's unbound form (fenced_head).
 -- A bound put (kind P.KIND_PUT_BOUND, docs/design/12-claims.md §12.4) is a
--- put in kinds[i], with binds[i] true.
-local kinds, kis, wkeys, expects, values, binds = {}, {}, {}, {}, {}, {}
+-- put in KIND, with binds[i] true (binds: nil while none is bound).
+-- W is made at the most writes the arguments can hold (sized).
+local KIND, KI, KEY, EXPECTED, VALUE, RAW, HEAD, STRIDE = 1, 2, 3, 4, 5, 6, 7, 7
+local W = sized(STRIDE * (#ARGV - first_write + 1))
+local binds = nil
 local n = 0
-local any_bound = false
 do
-  local a, last = first_write, #ARGV
+  local a, last, b = first_write, #ARGV, 0
   while a <= last do
     local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
     n = n + 1
-    if kind == P.KIND_PUT_BOUND then
-      kind, binds[n], any_bound = P.KIND_PUT, true, true
+    if kind == PUT_BOUND then
+      kind = PUT
+      binds = binds or {}
+      binds[n] = true
     end
-    kinds[n], kis[n], wkeys[n], expects[n] = kind, tonumber(ki), key, base36(expected)
-    if kind == P.KIND_PUT then
+    -- expected: BLIND (-1) is the only negative a commit is sent.
+    W[b + KIND], W[b + KI], W[b + KEY] = kind, tonumber(ki), key
+    if expected == '-1' then
+      W[b + EXPECTED] = -1
+    else
+      W[b + EXPECTED] = tonumber(expected, 36)
+    end
+    if kind == PUT then
       a = a + 1
-      values[n] = ARGV[a]
+      W[b + VALUE] = ARGV[a]
     end
-    a = a + 1
+    a, b = a + 1, b + STRIDE
   end
 end
 
 -- 1. Layout: a swarm still stored as one document must be migrated first.
-local layout, refusal = check_layout(stamp, layout_checked, slug)
+-- base is every key's prefix, up to the name (KEYS[META] ends in meta);
+-- the slug is its hash tag.
+local base = sub(KEYS[META], 1, #KEYS[META] - #P.KEY_META)
+local slug = string.match(base, P.SLUG_PATTERN)
+local layout, refusal = check_layout(stamp, flags.checked, slug)
 if refusal then
   return refusal
 end
@@ -169,36 +197,12 @@ if claim_arg then
   if fence_epoch == '' then
     log_owner = claim_owner
   end
-  if any_bound then
+  if binds then
     claim_set = KEYS[tonumber(string.match(claim_arg, '^(%d+):')) + 1]
   end
-elseif any_bound then
+elseif binds then
   error('fenced: a bound put without a claim fence')
 end
-
--- Bound records (§12.4): the stored records the batch meets that have the
--- bound form (record_claim), each write's claim in bound_names[i], its
--- epoch in bound_epochs[i] and its revision's digits in bound_revs[i]
--- (the revisions' loop reads it from there: record_claim judged the field
--- as record_revision would); the claims met, once each, in met_claims.
--- All five are made by the first bound record met (nil until then: most
--- batches meet none, and every table a commit makes is Redis time).
-local bound_names, bound_epochs, bound_revs, met_claims, met = nil, nil, nil, nil, nil
-local function meet(i, raw)
-  local name, epoch, digits = record_claim(raw)
-  if name then
-    if not met then
-      bound_names, bound_epochs, bound_revs, met_claims, met = {}, {}, {}, {}, {}
-    end
-    bound_names[i], bound_epochs[i], bound_revs[i] = name, epoch, digits
-    if not met[name] then
-      met[name] = true
-      met_claims[#met_claims + 1] = name
-    end
-  end
-end
--- base is every key's prefix, up to the name (KEYS[META] ends in meta).
-local base = sub(KEYS[META], 1, #KEYS[META] - #P.KEY_META)
 
 -- 3. Revisions: the swarm's floors must be revisions (and in range); then
 -- collect every mismatch, in request order.
@@ -206,6 +210,9 @@ local highest, refused = swarm_floor() -- then also the written records' revisio
 if refused then
   return refused
 end
+-- Bound records (§12.4), met while the stored fields are read: meet
+-- (lib_commit.lua) keeps each write's claim, epoch and revision digits in
+-- bound (nil until the first bound record met: most batches meet none).
 -- The records checks' pairs, read before the loop by HMGET, at most
 -- CHECK_CHUNK fields a call (one redis.call per record was most of a large
 -- check's cost), each field's revision taken at once (checked_revision)
@@ -216,16 +223,20 @@ local checked = nil -- write index -> stored revision (0: absent; false: not a r
 do
   local i = 1
   while i <= n do
-    local ki = kis[i]
-    if kinds[i] ~= P.KIND_CHECK_RECORDS then
+    local b = (i - 1) * STRIDE
+    local ki = W[b + KI]
+    if W[b + KIND] ~= CHECK_RECORDS then
       i = i + 1
     else
       local first, fields = i, {}
-      while i <= n and kinds[i] == P.KIND_CHECK_RECORDS and kis[i] == ki and #fields < CHECK_CHUNK do
-        fields[#fields + 1] = wkeys[i]
-        i = i + 1
+      while i <= n and W[b + KIND] == CHECK_RECORDS and W[b + KI] == ki and #fields < CHECK_CHUNK do
+        fields[#fields + 1] = W[b + KEY]
+        i, b = i + 1, b + STRIDE
       end
-      local got = redis.call('HMGET', KEYS[ki], unpack(fields))
+      local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
+      if got.err then
+        return refusal_of(got, KEYS[ki], 'hash', sub(KEYS[ki], #base + 1))
+      end
       checked = checked or {}
       for j = 1, #fields do
         local actual = 0
@@ -241,42 +252,53 @@ end
 -- The stored fields of the puts, deletes and checks, read likewise: one
 -- HMGET per section key (at most CHECK_CHUNK fields a call) instead of an
 -- HGET per write (a redis.call per record was a third of a large batch's
--- reads). A read Redis refuses (the key holds another type) is raised when
--- the loop below reaches the first write it holds, so a batch answers the
--- same refusal, in the same order, as when each write read its own field.
-local stored, stored_err = {}, nil -- write index -> stored field (false: absent) / the read's error (a table made on the first)
+-- reads). A read Redis refuses (the key holds another type) is answered
+-- (refusal_of) when the loop below reaches the first write it holds, so a
+-- batch answers the same refusal, in the same order, as when each write
+-- read its own field. A field of fenced's unbound form (fenced_head) is
+-- never bound: meet is spared it.
+local stored_err = nil -- write index -> the read's error (a table made on the first)
+local by_key = {} -- KEYS index -> the indices of its puts, deletes and checks, in order
 do
-  local by_key, order = {}, {}
   for i = 1, n do
-    local kind = kinds[i]
-    if kind == P.KIND_PUT or kind == P.KIND_DELETE or kind == P.KIND_CHECK then
-      local list = by_key[kis[i]]
-      if not list then
-        list = {}
-        by_key[kis[i]] = list
-        order[#order + 1] = kis[i]
+    local b = (i - 1) * STRIDE
+    local kind = W[b + KIND]
+    if kind == PUT or kind == DELETE or kind == CHECK then
+      local list = by_key[W[b + KI]]
+      if list then
+        list[#list + 1] = i
+      else
+        by_key[W[b + KI]] = { i }
       end
-      list[#list + 1] = i
     end
   end
-  for _, ki in ipairs(order) do
-    local list = by_key[ki]
-    local j = 1
-    while j <= #list do
-      local first, fields = j, {}
-      while j <= #list and #fields < CHECK_CHUNK do
-        fields[#fields + 1] = wkeys[list[j]]
+  for ki, list in pairs(by_key) do
+    local j, len = 1, #list
+    while j <= len do
+      local first, fields, f = j, len - j > 1 and sized(math.min(len - j + 1, CHECK_CHUNK)) or {}, 0
+      while j <= len and f < CHECK_CHUNK do
+        f = f + 1
+        fields[f] = W[(list[j] - 1) * STRIDE + KEY]
         j = j + 1
       end
       local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
-      for m = 1, #fields do
-        if got.err then
-          stored_err = stored_err or {}
+      if got.err then
+        stored_err = stored_err or {}
+        for m = 1, f do
           stored_err[list[first + m - 1]] = got
-        else
-          stored[list[first + m - 1]] = got[m]
-          if got[m] then
-            meet(list[first + m - 1], got[m])
+        end
+      else
+        for m = 1, f do
+          local raw, i = got[m], list[first + m - 1]
+          local b = (i - 1) * STRIDE
+          W[b + RAW] = raw
+          if raw then
+            local digits = fenced_head(raw)
+            if digits then
+              W[b + HEAD] = digits
+            else
+              meet(i, raw)
+            end
           end
         end
       end
@@ -289,8 +311,9 @@ end
 -- record is not live, which is absent to it (revision 0). A grant that
 -- cannot be read leaves its records not live.
 local dead = nil
-if met_claims then
+if bound then
   dead = {}
+  local met_claims = bound.claims
   local grants_key = base .. P.KEY_CLAIMS
   local live = {} -- name -> the epoch (digits) of its live grant
   local now = now_ms()
@@ -314,8 +337,8 @@ if met_claims then
       end
     end
   end
-  for i, name in pairs(bound_names) do
-    if live[name] ~= bound_epochs[i] then
+  for i, name in pairs(bound.names) do
+    if live[name] ~= bound.epochs[i] then
       dead[i] = true
     end
   end
@@ -323,37 +346,43 @@ end
 
 local conflicts = nil -- the CONFLICT reply, made by the first mismatch
 local mutates = false
-local old_exec = EXEC and {} -- write index -> stored executions field (or false); nil without by-name
-local olds = {} -- write index -> the stored field a put or delete replaces
+local bound_revs = bound and bound.revs
 for i = 1, n do
-  local kind, ki, key, expected = kinds[i], kis[i], wkeys[i], expects[i]
+  local b = (i - 1) * STRIDE
+  local kind, expected = W[b + KIND], W[b + EXPECTED]
   local actual = 0
-  if kind == P.KIND_CHECK_SECTION then
-    local revs = section_revisions()
-    local name = string.match(KEYS[ki], P.SECTION_PATTERN)
-    if type(revs[name]) == 'number' then
-      actual = revs[name]
+  if kind == CHECK_SECTION then
+    local refused
+    actual, refused = section_revision(sub(KEYS[W[b + KI]], #base + 1))
+    if refused then
+      return refused
     end
-  elseif kind == P.KIND_CHECK_RECORDS then
+  elseif kind == CHECK_RECORDS then
     actual = checked[i]
     if actual == false then
       return { P.REPLY_CORRUPT, int(i - 1) }
     end
-    highest = rev_latest(highest, actual)
+    if actual ~= 0 and actual ~= highest then
+      highest = rev_latest(highest, actual)
+    end
     if dead and dead[i] then
       actual = 0
     end
   else
     if stored_err and stored_err[i] then
-      error(stored_err[i])
+      return refusal_of(stored_err[i], KEYS[W[b + KI]], 'hash', sub(KEYS[W[b + KI]], #base + 1))
     end
-    local raw = stored[i]
+    local raw = W[b + RAW]
     if raw then
+      -- A write reads only what it compares (§3.2): fenced's exact form
+      -- gives its revision from its head, the value not judged; a bound
+      -- field was judged by meet (record_claim); any other text by the
+      -- record grammar.
       local over
-      local digits = bound_revs and bound_revs[i]
+      local digits = W[b + HEAD] or (bound_revs and bound_revs[i])
       if digits == nil then
         actual, over = record_revision(raw)
-      elseif digits_in_range(digits) then
+      elseif #digits < REV_DIGITS or digits_in_range(digits) then
         actual, over = tonumber(digits), false
       else
         actual, over = nil, true
@@ -362,7 +391,7 @@ for i = 1, n do
         -- A field that is not a record can only be overwritten blind
         -- (repair); one whose revision is above REV_MAX not even so: no
         -- script reads that number exactly (repair by hand).
-        if expected ~= -1 or kind == P.KIND_CHECK then
+        if expected ~= -1 or kind == CHECK then
           return { P.REPLY_CORRUPT, int(i - 1) }
         end
         if over then
@@ -370,17 +399,23 @@ for i = 1, n do
         end
         actual = 0
       end
-    end
-    highest = rev_latest(highest, actual)
-    if dead and dead[i] then
-      actual = 0
-    end
-    if kind ~= P.KIND_CHECK then
-      mutates = true
-      olds[i] = raw
-      if ki == EXEC then
-        old_exec[i] = raw or false
+      -- highest = rev_latest(highest, actual), the common case (an era-2
+      -- floor, a revision not of era 1) without its calls.
+      if actual ~= 0 and actual ~= highest then
+        if highest >= CLOCK_ERA_MIN and highest <= ISSUE_MAX and actual <= ISSUE_MAX then
+          if actual > highest then
+            highest = actual
+          end
+        else
+          highest = rev_latest(highest, actual)
+        end
       end
+      if dead and dead[i] then
+        actual = 0
+      end
+    end
+    if kind ~= CHECK then
+      mutates = true
     end
   end
   if expected ~= -1 and expected ~= actual then
@@ -412,20 +447,23 @@ end
 -- unbinds[name] are the members taken from that claim's set. All three
 -- are nil for a batch that neither meets nor puts a bound record.
 local unbinds, unbind_order, binding = nil, nil, nil
-if met or any_bound then
+if bound or binds then
   unbinds, unbind_order, binding = {}, {}, {}
+  local bound_names = bound and bound.names
   for i = 1, n do
+    local b = (i - 1) * STRIDE
     local old = bound_names and bound_names[i]
-    if old and olds[i] and not (binds[i] and old == claim_name) then
+    local bind = binds and binds[i]
+    if old and W[b + RAW] and W[b + KIND] ~= CHECK and not (bind and old == claim_name) then
       if not unbinds[old] then
         unbinds[old] = {}
         unbind_order[#unbind_order + 1] = old
       end
       local list = unbinds[old]
-      list[#list + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
+      list[#list + 1] = sub(KEYS[W[b + KI]], #base + 1) .. '\n' .. W[b + KEY]
     end
-    if binds[i] then
-      binding[#binding + 1] = string.match(KEYS[kis[i]], P.SECTION_PATTERN) .. '\n' .. wkeys[i]
+    if bind then
+      binding[#binding + 1] = sub(KEYS[W[b + KI]], #base + 1) .. '\n' .. W[b + KEY]
     end
   end
   if #binding > 0 or #unbind_order > 0 then
@@ -452,47 +490,22 @@ local head = '{"r":' .. rev .. ',"v":'
 -- A bound put's head (§12.4): the claim's name (no escapes: [A-Za-z0-9._:@/-])
 -- and its epoch as the grant's digits, never re-encoded.
 local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name .. '","claim_epoch":' .. claim_epoch .. ',"v":')
-local rev_number = tonumber(rev)
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
-local log_changes = {} -- the log entry's changes (log_change)
-local section_of = {} -- KEYS index -> section name, once per key
+local log_changes, c = sized(n), 0 -- the log entry's changes (as log_change makes them), and their count
 local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
--- One HSET and one HDEL per section key, each with all of the batch's
--- fields of that key (a batch names a record at most once, so the order
--- between them does not matter): a redis.call per record was most of the
--- per-record cost besides the record grammar check. A key's list of
--- deletes is made by its first delete (most batches only put).
-local puts, dels, touched = {}, {}, {}
-for i = 1, n do
-  local kind, ki, key, value = kinds[i], kis[i], wkeys[i], values[i]
-  if (kind == P.KIND_PUT or kind == P.KIND_DELETE) and not puts[ki] then
-    puts[ki] = {}
-    touched[#touched + 1] = ki
-  end
-  if kind == P.KIND_PUT then
-    local args = puts[ki]
-    local field = (binds[i] and bound_head or head) .. value .. '}'
-    args[#args + 1] = key
-    args[#args + 1] = field
-  elseif kind == P.KIND_DELETE then
-    local keys = dels[ki]
-    if not keys then
-      keys = {}
-      dels[ki] = keys
-    end
-    keys[#keys + 1] = key
-  end
-  if kind == P.KIND_PUT or kind == P.KIND_DELETE then
+for b = 0, (n - 1) * STRIDE, STRIDE do
+  local kind = W[b + KIND]
+  if kind == PUT or kind == DELETE then
+    local ki, key = W[b + KI], W[b + KEY]
+    local section = sub(KEYS[ki], #base + 1)
+    changed[section] = true
     records = records + 1
-    if not section_of[ki] then
-      section_of[ki] = string.match(KEYS[ki], P.SECTION_PATTERN)
-      changed[section_of[ki]] = true
-    end
-    log_change(log_changes, kind, section_of[ki], key)
+    c = c + 1
+    log_changes[c] = kind .. section .. ':' .. len_text(#key) .. ':' .. key
     if ki == EXEC then
-      exec_writes[#exec_writes + 1] = { id = key, old = old_exec[i], new = value }
+      exec_writes[#exec_writes + 1] = { id = key, old = W[b + RAW] or false, new = W[b + VALUE] }
     end
   end
 end
@@ -503,12 +516,31 @@ if refused_write then
   return refused_write
 end
 
-for _, ki in ipairs(touched) do
-  if #puts[ki] > 0 then
-    redis.call('HSET', KEYS[ki], unpack(puts[ki]))
+-- One HSET and one HDEL per section key, each with all of the batch's
+-- fields of that key (a batch names a record at most once, so the order
+-- between them does not matter): a redis.call per record was most of the
+-- per-record cost besides the record grammar check. A key's deletes are
+-- listed by its first delete (most batches only put).
+for ki, list in pairs(by_key) do
+  local args, a, dels = nil, 0, nil
+  for _, i in ipairs(list) do
+    local b = (i - 1) * STRIDE
+    local kind = W[b + KIND]
+    if kind == PUT then
+      args = args or (#list > 1 and sized(2 * #list) or {})
+      args[a + 1] = W[b + KEY]
+      args[a + 2] = (binds and binds[i] and bound_head or head) .. W[b + VALUE] .. '}'
+      a = a + 2
+    elseif kind == DELETE then
+      dels = dels or {}
+      dels[#dels + 1] = W[b + KEY]
+    end
   end
-  if dels[ki] then
-    redis.call('HDEL', KEYS[ki], unpack(dels[ki]))
+  if args then
+    redis.call('HSET', KEYS[ki], unpack(args))
+  end
+  if dels then
+    redis.call('HDEL', KEYS[ki], unpack(dels))
   end
 end
 

@@ -31,6 +31,7 @@
 -- one batch's call is, so every member runs at that instant (a second
 -- member of one swarm numbers after the first as a later call would:
 -- its floor is the first's revision).
+local UNPACK_MAX = 4000
 local function commit_group(keys, args)
   local replies = {}
   local k, a, i = 0, 1, 0
@@ -38,12 +39,20 @@ local function commit_group(keys, args)
   for fn, nk, na in string.gmatch(args[1], '(%d+):(%d+):(%d+),') do
     i = i + 1
     nk, na = tonumber(nk), tonumber(na)
-    local mkeys, margs = {}, {}
-    for j = 1, nk do
-      mkeys[j] = keys[k + j]
-    end
-    for j = 1, na do
-      margs[j] = args[a + j]
+    -- Each member's KEYS and ARGV, made at their size in one step (unpack
+    -- in a constructor) but for a member of more arguments than unpack
+    -- takes at once (Lua's C stack: LUAI_MAXCSTACK, 8000).
+    local mkeys, margs
+    if nk <= UNPACK_MAX and na <= UNPACK_MAX then
+      mkeys, margs = { unpack(keys, k + 1, k + nk) }, { unpack(args, a + 1, a + na) }
+    else
+      mkeys, margs = {}, {}
+      for j = 1, nk do
+        mkeys[j] = keys[k + j]
+      end
+      for j = 1, na do
+        margs[j] = args[a + j]
+      end
     end
     k, a = k + nk, a + na
     begin(mkeys, margs, true)

@@ -23,7 +23,7 @@
 --   {'STALE', owner, epoch, expires_at_ms}         renew, release: not the
 --                                                 caller's live lease ('' when none)
 --   {'LAYOUT_DOCUMENT'}, {'LAYOUT_UNKNOWN'}        as commit.lua
---   {'CORRUPT', '', what}, {'LIMIT', '', what}, {'WRONGTYPE', name, type, want}
+--   {'CORRUPT', '', what}, {'LIMIT', '', what}, {'WRONGTYPE', name, type, want, key}
 --                                                 as commit.lua; what may
 --                                                 also be 'meta/epoch', or
 --                                                 'epoch' when the new epoch

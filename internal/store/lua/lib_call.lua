@@ -22,8 +22,9 @@
 -- meta fields, the decoded section revisions) lives in locals that begin
 -- resets, because a function library's locals outlive the call.
 --
--- Owns: KEYS and ARGV, and Redis's clock read once per call (clock,
--- now_ms, now_rev).
+-- Owns: KEYS and ARGV, Redis's clock read once per call (clock, now_ms,
+-- now_rev), and the refusal of a swarm key of another Redis type
+-- (wrong_type, refusal_of).
 -- Needs: the prelude only; begin (lib_commit.lua) sets KEYS and ARGV and
 -- resets the clock.
 
@@ -54,4 +55,34 @@ local TICKS_PER_SECOND = 1000000 / REVISION_TICK_US
 local function now_rev()
   local t = clock()
   return tonumber(t[1]) * TICKS_PER_SECOND + math.floor(tonumber(t[2]) / REVISION_TICK_US)
+end
+
+-- wrong_type answers {'WRONGTYPE', name, type, want, key} for the first
+-- entry {key, want, name} of list whose key exists as another Redis type
+-- than want (key: its whole Redis name, for the repair); nil when every
+-- key is absent or of its type.
+local function wrong_type(list)
+  for _, k in ipairs(list) do
+    local t = redis.call('TYPE', k[1])
+    if type(t) == 'table' then
+      t = t.ok
+    end
+    if t ~= 'none' and t ~= k[2] then
+      return { P.REPLY_WRONGTYPE, k[3], t, k[2], k[1] }
+    end
+  end
+  return nil
+end
+
+-- refusal_of is the answer to a command Redis refused (err, the error
+-- pcall answered) on key, a swarm key of the Redis type want (name: how a
+-- refusal names it: 'meta', 'revision', a section's name...):
+-- {'WRONGTYPE', name, type, want, key} when the key holds another type, else
+-- Redis's own error reply. Every key a committing script reads is read by
+-- pcall and answered so (issue 42), and every key it writes without
+-- reading it first is type-checked (wrong_type) or written by pcall before
+-- any other write: a key of another type is refused, naming it, with
+-- nothing written, never an error of Redis's that says neither.
+local function refusal_of(err, key, want, name)
+  return wrong_type({ { key, want, name } }) or err
 end

@@ -5,49 +5,130 @@
 -- each call. It is the last of the shared files (lib_call.lua says the
 -- order).
 --
--- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, base36, prior_revision,
--- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, wrong_type,
--- refusal_of, start_commit, finish_commit, claim_fence, begin.
+-- Owns: COMMIT_HEADER_PATTERN, WRITE_PATTERN, mode_flags, len_text, bound,
+-- meet, sized, base36, prior_revision,
+-- swarm_floor, next_revision, LOG_CHANGES_MAX, log_change, start_commit,
+-- finish_commit, claim_fence, begin.
 -- Needs: every file before it: lib_call.lua (KEYS, ARGV, now_rev, the
--- clock's cache), lib_json.lua (json_string, int), lib_memo.lua (memo,
+-- clock's cache, wrong_type, refusal_of), lib_json.lua (json_string, int), lib_memo.lua (memo,
 -- memo_on, remember, forget), lib_record.lua (canonical_digits,
 -- digits_in_range, REV_MAX, ISSUE_MAX, rev_later, rev_latest), lib_meta.lua (section_revisions_field,
--- section_revisions_record, section_revisions_rewrite, section_revisions
--- and the meta caches begin resets).
+-- section_revisions_record, old_section_revs, section_revisions_key,
+-- SECTION_FLOOR and the meta caches begin resets).
 
 -- The patterns commit.lua reads its arguments with (built once: a function
 -- library keeps them across calls): ARGV[1], then one write.
 local COMMIT_HEADER_PATTERN = '^(' .. P.MODE_PATTERN .. '+):(%w*):(%w+):(%d*):(%x*):(.*)$'
 local WRITE_PATTERN = '^(' .. P.KIND_PATTERN .. ')(%d+):(-?%w+):(.*)$'
 
+-- mode_flags answers the letters of a commit's mode (ARGV[1]'s first
+-- field) as flags: stamp (P.MODE_STAMP), checked (P.MODE_LAYOUT_CHECKED),
+-- request (P.MODE_REQUEST), legacy (P.MODE_LEGACY_REQUEST), claim
+-- (P.MODE_CLAIM). Read once per mode: a function library keeps them in
+-- MODE_FLAGS (a mode is a few letters: a few dozen modes at most), so a
+-- commit reads its flags with one table lookup instead of five searches.
+local MODE_FLAGS = {}
+local function mode_flags(mode)
+  local f = MODE_FLAGS[mode]
+  if not f then
+    f = { stamp = find(mode, P.MODE_STAMP, 1, true) ~= nil, checked = find(mode, P.MODE_LAYOUT_CHECKED, 1, true) ~= nil,
+      request = find(mode, P.MODE_REQUEST, 1, true) ~= nil, legacy = find(mode, P.MODE_LEGACY_REQUEST, 1, true) ~= nil,
+      claim = find(mode, P.MODE_CLAIM, 1, true) ~= nil }
+    MODE_FLAGS[mode] = f
+  end
+  return f
+end
+
+-- len_text is the decimal text of a small count (a key's length in a log
+-- change, a log entry's record count), made once per count up to
+-- LEN_TEXT_MAX and kept (a function library keeps them): what `..` would
+-- make of the number, without formatting it on every commit.
+local LEN_TEXT, LEN_TEXT_MAX = {}, 1024
+local function len_text(l)
+  local t = LEN_TEXT[l]
+  if not t then
+    t = string.format('%d', l)
+    if l <= LEN_TEXT_MAX then
+      LEN_TEXT[l] = t
+    end
+  end
+  return t
+end
+
+-- bound is what a commit met of records bound to a claim
+-- (docs/design/12-claims.md §12.4), made by the first one met (nil until
+-- then: most batches meet none; begin resets it): per write index i,
+-- names[i] the record's claim, epochs[i] its epoch and revs[i] its
+-- revision's digits (record_claim judged the field as record_revision
+-- would: the revisions' loop reads it from there), and the claims met,
+-- once each, in claims (met: claim -> true).
+local bound = nil
+-- meet notes write i's stored field raw in bound when it is of the bound
+-- form (record_claim).
+local function meet(i, raw)
+  local name, epoch, digits = record_claim(raw)
+  if name then
+    if not bound then
+      bound = { names = {}, epochs = {}, revs = {}, claims = {}, met = {} }
+    end
+    bound.names[i], bound.epochs[i], bound.revs[i] = name, epoch, digits
+    if not bound.met[name] then
+      bound.met[name] = true
+      bound.claims[#bound.claims + 1] = name
+    end
+  end
+end
+
+-- sized is an empty table whose array already holds k slots (k known to
+-- be needed): { unpack(NILS, 1, k) } makes it at that size in one step
+-- (Lua 5.1 has no table.new), where filling an empty table grows it ~log2
+-- k times (each a new array and a copy). At most SIZED_MAX slots (unpack's
+-- answers are bounded by Lua's C stack), and not for k < 3, where growing
+-- costs no more.
+local NILS, SIZED_MAX = {}, 4000
+local function sized(k)
+  if k < 3 or k > SIZED_MAX then
+    return {}
+  end
+  return { unpack(NILS, 1, k) }
+end
+
 -- base36 reads a number the caller wrote in base 36 ('-' first when
 -- negative: tonumber's base conversion takes no sign); exact below 2^53.
 local function base36(s)
-  if sub(s, 1, 1) == '-' then
+  if s == '-1' then
+    return -1 -- BLIND, the only negative number a commit is sent
+  elseif string.byte(s) == 45 then
     return -tonumber(sub(s, 2), 36)
   end
   return tonumber(s, 36)
 end
 
 -- swarm_floor reads what every commit checks before it writes: the swarm
--- counter and meta/section_revisions (its record revision and every section
--- revision in it; meta/section_revisions is rewritten by every commit, so
--- its revision is a floor that survives a lost counter). It answers the
--- latest of them in issue order (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
--- not a revision, {'LIMIT', '', what} when one is above REV_MAX.
+-- counter, the latest section revision (SECTION_FLOOR of section-revisions:
+-- every commit raises it, so it is a floor that survives a lost counter,
+-- docs/design/05-numbering.md §5.1) and, while it exists, the retired
+-- meta/section_revisions (its record revision and every section revision
+-- in it, kept in old_section_revs for the section checks and
+-- finish_commit). It answers the latest of them in issue order
+-- (rev_latest), or nil and a refusal: {'CORRUPT', '', what} when one is
+-- not a revision, {'LIMIT', '', what} when one is above REV_MAX,
+-- {'WRONGTYPE', name, type, want, key} when the counter's or the section
+-- revisions' key holds another type (so that finish_commit's write of the
+-- latter, after the first writes, cannot be refused).
 local META_SECTION_REVISIONS = P.KEY_META .. '/' .. P.FIELD_SECTION_REVISIONS
+local SECTION_FLOOR_NAME = P.KEY_SECTION_REVISIONS .. '/' .. SECTION_FLOOR
 -- prior_revision is the swarm revision before this commit (the log entry's
 -- prev): swarm_floor's answer, so that a lost counter does not make it 0
 -- (a prev of 0 would tell a resuming watch that nothing before the entry
 -- left the log).
 local prior_revision = '0'
--- section_revisions_body (lib_meta.lua) is the stored meta/section_revisions'
--- text between its value's braces when it has fenced's own form
--- (section_revisions_record's third answer, or the memo's), for
--- finish_commit to rewrite in place; nil otherwise.
 local function swarm_floor()
-  local highest = 0
-  local counter = redis.call('GET', KEYS[2])
+  local highest, text = 0, '0' -- the latest floor, and its digits as read
+  local counter = redis.pcall('GET', KEYS[2])
+  if type(counter) == 'table' then
+    return nil, refusal_of(counter, KEYS[2], 'string', P.KEY_REVISION)
+  end
   if counter then
     if not canonical_digits(counter) then
       return nil, { P.REPLY_CORRUPT, '', P.KEY_REVISION }
@@ -55,26 +136,31 @@ local function swarm_floor()
     if not digits_in_range(counter) then
       return nil, { P.REPLY_LIMIT, '', P.KEY_REVISION }
     end
-    highest = tonumber(counter)
+    highest, text = tonumber(counter), counter
+  end
+  local srkey = section_revisions_key()
+  local floor = redis.pcall('HGET', srkey, SECTION_FLOOR)
+  if type(floor) == 'table' then
+    return nil, refusal_of(floor, srkey, 'hash', P.KEY_SECTION_REVISIONS)
+  end
+  if floor then
+    if not canonical_digits(floor) then
+      return nil, { P.REPLY_CORRUPT, '', SECTION_FLOOR_NAME }
+    end
+    if not digits_in_range(floor) then
+      return nil, { P.REPLY_LIMIT, '', SECTION_FLOOR_NAME }
+    end
+    local f = tonumber(floor)
+    if f ~= highest and rev_latest(highest, f) == f then
+      highest, text = f, floor
+    end
   end
   local raw = section_revisions_field()
-  local revs = {}
   if raw then
-    local m = memo[raw]
-    if type(m) == 'table' and m.body then
-      -- Written by this library in fenced's own form: its highest
-      -- revision is known; section_revisions decodes it only if asked.
-      section_revisions_body = m.body
-      highest = rev_latest(highest, m.highest)
-      prior_revision = int(highest)
-      return highest
-    end
-    local r, revs_or_over, body = section_revisions_record(raw)
-    section_revisions_body = body
-    if revs_or_over == 'over' then
+    local r, revs, _ = section_revisions_record(raw)
+    if revs == 'over' then
       return nil, { P.REPLY_LIMIT, '', META_SECTION_REVISIONS }
     end
-    revs = revs_or_over
     if type(revs) ~= 'table' then
       return nil, { P.REPLY_CORRUPT, '', META_SECTION_REVISIONS }
     end
@@ -88,9 +174,10 @@ local function swarm_floor()
       highest = rev_latest(highest, v)
     end
     highest = rev_latest(highest, r)
+    old_section_revs = revs
+    text = int(highest)
   end
-  section_revs_decoded = revs
-  prior_revision = int(highest)
+  prior_revision = text
   return highest
 end
 
@@ -109,7 +196,13 @@ end
 -- number for other writers, and in era 2).
 local function next_revision(highest)
   local rev = now_rev()
-  if not rev_later(rev, highest) then
+  if rev >= CLOCK_ERA_MIN and rev <= ISSUE_MAX then
+    -- not rev_later(rev, highest), rev being of era 2 (the latest): only
+    -- an era-2 floor at or above it.
+    if highest >= CLOCK_ERA_MIN and highest <= ISSUE_MAX and highest >= rev then
+      rev = highest + 1
+    end
+  elseif not rev_later(rev, highest) then
     rev = highest + 1
   end
   if rev > ISSUE_MAX then
@@ -131,31 +224,6 @@ local LOG_CHANGES_MAX = tonumber(P.LOG_CHANGES_MAX)
 -- what the script already has: nothing more is sent to Redis per batch.
 local function log_change(changes, op, section, key)
   changes[#changes + 1] = op .. section .. ':' .. #key .. ':' .. key
-end
-
--- wrong_type answers {'WRONGTYPE', name, type, want} for the first entry
--- {key, want, name} of list whose key exists as another Redis type than
--- want; nil when every key is absent or of its type.
-local function wrong_type(list)
-  for _, k in ipairs(list) do
-    local t = redis.call('TYPE', k[1])
-    if type(t) == 'table' then
-      t = t.ok
-    end
-    if t ~= 'none' and t ~= k[2] then
-      return { P.REPLY_WRONGTYPE, k[3], t, k[2] }
-    end
-  end
-  return nil
-end
-
--- refusal_of is the answer to a write that Redis refused (err, the error
--- pcall answered) on key, which the commit writes without reading it
--- first (want: its Redis type, name: how a refusal names it):
--- {'WRONGTYPE', name, type, want} when the key holds another type, else
--- Redis's own error reply.
-local function refusal_of(err, key, want, name)
-  return wrong_type({ { key, want, name } }) or err
 end
 
 -- stamp_command is the command a commit stamps P:state:fencing:current
@@ -201,8 +269,10 @@ local log_cap = P.LOG_CAP
 -- log_extra: field/value pairs a claim operation adds to its log entry
 -- (the claim event), after records and before changes; nil when none.
 local log_extra = nil
-local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
-  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, int(records) }
+-- start_entry is the log entry start_commit writes when it has a request
+-- id, a claim event or more changes than LOG_CHANGES_MAX.
+local function start_entry(rev, owner, records, changed, request_id, text)
+  local entry = { P.LOG_FIELD_REVISION, rev, P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, len_text(records) }
   if request_id then
     entry[#entry + 1] = P.LOG_FIELD_REQUEST_ID
     entry[#entry + 1] = request_id
@@ -212,7 +282,6 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
       entry[#entry + 1] = v
     end
   end
-  local text = table.concat(changes)
   if #text <= LOG_CHANGES_MAX then
     entry[#entry + 1] = P.LOG_FIELD_CHANGES
     entry[#entry + 1] = text
@@ -227,7 +296,20 @@ local function start_commit(rev, stamp, slug, owner, records, changed, request_i
   end
   entry[#entry + 1] = P.LOG_FIELD_PREV
   entry[#entry + 1] = prior_revision
-  local id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*', unpack(entry))
+  return entry
+end
+local function start_commit(rev, stamp, slug, owner, records, changed, request_id, changes)
+  local text = table.concat(changes)
+  local id
+  if not request_id and not log_extra and #text <= LOG_CHANGES_MAX then
+    -- Most entries: sent as they are, no table made for them.
+    id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*', P.LOG_FIELD_REVISION, rev,
+      P.LOG_FIELD_OWNER, owner, P.LOG_FIELD_RECORDS, len_text(records), P.LOG_FIELD_CHANGES, text,
+      P.LOG_FIELD_PREV, prior_revision)
+  else
+    id = redis.pcall('XADD', KEYS[3], 'MAXLEN', P.LOG_TRIM, log_cap, '*',
+      unpack(start_entry(rev, owner, records, changed, request_id, text)))
+  end
   if type(id) == 'table' and id.err then
     if string.find(id.err, 'exhausted the last possible ID', 1, true) then
       -- Not Redis refusing writes (OOM, READONLY, an ACL: its own reply,
@@ -250,43 +332,47 @@ end
 
 -- finish_commit does what every commit ends with (after start_commit and
 -- its own writes): the section revisions of the sections the batch
--- changed (a set of names; nil: none) raised to rev, and meta/layout set to
--- records when absent. Both are fields of meta, a hash the commit has read.
+-- changed (a set of names; nil: none), and the latest of them
+-- (SECTION_FLOOR), raised to rev in section-revisions (one HSET of those
+-- fields alone: no other section's is read or rewritten); and meta/layout
+-- set to records when absent. The first commit that meets the retired
+-- meta/section_revisions (old_section_revs) moves its entries into the
+-- hash, each at the later of the two, and deletes it: one record is never
+-- rewritten by every commit again, and nothing of it is lost. The keys
+-- were read before the first write (swarm_floor, meta_field), so neither
+-- write is refused for a type.
 local function finish_commit(rev, layout, changed)
-  local head = '{"r":' .. rev .. ',"v":'
-  local rewritten = nil
   if changed and next(changed) then
-    forget(section_revisions_field())
-  end
-  if changed and next(changed) and section_revisions_body then
-    rewritten = section_revisions_rewrite(section_revisions_body, changed, rev)
-  end
-  if rewritten then
-    local field = head .. '{' .. rewritten .. '}}'
-    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, field)
-    -- Every entry it kept was a floor of this commit: rev is above them.
-    local r = tonumber(rev)
-    remember(field, { rev = r, highest = r, body = rewritten })
-  elseif changed and next(changed) then
-    local revs = section_revisions()
+    local srkey = section_revisions_key()
+    local args = { SECTION_FLOOR, rev }
     for name in pairs(changed) do
-      revs[name] = tonumber(rev)
+      args[#args + 1] = name
+      args[#args + 1] = rev
     end
-    local names = {}
-    for name, r in pairs(revs) do
-      if type(name) == 'string' and type(r) == 'number' then
-        names[#names + 1] = name
+    if old_section_revs then
+      local names = {}
+      for name in pairs(old_section_revs) do
+        if not changed[name] then
+          names[#names + 1] = name
+        end
       end
+      if #names > 0 then
+        local got = redis.call('HMGET', srkey, unpack(names))
+        for i, name in ipairs(names) do
+          local v = old_section_revs[name]
+          if got[i] and canonical_in_range(got[i]) then
+            v = rev_latest(v, tonumber(got[i]))
+          end
+          args[#args + 1] = name
+          args[#args + 1] = int(v)
+        end
+      end
+      redis.call('HDEL', KEYS[1], P.FIELD_SECTION_REVISIONS)
     end
-    table.sort(names)
-    local parts = {}
-    for i, name in ipairs(names) do
-      parts[i] = json_string(name) .. ':' .. int(revs[name])
-    end
-    redis.call('HSET', KEYS[1], P.FIELD_SECTION_REVISIONS, head .. '{' .. table.concat(parts, ',') .. '}}')
+    redis.call('HSET', srkey, unpack(args))
   end
   if not layout then
-    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, head .. '"' .. P.LAYOUT_RECORDS .. '"}')
+    redis.call('HSET', KEYS[1], P.FIELD_LAYOUT, '{"r":' .. rev .. ',"v":"' .. P.LAYOUT_RECORDS .. '"}')
   end
 end
 
@@ -344,9 +430,10 @@ local function begin(keys, argv, library)
   memo_on = library == true
   clock_reply = nil
   meta_fields = nil
-  section_revs_decoded = nil
+  old_section_revs = nil
+  section_revisions_key_text = nil
+  bound = nil
   prior_revision = '0'
-  section_revisions_body = nil
   log_cap = P.LOG_CAP
   log_extra = nil
 end

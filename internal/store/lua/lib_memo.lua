@@ -4,43 +4,35 @@
 -- Owns: memo (read directly by lib_record.lua's record_revision,
 -- lib_meta.lua's lease_of and lib_commit.lua's swarm_floor), memo_on,
 -- remember, forget; and what a commit remembers of request ids
--- (request_begin, request_id_of, request_prior, request_commit).
--- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms
--- (lib_call.lua), int (lib_json.lua).
+-- (request_begin, request_id_of, request_entry, request_prior,
+-- request_commit).
+-- Needs: begin (lib_commit.lua) to set memo_on for each call; now_ms and
+-- refusal_of (lib_call.lua), int (lib_json.lua).
 
--- The memo: the meta fields this library wrote (meta/section_revisions,
--- meta/lease), by their exact bytes, with what reading them answers
--- (docs/design/03-fenced-batch.md §3.9). Records are no longer remembered:
--- thousands of long, similar record strings kept alive made every string a
--- commit creates slower (Lua 5.1 hashes a long string from a sample of its
--- bytes, so they crowd few chains of the string table), costing more than
--- the record grammar's checks they saved. What follows is the older account. A commit reads back, as the
--- stored field of each record it overwrites, meta/section_revisions and
--- meta/lease, what an earlier commit wrote; judging them again (the record
--- grammar's JSON check of a value, ~3 us for 200 bytes; parsing every
--- section's revision) is most of a commit's time in Redis. Read back with
--- the same bytes, a field answers what its writer knew it to be: a record
--- at revision N (its value came from a batch that fenced checked before
--- sending: the same trust that let the commit write it), fenced's own form
--- of meta/section_revisions with its highest revision, a lease. Redis
--- interns Lua strings, so a lookup by the bytes just read is one hash
+-- The memo: the meta record this library wrote that every fenced batch
+-- reads back, meta/lease, by its exact bytes, with what reading it answers
+-- (docs/design/03-fenced-batch.md §3.9): the lease, not parsed again.
+-- Redis interns Lua strings, so a lookup by the bytes just read is one hash
 -- probe, and equal bytes always answer alike: any other writer's field
--- with other bytes misses and is judged in full. Only a function library
--- keeps it across calls (memo_on, set by begin); an EVAL script starts
--- empty and does not fill it. It holds at most MEMO_BYTES of Lua memory
--- and starts again empty when full: each entry is counted as its field's
--- bytes plus MEMO_ENTRY_BYTES, what Lua spends besides them (the string's
--- header, ~24 bytes, and a hash node, 40, in a table whose size doubles;
--- a table value for meta fields). Counting the field's bytes alone let
--- small records (a 25-byte field) hold ~6 times MEMO_BYTES: 25 MB of Lua
--- memory, which Redis's maxmemory does not count.
+-- with other bytes misses and is judged in full. Records are not
+-- remembered: thousands of long, similar record strings kept alive made
+-- every string a commit creates slower (Lua 5.1 hashes a long string from
+-- a sample of its bytes, so they crowd few chains of the string table),
+-- costing more than the record grammar's checks they saved; nor are the
+-- section revisions, which no longer live in one meta record (lib_meta.lua
+-- section_revisions_key). Only a function library keeps it across calls
+-- (memo_on, set by begin); an EVAL script starts empty and does not fill
+-- it. It holds at most MEMO_BYTES of Lua memory and starts again empty
+-- when full: each entry is counted as its field's bytes plus
+-- MEMO_ENTRY_BYTES, what Lua spends besides them (the string's header, ~24
+-- bytes, and a hash node, 40, in a table whose size doubles; a table value
+-- for meta fields), which Redis's maxmemory does not count.
 local MEMO_BYTES = 4194304
 local MEMO_ENTRY_BYTES = 96
 local memo, memo_bytes, memo_on = {}, 0, false
 
 -- remember notes that raw, a field this call wrote, answers v when read
--- (a number: a record's revision; a table: rev, and highest and body for
--- meta/section_revisions, or lease).
+-- (a table: rev and lease).
 local function remember(raw, v)
   if not memo_on then
     return
@@ -97,6 +89,31 @@ local function request_id_of()
   return request_id
 end
 
+-- request_entry reads an entry of request-ids ('<revision>:<digest>:<expires_ms>')
+-- or, with legacy, a legacy key's text ('<revision>:<digest>'): its
+-- revision (canonical digits, at most REV_MAX), digest (64 lowercase hex
+-- digits, as Go writes it) and expiry (canonical digits, ms); nil when the
+-- text is not of that form. Such a malformed entry, which only a writer
+-- outside fenced makes, is reported (docs/design/03-fenced-batch.md
+-- §3.5): its request may or may not have committed, so it is taken
+-- neither as absent (a retry would commit twice) nor as another request's
+-- (a retry would be refused forever), and the prune leaves it alone.
+local function request_entry(text, legacy)
+  local rev, digest, expires
+  if legacy then
+    rev, digest = string.match(text, '^(%d+):(%x+)$')
+    expires = '0'
+  else
+    rev, digest, expires = string.match(text, '^(%d+):(%x+):(%d+)$')
+  end
+  if not rev or #digest ~= 64 or string.find(digest, '%u') or #rev > #P.REV_MAX_TEXT
+      or (#rev == #P.REV_MAX_TEXT and rev > P.REV_MAX_TEXT) or (#rev > 1 and string.byte(rev) == 48)
+      or #expires > 16 or (#expires > 1 and string.byte(expires) == 48) then
+    return nil
+  end
+  return rev, digest, tonumber(expires)
+end
+
 local function request_legacy_key()
   return string.sub(request_ids_key, 1, #request_ids_key - #P.KEY_REQUEST_IDS) .. P.KEY_REQUEST_PREFIX .. request_id
 end
@@ -104,14 +121,22 @@ end
 -- request_prior answers the reply of a request already committed: the
 -- revision it committed at (replayed) when its entry names digest,
 -- REUSED when it names another request, nil when none is remembered (or
--- its entry expired). A replay rewrites the entry as it is (pcall) so
+-- its entry expired); {'CORRUPT', '', 'request-ids/<id>'} (legacy:
+-- 'request:<id>') when the entry is malformed (request_entry); a WRONGTYPE
+-- refusal when request-ids is no hash. A replay rewrites the entry as it is (pcall) so
 -- that the call propagates: from Redis 7.2 a connection's WAIT offset
 -- moves only with commands that propagate.
 local function request_prior(digest)
-  local prior = redis.call('HGET', request_ids_key, request_id)
+  local prior = redis.pcall('HGET', request_ids_key, request_id)
+  if type(prior) == 'table' then
+    return refusal_of(prior, request_ids_key, 'hash', P.KEY_REQUEST_IDS)
+  end
   if prior then
-    local rev, prior_digest, expires = string.match(prior, '^(%d+):(%x+):(%d+)$')
-    if rev and tonumber(expires) > now_ms() then
+    local rev, prior_digest, expires = request_entry(prior, false)
+    if not rev then
+      return { P.REPLY_CORRUPT, '', P.KEY_REQUEST_IDS .. '/' .. request_id }
+    end
+    if expires > now_ms() then
       if prior_digest ~= digest then
         return { P.REPLY_REUSED }
       end
@@ -123,8 +148,11 @@ local function request_prior(digest)
     local key = request_legacy_key()
     local old = redis.pcall('GET', key)
     if type(old) == 'string' then
-      local rev, prior_digest = string.match(old, '^(%d+):(%x+)$')
-      if rev and prior_digest == digest then
+      local rev, prior_digest = request_entry(old, true)
+      if not rev then
+        return { P.REPLY_CORRUPT, '', P.KEY_REQUEST_PREFIX .. request_id }
+      end
+      if prior_digest == digest then
         redis.pcall('SET', key, old, 'KEEPTTL')
         return { P.REPLY_OK, rev, P.REPLY_REPLAYED }
       end
@@ -136,7 +164,8 @@ end
 
 -- request_commit remembers the request as committed at rev (digits) for
 -- window_ms, after dropping the expired ids among REQUEST_PRUNE of the
--- hash's fields picked at random (HRANDFIELD: each commit with an id adds
+-- hash's fields picked at random (a malformed entry is left alone:
+-- request_entry) (HRANDFIELD: each commit with an id adds
 -- one and looks at two, so at most about half the hash is expired ids
 -- however the rate changes (four cost a commit ~10 µs more of Redis time:
 -- BenchmarkRequestIDCommit); the hash never empties: the new id is set
@@ -146,8 +175,8 @@ local function request_commit(rev, digest, window_ms)
   local sample = redis.call('HRANDFIELD', request_ids_key, REQUEST_PRUNE, 'WITHVALUES')
   local expired = {}
   for i = 1, #sample, 2 do
-    local expires = string.match(sample[i + 1], ':(%d+)$')
-    if expires == nil or tonumber(expires) <= now then
+    local rev, _, expires = request_entry(sample[i + 1], false)
+    if rev and expires <= now then
       expired[#expired + 1] = sample[i]
     end
   end

@@ -6,7 +6,7 @@
 -- Owns: MAX_DEPTH, REV_MAX, REV_MAX_TEXT, ISSUE_MAX, CLOCK_ERA_MIN,
 -- rev_era, rev_later, rev_latest, digits_in_range,
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
--- in_range, parse_record, record_revision, checked_revision,
+-- in_range, parse_record, record_revision, fenced_head, checked_revision,
 -- record_value, record_claim.
 -- Needs: lib_json.lua (json_valid, json_valid_cut, json_valid_judged, cut_strings,
 -- string_end, value_end, json_decode; find, sub),
@@ -216,17 +216,40 @@ local function record_revision(raw)
   return rev, false
 end
 
+-- fenced_head is the digits of the revision of a stored field in fenced's
+-- exact unbound form, {"r":<digits>,"v": ... } (the head anchored, the
+-- digits canonical, the last byte '}'), nil for any other text. What a
+-- write compares (docs/design/02-redis-layout.md §2.2, 03-fenced-batch.md
+-- §3.2): the revision is read from that head alone and the value is not
+-- judged, whatever it holds; any other text (other writers' spacing or
+-- member order, the bound form, a leading zero, a field cut short) is
+-- read by the record grammar (record_revision, record_claim). The digits
+-- are not checked against REV_MAX (digits_in_range).
+local function fenced_head(raw)
+  local digits = string.match(raw, '^{"r":(%d+),"v":')
+  if digits and (digits == '0' or string.byte(digits) ~= 48) and string.byte(raw, -1) == 125 then
+    return digits
+  end
+  return nil
+end
+
 -- checked_revision is the revision a records check (P.KIND_CHECK_RECORDS)
 -- compares: that of a stored field of fenced's own forms {"r":N,"v":...}
--- and {"r":N,"claim":..,"claim_epoch":E,"v":...} (bound, BOUND_HEAD) read
--- from its "r" alone, the value not judged (a check writes nothing,
--- and judging every value of a section read whole, ~3 us per 200 bytes,
--- was most of its cost); any other form by the record grammar
--- (record_revision). nil when the field is not a record, nil, true when
--- its revision is above REV_MAX.
+-- (fenced_head) and {"r":N,"claim":..,"claim_epoch":E,"v":...} (bound,
+-- BOUND_HEAD) read from its "r" alone, the value not judged (a check
+-- writes nothing, and judging every value of a section read whole, ~3 us
+-- per 200 bytes, was most of its cost); any other form by the record
+-- grammar (record_revision). nil when the field is not a record, nil, true
+-- when its revision is above REV_MAX.
 local function checked_revision(raw)
-  local digits = string.match(raw, '^{"r":(%d+),"v":') or string.match(raw, BOUND_HEAD)
-  if digits and (digits == '0' or string.byte(digits) ~= 48) and sub(raw, -1) == '}' then
+  local digits = fenced_head(raw)
+  if not digits then
+    digits = string.match(raw, BOUND_HEAD)
+    if not (digits and (digits == '0' or string.byte(digits) ~= 48) and string.byte(raw, -1) == 125) then
+      digits = nil
+    end
+  end
+  if digits then
     if not digits_in_range(digits) then
       return nil, true
     end

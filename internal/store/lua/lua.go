@@ -5,8 +5,9 @@
 // declaration come both forms Redis runs:
 //
 //   - the EVAL script (Source.Eval): protocol.Prelude, lib, the call
-//     started from EVAL's KEYS and ARGV (lib_commit.lua begin), then body;
-//     the engine calls it by its SHA-1;
+//     started from EVAL's KEYS and ARGV (lib_commit.lua begin), then body
+//     as a function called at once (as in the library); the engine calls
+//     it by its SHA-1;
 //   - the function library (Library): the prelude and the longest lib
 //     once, in an init function run by the first call, and each of
 //     libraryFunctions' body as a Lua function of its own, which the
@@ -151,9 +152,17 @@ func (s Source) Files() []string { return append(slices.Clone(s.lib), s.body...)
 // globals before lib shadows them (lib_call.lua declares local KEYS and
 // ARGV) and starts the call after lib; a library function is handed them
 // (register).
+//
+// After lib, an EVAL script's body is a function of its own, as each is
+// in the library (main there, evalMain here), called at once: its locals
+// are then that function's, and lib's its upvalues, not all locals of one
+// chunk (Lua allows 200 locals in a function, and the embedded Redis's
+// gopher-lua 200 registers, which lib and commit.lua together reached).
 const (
-	evalKeep  = "local EVAL_KEYS, EVAL_ARGV = KEYS, ARGV"
-	evalBegin = "begin(EVAL_KEYS, EVAL_ARGV)"
+	evalKeep   = "local EVAL_KEYS, EVAL_ARGV = KEYS, ARGV"
+	evalBegin  = "begin(EVAL_KEYS, EVAL_ARGV)"
+	evalMain   = "local function main()"
+	evalReturn = "end\nreturn main()"
 )
 
 // Eval is s's text as an EVAL script.
@@ -169,11 +178,18 @@ func (s Source) Eval() string {
 	for _, n := range s.lib {
 		b.WriteString("\n" + File(n))
 	}
+	wrap := len(s.lib) > 0 && len(s.body) > 0
 	if len(s.lib) > 0 {
 		b.WriteString("\n" + evalBegin)
 	}
+	if wrap {
+		b.WriteString("\n" + evalMain)
+	}
 	for _, n := range s.body {
 		b.WriteString("\n" + File(n))
+	}
+	if wrap {
+		b.WriteString("\n" + evalReturn)
 	}
 	return b.String()
 }

@@ -7,7 +7,8 @@
 -- summed here, less RECORD_ENVELOPE bytes per record (the most a record's text
 -- adds to its value in fenced's form), so that a snapshot whose answer is
 -- certainly larger is refused before its bytes leave Redis.
--- Reply: { revision, meta/section_revisions field or nil,
+-- Reply: { revision, { meta/section_revisions field or false (retired),
+--          the hash section-revisions as HGETALL answers it },
 --          {field, raw, field, raw, ...} per section in KEYS order
 --          [, claims when a bound record was read: read_claims.lua] }
 --     or { 'TOO_LARGE', records } or { 'TOO_LARGE', records, bytes }.
@@ -19,7 +20,9 @@ end
 if total > tonumber(ARGV[1]) then
   return { P.REPLY_TOO_LARGE, string.format('%d', total) }
 end
-local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) }
+local srkey = string.sub(KEYS[2], 1, #KEYS[2] - #P.KEY_META) .. P.KEY_SECTION_REVISIONS
+local out = { redis.call('GET', KEYS[1]) or '0',
+  { redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) or false, redis.call('HGETALL', srkey) } }
 local bytes = 0
 local names, seen = {}, {}
 for i = 3, #KEYS - 1 do

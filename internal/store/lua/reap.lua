@@ -27,7 +27,7 @@
 --     records are left to walk; byname_stale '1' as commit.lua's
 --     BYNAME_STALE
 --   {'LAYOUT_DOCUMENT'}, {'LAYOUT_UNKNOWN'}, {'CORRUPT', '', what},
---   {'LIMIT', '', what}, {'WRONGTYPE', name, type, want}  as claims.lua
+--   {'LIMIT', '', what}, {'WRONGTYPE', name, type, want, key}  as claims.lua
 local slug = string.match(KEYS[1], P.SLUG_PATTERN)
 local mode, name, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local GRANTS, EXPIRY = KEYS[reclaim.GRANTS], KEYS[reclaim.EXPIRY]
@@ -80,6 +80,10 @@ end
 
 local changed, log_changes = {}, {}
 local records = reclaim.note(plan, changed, log_changes)
+local wrong = reclaim.check(plan)
+if wrong then
+  return wrong
+end
 local owner = ''
 if lapsed then
   owner = claim.owner

@@ -30,7 +30,7 @@ reclaim.GRANTS, reclaim.EXPIRY, reclaim.SWEEP, reclaim.SET = 6, 7, 8, 9
 local NOT_SECTIONS = {
   [P.KEY_META] = true, [P.KEY_REVISION] = true, [P.KEY_LOG] = true, [P.KEY_BY_NAME] = true,
   [P.KEY_BY_NAME_INDEX] = true, [P.KEY_REQUEST_IDS] = true, [P.KEY_CLAIMS] = true,
-  [P.KEY_CLAIM_EXPIRY] = true, [P.KEY_CLAIM_SWEEP] = true,
+  [P.KEY_CLAIM_EXPIRY] = true, [P.KEY_CLAIM_SWEEP] = true, [P.KEY_SECTION_REVISIONS] = true,
 }
 
 -- open is the opening of claims.lua and reap.lua, before any write: the
@@ -149,6 +149,20 @@ function reclaim.note(p, changed, log_changes)
     log_change(log_changes, P.KIND_DELETE, d.section, d.key)
   end
   return #p.deletes
+end
+
+-- check answers the refusal of a plan that deletes executions records
+-- while by-name or its index holds another Redis type (byname.commit
+-- writes both after the first write, reading neither before), nil
+-- otherwise: called before start_commit, so that nothing is written.
+function reclaim.check(p)
+  for _, d in ipairs(p.deletes) do
+    if d.skey == KEYS[byname.EXEC] then
+      return wrong_type({ { KEYS[byname.NAMES], 'hash', P.KEY_BY_NAME },
+        { byname.index_key(KEYS[byname.NAMES]), 'zset', P.KEY_BY_NAME_INDEX } })
+    end
+  end
+  return nil
 end
 
 -- apply makes a plan's writes (after start_commit): the HDELs (one per

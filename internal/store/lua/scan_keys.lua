@@ -5,7 +5,8 @@
 -- claim-grants.
 -- ARGV[1] the most bytes of fields and stored records to answer (at least
 -- one field is), ARGV[2..] the page's fields in order.
--- Reply: { revision, meta/section_revisions field or nil,
+-- Reply: { revision, { meta/section_revisions field or false (retired),
+--          the hash section-revisions as HGETALL answers it },
 --          {field, raw, ...} of the fields still present, how many of
 --          the fields asked were read (the rest did not fit: records grown
 --          since scan_section.lua)
@@ -27,5 +28,7 @@ for i = 2, #ARGV do
 end
 local names = {}
 claims_met(fields, 2, names, {})
-return { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), fields, read,
+local srkey = string.sub(KEYS[2], 1, #KEYS[2] - #P.KEY_META) .. P.KEY_SECTION_REVISIONS
+return { redis.call('GET', KEYS[1]) or '0',
+  { redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) or false, redis.call('HGETALL', srkey) }, fields, read,
   claim_state(KEYS[4], names) }

@@ -5,7 +5,8 @@
 -- claim-grants.
 -- ARGV[1] cursor ('0' to start), ARGV[2] page size (a COUNT hint),
 -- ARGV[3] the most bytes of fields and stored records the reply may carry.
--- Reply: { revision, meta/section_revisions field or nil, next cursor
+-- Reply: { revision, { meta/section_revisions field or false (retired),
+--          the hash section-revisions as HGETALL answers it }, next cursor
 --          ('0' at the end), {field, raw, field, raw, ...}
 --          [, claims when a bound record was read: read_claims.lua] }, or, when the
 -- batch's fields and records exceed ARGV[3] bytes,
@@ -19,7 +20,9 @@ local bytes = 0
 for j = 1, #fields do
   bytes = bytes + #fields[j]
 end
-local out = { redis.call('GET', KEYS[1]) or '0', redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS), page[1], fields }
+local srkey = string.sub(KEYS[2], 1, #KEYS[2] - #P.KEY_META) .. P.KEY_SECTION_REVISIONS
+local out = { redis.call('GET', KEYS[1]) or '0',
+  { redis.call('HGET', KEYS[2], P.FIELD_SECTION_REVISIONS) or false, redis.call('HGETALL', srkey) }, page[1], fields }
 if ARGV[3] and bytes > tonumber(ARGV[3]) then
   for j = 2, #fields, 2 do
     fields[j] = string.format('%d', #fields[j])

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
@@ -593,37 +594,157 @@ func abMedian(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// commitPhases are the points BenchmarkCommitPhases stops commit.lua at:
-// each returns before the line it names, so the time up to it is the
-// phases before it, cumulatively. The stops up to revision leave the
-// stored records as they were; first-writes has built the writes (each
-// put's memo entry replaced by one for bytes never stored, so every loop
-// judges the stored fields in full: an upper bound), and hset has not
-// rewritten meta/section_revisions (finish_commit).
-var commitPhases = []struct{ name, before string }{
-	{"args", "-- 1. Layout:"},
-	{"layout", "-- A retried request:"},
-	{"fence", "-- 3. Revisions:"},
-	{"floor", "local CHECK_CHUNK = 256"},
-	{"reads", "local conflicts = { P.REPLY_CONFLICT }"},
-	{"checks", "if #conflicts > 1 then"},
-	{"revision", "local records = 0"},
-	{"first-writes", "for _, ki in ipairs(touched) do"},
-	{"hset", "-- by-name follows executions"},
+// commitPhases are the points BenchmarkCommitPhases stops commit.lua at,
+// in the order the commit reaches them: each returns {'OK'} just before
+// the line before names (which commit.lua must hold once:
+// TestCommitPhasesMarkCommitLua), once the phase it is named after has
+// run; so a call stopped there costs the call and every phase up to its
+// own. The whole commit adds the last one, finish_commit. The stops up to first-writes leave the
+// records as they were (a stopped call writes nothing but, from
+// first-writes on, the log entry, the stamp and the counter), so the same
+// batches commit again after them.
+var commitPhases = []struct {
+	name, before string
+	// wrote: the phase has written the records, at the revision its
+	// stop answers ({'OK', rev}).
+	wrote bool
+}{
+	{"call", "local META, REV, LOG = 1, 2, 3", false},                   // the call: FCALL, begin, the reply
+	{"args", "-- 1. Layout:", false},                                    // the arguments decoded
+	{"layout", "-- A retried request:", false},                          // meta read, the layout checked
+	{"replay", "-- 2. Fence:", false},                                   // the request id's entry (none here)
+	{"fence", "-- 3. Revisions:", false},                                // the lease (and claim) fence
+	{"floor", "local CHECK_CHUNK = 256", false},                         // the swarm's floors
+	{"reads", "local conflicts = nil", false},                           // the stored fields read
+	{"checks", "-- 4. Commit.", false},                                  // every revision compared
+	{"build", "-- The first writes:", false},                            // the new revision, the writes built
+	{"first-writes", "-- One HSET and one HDEL per section key", false}, // the log entry, the stamp, the counter
+	{"records", "finish_commit(rev, layout, changed)", true},            // the records written
 }
 
-// BenchmarkCommitPhases is Redis's time per commit of one fenced batch of
-// 1, 8 and 64 puts of ~200-byte values in one section, by phase: the
-// commit (byname_none.lua, commit.lua after libCommit, with the memo on as
-// in the function library) run commitPhasesLoops times inside one EVAL,
-// whole and stopped before each of commitPhases, every loop after one
-// whole commit (so the memo holds the stored fields). Each put is BLIND
-// (every loop commits over the last). It reports µs per commit
-// (INFO commandstats' usec of the EVAL ÷ loops, the least of 9 rounds):
-// whole-µs and <phase>-µs for the time up to that phase's end. The call's
-// own cost (arguments, reply) is paid once per EVAL, not per commit.
+// phaseStop is the line inserted before a phase's marker: the call
+// returns there while the library's phase switch is on (phaseLibrary);
+// after a phase that wrote the records, with the revision it wrote.
+func phaseStop(wrote bool) string {
+	if wrote {
+		return "if phase_stop then return { 'OK', rev } end\n"
+	}
+	return "if phase_stop then return { 'OK' } end\n"
+}
+
+// phaseLibrary is the function library of the lua/ folder beside this
+// package with commit.lua stopped before marker (none when ""), and one
+// more function, <name>_phase, that turns the stop on (its first argument
+// "1") or off: off, the library commits whole, so that the memo and the
+// stored records are what a deployed fenced's are when a stopped call
+// runs. It answers the library's name and text (lua.LibraryOf).
+func phaseLibrary(tb testing.TB, marker string, wrote bool) (name, text string) {
+	tb.Helper()
+	dir := filepath.Join("..", "lua")
+	files, err := filepath.Glob(filepath.Join(dir, "*.lua"))
+	if err != nil || len(files) == 0 {
+		tb.Fatalf("the lua folder %s: %v", dir, err)
+	}
+	fsys := fstest.MapFS{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		fsys[filepath.Base(f)] = &fstest.MapFile{Data: b}
+	}
+	if marker != "" {
+		body := string(fsys["commit.lua"].Data)
+		if strings.Count(body, marker) != 1 {
+			tb.Fatalf("commit.lua holds %q %d times, want once", marker, strings.Count(body, marker))
+		}
+		fsys["commit.lua"] = &fstest.MapFile{Data: []byte(strings.Replace(body, marker, phaseStop(wrote)+marker, 1))}
+	}
+	name, text = lua.LibraryOf(fsys)
+	// The switch is a local of the library's chunk, declared before init
+	// (commit.lua's stop reads it as an upvalue); its function is
+	// registered after the library's own.
+	text = strings.Replace(text, "\nlocal function init()", "\nlocal phase_stop = false\nlocal function init()", 1)
+	text += "\nredis.register_function('" + name + "_phase', function(keys, args)\n  phase_stop = args[1] == '1'\n  return 'ok'\nend)\n"
+	return name, text
+}
+
+// TestCommitPhasesMarkCommitLua: every point BenchmarkCommitPhases stops
+// at is a line commit.lua holds once, in the order of commitPhases, so the
+// benchmark keeps running as commit.lua changes (its markers once fell
+// behind a rewrite, and it failed for months); and a library stopped
+// before each one loads into Redis and answers a one-put batch as a stop
+// answers.
+func TestCommitPhasesMarkCommitLua(t *testing.T) {
+	body := lua.File("commit.lua")
+	last := -1
+	for _, p := range commitPhases {
+		if n := strings.Count(body, p.before); n != 1 {
+			t.Errorf("phase %s: commit.lua holds %q %d times, want once", p.name, p.before, n)
+			continue
+		}
+		at := strings.Index(body, p.before)
+		if at < last {
+			t.Errorf("phase %s: %q comes before the phase listed ahead of it", p.name, p.before)
+		}
+		last = at
+	}
+	if t.Failed() {
+		return
+	}
+	srv := redistest.Start(t)
+	st := benchRecords(t, srv)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	slug := "phases-test"
+	bt := &batch.Batch{Slug: slug, Fence: &batch.Fence{Owner: "tick-1", Epoch: benchLease(ctx, t, st, slug, "tick-1")},
+		Writes: []batch.Write{{Kind: batch.KindPut, Section: "intents", Key: "k", Expected: batch.Blind, Value: `{"a":1}`}}}
+	_, keys, args := st.commitArgs(st.e.Keys(slug), bt)
+	for _, p := range commitPhases {
+		name, text := phaseLibrary(t, p.before, p.wrote)
+		if err := rdb.Do(ctx, rdb.B().FunctionLoad().Replace().FunctionCode(text).Build()).Error(); err != nil {
+			t.Fatalf("phase %s: FUNCTION LOAD: %v", p.name, err)
+		}
+		for _, stop := range []string{"1", "0"} {
+			if err := rdb.Do(ctx, rdb.B().Fcall().Function(name+"_phase").Numkeys(0).Arg(stop).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := rdb.Do(ctx, rdb.B().Fcall().Function(name+"_commit").Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsStrSlice()
+			if err != nil {
+				t.Fatalf("phase %s, stop %s: %v", p.name, stop, err)
+			}
+			want := 2
+			if stop == "1" && !p.wrote {
+				want = 1
+			}
+			if len(got) != want || got[0] != protocol.ReplyOK {
+				t.Errorf("phase %s, stop %s: reply %q, want OK with %d element(s)", p.name, stop, got, want)
+			}
+		}
+		srv.Do(t, "FUNCTION", "DELETE", name)
+	}
+}
+
+// BenchmarkCommitPhases is Redis's time per call of one fenced batch of
+// 1, 8 and 64 puts on the issue-25 harness's data (abSwarm), one call at
+// a time, the swarms in turn, by phase: the function library built with a
+// stop before each of commitPhases (phaseLibrary), loaded alone, and per
+// round, after the library committed whole over every swarm (the memo
+// then holds what a deployed fenced's does): calls committed whole
+// ("whole"), calls stopped before the phase's marker, and the harness's
+// minimal script (redistest.AnchorScript) on its own keys of the same
+// Redis. Reports the medians over phaseRounds rounds of INFO
+// commandstats' µs per call (<phase>-µs, whole-µs, anchor-µs: the cost of
+// the call and every phase before the marker) and of each round's ratio
+// to the anchor (<phase>/anchor). FENCED_BENCH_AB_SWARMS swarms (64).
 func BenchmarkCommitPhases(b *testing.B) {
-	const loops = 300
+	const phaseRounds = 5
+	swarms := 64
+	if v := os.Getenv("FENCED_BENCH_AB_SWARMS"); v != "" {
+		if _, err := fmt.Sscan(v, &swarms); err != nil {
+			b.Fatal(err)
+		}
+	}
 	srv := redistest.Start(b)
 	st := benchRecords(b, srv)
 	rdb, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
@@ -631,60 +752,129 @@ func BenchmarkCommitPhases(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(rdb.Close)
+	if os.Getenv("FENCED_BENCH_PRINT_PID") != "" {
+		fmt.Fprintln(os.Stderr, "redis-server pid", srv.Pid())
+	}
 	ctx := context.Background()
-	// The shared helpers, the call not started (each loop starts its own).
-	lib := strings.TrimSuffix(lua.Helpers.Eval(), "\nbegin(EVAL_KEYS, EVAL_ARGV)")
-	body := lua.File("byname_none.lua") + "\n" + lua.File("commit.lua")
+	anchor := rueidis.NewLuaScript(redistest.AnchorScript)
+	type library struct{ name, text string }
+	libs := make([]library, len(commitPhases))
+	for i, p := range commitPhases {
+		libs[i].name, libs[i].text = phaseLibrary(b, p.before, p.wrote)
+	}
+	load := func(l library) {
+		srv.Do(b, "FUNCTION", "FLUSH")
+		if err := rdb.Do(ctx, rdb.B().FunctionLoad().FunctionCode(l.text).Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	stop := func(l library, on bool) {
+		arg := map[bool]string{true: "1", false: "0"}[on]
+		if err := rdb.Do(ctx, rdb.B().Fcall().Function(l.name+"_phase").Numkeys(0).Arg(arg).Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for _, size := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
-			slug := fmt.Sprintf("phases-%d", size)
-			bt := &batch.Batch{Slug: slug, Fence: &batch.Fence{Owner: "tick-1", Epoch: benchLease(ctx, b, st, slug, "tick-1")}}
-			for j := range size {
-				bt.Writes = append(bt.Writes, batch.Write{Kind: batch.KindPut, Section: "intents", Key: fmt.Sprintf("r%04d", j),
-					Expected: -1, Value: `{"execution_id":"exec-0000-000001","status":"running","attempt":1,"note":"` + strings.Repeat("x", 140) + `"}`})
+			fs := make([]*abSwarm, swarms)
+			as := make([]*abSwarm, swarms)
+			expires := time.Now().Add(time.Hour).UnixMilli()
+			for g := range swarms {
+				fs[g] = newABSwarm(fmt.Sprintf("ph%d-f-%d", size, g), g)
+				fs[g].epoch = benchLease(ctx, b, st, fs[g].slug, "tick-1")
+				as[g] = newABSwarm(fmt.Sprintf("ph%d-a-%d", size, g), g)
+				srv.Do(b, "HSET", as[g].keys[0], "lease", fmt.Sprintf(`{"owner":"tick-1","epoch":1,"expires_at":%d}`, expires))
 			}
-			if _, err := st.Commit(ctx, bt, engine.Durability{}); err != nil {
-				b.Fatal(err)
+			calls := 1200
+			if size == 64 {
+				calls = 300
 			}
-			_, keys, args := st.commitArgs(st.e.Keys(slug), bt)
-			run := func(stopped string) float64 {
-				src := lib + "\nlocal function whole()\n" + body + "\nend\nlocal function stopped()\n" + stopped +
-					"\nend\nbegin(EVAL_KEYS, EVAL_ARGV, true) whole()\nfor _ = 1, " + strconv.Itoa(loops) +
-					" do begin(EVAL_KEYS, EVAL_ARGV, true) local r = stopped() if r[1] ~= 'OK' then return r end end return {'done'}"
-				sc := rueidis.NewLuaScript(src)
-				best := 0.0
-				for range 9 {
-					srv.Do(b, "CONFIG", "RESETSTAT")
-					if err := sc.Exec(ctx, rdb, keys, args).Error(); err != nil {
+			// measure runs calls of side, one at a time over the swarms in
+			// turn: its µs per call (INFO commandstats of cmd).
+			measure := func(cmd string, side func(i int) error) float64 {
+				srv.Do(b, "CONFIG", "RESETSTAT")
+				for i := range calls {
+					if err := side(i); err != nil {
 						b.Fatal(err)
 					}
-					if us := scriptUsecPerCall(b, srv) / loops; best == 0 || us < best {
-						best = us
-					}
 				}
-				return best
+				s := srv.CommandStats(b)[cmd]
+				return s.Usec / s.Calls
 			}
-			for range b.N {
-				b.ReportMetric(run(body), "whole-µs")
-				for _, p := range commitPhases {
-					if !strings.Contains(body, p.before) {
-						b.Fatalf("phase %s: commit.lua has no %q", p.name, p.before)
-					}
-					b.ReportMetric(run(strings.Replace(body, p.before, "if true then return {'OK'} end\n"+p.before, 1)), p.name+"-µs")
+			whole := func(l library) func(i int) error {
+				return func(i int) error { return fs[i%swarms].fcall(ctx, st, rdb, l.name+"_commit", size) }
+			}
+			stopped := func(l library) func(i int) error {
+				return func(i int) error { return fs[i%swarms].stopped(ctx, st, rdb, l.name+"_commit", size) }
+			}
+			anchored := func(i int) error { return as[i%swarms].anchor(ctx, rdb, anchor, size) }
+			// Every record written once, by fenced and by the anchor.
+			load(libs[0])
+			for i := range swarms * abPool / size {
+				if err := whole(libs[0])(i); err != nil {
+					b.Fatal(err)
 				}
+				if err := anchored(i); err != nil {
+					b.Fatal(err)
+				}
+			}
+			us := map[string][]float64{}
+			ratio := map[string][]float64{}
+			for range b.N {
+				for r := range phaseRounds {
+					for o := range libs {
+						k := (o + r) % len(libs)
+						l, name := libs[k], commitPhases[k].name
+						load(l)
+						stop(l, false)
+						w := measure("fcall", whole(l))
+						stop(l, true)
+						p := measure("fcall", stopped(l))
+						a := measure("evalsha", anchored)
+						us[name], us["whole"], us["anchor"] = append(us[name], p), append(us["whole"], w), append(us["anchor"], a)
+						ratio[name], ratio["whole"] = append(ratio[name], p/a), append(ratio["whole"], w/a)
+					}
+				}
+			}
+			for _, name := range []string{"anchor", "whole"} {
+				b.ReportMetric(abMedian(us[name]), name+"-µs")
+			}
+			b.ReportMetric(abMedian(ratio["whole"]), "whole/anchor")
+			for _, p := range commitPhases {
+				b.ReportMetric(abMedian(us[p.name]), p.name+"-µs")
+				b.ReportMetric(abMedian(ratio[p.name]), p.name+"/anchor")
 			}
 		})
 	}
 }
 
-// scriptUsecPerCall is INFO commandstats' usec per call of EVAL and
-// EVALSHA together.
-func scriptUsecPerCall(b *testing.B, srv *redistest.Server) float64 {
-	stats := srv.CommandStats(b)
-	usec := stats["evalsha"].Usec + stats["eval"].Usec
-	calls := stats["evalsha"].Calls + stats["eval"].Calls
-	if calls == 0 {
-		return 0
+// stopped is fcall stopped by the library's phase switch: the swarm's
+// next size records sent as fcall sends them, answered {'OK'} at the stop
+// (the records stay as they were), or {'OK', rev} after the records were
+// written at rev.
+func (w *abSwarm) stopped(ctx context.Context, st *Records, rdb rueidis.Client, fn string, size int) error {
+	bt := &batch.Batch{Slug: w.slug, Fence: &batch.Fence{Owner: "tick-1", Epoch: w.epoch}}
+	for i := range size {
+		j := (w.next + i) % abPool
+		bt.Writes = append(bt.Writes, batch.Write{Kind: batch.KindPut, Section: w.section[j], Key: w.field[j], Expected: w.seen[j], Value: w.value[j]})
 	}
-	return usec / calls
+	_, keys, args := st.commitArgs(st.e.Keys(w.slug), bt)
+	reply, err := rdb.Do(ctx, rdb.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsStrSlice()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", fn, w.slug, err)
+	}
+	if len(reply) < 1 || len(reply) > 2 || reply[0] != protocol.ReplyOK {
+		return fmt.Errorf("%s %s: not stopped: %v", fn, w.slug, reply)
+	}
+	if len(reply) == 2 {
+		rev, err := strconv.ParseInt(reply[1], 10, 64)
+		if err != nil {
+			return err
+		}
+		for i := range size {
+			w.seen[(w.next+i)%abPool] = rev
+		}
+	}
+	w.next = (w.next + size) % abPool
+	return nil
 }

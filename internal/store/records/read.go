@@ -2,7 +2,6 @@ package records
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -149,7 +148,11 @@ func (rs *Records) readSections(ctx context.Context, k engine.Keys, names []stri
 	if len(arr) != 2+len(names) {
 		return nil, fmt.Errorf("store: read sections: %w: %d elements for %d sections", engine.ErrMalformedReply, len(arr), len(names))
 	}
-	return decodeSnapshot(names, arr, func(i int) (map[string]batch.Record, error) {
+	head, err := scriptHead(arr[:2])
+	if err != nil {
+		return nil, fmt.Errorf("store: read sections: %w", err)
+	}
+	return decodeSnapshot(names, head, func(i int) (map[string]batch.Record, error) {
 		records, err := parseFields(names[i], arr[2+i])
 		if err == nil {
 			live.Drop(records)
@@ -170,7 +173,8 @@ const recordEnvelope = 27
 const memoryUsageSlack = 20
 
 // readSectionsMulti reads a snapshot as one MULTI of GET revision, HGET
-// meta/section_revisions and one HGETALL per section (atomic, as a script
+// meta/section_revisions (retired), HGETALL section-revisions and one
+// HGETALL per section (atomic, as a script
 // is: no command of another client runs between them), after a pipeline of
 // HLEN per section and, only when those are within the record limit (else
 // the read is refused for its records), one of MEMORY USAGE ... SAMPLES 0
@@ -326,7 +330,7 @@ func (rs *Records) readSectionsMulti(ctx context.Context, k engine.Keys, names [
 	}
 	cmds := make([]rueidis.Completed, 0, 5+len(names))
 	cmds = append(cmds, c.B().Multi().Build(), c.B().Get().Key(k.Revision()).Build(),
-		c.B().Hget().Key(k.Meta()).Field(protocol.FieldSectionRevisions).Build())
+		c.B().Hget().Key(k.Meta()).Field(protocol.FieldSectionRevisions).Build(), c.B().Hgetall().Key(k.SectionRevisions()).Build())
 	for _, n := range names {
 		cmds = append(cmds, c.B().Hgetall().Key(k.Section(n)).Build())
 	}
@@ -350,28 +354,30 @@ func (rs *Records) readSectionsMulti(ctx context.Context, k engine.Keys, names [
 		}
 		return nil, false, nil
 	}
-	if len(arr) != 3+len(names) {
+	if len(arr) != 4+len(names) {
 		return nil, false, nil
 	}
 	for _, m := range arr {
-		if m.Error() != nil {
+		// A nil reply (no counter, no retired meta/section_revisions) is
+		// an answer; any other error is the script's to answer.
+		if err := m.Error(); err != nil && !rueidis.IsRedisNil(err) {
 			return nil, false, nil
 		}
 	}
 	// The MULTI's own EXISTS decides: a grant made since the checks above
 	// has the script read a snapshot that met a bound record.
-	grants, _ = arr[2+len(names)].AsInt64()
-	arr = arr[:2+len(names)]
+	grants, _ = arr[3+len(names)].AsInt64()
+	arr = arr[:3+len(names)]
 	rs.e.Observer().ScriptDone(engine.ScriptReadSections, time.Since(start), nil)
 	fieldMaps := make([]map[string]rueidis.RedisMessage, len(names))
-	for i, m := range arr[2:] {
+	for i, m := range arr[3:] {
 		fields, err := m.AsMap()
 		if err != nil {
 			return nil, true, fmt.Errorf("store: read sections: %w: section %s: %v", engine.ErrMalformedReply, names[i], err)
 		}
 		fieldMaps[i] = fields
 	}
-	snap, err := rs.snapshotOf(names, arr[:2], fieldMaps)
+	snap, err := rs.snapshotOf(names, arr[:3], fieldMaps)
 	if err == nil && holdsBound(snap) {
 		if grants > 0 {
 			return nil, false, nil // the script reads the claims' grants
@@ -411,7 +417,8 @@ func dropDead(snap *engine.Snapshot, live batch.LiveClaims) {
 }
 
 // snapshotOf is the snapshot of names read as head (GET revision, HGET
-// meta/section_revisions) and each section's fields, after
+// meta/section_revisions, HGETALL section-revisions) and each section's
+// fields, after
 // read_sections.lua's checks on what was read: the record and byte limits
 // (*TooLargeError), every field a record (*CorruptError).
 func (rs *Records) snapshotOf(names []string, head []rueidis.RedisMessage, fieldMaps []map[string]rueidis.RedisMessage) (*engine.Snapshot, error) {
@@ -450,9 +457,9 @@ func answered(err error) bool {
 	return ok
 }
 
-// decodeSnapshot decodes a snapshot's reply { revision (nil: 0),
-// meta/section_revisions or nil, one section's fields per name }, the i-th
-// section's records by parse(i).
+// decodeSnapshot decodes a snapshot's head { revision (nil: 0), the retired
+// meta/section_revisions or nil, section-revisions as HGETALL answers it },
+// the i-th section's records by parse(i).
 func decodeSnapshot(names []string, arr []rueidis.RedisMessage, parse func(i int) (map[string]batch.Record, error)) (*engine.Snapshot, error) {
 	revs, err := "0", error(nil)
 	if !arr[0].IsNil() {
@@ -468,7 +475,7 @@ func decodeSnapshot(names []string, arr []rueidis.RedisMessage, parse func(i int
 	if snap.Revision, err = engine.ParseCounter(revs); err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", err)
 	}
-	all, err := parseSectionRevisions(arr[1])
+	all, err := parseSectionRevisions(arr[1], arr[2])
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w", err)
 	}
@@ -501,26 +508,34 @@ func (rs *Records) tooLarge(counts []rueidis.RedisMessage) error {
 	return &engine.TooLargeError{Records: n[0], Bytes: n[1], MaxBytes: rs.limits.MaxSnapshotBytes}
 }
 
-// parseSectionRevisions decodes meta/section_revisions (nil: none).
-func parseSectionRevisions(m rueidis.RedisMessage) (map[string]int64, error) {
-	if m.IsNil() {
-		return map[string]int64{}, nil
+// parseSectionRevisions decodes the section revisions as read: the
+// retired meta/section_revisions (old; nil: none) and section-revisions as
+// HGETALL answers it (a map; from a script, an array of fields and
+// values), by engine.SectionRevisions.
+func parseSectionRevisions(old, hash rueidis.RedisMessage) (map[string]int64, error) {
+	raw := ""
+	if !old.IsNil() {
+		var err error
+		if raw, err = old.ToString(); err != nil {
+			return nil, fmt.Errorf("%w: section revisions: %w", engine.ErrMalformedReply, err)
+		}
 	}
-	raw, err := m.ToString()
+	fields, err := hash.AsStrMap()
 	if err != nil {
 		return nil, fmt.Errorf("%w: section revisions: %w", engine.ErrMalformedReply, err)
 	}
-	rec, ok := batch.ParseRecord(raw)
-	var revs map[string]int64
-	if !ok || json.Unmarshal([]byte(rec.Value), &revs) != nil {
-		return nil, &engine.CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldSectionRevisions}
+	return engine.SectionRevisions(raw, fields)
+}
+
+// scriptHead is the head of a read script's reply, { revision, { retired
+// meta/section_revisions or nil, section-revisions' fields and values } },
+// as decodeSnapshot reads it: { revision, retired record, hash }.
+func scriptHead(arr []rueidis.RedisMessage) ([]rueidis.RedisMessage, error) {
+	revs, err := arr[1].ToArray()
+	if err != nil || len(revs) != 2 {
+		return nil, fmt.Errorf("%w: section revisions: %d elements, %v", engine.ErrMalformedReply, len(revs), err)
 	}
-	for _, r := range revs {
-		if r < 0 || r > batch.MaxRevision {
-			return nil, &engine.CorruptError{Section: protocol.KeyMeta, Key: protocol.FieldSectionRevisions}
-		}
-	}
-	return revs, nil
+	return []rueidis.RedisMessage{arr[0], revs[0], revs[1]}, nil
 }
 
 // A scan position is where the next page of a ScanSection starts: an HSCAN
@@ -695,7 +710,11 @@ func (rs *Records) scanSection(ctx context.Context, k engine.Keys, section, curs
 	if p.Revision, err = engine.ParseCounter(revText); err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}
-	sectionRevs, err := parseSectionRevisions(revs[1])
+	head, err := scriptHead(revs)
+	if err != nil {
+		return nil, fmt.Errorf("store: scan section: %w", err)
+	}
+	sectionRevs, err := parseSectionRevisions(head[1], head[2])
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
 	}

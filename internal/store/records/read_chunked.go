@@ -32,8 +32,9 @@ type snapshotStep struct {
 // connection, each step one round trip of at most the step size
 // (Options.SnapshotStepRecords, SnapshotStepBytes), so that Redis serves other clients between them:
 //
-//   - step 0: WATCH revision, meta and every section; GET revision, HGET
-//     meta/section_revisions, HLEN of each section;
+//   - step 0: WATCH revision, meta, section-revisions and every section;
+//     GET revision, HGET meta/section_revisions (retired), HGETALL
+//     section-revisions, HLEN of each section;
 //   - whole sections grouped by HGETALL up to the step's records and bytes;
 //   - a section larger than one step: HKEYS, then HMGET of its keys, a
 //     step's worth at a time (HSCAN would cost ~3x HGETALL a field on
@@ -84,13 +85,14 @@ func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names
 	// grants: without any, every bound record read is absent (§12.4); with
 	// some, the grants of the claims met are read with Redis's clock inside
 	// the closing MULTI, under the same WATCH.
-	watch := append(make([]string, 0, 3+len(names)), k.Revision(), k.Meta(), k.Claims())
+	watch := append(make([]string, 0, 4+len(names)), k.Revision(), k.Meta(), k.SectionRevisions(), k.Claims())
 	for _, n := range names {
 		watch = append(watch, k.Section(n))
 	}
-	cmds := make([]rueidis.Completed, 0, 4+len(names))
+	cmds := make([]rueidis.Completed, 0, 5+len(names))
 	cmds = append(cmds, dc.B().Watch().Key(watch...).Build().Pin(), dc.B().Get().Key(k.Revision()).Build().Pin(),
 		dc.B().Hget().Key(k.Meta()).Field(protocol.FieldSectionRevisions).Build().Pin(),
+		dc.B().Hgetall().Key(k.SectionRevisions()).Build().Pin(),
 		dc.B().Exists().Key(k.Claims()).Build().Pin())
 	for _, n := range names {
 		cmds = append(cmds, dc.B().Hlen().Key(k.Section(n)).Build().Pin())
@@ -100,21 +102,21 @@ func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names
 		return failed(err)
 	}
 	watching = true
-	head := make([]rueidis.RedisMessage, 2)
-	for i, r := range res[1:3] {
+	head := make([]rueidis.RedisMessage, 3)
+	for i, r := range res[1:4] {
 		m, err := r.ToMessage()
 		if err != nil && !rueidis.IsRedisNil(err) {
 			return failed(err)
 		}
 		head[i] = m
 	}
-	grants, err := res[3].AsInt64()
+	grants, err := res[4].AsInt64()
 	if err != nil {
 		return failed(err)
 	}
 	var records int64
 	hlen := make([]int64, len(names))
-	for i, r := range res[4:] {
+	for i, r := range res[5:] {
 		v, err := r.AsInt64()
 		if err != nil {
 			return failed(err)

@@ -208,13 +208,14 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 	// Step 0: the WATCH, the revision and section revisions, whether the
 	// swarm has claim grants, Redis's clock (bound records are judged by
 	// it) and each section's length.
-	watch := append(make([]string, 0, 3+len(names)), k.Revision(), k.Meta(), k.Claims())
+	watch := append(make([]string, 0, 4+len(names)), k.Revision(), k.Meta(), k.SectionRevisions(), k.Claims())
 	for _, n := range names {
 		watch = append(watch, k.Section(n))
 	}
-	cmds := make([]rueidis.Completed, 0, 5+len(names))
+	cmds := make([]rueidis.Completed, 0, 6+len(names))
 	cmds = append(cmds, dc.B().Watch().Key(watch...).Build().Pin(), dc.B().Get().Key(k.Revision()).Build().Pin(),
 		dc.B().Hget().Key(k.Meta()).Field(protocol.FieldSectionRevisions).Build().Pin(),
+		dc.B().Hgetall().Key(k.SectionRevisions()).Build().Pin(),
 		dc.B().Exists().Key(k.Claims()).Build().Pin(), dc.B().Time().Build().Pin())
 	for _, n := range names {
 		cmds = append(cmds, dc.B().Hlen().Key(k.Section(n)).Build().Pin())
@@ -227,8 +228,8 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 		return fail(err)
 	}
 	watching = true
-	head := make([]rueidis.RedisMessage, 2)
-	for i, r := range res[1:3] {
+	head := make([]rueidis.RedisMessage, 3)
+	for i, r := range res[1:4] {
 		m, err := r.ToMessage()
 		if err != nil && !rueidis.IsRedisNil(err) {
 			return fail(err)
@@ -246,7 +247,7 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 	if err != nil {
 		return false, fmt.Errorf("store: stream sections: %w", err)
 	}
-	sectionRevs, err := parseSectionRevisions(head[1])
+	sectionRevs, err := parseSectionRevisions(head[1], head[2])
 	if err != nil {
 		return false, fmt.Errorf("store: stream sections: %w", err)
 	}
@@ -255,11 +256,11 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 			return true, err
 		}
 	}
-	grants, err := res[3].AsInt64()
+	grants, err := res[4].AsInt64()
 	if err != nil {
 		return fail(err)
 	}
-	clock, err := res[4].AsStrSlice()
+	clock, err := res[5].AsStrSlice()
 	if err != nil || len(clock) != 2 {
 		return false, fmt.Errorf("store: stream sections: %w: TIME", engine.ErrMalformedReply)
 	}
@@ -270,7 +271,7 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 	}
 	nowMs := sec*1000 + usec/1000
 	hlen := make([]int64, len(names))
-	for i, r := range res[5:] {
+	for i, r := range res[6:] {
 		if hlen[i], err = r.AsInt64(); err != nil {
 			return fail(err)
 		}

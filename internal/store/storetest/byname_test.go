@@ -998,3 +998,67 @@ func TestScanPageHoldsOneSectionRevision(t *testing.T) {
 		t.Logf("the section never moved during a scan (%d pages, %d writer batches): the check proved little", pages, writes)
 	}
 }
+
+// TestAFailedBackgroundRebuildIsRetried is issue 42's by-name item: a
+// background rebuild that failed ("by-name index rebuild failed … redis did
+// not answer within the redis timeout", a 200,000-execution swarm on a busy
+// box) was started again only when a later batch found the index stale, so
+// a quiet swarm stayed STALE in `fenced inspect`. Here the rebuild fails
+// (fenced's Redis user may not HSCAN, which the rebuild's pages use and
+// commits do not), then Redis takes it again (the permission given back):
+// the rebuild is run again, with no batch, ends clean, and the swarm's
+// overview shows the index clean.
+func TestAFailedBackgroundRebuildIsRetried(t *testing.T) {
+	srv := redistest.Start(t)
+	const user = "noscan"
+	srv.Do(t, "ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "-hscan")
+	type attempt struct {
+		r   *byname.Rebuild
+		err error
+	}
+	attempts := make(chan attempt, 64)
+	st, err := store.Open("redis://"+user+":pw@"+srv.Addr(), store.Options{Engine: engine.Options{Prefix: prefix},
+		ByName: byname.Options{Background: true, Rebuilt: func(_ string, r *byname.Rebuild, err error) { attempts <- attempt{r, err} }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	const slug = "quiet"
+	mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e-1", 0, `{"name":"a","generation":1}`)}})
+	// A writer behind fenced's back; the next batch finds the index stale.
+	srv.Do(t, "HSET", key(slug, "executions"), "py-1", `{"r": 5, "v": {"name":"a","generation":9}}`)
+	srv.Do(t, "HSET", key(slug, "by-name"), "a", `{"r": 5, "v": "py-1"}`)
+	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e-2", 0, `{"name":"a","generation":2}`)}}, engine.Durability{})
+	if err != nil || !c.ByNameStale {
+		t.Fatalf("the batch after the writer = %+v, %v; want committed, the index reported stale", c, err)
+	}
+	next := func() attempt {
+		t.Helper()
+		select {
+		case a := <-attempts:
+			return a
+		case <-time.After(60 * time.Second): // a failure bound, not a measurement
+			t.Fatal("no rebuild attempt within 60 s")
+			return attempt{}
+		}
+	}
+	if a := next(); a.err == nil {
+		t.Fatalf("the first rebuild = %+v; want it refused (no HSCAN)", a.r)
+	}
+	srv.Do(t, "ACL", "SETUSER", user, "+hscan")
+	for {
+		a := next()
+		if a.err == nil && a.r.Clean {
+			break
+		}
+	}
+	o, err := st.Overview(ctx, slug, nil)
+	if err != nil || o.ByNameIndexStale {
+		t.Errorf("Overview after the retried rebuild: stale %v, %v; want clean", o.ByNameIndexStale, err)
+	}
+	check, err := st.CheckByName(ctx, slug, 100)
+	if err != nil || len(check.Mismatches) > 0 || check.IndexMissing != 0 {
+		t.Errorf("CheckByName after the retried rebuild = %+v, %v; want consistent", check, err)
+	}
+}

@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -540,16 +539,20 @@ func seedBound(t testing.TB, srv *redistest.Server, slug, section, k, name strin
 	srv.Do(t, "SADD", key(slug, "claim:"+name), section+"\n"+k)
 }
 
-// sectionRevisions decodes meta/section_revisions.
+// sectionRevisions decodes the hash section-revisions (its "*", the
+// latest, among them).
 func sectionRevisions(t *testing.T, srv *redistest.Server, slug string) map[string]int64 {
 	t.Helper()
-	var rec struct {
-		V map[string]int64 `json:"v"`
+	got := srv.DoArray(t, "HGETALL", key(slug, "section-revisions"))
+	revs := map[string]int64{}
+	for i := 0; i+1 < len(got); i += 2 {
+		r, err := strconv.ParseInt(got[i+1], 10, 64)
+		if err != nil {
+			t.Fatalf("section-revisions/%s = %q: %v", got[i], got[i+1], err)
+		}
+		revs[got[i]] = r
 	}
-	if err := json.Unmarshal([]byte(srv.Do(t, "HGET", key(slug, "meta"), "section_revisions")), &rec); err != nil {
-		t.Fatalf("meta/section_revisions: %v", err)
-	}
-	return rec.V
+	return revs
 }
 
 // logEntries are the swarm's log entries, oldest first, each field ->
@@ -645,6 +648,43 @@ func TestReleaseDeletesItsBoundRecords(t *testing.T) {
 	}
 	if got := srv.Do(t, "EXISTS", key(slug, "claim-sweep")); got != "0" {
 		t.Errorf("claim-sweep exists after a release within the budget")
+	}
+}
+
+// TestReleaseOverByNameOfAnotherTypeWritesNothing: a release whose
+// reclaim deletes an executions record (bound by a writer outside fenced)
+// while by-name, or its index, holds another Redis type is refused before
+// its first write, DATA_LOSS naming the key; before, the reclaim deleted
+// the record and wrote the log entry, then by-name's HGET failed
+// (INTERNAL), leaving the release half done.
+func TestReleaseOverByNameOfAnotherTypeWritesNothing(t *testing.T) {
+	for _, name := range []string{"by-name", "by-name-index"} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			st := open(t, srv)
+			ctx := context.Background()
+			const slug = "relwt"
+			erev, err := st.Commit(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e1", 0, `{"name":"agent-1","generation":1}`)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, _, err := st.AcquireClaim(ctx, slug, "task", "worker-a", 60000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seedBound(t, srv, slug, "executions", "e1", "task", g.Epoch, erev, `{"name":"agent-1","generation":1}`)
+			srv.Do(t, "DEL", key(slug, name))
+			srv.Do(t, "SET", key(slug, name), "junk")
+			before := dumpSwarm(t, srv)
+			_, err = st.ReleaseClaim(ctx, slug, "task", "worker-a", g.Epoch)
+			var ce *engine.CorruptError
+			if !errors.As(err, &ce) || ce.Key != name || ce.Type != "string" {
+				t.Errorf("ReleaseClaim over %s of another type = %v; want *CorruptError naming %s", name, err, name)
+			}
+			if after := dumpSwarm(t, srv); after != before {
+				t.Errorf("Redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
 	}
 }
 

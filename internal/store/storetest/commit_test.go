@@ -407,8 +407,9 @@ func TestInterleavedPutsAndDeletesAcrossSectionsLandEachRecord(t *testing.T) {
 // the stored fields of a batch's writes by one HMGET per section key; a
 // batch meeting two faults still answers the first in write order, as when
 // each write read its own field: a field that is no record before a
-// section key of another type answers RECORD_CORRUPT, the other order
-// Redis's WRONGTYPE; nothing is written either way.
+// section key of another type answers RECORD_CORRUPT naming the field, the
+// other order RECORD_CORRUPT naming the key (issue 42); nothing is written
+// either way.
 func TestCommitReadsEachSectionOnceAndRefusesInWriteOrder(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
@@ -422,8 +423,8 @@ func TestCommitReadsEachSectionOnceAndRefusesInWriteOrder(t *testing.T) {
 		t.Errorf("a field that is no record, then a key of another type: %v; want RECORD_CORRUPT claims/bad", err)
 	}
 	_, err = commit(t, st, &batch.Batch{Slug: "two-faults", Writes: []batch.Write{put("intents", "i", 0, `3`), put("claims", "bad", 5, `2`)}})
-	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || errors.As(err, &corrupt) {
-		t.Errorf("a key of another type, then a field that is no record: %v; want Redis's WRONGTYPE", err)
+	if !errors.As(err, &corrupt) || corrupt.Key != "intents" || corrupt.Type != "string" || corrupt.Want != "hash" {
+		t.Errorf("a key of another type, then a field that is no record: %v; want RECORD_CORRUPT naming the key intents", err)
 	}
 	if after := dumpSwarm(t, srv); after != before {
 		t.Errorf("refused batches changed Redis:\n%s\n->\n%s", before, after)
@@ -714,4 +715,228 @@ func TestRecordsCommitsStampOnlyWhenTheSwarmGoesOntoTheRecords(t *testing.T) {
 	if got := srv.Do(t, "HGET", stamp, "rec-x:records"); got != strconv.FormatInt(healed, 10) {
 		t.Errorf("stamp after a commit that found it missing = %q, want %d", got, healed)
 	}
+}
+
+// TestAWriteReadsOnlyTheRevisionItCompares is issue 42's decision 1
+// (docs/design/03-fenced-batch.md §3.2): a put, delete or check of a field
+// in fenced's exact form {"r":<digits>,"v": ... } (unbound, ending in '}')
+// compares the revision of its head and never judges the value, so a
+// field whose value is no JSON is written over, deleted or checked at that
+// revision, and a mismatch names it; any other text is judged by the
+// record grammar as before: the in-house writers' forms (cjson's other
+// member order, spaces after ':' and ','), the bound form, a leading
+// zero, a revision cjson printed as a float, a trailing space. Reads still
+// judge every value they answer.
+func TestAWriteReadsOnlyTheRevisionItCompares(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const rev = 41
+	for i, tc := range []struct {
+		name, field string
+		// read: the write compares rev; else it answers RECORD_CORRUPT
+		// (REVISION_LIMIT for a BLIND put when limit).
+		read, limit bool
+		// judged: a read of the field answers it (else RECORD_CORRUPT).
+		judged bool
+	}{
+		{"fenced's form, a value that is no JSON", `{"r":41,"v":nope}`, true, false, false},
+		{"fenced's form, invalid UTF-8", "{\"r\":41,\"v\":\"\xff\"}", true, false, false},
+		{"fenced's form, r named again after v", `{"r":41,"v":1,"r":7}`, true, false, false},
+		{"fenced's form, a value", `{"r":41,"v":{"a":[1,"x"]}}`, true, false, true},
+		{"fenced's form above 2^53-1", `{"r":9007199254740993,"v":1}`, false, true, false},
+		{"cjson's member order", `{"v":{"a":1},"r":41}`, true, false, true},
+		{"cjson's member order, a value that is no JSON", `{"v":nope,"r":41}`, false, false, false},
+		{"spaced, as older writers write", `{"r": 41, "v": [1, 2]}`, true, false, true},
+		{"spaced, a value that is no JSON", `{"r": 41, "v": nope}`, false, false, false},
+		{"a trailing space", `{"r":41,"v":1} `, true, false, true},
+		{"a trailing space, a value that is no JSON", `{"r":41,"v":nope} `, false, false, false},
+		{"a revision cjson printed as a float", `{"r":1.7961503264679e+15,"v":1}`, false, false, false},
+		{"a leading zero", `{"r":041,"v":1}`, false, false, false},
+		{"bound, a value that is no JSON", `{"r":41,"claim":"c","claim_epoch":3,"v":nope}`, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			slug := "reads-" + strconv.Itoa(i)
+			set := func() { srv.Do(t, "HSET", key(slug, "claims"), "k", tc.field) }
+			set()
+			rec, _, err := st.Record(ctx, slug, "claims", "k")
+			if tc.judged != (err == nil) || (err == nil && (rec == nil || rec.Revision != rev)) {
+				t.Errorf("Record = %+v, %v; want a record at %d: %v", rec, err, rev, tc.judged)
+			}
+			for _, w := range []batch.Write{put("claims", "k", rev, `2`), del("claims", "k", rev), check("claims", "k", rev)} {
+				set()
+				_, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{w}})
+				if tc.read && err != nil {
+					t.Errorf("kind %v expecting %d = %v; want it committed", w.Kind, rev, err)
+				}
+				if !tc.read && !errors.Is(err, engine.ErrCorruptRecord) {
+					t.Errorf("kind %v expecting %d = %v; want RECORD_CORRUPT", w.Kind, rev, err)
+				}
+				if tc.read && w.Kind != batch.KindCheck {
+					if got := srv.Do(t, "HGET", key(slug, "claims"), "k"); got == tc.field {
+						t.Errorf("kind %v committed and left the field %q", w.Kind, got)
+					}
+				}
+			}
+			set()
+			var ce *engine.ConflictError
+			_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "k", rev-1, `2`)}})
+			if tc.read && (!errors.As(err, &ce) || len(ce.Conflicts) != 1 || ce.Conflicts[0].Actual != rev) {
+				t.Errorf("a put expecting %d = %v; want a conflict naming revision %d", rev-1, err, rev)
+			}
+			if !tc.read && !errors.Is(err, engine.ErrCorruptRecord) {
+				t.Errorf("a put expecting %d = %v; want RECORD_CORRUPT", rev-1, err)
+			}
+			// A BLIND put writes over any field but one whose revision no
+			// script reads exactly.
+			_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "k", batch.Blind, `3`)}})
+			if tc.limit != errors.Is(err, engine.ErrRevisionLimit) || (!tc.limit && err != nil) {
+				t.Errorf("a BLIND put = %v; want REVISION_LIMIT: %v", err, tc.limit)
+			}
+		})
+	}
+}
+
+// TestAMalformedRequestIDEntryIsReported is issue 42's request-ids item:
+// an entry of request-ids that is not '<revision>:<digest>:<expires_ms>'
+// as fenced writes it (a legacy key not '<revision>:<digest>') was taken as
+// absent and overwritten (the request committed again) or, when it looked
+// enough like another request's, answered REQUEST_ID_REUSED, and the prune
+// dropped it as expired. Now it is handled one way
+// (docs/design/03-fenced-batch.md §3.5): the batch under that id answers
+// RECORD_CORRUPT naming the entry, nothing written; the prune leaves it;
+// once repaired (HDEL), the id commits. A well-formed entry answers as
+// before: expired as absent, live another request's REUSED.
+func TestAMalformedRequestIDEntryIsReported(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	digest := strings.Repeat("ab", 32)
+	far := strconv.FormatInt(redisNowMs(t, srv)+3_600_000, 10)
+	for i, entry := range []string{
+		"not an entry", "", "17:" + digest, "17:" + digest + ":" + far + ":x", "17:xyz:" + far, "17:abab:" + far,
+		"17:" + strings.ToUpper(digest) + ":" + far, "017:" + digest + ":" + far, "9007199254740992:" + digest + ":" + far,
+		"17:" + digest + ":0" + far, "17:" + digest + ":-1", " 17:" + digest + ":" + far,
+	} {
+		slug := "rid-" + strconv.Itoa(i)
+		srv.Do(t, "HSET", key(slug, "request-ids"), "r-1", entry)
+		before := dumpSwarm(t, srv)
+		_, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{})
+		var ce *engine.CorruptError
+		if !errors.As(err, &ce) || ce.Section != "request-ids" || ce.Key != "r-1" || !strings.Contains(err.Error(), "HDEL") {
+			t.Errorf("entry %q: %v; want RECORD_CORRUPT naming request-ids/r-1 and its repair", entry, err)
+		}
+		if after := dumpSwarm(t, srv); after != before {
+			t.Errorf("entry %q: Redis changed:\n%s\n->\n%s", entry, before, after)
+		}
+		// Another id's commit samples the hash (two fields: both) and
+		// leaves the malformed entry.
+		mustCommitID(t, st, &batch.Batch{Slug: slug, RequestID: "r-2", Writes: []batch.Write{put("claims", "d", 0, `1`)}})
+		if got := srv.Do(t, "HGET", key(slug, "request-ids"), "r-1"); got != entry {
+			t.Errorf("entry %q after another id's commit: %q; want it left as it was", entry, got)
+		}
+		srv.Do(t, "HDEL", key(slug, "request-ids"), "r-1")
+		mustCommitID(t, st, &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	}
+	// A legacy key of another form alike, named as the key it is.
+	srv.Do(t, "SET", key("rid-legacy", "request:a/b"), "17:zz")
+	_, err := st.CommitDurable(ctx, &batch.Batch{Slug: "rid-legacy", RequestID: "a/b", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{})
+	var ce *engine.CorruptError
+	if !errors.As(err, &ce) || ce.Section != "" || ce.Key != "request:a/b" || !strings.Contains(err.Error(), "DEL it") {
+		t.Errorf("a malformed legacy key: %v; want RECORD_CORRUPT naming request:a/b", err)
+	}
+	// Well formed: expired is absent; live, another request's is REUSED.
+	srv.Do(t, "HSET", key("rid-ok", "request-ids"), "old", "17:"+digest+":1", "live", "17:"+digest+":"+far)
+	mustCommitID(t, st, &batch.Batch{Slug: "rid-ok", RequestID: "old", Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	_, err = st.CommitDurable(ctx, &batch.Batch{Slug: "rid-ok", RequestID: "live", Writes: []batch.Write{put("claims", "e", 0, `1`)}}, engine.Durability{})
+	if !errors.Is(err, records.ErrRequestIDReused) {
+		t.Errorf("a live entry of another request: %v; want REQUEST_ID_REUSED", err)
+	}
+}
+
+// mustCommitID commits b (a request id's batch), failing the test on an error.
+func mustCommitID(t *testing.T, st *store.Store, b *batch.Batch) int64 {
+	t.Helper()
+	c, err := st.CommitDurable(context.Background(), b, engine.Durability{})
+	if err != nil {
+		t.Fatalf("Commit(%s, %s): %v", b.Slug, b.RequestID, err)
+	}
+	return c.Revision
+}
+
+// TestSectionRevisionsLiveInAHashOfTheirOwn is issue 42's decision 2
+// (docs/design/03-fenced-batch.md §3.4): the section revisions are no
+// longer one meta record that every commit decodes and rewrites, but the
+// swarm's hash section-revisions, of which a commit writes only the
+// sections it changed and "*", their latest (the floor that survives a
+// lost counter). A swarm that still holds the retired
+// meta/section_revisions (an older fenced's) reads and checks by it, and
+// its first commit moves it into the hash, each section at the later of
+// the two, and deletes it. Values that are no revision are named.
+func TestSectionRevisionsLiveInAHashOfTheirOwn(t *testing.T) {
+	srv := redistest.Start(t)
+	st := open(t, srv)
+	ctx := context.Background()
+	const slug = "srevs"
+	srevs := key(slug, "section-revisions")
+	// An older fenced's swarm: the record holds every section revision.
+	srv.Do(t, "SET", key(slug, "revision"), "17000000000500")
+	srv.Do(t, "HSET", key(slug, "meta"), "layout", `{"r":17000000000001,"v":"records"}`,
+		"section_revisions", `{"r":17000000000500,"v":{"archive":17000000000100,"claims":17000000000500,"grants":17000000000300}}`)
+	srv.Do(t, "HSET", srevs, "grants", "17000000000400") // a later one in the hash: the later wins
+	snap, err := st.Sections(ctx, slug, []string{"archive", "claims", "grants", "intents"})
+	want := map[string]int64{"archive": 17000000000100, "claims": 17000000000500, "grants": 17000000000400, "intents": 0}
+	if err != nil || !maps.Equal(snap.SectionRevisions, want) {
+		t.Fatalf("Sections over the retired record = %v, %v; want %v", snap.SectionRevisions, err, want)
+	}
+	// A section check reads it too.
+	_, err = commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{sectionCheck("archive", 17000000000099), put("intents", "i", 0, `1`)}})
+	if !isConflict(err) {
+		t.Fatalf("a section check below the retired record's revision = %v; want a conflict", err)
+	}
+	rev := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{sectionCheck("archive", 17000000000100), put("intents", "i", 0, `1`)}})
+	if got := srv.Do(t, "HEXISTS", key(slug, "meta"), "section_revisions"); got != "0" {
+		t.Errorf("meta/section_revisions still exists after the first commit")
+	}
+	r := strconv.FormatInt(rev, 10)
+	wantHash := map[string]string{"*": r, "intents": r, "archive": "17000000000100", "claims": "17000000000500", "grants": "17000000000400"}
+	if got := hashOf(t, srv, srevs); !maps.Equal(got, wantHash) {
+		t.Errorf("section-revisions after the first commit = %v; want %v", got, wantHash)
+	}
+	// A commit writes only its sections' fields (and "*"): another's, set
+	// by hand, is left as it is.
+	srv.Do(t, "HSET", srevs, "archive", "17000000000101")
+	rev2 := mustCommit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c", 0, `1`)}})
+	wantHash["archive"], wantHash["claims"], wantHash["*"] = "17000000000101", strconv.FormatInt(rev2, 10), strconv.FormatInt(rev2, 10)
+	if got := hashOf(t, srv, srevs); !maps.Equal(got, wantHash) {
+		t.Errorf("section-revisions after a commit to claims = %v; want %v", got, wantHash)
+	}
+	if snap, err := st.Sections(ctx, slug, []string{"archive", "claims", "intents"}); err != nil ||
+		snap.SectionRevisions["archive"] != 17000000000101 || snap.SectionRevisions["claims"] != rev2 || snap.SectionRevisions["intents"] != rev {
+		t.Errorf("Sections = %v, %v; want archive at 17000000000101, claims at r%d, intents at r%d", snap, err, rev2, rev)
+	}
+	// A value that is no revision is named, by reads and by the commit.
+	var ce *engine.CorruptError
+	srv.Do(t, "HSET", srevs, "grants", "x")
+	if _, err := st.Sections(ctx, slug, []string{"grants"}); !errors.As(err, &ce) || ce.Section != "section-revisions" || ce.Key != "grants" {
+		t.Errorf("Sections over a section revision that is no number = %v; want RECORD_CORRUPT naming section-revisions/grants", err)
+	}
+	if _, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{sectionCheck("grants", 0), put("intents", "j", 0, `1`)}}); !errors.As(err, &ce) || ce.Key != "grants" {
+		t.Errorf("a section check over it = %v; want RECORD_CORRUPT naming section-revisions/grants", err)
+	}
+	srv.Do(t, "HSET", srevs, "*", "01")
+	if _, err := commit(t, st, &batch.Batch{Slug: slug, Writes: []batch.Write{put("intents", "j", 0, `1`)}}); !errors.As(err, &ce) || ce.Section != "section-revisions" || ce.Key != "*" {
+		t.Errorf("a commit over a latest section revision that is no revision = %v; want RECORD_CORRUPT naming section-revisions/*", err)
+	}
+}
+
+// hashOf is the hash at k, field -> value.
+func hashOf(t *testing.T, srv *redistest.Server, k string) map[string]string {
+	t.Helper()
+	got := srv.DoArray(t, "HGETALL", k)
+	out := map[string]string{}
+	for i := 0; i+1 < len(got); i += 2 {
+		out[got[i]] = got[i+1]
+	}
+	return out
 }

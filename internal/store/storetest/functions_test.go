@@ -239,8 +239,9 @@ func TestMemoAnswersOnlyForTheBytesFencedWrote(t *testing.T) {
 	if calls(t, srv, "fcall") == 0 {
 		t.Fatal("the commit did not go as FCALL: the memo is not in play")
 	}
-	// The same revision, a value that is not JSON: not a record.
-	srv.Do(t, "HSET", key("memo", "claims"), "c", `{"r":`+strconv.FormatInt(rev, 10)+`,"v":{"n":1}`+"}}")
+	// The same revision, in an older writer's spacing (judged in full: not
+	// fenced's form), a value that is not JSON: not a record.
+	srv.Do(t, "HSET", key("memo", "claims"), "c", `{"r": `+strconv.FormatInt(rev, 10)+`, "v":{"n":1}`+"}}")
 	_, err = st.Commit(ctx, &batch.Batch{Slug: "memo", Fence: fence, Writes: []batch.Write{put("claims", "c", rev, `2`)}})
 	var ce *engine.CorruptError
 	if !errors.As(err, &ce) {

@@ -490,10 +490,9 @@ func issuedBelowLimit(t *testing.T, srv *redistest.Server, slug, what string, re
 			}
 		}
 	}
-	revs := srv.Do(t, "HGET", key(slug, "meta"), "section_revisions")
-	for _, name := range changed {
-		if !strings.Contains(revs, strconv.Quote(name)+":"+r) {
-			t.Errorf("%s: meta/section_revisions = %s, want %s at r%s", what, revs, name, r)
+	for _, name := range append(changed, protocol.SectionFloor) {
+		if got := srv.Do(t, "HGET", key(slug, "section-revisions"), name); got != r {
+			t.Errorf("%s: section-revisions/%s = %s, want r%s", what, name, got, r)
 		}
 	}
 	// The stamp is written when the swarm goes onto the records (or is
@@ -583,7 +582,7 @@ func TestEveryIssuedNumberIsBelowTenToTheFourteenth(t *testing.T) {
 			t.Errorf("migration at r%d, want later than the document's r%d", m.Revision, rev)
 		}
 		issuedBelowLimit(t, srv, slug, "migration", m.Revision, map[string][]string{
-			"claims": {"T-1"}, "intents": {"i"}, "meta": {"lease", "epoch", "leader_changes", "layout", "section_revisions"}},
+			"claims": {"T-1"}, "intents": {"i"}, "meta": {"lease", "epoch", "leader_changes", "layout"}},
 			[]string{"claims", "intents"}, l.Epoch)
 		if _, err := commit(t, st, &batch.Batch{Slug: slug, Fence: &batch.Fence{Owner: "tick", Epoch: l.Epoch},
 			Writes: []batch.Write{put("claims", "T-1", m.Revision, `4`)}}); err != nil {

@@ -386,7 +386,7 @@ func TestEveryKeyCarriesHashTag(t *testing.T) {
 	slices.Sort(keys)
 	shared := prefix + ":swarm:state:fencing:current"
 	want := []string{shared}
-	for _, n := range append(slices.Clone(batch.DefaultSections), "meta", "by-name", "by-name-index", "revision", "log") {
+	for _, n := range append(slices.Clone(batch.DefaultSections), "meta", "by-name", "by-name-index", "revision", "log", "section-revisions") {
 		want = append(want, key("tagged.swarm-1", n))
 	}
 	slices.Sort(want)
@@ -636,6 +636,15 @@ func TestLostCounterDoesNotRestartRevisions(t *testing.T) {
 	srv.Do(t, "DEL", key("floor", "revision"))
 	if rev := mustCommit(t, st, &batch.Batch{Slug: "floor", Writes: []batch.Write{put("intents", "new", 0, `1`)}}); rev != ahead+1 {
 		t.Errorf("commit after the counter was lost = r%d, want r%d", rev, int64(ahead+1))
+	}
+	// That commit retired meta/section_revisions into section-revisions
+	// (issue 42): the latest section revision there is the floor now.
+	if got := srv.Do(t, "HEXISTS", key("floor", "meta"), "section_revisions"); got != "0" {
+		t.Errorf("meta/section_revisions still exists after a commit")
+	}
+	srv.Do(t, "DEL", key("floor", "revision"))
+	if rev := mustCommit(t, st, &batch.Batch{Slug: "floor", Writes: []batch.Write{put("claims", "other", 0, `1`)}}); rev != ahead+2 {
+		t.Errorf("commit after the counter was lost again = r%d, want r%d (section-revisions' latest + 1)", rev, int64(ahead+2))
 	}
 }
 

@@ -131,9 +131,10 @@ const (
 	// with Sections and watch from its revision. Metadata: "oldest_revision"
 	// (the oldest batch the log still holds, or the batch after the loss).
 	ErrorReason_REVISION_COMPACTED ErrorReason_Reason = 31
-	// RESOURCE_EXHAUSTED: the process, the caller's IP address or its
-	// connection has as many Watch streams open as it allows; nothing was
-	// started. Metadata: "limit" ("process", "address" or "connection").
+	// RESOURCE_EXHAUSTED: the process, the caller (its token, or its
+	// address: --flows-by) or its connection has as many Watch streams open
+	// as it allows; nothing was started. Metadata: "limit" ("process",
+	// "caller" or "connection").
 	ErrorReason_TOO_MANY_WATCHERS ErrorReason_Reason = 32
 	// RESOURCE_EXHAUSTED: the watcher fell too far behind and was dropped;
 	// watch again from the last revision received. Metadata:
@@ -143,14 +144,14 @@ const (
 	// hold as many bytes as it allows (--max-request-bytes-in-flight); this
 	// one, over 64 KiB (smaller requests are never refused for bytes), was
 	// refused as soon as it was read, before anything was written.
-	// Or the calls from the caller's address already hold its share
-	// (--max-request-bytes-per-caller). Retry later, with a backoff: it is
+	// Or the caller's other calls (its token, or its address: --flows-by)
+	// already hold its share (--max-request-bytes-per-caller). Retry later, with a backoff: it is
 	// load, not the request. Metadata, in bytes: "request_bytes" (this
 	// request's size), "max_bytes_in_flight" (the bound),
 	// "max_bytes_in_flight_per_caller" (the share) and, when the share
 	// refused it, "caller_bytes_in_flight" (what the caller's other calls
 	// hold). A read (Sections, ScanSection, Record) is refused with it too
-	// when answers its address has not read (no HTTP/2 flow-control
+	// when answers the caller has not read (no HTTP/2 flow-control
 	// credit) hold --max-unread-answer-bytes-per-caller: metadata
 	// "unread_answer_bytes", "max_unread_answer_bytes" and, when its answer
 	// was built, "answer_bytes"; read what was answered, then retry.
@@ -176,10 +177,11 @@ const (
 	// swarm that already holds the server's --max-claims-per-swarm live
 	// claims. Nothing written. Metadata: "claims" (live now), "max".
 	ErrorReason_TOO_MANY_CLAIMS ErrorReason_Reason = 37
-	// RESOURCE_EXHAUSTED: the caller's IP address has
-	// --max-section-streams-per-ip StreamSections streams open, or the
-	// process --max-section-streams; nothing was read. RetryInfo: when to
-	// try again. Metadata: "limit" ("process" or "address").
+	// RESOURCE_EXHAUSTED: the caller (its token, or its address:
+	// --flows-by) has --max-section-streams-per-caller StreamSections
+	// streams open, or the process --max-section-streams; nothing was read.
+	// RetryInfo: when to try again. Metadata: "limit" ("process" or
+	// "caller").
 	ErrorReason_TOO_MANY_SECTION_STREAMS ErrorReason_Reason = 38
 	// FAILED_PRECONDITION: the server requires a lease fence
 	// (--require-fence) for a section this FencedBatch writes, and the
@@ -191,6 +193,17 @@ const (
 	// (access "fenced" in the token file) and this FencedBatch has no lease
 	// fence; nothing was written. Metadata: "token", "slug".
 	ErrorReason_UNFENCED_WRITE_NOT_PERMITTED ErrorReason_Reason = 40
+	// RESOURCE_EXHAUSTED: the call did not get its turn at Redis. Every
+	// call that costs Redis waits its turn in its caller's queue (the
+	// caller: its token, or its address, --flows-by), callers served in
+	// fair shares; this caller already had --max-queued-calls-per-caller
+	// calls waiting, or this call would not have got its turn with time
+	// left before its deadline. Nothing was sent to Redis, nothing written:
+	// retry after the RetryInfo delay (at this caller's share, when what it
+	// has waiting should have gone), with a backoff. Metadata: "why"
+	// ("queue_full" or "deadline"), "queued" (the caller's calls waiting),
+	// "max_queued".
+	ErrorReason_TOO_MANY_CALLS_QUEUED ErrorReason_Reason = 41
 )
 
 // Enum value maps for ErrorReason_Reason.
@@ -237,6 +250,7 @@ var (
 		38: "TOO_MANY_SECTION_STREAMS",
 		39: "FENCE_REQUIRED",
 		40: "UNFENCED_WRITE_NOT_PERMITTED",
+		41: "TOO_MANY_CALLS_QUEUED",
 	}
 	ErrorReason_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":           0,
@@ -280,6 +294,7 @@ var (
 		"TOO_MANY_SECTION_STREAMS":     38,
 		"FENCE_REQUIRED":               39,
 		"UNFENCED_WRITE_NOT_PERMITTED": 40,
+		"TOO_MANY_CALLS_QUEUED":        41,
 	}
 )
 
@@ -366,8 +381,8 @@ var File_fenced_v1_errors_proto protoreflect.FileDescriptor
 
 const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xc4\a\n" +
-	"\vErrorReason\"\xb4\a\n" +
+	"\x16fenced/v1/errors.proto\x12\tfenced.v1\"\xdf\a\n" +
+	"\vErrorReason\"\xcf\a\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REVISION_CONFLICT\x10\x01\x12\x0f\n" +
@@ -412,7 +427,8 @@ const file_fenced_v1_errors_proto_rawDesc = "" +
 	"\x0fTOO_MANY_CLAIMS\x10%\x12\x1c\n" +
 	"\x18TOO_MANY_SECTION_STREAMS\x10&\x12\x12\n" +
 	"\x0eFENCE_REQUIRED\x10'\x12 \n" +
-	"\x1cUNFENCED_WRITE_NOT_PERMITTED\x10(B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
+	"\x1cUNFENCED_WRITE_NOT_PERMITTED\x10(\x12\x19\n" +
+	"\x15TOO_MANY_CALLS_QUEUED\x10)B8Z6github.com/agentihooks/fenced/proto/fenced/v1;fencedv1b\beditionsp\xe8\a"
 
 var (
 	file_fenced_v1_errors_proto_rawDescOnce sync.Once

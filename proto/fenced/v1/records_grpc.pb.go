@@ -117,9 +117,9 @@ type RecordsServiceClient interface {
 	// and ~512 KiB, as MEMORY USAGE counts them) and one message at once
 	// (gRPC's flow control holds the next step while the caller reads
 	// slowly); a snapshot within --max-snapshot-bytes is read as Sections
-	// reads it. Each Redis step takes the caller's turn among
-	// heavy reads, as Sections does. A caller (its IP address) has at most
-	// --max-section-streams-per-ip streams open and the process at most
+	// reads it. Each Redis step takes its turn in the caller's flow of
+	// the fair queue, as Sections does. A caller (its token, or its address:
+	// --flows-by) has at most --max-section-streams-per-caller streams open and the process at most
 	// --max-section-streams: beyond them RESOURCE_EXHAUSTED +
 	// TOO_MANY_SECTION_STREAMS with RetryInfo, nothing read.
 	//
@@ -314,9 +314,9 @@ type RecordsServiceServer interface {
 	// and ~512 KiB, as MEMORY USAGE counts them) and one message at once
 	// (gRPC's flow control holds the next step while the caller reads
 	// slowly); a snapshot within --max-snapshot-bytes is read as Sections
-	// reads it. Each Redis step takes the caller's turn among
-	// heavy reads, as Sections does. A caller (its IP address) has at most
-	// --max-section-streams-per-ip streams open and the process at most
+	// reads it. Each Redis step takes its turn in the caller's flow of
+	// the fair queue, as Sections does. A caller (its token, or its address:
+	// --flows-by) has at most --max-section-streams-per-caller streams open and the process at most
 	// --max-section-streams: beyond them RESOURCE_EXHAUSTED +
 	// TOO_MANY_SECTION_STREAMS with RetryInfo, nothing read.
 	//

@@ -42,6 +42,7 @@ class ErrorReason(_message.Message):
     TOKEN_MISSING: ErrorReason.Reason
     TOKEN_UNKNOWN: ErrorReason.Reason
     TOO_MANY_BYTES_IN_FLIGHT: ErrorReason.Reason
+    TOO_MANY_CALLS_QUEUED: ErrorReason.Reason
     TOO_MANY_CLAIMS: ErrorReason.Reason
     TOO_MANY_HEALTH_WATCHERS: ErrorReason.Reason
     TOO_MANY_REPLICA_WAITS: ErrorReason.Reason

@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
@@ -54,9 +53,9 @@ type Move struct {
 // PlanMigration plans the move of doc onto the records layout at revision
 // rev (NextRevision): every record of every section written as a record
 // {"r":rev,"v":<value as stored>} (the last copy of a repeated key), meta's
-// records likewise with meta/layout set to records and
-// meta/section_revisions naming every section written at rev (a
-// document's own layout and section_revisions are dropped), and by-name
+// records likewise with meta/layout set to records (a document's own
+// layout and section_revisions are dropped), section-revisions naming
+// every section written at rev, and by-name
 // derived from the section named executions as byname.lua derives it (per
 // agent name, the record of the highest generation, then the highest id).
 // It writes only records the records layout reads back as they read here:
@@ -130,17 +129,20 @@ func PlanMigration(doc *Document, rev int64, executions string) (*Move, error) {
 	h.FieldValues = append(h.FieldValues, protocol.FieldLayout, head+`"`+protocol.LayoutRecords+`"}`)
 	meta.Records++
 	meta.Bytes += len(protocol.LayoutRecords) + 2
-	slices.Sort(sectionNames)
-	revs := make([]string, len(sectionNames))
-	for i, n := range sectionNames {
-		revs[i] = jsonString(n) + ":" + strconv.FormatInt(rev, 10)
-	}
-	if len(revs) > 0 {
-		h.FieldValues = append(h.FieldValues, protocol.FieldSectionRevisions, head+"{"+strings.Join(revs, ",")+"}}")
-	}
 	m.Hashes = append(m.Hashes, h)
 	m.Sections = append(m.Sections, meta)
 	m.Records += meta.Records
+	if len(sectionNames) > 0 {
+		// The section revisions: every section written at rev, and their
+		// latest (protocol.SectionFloor), in section-revisions.
+		slices.Sort(sectionNames)
+		r := strconv.FormatInt(rev, 10)
+		sr := Hash{Name: protocol.KeySectionRevisions, FieldValues: []string{protocol.SectionFloor, r}}
+		for _, n := range sectionNames {
+			sr.FieldValues = append(sr.FieldValues, n, r)
+		}
+		m.Hashes = append(m.Hashes, sr)
+	}
 	if len(byName) > 0 {
 		bn := Hash{Name: protocol.KeyByName}
 		for _, n := range slices.Sorted(maps.Keys(byName)) {

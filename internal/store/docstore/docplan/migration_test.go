@@ -26,8 +26,10 @@ func TestPlanMigrationWritesEveryRecordAtOneRevision(t *testing.T) {
 			"e6", r(`[1]`), "e5", r(`{"generation": 5}`), "e4", r(`{"name": "beta", "generation": "x"}`),
 			"e3", r(`{"name": "beta"}`), "e2", r(`{"name": "alpha", "generation": 2}`), "e1", r(`{"name": "alpha", "generation": 1}`)}},
 		{"claims", []string{"d", r(`[ ]`), "c", r(`2`)}},
-		{"meta", []string{"epoch", r(`8`), "lease", r(lease), "layout", r(`"records"`),
-			"section_revisions", r(`{"claims":100,"executions":100}`)}},
+		{"meta", []string{"epoch", r(`8`), "lease", r(lease), "layout", r(`"records"`)}},
+		// The section revisions in their own hash, plain digits, with
+		// their latest as "*" (docs/design/03-fenced-batch.md §3.4).
+		{"section-revisions", []string{"*", "100", "claims", "100", "executions", "100"}},
 		// by-name: per name the highest generation (a missing or
 		// non-numeric one is 0), then the highest id.
 		{"by-name", []string{"alpha", r(`"e2"`), "beta", r(`"e4"`)}},
