@@ -114,10 +114,16 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 			tx.seen = tx.taken.revision
 		}
 		if err := change(tx); err != nil {
+			if !views.confirm(ctx, tx.taken) {
+				return 0, errReadBehind
+			}
 			return 0, backoff.Permanent(err)
 		}
 		writes, mutates := tx.batch()
 		if !mutates {
+			if !views.confirm(ctx, tx.taken) {
+				return 0, errReadBehind
+			}
 			return tx.seen, nil
 		}
 		rev, err := c.commitRetryingLostReplies(ctx, slug, fence, writes, o)
@@ -166,8 +172,9 @@ func WithoutView() UpdateOption { return withoutView{} }
 // one, not listed or not caught up within ctx) leaves the later attempts
 // to read from fenced.
 type viewRuns struct {
-	v    *View
-	last *taken
+	v      *View
+	last   *taken
+	synced bool // the view is caught up for the next attempt (confirm)
 }
 
 func (r *viewRuns) take(ctx context.Context, conflict error) *taken {
@@ -175,17 +182,50 @@ func (r *viewRuns) take(ctx context.Context, conflict error) *taken {
 		return nil
 	}
 	var err error
-	if r.last == nil {
+	switch {
+	case r.synced:
+		// confirm has just caught the view up with the swarm.
+	case r.last == nil:
 		err = r.v.wait(ctx, 0, func() bool { return r.v.loaded })
-	} else {
+	default:
 		err = r.v.afterConflict(ctx, r.last, conflict)
 	}
 	if err != nil {
 		r.v, r.last = nil, nil
 		return nil
 	}
-	r.last = r.v.take()
+	synced := r.synced || r.last != nil // a rerun after a conflict reads the view caught up (afterConflict)
+	r.last, r.synced = r.v.take(), false
+	if r.last != nil {
+		r.last.synced = synced
+	}
 	return r.last
+}
+
+// errReadBehind reruns an attempt that read the view as it stood, behind
+// the swarm, and sends nothing (confirm).
+var errReadBehind = errors.New("fenced client: the view was behind the swarm: the change runs again on the view caught up")
+
+// confirm is asked when an attempt sends no batch (its change failed, or
+// changes nothing): nothing checks what it read, so what it read from the
+// view as it stood (t) must have been the swarm as of now. It answers true
+// when t was (or the attempt read no view, or one caught up); else false,
+// and the next attempt reads the view caught up with the swarm (View.Sync),
+// or from fenced when the view cannot catch up within ctx.
+func (r *viewRuns) confirm(ctx context.Context, t *taken) bool {
+	if r == nil || r.v == nil || t == nil || t.synced {
+		return true
+	}
+	want, err := r.v.Sync(ctx)
+	if err != nil {
+		r.v, r.last = nil, nil
+		return false
+	}
+	if want == t.revision && t.generation == r.v.generationNow() {
+		return true
+	}
+	r.synced = true
+	return false
 }
 
 func (o BatchOption) applyUpdate(u *updateOptions) { u.batch = append(u.batch, o) }

@@ -239,6 +239,7 @@ type taken struct {
 	secs       map[string]map[string]Record
 	names      []string
 	generation uint64
+	synced     bool // taken once the view caught up with the swarm (Update's reruns)
 }
 
 func (t *taken) covers(section string) bool {
@@ -259,6 +260,14 @@ func (v *View) take() *taken {
 		v.shared[n] = true
 	}
 	return &taken{revision: v.revision, secs: maps.Clone(v.secs), names: v.names, generation: v.generation}
+}
+
+// generationNow is the view's change count: it moves with every batch
+// applied, list taken and progress heard.
+func (v *View) generationNow() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.generation
 }
 
 func (v *View) covers(section string) bool { return (&taken{names: v.names}).covers(section) }
@@ -300,8 +309,8 @@ func (v *View) whyNot() error {
 		return fmt.Errorf("%w: %s is on %s", ErrViewUnsupported, v.slug, v.unsupported)
 	case v.closed:
 		return fmt.Errorf("fenced: view of %s closed: %w", v.slug, ErrViewBehind)
-	case v.err != nil && !v.loaded && !errors.Is(v.err, ErrUnavailable):
-		return v.err
+	case v.err != nil && !v.loaded:
+		return v.err // its first list failed: the caller reads from fenced (or learns why)
 	}
 	return nil
 }
@@ -511,26 +520,21 @@ func (v *View) run(ctx context.Context) {
 			return true
 		}
 	}
-	for {
-		layout, err := v.c.Layout(ctx, v.slug)
-		if err == nil {
-			if layout != fencedv1.Layout_LAYOUT_RECORDS {
-				v.mu.Lock()
-				v.unsupported = layout
-				v.signal()
-				v.mu.Unlock()
-				return
-			}
-			break
-		}
-		v.failed(err)
-		if !pause() {
-			return
-		}
-	}
 	wait.Reset()
 	for ctx.Err() == nil {
-		err := v.list(ctx, nil, 0)
+		// Every list of every section asks the layout first: a swarm on
+		// the document layout (or migrated back) leaves no log to follow.
+		layout, err := v.c.Layout(ctx, v.slug)
+		if err == nil && layout == fencedv1.Layout_LAYOUT_DOCUMENT {
+			v.mu.Lock()
+			v.unsupported = layout
+			v.signal()
+			v.mu.Unlock()
+			return
+		}
+		if err == nil {
+			err = v.list(ctx, nil, 0)
+		}
 		if err == nil {
 			err = v.follow(ctx)
 		}
@@ -613,6 +617,9 @@ func (v *View) follow(ctx context.Context) error {
 		}
 		if relist {
 			if err := v.list(fctx, names, ev.Revision); err != nil {
+				if fctx.Err() != nil {
+					return nil // a list of every section is wanted, or the view closes
+				}
 				return err
 			}
 		}
