@@ -19,8 +19,8 @@ import (
 var ErrViewBehind = errors.New("fenced: view behind the swarm")
 
 // ErrViewUnsupported: the swarm cannot be followed by a View: it is on the
-// document layout (whose writes leave no log) or has no fencing state yet.
-// Update then reads from fenced by itself.
+// document layout (whose writes leave no log). Update then reads from
+// fenced by itself.
 var ErrViewUnsupported = errors.New("fenced: swarm cannot have a view")
 
 // ViewBehindError is ErrViewBehind: the revision wanted, the view's, and
@@ -108,7 +108,7 @@ func (c *Client) View(slug string, sections ...string) *View {
 	defer c.mu.Unlock()
 	key := viewKey{slug, fmt.Sprint(names)}
 	v := c.views[key]
-	if v == nil && len(names) > 0 {
+	if v == nil && len(names) > 0 && !slices.Contains(names, archiveSection) {
 		v = c.views[viewKey{slug, fmt.Sprint([]string(nil))}]
 	}
 	if v != nil {
