@@ -283,11 +283,20 @@ type firstSendEnds struct {
 }
 
 func (f firstSendEnds) SendMsg(m any) error {
+	f.served()
+	return f.RecordsService_WatchServer.SendMsg(m)
+}
+
+// served ends the open's turn (once): at its first message, or when it
+// has nothing to send yet (a resume from the swarm's latest revision: its
+// first message waits for the next batch, and must not hold its caller's
+// seat meanwhile: issue 40, a client's view holds such a stream for every
+// swarm it reads).
+func (f firstSendEnds) served() {
 	if !f.sent.Swap(true) {
 		f.t.Served()
 		time.AfterFunc(watchChurnHold, f.t.Done)
 	}
-	return f.RecordsService_WatchServer.SendMsg(m)
 }
 
 // callsQueuedDetails is TOO_MANY_CALLS_QUEUED: metadata "why" (queue_full,

@@ -461,10 +461,16 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 	}
 	for {
 		if cur == nil {
-			quiet.Reset(every - time.Since(lastSend))
-			b, err := w.NextBatchUntil(ctx, quiet.C)
-			if err != nil {
-				return err
+			b := w.TryNextBatch()
+			if b == nil {
+				if s, ok := stream.(interface{ served() }); ok {
+					s.served() // nothing to send yet: the open's turn ends (admission.go)
+				}
+				quiet.Reset(every - time.Since(lastSend))
+				var err error
+				if b, err = w.NextBatchUntil(ctx, quiet.C); err != nil {
+					return err
+				}
 			}
 			if b == nil {
 				if err := progress(); err != nil {
