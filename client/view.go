@@ -1,12 +1,14 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -72,6 +74,7 @@ type View struct {
 	slug  string
 	names []string // nil: every section but archive
 	born  time.Time
+	used  atomic.Int64 // when last read (take, Sync), ns since the Unix epoch
 
 	mu          sync.Mutex
 	changed     chan struct{} // closed (and replaced) on every change
@@ -131,8 +134,32 @@ func (c *Client) View(slug string, sections ...string) *View {
 		c.views = map[viewKey]*View{}
 	}
 	c.views[viewKey{slug, fmt.Sprint(names)}] = v
+	v.used.Store(time.Now().UnixNano())
 	go v.run(ctx)
+	go v.closeIdle(ctx)
 	return v
+}
+
+// ViewIdle is how long a View of Client.View stays unread (no Update, Sync,
+// Snapshot or Cached) before it closes itself and lets its records go; the
+// next Client.View of the swarm makes a new one (and lists it again). A
+// process that touches many swarms so holds only those it reads.
+const ViewIdle = 10 * time.Minute
+
+func (v *View) closeIdle(ctx context.Context) {
+	tick := time.NewTicker(ViewIdle / 10)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if time.Since(time.Unix(0, v.used.Load())) > ViewIdle {
+				go v.Close()
+				return
+			}
+		}
+	}
 }
 
 // Revision is the revision the view has applied every batch up to (0: not
@@ -163,6 +190,7 @@ func (v *View) MemoryBytes() int64 {
 // revision. Errors: *ViewBehindError (ErrViewBehind), ErrViewUnsupported,
 // the Current call's, the view's lasting failure (a permission error).
 func (v *View) Sync(ctx context.Context) (int64, error) {
+	v.used.Store(time.Now().UnixNano())
 	if err := v.wait(ctx, 0, func() bool { return v.loaded }); err != nil {
 		return 0, err
 	}
@@ -251,6 +279,7 @@ func (t *taken) covers(section string) bool {
 
 // take is the view's sections now; nil before its first list.
 func (v *View) take() *taken {
+	v.used.Store(time.Now().UnixNano())
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if !v.loaded {
@@ -377,7 +406,7 @@ func (v *View) committed(revision int64, writes []Write, claim *fencedv1.ClaimFe
 		}
 		r := ref{w.Section, w.Key}
 		if w.Kind == Put {
-			rec := Record{Revision: revision, Value: w.Value}
+			rec := Record{Revision: revision, Value: bytes.Clone(w.Value)} // the caller may reuse its buffer
 			if w.Bound && claim != nil {
 				rec.Claim, rec.ClaimEpoch = claim.GetName(), claim.GetEpoch()
 			}
