@@ -395,3 +395,39 @@ func TestUpdateFromABehindViewReruns(t *testing.T) {
 	}
 	agrees(t, "the view after the rerun", v, f.c, slug)
 }
+
+// TestAnUpdateThatSendsNothingReadsAsOfNow: Update's first attempt reads
+// the view as it stands; one that sends no batch (its change failed, or
+// changed nothing) is not checked, so it must have read the swarm as of
+// now: a record put by a writer that bypasses the log (the counter
+// INCRed, the record HSET, no entry: the view cannot hear it) is read on a
+// rerun once the view caught up, never answered absent.
+func TestAnUpdateThatSendsNothingReadsAsOfNow(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	if _, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "a", Value: json.RawMessage(`1`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.c.View(slug).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"b", "c"} {
+		bypassPut(t, f, slug, "claims", k, `2`)
+		var seen []string
+		_, err := f.c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
+			v, ok, err := tx.Get("claims", k)
+			seen = append(seen, string(v))
+			switch {
+			case err != nil:
+				return err
+			case !ok && k == "b":
+				return errors.New("claims/b is absent") // a change that fails on what it read
+			}
+			return nil // one that reads alone
+		})
+		if err != nil || !slices.Equal(seen, []string{"", "2"}) {
+			t.Errorf("claims/%s: Update = %v, the change read %q; want nil, absent then 2", k, err, seen)
+		}
+	}
+}

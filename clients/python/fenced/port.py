@@ -763,8 +763,9 @@ class Port:
         ceiling = _WAIT_FIRST_S
         view = self._view(slug)
         taken: Optional[Taken] = None
+        caught_up = False  # the view caught up for this attempt (confirmed, below)
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
-            if attempt > 1:
+            if attempt > 1 and not caught_up:
                 _sleep(random.uniform(max(_WAIT_FIRST_S, ceiling / 2), ceiling))
                 ceiling = min(ceiling * 2, _WAIT_MAX_S)
                 if view is not None and taken is not None:
@@ -778,13 +779,35 @@ class Port:
                         view = None
             taken = view.take() if view is not None else None
             doc = Document(self.client, slug, taken)
+
+            def confirmed() -> bool:
+                # An attempt that sends nothing (change raised, or changed
+                # nothing) is not checked: the first, which read the view as
+                # it stood, must have read the swarm as of now; else change
+                # runs again on the view caught up.
+                nonlocal view, caught_up
+                if attempt > 1 or view is None or taken is None:
+                    return True
+                try:
+                    caught_up = not view._confirm(taken, self.client._timeout)
+                except errors.FencedError as e:
+                    _log.warning("write %s: its view could not catch up (%s); reading from fenced", slug, e)
+                    view, caught_up = None, True
+                return not caught_up
             try:
                 result = change(doc)
                 writes = doc._batch()
+            except Exception:
+                if not confirmed():
+                    continue
+                raise
             finally:
                 doc._close()
             if writes is None:
+                if not confirmed():
+                    continue
                 return result
+            caught_up = False
             try:
                 self._commit(slug, writes, _fence(fence))
                 return result

@@ -555,8 +555,16 @@ def _run_change(
     from the swarm's view, with ``views``; ``conflict``: the last attempt's):
     its batch (None when it changes nothing) and the highest revision it saw."""
     tx = Txn(reads, slug, views.take(conflict) if views is not None else None)
-    change(tx)
-    return tx._batch(), tx.seen
+    try:
+        change(tx)
+    except Exception:
+        if views is not None and not views.confirm(tx._taken):
+            return _run_change(reads, slug, change, views)  # on the view caught up
+        raise
+    batch = tx._batch()
+    if batch is None and views is not None and not views.confirm(tx._taken):
+        return _run_change(reads, slug, change, views)
+    return batch, tx.seen
 
 
 class _ViewRuns:
@@ -571,18 +579,23 @@ class _ViewRuns:
         self.deadline = deadline
         self.per_call = per_call
         self.taken: Optional["Taken"] = None
+        self.caught_up = False  # the view has just caught up with the swarm (confirm)
+        self.as_of_now = False  # the last take was after catching up
 
     def take(self, conflict: Optional[errors.RevisionConflict] = None) -> Optional["Taken"]:
         v = self.view
         if v is None:
             return None
         try:
-            if self.taken is None:
+            if self.caught_up:
+                pass
+            elif self.taken is None:
                 if not v._usable(self.deadline.call_timeout(self.per_call)):
                     self.view = None
                     return None
             else:
                 v._after_conflict(self.taken, self.deadline.call_timeout(self.per_call), conflict)
+            self.as_of_now, self.caught_up = self.caught_up or self.taken is not None, False
             self.taken = v.take()
         except errors.FencedError as e:
             if isinstance(e, errors.DeadlineExceeded) and self.deadline.left() <= 0:
@@ -590,6 +603,27 @@ class _ViewRuns:
             _log.warning("update %s: its view cannot serve (%s); reading from fenced", v.slug, e)
             self.view = self.taken = None
         return self.taken
+
+
+    def confirm(self, taken: Optional["Taken"]) -> bool:
+        """Whether an attempt that sends nothing read the swarm as of now
+        from ``taken``: always after a catch-up (a rerun); else the view
+        catches up and must have applied nothing since. False: run the
+        change again, on the view caught up (or reading from fenced when it
+        cannot catch up in time)."""
+        v = self.view
+        if v is None or taken is None or self.as_of_now:
+            return True
+        try:
+            if v._confirm(taken, self.deadline.call_timeout(self.per_call)):
+                return True
+            self.caught_up = True
+        except errors.FencedError as e:
+            if isinstance(e, errors.DeadlineExceeded) and self.deadline.left() <= 0:
+                raise
+            _log.warning("update %s: its view cannot catch up (%s); reading from fenced", v.slug, e)
+            self.view = self.taken = None
+        return False
 
 
 def _gave_up(slug: str, deadline: _Deadline, request_id: str, cause: Optional[BaseException], committed: str) -> errors.DeadlineExceeded:

@@ -406,6 +406,16 @@ class _Reads:
             self._ask_relist()
             self._wait(lambda: self._s.listed > asked, end, 0)
 
+    def _confirm(self, taken: Taken, timeout: float) -> bool:
+        """Whether ``taken`` (the view as it stood) was the swarm as of now:
+        the view catches up with the swarm's current revision and has
+        applied nothing since. Asked of an attempt that sends no batch (its
+        change raised, or changed nothing): nothing checks what it read.
+        Raises ViewBehind, FencedError."""
+        want = self._sync_until(time.monotonic() + timeout)
+        with self._s.lock:
+            return want == taken.revision and self._s.generation == taken.generation
+
     def _usable(self, timeout: float) -> bool:
         """Whether the view can serve reads (listed), waiting for its first list."""
         try:

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import grpc
 import pytest
@@ -353,3 +353,28 @@ def test_aio_view_reads_and_update_reads_from_it(server: Fenced, client: fenced.
             assert v.memory_bytes() > 0
 
     asyncio.run(main())
+
+
+def test_an_attempt_that_sends_nothing_reads_as_of_now(client: fenced.Client, redis: Redis, slug: str) -> None:
+    """update and the port read a first attempt from the view as it stands;
+    one that sends no batch (its change raised, or changed nothing) is not
+    checked, so it must have read the swarm as of now: a record a writer
+    put bypassing the log (the counter INCRed, the record HSET, no entry:
+    the view cannot hear it) is read on a rerun once the view caught up,
+    never answered absent."""
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
+    client.view(slug).sync()
+    rev = int(redis.cli("INCR", swarm_key(slug, "revision")))
+    redis.cli("HSET", swarm_key(slug, "claims"), "b", '{"r":%d,"v":2}' % rev)
+    seen: list[Optional[str]] = []
+
+    def needs_b(tx: fenced.Txn) -> None:
+        seen.append(tx.get("claims", "b"))
+        if seen[-1] is None:
+            raise LookupError("claims/b is absent")
+
+    client.update(slug, needs_b, fence=fenced.UNFENCED)
+    assert seen == [None, "2"]
+    rev = int(redis.cli("INCR", swarm_key(slug, "revision")))
+    redis.cli("HSET", swarm_key(slug, "claims"), "c", '{"r":%d,"v":3}' % rev)
+    assert port.Port(client).write(slug, lambda doc: doc["sections"]["claims"].get("c")) == 3
