@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/store"
-	"github.com/agentihooks/fenced/internal/store/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -297,7 +297,7 @@ func TestKeeperCountsOnlyAcknowledgedRenewals(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	f := startOn(t, primary, func(o *store.Options) {
-		o.Engine.Wait = engine.Durability{Replicas: 1, Timeout: 100 * time.Millisecond}
+		o.Engine.Wait = batch.Durability{Replicas: 1, Timeout: 100 * time.Millisecond}
 	})
 	ctx := ctxT(t)
 	// A replica the loaded box stalls past the 100 ms timeout leaves a

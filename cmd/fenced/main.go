@@ -281,6 +281,7 @@ func (c *serveCmd) Run(e *env) error {
 		log.Warn("could not raise the open-file limit to its hard limit", "err", err, "file_limit", fileLimit)
 	}
 	maxConns := c.limitFlags.connections(log, fileLimit)
+	c.limitFlags.retired(log)
 	sec, stopSec, err := c.security(e.ctx, log)
 	if err != nil {
 		return err
@@ -291,7 +292,7 @@ func (c *serveCmd) Run(e *env) error {
 		return err
 	}
 	defer obs.stop()
-	durable := engine.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
+	durable := batch.Durability{Replicas: c.WaitReplicas, Timeout: c.WaitTimeout}
 	st, closeStore, err := c.startStore(e.ctx, log, obs, durable)
 	if err != nil {
 		return err
@@ -359,11 +360,11 @@ func (c *serveCmd) checkConfig() (batch.Limits, error) {
 // startStore opens the store with the flags' options (the configured Redis
 // or the embedded one) and refuses a Redis that may evict keys; the
 // returned func closes what was opened.
-func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observability, durable engine.Durability) (*store.Store, func(), error) {
+func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observability, durable batch.Durability) (*store.Store, func(), error) {
 	var o store.Options
 	o.Engine = engine.Options{RedisTimeout: c.RedisTimeout, AllowEviction: c.AllowEvictingRedis, NoFunctions: !c.RedisFunctions,
 		Wait: durable, Logger: log, Observer: obs.storeObserver()}
-	o.Reads = engine.ReadLimits{MaxSnapshotRecords: c.MaxSnapshotRecords, MaxSnapshotBytes: c.MaxSnapshotBytes}
+	o.Reads = batch.ReadLimits{MaxSnapshotRecords: c.MaxSnapshotRecords, MaxSnapshotBytes: c.MaxSnapshotBytes}
 	o.Records.RequestIDWindow, o.Records.NoLegacyRequestKeys = c.RequestIDWindow, !c.LegacyRequestKeys
 	o.Leases.MaxClaimsPerSwarm = c.MaxClaimsPerSwarm
 	o.Docs.Sections = c.Sections
@@ -383,7 +384,7 @@ func (c *serveCmd) startStore(ctx context.Context, log *slog.Logger, obs *observ
 }
 
 // newServer builds the gRPC server over st from the flags.
-func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Logger, durable engine.Durability, sec server.Security, obs *observability, maxConns int) (*server.Server, error) {
+func (c *serveCmd) newServer(st *store.Store, limits batch.Limits, log *slog.Logger, durable batch.Durability, sec server.Security, obs *observability, maxConns int) (*server.Server, error) {
 	bounds := batch.LeaseBounds{MinTTLMs: c.LeaseMinTTL.Milliseconds(), MaxTTLMs: c.LeaseMaxTTL.Milliseconds()}
 	if err := bounds.Check(); err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)

@@ -395,7 +395,7 @@ func boolGauge(b bool) float64 {
 }
 
 // BatchDone implements engine.Observer.
-func (m *Metrics) BatchDone(b *batch.Batch, c engine.Committed, err error) {
+func (m *Metrics) BatchDone(b *batch.Batch, c batch.Committed, err error) {
 	if err != nil && !m.batchFailed(err) {
 		return
 	}
@@ -435,7 +435,7 @@ func (m *Metrics) batchFailed(err error) (committed bool) {
 }
 
 // LeaseDone implements engine.Observer.
-func (m *Metrics) LeaseDone(e engine.LeaseEvent) {
+func (m *Metrics) LeaseDone(e batch.LeaseEvent) {
 	switch {
 	case e.Err == nil:
 		if e.Granted {

@@ -45,24 +45,24 @@ func TestObserver(t *testing.T) {
 	checks := &batch.Batch{Slug: "s", Writes: []batch.Write{chk}}
 
 	m := metrics.New()
-	m.BatchDone(three, engine.Committed{Revision: 7}, nil)
-	m.BatchDone(checks, engine.Committed{Revision: 7}, nil)
-	m.BatchDone(three, engine.Committed{Revision: 7, Replayed: true}, nil)
-	m.BatchDone(three, engine.Committed{Revision: 8}, fmt.Errorf("store: fenced batch: %w", &engine.ReplicationError{Revision: 8, Acked: 0, Wanted: 1}))
-	m.BatchDone(three, engine.Committed{}, fmt.Errorf("store: fenced batch: %w", &engine.ConflictError{Conflicts: []engine.Conflict{{Section: "claims", Key: "c"}}}))
-	m.BatchDone(three, engine.Committed{}, fmt.Errorf("store: fenced batch: %w", &engine.StaleError{}))
-	m.BatchDone(three, engine.Committed{}, fmt.Errorf("store: fenced batch: %w", engine.ErrUnavailable))
+	m.BatchDone(three, batch.Committed{Revision: 7}, nil)
+	m.BatchDone(checks, batch.Committed{Revision: 7}, nil)
+	m.BatchDone(three, batch.Committed{Revision: 7, Replayed: true}, nil)
+	m.BatchDone(three, batch.Committed{Revision: 8}, fmt.Errorf("store: fenced batch: %w", &engine.ReplicationError{Revision: 8, Acked: 0, Wanted: 1}))
+	m.BatchDone(three, batch.Committed{}, fmt.Errorf("store: fenced batch: %w", &engine.ConflictError{Conflicts: []engine.Conflict{{Section: "claims", Key: "c"}}}))
+	m.BatchDone(three, batch.Committed{}, fmt.Errorf("store: fenced batch: %w", &engine.StaleError{}))
+	m.BatchDone(three, batch.Committed{}, fmt.Errorf("store: fenced batch: %w", engine.ErrUnavailable))
 	m.ScriptDone(engine.ScriptCommit, time.Millisecond, nil)
 	m.ScriptDone(engine.ScriptCommit, time.Millisecond, fmt.Errorf("%w: EOF", engine.ErrUnavailable))
 	m.ScriptDone(engine.ScriptReadRecord, time.Millisecond, context.DeadlineExceeded)
 	m.RedisFailed("ping", fmt.Errorf("%w: dial tcp: refused", engine.ErrUnavailable))
-	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Granted: true})
-	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Granted: true, Replaced: &batch.Lease{Owner: "old", Epoch: 1}})
-	m.LeaseDone(engine.LeaseEvent{Op: "acquire"}) // the holder extends
-	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Err: &engine.HeldError{}})
-	m.LeaseDone(engine.LeaseEvent{Op: "renew", Err: &engine.StaleError{}})
-	m.LeaseDone(engine.LeaseEvent{Op: "release", Err: fmt.Errorf("store: release lease: %w", &engine.StaleError{Present: true})})
-	m.LeaseDone(engine.LeaseEvent{Op: "renew", Err: engine.ErrUnavailable})
+	m.LeaseDone(batch.LeaseEvent{Op: "acquire", Granted: true})
+	m.LeaseDone(batch.LeaseEvent{Op: "acquire", Granted: true, Replaced: &batch.Lease{Owner: "old", Epoch: 1}})
+	m.LeaseDone(batch.LeaseEvent{Op: "acquire"}) // the holder extends
+	m.LeaseDone(batch.LeaseEvent{Op: "acquire", Err: &engine.HeldError{}})
+	m.LeaseDone(batch.LeaseEvent{Op: "renew", Err: &engine.StaleError{}})
+	m.LeaseDone(batch.LeaseEvent{Op: "release", Err: fmt.Errorf("store: release lease: %w", &engine.StaleError{Present: true})})
+	m.LeaseDone(batch.LeaseEvent{Op: "renew", Err: engine.ErrUnavailable})
 
 	want := map[string]float64{
 		"fenced_batches_committed_total":                    3, // three, checks alone, and the one committed before its replication timeout
@@ -217,8 +217,8 @@ func TestLimitMetrics(t *testing.T) {
 	m.Refused(server.LimitHealthWatchers)
 	m.Refused(server.LimitRequestBytes)
 	one := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: "a", Value: "{}"}}}
-	m.BatchDone(one, engine.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", engine.ErrReplicaWaitsExhausted))
-	m.LeaseDone(engine.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", engine.ErrReplicaWaitsExhausted)})
+	m.BatchDone(one, batch.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", engine.ErrReplicaWaitsExhausted))
+	m.LeaseDone(batch.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", engine.ErrReplicaWaitsExhausted)})
 	want := map[string]float64{
 		"fenced_connections":                           1,
 		"fenced_health_watchers":                       3,
@@ -329,7 +329,7 @@ func BenchmarkBatchDone(b *testing.B) {
 	bt := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "intents", Key: "k", Value: "1"}}}
 	b.ReportAllocs()
 	for b.Loop() {
-		m.BatchDone(bt, engine.Committed{Revision: 1}, nil)
+		m.BatchDone(bt, batch.Committed{Revision: 1}, nil)
 	}
 }
 

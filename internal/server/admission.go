@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/auth"
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -251,7 +252,7 @@ const costStreamStep = 2 * time.Millisecond
 // seated read in the caller's flow, so that a caller streaming a large
 // swarm is served its share of Redis between its steps. Without an
 // admission, no turn.
-func (a *admission) step(flow string) engine.Turn {
+func (a *admission) step(flow string) batch.Turn {
 	if a == nil {
 		return nil
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/agentihooks/fenced/internal/server"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store"
-	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -38,13 +37,13 @@ type heldCore struct {
 	holding atomic.Int64
 }
 
-func (c *heldCore) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (engine.Committed, error) {
+func (c *heldCore) CommitDurable(ctx context.Context, b *batch.Batch, d batch.Durability) (batch.Committed, error) {
 	if b.Slug == heldSlug {
 		c.holding.Add(1)
 		select {
 		case <-c.release:
 		case <-ctx.Done():
-			return engine.Committed{}, ctx.Err()
+			return batch.Committed{}, ctx.Err()
 		}
 	}
 	return c.Store.CommitDurable(ctx, b, d)

@@ -219,7 +219,7 @@ type gate struct {
 	release chan struct{}
 }
 
-func (g *gate) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (engine.Committed, error) {
+func (g *gate) CommitDurable(ctx context.Context, b *batch.Batch, d batch.Durability) (batch.Committed, error) {
 	if b.Slug == "gated" {
 		close(g.entered)
 		<-g.release
@@ -360,13 +360,13 @@ func (panicky) Layout(context.Context, string) (docstore.Layout, error) {
 	panic("secret-layout-detail")
 }
 
-func (panicky) Sections(context.Context, string, []string) (*engine.Snapshot, error) {
+func (panicky) Sections(context.Context, string, []string) (*batch.Snapshot, error) {
 	var m map[string]int
 	m["secret-sections-detail"]++ // a runtime error: assignment to a nil map
 	return nil, nil
 }
 
-func (panicky) CommitDurable(context.Context, *batch.Batch, engine.Durability) (engine.Committed, error) {
+func (panicky) CommitDurable(context.Context, *batch.Batch, batch.Durability) (batch.Committed, error) {
 	panic(errors.New("secret-commit-detail"))
 }
 

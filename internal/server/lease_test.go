@@ -23,7 +23,7 @@ func TestLeaseGrantsUnderWaitReplicas(t *testing.T) {
 	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
-	st, err := store.Open(primary.URL(), store.Options{Engine: engine.Options{Prefix: prefix, Wait: engine.Durability{Replicas: 1, Timeout: 2 * time.Second}}})
+	st, err := store.Open(primary.URL(), store.Options{Engine: engine.Options{Prefix: prefix, Wait: batch.Durability{Replicas: 1, Timeout: 2 * time.Second}}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

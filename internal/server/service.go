@@ -20,16 +20,16 @@ import (
 type Records interface {
 	Layout(ctx context.Context, slug string) (docstore.Layout, error)
 	Record(ctx context.Context, slug, section, key string) (*batch.Record, int64, error)
-	Sections(ctx context.Context, slug string, names []string) (*engine.Snapshot, error)
-	ScanSection(ctx context.Context, slug, section, position string, count int) (*engine.Page, error)
-	CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (engine.Committed, error)
+	Sections(ctx context.Context, slug string, names []string) (*batch.Snapshot, error)
+	ScanSection(ctx context.Context, slug, section, position string, count int) (*batch.Page, error)
+	CommitDurable(ctx context.Context, b *batch.Batch, d batch.Durability) (batch.Committed, error)
 }
 
 // ServiceOptions are the RecordsService settings beyond the batch limits.
 type ServiceOptions struct {
 	// Durability is what a batch waits for when it does not say
 	// (replica_ack unset). Zero: no wait.
-	Durability engine.Durability
+	Durability batch.Durability
 	// MaxSnapshotBytes bounds a Sections answer, in bytes (the encoded
 	// response). Zero: DefaultMaxSnapshotBytes.
 	MaxSnapshotBytes int
@@ -58,9 +58,9 @@ const (
 // DefaultMaxSnapshotBytes keeps a Sections answer under gRPC's default 4 MiB
 // receive limit of most clients, with room for framing. The store refuses a
 // snapshot certainly above it before reading it out of Redis (give it the
-// same limit with engine.ReadLimits.MaxSnapshotBytes); the handler checks the
+// same limit with batch.ReadLimits.MaxSnapshotBytes); the handler checks the
 // encoded answer.
-const DefaultMaxSnapshotBytes = engine.DefaultMaxSnapshotBytes
+const DefaultMaxSnapshotBytes = batch.DefaultMaxSnapshotBytes
 
 // Service implements fencedv1.RecordsServiceServer over a Records core.
 type Service struct {
@@ -210,11 +210,11 @@ func replicaAckFromProto(ack *fencedv1.ReplicaAck) *batch.ReplicaAck {
 
 // durability is what a checked batch waits for: its own replica_ack, else
 // the server's default.
-func (s *Service) durability(ack *batch.ReplicaAck) engine.Durability {
+func (s *Service) durability(ack *batch.ReplicaAck) batch.Durability {
 	if ack == nil {
 		return s.opts.Durability
 	}
-	return engine.Durability{Replicas: int(ack.Replicas), Timeout: time.Duration(ack.TimeoutMs) * time.Millisecond}
+	return batch.Durability{Replicas: int(ack.Replicas), Timeout: time.Duration(ack.TimeoutMs) * time.Millisecond}
 }
 
 // BatchFromProto converts a request into the domain batch, unvalidated. The

@@ -707,7 +707,7 @@ func TestLongReplicaWaitsOverManySwarmsLeaveServerWaits(t *testing.T) {
 	srv := redistest.Start(t)
 	replica := redistest.StartReplica(t, srv)
 	awaitLinked(t, replica)
-	own := engine.Durability{Replicas: 1, Timeout: 5 * time.Second}
+	own := batch.Durability{Replicas: 1, Timeout: 5 * time.Second}
 	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix, MaxReplicaWaits: perProcess, MaxReplicaWaitsPerSwarm: perSwarm, Wait: own}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
@@ -1075,9 +1075,9 @@ func TestReplicaAckWaitsOrAnswersReplicationTimeout(t *testing.T) {
 	t.Run("server default applies when replica_ack is unset", func(t *testing.T) {
 		waits := func() int64 { return commandCalls(t, primary, "wait") }
 		one := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{
-			Durability: engine.Durability{Replicas: 1, Timeout: waitLimit}}})
+			Durability: batch.Durability{Replicas: 1, Timeout: waitLimit}}})
 		two := serve(t, st, batch.DefaultLimits(), server.Options{Records: server.ServiceOptions{
-			Durability: engine.Durability{Replicas: 2, Timeout: 50 * time.Millisecond}}})
+			Durability: batch.Durability{Replicas: 2, Timeout: 50 * time.Millisecond}}})
 		w0 := waits()
 		resp, err := one.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: slug,
 			Writes: []*fencedv1.RecordWrite{put("claims", "c", 0, `3`)}})
@@ -1183,7 +1183,7 @@ func secChk(section string, expected int64) *fencedv1.RecordWrite {
 // SNAPSHOT_TOO_LARGE pointing to ScanSection.
 func TestScanPagesCoverTheSectionAndSectionsRefusesLargeSnapshots(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotRecords: 1000}})
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: batch.ReadLimits{MaxSnapshotRecords: 1000}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}

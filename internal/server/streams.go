@@ -8,7 +8,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
-	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -19,7 +18,7 @@ import (
 // SectionStreamer is the core StreamSections needs: *store.Store
 // implements it. A core without it answers StreamSections UNIMPLEMENTED.
 type SectionStreamer interface {
-	StreamSections(ctx context.Context, slug string, names []string, turn engine.Turn, sink engine.SnapshotSink) error
+	StreamSections(ctx context.Context, slug string, names []string, turn batch.Turn, sink batch.SnapshotSink) error
 }
 
 // SectionStreamOptions bound StreamSections streams. Zero fields take the

@@ -87,7 +87,7 @@ type blockedStreams struct {
 	release chan struct{}
 }
 
-func (b blockedStreams) StreamSections(ctx context.Context, slug string, names []string, turn engine.Turn, sink engine.SnapshotSink) error {
+func (b blockedStreams) StreamSections(ctx context.Context, slug string, names []string, turn batch.Turn, sink batch.SnapshotSink) error {
 	b.entered <- struct{}{}
 	<-b.release
 	return b.Store.StreamSections(ctx, slug, names, turn, sink)

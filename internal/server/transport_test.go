@@ -21,7 +21,6 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
-	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -760,7 +759,7 @@ type barrier struct {
 	wg *sync.WaitGroup
 }
 
-func (b barrier) CommitDurable(ctx context.Context, _ *batch.Batch, _ engine.Durability) (engine.Committed, error) {
+func (b barrier) CommitDurable(ctx context.Context, _ *batch.Batch, _ batch.Durability) (batch.Committed, error) {
 	b.wg.Done()
 	done := make(chan struct{})
 	go func() {
@@ -769,9 +768,9 @@ func (b barrier) CommitDurable(ctx context.Context, _ *batch.Batch, _ engine.Dur
 	}()
 	select {
 	case <-done:
-		return engine.Committed{Revision: 1}, nil
+		return batch.Committed{Revision: 1}, nil
 	case <-ctx.Done():
-		return engine.Committed{}, ctx.Err()
+		return batch.Committed{}, ctx.Err()
 	}
 }
 

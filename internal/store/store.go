@@ -39,7 +39,7 @@ import (
 // field is its default.
 type Options struct {
 	Engine  engine.Options
-	Reads   engine.ReadLimits
+	Reads   batch.ReadLimits
 	Records records.Options
 	Leases  lease.Options
 	Watch   watch.Options
@@ -157,16 +157,16 @@ func (s *Store) Record(ctx context.Context, slug, section, key string) (rec *bat
 // Sections reads the named sections of a swarm and the swarm revision as
 // one snapshot (records.Records.Sections; on the document layout
 // docstore.Documents.Snapshot). Errors: those of either.
-func (s *Store) Sections(ctx context.Context, slug string, names []string) (*engine.Snapshot, error) {
+func (s *Store) Sections(ctx context.Context, slug string, names []string) (*batch.Snapshot, error) {
 	ctx, cancel := s.e.Bound(ctx, 0)
 	defer cancel()
-	return onDocument(ctx, s, slug, func() (*engine.Snapshot, int64, error) {
+	return onDocument(ctx, s, slug, func() (*batch.Snapshot, int64, error) {
 		snap, err := s.records.Sections(ctx, slug, names)
 		if err != nil {
 			return nil, 0, err
 		}
 		return snap, snap.Revision, nil
-	}, func(d *docstore.Document) (*engine.Snapshot, error) { return s.docs.Snapshot(d, names) })
+	}, func(d *docstore.Document) (*batch.Snapshot, error) { return s.docs.Snapshot(d, names) })
 }
 
 // StreamSections reads the named sections of a swarm and the swarm
@@ -175,7 +175,7 @@ func (s *Store) Sections(ctx context.Context, slug string, names []string) (*eng
 // records, read whole as every document read reads it, by
 // docstore.Documents.Whole). turn is taken around each round trip of heavy
 // reading. Errors: those of either.
-func (s *Store) StreamSections(ctx context.Context, slug string, names []string, turn engine.Turn, sink engine.SnapshotSink) error {
+func (s *Store) StreamSections(ctx context.Context, slug string, names []string, turn batch.Turn, sink batch.SnapshotSink) error {
 	for range 2 {
 		moved := false
 		err := s.records.StreamSections(ctx, slug, names, turn, func() (bool, error) {
@@ -195,7 +195,7 @@ func (s *Store) StreamSections(ctx context.Context, slug string, names []string,
 			if err != nil {
 				return true, err
 			}
-			return true, engine.StreamSnapshot(snap, sink)
+			return true, batch.StreamSnapshot(snap, sink)
 		}, sink)
 		if !moved {
 			return err
@@ -207,16 +207,16 @@ func (s *Store) StreamSections(ctx context.Context, slug string, names []string,
 // ScanSection reads one page of a section from position
 // (records.Records.ScanSection; on the document layout
 // docstore.Documents.Page). Errors: those of either.
-func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*engine.Page, error) {
+func (s *Store) ScanSection(ctx context.Context, slug, section, position string, count int) (*batch.Page, error) {
 	ctx, cancel := s.e.Bound(ctx, 0)
 	defer cancel()
-	return onDocument(ctx, s, slug, func() (*engine.Page, int64, error) {
+	return onDocument(ctx, s, slug, func() (*batch.Page, int64, error) {
 		p, err := s.records.ScanSection(ctx, slug, section, position, count)
 		if err != nil {
 			return nil, 0, err
 		}
 		return p, p.Revision, nil
-	}, func(d *docstore.Document) (*engine.Page, error) {
+	}, func(d *docstore.Document) (*batch.Page, error) {
 		_, _, after, _ := batch.ParseScanPosition(position) // checked by the records' read
 		return s.docs.Page(d, slug, section, after, count)
 	})
@@ -224,7 +224,7 @@ func (s *Store) ScanSection(ctx context.Context, slug, section, position string,
 
 // Commit is CommitDurable without a replica wait, answering the revision.
 func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
-	c, err := s.CommitDurable(ctx, b, engine.Durability{})
+	c, err := s.CommitDurable(ctx, b, batch.Durability{})
 	return c.Revision, err
 }
 
@@ -236,7 +236,7 @@ func (s *Store) Commit(ctx context.Context, b *batch.Batch) (int64, error) {
 // that finds by-name's index stale has it rebuilt in the background
 // (byname.Index.RebuildLater). The Observer is told of every outcome
 // (BatchDone). Errors: those of either layout's commit.
-func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Durability) (c engine.Committed, err error) {
+func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d batch.Durability) (c batch.Committed, err error) {
 	ctx, cancel := s.e.Bound(ctx, d.Duration())
 	defer cancel()
 	defer func() { s.e.Observer().BatchDone(b, c, err) }()
@@ -251,7 +251,7 @@ func (s *Store) CommitDurable(ctx context.Context, b *batch.Batch, d engine.Dura
 		case errors.As(err, &repl):
 			return c, fmt.Errorf("store: fenced batch: %w", err)
 		case err != nil:
-			return engine.Committed{}, fmt.Errorf("store: fenced batch: document: %w", err)
+			return batch.Committed{}, fmt.Errorf("store: fenced batch: document: %w", err)
 		default:
 			return c, nil
 		}

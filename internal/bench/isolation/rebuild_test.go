@@ -72,10 +72,10 @@ func (o holdObserver) ScriptDone(script string, _ time.Duration, _ error) {
 		o.hold()
 	}
 }
-func (holdObserver) RedisFailed(string, error)                       {}
-func (holdObserver) BatchDone(*batch.Batch, engine.Committed, error) {}
-func (holdObserver) LeaseDone(engine.LeaseEvent)                     {}
-func (holdObserver) EvictionChecked(bool)                            {}
+func (holdObserver) RedisFailed(string, error)                      {}
+func (holdObserver) BatchDone(*batch.Batch, batch.Committed, error) {}
+func (holdObserver) LeaseDone(batch.LeaseEvent)                     {}
+func (holdObserver) EvictionChecked(bool)                           {}
 
 // rebuildFlood is the attacker's side of BenchmarkByNameRebuildFlood.
 func rebuildFlood(arg string) (rebuilds, steps, errs int64, longest time.Duration) {

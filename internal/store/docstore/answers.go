@@ -38,7 +38,7 @@ func (ds *Documents) Record(d *Document, section, key string) (*batch.Record, er
 // member that is no record, *engine.TooLargeError past the snapshot's
 // bounds (the document has left Redis already, but the answer must still
 // fit a client).
-func (ds *Documents) Snapshot(d *Document, names []string) (*engine.Snapshot, error) {
+func (ds *Documents) Snapshot(d *Document, names []string) (*batch.Snapshot, error) {
 	snap, err := ds.Whole(d, names)
 	if err != nil {
 		return nil, err
@@ -63,8 +63,8 @@ func (ds *Documents) Snapshot(d *Document, names []string) (*engine.Snapshot, er
 // size (the document is in memory already): what StreamSections hands on
 // in pieces. Errors: *engine.CorruptError naming the section or the first
 // member that is no record.
-func (ds *Documents) Whole(d *Document, names []string) (*engine.Snapshot, error) {
-	snap := &engine.Snapshot{
+func (ds *Documents) Whole(d *Document, names []string) (*batch.Snapshot, error) {
+	snap := &batch.Snapshot{
 		Revision:         d.Revision,
 		Sections:         make(map[string]map[string]batch.Record, len(names)),
 		SectionRevisions: make(map[string]int64, len(names)),
@@ -89,7 +89,7 @@ func (ds *Documents) Whole(d *Document, names []string) (*engine.Snapshot, error
 // records layout's does; the other pages read. Errors:
 // *engine.CorruptError, *engine.TooLargeError (one record larger than an
 // answer may hold, with the position and page token past it).
-func (ds *Documents) Page(d *Document, slug, section, after string, count int) (*engine.Page, error) {
+func (ds *Documents) Page(d *Document, slug, section, after string, count int) (*batch.Page, error) {
 	members, err := d.members(section)
 	if err != nil {
 		return nil, fmt.Errorf("store: scan section: %w", err)
@@ -113,7 +113,7 @@ func (ds *Documents) Page(d *Document, slug, section, after string, count int) (
 			Next: next, NextPageToken: batch.EncodePageToken(slug, section, next)})
 	}
 	to := min(from+count, len(keys))
-	p := &engine.Page{Records: make(map[string]batch.Record, to-from), Revision: d.Revision, SectionRevision: d.Revision}
+	p := &batch.Page{Records: make(map[string]batch.Record, to-from), Revision: d.Revision, SectionRevision: d.Revision}
 	to = batch.PageEnd(keys, from, to, ds.limits.MaxSnapshotBytes, func(key string) int { return len(records[key].Value) })
 	for _, key := range keys[from:to] {
 		if err := memberError(section, records[key]); err != nil {

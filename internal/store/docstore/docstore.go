@@ -34,12 +34,12 @@ type Options struct {
 type Documents struct {
 	e      *engine.Engine
 	opts   Options
-	limits engine.ReadLimits
+	limits batch.ReadLimits
 }
 
 // New returns the document layout's side over e, its reads' answers
 // bounded by limits as the records layout's are.
-func New(e *engine.Engine, o Options, limits engine.ReadLimits) *Documents {
+func New(e *engine.Engine, o Options, limits batch.ReadLimits) *Documents {
 	if o.Sections == nil {
 		o.Sections = batch.DefaultLimits().Sections
 	}
@@ -335,7 +335,7 @@ type docTx struct {
 	args   []string
 	// wait: after the script, WAIT for this many replicas on the same
 	// connection.
-	wait engine.Durability
+	wait batch.Durability
 	// moved: the swarm is on the records layout; nothing planned.
 	moved bool
 	// keyName names keys[i] in a refusal (*CorruptError).
@@ -351,7 +351,7 @@ func compareKeys(k engine.Keys) []string {
 // writeDocument is the transaction that stores newDoc as k's document
 // (the old copy pushed to its history by docWriteScript), then waits for
 // replicas as d says.
-func writeDocument(k engine.Keys, newDoc []byte, d engine.Durability) docTx {
+func writeDocument(k engine.Keys, newDoc []byte, d batch.Durability) docTx {
 	return docTx{script: docWriteScript, keys: compareKeys(k), args: []string{string(newDoc)}, wait: d}
 }
 
@@ -478,7 +478,7 @@ func (ds *Documents) casDocument(ctx context.Context, k engine.Keys, contended e
 // of a committed batch answers a conflict). Errors: those of the records
 // commit (docplan's refusals in the engine's terms), and
 // ErrDocumentContended.
-func (ds *Documents) Commit(ctx context.Context, b *batch.Batch, d engine.Durability) (c engine.Committed, moved bool, err error) {
+func (ds *Documents) Commit(ctx context.Context, b *batch.Batch, d batch.Durability) (c batch.Committed, moved bool, err error) {
 	k := ds.e.Keys(b.Slug)
 	var rev int64
 	acked, moved, err := ds.casDocument(ctx, k, ErrDocumentContended,
@@ -494,7 +494,7 @@ func (ds *Documents) Commit(ctx context.Context, b *batch.Batch, d engine.Durabi
 			return writeDocument(k, newDoc, d), nil
 		})
 	if err != nil || moved {
-		return engine.Committed{}, moved, err
+		return batch.Committed{}, moved, err
 	}
 	c.Revision = rev
 	c.ReplicasAcked = acked
@@ -509,7 +509,7 @@ func (ds *Documents) Commit(ctx context.Context, b *batch.Batch, d engine.Durabi
 // lease.lua (lease.Leases.Change), on the document's meta, and waits for
 // replicas as engine.Options.Wait says (engine.DurableLease). moved: the
 // swarm is on the records now; run the records' change.
-func (ds *Documents) Lease(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (e engine.LeaseEvent, rev int64, moved bool) {
+func (ds *Documents) Lease(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (e batch.LeaseEvent, rev int64, moved bool) {
 	e.Op = op
 	k := ds.e.Keys(slug)
 	d := ds.e.Wait()
@@ -526,7 +526,7 @@ func (ds *Documents) Lease(ctx context.Context, slug, op, owner string, epoch, t
 			return writeDocument(k, newDoc, d), nil
 		})
 	if err != nil {
-		return engine.LeaseEvent{Op: op, Err: err}, 0, false
+		return batch.LeaseEvent{Op: op, Err: err}, 0, false
 	}
 	if moved {
 		return e, 0, true
@@ -536,8 +536,8 @@ func (ds *Documents) Lease(ctx context.Context, slug, op, owner string, epoch, t
 }
 
 // leaseEventOf is the LeaseEvent of op, which planned ch.
-func leaseEventOf(op string, ch docplan.LeaseChange) engine.LeaseEvent {
-	e := engine.LeaseEvent{Op: op, Lease: leaseOf(ch.Lease), Granted: ch.Granted}
+func leaseEventOf(op string, ch docplan.LeaseChange) batch.LeaseEvent {
+	e := batch.LeaseEvent{Op: op, Lease: leaseOf(ch.Lease), Granted: ch.Granted}
 	if ch.Replaced != nil {
 		r := leaseOf(*ch.Replaced)
 		e.Replaced = &r

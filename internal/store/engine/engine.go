@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
@@ -69,7 +70,7 @@ type Options struct {
 	// --wait-timeout): what lease changes wait for, and the line between a
 	// wait of the server's own length and a caller's longer one (waits.go).
 	// The zero value waits for nothing.
-	Wait Durability
+	Wait batch.Durability
 	// MaxReplicaWaits and MaxReplicaWaitsPerSwarm bound the commits and
 	// lease changes waiting for replica acknowledgements at once, over
 	// every swarm and for one slug (DefaultMaxReplicaWaits,
@@ -191,7 +192,7 @@ func (e *Engine) Log() *slog.Logger { return e.opts.Logger }
 func (e *Engine) Observer() Observer { return e.opts.Observer }
 
 // Wait is the server's own replica wait (Options.Wait).
-func (e *Engine) Wait() Durability { return e.opts.Wait }
+func (e *Engine) Wait() batch.Durability { return e.opts.Wait }
 
 // LoadScripts loads fenced's function library on every primary (FUNCTION
 // LOAD REPLACE: functions.go; where Redis refuses it, the committing

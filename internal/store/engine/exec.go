@@ -12,49 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/redis/rueidis"
 )
-
-// Durability asks a commit to wait until replicas acknowledged it (Redis
-// WAIT, on the connection that ran the commit). The zero value does not
-// wait.
-type Durability struct {
-	// Replicas is how many replicas must acknowledge; 0: do not wait.
-	Replicas int
-	// Timeout bounds the wait; 0: DefaultReplicaTimeout.
-	Timeout time.Duration
-}
-
-// Duration is how long d may wait for replicas: 0 when it does not wait.
-func (d Durability) Duration() time.Duration {
-	switch {
-	case d.Replicas <= 0:
-		return 0
-	case d.Timeout <= 0:
-		return DefaultReplicaTimeout
-	}
-	return d.Timeout
-}
-
-// DefaultReplicaTimeout bounds a Durability wait with no Timeout.
-const DefaultReplicaTimeout = time.Second
-
-// Committed reports a commit.
-type Committed struct {
-	// Revision the batch committed at (checks alone: the current one).
-	Revision int64
-	// Replayed: the batch's request id had committed before; nothing was
-	// written this time and Revision is the original one.
-	Replayed bool
-	// ReplicasAcked is how many replicas acknowledged (Durability only).
-	ReplicasAcked int
-	// ByNameStale: the batch found by-name's index not to reflect
-	// executions (another writer changed them behind fenced) and flagged
-	// it; byname.Rebuilder repairs it (the store starts that in the
-	// background itself).
-	ByNameStale bool
-}
 
 // ExecCommitting runs a script built on the shared lib_*.lua (lua.go libCommit), whose first argument
 // starts with its mode letters (protocol.Mode*). When the script answers
@@ -66,7 +27,7 @@ type Committed struct {
 // script's reply and the replicas that acknowledged; ErrLayoutDocument,
 // ErrUnavailable, context errors, *RedisError; *EvictionError (before
 // anything is sent) while the last health probe found that Redis may evict.
-func (e *Engine) ExecCommitting(ctx context.Context, k Keys, sc *Script, keys, args []string, d Durability) ([]string, int, error) {
+func (e *Engine) ExecCommitting(ctx context.Context, k Keys, sc *Script, keys, args []string, d batch.Durability) ([]string, int, error) {
 	if e := e.evicting.Load(); e != nil {
 		// The last health probe found a Redis that may evict keys: an
 		// evicted request-ids or meta would let a request commit or an
@@ -113,7 +74,7 @@ func (e *Engine) ExecCommitting(ctx context.Context, k Keys, sc *Script, keys, a
 // still wait for the replicas to reach the server's whole offset, up to
 // its timeout, and a document batch would wait twice). On Cluster see
 // execWaitPipelined.
-func (e *Engine) execWait(ctx context.Context, sc *Script, keys, args []string, d Durability) ([]string, int, error) {
+func (e *Engine) execWait(ctx context.Context, sc *Script, keys, args []string, d batch.Durability) ([]string, int, error) {
 	if d.Replicas <= 0 {
 		reply, err := e.execGrouped(ctx, sc, keys, args)
 		return reply, 0, err
@@ -156,7 +117,7 @@ func (e *Engine) execWait(ctx context.Context, sc *Script, keys, args []string, 
 // pipeline, which rueidis sends on one dedicated connection and routes by
 // the script's slot, following MOVED and ASK (a dedicated client does not
 // follow them). WAIT follows every script, refused or not.
-func (e *Engine) execWaitPipelined(wctx, ctx context.Context, sc *Script, keys, args []string, d Durability) ([]string, int, error) {
+func (e *Engine) execWaitPipelined(wctx, ctx context.Context, sc *Script, keys, args []string, d batch.Durability) ([]string, int, error) {
 	c := e.Client()
 	wait := c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(d.Duration().Milliseconds()).Build()
 	start := time.Now()

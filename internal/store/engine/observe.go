@@ -48,9 +48,9 @@ type Observer interface {
 	// BatchDone reports the outcome of one Commit or CommitDurable: the
 	// batch, and what it returned (c.Revision > 0 when it committed, even
 	// with a *ReplicationError).
-	BatchDone(b *batch.Batch, c Committed, err error)
+	BatchDone(b *batch.Batch, c batch.Committed, err error)
 	// LeaseDone reports the outcome of one Acquire, Renew or Release.
-	LeaseDone(e LeaseEvent)
+	LeaseDone(e batch.LeaseEvent)
 	// EvictionChecked reports, after each health probe that could read
 	// maxmemory and maxmemory-policy, whether some primary may evict keys.
 	EvictionChecked(mayEvict bool)
@@ -61,11 +61,11 @@ type Observer interface {
 // interfaces alone.
 type NopObserver struct{}
 
-func (NopObserver) ScriptDone(string, time.Duration, error)  {}
-func (NopObserver) RedisFailed(string, error)                {}
-func (NopObserver) BatchDone(*batch.Batch, Committed, error) {}
-func (NopObserver) LeaseDone(LeaseEvent)                     {}
-func (NopObserver) EvictionChecked(bool)                     {}
+func (NopObserver) ScriptDone(string, time.Duration, error)        {}
+func (NopObserver) RedisFailed(string, error)                      {}
+func (NopObserver) BatchDone(*batch.Batch, batch.Committed, error) {}
+func (NopObserver) LeaseDone(batch.LeaseEvent)                     {}
+func (NopObserver) EvictionChecked(bool)                           {}
 
 // Exec runs sc once (as its function where the library is loaded, else by
 // SHA, EVAL on NOSCRIPT) and reports it to the Observer. Its result is

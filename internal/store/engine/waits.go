@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"sync"
+
+	"github.com/agentihooks/fenced/internal/batch"
 )
 
 // Defaults of Options.MaxReplicaWaits and MaxReplicaWaitsPerSwarm. rueidis runs a pipeline holding WAIT
@@ -51,7 +53,7 @@ func newWaitSlots(perProcess, perSwarm int) *waitSlots {
 // longer than the server's own (Options.Wait) is a caller's choice and
 // takes a long one. release gives it back. Errors: ErrReplicaWaitsExhausted
 // (wrapped, naming the bound).
-func (e *Engine) WaitSlot(slug string, d Durability) (release func(), err error) {
+func (e *Engine) WaitSlot(slug string, d batch.Durability) (release func(), err error) {
 	return e.waits.acquire(slug, d.Duration() > e.opts.Wait.Duration())
 }
 

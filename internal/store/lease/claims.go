@@ -145,7 +145,7 @@ func (ls *Leases) claimOp(ctx context.Context, slug, name, op, owner string, epo
 			}
 		}
 	}
-	var e engine.LeaseEvent
+	var e batch.LeaseEvent
 	var rev int64
 	if reply[0] == protocol.ReplyTooMany && len(reply) == 3 {
 		nums, err := engine.ParseInts(reply[1], reply[2])

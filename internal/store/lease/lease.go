@@ -98,7 +98,7 @@ func New(e *engine.Engine, o Options, byNameStale func(slug string)) *Leases {
 // written), *engine.CorruptError, *engine.LimitError (the new epoch or
 // revision would pass batch.MaxIssued), engine.ErrUnavailable, context
 // errors, *engine.RedisError. Inputs must be valid (batch.LeaseBounds).
-func (ls *Leases) Change(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (e engine.LeaseEvent, rev int64) {
+func (ls *Leases) Change(ctx context.Context, slug, op, owner string, epoch, ttlMs int64) (e batch.LeaseEvent, rev int64) {
 	e.Op = op
 	k := ls.e.Keys(slug)
 	keys := []string{k.Meta(), k.Revision(), k.Log()}

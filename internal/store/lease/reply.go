@@ -11,7 +11,7 @@ import (
 // leaseResult decodes lease.lua's reply for op into the LeaseEvent (the
 // lease after the call, or the refusal as its Err) and the revision the
 // change committed at (0 when it was refused).
-func leaseResult(op string, reply []string) (e engine.LeaseEvent, rev int64) {
+func leaseResult(op string, reply []string) (e batch.LeaseEvent, rev int64) {
 	e.Op = op
 	switch {
 	case reply[0] == protocol.ReplyOK && len(reply) == 9 && (reply[5] == "0" || reply[5] == "1"):
@@ -29,7 +29,7 @@ func leaseResult(op string, reply []string) (e engine.LeaseEvent, rev int64) {
 			old, err := engine.ParseInts(reply[7], reply[8])
 			if err != nil {
 				e.Err = err
-				return engine.LeaseEvent{Op: op, Err: err}, 0
+				return batch.LeaseEvent{Op: op, Err: err}, 0
 			}
 			e.Replaced = &batch.Lease{Owner: reply[6], Epoch: old[0], ExpiresAtMs: old[1]}
 		}

@@ -27,15 +27,15 @@ func TestLeaseResult(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		reply []string
-		want  engine.LeaseEvent // without Err
+		want  batch.LeaseEvent // without Err
 		rev   int64
 		err   error
 		is    error
 	}{
-		{name: "renewed", reply: ok("0", "", "", ""), want: engine.LeaseEvent{Op: "renew", Lease: lease}, rev: 1764540000000000},
-		{name: "granted", reply: ok("1", "", "", ""), want: engine.LeaseEvent{Op: "renew", Lease: lease, Granted: true}, rev: 1764540000000000},
+		{name: "renewed", reply: ok("0", "", "", ""), want: batch.LeaseEvent{Op: "renew", Lease: lease}, rev: 1764540000000000},
+		{name: "granted", reply: ok("1", "", "", ""), want: batch.LeaseEvent{Op: "renew", Lease: lease, Granted: true}, rev: 1764540000000000},
 		{name: "granted over an expired lease", reply: ok("1", "ctl:b", "6", "1764539990000"),
-			want: engine.LeaseEvent{Op: "renew", Lease: lease, Granted: true, Replaced: &batch.Lease{Owner: "ctl:b", Epoch: 6, ExpiresAtMs: 1764539990000}},
+			want: batch.LeaseEvent{Op: "renew", Lease: lease, Granted: true, Replaced: &batch.Lease{Owner: "ctl:b", Epoch: 6, ExpiresAtMs: 1764539990000}},
 			rev:  1764540000000000},
 		{name: "granted flag neither 0 nor 1", reply: ok("2", "", "", ""), is: engine.ErrMalformedReply},
 		{name: "OK too short", reply: ok("1", "", "", "")[:8], is: engine.ErrMalformedReply},

@@ -38,20 +38,20 @@ import (
 // applied), engine.ErrReplicaWaitsExhausted (only when waiting for
 // replicas; nothing sent), context errors, *engine.RedisError. The batch
 // must have passed batch.Limits.CheckBatch.
-func (rs *Records) Commit(ctx context.Context, b *batch.Batch, d engine.Durability) (engine.Committed, error) {
+func (rs *Records) Commit(ctx context.Context, b *batch.Batch, d batch.Durability) (batch.Committed, error) {
 	ctx, cancel := rs.e.Bound(ctx, d.Duration())
 	defer cancel()
 	k := rs.e.Keys(b.Slug)
 	sc, keys, args := rs.commitArgs(k, b)
 	reply, acked, err := rs.e.ExecCommitting(ctx, k, sc, keys, args, d)
 	if err != nil {
-		return engine.Committed{}, fmt.Errorf("store: fenced batch: %w", err)
+		return batch.Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
 	rev, err := commitResult(b, reply)
 	if err != nil {
-		return engine.Committed{}, fmt.Errorf("store: fenced batch: %w", err)
+		return batch.Committed{}, fmt.Errorf("store: fenced batch: %w", err)
 	}
-	c := engine.Committed{Revision: rev, Replayed: len(reply) == 3 && reply[2] == protocol.ReplyReplayed, ReplicasAcked: acked,
+	c := batch.Committed{Revision: rev, Replayed: len(reply) == 3 && reply[2] == protocol.ReplyReplayed, ReplicasAcked: acked,
 		ByNameStale: len(reply) == 3 && reply[2] == protocol.ReplyByNameStale}
 	if d.Replicas > 0 && acked < d.Replicas {
 		return c, fmt.Errorf("store: fenced batch: %w", &engine.ReplicationError{Revision: rev, Acked: acked, Wanted: d.Replicas})

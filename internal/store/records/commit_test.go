@@ -43,7 +43,7 @@ func offlineRecords(t testing.TB, cluster bool, o Options) *Records {
 	if err != nil {
 		t.Fatalf("engine.New(offline, p): %v", err)
 	}
-	return New(e, o, engine.ReadLimits{})
+	return New(e, o, batch.ReadLimits{})
 }
 
 // TestOnlyExecutionsWritesSendByNameKeys: a batch that puts or deletes no
@@ -447,7 +447,7 @@ func benchRecords(tb testing.TB, srv *redistest.Server) *Records {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return New(e, Options{}, engine.ReadLimits{})
+	return New(e, Options{}, batch.ReadLimits{})
 }
 
 // BenchmarkCommitAB runs two versions of the commit side by side on the

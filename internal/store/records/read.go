@@ -101,14 +101,14 @@ func (rs *Records) readRecord(ctx context.Context, k engine.Keys, section, key s
 
 // Sections reads the named sections of a swarm on the records layout
 // (names must be valid; see batch.Limits.CheckSections) and the swarm
-// revision as one snapshot: at most engine.ReadLimits.MaxSnapshotRecords records in
+// revision as one snapshot: at most batch.ReadLimits.MaxSnapshotRecords records in
 // all (else *engine.TooLargeError before anything is read) and an answer
-// of at most engine.ReadLimits.MaxSnapshotBytes (else *engine.TooLargeError before
+// of at most batch.ReadLimits.MaxSnapshotBytes (else *engine.TooLargeError before
 // the records leave Redis). A field that is not a record fails the read
 // with an *engine.CorruptError naming it. The snapshot's Revision is 0
 // when no batch ever committed (and on a swarm of the document layout).
 // Other errors: engine.ErrUnavailable, context errors, *engine.RedisError.
-func (rs *Records) Sections(ctx context.Context, slug string, names []string) (*engine.Snapshot, error) {
+func (rs *Records) Sections(ctx context.Context, slug string, names []string) (*batch.Snapshot, error) {
 	ctx, cancel := rs.e.Bound(ctx, 0)
 	defer cancel()
 	return rs.readSections(ctx, rs.e.Keys(slug), names)
@@ -118,7 +118,7 @@ func (rs *Records) Sections(ctx context.Context, slug string, names []string) (*
 // HGETALLs when a cheap bound says the snapshot fits (readSectionsMulti),
 // else read_sections.lua, which refuses a snapshot too large in bytes
 // before its bytes leave Redis.
-func (rs *Records) readSections(ctx context.Context, k engine.Keys, names []string) (*engine.Snapshot, error) {
+func (rs *Records) readSections(ctx context.Context, k engine.Keys, names []string) (*batch.Snapshot, error) {
 	if snap, done, err := rs.readSectionsMulti(ctx, k, names); done {
 		return snap, err
 	}
@@ -197,7 +197,7 @@ const memoryUsageSlack = 20
 // with claim grants (EXISTS claim-grants, sent with the HLENs), is read in
 // steps under WATCH instead (readSectionsChunked), a few attempts before
 // the MULTI.
-func (rs *Records) readSectionsMulti(ctx context.Context, k engine.Keys, names []string) (*engine.Snapshot, bool, error) {
+func (rs *Records) readSectionsMulti(ctx context.Context, k engine.Keys, names []string) (*batch.Snapshot, bool, error) {
 	if rs.memoryUsageRefused.Load() {
 		return nil, false, nil
 	}
@@ -388,7 +388,7 @@ func (rs *Records) readSectionsMulti(ctx context.Context, k engine.Keys, names [
 }
 
 // holdsBound tells whether the snapshot holds a bound record.
-func holdsBound(snap *engine.Snapshot) bool {
+func holdsBound(snap *batch.Snapshot) bool {
 	for _, records := range snap.Sections {
 		for _, rec := range records {
 			if rec.Claim != "" {
@@ -400,7 +400,7 @@ func holdsBound(snap *engine.Snapshot) bool {
 }
 
 // claimsMet are the claims of the snapshot's bound records, once each.
-func claimsMet(snap *engine.Snapshot) []string {
+func claimsMet(snap *batch.Snapshot) []string {
 	var names []string
 	seen := map[string]bool{}
 	for _, records := range snap.Sections {
@@ -410,7 +410,7 @@ func claimsMet(snap *engine.Snapshot) []string {
 }
 
 // dropDead deletes from the snapshot the records that are not live.
-func dropDead(snap *engine.Snapshot, live batch.LiveClaims) {
+func dropDead(snap *batch.Snapshot, live batch.LiveClaims) {
 	for _, records := range snap.Sections {
 		live.Drop(records)
 	}
@@ -421,7 +421,7 @@ func dropDead(snap *engine.Snapshot, live batch.LiveClaims) {
 // fields, after
 // read_sections.lua's checks on what was read: the record and byte limits
 // (*TooLargeError), every field a record (*CorruptError).
-func (rs *Records) snapshotOf(names []string, head []rueidis.RedisMessage, fieldMaps []map[string]rueidis.RedisMessage) (*engine.Snapshot, error) {
+func (rs *Records) snapshotOf(names []string, head []rueidis.RedisMessage, fieldMaps []map[string]rueidis.RedisMessage) (*batch.Snapshot, error) {
 	read, bytes := 0, 0
 	for i, fields := range fieldMaps {
 		read += len(fields)
@@ -460,7 +460,7 @@ func answered(err error) bool {
 // decodeSnapshot decodes a snapshot's head { revision (nil: 0), the retired
 // meta/section_revisions or nil, section-revisions as HGETALL answers it },
 // the i-th section's records by parse(i).
-func decodeSnapshot(names []string, arr []rueidis.RedisMessage, parse func(i int) (map[string]batch.Record, error)) (*engine.Snapshot, error) {
+func decodeSnapshot(names []string, arr []rueidis.RedisMessage, parse func(i int) (map[string]batch.Record, error)) (*batch.Snapshot, error) {
 	revs, err := "0", error(nil)
 	if !arr[0].IsNil() {
 		revs, err = arr[0].ToString()
@@ -468,7 +468,7 @@ func decodeSnapshot(names []string, arr []rueidis.RedisMessage, parse func(i int
 	if err != nil {
 		return nil, fmt.Errorf("store: read sections: %w: revision: %w", engine.ErrMalformedReply, err)
 	}
-	snap := &engine.Snapshot{
+	snap := &batch.Snapshot{
 		Sections:         make(map[string]map[string]batch.Record, len(names)),
 		SectionRevisions: make(map[string]int64, len(names)),
 	}
@@ -572,14 +572,14 @@ const wholeHash = batch.WholeSectionFingerprint
 // and the next position resumes inside it (the position grammar is
 // batch.ParseScanPosition). The batch is cut by bytes too: a page's keys
 // and values, with batch.PageRecordOverhead bytes each, stay within
-// engine.ReadLimits.MaxSnapshotBytes, or it holds one record, so that a default gRPC
+// batch.ReadLimits.MaxSnapshotBytes, or it holds one record, so that a default gRPC
 // client can take every page. A page may hold fewer than count records,
 // even none, before the end. Its Revision is 0 when no batch ever
 // committed (and on a swarm of the document layout). Errors:
 // ErrInvalidCursor, *engine.CorruptError, *engine.TooLargeError (one
 // record larger than an answer may hold, naming the position past it),
 // engine.ErrUnavailable, context errors, *engine.RedisError.
-func (rs *Records) ScanSection(ctx context.Context, slug, section, position string, count int) (*engine.Page, error) {
+func (rs *Records) ScanSection(ctx context.Context, slug, section, position string, count int) (*batch.Page, error) {
 	ctx, cancel := rs.e.Bound(ctx, 0)
 	defer cancel()
 	cursor, fingerprint, after, ok := batch.ParseScanPosition(position)
@@ -598,7 +598,7 @@ func (rs *Records) scanTooLarge(slug, section, key string, size int, next string
 }
 
 // scanSection is ScanSection on the records layout.
-func (rs *Records) scanSection(ctx context.Context, k engine.Keys, section, cursor, fingerprint, after string, count int) (*engine.Page, error) {
+func (rs *Records) scanSection(ctx context.Context, k engine.Keys, section, cursor, fingerprint, after string, count int) (*batch.Page, error) {
 	keysOf := []string{k.Revision(), k.Meta(), k.Section(section), k.Claims()}
 	arr, err := rs.e.Exec(ctx, readScanScript, keysOf,
 		[]string{cursor, strconv.Itoa(count), strconv.Itoa(rs.limits.MaxSnapshotBytes)}).ToArray()
@@ -666,7 +666,7 @@ func (rs *Records) scanSection(ctx context.Context, k engine.Keys, section, curs
 		return nil, rs.scanTooLarge(k.Slug, section, keys[from], size[keys[from]], past(from))
 	}
 	to := batch.PageEnd(keys, from, min(from+count, len(keys)), rs.limits.MaxSnapshotBytes, func(key string) int { return size[key] })
-	p := &engine.Page{Records: make(map[string]batch.Record, to-from)}
+	p := &batch.Page{Records: make(map[string]batch.Record, to-from)}
 	revs := arr[:2]
 	if lengths && to > from {
 		// Read the page's records alone; they may have grown since: the

@@ -51,7 +51,7 @@ type snapshotStep struct {
 // script's error is the one to return). Else done is true: the snapshot, or
 // its refusal (the record and byte limits, checked again on what was read;
 // a field that is no record), or a transport or context error.
-func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names []string, sizes []sectionSize, attempt int, start time.Time) (*engine.Snapshot, bool, error) {
+func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names []string, sizes []sectionSize, attempt int, start time.Time) (*batch.Snapshot, bool, error) {
 	dc, release := rs.e.Client().Dedicate()
 	watching := false
 	defer func() {
@@ -66,7 +66,7 @@ func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names
 		}
 		release()
 	}()
-	failed := func(err error) (*engine.Snapshot, bool, error) {
+	failed := func(err error) (*batch.Snapshot, bool, error) {
 		if ctx.Err() != nil || !answered(err) {
 			err = rs.e.Classify(ctx, err)
 			rs.e.Observer().ScriptDone(engine.ScriptReadSections, time.Since(start), err)
@@ -248,7 +248,7 @@ func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names
 			hook(step + 2)
 		}
 	}
-	var snap *engine.Snapshot
+	var snap *batch.Snapshot
 	var snapErr error
 	var live batch.LiveClaims
 	if !execed {

@@ -33,7 +33,7 @@ const (
 // StreamSections reads the named sections of a swarm on the records
 // layout (names valid: batch.Limits.CheckSections) as one snapshot of any
 // size, handing it to sink in pieces (docs/design/06-reads-and-scans.md
-// §6.2). A snapshot within one answer's limits (engine.ReadLimits) is read
+// §6.2). A snapshot within one answer's limits (batch.ReadLimits) is read
 // as Sections reads it, in one turn, and handed whole. A larger one is
 // read in steps on one dedicated connection under WATCH, as
 // readSectionsChunked reads one, each step in a turn of its own and
@@ -53,8 +53,8 @@ const (
 // Errors: *engine.CorruptError (a field that is no record, naming it),
 // ErrSnapshotContended, engine.ErrUnavailable, context errors,
 // *engine.RedisError, and sink's own.
-func (rs *Records) StreamSections(ctx context.Context, slug string, names []string, turn engine.Turn,
-	noState func() (bool, error), sink engine.SnapshotSink) error {
+func (rs *Records) StreamSections(ctx context.Context, slug string, names []string, turn batch.Turn,
+	noState func() (bool, error), sink batch.SnapshotSink) error {
 	k := rs.e.Keys(slug)
 	snap, err := rs.wholeSnapshot(ctx, k, names, turn)
 	if err == nil {
@@ -63,7 +63,7 @@ func (rs *Records) StreamSections(ctx context.Context, slug string, names []stri
 				return err
 			}
 		}
-		return engine.StreamSnapshot(snap, sink)
+		return batch.StreamSnapshot(snap, sink)
 	}
 	if !errors.Is(err, engine.ErrSnapshotTooLarge) {
 		return err
@@ -105,7 +105,7 @@ func (rs *Records) StreamSections(ctx context.Context, slug string, names []stri
 
 // wholeSnapshot is Sections in one turn: the snapshot, or
 // *engine.TooLargeError when it is over one answer's limits.
-func (rs *Records) wholeSnapshot(ctx context.Context, k engine.Keys, names []string, turn engine.Turn) (*engine.Snapshot, error) {
+func (rs *Records) wholeSnapshot(ctx context.Context, k engine.Keys, names []string, turn batch.Turn) (*batch.Snapshot, error) {
 	done, err := turn.Take(ctx)
 	if err != nil {
 		return nil, err
@@ -119,7 +119,7 @@ func (rs *Records) wholeSnapshot(ctx context.Context, k engine.Keys, names []str
 // sectionSizes is each section's HLEN and, unless Redis refused it
 // before, MEMORY USAGE ... SAMPLES 0 (bytes), in one turn: what the steps
 // of a streamed snapshot are planned by.
-func (rs *Records) sectionSizes(ctx context.Context, k engine.Keys, names []string, turn engine.Turn) ([]sectionSize, error) {
+func (rs *Records) sectionSizes(ctx context.Context, k engine.Keys, names []string, turn batch.Turn) ([]sectionSize, error) {
 	done, err := turn.Take(ctx)
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func (rs *Records) sectionSizes(ctx context.Context, k engine.Keys, names []stri
 // (sink told to Restart when it had been handed anything); an error ends
 // the read.
 func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []string, sizes []sectionSize, attempt int,
-	turn engine.Turn, noState func() (bool, error), sink engine.SnapshotSink) (done bool, err error) {
+	turn batch.Turn, noState func() (bool, error), sink batch.SnapshotSink) (done bool, err error) {
 	dc, release := rs.e.Client().Dedicate()
 	watching, handed := false, false
 	defer func() {

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lua"
 )
@@ -72,7 +73,7 @@ type Options struct {
 type Records struct {
 	e      *engine.Engine
 	opts   Options
-	limits engine.ReadLimits
+	limits batch.ReadLimits
 	// memoryUsageRefused is set once Redis refused MEMORY USAGE: Sections
 	// reads go through read_sections.lua alone (readSectionsMulti).
 	memoryUsageRefused atomic.Bool
@@ -80,7 +81,7 @@ type Records struct {
 
 // New returns the records served through e, their answers bounded by
 // limits.
-func New(e *engine.Engine, o Options, limits engine.ReadLimits) *Records {
+func New(e *engine.Engine, o Options, limits batch.ReadLimits) *Records {
 	if o.RequestIDWindow < time.Millisecond {
 		o.RequestIDWindow = DefaultRequestIDWindow
 	}

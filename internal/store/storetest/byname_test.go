@@ -165,7 +165,7 @@ func TestDeletingAHolderAmong200000ExecutionsReadsNoSection(t *testing.T) {
 	}
 
 	scans := scanCalls(t, srv)
-	c, err := st.CommitDurable(context.Background(), &batch.Batch{Slug: slug, Writes: []batch.Write{del("executions", "e-top", batch.Blind)}}, engine.Durability{})
+	c, err := st.CommitDurable(context.Background(), &batch.Batch{Slug: slug, Writes: []batch.Write{del("executions", "e-top", batch.Blind)}}, batch.Durability{})
 	if err != nil {
 		t.Fatalf("Commit(delete e-top): %v", err)
 	}
@@ -310,7 +310,7 @@ func TestByNameEqualsTheRuleAfterEveryBatch(t *testing.T) {
 			}
 		}
 		before := scanCalls(t, srv)
-		c, err := st.CommitDurable(ctx, b, engine.Durability{})
+		c, err := st.CommitDurable(ctx, b, batch.Durability{})
 		if err != nil {
 			t.Fatalf("batch %d: %v", n, err)
 		}
@@ -391,7 +391,7 @@ func TestWriterBehindFencedIsNoticedAndRepaired(t *testing.T) {
 	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{
 		put("executions", "f-1", 0, exe("agent-1", 1)),
 		del("executions", "e-0982", batch.Blind), // agent-2's second-highest
-	}}, engine.Durability{})
+	}}, batch.Durability{})
 	if err != nil {
 		t.Fatalf("Commit after the writer: %v", err)
 	}
@@ -430,7 +430,7 @@ func TestWriterBehindFencedIsNoticedAndRepaired(t *testing.T) {
 
 	// After the rebuild, deleting holders walks the writer's records too.
 	for _, k := range []string{"py-1", "e-0999", "e-0993"} { // agent-1, agent-9, agent-3
-		c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{del("executions", k, batch.Blind)}}, engine.Durability{})
+		c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{del("executions", k, batch.Blind)}}, batch.Durability{})
 		if err != nil || c.ByNameStale {
 			t.Fatalf("Commit(delete %s) = %+v, %v; want committed, index not stale", k, c, err)
 		}
@@ -601,7 +601,7 @@ func TestRebuildDropsForeignIndexMembers(t *testing.T) {
 	for _, m := range []string{"zz", "0", "0000zzzzname", "00000005ab", "-ghost", "~other"} {
 		srv.Do(t, "ZADD", key(slug, "by-name-index"), "0", m)
 	}
-	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "a2", 0, `{"name":"a","generation":2}`)}}, engine.Durability{})
+	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "a2", 0, `{"name":"a","generation":2}`)}}, batch.Durability{})
 	if err != nil || !c.ByNameStale {
 		t.Fatalf("Commit beside foreign members = %+v, %v; want committed, index stale", c, err)
 	}
@@ -1029,7 +1029,7 @@ func TestAFailedBackgroundRebuildIsRetried(t *testing.T) {
 	// A writer behind fenced's back; the next batch finds the index stale.
 	srv.Do(t, "HSET", key(slug, "executions"), "py-1", `{"r": 5, "v": {"name":"a","generation":9}}`)
 	srv.Do(t, "HSET", key(slug, "by-name"), "a", `{"r": 5, "v": "py-1"}`)
-	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e-2", 0, `{"name":"a","generation":2}`)}}, engine.Durability{})
+	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("executions", "e-2", 0, `{"name":"a","generation":2}`)}}, batch.Durability{})
 	if err != nil || !c.ByNameStale {
 		t.Fatalf("the batch after the writer = %+v, %v; want committed, the index reported stale", c, err)
 	}

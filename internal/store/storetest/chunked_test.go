@@ -84,7 +84,7 @@ func change(t *testing.T, st *store.Store, slug string, model chunkedState, n in
 }
 
 // sameState fails unless snap holds exactly model's records (meta left out).
-func sameState(t *testing.T, snap *engine.Snapshot, model chunkedState) {
+func sameState(t *testing.T, snap *batch.Snapshot, model chunkedState) {
 	t.Helper()
 	for s, recs := range model {
 		got := map[string]string{}
@@ -224,7 +224,7 @@ func TestChunkedSnapshotFallsBackToOneMulti(t *testing.T) {
 // no record is RECORD_CORRUPT naming it.
 func TestChunkedSnapshotKeepsTheLimits(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotRecords: 120}, Records: records.Options{SnapshotStepRecords: 40, SnapshotStepBytes: 1 << 20}})
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: batch.ReadLimits{MaxSnapshotRecords: 120}, Records: records.Options{SnapshotStepRecords: 40, SnapshotStepBytes: 1 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,11 +285,11 @@ type chunkObserver struct {
 	outcomes []chunkOutcome
 }
 
-func (o *chunkObserver) ScriptDone(string, time.Duration, error)         {}
-func (o *chunkObserver) RedisFailed(string, error)                       {}
-func (o *chunkObserver) BatchDone(*batch.Batch, engine.Committed, error) {}
-func (o *chunkObserver) LeaseDone(engine.LeaseEvent)                     {}
-func (o *chunkObserver) EvictionChecked(bool)                            {}
+func (o *chunkObserver) ScriptDone(string, time.Duration, error)        {}
+func (o *chunkObserver) RedisFailed(string, error)                      {}
+func (o *chunkObserver) BatchDone(*batch.Batch, batch.Committed, error) {}
+func (o *chunkObserver) LeaseDone(batch.LeaseEvent)                     {}
+func (o *chunkObserver) EvictionChecked(bool)                           {}
 
 func (o *chunkObserver) ChunkedSnapshotDone(retries int, fellBack bool) {
 	o.mu.Lock()
@@ -432,7 +432,7 @@ func noLeak(t *testing.T, srv *redistest.Server, st *store.Store, h *faultHook, 
 // sameAsOneMulti fails unless snap is what one MULTI reads now (a store of
 // default steps reads the 150 records of loadChunked in one MULTI): the same
 // records, revision and section revisions.
-func sameAsOneMulti(t *testing.T, srv *redistest.Server, slug string, snap *engine.Snapshot) {
+func sameAsOneMulti(t *testing.T, srv *redistest.Server, slug string, snap *batch.Snapshot) {
 	t.Helper()
 	whole, err := open(t, srv).Sections(context.Background(), slug, chunkedSections)
 	if err != nil {
@@ -542,7 +542,7 @@ func stoppedPastTheDeadline(t *testing.T, srv *redistest.Server, st *store.Store
 				stopped = true
 			}
 		})
-		var snap *engine.Snapshot
+		var snap *batch.Snapshot
 		snap, err = st.Sections(ctx, "stopped", chunkedSections)
 		cancel()
 		if stopped {

@@ -415,7 +415,7 @@ func TestClaimFenceReplayAfterLapse(t *testing.T) {
 	claim := &batch.ClaimFence{Name: "task/1", Owner: "worker-a", Epoch: g.Epoch}
 	b := claimPut("rp", "t1", 0, claim, nil)
 	b.RequestID = "req-claim-1"
-	c1, err := st.CommitDurable(ctx, b, engine.Durability{})
+	c1, err := st.CommitDurable(ctx, b, batch.Durability{})
 	if err != nil {
 		t.Fatalf("first commit: %v", err)
 	}
@@ -430,7 +430,7 @@ func TestClaimFenceReplayAfterLapse(t *testing.T) {
 		t.Fatalf("new batch under the lapsed claim: %v; want ErrLeaseStale", err)
 	}
 	before := dumpSwarm(t, srv)
-	c2, err := st.CommitDurable(ctx, b, engine.Durability{})
+	c2, err := st.CommitDurable(ctx, b, batch.Durability{})
 	if err != nil || !c2.Replayed || c2.Revision != c1.Revision {
 		t.Fatalf("retry after the lapse = %+v, %v; want REPLAYED at r%d", c2, err, c1.Revision)
 	}

@@ -326,11 +326,11 @@ func TestClusterMasterWithoutTheLibraryStillCommits(t *testing.T) {
 	n.Do(t, "FUNCTION", "FLUSH")
 	n.Do(t, "CONFIG", "RESETSTAT")
 	mustCommit(t, st, b(`2`))
-	if _, err := st.CommitDurable(ctx, b(`3`), engine.Durability{Replicas: 1, Timeout: 10 * time.Millisecond}); !errors.Is(err, engine.ErrReplicationTimeout) {
+	if _, err := st.CommitDurable(ctx, b(`3`), batch.Durability{Replicas: 1, Timeout: 10 * time.Millisecond}); !errors.Is(err, engine.ErrReplicationTimeout) {
 		t.Fatalf("CommitDurable on the master without the library = %v, want committed, unacknowledged (no replicas)", err)
 	}
 	n.Do(t, "FUNCTION", "FLUSH")
-	if _, err := st.CommitDurable(ctx, b(`4`), engine.Durability{Replicas: 1, Timeout: 10 * time.Millisecond}); !errors.Is(err, engine.ErrReplicationTimeout) {
+	if _, err := st.CommitDurable(ctx, b(`4`), batch.Durability{Replicas: 1, Timeout: 10 * time.Millisecond}); !errors.Is(err, engine.ErrReplicationTimeout) {
 		t.Fatalf("CommitDurable (pipelined with WAIT) on the master without the library = %v, want committed, unacknowledged (no replicas)", err)
 	}
 	mustCommit(t, st, b(`5`))

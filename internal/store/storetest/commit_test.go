@@ -60,7 +60,7 @@ func bypassPut(t *testing.T, srv *redistest.Server, slug, section, k, value stri
 	return rev
 }
 
-func claimsSnapshot(t *testing.T, st *store.Store, slug string) *engine.Snapshot {
+func claimsSnapshot(t *testing.T, st *store.Store, slug string) *batch.Snapshot {
 	t.Helper()
 	snap, err := st.Sections(context.Background(), slug, []string{"claims"})
 	if err != nil {
@@ -821,7 +821,7 @@ func TestAMalformedRequestIDEntryIsReported(t *testing.T) {
 		slug := "rid-" + strconv.Itoa(i)
 		srv.Do(t, "HSET", key(slug, "request-ids"), "r-1", entry)
 		before := dumpSwarm(t, srv)
-		_, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{})
+		_, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, batch.Durability{})
 		var ce *engine.CorruptError
 		if !errors.As(err, &ce) || ce.Section != "request-ids" || ce.Key != "r-1" || !strings.Contains(err.Error(), "HDEL") {
 			t.Errorf("entry %q: %v; want RECORD_CORRUPT naming request-ids/r-1 and its repair", entry, err)
@@ -840,7 +840,7 @@ func TestAMalformedRequestIDEntryIsReported(t *testing.T) {
 	}
 	// A legacy key of another form alike, named as the key it is.
 	srv.Do(t, "SET", key("rid-legacy", "request:a/b"), "17:zz")
-	_, err := st.CommitDurable(ctx, &batch.Batch{Slug: "rid-legacy", RequestID: "a/b", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{})
+	_, err := st.CommitDurable(ctx, &batch.Batch{Slug: "rid-legacy", RequestID: "a/b", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, batch.Durability{})
 	var ce *engine.CorruptError
 	if !errors.As(err, &ce) || ce.Section != "" || ce.Key != "request:a/b" || !strings.Contains(err.Error(), "DEL it") {
 		t.Errorf("a malformed legacy key: %v; want RECORD_CORRUPT naming request:a/b", err)
@@ -848,7 +848,7 @@ func TestAMalformedRequestIDEntryIsReported(t *testing.T) {
 	// Well formed: expired is absent; live, another request's is REUSED.
 	srv.Do(t, "HSET", key("rid-ok", "request-ids"), "old", "17:"+digest+":1", "live", "17:"+digest+":"+far)
 	mustCommitID(t, st, &batch.Batch{Slug: "rid-ok", RequestID: "old", Writes: []batch.Write{put("claims", "c", 0, `1`)}})
-	_, err = st.CommitDurable(ctx, &batch.Batch{Slug: "rid-ok", RequestID: "live", Writes: []batch.Write{put("claims", "e", 0, `1`)}}, engine.Durability{})
+	_, err = st.CommitDurable(ctx, &batch.Batch{Slug: "rid-ok", RequestID: "live", Writes: []batch.Write{put("claims", "e", 0, `1`)}}, batch.Durability{})
 	if !errors.Is(err, records.ErrRequestIDReused) {
 		t.Errorf("a live entry of another request: %v; want REQUEST_ID_REUSED", err)
 	}
@@ -857,7 +857,7 @@ func TestAMalformedRequestIDEntryIsReported(t *testing.T) {
 // mustCommitID commits b (a request id's batch), failing the test on an error.
 func mustCommitID(t *testing.T, st *store.Store, b *batch.Batch) int64 {
 	t.Helper()
-	c, err := st.CommitDurable(context.Background(), b, engine.Durability{})
+	c, err := st.CommitDurable(context.Background(), b, batch.Durability{})
 	if err != nil {
 		t.Fatalf("Commit(%s, %s): %v", b.Slug, b.RequestID, err)
 	}

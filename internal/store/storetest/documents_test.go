@@ -894,7 +894,7 @@ func allSections(want map[string]map[string]string) []string {
 	return names
 }
 
-func values(snap *engine.Snapshot) map[string]map[string]string {
+func values(snap *batch.Snapshot) map[string]map[string]string {
 	out := map[string]map[string]string{}
 	for name, recs := range snap.Sections {
 		out[name] = map[string]string{}
@@ -1293,7 +1293,7 @@ func TestDocumentBatchWaitsForReplicasAfterItsTransaction(t *testing.T) {
 		t.Fatalf("WAIT for the replica to hold the document = %s, want 1", n)
 	}
 	b := &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c2", 0, `2`)}}
-	c, err := st.CommitDurable(ctx, b, engine.Durability{Replicas: 1, Timeout: 5 * time.Second})
+	c, err := st.CommitDurable(ctx, b, batch.Durability{Replicas: 1, Timeout: 5 * time.Second})
 	if err != nil || c.ReplicasAcked != 1 {
 		t.Fatalf("document batch with a live replica = %+v, %v; want 1 replica acknowledged", c, err)
 	}
@@ -1305,7 +1305,7 @@ func TestDocumentBatchWaitsForReplicasAfterItsTransaction(t *testing.T) {
 	}
 	defer syscall.Kill(replica.Pid(), syscall.SIGCONT)
 	b = &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c3", 0, `3`)}}
-	c, err = st.CommitDurable(ctx, b, engine.Durability{Replicas: 1, Timeout: 500 * time.Millisecond})
+	c, err = st.CommitDurable(ctx, b, batch.Durability{Replicas: 1, Timeout: 500 * time.Millisecond})
 	var re *engine.ReplicationError
 	if !errors.As(err, &re) || re.Acked != 0 || re.Revision == 0 {
 		t.Errorf("document batch while the replica is stopped = %+v, %v; want *ReplicationError with 0 acknowledged and the committed revision", c, err)
@@ -1338,7 +1338,7 @@ func TestDocumentWaitsTakeReplicaWaitSlots(t *testing.T) {
 	waiting := make(chan error, 1)
 	go func() {
 		_, err := st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c1", 0, `1`)}},
-			engine.Durability{Replicas: 1, Timeout: 3 * time.Second})
+			batch.Durability{Replicas: 1, Timeout: 3 * time.Second})
 		waiting <- err
 	}()
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Do(t, "INFO", "clients"), "blocked_clients:1"); {
@@ -1349,7 +1349,7 @@ func TestDocumentWaitsTakeReplicaWaitSlots(t *testing.T) {
 	}
 	doc := srv.Do(t, "HGET", bucket, slug)
 	_, err = st.CommitDurable(ctx, &batch.Batch{Slug: slug, Writes: []batch.Write{put("claims", "c2", 0, `2`)}},
-		engine.Durability{Replicas: 1, Timeout: 3 * time.Second})
+		batch.Durability{Replicas: 1, Timeout: 3 * time.Second})
 	if !errors.Is(err, engine.ErrReplicaWaitsExhausted) {
 		t.Errorf("a second document wait with the one slot taken = %v, want ErrReplicaWaitsExhausted", err)
 	}

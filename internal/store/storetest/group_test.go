@@ -112,16 +112,16 @@ func groupPut(slug, key string, expected int64, requestID string) *batch.Batch {
 // commitAll commits first, and once it is held in flight, each of rest
 // (in order, each queued before the next starts); it answers every
 // outcome, first's first.
-func commitAll(t *testing.T, s *store.Store, gate *groupGate, slot uint16, first *batch.Batch, rest ...*batch.Batch) ([]engine.Committed, []error) {
+func commitAll(t *testing.T, s *store.Store, gate *groupGate, slot uint16, first *batch.Batch, rest ...*batch.Batch) ([]batch.Committed, []error) {
 	t.Helper()
 	all := append([]*batch.Batch{first}, rest...)
-	cs, errs := make([]engine.Committed, len(all)), make([]error, len(all))
+	cs, errs := make([]batch.Committed, len(all)), make([]error, len(all))
 	var wg sync.WaitGroup
 	for i, b := range all {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cs[i], errs[i] = s.CommitDurable(context.Background(), b, engine.Durability{})
+			cs[i], errs[i] = s.CommitDurable(context.Background(), b, batch.Durability{})
 		}()
 		if i < len(all)-1 {
 			// (The gate lets the first go once the last is queued: the
@@ -340,11 +340,11 @@ func TestGroupCommitLostReplyIsUnknownAndResendSafe(t *testing.T) {
 		if !errors.Is(errs[i+1], engine.ErrUnavailable) {
 			t.Errorf("%s with its reply lost: %v; want engine.ErrUnavailable", b.Slug, errs[i+1])
 		}
-		var c engine.Committed
+		var c batch.Committed
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 			// The client reconnects after the cut; until then a resend may
 			// fail as unavailable too.
-			if c, err = s.CommitDurable(context.Background(), b, engine.Durability{}); err == nil || !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
+			if c, err = s.CommitDurable(context.Background(), b, batch.Durability{}); err == nil || !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
 				break
 			}
 		}

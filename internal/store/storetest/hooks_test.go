@@ -64,8 +64,8 @@ func (h hooks) ScriptDone(script string, elapsed time.Duration, err error) {
 	h.observer().ScriptDone(script, elapsed, err)
 }
 func (h hooks) RedisFailed(op string, err error) { h.observer().RedisFailed(op, err) }
-func (h hooks) BatchDone(b *batch.Batch, c engine.Committed, err error) {
+func (h hooks) BatchDone(b *batch.Batch, c batch.Committed, err error) {
 	h.observer().BatchDone(b, c, err)
 }
-func (h hooks) LeaseDone(e engine.LeaseEvent) { h.observer().LeaseDone(e) }
+func (h hooks) LeaseDone(e batch.LeaseEvent)  { h.observer().LeaseDone(e) }
 func (h hooks) EvictionChecked(mayEvict bool) { h.observer().EvictionChecked(mayEvict) }

@@ -199,7 +199,7 @@ func TestDurableCommitWaitsForReplicas(t *testing.T) {
 	st := open(t, primary)
 	ctx := context.Background()
 
-	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "a", 0, `1`)}}, engine.Durability{Replicas: 1, Timeout: 10 * time.Second})
+	c, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "a", 0, `1`)}}, batch.Durability{Replicas: 1, Timeout: 10 * time.Second})
 	if err != nil || c.ReplicasAcked != 1 {
 		t.Fatalf("CommitDurable(1 replica) = %+v, %v; want acknowledged by 1", c, err)
 	}
@@ -209,7 +209,7 @@ func TestDurableCommitWaitsForReplicas(t *testing.T) {
 		t.Errorf("replica holds %q right after the acknowledgement", got)
 	}
 	// Two replicas cannot acknowledge: committed, but reported as such.
-	c, err = st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "b", 0, `1`)}}, engine.Durability{Replicas: 2, Timeout: 50 * time.Millisecond})
+	c, err = st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "b", 0, `1`)}}, batch.Durability{Replicas: 2, Timeout: 50 * time.Millisecond})
 	var re *engine.ReplicationError
 	if !errors.Is(err, engine.ErrReplicationTimeout) || !errors.As(err, &re) || re.Revision <= first || re.Acked != 1 || re.Wanted != 2 {
 		t.Fatalf("CommitDurable(2 replicas) = %+v, %v; want *ReplicationError above r%d, 1 of 2", c, err, first)
@@ -219,7 +219,7 @@ func TestDurableCommitWaitsForReplicas(t *testing.T) {
 	}
 	// After SCRIPT FLUSH the durable path falls back to EVAL too.
 	primary.Do(t, "SCRIPT", "FLUSH")
-	if c, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, engine.Durability{Replicas: 1, Timeout: 10 * time.Second}); err != nil || c.ReplicasAcked != 1 {
+	if c, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "c", 0, `1`)}}, batch.Durability{Replicas: 1, Timeout: 10 * time.Second}); err != nil || c.ReplicasAcked != 1 {
 		t.Errorf("CommitDurable after SCRIPT FLUSH = %+v, %v", c, err)
 	}
 }
@@ -238,7 +238,7 @@ func TestLeaseGrantsUnacknowledgedByReplicasAreNotHandedOut(t *testing.T) {
 	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
-	st, err := store.Open(primary.URL(), store.Options{Engine: engine.Options{Prefix: prefix, Wait: engine.Durability{Replicas: 1, Timeout: 2 * time.Second}}})
+	st, err := store.Open(primary.URL(), store.Options{Engine: engine.Options{Prefix: prefix, Wait: batch.Durability{Replicas: 1, Timeout: 2 * time.Second}}})
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
@@ -294,7 +294,7 @@ func TestRefusedDurableBatchSendsNoWait(t *testing.T) {
 	redistest.StartReplica(t, srv)
 	st := open(t, srv)
 	ctx := context.Background()
-	d := engine.Durability{Replicas: 1, Timeout: 10 * time.Second}
+	d := batch.Durability{Replicas: 1, Timeout: 10 * time.Second}
 	if _, err := st.CommitDurable(ctx, &batch.Batch{Slug: "dur", Writes: []batch.Write{put("claims", "a", 0, `1`)}}, d); err != nil {
 		t.Fatal(err)
 	}

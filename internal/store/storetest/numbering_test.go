@@ -164,7 +164,7 @@ func TestReplayAnswersWithoutWriting(t *testing.T) {
 	st := open(t, srv)
 	ctx := context.Background()
 	b := &batch.Batch{Slug: "oom", RequestID: "r-1", Writes: []batch.Write{put("claims", "c", 0, `1`)}}
-	first, err := st.CommitDurable(ctx, b, engine.Durability{})
+	first, err := st.CommitDurable(ctx, b, batch.Durability{})
 	if err != nil {
 		t.Fatalf("first Commit: %v", err)
 	}
@@ -175,7 +175,7 @@ func TestReplayAnswersWithoutWriting(t *testing.T) {
 		t.Fatalf("a new batch committed although Redis is out of memory: the test does not reach the OOM state")
 	}
 	for range 2 {
-		again, err := st.CommitDurable(ctx, b, engine.Durability{})
+		again, err := st.CommitDurable(ctx, b, batch.Durability{})
 		if err != nil || !again.Replayed || again.Revision != first.Revision {
 			t.Fatalf("resent r-1 with Redis out of memory = %+v, %v; want replayed at r%d", again, err, first.Revision)
 		}

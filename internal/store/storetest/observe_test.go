@@ -20,7 +20,7 @@ type recorder struct {
 	scripts []string // "name" or "name!" for a failed call
 	failed  []string // RedisFailed ops
 	batches []error
-	leases  []engine.LeaseEvent
+	leases  []batch.LeaseEvent
 	evicts  []bool // EvictionChecked
 }
 
@@ -48,13 +48,13 @@ func (r *recorder) RedisFailed(op string, _ error) {
 	r.failed = append(r.failed, op)
 }
 
-func (r *recorder) BatchDone(_ *batch.Batch, _ engine.Committed, err error) {
+func (r *recorder) BatchDone(_ *batch.Batch, _ batch.Committed, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.batches = append(r.batches, err)
 }
 
-func (r *recorder) LeaseDone(e engine.LeaseEvent) {
+func (r *recorder) LeaseDone(e batch.LeaseEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.leases = append(r.leases, e)

@@ -44,7 +44,7 @@ func TestFieldsNamedLikeNoRecordKeyAreCorruptNotPaged(t *testing.T) {
 		_, err := st.Sections(ctx, slug, []string{"claims"})
 		var ce *engine.CorruptError
 		var tl *engine.TooLargeError
-		if errors.As(err, &tl) && len(name) > engine.DefaultMaxSnapshotBytes {
+		if errors.As(err, &tl) && len(name) > batch.DefaultMaxSnapshotBytes {
 			// Refused for its size first, in the script.
 		} else if !errors.As(err, &ce) || ce.Section != "claims" || len(ce.Key) > 128 {
 			t.Errorf("Sections beside a field named %q (%d bytes) = %v; want *CorruptError naming claims and the field clipped", what, len(name), err)
@@ -264,7 +264,7 @@ func TestSectionsAreOneInstantUnderWrites(t *testing.T) {
 func TestSectionsOverTheRecordLimitAreRefusedWithoutMemoryUsage(t *testing.T) {
 	srv := redistest.Start(t)
 	url := srv.URL() + "?write_timeout=" + redisTimeout.String()
-	st, err := store.Open(url, store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: redisTimeout}, Reads: engine.ReadLimits{MaxSnapshotRecords: 200}})
+	st, err := store.Open(url, store.Options{Engine: engine.Options{Prefix: prefix, RedisTimeout: redisTimeout}, Reads: batch.ReadLimits{MaxSnapshotRecords: 200}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestSectionsOverTheRecordLimitAreRefusedWithoutMemoryUsage(t *testing.T) {
 
 func TestScanSectionPages(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotRecords: 1000}})
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: batch.ReadLimits{MaxSnapshotRecords: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,8 +547,8 @@ func TestSectionsTooLargeInBytesNeverLeaveRedis(t *testing.T) {
 	sent := srv.InfoInt(t, "stats", "total_net_output_bytes") - before
 	var tl *engine.TooLargeError
 	if !errors.Is(err, engine.ErrSnapshotTooLarge) || !errors.As(err, &tl) ||
-		tl.MaxBytes != engine.DefaultMaxSnapshotBytes || tl.Bytes <= int64(tl.MaxBytes) || tl.Records != 6 {
-		t.Fatalf("Sections of six records of 900,000 bytes = %v, want *TooLargeError over %d bytes", err, engine.DefaultMaxSnapshotBytes)
+		tl.MaxBytes != batch.DefaultMaxSnapshotBytes || tl.Bytes <= int64(tl.MaxBytes) || tl.Records != 6 {
+		t.Fatalf("Sections of six records of 900,000 bytes = %v, want *TooLargeError over %d bytes", err, batch.DefaultMaxSnapshotBytes)
 	}
 	if sent > 64<<10 {
 		t.Errorf("Redis sent %d bytes to refuse the snapshot (the INFO reply included); want the refusal alone", sent)
@@ -562,7 +562,7 @@ func TestSectionsTooLargeInBytesNeverLeaveRedis(t *testing.T) {
 // and values are 5,000.
 func TestSectionsAreNotRefusedForTheirRecordText(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotBytes: 10_000}})
+	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: batch.ReadLimits{MaxSnapshotBytes: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +593,7 @@ func TestSectionsAreNotRefusedForTheirRecordText(t *testing.T) {
 func TestScanSectionPagesStayUnderTheByteLimit(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
-	small, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotBytes: 1000}})
+	small, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: batch.ReadLimits{MaxSnapshotBytes: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +648,7 @@ func TestScanSectionPagesStayUnderTheByteLimit(t *testing.T) {
 func TestScanSectionOverTheByteLimitReadsOnlyItsPageFromRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	st := open(t, srv)
-	tiny, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: engine.ReadLimits{MaxSnapshotBytes: 200}})
+	tiny, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix}, Reads: batch.ReadLimits{MaxSnapshotBytes: 200}})
 	if err != nil {
 		t.Fatal(err)
 	}

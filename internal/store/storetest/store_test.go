@@ -721,7 +721,7 @@ func TestKeyOfAnotherTypeRefusedBeforeAnyWrite(t *testing.T) {
 			before := dumpSwarm(t, srv)
 			_, err := st.CommitDurable(context.Background(), &batch.Batch{Slug: slug, RequestID: "r-1", Writes: []batch.Write{
 				put("executions", "e2", 0, `{"name":"n1","generation":2}`), put("claims", "c1", 0, `1`), del("executions", "e1", rev)}},
-				engine.Durability{})
+				batch.Durability{})
 			var ce *engine.CorruptError
 			if !errors.Is(err, engine.ErrCorruptRecord) || !errors.As(err, &ce) || ce.Key != tc.name {
 				t.Errorf("Commit with %s of another type = %v, want ErrCorruptRecord naming %s", tc.name, err, tc.name)

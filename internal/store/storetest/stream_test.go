@@ -15,7 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/store/records"
 )
 
-// collected is an engine.SnapshotSink that keeps what a streamed snapshot
+// collected is an batch.SnapshotSink that keeps what a streamed snapshot
 // hands it, as a client does: the records of the current attempt (a
 // Restart drops them), and the end.
 type collected struct {
@@ -138,7 +138,7 @@ func TestStreamSectionsRestartsWhenAWriteLandsInTheSnapshot(t *testing.T) {
 			}
 		}}},
 		Records: records.Options{SnapshotStepRecords: 4, SnapshotStepBytes: 1 << 20},
-		Reads:   engine.ReadLimits{MaxSnapshotRecords: 10, MaxSnapshotBytes: 1 << 20},
+		Reads:   batch.ReadLimits{MaxSnapshotRecords: 10, MaxSnapshotBytes: 1 << 20},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestStreamSectionsRestartsWhenAWriteLandsInTheSnapshot(t *testing.T) {
 func TestStreamSectionsNamesARecordThatIsNone(t *testing.T) {
 	srv := redistest.Start(t)
 	st, err := store.Open(srv.URL(), store.Options{Engine: engine.Options{Prefix: prefix},
-		Records: records.Options{SnapshotStepRecords: 2, SnapshotStepBytes: 1 << 20}, Reads: engine.ReadLimits{MaxSnapshotRecords: 3}})
+		Records: records.Options{SnapshotStepRecords: 2, SnapshotStepBytes: 1 << 20}, Reads: batch.ReadLimits{MaxSnapshotRecords: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
