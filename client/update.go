@@ -47,6 +47,16 @@ const (
 // that writes nothing sends nothing and answers the highest revision it
 // saw.
 //
+// The change reads from the Client's View of the swarm (Client.View: no
+// call for what it holds) unless WithoutView: the first attempt the view
+// as it stands, each rerun once the view caught up with the swarm. The
+// checks are the same either way, so a view behind Redis costs a conflict
+// and a rerun, never a lost write; an attempt that sends nothing (change
+// failed, or changes nothing) is confirmed as of now (View.Sync) and run
+// again when the view had not caught up. A view that cannot serve (the
+// document layout, a first list that failed, one not caught up within
+// ctx) leaves Update to read from fenced.
+//
 // On a revision conflict (ABORTED) Update waits (2 ms, doubling up to 256
 // ms, ±50 %: RerunWaitInitial), reads
 // again and reruns change, up to MaxUpdateAttempts in all, then fails with

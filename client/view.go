@@ -68,7 +68,7 @@ const archiveSection = "archive"
 // commits is applied at once, ahead of its event. Update reads from it.
 // Made by Client.View, one per swarm (and set of sections) per Client,
 // safe for concurrent use, followed by a goroutine until Close (or the
-// Client's Close). docs/clients.md says what it costs.
+// Client's Close, or ViewIdle unread). MemoryBytes is what it holds.
 type View struct {
 	c     *Client
 	slug  string
