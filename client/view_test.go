@@ -215,6 +215,12 @@ func TestViewAgreesWithRedisAfterFencedAndInHouseWrites(t *testing.T) {
 	if snap, err := views["reader's"].Cached("archive"); !errors.Is(err, client.ErrInvalidArgument) {
 		t.Errorf("Cached(archive) = %+v, %v; want ErrInvalidArgument (a view of every section leaves archive out)", snap, err)
 	}
+	if reader.View(slug, "claims") != views["reader's"] {
+		t.Errorf("View(claims) is not the view of every section")
+	}
+	if snap, err := reader.View(slug, "archive").Snapshot(ctx, "archive"); err != nil || string(snap.Sections["archive"]["old"].Value) != `0` {
+		t.Errorf("View(archive).Snapshot = %+v, %v; want archive/old, a view of its own", snap, err)
+	}
 
 	if _, err := writer.Batch(ctx, slug, client.Unfenced, []client.Write{
 		{Kind: client.Put, Section: "claims", Key: "a", Expected: client.Blind, Value: json.RawMessage(`{"n": 2}`)},

@@ -364,7 +364,9 @@ def _view_of(client: Any, slug: str, sections: Sequence[str], make: Callable[...
     with client._views_lock:
         if client._closed:
             raise errors.FencedError("the Client is closed", code=grpc.StatusCode.CANCELLED)
-        v = client._views.get((slug, names)) or client._views.get((slug, ()))
+        v = client._views.get((slug, names))
+        if v is None and "archive" not in names:  # a view of every section leaves archive out
+            v = client._views.get((slug, ()))
         if v is not None and v._s.closed:
             client._views.pop((slug, v.names), None)
             v = None
@@ -814,7 +816,7 @@ class Client:
         included; or the sections named), made and started on first use
         and shared by every caller of this Client until it closes: its
         records kept by the swarm's Watch stream (see fenced/view.py). A
-        view of every section serves a request for named ones."""
+        view of every section serves a request for named ones but archive."""
         return _view_of(self, slug, sections, View)
 
     def watch(

@@ -378,3 +378,11 @@ def test_an_attempt_that_sends_nothing_reads_as_of_now(client: fenced.Client, re
     rev = int(redis.cli("INCR", swarm_key(slug, "revision")))
     redis.cli("HSET", swarm_key(slug, "claims"), "c", '{"r":%d,"v":3}' % rev)
     assert port.Port(client).write(slug, lambda doc: doc["sections"]["claims"].get("c")) == 3
+
+
+def test_a_view_of_every_section_does_not_serve_archive(client: fenced.Client, slug: str) -> None:
+    """A view naming archive is a view of its own: the view of every section leaves archive out."""
+    client.fenced_batch(slug, [fenced.Put("archive", "old", 0, "1")], fence=fenced.UNFENCED)
+    every = client.view(slug)
+    assert client.view(slug, "claims") is every
+    assert client.view(slug, "archive").record("archive", "old").value == "1"  # type: ignore[union-attr]
