@@ -53,19 +53,12 @@ const (
 )
 
 // RevisionSumModulus is what a KindCheckCount's RevisionSum is taken
-// modulo: 10^14, so that every term (a revision's last 14 digits) and the
-// running sum stay below 2^53 in Redis's Lua.
-const RevisionSumModulus = protocol.IssueMax + 1
+// modulo (protocol.RevisionSumModulus, 10^14).
+const RevisionSumModulus = protocol.RevisionSumModulus
 
 // RevisionSum is the RevisionSum of a KindCheckCount over revisions revs
-// (each 0 to 2^53-1): their sum modulo RevisionSumModulus.
-func RevisionSum(revs ...int64) int64 {
-	var s int64
-	for _, r := range revs {
-		s = (s + r%RevisionSumModulus) % RevisionSumModulus
-	}
-	return s
-}
+// (protocol.RevisionSum).
+func RevisionSum(revs ...int64) int64 { return protocol.RevisionSum(revs...) }
 
 // String returns "put", "delete", "check", "section check", "records
 // check", or "kind(N)" for an invalid Kind.
