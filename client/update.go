@@ -511,8 +511,13 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 			continue
 		}
 		if w, ok := tx.countCheck(name); ok {
-			writes = append(writes, w)
 			counted[name] = true
+			for k := range tx.sections[name] {
+				if !written[ref{name, k}] {
+					writes = append(writes, w) // else each record is checked by its own write
+					break
+				}
+			}
 			continue
 		}
 		snap := tx.sections[name]
