@@ -418,10 +418,11 @@ if n > 0 then
         return refusal_of(vals, KEYS[ki], 'hash', sub(KEYS[ki], #base + 1))
       end
       local by_length, crd, found, sum = c.by_length, rd, 0, 0
+      local smatch, sbyte = string.match, string.byte -- locals: no table lookup a record
       for m = 1, #vals do
         local v = vals[m]
-        local d = string.match(v, '^{"r":(%d+),"v":')
-        if d and string.byte(v, -1) == 125 and (string.byte(d) ~= 48 or d == '0') then
+        local d = smatch(v, '^{"r":(%d+),"v":')
+        if d and sbyte(v, -1) == 125 and (sbyte(d) ~= 48 or d == '0') then
           -- fenced's unbound form: its head alone (fenced_head, inlined).
           local l = #d
           local t = by_length[l]
