@@ -32,8 +32,10 @@
 --         '<length of the request id>:<request id>'.
 -- then (after the claim, if any) per write '<kind><key index>:<expected>:<key>' where kind is 'p'
 -- (put), 'b' (a put bound to the claim fence's claim, §12.4), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
--- empty) or 'R' (one record of a records check: the Go side sends one such
--- argument per pair, a write's pairs in a row), key index points into KEYS
+-- empty), 'R' (one record of a records check: the Go side sends one such
+-- argument per pair, a write's pairs in a row) or 'C' (a count check, §3.4:
+-- expected is the revision R the section was read at, key is
+-- '<count>:<revision sum>' in decimal), key index points into KEYS
 -- at its section, expected is the
 -- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
 -- a put (bound or not) is followed by one more argument, its value.
@@ -53,7 +55,11 @@
 --   {'OK', revision, 'REPLAYED'}   the request id named this request: it
 --                                  committed before; nothing was written
 --   {'REUSED'}                     the request id names another request
---   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices
+--   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices;
+--                        a count check's actual is
+--                        '<found>:<sum>:<swarm revision>:<k>', followed by k
+--                        pairs of a field stored after R (or no record: its
+--                        revision '') and its revision (count_conflict)
 --   {'STALE', owner, epoch, expires_at_ms}           '' when no lease
 --   {'STALE', owner, epoch, expires_at_ms, 'claim'}  the claim fence failed
 --                                  (claim_fence, lib_commit.lua)
