@@ -70,7 +70,7 @@ func TestACallRefusedItsTurnIsSentAgainAfterTheDelay(t *testing.T) {
 	c := serveQueue(t, q)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	rev, err := c.Batch(ctx, "s", nil, onePut)
+	rev, err := c.Batch(ctx, "s", client.Unfenced, onePut)
 	if err != nil || rev != 7 || q.calls.Load() != 3 {
 		t.Errorf("Batch refused twice = %d, %v after %d calls; want revision 7 after 3", rev, err, q.calls.Load())
 	}
@@ -84,7 +84,7 @@ func TestADelayPastTheDeadlineAnswersTheRefusal(t *testing.T) {
 	c := serveQueue(t, q)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	_, err := c.Batch(ctx, "s", nil, onePut)
+	_, err := c.Batch(ctx, "s", client.Unfenced, onePut)
 	var qe *client.QueuedError
 	var oe *client.OutcomeUnknownError
 	if !errors.As(err, &qe) || !errors.Is(err, client.ErrCallsQueued) || errors.As(err, &oe) {
@@ -102,7 +102,7 @@ func TestTheSendsOfARefusedCallAreBounded(t *testing.T) {
 	c := serveQueue(t, q)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := c.Batch(ctx, "s", nil, onePut)
+	_, err := c.Batch(ctx, "s", client.Unfenced, onePut)
 	if !errors.Is(err, client.ErrCallsQueued) || q.calls.Load() != client.QueuedRetries {
 		t.Errorf("Batch refused every time = %v after %d calls; want ErrCallsQueued after %d", err, q.calls.Load(), client.QueuedRetries)
 	}

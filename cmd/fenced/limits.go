@@ -70,9 +70,37 @@ type limitFlags struct {
 	SharedConcurrency       int    `name:"shared-concurrency" env:"FENCED_SHARED_CONCURRENCY" default:"0" help:"Calls served at once to the callers active together (calls waiting or served, or one ended within the last second), in equal parts, while more than one is: a caller flooding fenced with parallel calls leaves the others their part of its cores; a caller alone is bounded by the seats only (0: GOMAXPROCS, at least 2)."`
 	MaxQueuedCallsPerCaller int    `name:"max-queued-calls-per-caller" env:"FENCED_MAX_QUEUED_CALLS_PER_CALLER" default:"256" help:"Calls one caller may have waiting in the fair queue; one more is refused RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED with a RetryInfo delay, nothing written."`
 	// MaxSectionStreams and MaxSectionStreamsPerCaller bound StreamSections
-	MaxSectionStreams          int           `name:"max-section-streams" env:"FENCED_MAX_SECTION_STREAMS" default:"16" help:"Most StreamSections streams (whole sections of any size) open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS with a retry delay, nothing read. Each holds at most one answer's worth of records and one 1 MiB message at once."`
-	MaxSectionStreamsPerCaller int           `name:"max-section-streams-per-caller" aliases:"max-section-streams-per-ip" env:"FENCED_MAX_SECTION_STREAMS_PER_CALLER,FENCED_MAX_SECTION_STREAMS_PER_IP" default:"2" help:"Most StreamSections streams one caller (as --flows-by tells callers apart) has open at once (more: RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit caller)."`
-	WatchProgressInterval      time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
+	// streams (server.SectionStreamOptions).
+	MaxSectionStreams          int `name:"max-section-streams" env:"FENCED_MAX_SECTION_STREAMS" default:"16" help:"Most StreamSections streams (whole sections of any size) open at once in this process; more are refused RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS with a retry delay, nothing read. Each holds at most one answer's worth of records and one 1 MiB message at once."`
+	MaxSectionStreamsPerCaller int `name:"max-section-streams-per-caller" aliases:"max-section-streams-per-ip" env:"FENCED_MAX_SECTION_STREAMS_PER_CALLER,FENCED_MAX_SECTION_STREAMS_PER_IP" default:"2" help:"Most StreamSections streams one caller (as --flows-by tells callers apart) has open at once (more: RESOURCE_EXHAUSTED TOO_MANY_SECTION_STREAMS, limit caller)."`
+	// RetiredHeavyReads holds the heavy-read gate's flags, gone with the
+	// fair queue (issue 41): accepted, so that scripts written for them
+	// still start, and ignored with a WARN (retired).
+	RetiredHeavyReads
+	WatchProgressInterval time.Duration `name:"watch-progress-interval" env:"FENCED_WATCH_PROGRESS_INTERVAL" default:"30s" help:"A Watch stream quiet this long gets a progress event (its revision), so that proxies with idle timeouts keep it."`
+}
+
+// RetiredHeavyReads are the flags of the heavy-read gate the fair queue
+// replaced: hidden, their values ignored.
+type RetiredHeavyReads struct {
+	MaxHeavyReadsPerCaller string `name:"max-heavy-reads-per-caller" env:"FENCED_MAX_HEAVY_READS_PER_CALLER" hidden:"" help:"Retired: ignored (the fair queue schedules heavy reads)."`
+	MaxHeavyReads          string `name:"max-heavy-reads" env:"FENCED_MAX_HEAVY_READS" hidden:"" help:"Retired: ignored (the fair queue schedules heavy reads)."`
+	HeavyReadShare         string `name:"heavy-read-share" env:"FENCED_HEAVY_READ_SHARE" hidden:"" help:"Retired: ignored (the fair queue schedules heavy reads)."`
+	HeavyReadBurst         string `name:"heavy-read-burst" env:"FENCED_HEAVY_READ_BURST" hidden:"" help:"Retired: ignored (the fair queue schedules heavy reads)."`
+}
+
+// retired logs a WARN naming each retired flag given: its value is
+// ignored.
+func (l *limitFlags) retired(log *slog.Logger) {
+	r := l.RetiredHeavyReads
+	for _, f := range []struct{ name, value string }{
+		{"--max-heavy-reads-per-caller", r.MaxHeavyReadsPerCaller}, {"--max-heavy-reads", r.MaxHeavyReads},
+		{"--heavy-read-share", r.HeavyReadShare}, {"--heavy-read-burst", r.HeavyReadBurst},
+	} {
+		if f.value != "" {
+			log.Warn("retired flag ignored: heavy reads take their turn in the fair queue like every call (configuration.md, Fair share)", "flag", f.name, "value", f.value)
+		}
+	}
 }
 
 // connectionReserve is the file descriptors kept for everything but gRPC

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -92,5 +93,32 @@ func TestWatchersPerConnectionMustLeaveStreams(t *testing.T) {
 	}
 	if strings.Contains(stderr, "serving gRPC") {
 		t.Errorf("served before failing:\n%s", stderr)
+	}
+}
+
+// TestRetiredHeavyReadFlagsAreAcceptedAndNamedInAWarning: the heavy-read
+// gate's flags (gone with the fair queue) still parse, from the command
+// line and the environment, so that scripts written for them start (here
+// serve fails on another flag, not on them), and each given is named in a
+// WARN saying it is ignored.
+func TestRetiredHeavyReadFlagsAreAcceptedAndNamedInAWarning(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("FENCED_HEAVY_READ_BURST", "250ms")
+	_, _, err := runOnce(t, "serve", "--listen", "127.0.0.1:0", "--heavy-read-share", "1", "--max-heavy-reads-per-caller", "64",
+		"--max-heavy-reads", "64", "--max-concurrent-streams", "64", "--max-watchers-per-connection", "64")
+	if err == nil || !strings.Contains(err.Error(), "--max-watchers-per-connection 64") {
+		t.Fatalf("serve with the retired flags = %v; want them parsed, and the refusal of --max-watchers-per-connection", err)
+	}
+	var buf strings.Builder
+	l := limitFlags{RetiredHeavyReads: RetiredHeavyReads{HeavyReadShare: "1", HeavyReadBurst: "250ms"}}
+	l.retired(slog.New(slog.NewTextHandler(&buf, nil)))
+	out := buf.String()
+	for _, want := range []string{"level=WARN", "flag=--heavy-read-share value=1", "flag=--heavy-read-burst value=250ms"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("retired's log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "--max-heavy-reads") {
+		t.Errorf("retired named a flag not given:\n%s", out)
 	}
 }

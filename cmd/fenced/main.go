@@ -281,6 +281,7 @@ func (c *serveCmd) Run(e *env) error {
 		log.Warn("could not raise the open-file limit to its hard limit", "err", err, "file_limit", fileLimit)
 	}
 	maxConns := c.limitFlags.connections(log, fileLimit)
+	c.limitFlags.retired(log)
 	sec, stopSec, err := c.security(e.ctx, log)
 	if err != nil {
 		return err

@@ -68,7 +68,7 @@ def queue(request: pytest.FixtureRequest) -> Iterator[Queue]:
 @pytest.mark.parametrize("queue", [(2, 0.01)], indirect=True)
 def test_a_call_refused_its_turn_is_sent_again_after_the_delay(queue: Queue) -> None:
     with fenced.Client(queue.addr) as c:
-        res = c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], timeout=30)
+        res = c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], fence=fenced.UNFENCED, timeout=30)
     assert res.revision == 7 and queue.calls == 3
 
 
@@ -76,7 +76,7 @@ def test_a_call_refused_its_turn_is_sent_again_after_the_delay(queue: Queue) -> 
 def test_a_delay_past_the_timeout_raises_calls_queued(queue: Queue) -> None:
     with fenced.Client(queue.addr) as c:
         with pytest.raises(fenced.CallsQueued) as e:
-            c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], timeout=5, request_id="r-1")
+            c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], fence=fenced.UNFENCED, timeout=5, request_id="r-1")
     err = e.value
     assert isinstance(err, fenced.ResourceExhausted) and err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert (err.why, err.queued, err.max_queued, err.retry_after, err.request_id) == ("queue_full", 256, 256, 60.0, "r-1")
@@ -87,7 +87,7 @@ def test_a_delay_past_the_timeout_raises_calls_queued(queue: Queue) -> None:
 def test_the_sends_are_bounded(queue: Queue) -> None:
     with fenced.Client(queue.addr) as c:
         with pytest.raises(fenced.CallsQueued):
-            c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], timeout=60)
+            c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], fence=fenced.UNFENCED, timeout=60)
     assert queue.calls == fenced.QUEUED_RETRIES
 
 
@@ -95,7 +95,7 @@ def test_the_sends_are_bounded(queue: Queue) -> None:
 def test_the_aio_client_sends_it_again_too(queue: Queue) -> None:
     async def main() -> int:
         async with fenced.aio.Client(queue.addr) as c:
-            res = await c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], timeout=30)
+            res = await c.fenced_batch("py-queued", [fenced.Put("claims", "a", fenced.BLIND, "1")], fence=fenced.UNFENCED, timeout=30)
             return res.revision
 
     assert asyncio.run(main()) == 7 and queue.calls == 3
