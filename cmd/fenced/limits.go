@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/admission"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store"
 	"github.com/agentihooks/fenced/internal/store/engine"
@@ -64,7 +66,7 @@ type limitFlags struct {
 	WatchCoalesceWatchers    int           `name:"watch-coalesce-watchers" env:"FENCED_WATCH_COALESCE_WATCHERS" default:"512" help:"Watchers of one swarm one --watch-coalesce interval serves: with more, the time between two fan-outs under a stream of commits grows in proportion (1,000 watchers: twice the interval), at most 1s, so that a swarm's fan-outs cost about as much whatever its watchers (0: it does not grow)."`
 	// FlowsBy, MaxRedisCallsInFlight, SharedConcurrency and
 	// MaxQueuedCallsPerCaller shape the fair queue in front of Redis
-	// (server.Fairness).
+	// (admission.Fairness).
 	FlowsBy                 string `name:"flows-by" env:"FENCED_FLOWS_BY" enum:"token,address" default:"token" help:"How the fair queue in front of Redis tells callers apart: token (the bearer token's name when authorization is on, whatever the caller's connections and addresses; else the peer address) or address (the peer's IP address, tokens or not: callers behind one proxy are one caller, one caller with several addresses several)."`
 	MaxRedisCallsInFlight   int    `name:"max-redis-calls-in-flight" env:"FENCED_MAX_REDIS_CALLS_IN_FLIGHT" default:"64" help:"Seats of the fair queue in front of Redis: calls served at once, a call taking one seat per 125us of Redis it is estimated at (a commit of up to ~8 puts one, a batch of a thousand puts or a Sections of a large swarm all, alone), so that what is queued in Redis ahead of a call stays within about this many x 125us; the others wait their turn, callers served in fair shares. A caller alone is held only for a call of every seat."`
 	SharedConcurrency       int    `name:"shared-concurrency" env:"FENCED_SHARED_CONCURRENCY" default:"0" help:"Calls served at once to the callers active together (calls waiting or served, or one ended within the last second), in equal parts, while more than one is: a caller flooding fenced with parallel calls leaves the others their part of its cores; a caller alone is bounded by the seats only (0: GOMAXPROCS, at least 2)."`
@@ -174,8 +176,8 @@ func (l *limitFlags) connections(log *slog.Logger, fileLimit uint64) int {
 }
 
 // transport is the server's Transport for these flags.
-func (l *limitFlags) transport(maxConnections int) server.Transport {
-	return server.Transport{
+func (l *limitFlags) transport(maxConnections int) bounds.Transport {
+	return bounds.Transport{
 		KeepaliveMinTime:     l.KeepaliveMinTime,
 		KeepaliveTime:        l.KeepaliveTime,
 		KeepaliveTimeout:     l.KeepaliveTimeout,
@@ -227,8 +229,8 @@ func (l *limitFlags) storeOptions(o *store.Options) {
 }
 
 // fairness is the server's Fairness for these flags.
-func (l *limitFlags) fairness() server.Fairness {
-	return server.Fairness{FlowsBy: server.FlowsBy(l.FlowsBy),
+func (l *limitFlags) fairness() admission.Fairness {
+	return admission.Fairness{FlowsBy: admission.FlowsBy(l.FlowsBy),
 		Queue: fair.Config{Seats: l.MaxRedisCallsInFlight, Concurrency: l.SharedConcurrency, QueueLength: l.MaxQueuedCallsPerCaller}}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lease"
@@ -143,7 +144,7 @@ var (
 	_ watch.ReaderObserver     = (*Metrics)(nil)
 	_ records.SnapshotObserver = (*Metrics)(nil)
 	_ lease.ReapObserver       = (*Metrics)(nil)
-	_ server.LimitObserver     = (*Metrics)(nil)
+	_ bounds.Observer          = (*Metrics)(nil)
 	_ fair.Observer            = (*Metrics)(nil)
 	_ server.WatchObserver     = (*Metrics)(nil)
 )
@@ -287,7 +288,7 @@ func New() *Metrics {
 	for _, r := range engine.RefusalReasons() {
 		m.redisRefusals.WithLabelValues(r)
 	}
-	for _, l := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitWatchers, server.LimitRequestBytes, server.LimitFirstMessage, server.LimitUnreadAnswers, server.LimitSectionStreams} {
+	for _, l := range []string{bounds.LimitHealthWatchers, bounds.LimitConnections, bounds.LimitReplicaWaits, bounds.LimitHeaderSize, bounds.LimitWatchers, bounds.LimitRequestBytes, bounds.LimitFirstMessage, bounds.LimitUnreadAnswers, bounds.LimitSectionStreams} {
 		m.limitRefusals.WithLabelValues(l)
 	}
 	for _, r := range []string{LossRenewRefused, LossReleaseRefused, LossTakenOver} {
@@ -428,7 +429,7 @@ func (m *Metrics) batchFailed(err error) (committed bool) {
 		m.replicationTimeout.Inc()
 		return true
 	case errors.Is(err, engine.ErrReplicaWaitsExhausted):
-		m.limitRefusals.WithLabelValues(server.LimitReplicaWaits).Inc()
+		m.limitRefusals.WithLabelValues(bounds.LimitReplicaWaits).Inc()
 	}
 	// Redis errors are counted by ScriptDone.
 	return false
@@ -447,7 +448,7 @@ func (m *Metrics) LeaseDone(e batch.LeaseEvent) {
 	case errors.Is(e.Err, engine.ErrLeaseHeld):
 		m.leaseHeld.Inc()
 	case errors.Is(e.Err, engine.ErrReplicaWaitsExhausted):
-		m.limitRefusals.WithLabelValues(server.LimitReplicaWaits).Inc()
+		m.limitRefusals.WithLabelValues(bounds.LimitReplicaWaits).Inc()
 	case errors.Is(e.Err, engine.ErrLeaseStale) && e.Op == "renew":
 		m.leaseLosses.WithLabelValues(LossRenewRefused).Inc()
 	case errors.Is(e.Err, engine.ErrLeaseStale) && e.Op == "release":
@@ -455,13 +456,13 @@ func (m *Metrics) LeaseDone(e batch.LeaseEvent) {
 	}
 }
 
-// Connections implements server.LimitObserver.
+// Connections implements bounds.Observer.
 func (m *Metrics) Connections(delta int) { m.connections.Add(float64(delta)) }
 
-// HealthWatchers implements server.LimitObserver.
+// HealthWatchers implements bounds.Observer.
 func (m *Metrics) HealthWatchers(delta int) { m.healthWatchers.Add(float64(delta)) }
 
-// Refused implements server.LimitObserver.
+// Refused implements bounds.Observer.
 func (m *Metrics) Refused(limit string) { m.limitRefusals.WithLabelValues(limit).Inc() }
 
 // Watchers implements server.WatchObserver.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/metrics"
-	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/store/engine"
 )
 
@@ -203,7 +203,7 @@ func TestLimitMetrics(t *testing.T) {
 	if got := scrape(t, m); got["fenced_connections"] != 0 || got["fenced_health_watchers"] != 0 {
 		t.Errorf("gauges at start = %v, %v, want 0", got["fenced_connections"], got["fenced_health_watchers"])
 	}
-	for _, limit := range []string{server.LimitHealthWatchers, server.LimitConnections, server.LimitReplicaWaits, server.LimitHeaderSize, server.LimitRequestBytes, server.LimitFirstMessage} {
+	for _, limit := range []string{bounds.LimitHealthWatchers, bounds.LimitConnections, bounds.LimitReplicaWaits, bounds.LimitHeaderSize, bounds.LimitRequestBytes, bounds.LimitFirstMessage} {
 		if _, ok := scrape(t, m)["fenced_limit_refusals_total{"+limit+"}"]; !ok {
 			t.Errorf("/metrics lacks fenced_limit_refusals_total{limit=%q} at start", limit)
 		}
@@ -212,10 +212,10 @@ func TestLimitMetrics(t *testing.T) {
 	m.Connections(1)
 	m.Connections(-1)
 	m.HealthWatchers(3)
-	m.Refused(server.LimitConnections)
-	m.Refused(server.LimitHealthWatchers)
-	m.Refused(server.LimitHealthWatchers)
-	m.Refused(server.LimitRequestBytes)
+	m.Refused(bounds.LimitConnections)
+	m.Refused(bounds.LimitHealthWatchers)
+	m.Refused(bounds.LimitHealthWatchers)
+	m.Refused(bounds.LimitRequestBytes)
 	one := &batch.Batch{Slug: "s", Writes: []batch.Write{{Kind: batch.KindPut, Section: "claims", Key: "a", Value: "{}"}}}
 	m.BatchDone(one, batch.Committed{}, fmt.Errorf("store: fenced batch: %w: 64 for swarm s", engine.ErrReplicaWaitsExhausted))
 	m.LeaseDone(batch.LeaseEvent{Op: "acquire", Err: fmt.Errorf("store: acquire lease: %w", engine.ErrReplicaWaitsExhausted)})
@@ -253,7 +253,7 @@ func TestWatchMetrics(t *testing.T) {
 	m.WatchEventsSent(5)
 	m.WatchEventsSent(1)
 	m.WatchDropped()
-	m.Refused(server.LimitWatchers)
+	m.Refused(bounds.LimitWatchers)
 	want := map[string]float64{
 		"fenced_watchers":                       2,
 		"fenced_watch_readers":                  2,

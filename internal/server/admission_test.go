@@ -15,6 +15,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/admission"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -49,7 +50,7 @@ func (c *heldCore) CommitDurable(ctx context.Context, b *batch.Batch, d batch.Du
 	return c.Store.CommitDurable(ctx, b, d)
 }
 
-// queueWatch is a LimitObserver and fair.Observer that keeps what the fair
+// queueWatch is a bounds.Observer and fair.Observer that keeps what the fair
 // queue says: calls waiting, refusals and admissions by flow.
 type queueWatch struct {
 	mu       sync.Mutex
@@ -125,7 +126,7 @@ func (q *queueWatch) await(t *testing.T, what string, cond func(q *queueWatch) b
 // (tokenFile: tick and other may write), one seat and a queue of one call
 // per caller, flows told apart by flowsBy (and the longest wait, maxWait,
 // when given).
-func serveQueued(t *testing.T, flowsBy server.FlowsBy, maxWait ...time.Duration) (*endpoint, *heldCore, *queueWatch) {
+func serveQueued(t *testing.T, flowsBy admission.FlowsBy, maxWait ...time.Duration) (*endpoint, *heldCore, *queueWatch) {
 	t.Helper()
 	a, err := auth.LoadTokens(writeFile(t, t.TempDir(), "tokens.json", tokenFile), slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -142,7 +143,7 @@ func serveQueued(t *testing.T, flowsBy server.FlowsBy, maxWait ...time.Duration)
 		HealthInterval: noProbes,
 		Security:       server.Security{Tokens: a},
 		Telemetry:      server.Telemetry{Limits: q},
-		Fairness:       server.Fairness{FlowsBy: flowsBy, Queue: queue},
+		Fairness:       admission.Fairness{FlowsBy: flowsBy, Queue: queue},
 	})
 	return e, core, q
 }
@@ -170,7 +171,7 @@ func batchFrom(t *testing.T, e *endpoint, local, token, slug string) <-chan erro
 // delay, and writes nothing; another token's call still queues, and goes
 // before the first caller's second (it had less).
 func TestOneTokenIsOneCallerWhateverItsAddresses(t *testing.T) {
-	e, core, q := serveQueued(t, server.FlowsByToken)
+	e, core, q := serveQueued(t, admission.FlowsByToken)
 	first := batchFrom(t, e, "127.0.0.1", otherToken, heldSlug)
 	q.await(t, "the first call holding the seat", func(*queueWatch) bool { return core.holding.Load() == 1 })
 	second := batchFrom(t, e, "127.0.0.2", otherToken, "other-2")
@@ -205,7 +206,7 @@ func TestOneTokenIsOneCallerWhateverItsAddresses(t *testing.T) {
 // (--flows-by address): the same calls from three addresses are three
 // callers, and the third queues instead of being refused.
 func TestFlowsByAddressMakesEachAddressACaller(t *testing.T) {
-	e, core, q := serveQueued(t, server.FlowsByAddress)
+	e, core, q := serveQueued(t, admission.FlowsByAddress)
 	first := batchFrom(t, e, "127.0.0.1", otherToken, heldSlug)
 	q.await(t, "the first call holding the seat", func(*queueWatch) bool { return core.holding.Load() == 1 })
 	second := batchFrom(t, e, "127.0.0.2", otherToken, "other-2")
@@ -231,7 +232,7 @@ func TestFlowsByAddressMakesEachAddressACaller(t *testing.T) {
 // deadline, not queued to fail later with DEADLINE_EXCEEDED; nothing is
 // written.
 func TestACallThatWouldNotGoBeforeItsDeadlineIsRefused(t *testing.T) {
-	e, core, q := serveQueued(t, server.FlowsByToken, time.Millisecond)
+	e, core, q := serveQueued(t, admission.FlowsByToken, time.Millisecond)
 	first := batchFrom(t, e, "127.0.0.1", otherToken, heldSlug)
 	q.await(t, "the first call holding the seat", func(*queueWatch) bool { return core.holding.Load() == 1 })
 	err := <-batchFrom(t, e, "127.0.0.2", writerToken, "rig-d")
@@ -253,7 +254,7 @@ func TestACallThatWouldNotGoBeforeItsDeadlineIsRefused(t *testing.T) {
 // and a lease call's Redis time is charged to the token that made them,
 // and nothing to another.
 func TestTheRedisTimeOfACallIsChargedToItsCaller(t *testing.T) {
-	e, _, q := serveQueued(t, server.FlowsByToken)
+	e, _, q := serveQueued(t, admission.FlowsByToken)
 	if err := <-batchFrom(t, e, "127.0.0.1", writerToken, "rig-m"); err != nil {
 		t.Fatalf("FencedBatch: %v", err)
 	}

@@ -10,7 +10,9 @@ import (
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
+	"github.com/agentihooks/fenced/internal/server/trailers"
 	"github.com/agentihooks/fenced/internal/store/docstore"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lease"
@@ -58,6 +60,14 @@ var (
 	// ReasonFenceRequired: an unfenced batch writes a section the server
 	// requires fenced (--require-fence); nothing was written.
 	ReasonFenceRequired = fencedv1.ErrorReason_FENCE_REQUIRED.String()
+	// ReasonTooManyBytesInFlight: a call refused because the requests being
+	// handled already hold bounds.Transport.MaxRequestBytesInFlight (or its
+	// caller's share), or a read whose caller has too many answer bytes
+	// unread (bounds.ErrBytesInFlight).
+	ReasonTooManyBytesInFlight = fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT.String()
+	// ReasonTooManyCallsQueued: a call refused its turn at Redis
+	// (fair.ErrRefused).
+	ReasonTooManyCallsQueued = fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
 )
 
 // outcomeUnknownError is a FencedBatch whose deadline passed (err, a
@@ -93,7 +103,7 @@ func outcomeUnknownDetails(err error) []protoadapt.MessageV1 {
 
 // MaxConflictDetails and MaxConflictDetailBytes (of subjects, section/key)
 // bound the PreconditionFailure violations of one REVISION_CONFLICT answer
-// before the trailer budget (fitTrailers, MaxStatusBytes) trims it further:
+// before the trailer budget (trailers.Fit, trailers.MaxStatusBytes) trims it further:
 // details travel in trailers, and common gRPC clients refuse trailers over
 // 8-16 KiB. The ErrorInfo metadata "conflicts" always gives the full count,
 // and "violations_omitted" how many conflicts the list leaves out.
@@ -147,7 +157,7 @@ var errorTable = []errorMapping{
 	{is(engine.ErrReplicationTimeout), codes.Unavailable, replicationDetails},
 	{is(engine.ErrSnapshotTooLarge), codes.ResourceExhausted, tooLargeDetails},
 	{is(engine.ErrReplicaWaitsExhausted), codes.ResourceExhausted, reason(ReasonTooManyReplicaWaits)},
-	{is(errBytesInFlight), codes.ResourceExhausted, bytesInFlightDetails},
+	{is(bounds.ErrBytesInFlight), codes.ResourceExhausted, bytesInFlightDetails},
 	{is(fair.ErrRefused), codes.ResourceExhausted, callsQueuedDetails},
 	{is(records.ErrInvalidCursor), codes.InvalidArgument, reason(ReasonInvalidArgument)},
 	// Redis refused for a state of its own (store's refusal table): out of
@@ -207,8 +217,8 @@ func refusalDetails(err error) []protoadapt.MessageV1 {
 
 // toStatus maps an error of the core to a gRPC status error through
 // errorTable; anything unmatched is INTERNAL with the error's text. Every
-// status passes through fitTrailers, whatever its row, so that it fits the
-// trailer budget (MaxStatusBytes).
+// status passes through trailers.Fit, whatever its row, so that it fits the
+// trailer budget (trailers.MaxStatusBytes).
 func toStatus(err error) error {
 	msg := validUTF8(err.Error())
 	for _, m := range errorTable {
@@ -219,9 +229,9 @@ func toStatus(err error) error {
 		if m.details != nil {
 			ds = m.details(err)
 		}
-		return fitTrailers(m.code, msg, ds).Err()
+		return trailers.Fit(m.code, msg, ds).Err()
 	}
-	return fitTrailers(codes.Internal, msg, nil).Err()
+	return trailers.Fit(codes.Internal, msg, nil).Err()
 }
 
 // validUTF8 replaces invalid UTF-8 in text that may carry bytes read from
@@ -294,7 +304,7 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 		md["actual_"+n] = strconv.FormatInt(c.Actual, 10)
 	}
 	if omitted := len(countConflicts(ce.Conflicts)) - len(pf.Violations); omitted > 0 {
-		md[MetaViolationsOmitted] = strconv.Itoa(omitted)
+		md[trailers.MetaViolationsOmitted] = strconv.Itoa(omitted)
 	}
 	return []protoadapt.MessageV1{info(ReasonRevisionConflict, md), pf}
 }
@@ -423,4 +433,50 @@ func corruptDetails(err error) []protoadapt.MessageV1 {
 		md["section"], md["key"] = validUTF8(ce.Section), validUTF8(ce.Key)
 	}
 	return []protoadapt.MessageV1{info(ReasonRecordCorrupt, md)}
+}
+
+// bytesInFlightDetails is TOO_MANY_BYTES_IN_FLIGHT: for a request over the
+// budget (*bounds.BytesInFlightError) metadata "request_bytes",
+// "max_bytes_in_flight", "max_bytes_in_flight_per_caller" and, over the
+// caller's share, "caller_bytes_in_flight"; for a read over its caller's
+// unread answers (*bounds.UnreadAnswersError) "unread_answer_bytes",
+// "max_unread_answer_bytes" and, once the answer was built, "answer_bytes".
+func bytesInFlightDetails(err error) []protoadapt.MessageV1 {
+	md := map[string]string{}
+	var ue *bounds.UnreadAnswersError
+	if errors.As(err, &ue) {
+		md["unread_answer_bytes"] = strconv.FormatInt(ue.Held, 10)
+		md["max_unread_answer_bytes"] = strconv.FormatInt(ue.Max, 10)
+		if ue.Size > 0 {
+			md["answer_bytes"] = strconv.FormatInt(ue.Size, 10)
+		}
+	}
+	var be *bounds.BytesInFlightError
+	if errors.As(err, &be) {
+		md["request_bytes"] = strconv.FormatInt(be.Size, 10)
+		md["max_bytes_in_flight"] = strconv.FormatInt(be.Max, 10)
+		md["max_bytes_in_flight_per_caller"] = strconv.FormatInt(be.PerCaller, 10)
+		if be.CallerHeld >= 0 {
+			md["caller_bytes_in_flight"] = strconv.FormatInt(be.CallerHeld, 10)
+		}
+	}
+	return []protoadapt.MessageV1{info(ReasonTooManyBytesInFlight, md)}
+}
+
+// callsQueuedDetails is TOO_MANY_CALLS_QUEUED: metadata "why" (queue_full,
+// deadline), "queued" (the caller's calls waiting), "max_queued", and a
+// RetryInfo delay.
+func callsQueuedDetails(err error) []protoadapt.MessageV1 {
+	var re *fair.RefusedError
+	if !errors.As(err, &re) {
+		return []protoadapt.MessageV1{info(ReasonTooManyCallsQueued, nil)}
+	}
+	return []protoadapt.MessageV1{
+		info(ReasonTooManyCallsQueued, map[string]string{
+			"why":        re.Reason,
+			"queued":     strconv.Itoa(re.Queued),
+			"max_queued": strconv.Itoa(re.Max),
+		}),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(re.RetryAfter)},
+	}
 }

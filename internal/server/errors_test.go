@@ -14,7 +14,9 @@ import (
 	"github.com/agentihooks/fenced/client"
 	"github.com/agentihooks/fenced/internal/auth"
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
+	"github.com/agentihooks/fenced/internal/server/trailers"
 	"github.com/agentihooks/fenced/internal/store/docstore"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/lease"
@@ -27,7 +29,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -161,7 +162,7 @@ func TestEveryErrorRowRoundTripsToTheClientsTypedError(t *testing.T) {
 		{"snapshot too large", &engine.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, fencedv1.ErrorReason_SNAPSHOT_TOO_LARGE, same},
 		{"replica waits", engine.ErrReplicaWaitsExhausted, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_REPLICA_WAITS, same},
 		{"too many section streams", &tooManySectionStreamsError{limit: "caller"}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_SECTION_STREAMS, same},
-		{"request bytes in flight", &bytesInFlightError{size: 9, max: 8}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT, same},
+		{"request bytes in flight", &bounds.BytesInFlightError{Size: 9, Max: 8}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_BYTES_IN_FLIGHT, same},
 		{"calls queued", &fair.RefusedError{Reason: fair.ReasonDeadline, Queued: 3, Max: 256, RetryAfter: 25 * time.Millisecond}, codes.ResourceExhausted, fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED,
 			func(t *testing.T, got error) {
 				var qe *client.QueuedError
@@ -460,9 +461,9 @@ func TestErrorTable(t *testing.T) {
 		{"replication timeout sentinel alone", engine.ErrReplicationTimeout, codes.Unavailable, []proto.Message{errInfo("REPLICATION_TIMEOUT", nil)}},
 		{"snapshot too large", &engine.TooLargeError{Records: 30000, Max: 20000}, codes.ResourceExhausted, []proto.Message{errInfo("SNAPSHOT_TOO_LARGE", nil)}},
 		{"replica waits exhausted", fmt.Errorf("%w: 64 for swarm s, its limit", engine.ErrReplicaWaitsExhausted), codes.ResourceExhausted, []proto.Message{errInfo("TOO_MANY_REPLICA_WAITS", nil)}},
-		{"request bytes in flight", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: -1}, codes.ResourceExhausted, []proto.Message{
+		{"request bytes in flight", &bounds.BytesInFlightError{Size: 9 << 20, Max: 64 << 20, PerCaller: 32 << 20, CallerHeld: -1}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432"})}},
-		{"request bytes in flight of one caller", &bytesInFlightError{size: 9 << 20, max: 64 << 20, perCaller: 32 << 20, callerHeld: 24 << 20}, codes.ResourceExhausted, []proto.Message{
+		{"request bytes in flight of one caller", &bounds.BytesInFlightError{Size: 9 << 20, Max: 64 << 20, PerCaller: 32 << 20, CallerHeld: 24 << 20}, codes.ResourceExhausted, []proto.Message{
 			errInfo("TOO_MANY_BYTES_IN_FLIGHT", map[string]string{"request_bytes": "9437184", "max_bytes_in_flight": "67108864", "max_bytes_in_flight_per_caller": "33554432", "caller_bytes_in_flight": "25165824"})}},
 		{"invalid cursor", records.ErrInvalidCursor, codes.InvalidArgument, []proto.Message{errInfo("INVALID_ARGUMENT", nil)}},
 		{"calls queued", &fair.RefusedError{Flow: "token:a", Reason: fair.ReasonQueueFull, Queued: 256, Max: 256, RetryAfter: 40 * time.Millisecond}, codes.ResourceExhausted, []proto.Message{
@@ -604,65 +605,6 @@ func TestErrorTableInvalidUTF8(t *testing.T) {
 	}
 }
 
-// TestFitTrailersBoundsEveryStatus feeds the trailer budget details far over
-// it, of every shape the table builds (long lists, long strings, long
-// metadata values, a long message), and requires the encoded status within
-// MaxStatusBytes, the ErrorInfo reason kept, and any cut list counted.
-func TestFitTrailersBoundsEveryStatus(t *testing.T) {
-	long := strings.Repeat("é", 2000) // 4000 bytes, 12000 percent-encoded
-	many := func(n int) *errdetails.PreconditionFailure {
-		pf := &errdetails.PreconditionFailure{}
-		for i := 0; i < n; i++ {
-			pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{Type: "REVISION", Subject: "claims/" + long[:1000], Description: long[:200]})
-		}
-		return pf
-	}
-	fields := &errdetails.BadRequest{}
-	for i := 0; i < 1024; i++ {
-		fields.FieldViolations = append(fields.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: fmt.Sprintf("writes[%d].value", i), Description: long[:300]})
-	}
-	bigMD := map[string]string{}
-	for i := 0; i < 16; i++ {
-		bigMD["k"+strconv.Itoa(i)] = long
-	}
-	tests := []struct {
-		name    string
-		details []protoadapt.MessageV1
-		cut     bool // a list must be cut
-	}{
-		{"many conflicts", []protoadapt.MessageV1{errInfo("REVISION_CONFLICT", map[string]string{"conflicts": "1024"}), many(1024)}, true},
-		{"many field violations", []protoadapt.MessageV1{errInfo("INVALID_ARGUMENT", nil), fields}, true},
-		{"huge metadata", []protoadapt.MessageV1{errInfo("LEASE_STALE", bigMD)}, false},
-		{"huge metadata and a list", []protoadapt.MessageV1{errInfo("X", bigMD), many(3)}, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			st := fitTrailers(codes.Aborted, "msg "+long, tt.details)
-			if n := statusBytes(st); n > MaxStatusBytes {
-				t.Errorf("statusBytes = %d, want <= %d", n, MaxStatusBytes)
-			}
-			if n := encodedMessageLen(st.Message()); n > MaxStatusMessageBytes {
-				t.Errorf("message encodes in %d bytes, want <= %d", n, MaxStatusMessageBytes)
-			}
-			if !utf8.ValidString(st.Message()) {
-				t.Errorf("message is not valid UTF-8 after the cut")
-			}
-			var info *errdetails.ErrorInfo
-			for _, d := range st.Details() {
-				if ei, ok := d.(*errdetails.ErrorInfo); ok {
-					info = ei
-				}
-			}
-			if info == nil || info.GetReason() != tt.details[0].(*errdetails.ErrorInfo).GetReason() {
-				t.Fatalf("details %v lost the ErrorInfo reason", st.Details())
-			}
-			if _, ok := info.GetMetadata()[MetaViolationsOmitted]; ok != tt.cut && tt.cut {
-				t.Errorf("metadata %v: want %s counting the cut list", info.GetMetadata(), MetaViolationsOmitted)
-			}
-		})
-	}
-}
-
 // TestConflictsOverTheBudgetListAPrefix: a conflict list too long for the
 // trailer budget lists its first conflicts in request order, with their
 // metadata, and counts the rest; "conflicts" keeps the full count.
@@ -685,9 +627,9 @@ func TestConflictsOverTheBudgetListAPrefix(t *testing.T) {
 				t.Fatalf("toStatus(%d conflicts) lists %d, want at least 16", n, listed)
 			}
 			want := conflictInfo(n, listed)
-			want.Metadata[MetaViolationsOmitted] = strconv.Itoa(n - listed)
+			want.Metadata[trailers.MetaViolationsOmitted] = strconv.Itoa(n - listed)
 			if listed == n {
-				delete(want.Metadata, MetaViolationsOmitted)
+				delete(want.Metadata, trailers.MetaViolationsOmitted)
 			}
 			opts := cmp.Options{protocmp.Transform(), protocmp.IgnoreFields(&errdetails.PreconditionFailure_Violation{}, "description")}
 			if diff := cmp.Diff(want, info, opts); diff != "" {

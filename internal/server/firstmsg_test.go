@@ -14,6 +14,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -35,7 +36,7 @@ func TestFirstMessageBoundCountsOnlyCallsItCut(t *testing.T) {
 	const bound = time.Second
 	lc := newLimitCounter()
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{MaxRecvMsgBytes: 1 << 10,
-		Transport: server.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
+		Transport: bounds.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
 	c := dialStalled(t, e.addr)
 	c.open(t, "/fenced.v1.RecordsService/NoSuchMethod")
 	c.call(t, fencedv1.RecordsService_FencedBatch_FullMethodName, &fencedv1.FencedBatchRequest{Slug: "big",
@@ -52,8 +53,8 @@ func TestFirstMessageBoundCountsOnlyCallsItCut(t *testing.T) {
 	await(t, "the call without a request cut", func() bool { return c.endedCodes()[deadlineExceeded] == 1 })
 	// The others' timers came due before the last one's.
 	time.Sleep(2 * bound)
-	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != 1 {
-		t.Errorf("first_message refusals counted %d (streams ended %v); want 1: only the call that never sent its request", refused[server.LimitFirstMessage], c.endedCodes())
+	if _, _, refused := lc.get(); refused[bounds.LimitFirstMessage] != 1 {
+		t.Errorf("first_message refusals counted %d (streams ended %v); want 1: only the call that never sent its request", refused[bounds.LimitFirstMessage], c.endedCodes())
 	}
 }
 
@@ -110,7 +111,7 @@ func TestFirstMessageBoundLeavesSlowButSteadyRequestsAndLongCalls(t *testing.T) 
 	const bound = 4 * time.Second
 	lc := newLimitCounter()
 	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{
-		Transport: server.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
+		Transport: bounds.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
 	value := `"` + strings.Repeat("x", batch.DefaultLimits().MaxValueBytes-2) + `"`
 	steady := dialSlow(t, e.addr, 32<<10, 15*time.Millisecond)
 	start := time.Now()
@@ -133,9 +134,9 @@ func TestFirstMessageBoundLeavesSlowButSteadyRequestsAndLongCalls(t *testing.T) 
 	t.Logf("the slower batch: %v", err)
 	// The cut is counted just after the call is cancelled: the caller may
 	// hear of it first (counted 0 at load 11), so the count is awaited.
-	await(t, "the cut counted", func() bool { _, _, refused := lc.get(); return refused[server.LimitFirstMessage] >= 1 })
-	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != 1 {
-		t.Errorf("first_message refusals counted %d; want 1", refused[server.LimitFirstMessage])
+	await(t, "the cut counted", func() bool { _, _, refused := lc.get(); return refused[bounds.LimitFirstMessage] >= 1 })
+	if _, _, refused := lc.get(); refused[bounds.LimitFirstMessage] != 1 {
+		t.Errorf("first_message refusals counted %d; want 1", refused[bounds.LimitFirstMessage])
 	}
 }
 
@@ -219,7 +220,7 @@ func TestConcurrentUploadsOnOneSlowLinkAreNotCut(t *testing.T) {
 		t.Skip("known gap (docs/design/11-known-gaps.md §11: the first message bound counts the whole request, not the link's progress); FENCED_KNOWN_GAPS=1 runs it")
 	}
 	const bound = 2 * time.Second
-	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: bound}})
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: bounds.Transport{FirstMessageTimeout: bound}})
 	value := `"` + strings.Repeat("x", batch.DefaultLimits().MaxValueBytes-2) + `"`
 	link := dialSlow(t, e.addr, 32<<10, 30*time.Millisecond)
 	const uploads = 3

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/admission"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -69,13 +71,14 @@ type Options struct {
 	// Telemetry is metrics and tracing (telemetry.go). Default: none.
 	Telemetry Telemetry
 	// Transport bounds keepalive, idle connections, streams, headers,
-	// health watchers and connections (transport.go). Zero fields take
+	// health watchers, connections, the request bytes in flight and the
+	// answers callers have not read (package bounds). Zero fields take
 	// their defaults.
-	Transport Transport
+	Transport bounds.Transport
 	// Fairness shares Redis between callers: the fair queue every call
 	// that costs Redis goes through, and how callers are told apart
-	// (admission.go). Zero fields take their defaults.
-	Fairness Fairness
+	// (package admission). Zero fields take their defaults.
+	Fairness admission.Fairness
 }
 
 // Server is fenced's gRPC server: RecordsService, LeaseService, health and
@@ -100,15 +103,16 @@ type Server struct {
 	// both servers.
 	bounded *boundedHealth
 	// transport is Options.Transport with its defaults.
-	transport Transport
-	limits    LimitObserver
-	// requests is the budget of request bytes being handled
-	// (Transport.MaxRequestBytesInFlight).
-	requests *requestBytes
-	unread   *unreadAnswers
+	transport bounds.Transport
+	limits    bounds.Observer
+	// unread counts the answers callers have not read, on the connections
+	// of the main listener (Transport.MaxUnreadAnswerBytesPerCaller).
+	unread *bounds.UnreadAnswers
 	// admit is the fair queue every call that costs Redis takes its turn
-	// in, and how its callers are told apart (admission.go).
-	admit *admission
+	// in, and how its callers are told apart, with their shares of the
+	// request bytes in flight (Transport.MaxRequestBytesInFlight) and of
+	// unread (package admission).
+	admit *admission.Admission
 }
 
 // New builds a Server over core. limits must pass batch.Limits.Check.
@@ -143,26 +147,23 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		log:       logger,
 		every:     opts.HealthInterval,
 		ready:     opts.Telemetry.Ready,
-		transport: opts.Transport.withDefaults(),
+		transport: opts.Transport.WithDefaults(),
 		limits:    opts.Telemetry.limits(),
 	}
 	s.bounded = &boundedHealth{Server: s.health, max: int64(s.transport.MaxHealthWatchers), obs: s.limits}
 	callLog := unaryCallLog(logger)
-	s.requests = newRequestBytes(s.transport.MaxRequestBytesInFlight, s.transport.MaxRequestBytesPerCaller, s.limits)
-	s.unread = newUnreadAnswers(s.transport.MaxUnreadAnswerBytesPerCaller, s.limits)
+	s.unread = bounds.NewUnreadAnswers(s.transport.MaxUnreadAnswerBytesPerCaller, s.limits)
 	fairObs, _ := s.limits.(fair.Observer)
-	s.admit = &admission{fair: fair.New(opts.Fairness.Queue, fairObs), flowsBy: opts.Fairness.FlowsBy, waits: opts.Records.Durability.Replicas > 0}
-	if s.admit.flowsBy == "" {
-		s.admit.flowsBy = FlowsByToken
-	}
+	requests := bounds.NewRequestBudget(s.transport.MaxRequestBytesInFlight, s.transport.MaxRequestBytesPerCaller, s.limits)
+	s.admit = admission.New(opts.Fairness, fairObs, opts.Records.Durability.Replicas > 0, requests, s.unread, toStatus)
 	// Health checks are neither counted (Shutdown does not wait for them)
 	// nor logged. One interceptor does both, tested on the method name: a
 	// selector.UnaryServerInterceptor per job cost a chain link and a
 	// CallMeta each per call (docs/design/10-running-and-operating.md §10.7).
-	// The admission (admitUnary: request bytes, unread answers, the fair
-	// queue) comes after authorization, which names the caller.
+	// The admission (admission.Unary: request bytes, unread answers, the
+	// fair queue) comes after authorization, which names the caller.
 	countAndLogUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		firstMessageArrived(ctx) // the request was read before any interceptor
+		bounds.FirstMessageArrived(ctx) // the request was read before any interceptor
 		if isHealthMethod(info.FullMethod) {
 			return h(ctx, req)
 		}
@@ -185,9 +186,9 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 		defer s.calls.Add(-1)
 		return h(srv, ss)
 	}
-	s.grpc = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
+	s.grpc = grpc.NewServer(append(s.transport.ServerOptions(s.bounded.tap, s.limits),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgBytes),
-		s.transport.workers(),
+		s.transport.Workers(),
 		grpc.ForceServerCodecV2(newCodec()),
 		opts.Security.creds(),
 		opts.Telemetry.serverOption(),
@@ -195,11 +196,11 @@ func New(core Core, limits batch.Limits, opts Options) *Server {
 			opts.Telemetry.unary(),
 			countAndLogUnary,
 			opts.Security.unary(),
-			s.admitUnary,
+			s.admit.Unary,
 			recovery.UnaryServerInterceptor(onPanic),
 		)...),
 		grpc.ChainStreamInterceptor(
-			firstMessageStream,
+			bounds.FirstMessageStream,
 			opts.Telemetry.stream(),
 			selector.StreamServerInterceptor(countStream, notHealth),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(logger), callLogOptions...), notHealth),
@@ -296,7 +297,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.watchRedis(ctx)
-	err := s.grpc.Serve(unreadListener{Listener: newLimitListener(lis, s.transport, s.limits), u: s.unread})
+	err := s.grpc.Serve(s.unread.Listener(bounds.NewListener(lis, s.transport, s.limits)))
 	if err == grpc.ErrServerStopped {
 		return nil
 	}
@@ -363,9 +364,9 @@ func (s *Server) Drain() {
 // after Shutdown.
 func (s *Server) ServeHealth(lis net.Listener) error {
 	s.healthOnly.Do(func() {
-		s.healthSrv = grpc.NewServer(append(s.transport.serverOptions(s.bounded),
-			grpc.ChainUnaryInterceptor(firstMessageUnary),
-			grpc.ChainStreamInterceptor(firstMessageStream))...)
+		s.healthSrv = grpc.NewServer(append(s.transport.ServerOptions(s.bounded.tap, s.limits),
+			grpc.ChainUnaryInterceptor(bounds.FirstMessageUnary),
+			grpc.ChainStreamInterceptor(bounds.FirstMessageStream))...)
 		healthpb.RegisterHealthServer(s.healthSrv, s.bounded)
 	})
 	if s.healthSrv == nil { // Shutdown came first

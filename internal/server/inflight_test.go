@@ -16,6 +16,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/store"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -55,7 +56,7 @@ func sizedHeldBatch(t *testing.T, slug string, size int) *fencedv1.FencedBatchRe
 // for a replica that does not exist, so the budget stays full for as long
 // as it likes. Every other caller's batch, however small, was refused
 // TOO_MANY_BYTES_IN_FLIGHT for that long. Requests of at most
-// server.SmallRequestBytes are not weighed (their memory is bounded by the
+// bounds.SmallRequestBytes are not weighed (their memory is bounded by the
 // stream bounds, like what grpc-go reads before the budget): a 100-byte
 // batch and a Record read from another caller go through, while a fifth
 // large batch is still refused.
@@ -65,7 +66,7 @@ func sizedHeldBatch(t *testing.T, slug string, size int) *fencedv1.FencedBatchRe
 func TestGreedyCallerFillingTheBytesBudgetDoesNotStarveSmallBatches(t *testing.T) {
 	srv := redistest.Start(t)
 	const budget = 1 << 20
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget, MaxRequestBytesPerCaller: budget}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{MaxRequestBytesInFlight: budget, MaxRequestBytesPerCaller: budget}})
 	holdBudget(t, srv, e, budget)
 
 	_, err := e.records.FencedBatch(ctxT(t), sizedHeldBatch(t, "greedy4", budget/4))
@@ -116,7 +117,7 @@ func holdBudget(t *testing.T, srv *redistest.Server, e *endpoint, budget int) {
 func TestGreedyCallerFillingTheBytesBudgetDoesNotStarveOtherLargeBatches(t *testing.T) {
 	srv := redistest.Start(t)
 	const budget = 1 << 20
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{MaxRequestBytesInFlight: budget}})
 	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
@@ -277,7 +278,7 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 	t.Cleanup(st.Close)
 	// The first message bound (30 s) is lifted too: 8 such calls share
 	// each connection, and a busy box reads them slower than that.
-	e := serve(t, st, batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: 2 * burstLimit, MaxRequestBytesPerCaller: server.DefaultMaxRequestBytesInFlight}})
+	e := serve(t, st, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{FirstMessageTimeout: 2 * burstLimit, MaxRequestBytesPerCaller: bounds.DefaultMaxRequestBytesInFlight}})
 	const callers, writes = 32, 1024
 	batchOf := func(tag string) *fencedv1.FencedBatchRequest {
 		value := `"` + tag + strings.Repeat("v", 8<<10-16-len(tag)) + `"`
@@ -295,7 +296,7 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 		reqs[i] = batchOf(fmt.Sprintf("c%02d-", i))
 	}
 	// The budget admits this many of them; the rest are refused.
-	admitted := min(callers, server.DefaultMaxRequestBytesInFlight/proto.Size(reqs[0]))
+	admitted := min(callers, bounds.DefaultMaxRequestBytesInFlight/proto.Size(reqs[0]))
 	var conns []fencedv1.RecordsServiceClient
 	for range 4 {
 		conns = append(conns, dialConn(t, e.addr, grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20))))
@@ -370,7 +371,7 @@ func TestParallelBatchesAtTheLimitsHoldBoundedMemory(t *testing.T) {
 	}
 	// A batch waiting for Redis holds 6-8 MB of fenced's heap (its decoded
 	// request and the command built from it); the budget bounds how many.
-	if limit := int64(server.DefaultMaxRequestBytesInFlight) + 32<<20; held > limit {
+	if limit := int64(bounds.DefaultMaxRequestBytesInFlight) + 32<<20; held > limit {
 		t.Errorf("live heap grew %d MB while %d batches at the limits waited for Redis; want at most %d MB (the budget and slack)", held>>20, callers, limit>>20)
 	}
 
@@ -413,7 +414,7 @@ func TestCallOverRequestBytesInFlightWritesNothingAndGoesThroughLater(t *testing
 	srv := redistest.Start(t)
 	const budget = 256 << 10
 	lc := newLimitCounter()
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxRequestBytesInFlight: budget, MaxRequestBytesPerCaller: budget}, Telemetry: server.Telemetry{Limits: lc}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{MaxRequestBytesInFlight: budget, MaxRequestBytesPerCaller: budget}, Telemetry: server.Telemetry{Limits: lc}})
 	big := func(slug, key string, n int) *fencedv1.FencedBatchRequest {
 		return &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", key, batch.Blind, `"`+strings.Repeat("x", n)+`"`)}}
 	}
@@ -441,8 +442,8 @@ func TestCallOverRequestBytesInFlightWritesNothingAndGoesThroughLater(t *testing
 	if got := srv.Do(t, "EXISTS", redisKey("refused", "claims"), redisKey("refused", "revision")); got != "0" {
 		t.Errorf("the refused batch left keys in Redis (EXISTS = %s):\n%s", got, dumpKeys(t, srv))
 	}
-	if _, _, refused := lc.get(); refused[server.LimitRequestBytes] != 1 {
-		t.Errorf("refusals counted %v; want %s 1", refused, server.LimitRequestBytes)
+	if _, _, refused := lc.get(); refused[bounds.LimitRequestBytes] != 1 {
+		t.Errorf("refusals counted %v; want %s 1", refused, bounds.LimitRequestBytes)
 	}
 	// Small calls fit beside the holder.
 	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "small", Writes: []*fencedv1.RecordWrite{put("claims", "s", 0, "1")}})

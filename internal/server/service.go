@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/admission"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/store/docstore"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -71,11 +73,11 @@ type Service struct {
 	// watchSlots counts open Watch streams; limitsObs and watchObs are told
 	// of them (set by New from Telemetry.Limits).
 	watchSlots *watchSlots
-	limitsObs  LimitObserver
+	limitsObs  bounds.Observer
 	watchObs   WatchObserver
 	// admit gives Watch opens their turn in the fair queue (set by New;
 	// nil: no queue).
-	admit *admission
+	admit *admission.Admission
 	// sectionStreams counts open StreamSections streams (streams.go).
 	sectionStreams *sectionStreams
 }
@@ -95,7 +97,7 @@ func NewService(records Records, limits batch.Limits, opts ServiceOptions) *Serv
 	opts.Watch = opts.Watch.withDefaults()
 	opts.SectionStreams = opts.SectionStreams.withDefaults()
 	return &Service{records: records, limits: limits, opts: opts,
-		watchSlots: &watchSlots{byConn: map[string]int{}, byCaller: map[string]int{}}, limitsObs: nopLimits{}, watchObs: nopWatch{},
+		watchSlots: &watchSlots{byConn: map[string]int{}, byCaller: map[string]int{}}, limitsObs: bounds.Nop{}, watchObs: nopWatch{},
 		sectionStreams: &sectionStreams{byCaller: map[string]int{}}}
 }
 

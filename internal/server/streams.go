@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/bounds"
+	"github.com/agentihooks/fenced/internal/server/trailers"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -55,10 +57,6 @@ const StreamMessageBytes = 1 << 20
 // frees when a stream ends, and a stream of the default limits' largest
 // snapshots ends within about a second on a quiet box.
 const sectionStreamRetry = time.Second
-
-// LimitSectionStreams names the StreamSections bound in
-// fenced_limit_refusals_total.
-const LimitSectionStreams = "section_streams"
 
 func (o SectionStreamOptions) withDefaults() SectionStreamOptions {
 	if o.Max <= 0 {
@@ -124,7 +122,7 @@ var ReasonTooManySectionStreams = fencedv1.ErrorReason_TOO_MANY_SECTION_STREAMS.
 // (proto/fenced/v1/records.proto): the checks of Sections, a slot among
 // the process's and the caller's streams, then the core's read, whose
 // every step of reading takes its turn in the caller's flow of the fair
-// queue (admission.step).
+// queue (admission.Admission.Step).
 func (s *Service) StreamSections(req *fencedv1.StreamSectionsRequest, stream fencedv1.RecordsService_StreamSectionsServer) error {
 	names, err := s.limits.CheckSections(req.GetSlug(), req.GetNames())
 	if err != nil {
@@ -132,18 +130,18 @@ func (s *Service) StreamSections(req *fencedv1.StreamSectionsRequest, stream fen
 	}
 	core, ok := s.records.(SectionStreamer)
 	if !ok {
-		return fitTrailers(codes.Unimplemented, "streamed sections are not served by this core", nil).Err()
+		return trailers.Fit(codes.Unimplemented, "streamed sections are not served by this core", nil).Err()
 	}
 	ctx := stream.Context()
-	flow := s.admit.flowOf(ctx)
+	flow := s.admit.Flow(ctx)
 	release, limit := s.sectionStreams.acquire(flow, s.opts.SectionStreams)
 	if release == nil {
-		s.limitsObs.Refused(LimitSectionStreams)
+		s.limitsObs.Refused(bounds.LimitSectionStreams)
 		return toStatus(&tooManySectionStreamsError{limit: limit})
 	}
 	defer release()
 	sink := &streamSink{send: stream.Send, budget: StreamMessageBytes, resp: &fencedv1.StreamSectionsResponse{}}
-	if err := core.StreamSections(ctx, req.GetSlug(), names, s.admit.step(flow), sink); err != nil {
+	if err := core.StreamSections(ctx, req.GetSlug(), names, s.admit.Step(flow), sink); err != nil {
 		return toStatus(err)
 	}
 	return nil

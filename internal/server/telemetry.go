@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
 )
@@ -21,12 +22,12 @@ type Telemetry struct {
 	Ready func(serving bool)
 	// Limits is told how full the bounded resources are (connections,
 	// health watchers) and of every refusal over a bound.
-	Limits LimitObserver
+	Limits bounds.Observer
 }
 
-func (t Telemetry) limits() LimitObserver {
+func (t Telemetry) limits() bounds.Observer {
 	if t.Limits == nil {
-		return nopLimits{}
+		return bounds.Nop{}
 	}
 	return t.Limits
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/trailers"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -132,15 +133,15 @@ func TestErrorsFitEightKiBTrailers(t *testing.T) {
 			}
 			md := d.info.GetMetadata()
 			total := listed
-			if s, ok := md[server.MetaViolationsOmitted]; ok {
+			if s, ok := md[trailers.MetaViolationsOmitted]; ok {
 				n, err := strconv.Atoi(s)
 				if err != nil || n <= 0 {
-					t.Errorf("metadata %s = %q, want a positive count", server.MetaViolationsOmitted, s)
+					t.Errorf("metadata %s = %q, want a positive count", trailers.MetaViolationsOmitted, s)
 				}
 				total += n
 			}
 			if c, ok := md["conflicts"]; ok && c != strconv.Itoa(total) {
-				t.Errorf("conflicts = %s, but %d listed + %s omitted = %d", c, listed, md[server.MetaViolationsOmitted], total)
+				t.Errorf("conflicts = %s, but %d listed + %s omitted = %d", c, listed, md[trailers.MetaViolationsOmitted], total)
 			}
 			if tt.total > 0 && total != tt.total {
 				t.Errorf("violations listed + omitted = %d + %d, want %d in all", listed, total-listed, tt.total)

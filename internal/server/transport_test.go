@@ -21,6 +21,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -227,7 +228,7 @@ func TestSectionsToCallersThatNeverReadHoldBoundedMemory(t *testing.T) {
 	after := heapInUse()
 	grew := int64(after) - int64(before)
 	t.Logf("%d Sections answers of %d bytes to callers that never read: heap in use %d -> %d MB (+%d MB)", conns*streams, size, before>>20, after>>20, grew>>20)
-	if limit := int64(server.DefaultMaxUnreadAnswerBytesPerCaller + 4*size); grew > limit {
+	if limit := int64(bounds.DefaultMaxUnreadAnswerBytesPerCaller + 4*size); grew > limit {
 		t.Errorf("fenced holds %d MB for %d answers nobody reads (%d bytes each), over %d MB", grew>>20, conns*streams, size, limit>>20)
 	}
 	refused := 0
@@ -285,7 +286,7 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 	}
 	const bound = 2 * time.Second
 	lc := newLimitCounter()
-	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: server.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
+	e := serveRedis(t, redistest.Start(t), batch.DefaultLimits(), server.Options{Transport: bounds.Transport{FirstMessageTimeout: bound}, Telemetry: server.Telemetry{Limits: lc}})
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
 	watch, err := e.records.Watch(watchCtx, &fencedv1.WatchRequest{Slug: "quiet"})
@@ -339,7 +340,7 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 		}
 	}()
 	const conns = 8
-	streams := int(server.DefaultMaxConcurrentStreams)
+	streams := int(bounds.DefaultMaxConcurrentStreams)
 	var callers []*stalledCaller
 	start := time.Now()
 	for range conns {
@@ -383,8 +384,8 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 		t.Errorf("goroutines peaked at %d from %d; want at least one connection's streams' own (%d) seen before they were freed", peak.Load(), g0, streams)
 	}
 
-	if _, _, refused := lc.get(); refused[server.LimitFirstMessage] != conns*streams {
-		t.Errorf("refusals counted %v; want %s %d", refused, server.LimitFirstMessage, conns*streams)
+	if _, _, refused := lc.get(); refused[bounds.LimitFirstMessage] != conns*streams {
+		t.Errorf("refusals counted %v; want %s %d", refused, bounds.LimitFirstMessage, conns*streams)
 	}
 
 	// The Watch that sent its request outlived the bound.
@@ -410,7 +411,7 @@ func TestStreamsThatNeverSendTheirRequestAreBounded(t *testing.T) {
 	t.Errorf("Watch(quiet): no event for the commit at %d", rev)
 }
 
-// limitCounter is a server.LimitObserver for tests.
+// limitCounter is a bounds.Observer for tests.
 type limitCounter struct {
 	mu       sync.Mutex
 	conns    int
@@ -467,7 +468,7 @@ func TestLongCallsSurviveClientKeepalive(t *testing.T) {
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{
 		// The server's own pings would count as traffic and hide the
 		// client's: make them rarer than the test.
-		Transport: server.Transport{KeepaliveMinTime: keepaliveInterval / 2, KeepaliveTime: 10 * time.Minute},
+		Transport: bounds.Transport{KeepaliveMinTime: keepaliveInterval / 2, KeepaliveTime: 10 * time.Minute},
 		Records:   server.ServiceOptions{MaxAckTimeout: 2 * hold},
 	})
 	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -512,12 +513,12 @@ func TestLongCallsSurviveClientKeepalive(t *testing.T) {
 // TestDefaultKeepaliveAcceptsTheGoClient pins the defaults against each
 // other: the server accepts pings at the Go client's interval.
 func TestDefaultKeepaliveAcceptsTheGoClient(t *testing.T) {
-	if server.DefaultKeepaliveMinTime > client.KeepaliveTime {
-		t.Errorf("server.DefaultKeepaliveMinTime = %v, over client.KeepaliveTime = %v: the server would cut its own clients' long calls",
-			server.DefaultKeepaliveMinTime, client.KeepaliveTime)
+	if bounds.DefaultKeepaliveMinTime > client.KeepaliveTime {
+		t.Errorf("bounds.DefaultKeepaliveMinTime = %v, over client.KeepaliveTime = %v: the server would cut its own clients' long calls",
+			bounds.DefaultKeepaliveMinTime, client.KeepaliveTime)
 	}
-	if server.DefaultKeepaliveMinTime > 10*time.Second {
-		t.Errorf("server.DefaultKeepaliveMinTime = %v, over grpc-go's shortest client ping interval (10 s)", server.DefaultKeepaliveMinTime)
+	if bounds.DefaultKeepaliveMinTime > 10*time.Second {
+		t.Errorf("bounds.DefaultKeepaliveMinTime = %v, over grpc-go's shortest client ping interval (10 s)", bounds.DefaultKeepaliveMinTime)
 	}
 }
 
@@ -529,7 +530,7 @@ func TestHealthWatchersBounded(t *testing.T) {
 	lc := newLimitCounter()
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{
-		Transport: server.Transport{MaxHealthWatchers: max},
+		Transport: bounds.Transport{MaxHealthWatchers: max},
 		Telemetry: server.Telemetry{Limits: lc},
 	})
 	open := func(ctx context.Context) (healthpb.Health_WatchClient, error) {
@@ -555,7 +556,7 @@ func TestHealthWatchersBounded(t *testing.T) {
 	if d.code != codes.ResourceExhausted || d.info.GetReason() != server.ReasonTooManyHealthWatchers {
 		t.Fatalf("Watch %d over the bound of %d = %v (%v), want ResourceExhausted %s", max+1, max, d.code, err, server.ReasonTooManyHealthWatchers)
 	}
-	if _, watchers, refused := lc.get(); watchers != max || refused[server.LimitHealthWatchers] != 1 {
+	if _, watchers, refused := lc.get(); watchers != max || refused[bounds.LimitHealthWatchers] != 1 {
 		t.Errorf("observer: watchers = %d, refused = %v; want %d and health_watchers: 1", watchers, refused, max)
 	}
 	if st := check(t, e, "liveness"); st != healthpb.HealthCheckResponse_SERVING {
@@ -580,7 +581,7 @@ func TestConnectionLimitKeepsServingOthers(t *testing.T) {
 	lc := newLimitCounter()
 	srv := redistest.Start(t)
 	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{
-		Transport: server.Transport{MaxConnections: total, MaxConnectionsPerIP: perIP},
+		Transport: bounds.Transport{MaxConnections: total, MaxConnectionsPerIP: perIP},
 		Telemetry: server.Telemetry{Limits: lc},
 	})
 	await(t, "the fixture's client connected", func() bool { c, _, _ := lc.get(); return c >= 1 || e.conn.GetState() == connectivity.Idle })
@@ -608,7 +609,7 @@ func TestConnectionLimitKeepsServingOthers(t *testing.T) {
 	dialFrom("127.0.0.1", perIP-base+100)
 	await(t, "100 connections over the per-address limit closed", func() bool {
 		_, _, r := lc.get()
-		return r[server.LimitConnections] >= 100
+		return r[bounds.LimitConnections] >= 100
 	})
 
 	other, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -626,7 +627,7 @@ func TestConnectionLimitKeepsServingOthers(t *testing.T) {
 		t.Fatalf("FencedBatch from 127.0.0.2 while 127.0.0.1 holds its limit + 100: %v, %v; want a commit", resp, err)
 	}
 	conns, _, refused := lc.get()
-	if refused[server.LimitConnections] != 100 || conns != perIP+1 {
+	if refused[bounds.LimitConnections] != 100 || conns != perIP+1 {
 		t.Errorf("observer: connections = %d, refused = %v; want %d open and connections: 100", conns, refused, perIP+1)
 	}
 
@@ -634,7 +635,7 @@ func TestConnectionLimitKeepsServingOthers(t *testing.T) {
 	dialFrom("127.0.0.3", total-(perIP+1)+1)
 	await(t, "one connection over the process limit closed", func() bool {
 		_, _, r := lc.get()
-		return r[server.LimitConnections] == 101
+		return r[bounds.LimitConnections] == 101
 	})
 }
 
@@ -642,7 +643,7 @@ func TestConnectionLimitKeepsServingOthers(t *testing.T) {
 // MaxConnectionIdle is closed by the server (the client sees it go idle).
 func TestIdleConnectionsClosed(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxConnectionIdle: 200 * time.Millisecond}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{MaxConnectionIdle: 200 * time.Millisecond}})
 	if st := check(t, e, "liveness"); st != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("Check(liveness) = %v", st)
 	}
@@ -722,7 +723,7 @@ func TestOversizedHeadersRefused(t *testing.T) {
 // lists that clients must keep to.
 func TestTransportSettingsAdvertised(t *testing.T) {
 	srv := redistest.Start(t)
-	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: server.Transport{MaxConcurrentStreams: 7, MaxHeaderListBytes: 9000}})
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{MaxConcurrentStreams: 7, MaxHeaderListBytes: 9000}})
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatalf("dial: %v", err)
@@ -784,7 +785,7 @@ func TestCallsBeyondTheStreamWorkersRunAtOnce(t *testing.T) {
 	const calls = 8
 	var wg sync.WaitGroup
 	wg.Add(calls)
-	e := serve(t, barrier{wg: &wg}, batch.DefaultLimits(), server.Options{Transport: server.Transport{StreamWorkers: 1}})
+	e := serve(t, barrier{wg: &wg}, batch.DefaultLimits(), server.Options{Transport: bounds.Transport{StreamWorkers: 1}})
 	errs := make(chan error, calls)
 	for i := range calls {
 		go func() {

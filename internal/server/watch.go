@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/protocol"
+	"github.com/agentihooks/fenced/internal/server/admission"
+	"github.com/agentihooks/fenced/internal/server/bounds"
+	"github.com/agentihooks/fenced/internal/server/trailers"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/watch"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
@@ -65,7 +67,7 @@ type WatchOptions struct {
 // shared.
 const (
 	DefaultMaxWatchers              = 10000
-	DefaultMaxWatchersPerConnection = DefaultMaxConcurrentStreams / 2
+	DefaultMaxWatchersPerConnection = bounds.DefaultMaxConcurrentStreams / 2
 	DefaultWatchProgressInterval    = 30 * time.Second
 )
 
@@ -82,9 +84,6 @@ var (
 	// behind and was dropped. Metadata last_revision.
 	ReasonWatcherTooSlow = fencedv1.ErrorReason_WATCHER_TOO_SLOW.String()
 )
-
-// LimitWatchers names the Watch streams bound in fenced_limit_refusals_total.
-const LimitWatchers = "watchers"
 
 // WatchObserver is told of Watch streams, for metrics (internal/metrics
 // implements it; Telemetry.Limits is asked for it). Methods must be cheap
@@ -222,7 +221,7 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	}
 	core, ok := s.records.(Watcher)
 	if !ok {
-		return fitTrailers(codes.Unimplemented, "watch is not served by this core", nil).Err()
+		return trailers.Fit(codes.Unimplemented, "watch is not served by this core", nil).Err()
 	}
 	ctx := stream.Context()
 	conn := ""
@@ -232,17 +231,17 @@ func (s *Service) Watch(req *fencedv1.WatchRequest, stream fencedv1.RecordsServi
 	// The open takes its turn in the fair queue (once its request is read:
 	// a stream that never sends one holds nothing), until its first message
 	// is sent, and counts among its caller's calls a moment longer
-	// (admission.go).
-	flow, t, err := s.admit.stream(ctx, req)
+	// (package admission).
+	flow, t, err := s.admit.Stream(ctx, req)
 	if err != nil {
 		return toStatus(err)
 	}
 	defer t.Done()
 	ctx = engine.WithMeter(ctx, t)
-	stream = firstSendEnds{stream, t, new(atomic.Bool)}
+	stream = admission.WatchStream(stream, t)
 	release, limit := s.watchSlots.acquire(conn, flow, s.opts.Watch)
 	if release == nil {
-		s.limitsObs.Refused(LimitWatchers)
+		s.limitsObs.Refused(bounds.LimitWatchers)
 		return toStatus(&tooManyWatchersError{limit: limit})
 	}
 	defer release()

@@ -19,6 +19,7 @@ import (
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"github.com/agentihooks/fenced/internal/server"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/store"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	"github.com/agentihooks/fenced/internal/store/watch"
@@ -164,7 +165,7 @@ func TestWatchersAtTheDefaultsLeaveTheirConnectionServed(t *testing.T) {
 	defer cancel()
 	opened := 0
 	var refusal error
-	for opened <= int(server.DefaultMaxConcurrentStreams) {
+	for opened <= int(bounds.DefaultMaxConcurrentStreams) {
 		// The stream lives until the test ends, unless it is not answered
 		// (its progress event, or the refusal) within waitLimit: a bound
 		// on a stream that waits for ever, not on a slow answer.
@@ -385,7 +386,7 @@ func TestOneAddressCannotTakeEveryWatcherSlot(t *testing.T) {
 	}
 }
 
-// watchCounts is a LimitObserver and WatchObserver that counts.
+// watchCounts is a bounds.Observer and WatchObserver that counts.
 type watchCounts struct {
 	watchers, sent, drops atomic.Int64
 	refused               atomic.Int64
@@ -394,7 +395,7 @@ type watchCounts struct {
 func (w *watchCounts) Connections(int)    {}
 func (w *watchCounts) HealthWatchers(int) {}
 func (w *watchCounts) Refused(limit string) {
-	if limit == server.LimitWatchers {
+	if limit == bounds.LimitWatchers {
 		w.refused.Add(1)
 	}
 }
@@ -551,7 +552,7 @@ func TestWatchRefusesOverTheWatcherBounds(t *testing.T) {
 		t.Errorf("fourth Watch in the process = %v (%v), want RESOURCE_EXHAUSTED TOO_MANY_WATCHERS limit process", err, info)
 	}
 	if got := counts.refused.Load(); got != 2 {
-		t.Errorf("refusals counted under %q = %d, want 2", server.LimitWatchers, got)
+		t.Errorf("refusals counted under %q = %d, want 2", bounds.LimitWatchers, got)
 	}
 	if got := counts.watchers.Load(); got != 3 {
 		t.Errorf("watchers open = %d, want 3", got)

@@ -62,7 +62,7 @@
 // fair queuing and seats on a per-flow queue, in one file.
 //
 // It imports neither the store nor gRPC: the server names the flows,
-// estimates each call's cost (internal/server/admission.go) and hands the
+// estimates each call's cost (internal/server/admission) and hands the
 // store a Ticket to report Redis time to.
 package fair
 

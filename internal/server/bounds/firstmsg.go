@@ -1,4 +1,4 @@
-package server
+package bounds
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type firstMessage struct {
 	cancel  context.CancelFunc
 	timer   *time.Timer
 	expired atomic.Bool
-	obs     LimitObserver
+	obs     Observer
 }
 
 type firstMessageKey struct{}
@@ -51,7 +51,7 @@ type firstMessageKey struct{}
 // told of every call it cuts (LimitFirstMessage). d <= 0, or a call whose
 // own deadline (grpc-timeout) comes first, returns ctx unchanged: grpc-go
 // ends such a call at its deadline.
-func armFirstMessage(ctx context.Context, d time.Duration, obs LimitObserver) context.Context {
+func armFirstMessage(ctx context.Context, d time.Duration, obs Observer) context.Context {
 	if d <= 0 {
 		return ctx
 	}
@@ -99,28 +99,28 @@ func (f *firstMessage) Value(key any) any {
 	return f.Context.Value(key)
 }
 
-// firstMessageArrived disarms the bound of the call of ctx, if any: its
+// FirstMessageArrived disarms the bound of the call of ctx, if any: its
 // first message has arrived.
-func firstMessageArrived(ctx context.Context) {
+func FirstMessageArrived(ctx context.Context) {
 	if f, ok := ctx.Value(firstMessageKey{}).(*firstMessage); ok {
 		f.timer.Stop()
 	}
 }
 
-// firstMessageUnary disarms the bound of unary calls, whose request
+// FirstMessageUnary disarms the bound of unary calls, whose request
 // grpc-go has read before any interceptor runs. It is first in the chain.
-func firstMessageUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	firstMessageArrived(ctx)
+func FirstMessageUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	FirstMessageArrived(ctx)
 	return h(ctx, req)
 }
 
-// firstMessageStream disarms the bound of a stream once its first RecvMsg
+// FirstMessageStream disarms the bound of a stream once its first RecvMsg
 // returns. A stream the bound cut ends with the error of that RecvMsg:
 // grpc-go has already written its status then ("context deadline
 // exceeded", DEADLINE_EXCEEDED) and drops any later one, so no message of
 // fenced's can reach the caller (docs/design/10-running-and-operating.md §10.4). It is first in the
 // chain.
-func firstMessageStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func FirstMessageStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if f, ok := ss.Context().Value(firstMessageKey{}).(*firstMessage); ok {
 		return h(srv, &firstRecvStream{ServerStream: ss, f: f})
 	}

@@ -1,4 +1,10 @@
-package server
+// Package trailers fits a gRPC status into the trailer budget: its message
+// and details, as encoded on the wire, within MaxStatusBytes, so that
+// clients and proxies with 8 KiB header limits get the code and the
+// machine-readable details rather than INTERNAL. The server's error table
+// (internal/server/errors.go) and every status the server builds pass
+// through Fit.
+package trailers
 
 import (
 	"encoding/base64"
@@ -42,7 +48,7 @@ const (
 // statusMessageCut ends a message cut to MaxStatusMessageBytes.
 const statusMessageCut = " ... (cut; see the details)"
 
-// Metadata keys fitTrailers writes into a status's ErrorInfo when it trims.
+// Metadata keys Fit writes into a status's ErrorInfo when it trims.
 const (
 	// MetaViolationsOmitted counts the PreconditionFailure, BadRequest or
 	// QuotaFailure violations left out of the details (the list holds the
@@ -53,7 +59,7 @@ const (
 	MetaDetailsClipped = "details_clipped"
 )
 
-// fitTrailers builds the status of code, msg and details so that its
+// Fit builds the status of code, msg and details so that its
 // grpc-message and grpc-status-details-bin fit MaxStatusBytes together:
 // first the message is cut to MaxStatusMessageBytes; then, when the details
 // are still too large, the violation lists are shortened from the end
@@ -61,8 +67,8 @@ const (
 // with it, and ErrorInfo metadata violations_omitted counts what was left
 // out); then strings are clipped to 256 bytes (details_clipped); last, only
 // the ErrorInfo's reason and domain are kept, with those two counts. It applies to every status,
-// whatever row of errorTable built it.
-func fitTrailers(code codes.Code, msg string, details []protoadapt.MessageV1) *status.Status {
+// whatever row of the server's error table built it.
+func Fit(code codes.Code, msg string, details []protoadapt.MessageV1) *status.Status {
 	msg = cutMessage(msg, MaxStatusMessageBytes)
 	st := status.New(code, msg)
 	if len(details) == 0 {

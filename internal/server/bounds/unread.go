@@ -1,4 +1,4 @@
-package server
+package bounds
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // when an answer has left (stats End fires when it is queued), so fenced
 // counts it itself: each read's answer (Sections, ScanSection, Record) is
 // added, once built, to its connection's and its caller's (the flow of the
-// fair queue, admission.go: its token's name, or its address) unread
+// fair queue, internal/server/admission: its token's name, or its address) unread
 // bytes, and every byte grpc-go writes to the connection takes one off the
 // oldest answer queued on it, and off that answer's caller (a byte written
 // is a byte of some answer, or of the frames around them: headers and
@@ -30,9 +30,9 @@ import (
 // alone always goes. So one caller parks at most about the bound of answers
 // in fenced's memory, whatever its connections, streams and addresses.
 
-// countsAnswer reports whether the answers of method are counted: the
+// CountsAnswer reports whether the answers of method are counted: the
 // reads whose answers can be large (up to --max-snapshot-bytes).
-func countsAnswer(method string) bool {
+func CountsAnswer(method string) bool {
 	switch method {
 	case fencedv1.RecordsService_Sections_FullMethodName, fencedv1.RecordsService_ScanSection_FullMethodName,
 		fencedv1.RecordsService_Record_FullMethodName:
@@ -41,31 +41,34 @@ func countsAnswer(method string) bool {
 	return false
 }
 
-// unreadAnswers counts, per accepted connection and per caller, the bytes
+// UnreadAnswers counts, per accepted connection and per caller, the bytes
 // of answers queued and not yet written.
-type unreadAnswers struct {
+type UnreadAnswers struct {
 	max int64 // per caller
-	obs LimitObserver
+	obs Observer
 
 	mu      sync.Mutex
-	conns   map[string]*unreadConn // by remote address
+	conns   map[string]*UnreadConn // by remote address
 	callers map[string]*unreadCaller
 }
 
 // unreadCaller is one caller's unread bytes, kept while answers of it are
-// queued (refs, under unreadAnswers.mu).
+// queued (refs, under UnreadAnswers.mu).
 type unreadCaller struct {
 	key     string
 	pending atomic.Int64
 	refs    int
 }
 
-func newUnreadAnswers(max int64, obs LimitObserver) *unreadAnswers {
-	return &unreadAnswers{max: max, obs: obs, conns: map[string]*unreadConn{}, callers: map[string]*unreadCaller{}}
+// NewUnreadAnswers counts unread answers, max bytes at most per caller
+// (Transport.MaxUnreadAnswerBytesPerCaller), obs told of every refusal
+// (LimitUnreadAnswers). Only the connections of its Listener are counted.
+func NewUnreadAnswers(max int64, obs Observer) *UnreadAnswers {
+	return &UnreadAnswers{max: max, obs: obs, conns: map[string]*UnreadConn{}, callers: map[string]*unreadCaller{}}
 }
 
 // caller is key's unreadCaller, held (one more ref) until unref.
-func (u *unreadAnswers) caller(key string) *unreadCaller {
+func (u *UnreadAnswers) caller(key string) *unreadCaller {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	c := u.callers[key]
@@ -77,7 +80,7 @@ func (u *unreadAnswers) caller(key string) *unreadCaller {
 	return c
 }
 
-func (u *unreadAnswers) unref(c *unreadCaller) {
+func (u *UnreadAnswers) unref(c *unreadCaller) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if c.refs--; c.refs <= 0 && u.callers[c.key] == c {
@@ -85,10 +88,15 @@ func (u *unreadAnswers) unref(c *unreadCaller) {
 	}
 }
 
-// unreadListener wraps every accepted connection in an unreadConn.
+// Listener is lis with every accepted connection counted by u.
+func (u *UnreadAnswers) Listener(lis net.Listener) net.Listener {
+	return unreadListener{Listener: lis, u: u}
+}
+
+// unreadListener wraps every accepted connection in an UnreadConn.
 type unreadListener struct {
 	net.Listener
-	u *unreadAnswers
+	u *UnreadAnswers
 }
 
 func (l unreadListener) Accept() (net.Conn, error) {
@@ -99,11 +107,11 @@ func (l unreadListener) Accept() (net.Conn, error) {
 	return l.u.track(c), nil
 }
 
-// unreadConn is an accepted connection whose writes drain its unread
+// UnreadConn is an accepted connection whose writes drain its unread
 // answer bytes, oldest answer first.
-type unreadConn struct {
+type UnreadConn struct {
 	net.Conn
-	u    *unreadAnswers
+	u    *UnreadAnswers
 	addr string
 	// pending is the bytes of answers queued (a quick look for Write).
 	pending atomic.Int64
@@ -123,15 +131,15 @@ type unreadAnswer struct {
 	left   int64
 }
 
-func (u *unreadAnswers) track(c net.Conn) *unreadConn {
-	uc := &unreadConn{Conn: c, u: u, addr: c.RemoteAddr().String()}
+func (u *UnreadAnswers) track(c net.Conn) *UnreadConn {
+	uc := &UnreadConn{Conn: c, u: u, addr: c.RemoteAddr().String()}
 	u.mu.Lock()
 	u.conns[uc.addr] = uc
 	u.mu.Unlock()
 	return uc
 }
 
-func (c *unreadConn) Write(b []byte) (int, error) {
+func (c *UnreadConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if n > 0 && c.pending.Load() > 0 {
 		c.drain(int64(n))
@@ -141,7 +149,7 @@ func (c *unreadConn) Write(b []byte) (int, error) {
 
 // drain takes n written bytes off the oldest answers queued on c, and off
 // their callers.
-func (c *unreadConn) drain(n int64) {
+func (c *UnreadConn) drain(n int64) {
 	var done []*unreadCaller
 	c.mu.Lock()
 	for n > 0 && len(c.answers) > 0 {
@@ -163,7 +171,7 @@ func (c *unreadConn) drain(n int64) {
 	}
 }
 
-func (c *unreadConn) Close() error {
+func (c *UnreadConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.mu.Lock()
@@ -180,9 +188,9 @@ func (c *unreadConn) Close() error {
 	return err
 }
 
-// conn is the unreadConn a call came on (nil when none: another listener,
+// conn is the UnreadConn a call came on (nil when none: another listener,
 // or a connection closed since).
-func (u *unreadAnswers) conn(ctx context.Context) *unreadConn {
+func (u *UnreadAnswers) conn(ctx context.Context) *UnreadConn {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return nil
@@ -193,10 +201,11 @@ func (u *unreadAnswers) conn(ctx context.Context) *unreadConn {
 	return c
 }
 
-// admit reports nil when caller, whose call ctx is, may be answered a read
-// (its unread bytes under the bound), else the refusal; conn is the
-// connection to count the answer on (queue).
-func (u *unreadAnswers) admit(ctx context.Context, caller string) (*unreadConn, error) {
+// Admit reports nil when caller, whose call ctx is, may be answered a read
+// (its unread bytes under the bound), else the refusal, an
+// *UnreadAnswersError (ErrBytesInFlight); conn is the connection to count
+// the answer on (Queue), nil for a call not on u's Listener.
+func (u *UnreadAnswers) Admit(ctx context.Context, caller string) (*UnreadConn, error) {
 	c := u.conn(ctx)
 	if c == nil {
 		return nil, nil
@@ -207,16 +216,16 @@ func (u *unreadAnswers) admit(ctx context.Context, caller string) (*unreadConn, 
 	if uc != nil {
 		if held := uc.pending.Load(); held >= u.max {
 			u.obs.Refused(LimitUnreadAnswers)
-			return c, &unreadAnswersError{held: held, max: u.max}
+			return c, &UnreadAnswersError{Held: held, Max: u.max}
 		}
 	}
 	return c, nil
 }
 
-// queue counts resp, an answer to caller about to be queued on c: refused
-// (nothing counted) when it would take the caller's unread bytes over the
-// bound and they are not zero.
-func (u *unreadAnswers) queue(c *unreadConn, caller string, resp any) error {
+// Queue counts resp, an answer to caller about to be queued on c: refused
+// (nothing counted: an *UnreadAnswersError) when it would take the
+// caller's unread bytes over the bound and they are not zero.
+func (u *UnreadAnswers) Queue(c *UnreadConn, caller string, resp any) error {
 	m, ok := resp.(proto.Message)
 	if c == nil || !ok {
 		return nil
@@ -227,7 +236,7 @@ func (u *unreadAnswers) queue(c *unreadConn, caller string, resp any) error {
 		uc.pending.Add(-size)
 		u.unref(uc)
 		u.obs.Refused(LimitUnreadAnswers)
-		return &unreadAnswersError{held: held - size, max: u.max, size: size}
+		return &UnreadAnswersError{Held: held - size, Max: u.max, Size: size}
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -243,14 +252,15 @@ func (u *unreadAnswers) queue(c *unreadConn, caller string, resp any) error {
 	return nil
 }
 
-// unreadAnswersError is a read refused because its caller has not read
-// answers holding held bytes, over max.
-type unreadAnswersError struct{ held, max, size int64 }
+// UnreadAnswersError is a read refused because its caller has not read
+// answers holding Held bytes, over Max; Size is the answer refused once
+// built (0 when refused before its handler ran).
+type UnreadAnswersError struct{ Held, Max, Size int64 }
 
-func (e *unreadAnswersError) Error() string {
+func (e *UnreadAnswersError) Error() string {
 	return "too many answer bytes unread: answers to this caller not yet read (no HTTP/2 flow-control credit) hold " +
-		strconv.FormatInt(e.held, 10) + " bytes, at or over the " + strconv.FormatInt(e.max, 10) +
+		strconv.FormatInt(e.Held, 10) + " bytes, at or over the " + strconv.FormatInt(e.Max, 10) +
 		" bytes one caller may leave unread; read them, then retry"
 }
 
-func (e *unreadAnswersError) Unwrap() error { return errBytesInFlight }
+func (e *UnreadAnswersError) Unwrap() error { return ErrBytesInFlight }

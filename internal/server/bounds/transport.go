@@ -1,17 +1,21 @@
-package server
+// Package bounds bounds what one caller can hold of a fenced server: the
+// gRPC transport (keepalive, idle connections, streams per connection,
+// header bytes, connections in all and per IP, the time a call may take to
+// send its request), the request bytes the calls being handled hold, and
+// the answers a caller has not read. Each refusal is counted through an
+// Observer; the server's error table (internal/server/errors.go) maps the
+// errors of this package to gRPC status. Health Watch streams are bounded
+// by the server itself (its health service), through the tap
+// ServerOptions takes. docs/security.md lists every bound and why.
+package bounds
 
 import (
 	"context"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/tap"
 )
@@ -77,15 +81,16 @@ type Transport struct {
 	// before that (one message per stream being received) is bounded by the
 	// connection and stream bounds. Default DefaultMaxRequestBytesInFlight.
 	MaxRequestBytesInFlight int64
-	// MaxRequestBytesPerCaller bounds what the calls of one caller (a peer
-	// IP address) hold of MaxRequestBytesInFlight; a call over it is
-	// refused likewise (metadata "caller_bytes_in_flight"). A request
-	// larger than it is served when its caller has nothing else in flight.
+	// MaxRequestBytesPerCaller bounds what the calls of one caller (a flow
+	// of the fair queue: its token, or its address) hold of
+	// MaxRequestBytesInFlight; a call over it is refused likewise
+	// (metadata "caller_bytes_in_flight"). A request larger than it is
+	// served when its caller has nothing else in flight.
 	// Default MaxRequestBytesInFlight / 2; above MaxRequestBytesInFlight:
 	// MaxRequestBytesInFlight (no share).
 	MaxRequestBytesPerCaller int64
 	// MaxUnreadAnswerBytesPerCaller bounds the bytes of read answers
-	// (Sections, ScanSection, Record) queued to one caller (a peer IP) and
+	// (Sections, ScanSection, Record) queued to one caller (a flow) and
 	// not yet written to its connections, because it grants no HTTP/2
 	// flow-control credit (unread.go); a read whose answer would go over
 	// it is refused RESOURCE_EXHAUSTED TOO_MANY_BYTES_IN_FLIGHT (metadata
@@ -138,8 +143,10 @@ const (
 	DefaultMaxUnreadAnswerBytesPerCaller = 16 << 20
 )
 
-// Names of the bounded resources, as LimitObserver.Refused reports them
-// (the label limit of fenced_limit_refusals_total).
+// Names of the bounded resources, as Observer.Refused reports them (the
+// label limit of fenced_limit_refusals_total). The server refuses over
+// LimitHealthWatchers, LimitWatchers and LimitSectionStreams itself; the
+// store over LimitReplicaWaits.
 const (
 	LimitHealthWatchers = "health_watchers"
 	LimitConnections    = "connections"
@@ -148,17 +155,18 @@ const (
 	LimitRequestBytes   = "request_bytes"
 	LimitFirstMessage   = "first_message"
 	LimitUnreadAnswers  = "unread_answers"
+	// LimitWatchers: RecordsService Watch streams (in the process, per
+	// caller, per connection).
+	LimitWatchers = "watchers"
+	// LimitSectionStreams: StreamSections streams (in the process, per
+	// caller).
+	LimitSectionStreams = "section_streams"
 )
 
-// ReasonTooManyHealthWatchers is the ErrorInfo reason of a Watch refused
-// over Transport.MaxHealthWatchers
-// (declared in proto/fenced/v1/errors.proto).
-var ReasonTooManyHealthWatchers = fencedv1.ErrorReason_TOO_MANY_HEALTH_WATCHERS.String()
-
-// LimitObserver is told how full the bounded resources are, for metrics
+// Observer is told how full the bounded resources are, for metrics
 // (internal/metrics implements it). Methods must be cheap and safe for
 // concurrent use.
-type LimitObserver interface {
+type Observer interface {
 	// Connections reports a change of the open gRPC connections (+1, -1).
 	Connections(delta int)
 	// HealthWatchers reports a change of the open health Watch streams.
@@ -167,13 +175,15 @@ type LimitObserver interface {
 	Refused(limit string)
 }
 
-type nopLimits struct{}
+// Nop is an Observer told nothing.
+type Nop struct{}
 
-func (nopLimits) Connections(int)    {}
-func (nopLimits) HealthWatchers(int) {}
-func (nopLimits) Refused(string)     {}
+func (Nop) Connections(int)    {}
+func (Nop) HealthWatchers(int) {}
+func (Nop) Refused(string)     {}
 
-func (t Transport) withDefaults() Transport {
+// WithDefaults is t with every zero field set to its default.
+func (t Transport) WithDefaults() Transport {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -214,17 +224,19 @@ func (t Transport) withDefaults() Transport {
 	return t
 }
 
-// serverOptions are the grpc.Server options of t (defaults applied), with
-// h's early refusal of Watch streams over its bound and the first message
-// bound armed on every call (firstMessage; the server's interceptors must
-// disarm it).
-func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
+// ServerOptions are the grpc.Server options of t (defaults applied), with
+// refuse (the server's early refusal of health Watch streams over their
+// bound) run as each call's headers are read, then the first message bound
+// armed on every call it lets through, obs told of every call the bound
+// cuts (firstMessage; the server's interceptors must disarm it:
+// FirstMessageUnary, FirstMessageStream, FirstMessageArrived).
+func (t Transport) ServerOptions(refuse tap.ServerInHandle, obs Observer) []grpc.ServerOption {
 	inTap := func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		ctx, err := h.tap(ctx, info)
+		ctx, err := refuse(ctx, info)
 		if err != nil {
 			return ctx, err
 		}
-		return armFirstMessage(ctx, t.FirstMessageTimeout, h.obs), nil
+		return armFirstMessage(ctx, t.FirstMessageTimeout, obs), nil
 	}
 	return []grpc.ServerOption{
 		grpc.InTapHandle(inTap),
@@ -239,57 +251,12 @@ func (t Transport) serverOptions(h *boundedHealth) []grpc.ServerOption {
 	}
 }
 
-// workers is the main server's grpc.NumStreamWorkers option.
-func (t Transport) workers() grpc.ServerOption {
+// Workers is the main server's grpc.NumStreamWorkers option.
+func (t Transport) Workers() grpc.ServerOption {
 	if t.StreamWorkers <= 0 {
 		return grpc.EmptyServerOption{}
 	}
 	return grpc.NumStreamWorkers(uint32(t.StreamWorkers))
-}
-
-// boundedHealth is the health service with its Watch streams bounded.
-type boundedHealth struct {
-	*health.Server
-	max  int64
-	open atomic.Int64
-	obs  LimitObserver
-}
-
-// watchMethod is the full name of health's Watch.
-var watchMethod = "/" + healthpb.Health_ServiceDesc.ServiceName + "/Watch"
-
-// refuseWatch is the status of a Watch over the bound.
-func refuseWatch() error {
-	return fitTrailers(codes.ResourceExhausted, "too many health Watch streams open; poll with Check, or retry later",
-		reason(ReasonTooManyHealthWatchers)(nil)).Err()
-}
-
-// tap refuses a Watch over the bound as soon as its headers are read
-// (grpc.InTapHandle): no stream goroutine, interceptor or handler runs for
-// it, so that a flood of refused Watch attempts costs little CPU. Watch
-// checks again, for attempts that pass here together.
-func (h *boundedHealth) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if info.FullMethodName == watchMethod && h.open.Load() >= h.max {
-		h.obs.Refused(LimitHealthWatchers)
-		return ctx, refuseWatch()
-	}
-	return ctx, nil
-}
-
-// Watch serves one Watch stream, or refuses it with RESOURCE_EXHAUSTED
-// when MaxHealthWatchers are open.
-func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
-	if h.open.Add(1) > h.max {
-		h.open.Add(-1)
-		h.obs.Refused(LimitHealthWatchers)
-		return refuseWatch()
-	}
-	h.obs.HealthWatchers(1)
-	defer func() {
-		h.open.Add(-1)
-		h.obs.HealthWatchers(-1)
-	}()
-	return h.Server.Watch(req, stream)
 }
 
 // limitListener closes connections over its bounds as soon as they are
@@ -298,14 +265,19 @@ func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.
 type limitListener struct {
 	net.Listener
 	max, perIP int
-	obs        LimitObserver
+	obs        Observer
 
 	mu   sync.Mutex
 	open int
 	byIP map[string]int
 }
 
-func newLimitListener(lis net.Listener, t Transport, obs LimitObserver) net.Listener {
+// NewListener is lis with t's bounds on connections (MaxConnections,
+// MaxConnectionsPerIP): a connection over them is closed as soon as it is
+// accepted, and obs told (LimitConnections); obs is told of every
+// connection opened and closed within them. lis itself when t bounds
+// neither.
+func NewListener(lis net.Listener, t Transport, obs Observer) net.Listener {
 	if t.MaxConnections < 0 && t.MaxConnectionsPerIP < 0 {
 		return lis
 	}
@@ -320,7 +292,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		ip := peerIP(c.RemoteAddr())
+		ip := PeerIP(c.RemoteAddr())
 		l.mu.Lock()
 		over := l.max >= 0 && l.open >= l.max || l.perIP >= 0 && l.byIP[ip] >= l.perIP
 		if !over {
@@ -348,9 +320,9 @@ func (l *limitListener) release(ip string) {
 	l.obs.Connections(-1)
 }
 
-// peerIP is the IP of a remote address ("" when it has none: a Unix
+// PeerIP is the IP of a remote address ("" when it has none: a Unix
 // socket, counted as one peer).
-func peerIP(a net.Addr) string {
+func PeerIP(a net.Addr) string {
 	if ta, ok := a.(*net.TCPAddr); ok {
 		return ta.IP.String()
 	}

@@ -1,33 +1,39 @@
-package server
+// Package admission gives every call that costs Redis its turn in the fair
+// queue (package fair), in its caller's flow: the unary interceptor
+// (Admission.Unary), a Watch open (Stream) and each step of a
+// StreamSections stream (Step). The same flow keys its caller's share of
+// the request bytes in flight and of the answers it has not read
+// (package bounds), which Unary takes before the call queues. Of the store
+// it imports only engine.WithMeter, and nothing of the server: a refusal
+// is answered through the server's error table, handed to New.
+package admission
 
 import (
 	"context"
-	"errors"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/auth"
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/store/engine"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/protobuf/protoadapt"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Admission: every call that costs Redis takes its turn in one fair queue
 // (package fair), in its caller's flow. The caller is its bearer token's
 // name when authorization is on (FlowsByToken, the default), else its peer
 // address; the same flow keys its share of the request bytes in flight
-// (inflight.go), of the answers it has not read (unread.go) and of the
-// Watch streams (watch.go). A caller refused its turn is RESOURCE_EXHAUSTED
-// TOO_MANY_CALLS_QUEUED with a RetryInfo delay, and nothing is written.
+// (bounds.RequestBudget), of the answers it has not read
+// (bounds.UnreadAnswers) and of the Watch streams (the server's watch.go).
+// A caller refused its turn gets a *fair.RefusedError (fair.ErrRefused:
+// RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED with a RetryInfo delay), and
+// nothing is written.
 
 // FlowsBy is how the fair queue tells callers apart.
 type FlowsBy string
@@ -51,10 +57,6 @@ type Fairness struct {
 	// Queue shapes the fair queue (zero fields: fair's defaults).
 	Queue fair.Config
 }
-
-// ReasonTooManyCallsQueued is the ErrorInfo reason of a call refused its
-// turn at Redis (declared in proto/fenced/v1/errors.proto).
-var ReasonTooManyCallsQueued = fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
 
 // Estimates of what a call costs Redis, from its request alone (the fair
 // queue corrects each call's charge by what it took): one-put commits took
@@ -163,7 +165,7 @@ const maxAddressFlows = 4096
 func addressFlow(a net.Addr) string {
 	ta, ok := a.(*net.TCPAddr)
 	if !ok {
-		return "address:" + peerIP(a)
+		return "address:" + bounds.PeerIP(a)
 	}
 	var key [16]byte
 	copy(key[:], ta.IP.To16())
@@ -180,63 +182,81 @@ func addressFlow(a net.Addr) string {
 	return f
 }
 
-// admitUnary is the unary interceptor of admission, after authorization:
-// the call's flow holds its request's bytes (requestBytes) and, for a read,
-// checks its unread answers (unreadAnswers), then waits its turn in the
-// fair queue; the handler runs with the ticket in its context, for the
-// store to report Redis time to (engine.WithMeter), and the ticket ends
-// with it.
-func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	size := requestSize(req)
-	call, ok := callOf(info.FullMethod, req, size, s.admit.waits)
+// Unary is the unary interceptor of admission, after authorization: the
+// call's flow holds its request's bytes (bounds.RequestBudget) and, for a
+// read, checks its unread answers (bounds.UnreadAnswers), then waits its
+// turn in the fair queue; the handler runs with the ticket in its context,
+// for the store to report Redis time to (engine.WithMeter), and the ticket
+// ends with it. A refusal is answered as refuse makes it (the server's
+// error table).
+func (a *Admission) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	size := bounds.RequestSize(req)
+	call, ok := callOf(info.FullMethod, req, size, a.waits)
 	if !ok {
 		return h(ctx, req)
 	}
-	flow := flowOf(ctx, s.admit.flowsBy)
-	hold, err := s.requests.take(flow, size)
+	flow := flowOf(ctx, a.flowsBy)
+	hold, err := a.requests.Take(flow, size)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, a.refuse(err)
 	}
-	defer s.requests.release(hold)
-	var conn *unreadConn
-	if countsAnswer(info.FullMethod) {
-		if conn, err = s.unread.admit(ctx, flow); err != nil {
-			return nil, toStatus(err)
+	defer a.requests.Release(hold)
+	var conn *bounds.UnreadConn
+	if bounds.CountsAnswer(info.FullMethod) {
+		if conn, err = a.unread.Admit(ctx, flow); err != nil {
+			return nil, a.refuse(err)
 		}
 	}
-	t, err := s.admit.fair.Acquire(ctx, flow, call)
+	t, err := a.fair.Acquire(ctx, flow, call)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, a.refuse(err)
 	}
 	defer t.Done()
 	resp, err := h(engine.WithMeter(ctx, t), req)
 	t.Done()
 	if err == nil && conn != nil {
-		if qerr := s.unread.queue(conn, flow, resp); qerr != nil {
-			return nil, toStatus(qerr)
+		if qerr := a.unread.Queue(conn, flow, resp); qerr != nil {
+			return nil, a.refuse(qerr)
 		}
 	}
 	return resp, err
 }
 
-// admission is what every call that costs Redis passes (admitUnary; a
-// Watch open: stream): its caller's share of the request bytes in flight
-// and of the answers not read, and its turn in the fair queue. A Service
-// served without a Server has none (nil): its calls go at once.
-type admission struct {
+// Admission is what every call that costs Redis passes (Unary; a Watch
+// open: Stream; a StreamSections step: Step): its caller's share of the
+// request bytes in flight and of the answers not read, and its turn in the
+// fair queue. A Service served without a Server has none (nil): its calls
+// go at once.
+type Admission struct {
 	fair    *fair.Scheduler
 	flowsBy FlowsBy
 	// waits: commits and lease changes wait for replicas by default
 	// (ServiceOptions.Durability).
-	waits bool
+	waits    bool
+	requests *bounds.RequestBudget
+	unread   *bounds.UnreadAnswers
+	refuse   func(error) error
 }
 
-// stream is the turn of a Watch open whose request is req, in its caller's
+// New is the admission of a server: f's fair queue (obs told of it, nil:
+// nothing) and way of telling callers apart (default FlowsByToken); waits
+// when commits and lease changes wait for replicas by default; requests
+// and unread the budgets its unary calls take; refuse turns a refusal into
+// the status the caller gets.
+func New(f Fairness, obs fair.Observer, waits bool, requests *bounds.RequestBudget, unread *bounds.UnreadAnswers, refuse func(error) error) *Admission {
+	a := &Admission{fair: fair.New(f.Queue, obs), flowsBy: f.FlowsBy, waits: waits, requests: requests, unread: unread, refuse: refuse}
+	if a.flowsBy == "" {
+		a.flowsBy = FlowsByToken
+	}
+	return a
+}
+
+// Stream is the turn of a Watch open whose request is req, in its caller's
 // flow (answered, with the ticket to end). Without an admission (nil), a
 // ticket of its own queue, which never waits.
-func (a *admission) stream(ctx context.Context, req *fencedv1.WatchRequest) (string, *fair.Ticket, error) {
+func (a *Admission) Stream(ctx context.Context, req *fencedv1.WatchRequest) (string, *fair.Ticket, error) {
 	if a == nil {
-		a = &admission{fair: fair.New(fair.Config{}, nil), flowsBy: FlowsByAddress}
+		a = &Admission{fair: fair.New(fair.Config{}, nil), flowsBy: FlowsByAddress}
 	}
 	call, _ := callOf(fencedv1.RecordsService_Watch_FullMethodName, req, 0, false)
 	flow := flowOf(ctx, a.flowsBy)
@@ -244,9 +264,9 @@ func (a *admission) stream(ctx context.Context, req *fencedv1.WatchRequest) (str
 	return flow, t, err
 }
 
-// flowOf is the flow of the call of ctx (by peer address without an
+// Flow is the flow of the call of ctx (by peer address without an
 // admission).
-func (a *admission) flowOf(ctx context.Context) string {
+func (a *Admission) Flow(ctx context.Context) string {
 	if a == nil {
 		return flowOf(ctx, FlowsByAddress)
 	}
@@ -257,11 +277,11 @@ func (a *admission) flowOf(ctx context.Context) string {
 // ~512 KiB of Redis replies (engine's chunked reads), a few ms of Redis.
 const costStreamStep = 2 * time.Millisecond
 
-// step is the Turn of each step of a StreamSections stream of flow: a
+// Step is the Turn of each step of a StreamSections stream of flow: a
 // seated read in the caller's flow, so that a caller streaming a large
 // swarm is served its share of Redis between its steps. Without an
 // admission, no turn.
-func (a *admission) step(flow string) batch.Turn {
+func (a *Admission) Step(flow string) batch.Turn {
 	if a == nil {
 		return nil
 	}
@@ -283,9 +303,16 @@ func (a *admission) step(flow string) batch.Turn {
 // the throughput they had beside the same churn on another fenced).
 const watchChurnHold = 10 * time.Millisecond
 
+// WatchStream is stream, a Watch whose open took the turn t (Stream): t is
+// served at its first message (the open, and the backlog of a resume,
+// read), and ends watchChurnHold later, or with the stream (the handler
+// ends t too).
+func WatchStream(stream fencedv1.RecordsService_WatchServer, t *fair.Ticket) fencedv1.RecordsService_WatchServer {
+	return firstSendEnds{stream, t, new(atomic.Bool)}
+}
+
 // firstSendEnds is a Watch stream whose turn in the fair queue is served
-// at its first message (the open, and the backlog of a resume, read), and
-// ends watchChurnHold later, or with the stream.
+// at its first message, and ends watchChurnHold later.
 type firstSendEnds struct {
 	fencedv1.RecordsService_WatchServer
 	t    *fair.Ticket
@@ -298,22 +325,4 @@ func (f firstSendEnds) SendMsg(m any) error {
 		time.AfterFunc(watchChurnHold, f.t.Done)
 	}
 	return f.RecordsService_WatchServer.SendMsg(m)
-}
-
-// callsQueuedDetails is TOO_MANY_CALLS_QUEUED: metadata "why" (queue_full,
-// deadline), "queued" (the caller's calls waiting), "max_queued", and a
-// RetryInfo delay.
-func callsQueuedDetails(err error) []protoadapt.MessageV1 {
-	var re *fair.RefusedError
-	if !errors.As(err, &re) {
-		return []protoadapt.MessageV1{info(ReasonTooManyCallsQueued, nil)}
-	}
-	return []protoadapt.MessageV1{
-		info(ReasonTooManyCallsQueued, map[string]string{
-			"why":        re.Reason,
-			"queued":     strconv.Itoa(re.Queued),
-			"max_queued": strconv.Itoa(re.Max),
-		}),
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(re.RetryAfter)},
-	}
 }
