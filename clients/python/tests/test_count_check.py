@@ -104,3 +104,36 @@ def test_aio_update_of_a_section_read_whole(server: Fenced, client: fenced.Clien
 
     assert asyncio.run(main()) == [1, 2]
     assert client.record(slug, "operations", "running").json() == {"round": 1, "running": ["T-2"]}  # type: ignore[union-attr]
+
+
+def test_port_counts_a_section_read_whole_and_checks_keys_read_absent(client: fenced.Client, redis: Redis, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+    """fenced.port: a section iterated whole and a key of it read as absent
+    send one CheckCount and a Check of that key at 0; the key inserted by a
+    bypassing writer between the read and the commit conflicts (the count lets
+    inserts through: the key's own check does not), and the rerun sees it."""
+    from fenced import port
+
+    r0 = seed_tasks(client, slug)
+    rec = BatchRecorder()
+    q = port.Port(recorded(rec))
+    runs = 0
+
+    def change(doc: port.Document) -> bool:
+        nonlocal runs
+        runs += 1
+        claims = doc["sections"]["claims"]
+        n = len(list(claims))
+        seen = "T-9" in claims
+        if runs == 1:
+            bypass_put(redis, slug, "claims", "T-9", '{"status":"new"}')
+        doc["sections"]["operations"]["summary"] = {"n": n, "t9": seen}
+        return seen
+
+    assert q.write(slug, change) is True and runs == 2
+    first = rec.sent[0]
+    assert kinds(first) == [
+        ("WRITE_KIND_PUT", "operations", "summary", 0),
+        ("WRITE_KIND_CHECK_COUNT", "claims", "", r0),
+        ("WRITE_KIND_CHECK", "claims", "T-9", 0),
+    ]
+    assert (first.writes[1].count, first.writes[1].revision_sum) == (2, 2 * r0 % 10**14)
