@@ -485,7 +485,8 @@ const (
 	// Section); Key is empty and Expected 0. One such write counts as one
 	// write of the batch whatever its pairs (at most the server's
 	// --max-checks, default 20000, in all; their keys count in
-	// --max-batch-value-bytes). How Update fences a section read whole.
+	// --max-batch-value-bytes). How Update fences a section read whole
+	// when CheckCount does not hold.
 	CheckRecords = fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS
 	// CheckCount checks a section read whole by the snapshot's revision
 	// (Expected), how many records it held (Count) and the sum of their

@@ -198,7 +198,7 @@ class CheckRecords:
     """Write nothing; require every record of ``checks`` (key -> the revision
     it was read at; 0: must be absent; never BLIND) in ``section`` to be at it,
     compared in the batch's atomic step: how :meth:`Client.update` fences a
-    section read whole. It catches every writer's changes to those records,
+    section read whole when a :class:`CheckCount` does not hold. It catches every writer's changes to those records,
     fenced's or not, and lets inserts of other keys through.
 
     One CheckRecords counts as one write of the batch whatever its pairs: at
