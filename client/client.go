@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/internal/protocol"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -494,9 +495,44 @@ const (
 	// Section); Key is empty and Expected 0. One such write counts as one
 	// write of the batch whatever its pairs (at most the server's
 	// --max-checks, default 20000, in all; their keys count in
-	// --max-batch-value-bytes). How Update fences a section read whole.
+	// --max-batch-value-bytes). How Update fences a section read whole
+	// when CheckCount does not hold.
 	CheckRecords = fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS
+	// CheckCount checks a section read whole by the snapshot's revision
+	// (Expected), how many records it held (Count) and the sum of their
+	// revisions (RevisionSum): the rule of CheckRecords of every one of
+	// them, in a few bytes, when every record read is at or before the
+	// snapshot's revision (docs/design/03-fenced-batch.md §3.4); it counts
+	// as Count record checks against --max-checks. How Update fences a
+	// section read whole when that holds. CountCheck makes one.
+	CheckCount = fencedv1.WriteKind_WRITE_KIND_CHECK_COUNT
 )
+
+// RevisionSumModulus is what CheckCount's RevisionSum is taken modulo
+// (10^14).
+const RevisionSumModulus = protocol.RevisionSumModulus
+
+// RevisionSum is a CheckCount's RevisionSum of revisions revs: their sum
+// modulo RevisionSumModulus.
+func RevisionSum(revs ...int64) int64 { return protocol.RevisionSum(revs...) }
+
+// CountCheck is the CheckCount of section as a snapshot read it at
+// revision rev (its records recs), and ok; ok is false when the rule does
+// not hold for it (a section read empty, or a record stored after rev:
+// check it with CheckRecords).
+func CountCheck(section string, rev int64, recs map[string]Record) (w Write, ok bool) {
+	if len(recs) == 0 || rev < 1 {
+		return Write{}, false
+	}
+	var sum int64
+	for _, r := range recs {
+		if r.Revision < 1 || CompareRevisions(r.Revision, rev) > 0 {
+			return Write{}, false
+		}
+		sum = protocol.RevisionSum(sum, r.Revision)
+	}
+	return Write{Kind: CheckCount, Section: section, Expected: rev, Count: int64(len(recs)), RevisionSum: sum}, true
+}
 
 // Blind is the Expected revision that disables a write's check.
 const Blind = -1
@@ -514,6 +550,9 @@ type Write struct {
 	Value json.RawMessage
 	// Checks are the records a CheckRecords compares; nil for other kinds.
 	Checks []RecordCheck
+	// Count and RevisionSum are a CheckCount's (CountCheck); 0 for other
+	// kinds.
+	Count, RevisionSum int64
 	// Bound binds a Put's record to the batch's claim (WithClaim;
 	// RecordWrite.bind_to_claim, docs/design/12-claims.md §12.4): once
 	// that claim is released or lapses the record is absent to every read
@@ -611,7 +650,8 @@ func NewRequestID() string {
 func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []Write, opts ...BatchOption) (int64, error) {
 	req := &fencedv1.FencedBatchRequest{Slug: slug, Fence: fence.proto(), Writes: make([]*fencedv1.RecordWrite, len(writes))}
 	for i, w := range writes {
-		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value), BindToClaim: w.Bound}
+		req.Writes[i] = &fencedv1.RecordWrite{Kind: w.Kind, Section: w.Section, Key: w.Key, Expected: w.Expected, Value: string(w.Value), BindToClaim: w.Bound,
+			Count: w.Count, RevisionSum: w.RevisionSum}
 		if len(w.Checks) > 0 {
 			checks := make([]*fencedv1.RecordCheck, len(w.Checks))
 			for j, c := range w.Checks {

@@ -39,8 +39,10 @@ const (
 // each key, and whether a section was read whole (iterated, counted,
 // copied). The result is diffed into puts and deletes expecting the
 // revisions they were read at, plus a check of every record read but not
-// written: the records of a section read whole in one CheckRecords write
-// per section (or one CheckSection for a section read PhantomProof), and
+// written: the records of a section read whole in one CheckCount write
+// per section (CountCheck; a CheckRecords of every one of them when a
+// record read is stored after the snapshot's revision; one CheckSection
+// for a section read PhantomProof), and
 // sent as one FencedBatch under fence: the lease's (Keeper.Fence), or
 // Unfenced to write without one by choice; nil without a claim
 // (WithClaim) is refused at once, ErrNoFence, change not run. A change
@@ -119,7 +121,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		attempts++
 		tx := &Txn{ctx: ctx, c: c, slug: slug, taken: views.take(ctx, conflict),
 			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
-			sectionRevs: map[string]int64{}, phantomProof: map[string]bool{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
+			sectionRevs: map[string]int64{}, snapRevs: map[string]int64{}, phantomProof: map[string]bool{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
 		if tx.taken != nil {
 			tx.seen = tx.taken.revision
 		}
@@ -347,8 +349,10 @@ type Txn struct {
 	absent   map[ref]bool
 	sections map[string]map[string]Record
 	// sectionRevs: the section revision of each section loaded whole;
+	// snapRevs: the swarm revision its snapshot was read at;
 	// phantomProof: the sections read with PhantomProof.
 	sectionRevs  map[string]int64
+	snapRevs     map[string]int64
 	phantomProof map[string]bool
 	whole        map[string]bool
 	pending      map[ref]*pendingWrite
@@ -473,8 +477,9 @@ func PhantomProof() SectionOption { return func(o *sectionOptions) { o.phantomPr
 // Section loads a whole section (one snapshot, on first use) and returns a
 // view of it. Reading single keys through it checks only those keys.
 // Iterating, counting or copying it fences the batch by every record the
-// section held when read (one CheckRecords write: each record must still
-// be at the revision read, absent ones absent), the rule of the in-house
+// section held when read (one CheckCount write, or CheckRecords where that
+// rule does not hold: each record must still be at the revision read,
+// keys read as absent absent), the rule of the in-house
 // fencing.write: it catches every writer's changes to those records,
 // fenced's or not, and lets inserts of other keys through. With
 // PhantomProof (in any call of the Txn for name) the section is fenced on
@@ -492,7 +497,9 @@ func (tx *Txn) Section(name string, opts ...SectionOption) (*Section, error) {
 		loaded = false // taken from the view, which keeps no section revisions: read it from fenced
 	}
 	if t := tx.taken; !loaded && t != nil && t.covers(name) && !tx.phantomProof[name] {
-		tx.sections[name], loaded = t.secs[name], true
+		// The view holds every batch up to t.revision (its records applied
+		// ahead stand after it: CountCheck then declines).
+		tx.sections[name], tx.snapRevs[name], loaded = t.secs[name], t.revision, true
 		if tx.sections[name] == nil {
 			tx.sections[name] = map[string]Record{}
 		}
@@ -505,6 +512,7 @@ func (tx *Txn) Section(name string, opts ...SectionOption) (*Section, error) {
 		tx.see(snap.Revision)
 		tx.sections[name] = snap.Sections[name]
 		tx.sectionRevs[name] = snap.SectionRevisions[name]
+		tx.snapRevs[name] = snap.Revision
 		if tx.sections[name] == nil {
 			tx.sections[name] = map[string]Record{}
 		}
@@ -605,12 +613,26 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 		return !inSnap // read as absent, and absent from the snapshot
 	}
 	// A section read whole is fenced by one write, whatever its size: a
+	// CheckCount of its snapshot when that rule holds (countable), else a
 	// CheckRecords of every record of the snapshot and every key of it read
 	// as absent (unless written, or checked by itself), or with
-	// PhantomProof a CheckSection at the section revision read.
+	// PhantomProof a CheckSection at the section revision read. Keys of a
+	// counted section read as absent are checked one by one (below): the
+	// count lets inserts of other keys through.
+	counted := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(tx.whole)) {
 		if tx.phantomProof[name] {
 			writes = append(writes, Write{Kind: CheckSection, Section: name, Expected: tx.sectionRevs[name]})
+			continue
+		}
+		if w, ok := tx.countCheck(name); ok {
+			counted[name] = true
+			for k := range tx.sections[name] {
+				if !written[ref{name, k}] {
+					writes = append(writes, w) // else each record is checked by its own write
+					break
+				}
+			}
 			continue
 		}
 		snap := tx.sections[name]
@@ -634,7 +656,7 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 	}
 	checked := map[ref]bool{}
 	check := func(r ref) {
-		if written[r] || checked[r] || coveredBySection(r) {
+		if written[r] || checked[r] || coveredBySection(r) && !(counted[r.section] && tx.absent[r]) {
 			return
 		}
 		checked[r] = true
@@ -647,6 +669,27 @@ func (tx *Txn) batch() (writes []Write, mutates bool) {
 		check(r)
 	}
 	return writes, true
+}
+
+// countCheck is the CheckCount of section name read whole (CountCheck of
+// its snapshot), and ok; ok is false when it would not be the rule of the
+// records check: a record stored after the snapshot's revision, a section
+// read empty, or a record of the snapshot read on its own at another
+// revision or as absent (it changed between the two reads: the count
+// would conflict where its own check passes).
+func (tx *Txn) countCheck(name string) (Write, bool) {
+	snap := tx.sections[name]
+	for r, rec := range tx.read {
+		if s, ok := snap[r.key]; r.section == name && ok && s.Revision != rec.Revision {
+			return Write{}, false
+		}
+	}
+	for r := range tx.absent {
+		if _, ok := snap[r.key]; r.section == name && ok {
+			return Write{}, false
+		}
+	}
+	return CountCheck(name, tx.snapRevs[name], snap)
 }
 
 func sortedRefs(seq iter.Seq[ref]) []ref {

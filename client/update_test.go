@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"syscall"
@@ -367,10 +368,10 @@ func seedSection(t *testing.T, c *client.Client, slug, section string, n int) ma
 // TestUpdateFencesWholeSectionWithOneRecordsCheck: a change that counts a
 // 500-record section commits at once despite a concurrent insert of a new
 // record into it (the in-house rule: inserts of other keys pass). Its
-// batch holds one WRITE_KIND_CHECK_RECORDS of the 500 records at the
-// revisions read (key-0007, also read by key, among them) and the put:
-// two writes, whatever the section's size.
-func TestUpdateFencesWholeSectionWithOneRecordsCheck(t *testing.T) {
+// batch holds one WRITE_KIND_CHECK_COUNT of the 500 records at the
+// snapshot's revision (key-0007, also read by key, among them) and the
+// put: two writes of a few bytes, whatever the section's size.
+func TestUpdateFencesWholeSectionWithOneCountCheck(t *testing.T) {
 	t.Parallel()
 	f := start(t)
 	rec := &batchRecorder{}
@@ -403,13 +404,40 @@ func TestUpdateFencesWholeSectionWithOneRecordsCheck(t *testing.T) {
 		t.Fatalf("Update sent %v, want one batch of two writes", sent)
 	}
 	rc := sent[0].GetWrites()[1]
-	if rc.GetKind() != fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS || rc.GetSection() != "claims" || len(rc.GetChecks()) != 500 {
-		t.Fatalf("second write = %v %s with %d pairs, want a records check of claims with 500", rc.GetKind(), rc.GetSection(), len(rc.GetChecks()))
+	revs := make([]int64, 500)
+	for i := range revs {
+		revs[i] = seeded
 	}
-	for i, p := range rc.GetChecks() {
-		if p.GetKey() != fmt.Sprintf("key-%04d", i) || p.GetExpected() != seeded {
-			t.Errorf("pair %d = %s@%d, want key-%04d@%d", i, p.GetKey(), p.GetExpected(), i, seeded)
-			break
+	if rc.GetKind() != fencedv1.WriteKind_WRITE_KIND_CHECK_COUNT || rc.GetSection() != "claims" || len(rc.GetChecks()) != 0 ||
+		rc.GetExpected() != seeded || rc.GetCount() != 500 || rc.GetRevisionSum() != client.RevisionSum(revs...) {
+		t.Fatalf("second write = %v, want a count check of claims: 500 records at %d", rc, seeded)
+	}
+}
+
+// TestCountCheckHoldsOnlyForRecordsAtOrBeforeTheSnapshot: CountCheck
+// answers the snapshot's revision, count and sum; a section read empty, or
+// holding a record stored after the snapshot's revision (a counter behind
+// its records: Redis lost writes, or a writer not taking its revisions
+// from the counter), is not counted: Update sends a records check then.
+func TestCountCheckHoldsOnlyForRecordsAtOrBeforeTheSnapshot(t *testing.T) {
+	const r = 17960000000000
+	recs := map[string]client.Record{"a": {Revision: r}, "b": {Revision: 7}, "c": {Revision: 1796079180861096}}
+	w, ok := client.CountCheck("claims", r, recs)
+	if want := (client.Write{Kind: client.CheckCount, Section: "claims", Expected: r, Count: 3,
+		RevisionSum: (r + 7 + 1796079180861096%client.RevisionSumModulus) % client.RevisionSumModulus}); !ok || !reflect.DeepEqual(w, want) {
+		t.Errorf("CountCheck = %+v, %v; want %+v", w, ok, want)
+	}
+	for name, tc := range map[string]struct {
+		rev  int64
+		recs map[string]client.Record
+	}{
+		"empty":                           {r, map[string]client.Record{}},
+		"a record after":                  {r, map[string]client.Record{"a": {Revision: r + 1}}},
+		"era 2 after a 16-digit snapshot": {1796079180861096, map[string]client.Record{"a": {Revision: r}}},
+		"no snapshot revision":            {0, map[string]client.Record{"a": {Revision: 1}}},
+	} {
+		if w, ok := client.CountCheck("claims", tc.rev, tc.recs); ok {
+			t.Errorf("%s: CountCheck = %+v; want not ok", name, w)
 		}
 	}
 }
@@ -956,15 +984,9 @@ func TestUpdateOfASectionReadWholeLetsInsertsThrough(t *testing.T) {
 				t.Fatalf("Update sent %d batches, want 1", len(sent))
 			}
 			w := sent[0].GetWrites()
-			if len(w) != 2 || w[1].GetKind() != fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS || w[1].GetSection() != "claims" || w[1].GetKey() != "" || w[1].GetExpected() != 0 {
-				t.Fatalf("batch = %v, want the put and one records check of claims", w)
-			}
-			var pairs []string
-			for _, c := range w[1].GetChecks() {
-				pairs = append(pairs, fmt.Sprintf("%s@%d", c.GetKey(), c.GetExpected()))
-			}
-			if want := []string{fmt.Sprintf("T-1@%d", seeded), fmt.Sprintf("T-2@%d", seeded)}; !slices.Equal(pairs, want) {
-				t.Errorf("records check pairs = %q, want %q", pairs, want)
+			if len(w) != 2 || w[1].GetKind() != fencedv1.WriteKind_WRITE_KIND_CHECK_COUNT || w[1].GetSection() != "claims" || w[1].GetKey() != "" ||
+				w[1].GetExpected() != seeded || w[1].GetCount() != 2 || w[1].GetRevisionSum() != client.RevisionSum(seeded, seeded) {
+				t.Fatalf("batch = %v, want the put and one count check of claims (2 records at %d)", w, seeded)
 			}
 		})
 	}
@@ -1007,11 +1029,13 @@ func TestUpdateOfABusySectionReadWholeCommits(t *testing.T) {
 	}
 }
 
-// TestUpdateChecksEveryRecordOfASectionReadWholeOnce: the records check
-// holds every record of the snapshot and every key read as absent, except
-// those the batch writes and one read on its own at another revision
-// (checked by itself): no record is named twice, and the rerun after the
-// conflict that read-at-two-revisions makes commits.
+// TestUpdateChecksEveryRecordOfASectionReadWholeOnce: with a record read
+// on its own at another revision than the snapshot's, the section is
+// fenced by a records check holding every record of the snapshot and
+// every key read as absent, except those the batch writes and that record
+// (checked by itself): no record is named twice. The rerun after the
+// conflict that read-at-two-revisions makes reads all at one revision:
+// one count check, the key read as absent checked on its own.
 func TestUpdateChecksEveryRecordOfASectionReadWholeOnce(t *testing.T) {
 	t.Parallel()
 	f := start(t)
@@ -1062,6 +1086,9 @@ func TestUpdateChecksEveryRecordOfASectionReadWholeOnce(t *testing.T) {
 			for _, p := range w.GetChecks() {
 				x.pairs += fmt.Sprintf("%s@%d ", p.GetKey(), p.GetExpected())
 			}
+			if w.GetKind() == client.CheckCount {
+				x.pairs = fmt.Sprintf("count %d sum %d", w.GetCount(), w.GetRevisionSum())
+			}
 			out = append(out, x)
 		}
 		return out
@@ -1077,8 +1104,11 @@ func TestUpdateChecksEveryRecordOfASectionReadWholeOnce(t *testing.T) {
 			{kind: client.Check, key: "a", expected: r0},
 		},
 		{
+			// The rerun reads a with the section: the count check holds
+			// (zz, read as absent, checked on its own).
 			{kind: client.Put, key: "b", expected: r0},
-			{kind: client.CheckRecords, pairs: fmt.Sprintf("a@%d c@%d zz@0 ", r1, r0)},
+			{kind: client.CheckCount, expected: r1, pairs: fmt.Sprintf("count 3 sum %d", client.RevisionSum(r1, r0, r0))},
+			{kind: client.Check, key: "zz", expected: 0},
 		},
 	}
 	for i := range want {

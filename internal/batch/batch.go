@@ -40,7 +40,25 @@ const (
 	// fenced and lets inserts of other keys through. Its Key and Value are
 	// empty and its Expected 0.
 	KindCheckRecords
+	// KindCheckCount writes nothing: the check of a section read whole at
+	// swarm revision Expected (R) by how many records it held (Count, N)
+	// and the sum of their revisions (RevisionSum, S, modulo
+	// RevisionSumModulus). It passes when Section holds exactly N records
+	// stored at or before R (the issue order; a bound record while its
+	// claim lives), summing to S, and the swarm revision is not before R:
+	// KindCheckRecords's rule for the N records whenever every revision
+	// issued after R is later than R (docs/design/03-fenced-batch.md
+	// §3.4). Its Key and Value are empty.
+	KindCheckCount
 )
+
+// RevisionSumModulus is what a KindCheckCount's RevisionSum is taken
+// modulo (protocol.RevisionSumModulus, 10^14).
+const RevisionSumModulus = protocol.RevisionSumModulus
+
+// RevisionSum is the RevisionSum of a KindCheckCount over revisions revs
+// (protocol.RevisionSum).
+func RevisionSum(revs ...int64) int64 { return protocol.RevisionSum(revs...) }
 
 // String returns "put", "delete", "check", "section check", "records
 // check", or "kind(N)" for an invalid Kind.
@@ -56,6 +74,8 @@ func (k Kind) String() string {
 		return "section check"
 	case KindCheckRecords:
 		return "records check"
+	case KindCheckCount:
+		return "count check"
 	}
 	return fmt.Sprintf("kind(%d)", int32(k))
 }
@@ -92,6 +112,12 @@ type Write struct {
 	// Checks are the records a KindCheckRecords compares, in request
 	// order; nil for every other kind.
 	Checks []RecordCheck
+	// Count is how many records a KindCheckCount's section held when read
+	// at Expected (1 to MaxChecks); 0 for every other kind.
+	Count int64
+	// RevisionSum is the sum of those records' revisions modulo
+	// RevisionSumModulus (RevisionSum); 0 for every other kind.
+	RevisionSum int64
 	// Bound binds a put's record to the batch's claim fence
 	// (docs/design/12-claims.md §12.4): it is stored in the bound form and
 	// is absent to every fenced read and write once that claim's grant is

@@ -312,12 +312,22 @@ func (l Limits) CheckBatch(b *Batch) error {
 	}
 	checks, over := 0, -1
 	for i := range b.Writes {
-		if checks += len(b.Writes[i].Checks); checks > l.MaxChecks && over < 0 {
+		// A count check's records count as record checks: the script
+		// reads every one of them (a count out of range is checkWrite's).
+		n := len(b.Writes[i].Checks)
+		if c := b.Writes[i].Count; b.Writes[i].Kind == KindCheckCount && c > 0 && c <= int64(l.MaxChecks) {
+			n = int(c)
+		}
+		if checks += n; checks > l.MaxChecks && over < 0 {
 			over = i
 		}
 	}
 	if over >= 0 {
-		vs.add(fmt.Sprintf("writes[%d].checks", over), "at most %d record checks per batch (--max-checks), got %d", l.MaxChecks, checks)
+		field := fmt.Sprintf("writes[%d].checks", over)
+		if b.Writes[over].Kind == KindCheckCount {
+			field = fmt.Sprintf("writes[%d].count", over)
+		}
+		vs.add(field, "at most %d record checks per batch (--max-checks; a count check counts its records), got %d", l.MaxChecks, checks)
 		return vs.err() // do not walk an oversized batch
 	}
 	total := 0
@@ -370,9 +380,9 @@ func (l Limits) CheckBatch(b *Batch) error {
 func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 	field := func(name string) string { return fmt.Sprintf("writes[%d].%s", i, name) }
 	switch w.Kind {
-	case KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords:
+	case KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords, KindCheckCount:
 	default:
-		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE, WRITE_KIND_CHECK, WRITE_KIND_CHECK_SECTION or WRITE_KIND_CHECK_RECORDS, got %s", w.Kind)
+		vs.add(field("kind"), "must be WRITE_KIND_PUT, WRITE_KIND_DELETE, WRITE_KIND_CHECK, WRITE_KIND_CHECK_SECTION, WRITE_KIND_CHECK_RECORDS or WRITE_KIND_CHECK_COUNT, got %s", w.Kind)
 	}
 	sectionOK := false
 	if why := l.validSection(w.Section); why != "" {
@@ -380,7 +390,7 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 	} else {
 		sectionOK = true
 	}
-	if w.Kind == KindCheckSection || w.Kind == KindCheckRecords {
+	if w.Kind == KindCheckSection || w.Kind == KindCheckRecords || w.Kind == KindCheckCount {
 		if w.Key != "" {
 			vs.add(field("key"), "must be empty for a %s (a records check names its keys in checks)", w.Kind)
 		}
@@ -398,6 +408,26 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 		vs.add(field("expected"), "a section check cannot be BLIND (-1): name the section revision read (0: never written)")
 	case w.Expected != 0 && w.Kind == KindCheckRecords:
 		vs.add(field("expected"), "must be 0 for a records check (each of checks names its own revision), got %d", w.Expected)
+	case w.Expected < 1 && w.Kind == KindCheckCount:
+		vs.add(field("expected"), "must be the swarm revision the section was read at, 1 to 2^53-1, for a count check, got %d", w.Expected)
+	}
+	if w.Kind == KindCheckCount {
+		switch c := w.Count; {
+		case c < 1:
+			vs.add(field("count"), "must be how many records the section held when read, at least 1 (a section read empty needs no check), got %d", c)
+		case c > int64(l.MaxChecks):
+			vs.add(field("count"), "at most %d records (--max-checks), got %d", l.MaxChecks, c)
+		}
+		if s := w.RevisionSum; s < 0 || s >= RevisionSumModulus {
+			vs.add(field("revision_sum"), "must be the sum of the records' revisions modulo 10^14, 0 to 10^14-1, got %d", s)
+		}
+	} else {
+		if w.Count != 0 {
+			vs.add(field("count"), "must be 0 for a %s (only WRITE_KIND_CHECK_COUNT carries a count)", w.Kind)
+		}
+		if w.RevisionSum != 0 {
+			vs.add(field("revision_sum"), "must be 0 for a %s (only WRITE_KIND_CHECK_COUNT carries a revision sum)", w.Kind)
+		}
 	}
 	if w.Kind == KindCheckRecords {
 		checkRecordChecks(vs, i, w)
@@ -420,7 +450,7 @@ func (l Limits) checkWrite(vs *violations, i int, w *Write) {
 				vs.add(field("value"), "%s; an executions value must decode in the script to be indexed by name", why)
 			}
 		}
-	case KindDelete, KindCheck, KindCheckSection, KindCheckRecords:
+	case KindDelete, KindCheck, KindCheckSection, KindCheckRecords, KindCheckCount:
 		if w.Value != "" {
 			vs.add(field("value"), "must be empty for a %s", w.Kind)
 		}
@@ -471,7 +501,8 @@ func checkRecordChecks(vs *violations, i int, w *Write) {
 
 // checkDuplicates refuses a (section, key) named twice in the batch: by two
 // writes, by a write and a records check's pair, or by two pairs; and a
-// section checked twice by WRITE_KIND_CHECK_SECTION. Pairs are walked after
+// section checked twice by WRITE_KIND_CHECK_SECTION or WRITE_KIND_CHECK_COUNT
+// (either kind, each keyed by the section alone). Pairs are walked after
 // every other write, so that a record named by both is reported at the
 // pair.
 func checkDuplicates(vs *violations, ws []Write) {

@@ -177,7 +177,7 @@ func TestCheckBatchRecordsCheckSaysWhy(t *testing.T) {
 var slugPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // fieldPattern is every Field a CheckBatch violation may name.
-var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)|writes\[(0|[1-9][0-9]*)\]\.(kind|section|key|expected|value|checks|checks\[(0|[1-9][0-9]*)\]\.(key|expected)))$`)
+var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)|writes\[(0|[1-9][0-9]*)\]\.(kind|section|key|expected|value|checks|count|revision_sum|checks\[(0|[1-9][0-9]*)\]\.(key|expected)))$`)
 
 // FuzzCheckBatch checks CheckBatch against the rules of docs/design/02-redis-layout.md §2.4 and docs/design/03-fenced-batch.md §3.1 stated
 // independently: it never panics; nil means the batch keeps every rule (so a
@@ -186,7 +186,8 @@ var fieldPattern = regexp.MustCompile(`^(slug|writes|fence\.(epoch|now_ms|owner)
 // naming a known field; and it refuses exactly the batches that break a rule.
 //
 // The batch is one write built from the fuzzed fields, followed by a check
-// of (section2, key2) when second is set, so duplicates are reachable.
+// of (section2, key2) when second is set, so duplicates are reachable. A
+// count check takes its count and revision sum from epoch and nowMs.
 func FuzzCheckBatch(f *testing.F) {
 	type seed struct {
 		slug, section, key string
@@ -214,6 +215,8 @@ func FuzzCheckBatch(f *testing.F) {
 		{"x", "fences", "f", Blind, "", 3, false, "", "", false, "", 0, 0},
 		{"x", "journals", "j", 1, "\"\xff\"", 1, false, "", "", false, "", 0, 0},
 		{"x", "journals", "j", 1, `{"n":12345678901234567890,"f":0.1}`, 7, false, "", "", false, "", 0, 0},
+		{"x", "claims", "", 17960000000000, "", 6, true, "claims", "T-1", false, "", 2, 35920000000000},
+		{"x", "claims", "k", 0, "", 6, false, "", "", false, "", 0, 1 << 47},
 		{strings.Repeat("s", 128), "operations", strings.Repeat("k", 1024), MaxSafeInteger, `null`, 1, false, "", "", true, "", MaxSafeInteger, MaxSafeInteger},
 		{strings.Repeat("s", 129), "operations", strings.Repeat("k", 1025), 0, "NaN", 1, false, "", "", false, "", 0, 0},
 	} {
@@ -227,6 +230,9 @@ func FuzzCheckBatch(f *testing.F) {
 		if b.Writes[0].Kind == KindCheckRecords {
 			// A records check names its record in its one pair.
 			b.Writes[0].Key, b.Writes[0].Expected, b.Writes[0].Checks = "", 0, []RecordCheck{{Key: key, Expected: expected}}
+		}
+		if b.Writes[0].Kind == KindCheckCount {
+			b.Writes[0].Count, b.Writes[0].RevisionSum = epoch, nowMs
 		}
 		if second {
 			b.Writes = append(b.Writes, Write{Kind: KindCheck, Section: section2, Key: key2, Expected: 1})
@@ -252,8 +258,12 @@ func FuzzCheckBatch(f *testing.F) {
 						t.Fatalf("CheckBatch accepted writes[%d].checks[%d].key %q, want 1-%d bytes of valid UTF-8", i, j, c.Key, MaxKeyBytes)
 					}
 				}
-				if w.Kind == KindCheckSection && w.Key != "" {
-					t.Fatalf("CheckBatch accepted writes[%d] %+v, want a section check of no key", i, w)
+				if (w.Kind == KindCheckSection || w.Kind == KindCheckCount) && w.Key != "" {
+					t.Fatalf("CheckBatch accepted writes[%d] %+v, want a section or count check of no key", i, w)
+				} else if w.Kind == KindCheckCount {
+					if w.Count < 1 || w.Count > int64(limits.MaxChecks) || w.Expected < 1 || w.RevisionSum < 0 || w.RevisionSum >= RevisionSumModulus {
+						t.Fatalf("CheckBatch accepted writes[%d] %+v, want a count of 1 to --max-checks records at a revision >= 1", i, w)
+					}
 				} else if w.Kind == KindCheckRecords {
 					if w.Key != "" || len(w.Checks) == 0 {
 						t.Fatalf("CheckBatch accepted writes[%d] %+v, want a records check of no key and 1 or more pairs", i, w)
@@ -360,8 +370,36 @@ func brokenRules(l Limits, b *Batch) []string {
 	for _, w := range b.Writes {
 		total += len(w.Value)
 		checks += len(w.Checks)
-		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck && w.Kind != KindCheckSection && w.Kind != KindCheckRecords {
+		if w.Kind != KindPut && w.Kind != KindDelete && w.Kind != KindCheck && w.Kind != KindCheckSection && w.Kind != KindCheckRecords && w.Kind != KindCheckCount {
 			broken = append(broken, "kind")
+		}
+		if w.Kind != KindCheckCount && (w.Count != 0 || w.RevisionSum != 0) {
+			broken = append(broken, "count of another kind")
+		}
+		if w.Kind == KindCheckCount {
+			if w.Key != "" || w.Value != "" || len(w.Checks) > 0 {
+				broken = append(broken, "count check's own fields")
+			}
+			if w.Expected < 1 || w.Expected > 1<<53-1 {
+				broken = append(broken, "count check's revision")
+			}
+			if w.Count < 1 || w.Count > int64(l.MaxChecks) {
+				broken = append(broken, "count")
+			} else {
+				checks += int(w.Count)
+			}
+			if w.RevisionSum < 0 || w.RevisionSum >= 100_000_000_000_000 {
+				broken = append(broken, "revision sum")
+			}
+			if !(w.Section == MetaSection || slices.Contains(l.Sections, w.Section)) {
+				broken = append(broken, "section")
+			}
+			r := ref{w.Section, ""} // one section or count check a section
+			if slices.Contains(seen, r) {
+				broken = append(broken, "section checked twice")
+			}
+			seen = append(seen, r)
+			continue
 		}
 		if w.Kind == KindCheckRecords {
 			if w.Key != "" || w.Expected != 0 || w.Value != "" || len(w.Checks) == 0 {

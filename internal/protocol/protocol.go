@@ -107,6 +107,9 @@ const (
 	// KindCheckRecords: one record (pair) of a records check; a write of
 	// n pairs is n arguments of this kind.
 	KindCheckRecords = "R"
+	// KindCheckCount: a count check of a section read whole; its key slot
+	// is '<count>:<revision sum>' (decimal), its expected the revision read at.
+	KindCheckCount = "C"
 	// KindPutBound: a put binding its record to the batch's claim fence
 	// (docs/design/12-claims.md §12.4): a put in every other respect.
 	KindPutBound = "b"
@@ -332,6 +335,7 @@ var entries = []struct{ name, value string }{
 	{"KIND_CHECK", KindCheck},
 	{"KIND_CHECK_SECTION", KindCheckSection},
 	{"KIND_CHECK_RECORDS", KindCheckRecords},
+	{"KIND_CHECK_COUNT", KindCheckCount},
 	{"KIND_PUT_BOUND", KindPutBound},
 	{"MODE_STAMP", ModeStamp},
 	{"MODE_LAYOUT_CHECKED", ModeLayoutChecked},
@@ -405,7 +409,7 @@ var entries = []struct{ name, value string }{
 	// KIND_PATTERN / MODE_PATTERN: one character class of every kind / mode
 	// letter. SECTION_PATTERN captures a section's name out of its key;
 	// SLUG_PATTERN the slug out of any key of the swarm.
-	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords, KindPutBound)},
+	{"KIND_PATTERN", charClass(KindPut, KindDelete, KindCheck, KindCheckSection, KindCheckRecords, KindCheckCount, KindPutBound)},
 	{"MODE_PATTERN", charClass(ModeStamp, ModeLayoutChecked, ModeRequest, ModeLegacyRequest, ModeClaim, ModeNone)},
 	{"SECTION_PATTERN", luaPatternQuote(FenceInfix) + "(.*)$"},
 	{"SLUG_PATTERN", "{(.-)" + luaPatternQuote(FenceInfix)},

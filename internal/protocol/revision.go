@@ -102,3 +102,19 @@ func ParseRevision(s string) (int64, bool) {
 	}
 	return n, true
 }
+
+// RevisionSumModulus is what a count check's revision sum
+// (WRITE_KIND_CHECK_COUNT) is taken modulo: 10^14, so that each term (a
+// revision's last 14 digits, as commit.lua takes them from the digits)
+// and the running sum stay below 2^53 in Redis's Lua.
+const RevisionSumModulus = IssueMax + 1
+
+// RevisionSum is the sum of revisions revs (each 0 to 2^53-1) modulo
+// RevisionSumModulus: a count check's revision_sum.
+func RevisionSum(revs ...int64) int64 {
+	var s int64
+	for _, r := range revs {
+		s = (s + r%RevisionSumModulus) % RevisionSumModulus
+	}
+	return s
+}

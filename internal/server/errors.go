@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/internal/batch"
+	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/server/bounds"
 	"github.com/agentihooks/fenced/internal/server/fair"
 	"github.com/agentihooks/fenced/internal/server/trailers"
@@ -267,7 +268,8 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 	pf := &errdetails.PreconditionFailure{}
 	md := map[string]string{"conflicts": strconv.Itoa(len(ce.Conflicts))}
 	size := 0
-	for i, c := range ce.Conflicts {
+	for _, c := range countConflicts(ce.Conflicts) {
+		i := len(pf.Violations)
 		size += len(c.Section) + len(c.Key) + 1
 		if i == MaxConflictDetails || (i > 0 && size > MaxConflictDetailBytes) {
 			break
@@ -277,7 +279,19 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 			Subject:     c.Section + "/" + c.Key,
 			Description: fmt.Sprintf("writes[%d]: expected revision %d, actual %d", c.Index, c.Expected, c.Actual),
 		}
-		if c.InChecks { // a pair of a WRITE_KIND_CHECK_RECORDS
+		if cc := c.Count; cc != nil { // a WRITE_KIND_CHECK_COUNT
+			v.Type, v.Subject = "SECTION_COUNT", c.Section
+			v.Description = fmt.Sprintf("writes[%d]: expected %d records at or before revision %d (revision sum %d), found %d (sum %d)",
+				c.Index, cc.Want, c.Expected, cc.WantSum, cc.Found, cc.FoundSum)
+			if protocol.RevisionLater(c.Expected, cc.SwarmRevision) {
+				v.Description += fmt.Sprintf("; the swarm revision %d is before it: Redis lost writes, read again", cc.SwarmRevision)
+			}
+		} else if c.Later { // a record a WRITE_KIND_CHECK_COUNT found after its revision
+			v.Description = fmt.Sprintf("writes[%d]: stored at revision %d, after the revision %d the section was read at", c.Index, c.Actual, c.Expected)
+			if c.Actual == 0 {
+				v.Description = fmt.Sprintf("writes[%d]: not a record (written after the revision %d the section was read at)", c.Index, c.Expected)
+			}
+		} else if c.InChecks { // a pair of a WRITE_KIND_CHECK_RECORDS
 			v.Description = fmt.Sprintf("writes[%d].checks[%d]: expected revision %d, actual %d", c.Index, c.Check, c.Expected, c.Actual)
 		} else if c.Key == "" { // a WRITE_KIND_CHECK_SECTION
 			v.Type, v.Subject = "SECTION_REVISION", c.Section
@@ -289,10 +303,35 @@ func conflictDetails(err error) []protoadapt.MessageV1 {
 		md["expected_"+n] = strconv.FormatInt(c.Expected, 10)
 		md["actual_"+n] = strconv.FormatInt(c.Actual, 10)
 	}
-	if omitted := len(ce.Conflicts) - len(pf.Violations); omitted > 0 {
+	if omitted := len(countConflicts(ce.Conflicts)) - len(pf.Violations); omitted > 0 {
 		md[trailers.MetaViolationsOmitted] = strconv.Itoa(omitted)
 	}
 	return []protoadapt.MessageV1{info(ReasonRevisionConflict, md), pf}
+}
+
+// countConflicts is cs with, after each count check's conflict, one
+// conflict per record it found stored after the revision it names
+// (Expected: that revision; Actual: the record's, 0 when it is no record).
+func countConflicts(cs []engine.Conflict) []engine.Conflict {
+	n := len(cs)
+	for _, c := range cs {
+		if c.Count != nil {
+			n += len(c.Count.Later)
+		}
+	}
+	if n == len(cs) {
+		return cs
+	}
+	out := make([]engine.Conflict, 0, n)
+	for _, c := range cs {
+		out = append(out, c)
+		if c.Count != nil {
+			for _, l := range c.Count.Later {
+				out = append(out, engine.Conflict{Index: c.Index, Section: c.Section, Key: l.Key, Expected: c.Expected, Actual: l.Revision, Later: true})
+			}
+		}
+	}
+	return out
 }
 
 func staleDetails(err error) []protoadapt.MessageV1 {

@@ -248,6 +248,9 @@ func BatchFromProto(req *fencedv1.FencedBatchRequest) *batch.Batch {
 			Expected: w.GetExpected(),
 			Value:    w.GetValue(),
 			Bound:    w.GetBindToClaim(),
+			// A count check's (WRITE_KIND_CHECK_COUNT); 0 for every other kind.
+			Count:       w.GetCount(),
+			RevisionSum: w.GetRevisionSum(),
 		}
 		if cs := w.GetChecks(); len(cs) > 0 {
 			checks := make([]batch.RecordCheck, len(cs))

@@ -210,6 +210,106 @@ func TestCheckRecordsBadInputNamesTheField(t *testing.T) {
 	}
 }
 
+// TestCheckCount: WRITE_KIND_CHECK_COUNT through the gRPC server (grpcurl's
+// JSON): the snapshot's revision, count and sum commit; a record changed
+// behind fenced is ABORTED REVISION_CONFLICT whose PreconditionFailure
+// names the section with the counts and sums, then the record stored after
+// R; nothing written.
+func TestCheckCount(t *testing.T) {
+	srv := redistest.Start(t)
+	e := serveRedis(t, srv, batch.DefaultLimits(), server.Options{})
+	const slug = "counted"
+	r1 := commit(t, e, &fencedv1.FencedBatchRequest{Slug: slug, Writes: []*fencedv1.RecordWrite{put("claims", "T-1", 0, `1`), put("claims", "T-2", 0, `1`)}})
+	sum := batch.RevisionSum(r1, r1)
+	req := batchJSON(t, fmt.Sprintf(`{"slug": %q, "writes": [
+		{"kind": "WRITE_KIND_PUT", "section": "intents", "key": "i", "expected": "0", "value": "1"},
+		{"kind": "WRITE_KIND_CHECK_COUNT", "section": "claims", "expected": "%d", "count": "2", "revisionSum": "%d"}
+	]}`, slug, r1, sum))
+	if _, err := e.records.FencedBatch(ctxT(t), req); err != nil {
+		t.Fatalf("FencedBatch(grpcurl JSON with a count check) = %v, want a commit", err)
+	}
+	later := r1 + 1 // later than r1, an in-house writer's INCR of it
+	srv.Do(t, "HSET", "agentihooks:swarm:{"+slug+"}:fence:claims", "T-1", fmt.Sprintf(`{"r":%d,"v":"done"}`, later))
+	req.Writes[0].Key = "j"
+	before := dumpKeys(t, srv)
+	_, err := e.records.FencedBatch(ctxT(t), req)
+	d := decode(t, err)
+	if d.code != codes.Aborted || d.info.GetReason() != server.ReasonRevisionConflict {
+		t.Fatalf("FencedBatch(count check after a bypassing write) = %v %q, want ABORTED REVISION_CONFLICT", d.code, d.info.GetReason())
+	}
+	wantPF := &errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+		Type: "SECTION_COUNT", Subject: "claims",
+		Description: fmt.Sprintf("writes[1]: expected 2 records at or before revision %d (revision sum %d), found 1 (sum %d)", r1, sum, r1),
+	}, {
+		Type: "REVISION", Subject: "claims/T-1",
+		Description: fmt.Sprintf("writes[1]: stored at revision %d, after the revision %d the section was read at", later, r1),
+	}}}
+	if diff := cmp.Diff(wantPF, d.precond, protocmp.Transform()); diff != "" {
+		t.Errorf("PreconditionFailure mismatch (-want +got):\n%s", diff)
+	}
+	md := d.info.GetMetadata()
+	if md["conflicts"] != "1" || md["write_0"] != "1" || md["expected_0"] != fmt.Sprint(r1) || md["actual_0"] != "1" ||
+		md["write_1"] != "1" || md["actual_1"] != fmt.Sprint(later) {
+		t.Errorf("ErrorInfo metadata = %v, want the count at write 1 (R %d, 1 found), then T-1 at %d", md, r1, later)
+	}
+	if after := dumpKeys(t, srv); after != before {
+		t.Errorf("a refused count check changed Redis:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// TestCheckCountBadInputNamesTheField: a count check's bad revision,
+// count or sum, a key or value on it, a count or sum on another kind, a
+// count over --max-checks (with the other checks' pairs) and a section
+// checked twice are INVALID_ARGUMENT naming the field; nothing reaches
+// Redis.
+func TestCheckCountBadInputNamesTheField(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := batch.DefaultLimits()
+	limits.MaxChecks = 4
+	e := serveRedis(t, srv, limits, server.Options{HealthInterval: noProbes})
+	awaitHealth(t, e, "fenced", serving)
+	commit(t, e, &fencedv1.FencedBatchRequest{Slug: "bad", Writes: []*fencedv1.RecordWrite{put("intents", "seed", 0, `1`)}})
+	count := func(section string, r, n, sum int64) *fencedv1.RecordWrite {
+		return &fencedv1.RecordWrite{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_COUNT, Section: section, Expected: r, Count: n, RevisionSum: sum}
+	}
+	withKey := count("claims", 5, 1, 5)
+	withKey.Key = "k"
+	withValue := count("claims", 5, 1, 5)
+	withValue.Value = "1"
+	countOnPut := put("claims", "a", 0, `1`)
+	countOnPut.Count, countOnPut.RevisionSum = 1, 2
+	for _, c := range []struct {
+		name   string
+		writes []*fencedv1.RecordWrite
+		want   []string
+	}{
+		{"revision 0", []*fencedv1.RecordWrite{count("claims", 0, 1, 0)}, []string{"writes[0].expected"}},
+		{"revision blind", []*fencedv1.RecordWrite{count("claims", -1, 1, 0)}, []string{"writes[0].expected"}},
+		{"revision past 2^53-1", []*fencedv1.RecordWrite{count("claims", batch.MaxSafeInteger+1, 1, 0)}, []string{"writes[0].expected"}},
+		{"count 0", []*fencedv1.RecordWrite{count("claims", 5, 0, 0)}, []string{"writes[0].count"}},
+		{"count negative", []*fencedv1.RecordWrite{count("claims", 5, -3, 0)}, []string{"writes[0].count"}},
+		{"count over --max-checks", []*fencedv1.RecordWrite{count("claims", 5, 5, 0)}, []string{"writes[0].count"}},
+		{"count and pairs over --max-checks", []*fencedv1.RecordWrite{
+			{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_RECORDS, Section: "grants", Checks: []*fencedv1.RecordCheck{{Key: "a", Expected: 1}, {Key: "b", Expected: 1}}},
+			count("claims", 5, 3, 0)}, []string{"writes[1].count"}},
+		{"sum negative", []*fencedv1.RecordWrite{count("claims", 5, 1, -1)}, []string{"writes[0].revision_sum"}},
+		{"sum 10^14", []*fencedv1.RecordWrite{count("claims", 5, 1, batch.RevisionSumModulus)}, []string{"writes[0].revision_sum"}},
+		{"key", []*fencedv1.RecordWrite{withKey}, []string{"writes[0].key"}},
+		{"value", []*fencedv1.RecordWrite{withValue}, []string{"writes[0].value"}},
+		{"count on a put", []*fencedv1.RecordWrite{countOnPut}, []string{"writes[0].count", "writes[0].revision_sum"}},
+		{"section counted twice", []*fencedv1.RecordWrite{count("claims", 5, 1, 5), count("claims", 5, 1, 5)}, []string{"writes[1].section"}},
+		{"counted and section-checked", []*fencedv1.RecordWrite{
+			{Kind: fencedv1.WriteKind_WRITE_KIND_CHECK_SECTION, Section: "claims", Expected: 4}, count("claims", 5, 1, 5)}, []string{"writes[1].section"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assertRejected(t, srv, c.want, func() error {
+				_, err := e.records.FencedBatch(ctxT(t), &fencedv1.FencedBatchRequest{Slug: "bad", Writes: c.writes})
+				return err
+			})
+		})
+	}
+}
+
 // TestClaimFence: FencedBatchRequest.claim over gRPC
 // (docs/design/12-claims.md §12.3). A live claim commits; a stale one is
 // FAILED_PRECONDITION + LEASE_STALE whose ErrorInfo names the fence
@@ -2134,6 +2234,7 @@ func TestWriteKindNumbering(t *testing.T) {
 		"WRITE_KIND_CHECK":         batch.KindCheck,
 		"WRITE_KIND_CHECK_SECTION": batch.KindCheckSection,
 		"WRITE_KIND_CHECK_RECORDS": batch.KindCheckRecords,
+		"WRITE_KIND_CHECK_COUNT":   batch.KindCheckCount,
 	}
 	values := fencedv1.WriteKind(0).Descriptor().Values()
 	for i := 0; i < values.Len(); i++ {

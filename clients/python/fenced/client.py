@@ -21,6 +21,7 @@ from .model import (
     BatchResult,
     Change,
     Check,
+    CheckCount,
     CheckRecords,
     CheckSection,
     ClaimEvent,
@@ -124,6 +125,7 @@ _KINDS = {
     Check: records_pb2.WRITE_KIND_CHECK,
     CheckSection: records_pb2.WRITE_KIND_CHECK_SECTION,
     CheckRecords: records_pb2.WRITE_KIND_CHECK_RECORDS,
+    CheckCount: records_pb2.WRITE_KIND_CHECK_COUNT,
 }
 
 _watch_log = logging.getLogger("fenced.watch")
@@ -229,7 +231,11 @@ def _watch_resumable(err: grpc.RpcError) -> bool:
 def _write(w: Write) -> records_pb2.RecordWrite:
     kind = _KINDS.get(type(w))
     if kind is None:
-        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check, CheckSection or CheckRecords)")
+        raise TypeError(f"not a fenced write: {w!r} (use fenced.Put, Delete, Check, CheckSection, CheckRecords or CheckCount)")
+    if isinstance(w, CheckCount):
+        return records_pb2.RecordWrite(
+            kind=kind, section=w.section, expected=w.revision, count=w.count, revision_sum=w.revision_sum
+        )
     if isinstance(w, CheckRecords):
         return records_pb2.RecordWrite(
             kind=kind,

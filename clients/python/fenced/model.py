@@ -9,6 +9,8 @@ import secrets
 import types
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
+from .revisions import compare_revisions
+
 if TYPE_CHECKING:
     from .errors import SnapshotTooLarge
 
@@ -17,6 +19,7 @@ __all__ = [
     "BatchResult",
     "Change",
     "Check",
+    "CheckCount",
     "CheckRecords",
     "CheckSection",
     "Current",
@@ -33,6 +36,7 @@ __all__ = [
     "ReplicaAck",
     "Snapshot",
     "Write",
+    "count_check",
     "dumps",
     "new_request_id",
 ]
@@ -194,7 +198,7 @@ class CheckRecords:
     """Write nothing; require every record of ``checks`` (key -> the revision
     it was read at; 0: must be absent; never BLIND) in ``section`` to be at it,
     compared in the batch's atomic step: how :meth:`Client.update` fences a
-    section read whole. It catches every writer's changes to those records,
+    section read whole when a :class:`CheckCount` does not hold. It catches every writer's changes to those records,
     fenced's or not, and lets inserts of other keys through.
 
     One CheckRecords counts as one write of the batch whatever its pairs: at
@@ -212,7 +216,49 @@ class CheckRecords:
         object.__setattr__(self, "checks", types.MappingProxyType(dict(self.checks)))
 
 
-Write = Union[Put, Delete, Check, CheckSection, CheckRecords]
+REVISION_SUM_MODULUS = 10**14
+"""What a :class:`CheckCount`'s ``revision_sum`` is taken modulo."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCount:
+    """Write nothing; the check of a section read whole by what it held, in a
+    few bytes: ``revision`` is the swarm revision the section was read at (the
+    snapshot's), ``count`` how many records it held (>= 1) and
+    ``revision_sum`` the sum of their revisions modulo 10**14. It passes when
+    the section holds exactly ``count`` records stored at or before
+    ``revision`` (issue order), summing to ``revision_sum``, and the swarm
+    revision is not before it: the rule of a :class:`CheckRecords` of every
+    one of them when every record read is at or before ``revision``
+    (docs/design/03-fenced-batch.md §3.4). Inserts of other keys pass; a
+    change or delete of a record read conflicts (a RevisionConflict whose
+    first Conflict names the section, ``expected`` the revision and
+    ``actual`` the count found, then one per record stored after it). It
+    counts as ``count`` record checks against ``--max-checks``. Make one with
+    :func:`count_check`."""
+
+    section: str
+    revision: int
+    count: int
+    revision_sum: int
+
+
+def count_check(section: str, revision: int, records: Mapping[str, Any]) -> Optional[CheckCount]:
+    """The :class:`CheckCount` of ``section`` as a snapshot read it at
+    ``revision`` (``records``: key -> :class:`Record`), or None when its rule
+    is not the records check's: a section read empty, or a record stored after
+    ``revision`` (check those with :class:`CheckRecords`)."""
+    if not records or revision < 1:
+        return None
+    total = 0
+    for rec in records.values():
+        if rec.revision < 1 or compare_revisions(rec.revision, revision) > 0:
+            return None
+        total += rec.revision
+    return CheckCount(section, revision, len(records), total % REVISION_SUM_MODULUS)
+
+
+Write = Union[Put, Delete, Check, CheckSection, CheckRecords, CheckCount]
 """One write of a batch."""
 
 

@@ -63,7 +63,7 @@ from . import errors
 from . import update as _update
 from .client import Client
 from .keeper import LeaseKeeper
-from .model import BLIND, UNFENCED, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Unfenced, Write, dumps
+from .model import BLIND, UNFENCED, Check, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Unfenced, Write, count_check, dumps
 from .revisions import later_revision
 from .view import Taken, View, ViewUnsupported
 
@@ -340,6 +340,7 @@ class Document(Mapping[str, Any]):
         self._cache: Optional[_Cache] = taken.cache if taken is not None else None
         self._entries: dict[_Ref, _Entry] = {}  # every key looked up, first read wins
         self._loaded: dict[str, Mapping[str, Record]] = {}  # sections read at one instant (never changed)
+        self._snap_revs: dict[str, int] = {}  # the swarm revision each was read at (a view's: all it applied)
         self._whole: set[str] = set()  # sections the change read whole
         self._changed: dict[_Ref, Any] = {}  # assigned values and _DELETED, in first-write order
         self._keycache: dict[str, list[str]] = {}  # a section's keys as the change sees them
@@ -401,10 +402,12 @@ class Document(Mapping[str, Any]):
             t = self._taken
             if t is not None and t.covers(name):
                 self._loaded[name] = t.section(name)
+                self._snap_revs[name] = t.revision
                 return self._loaded[name]
             snap = self._c.sections(self.slug, name)
             self._see(snap.revision)
             self._loaded[name] = dict(snap.sections.get(name, {}))
+            self._snap_revs[name] = snap.revision
         return self._loaded[name]
 
     def _prefetch(self) -> list[str]:
@@ -417,7 +420,9 @@ class Document(Mapping[str, Any]):
             for name, recs in t.secs.items():
                 if name in (META, ARCHIVE):
                     continue
-                self._loaded.setdefault(name, recs)
+                if name not in self._loaded:
+                    self._loaded[name] = recs
+                    self._snap_revs[name] = t.revision
                 if recs:
                     names.append(name)
             return sorted(names)
@@ -427,7 +432,9 @@ class Document(Mapping[str, Any]):
         for name, recs in snap.sections.items():
             if name in (META, ARCHIVE):
                 continue
-            self._loaded.setdefault(name, dict(recs))
+            if name not in self._loaded:
+                self._loaded[name] = dict(recs)
+                self._snap_revs[name] = snap.revision
             if recs:
                 names.append(name)
         return sorted(names)
@@ -548,6 +555,11 @@ class Document(Mapping[str, Any]):
         for name in sorted(expected):
             if name == ARCHIVE:
                 continue  # never checked
+            if name in self._whole:
+                counted = self._count_checks(name, written)
+                if counted is not None:
+                    writes.extend(counted)
+                    continue
             keys = {
                 k: rev for k, rev in expected[name].items()
                 if (name, k) not in written and not (name == META and k in FENCE_OWNED_META)
@@ -555,6 +567,34 @@ class Document(Mapping[str, Any]):
             if keys:
                 writes.extend(_record_checks(name, keys))
         return writes
+
+
+    def _count_checks(self, name: str, written: set[_Ref]) -> Optional[list[Write]]:
+        """The checks of section ``name`` read whole as one CheckCount of its
+        snapshot (count_check), and a Check of each key the change read as
+        absent; None when that is not the records check's rule: meta (whose
+        fenced-owned records are not checked), a record stored after the
+        snapshot's revision, a section read empty, or a key the change saw
+        otherwise than the snapshot holds it (read on its own before)."""
+        if name == META:
+            return None
+        snap = self._loaded[name]
+        absent: list[Write] = []
+        for (s, k), e in self._entries.items():
+            if s != name:
+                continue
+            rec = snap.get(k)
+            if (rec.revision if rec is not None else 0) != e.revision:
+                return None
+            if rec is None and (s, k) not in written:
+                absent.append(Check(s, k, 0))
+        cc = count_check(name, self._snap_revs[name], snap)
+        if cc is None:
+            return None
+        absent.sort(key=lambda w: w.key)  # type: ignore[attr-defined]
+        if all((name, k) in written for k in snap):
+            return absent  # each record is checked by its own write
+        return [cc, *absent]
 
 
 class Section(MutableMapping[str, Any]):

@@ -17,6 +17,7 @@ from .model import (
     FENCE_MISSING,
     UNFENCED,
     Check,
+    CheckCount,
     CheckRecords,
     CheckSection,
     ClaimFence,
@@ -27,6 +28,7 @@ from .model import (
     Record,
     ReplicaAck,
     Write,
+    count_check,
     dumps,
     lease_fence,
     new_request_id,
@@ -77,10 +79,11 @@ class Txn:
     Reading a key (``get``, ``tx.section(s)[key]``, ``key in``) checks that
     record at commit. Reading a section whole (iterating a
     :class:`SectionView`, ``len``, ``==``, ``keys``/``items``/``values``,
-    ``copy``) fences the batch with one :class:`CheckRecords` of every record
-    the section held when read (the in-house ``fencing.write`` rule): any
-    writer's change to them, fenced's or not, conflicts; inserts of other keys
-    pass. ``tx.section(name, phantom_proof=True)`` fences it with one
+    ``copy``) fences the batch by every record the section held when read
+    (the in-house ``fencing.write`` rule): one :class:`CheckCount` of the
+    snapshot, or one :class:`CheckRecords` of its records when a record read
+    is stored after the snapshot's revision. Any writer's change to them,
+    fenced's or not, conflicts; inserts of other keys pass. ``tx.section(name, phantom_proof=True)`` fences it with one
     :class:`CheckSection` instead (see :meth:`section`).
     """
 
@@ -94,6 +97,7 @@ class Txn:
         self._absent: set[_Ref] = set()
         self._sections: dict[str, dict[str, Record]] = {}
         self._section_revs: dict[str, int] = {}
+        self._snap_revs: dict[str, int] = {}  # the swarm revision each section's snapshot was read at
         self._phantom_proof: set[str] = set()
         self._whole: set[str] = set()
         self._pending: dict[_Ref, _Pending] = {}  # insertion order: first-write order
@@ -163,7 +167,7 @@ class Txn:
         mutable mapping view of it, with this Txn's writes applied. Raises FencedError.
 
         Read whole, the section is checked at commit by every record it held
-        (one CheckRecords). With ``phantom_proof=True`` (in any call of this Txn
+        (one CheckCount, or CheckRecords). With ``phantom_proof=True`` (in any call of this Txn
         for ``name``) it is checked by its section revision instead (one
         CheckSection): the batch then also conflicts with any record inserted
         into the section since the read, by anyone, so a busy section's update
@@ -177,13 +181,16 @@ class Txn:
         if name in self._phantom_proof and name in self._sections and name not in self._section_revs:
             del self._sections[name]  # taken from the view, which keeps no section revisions: read it from fenced
         if name not in self._sections and t is not None and t.covers(name) and name not in self._phantom_proof:
-            # From the view: its records, no call.
+            # From the view: its records, no call; every batch up to its
+            # revision applied (records applied ahead stand after it).
             self._sections[name] = t.section(name)  # type: ignore[assignment]
+            self._snap_revs[name] = t.revision
         if name not in self._sections:
             snap = self._c.sections(self._slug, name)
             self._see(snap.revision)
             self._sections[name] = dict(snap.sections.get(name, {}))
             self._section_revs[name] = snap.section_revisions.get(name, 0)
+            self._snap_revs[name] = snap.revision
         return SectionView(self, name)
 
     def _current(self, name: str) -> dict[str, str]:
@@ -235,12 +242,22 @@ class Txn:
             return snap is None
 
         # A section read whole is fenced by one write, whatever its size: a
-        # CheckRecords of every record of the snapshot and every key of it read
-        # as absent (unless written, or checked by itself), or with
-        # phantom_proof a CheckSection at the section revision read.
+        # CheckCount of its snapshot when that rule holds (_count_check), else
+        # a CheckRecords of every record of the snapshot and every key of it
+        # read as absent (unless written, or checked by itself), or with
+        # phantom_proof a CheckSection at the section revision read. Keys of
+        # a counted section read as absent are checked one by one (below):
+        # the count lets inserts of other keys through.
+        counted: set[str] = set()
         for name in sorted(self._whole):
             if name in self._phantom_proof:
                 writes.append(CheckSection(name, self._section_revs[name]))
+                continue
+            cc = self._count_check(name)
+            if cc is not None:
+                counted.add(name)
+                if any((name, k) not in written for k in self._sections[name]):
+                    writes.append(cc)  # else each record is checked by its own write
                 continue
             checks: dict[str, int] = {}
             for key, snap_rec in self._sections[name].items():
@@ -256,11 +273,28 @@ class Txn:
 
         checked: set[_Ref] = set()
         for r in sorted(self._read) + sorted(self._absent):
-            if r in written or r in checked or covered(r):
+            if r in written or r in checked or covered(r) and not (r[0] in counted and r in self._absent):
                 continue
             checked.add(r)
             writes.append(Check(r[0], r[1], expected(r)))
         return writes
+
+
+    def _count_check(self, name: str) -> Optional[CheckCount]:
+        """The CheckCount of section ``name`` read whole (count_check of its
+        snapshot), or None when it would not be the records check's rule: a
+        record stored after the snapshot's revision, a section read empty, or a
+        record of the snapshot read on its own at another revision or as
+        absent (it changed between the two reads)."""
+        snap = self._sections[name]
+        for r, rec in self._read.items():
+            s = snap.get(r[1]) if r[0] == name else None
+            if s is not None and s.revision != rec.revision:
+                return None
+        for r in self._absent:
+            if r[0] == name and r[1] in snap:
+                return None
+        return count_check(name, self._snap_revs[name], snap)
 
 
 class SectionView(MutableMapping[str, str]):

@@ -239,7 +239,7 @@ def test_a_replication_timeout_or_a_closed_client_is_not_resent(client: fenced.C
     assert len(closed.sent) == 1 and e2.value.request_id == closed.sent[0].request_id != ""
 
 
-def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
+def test_reads_are_checked_and_a_whole_read_is_one_count_check(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
     r1 = client.fenced_batch(
         slug, [fenced.Put("claims", "a", 0, '"a"'), fenced.Put("claims", "b", 0, '"b"'), fenced.Put("intents", "x", 0, "1")], fence=fenced.UNFENCED
     ).revision
@@ -270,7 +270,8 @@ def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.
             claims.put_json("c", [1])
             del claims["b"]
 
-        sec_rev = client.sections(slug, "claims").section_revisions["claims"]
+        before = client.sections(slug, "claims")
+        sec_rev, swarm_rev = before.section_revisions["claims"], before.revision
         a_rev = client.record(slug, "claims", "a").revision  # type: ignore[union-attr]
         c.view(slug).sync()  # client (another Client) wrote claims last: c's view catches up first
         c.update(slug, change, fence=fenced.UNFENCED)
@@ -281,13 +282,15 @@ def test_reads_are_checked_and_a_whole_read_is_one_records_check(client: fenced.
                 ("WRITE_KIND_CHECK_SECTION", "claims", "", sec_rev),
             ], whole
         else:
-            # Every record read but not written (b and c are), in one write.
+            # Every record the section held (a and b), in one count check at
+            # the snapshot's revision.
             assert kinds(rec.sent[-1]) == [
                 ("WRITE_KIND_PUT", "claims", "c", 0),
                 ("WRITE_KIND_DELETE", "claims", "b", r1),
-                ("WRITE_KIND_CHECK_RECORDS", "claims", "", 0),
+                ("WRITE_KIND_CHECK_COUNT", "claims", "", swarm_rev),
             ], whole
-            assert [(p.key, p.expected) for p in rec.sent[-1].writes[2].checks] == [("a", a_rev)], whole
+            w = rec.sent[-1].writes[2]
+            assert (w.count, w.revision_sum) == (2, (a_rev + r1) % 10**14), whole
         # Put b back and drop c for the next form of whole read.
         snap = client.sections(slug, "claims")
         client.fenced_batch(slug, [fenced.Put("claims", "b", 0, '"b"'), fenced.Delete("claims", "c", snap.sections["claims"]["c"].revision)], fence=fenced.UNFENCED)

@@ -1,5 +1,5 @@
 """Issue 24 §1: a section read whole is fenced by the records it held when
-read (one CheckRecords), the in-house ``fencing.write`` rule, against a live
+read (one CheckCount, or CheckRecords), the in-house ``fencing.write`` rule, against a live
 fenced; ``phantom_proof=True`` keeps the section check, with its caveat."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_a_writer_that_bypasses_fenced_is_not_overwritten(client: fenced.Client,
 def test_an_insert_of_another_key_lets_the_update_commit(client: fenced.Client, slug: str, recorded, phantom_proof: bool) -> None:  # type: ignore[no-untyped-def]
     """Example (b): a writer inserts a new key into claims between the read
     and the commit. The default update commits at the first attempt, its batch
-    one CheckRecords of the records read; with phantom_proof it conflicts."""
+    one CheckCount of the records read; with phantom_proof it conflicts."""
     seeded = seed_tasks(client, slug)
     rec = BatchRecorder()
     c = recorded(rec)
@@ -80,15 +80,18 @@ def test_an_insert_of_another_key_lets_the_update_commit(client: fenced.Client, 
         assert kinds(rec.sent[0])[1] == ("WRITE_KIND_CHECK_SECTION", "claims", "", seeded)
         return
     assert runs == 1 and len(rec.sent) == 1
-    assert kinds(rec.sent[0]) == [("WRITE_KIND_PUT", "operations", "count", 0), ("WRITE_KIND_CHECK_RECORDS", "claims", "", 0)]
-    assert [(p.key, p.expected) for p in rec.sent[0].writes[1].checks] == [("T-1", seeded), ("T-2", seeded)]
+    assert kinds(rec.sent[0]) == [("WRITE_KIND_PUT", "operations", "count", 0), ("WRITE_KIND_CHECK_COUNT", "claims", "", seeded)]
+    w = rec.sent[0].writes[1]
+    assert (w.count, w.revision_sum, list(w.checks)) == (2, 2 * seeded % 10**14, [])
     assert client.record(slug, "operations", "count").json() == 2  # type: ignore[union-attr]
 
 
 def test_every_record_of_a_section_read_whole_is_named_once(client: fenced.Client, slug: str, recorded) -> None:  # type: ignore[no-untyped-def]
-    """The CheckRecords holds every record of the snapshot and every key read
-    as absent, except those the batch writes and one read on its own at another
-    revision (checked by itself); the rerun that conflict forces commits."""
+    """With a record read on its own at another revision than the snapshot's,
+    the CheckRecords holds every record of the snapshot and every key read as
+    absent, except those the batch writes and that record (checked by itself);
+    the rerun that conflict forces reads all at one revision: one CheckCount,
+    the key read as absent checked on its own."""
     r0 = client.fenced_batch(slug, [fenced.Put("claims", k, 0, '"%s"' % k) for k in ("a", "b", "c")], fence=fenced.UNFENCED).revision
     rec = BatchRecorder()
     c = recorded(rec)
@@ -111,7 +114,10 @@ def test_every_record_of_a_section_read_whole_is_named_once(client: fenced.Clien
     assert runs == 2 and len(rec.sent) == 2
 
     def shape(i: int) -> list[tuple[str, str, int, list[tuple[str, int]]]]:
-        return [(k, key, exp, [(p.key, p.expected) for p in w.checks]) for (k, _, key, exp), w in zip(kinds(rec.sent[i]), rec.sent[i].writes)]
+        return [
+            (k, key, exp, [(p.key, p.expected) for p in w.checks] or ([("count", w.count), ("sum", w.revision_sum)] if w.count else []))
+            for (k, _, key, exp), w in zip(kinds(rec.sent[i]), rec.sent[i].writes)
+        ]
 
     assert shape(0) == [
         ("WRITE_KIND_PUT", "b", r0, []),
@@ -120,7 +126,8 @@ def test_every_record_of_a_section_read_whole_is_named_once(client: fenced.Clien
     ]
     assert shape(1) == [
         ("WRITE_KIND_PUT", "b", r0, []),
-        ("WRITE_KIND_CHECK_RECORDS", "", 0, [("a", r1), ("c", r0), ("zz", 0)]),
+        ("WRITE_KIND_CHECK_COUNT", "", r1, [("count", 3), ("sum", (r1 + 2 * r0) % 10**14)]),
+        ("WRITE_KIND_CHECK", "zz", 0, []),
     ]
 
 

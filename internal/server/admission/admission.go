@@ -75,6 +75,10 @@ const (
 	costMigrate    = 2 * time.Millisecond   // a migration (its move, then by-name in steps): charged what it took
 )
 
+// maxEstimatedCountChecks bounds what one count check adds to a batch's
+// estimate before validation (which refuses more than --max-checks).
+const maxEstimatedCountChecks = 1 << 20
+
 // callOf is the fair queue's view of a call of method with req (size: its
 // encoded bytes; waits: the server waits for replicas by default,
 // --wait-replicas); ok is false for a method the queue does not schedule
@@ -86,6 +90,11 @@ func callOf(method string, req any, size int64, waits bool) (c fair.Call, ok boo
 		checks := 0
 		for _, w := range r.GetWrites() {
 			checks += len(w.GetChecks())
+			// A count check reads its section's records, as many pairs
+			// would (clamped: the request is not validated yet).
+			if w.GetKind() == fencedv1.WriteKind_WRITE_KIND_CHECK_COUNT {
+				checks += int(min(max(w.GetCount(), 0), maxEstimatedCountChecks))
+			}
 		}
 		est := costCall + time.Duration(len(r.GetWrites()))*costWrite + time.Duration(checks)*costCheck +
 			time.Duration(size/costValueBytes)*time.Microsecond

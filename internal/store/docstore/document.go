@@ -135,6 +135,9 @@ func storeError(err error) error {
 		cs := make([]engine.Conflict, len(conflict.Conflicts))
 		for i, c := range conflict.Conflicts {
 			cs[i] = engine.Conflict{Index: c.Index, Section: c.Section, Key: c.Key, Expected: c.Expected, Actual: c.Actual, InChecks: c.InChecks, Check: c.Check}
+			if c.Count {
+				cs[i].Count = &engine.CountConflict{Want: c.Want, Found: c.Actual, WantSum: c.WantSum, FoundSum: c.FoundSum, SwarmRevision: c.SwarmRevision}
+			}
 		}
 		return &engine.ConflictError{Conflicts: cs}
 	case errors.As(err, &limit):

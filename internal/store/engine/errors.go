@@ -237,6 +237,37 @@ type Conflict struct {
 	// its position in the write's Checks, from 0.
 	InChecks bool
 	Check    int
+	// Count is set for a count check (batch.KindCheckCount): Expected is
+	// then the revision the section was read at (R) and Actual the count
+	// found.
+	Count *CountConflict
+	// Later: a field a count check found stored after Expected (its R),
+	// Actual its revision (0: not a record); listed after the count's.
+	Later bool
+}
+
+// CountConflict is what a failed count check (batch.KindCheckCount) found
+// in its section.
+type CountConflict struct {
+	// Want and Found are the records expected and found at or before R.
+	Want, Found int64
+	// WantSum and FoundSum are their revisions' sums modulo 10^14.
+	WantSum, FoundSum int64
+	// SwarmRevision is the swarm revision the commit found (its latest
+	// floor): before R when the counter went backwards (Redis lost writes).
+	SwarmRevision int64
+	// Later are fields of the section stored after R (at most 64): inserts
+	// of other keys, or the records read that changed since.
+	Later []LaterRecord
+}
+
+// LaterRecord is a field of a count check's section stored after R:
+// Revision its revision, or NotRecord when the field is not a record (or
+// its revision is above 2^53-1).
+type LaterRecord struct {
+	Key       string
+	Revision  int64
+	NotRecord bool
 }
 
 // ConflictError lists every write of a batch whose expected revision did
@@ -252,6 +283,10 @@ func (e *ConflictError) Error() string {
 		if i == 8 {
 			fmt.Fprintf(&b, " and %d more", len(e.Conflicts)-i)
 			break
+		}
+		if cc := c.Count; cc != nil {
+			fmt.Fprintf(&b, " section %s (expected %d records at or before revision %d, found %d)", c.Section, cc.Want, c.Expected, cc.Found)
+			continue
 		}
 		if c.Key == "" {
 			fmt.Fprintf(&b, " section %s (expected %d, actual %d)", c.Section, c.Expected, c.Actual)

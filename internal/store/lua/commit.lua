@@ -32,8 +32,10 @@
 --         '<length of the request id>:<request id>'.
 -- then (after the claim, if any) per write '<kind><key index>:<expected>:<key>' where kind is 'p'
 -- (put), 'b' (a put bound to the claim fence's claim, §12.4), 'd' (delete), 'c' (check), 'S' (check a section's revision; key
--- empty) or 'R' (one record of a records check: the Go side sends one such
--- argument per pair, a write's pairs in a row), key index points into KEYS
+-- empty), 'R' (one record of a records check: the Go side sends one such
+-- argument per pair, a write's pairs in a row) or 'C' (a count check, §3.4:
+-- expected is the revision R the section was read at, key is
+-- '<count>:<revision sum>' in decimal), key index points into KEYS
 -- at its section, expected is the
 -- revision it was read at (base 36; -1 = BLIND) and key (last) is the record's key;
 -- a put (bound or not) is followed by one more argument, its value.
@@ -53,7 +55,11 @@
 --   {'OK', revision, 'REPLAYED'}   the request id named this request: it
 --                                  committed before; nothing was written
 --   {'REUSED'}                     the request id names another request
---   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices
+--   {'CONFLICT', index, actual, index, actual, ...}  0-based write indices;
+--                        a count check's actual is
+--                        '<found>:<sum>:<swarm revision>:<k>', followed by k
+--                        pairs of a field stored after R (or no record: its
+--                        revision '') and its revision (count_conflict)
 --   {'STALE', owner, epoch, expires_at_ms}           '' when no lease
 --   {'STALE', owner, epoch, expires_at_ms, 'claim'}  the claim fence failed
 --                                  (claim_fence, lib_commit.lua)
@@ -79,7 +85,7 @@ local EXEC = byname and byname.EXEC -- nil: the batch writes no execution
 local fixed_keys = byname and byname.FIXED_KEYS or 3
 -- The kinds, as locals (a table lookup less each time one is compared).
 local PUT, DELETE, CHECK, CHECK_RECORDS = P.KIND_PUT, P.KIND_DELETE, P.KIND_CHECK, P.KIND_CHECK_RECORDS
-local PUT_BOUND, CHECK_SECTION = P.KIND_PUT_BOUND, P.KIND_CHECK_SECTION
+local PUT_BOUND, CHECK_SECTION, CHECK_COUNT = P.KIND_PUT_BOUND, P.KIND_CHECK_SECTION, P.KIND_CHECK_COUNT
 -- Revisions of fewer digits than REV_MAX's are in range without comparing.
 local REV_DIGITS = #REV_MAX_TEXT
 
@@ -210,6 +216,9 @@ local highest, refused = swarm_floor() -- then also the written records' revisio
 if refused then
   return refused
 end
+-- The swarm revision (the latest floor) before any record's: a count
+-- check's R must not be after it.
+local swarm_revision = highest
 -- Bound records (§12.4), met while the stored fields are read: meet
 -- (lib_commit.lua) keeps each write's claim, epoch and revision digits in
 -- bound (nil until the first bound record met: most batches meet none).
@@ -305,6 +314,169 @@ do
     end
   end
 end
+-- Count checks (P.KIND_CHECK_COUNT, docs/design/03-fenced-batch.md §3.4):
+-- each reads its section's fields by one HVALS and counts those stored at
+-- or before R (its expected: the revision the section was read at), and
+-- sums their revisions modulo 10^14 (count_section). A field of fenced's
+-- unbound form is read from its head alone (a pattern, a length and, for
+-- a revision of R's length, one comparison as text: no number made but
+-- the sum's term); a bound one is counted once its claim is known live
+-- (below, by its index past n in bound: meet); any other text by the
+-- record grammar; a field that is no record, or whose revision is above
+-- REV_MAX, counts as written after R. counts[i] = { found, sum, R's
+-- digits, the length table } of count check i.
+local counts, count_bound = nil, nil -- count_bound: index past n -> { i, counted }
+local REV_LEN, SUM_MOD = #REV_MAX_TEXT, ISSUE_MAX + 1
+-- The era of a revision of l digits, ranked in issue order (§5.4): era 0
+-- (at most 13 digits) before era 1 (15-16) before era 2 (14).
+local function era_rank(l)
+  if l <= 13 then
+    return 0
+  elseif l == 14 then
+    return 2
+  end
+  return 1
+end
+-- later_by_length answers, for R's digits rd, a table by length l of a
+-- canonical revision: 1 when every revision of l digits is later than R,
+-- 0 when none is, 2 when it must be compared (l = #rd: as text).
+local function later_by_length(rd)
+  local t, rl = {}, #rd
+  local er = era_rank(rl)
+  for l = 1, REV_LEN do
+    local e = era_rank(l)
+    if l == rl then
+      t[l] = 2
+    elseif e ~= er then
+      t[l] = e > er and 1 or 0
+    else
+      t[l] = l > rl and 1 or 0
+    end
+  end
+  return t
+end
+-- at_or_before: revision digits d (canonical) are at or before R, for
+-- count check c; false for digits past REV_MAX.
+local function at_or_before(c, d)
+  local l = #d
+  local t = c.by_length[l]
+  if t == nil or (l == REV_LEN and d > REV_MAX_TEXT) then
+    return false
+  end
+  if t == 2 then
+    return d <= c.rd
+  end
+  return t == 0
+end
+-- tally adds revision digits d to count check c's count and sum.
+local function tally(c, d)
+  c.found = c.found + 1
+  local s = c.sum + (#d <= 14 and tonumber(d) or tonumber(sub(d, -14)))
+  if s >= SUM_MOD then
+    s = s - SUM_MOD
+  end
+  c.sum = s
+end
+-- count_conflict appends count check c's conflict (write index i0, from 0)
+-- to reply t: i0, then '<found>:<sum>:<swarm revision>:<k>', then k pairs
+-- of a field of the section stored after R (or not a record: '') and its
+-- revision's digits, at most COUNT_DETAILS, read again by HGETALL (a
+-- conflict's path only).
+local COUNT_DETAILS = 64
+local function count_conflict(t, i0, c, key)
+  local all = redis.call('HGETALL', key)
+  local later = {}
+  for m = 1, #all, 2 do
+    if #later >= 2 * COUNT_DETAILS then
+      break
+    end
+    local r = checked_revision(all[m + 1])
+    if r == nil then
+      later[#later + 1] = all[m]
+      later[#later + 1] = ''
+    else
+      local d = int(r)
+      if not at_or_before(c, d) then
+        later[#later + 1] = all[m]
+        later[#later + 1] = d
+      end
+    end
+  end
+  t[#t + 1] = int(i0)
+  t[#t + 1] = int(c.found) .. ':' .. int(c.sum) .. ':' .. int(swarm_revision) .. ':' .. int(#later / 2)
+  for m = 1, #later do
+    t[#t + 1] = later[m]
+  end
+end
+if n > 0 then
+  local extra = n
+  for i = 1, n do
+    local b = (i - 1) * STRIDE
+    if W[b + KIND] == CHECK_COUNT then
+      local ki = W[b + KI]
+      local want, wsum = string.match(W[b + KEY], '^(%d+):(%d+)$')
+      local rd = int(W[b + EXPECTED])
+      local c = { found = 0, sum = 0, rd = rd, by_length = later_by_length(rd), want = tonumber(want), wsum = tonumber(wsum) }
+      counts = counts or {}
+      counts[i] = c
+      local vals = redis.pcall('HVALS', KEYS[ki])
+      if vals.err then
+        return refusal_of(vals, KEYS[ki], 'hash', sub(KEYS[ki], #base + 1))
+      end
+      local by_length, crd, found, sum = c.by_length, rd, 0, 0
+      local smatch, sbyte = string.match, string.byte -- locals: no table lookup a record
+      for m = 1, #vals do
+        local v = vals[m]
+        local d = smatch(v, '^{"r":(%d+),"v":')
+        if d and sbyte(v, -1) == 125 and (sbyte(d) ~= 48 or d == '0') then
+          -- fenced's unbound form: its head alone (fenced_head, inlined).
+          local l = #d
+          local t = by_length[l]
+          if t == 2 then
+            t = d <= crd and 0 or 1
+          elseif t == nil or (l == REV_LEN and d > REV_MAX_TEXT) then
+            t = 1
+          end
+          if t == 0 then
+            found = found + 1
+            sum = sum + (l <= 14 and tonumber(d) or tonumber(sub(d, -14)))
+            if sum >= SUM_MOD then
+              sum = sum - SUM_MOD
+            end
+          else
+            local r = tonumber(d)
+            if r and r <= REV_MAX and r ~= highest then
+              highest = rev_latest(highest, r)
+            end
+          end
+        else
+          extra = extra + 1
+          meet(extra, v)
+          local digits = bound and bound.revs[extra]
+          if digits then
+            -- bound: counted once its claim is known live (below)
+            count_bound = count_bound or {}
+            count_bound[extra] = { i, at_or_before(c, digits) and digits }
+          else
+            local r = record_revision(v)
+            if r then
+              local dr = int(r)
+              if at_or_before(c, dr) then
+                c.found, c.sum = found, sum
+                tally(c, dr)
+                found, sum = c.found, c.sum
+              elseif r ~= highest then
+                highest = rev_latest(highest, r)
+              end
+            end
+          end
+        end
+      end
+      c.found, c.sum = found, sum
+    end
+  end
+end
+
 -- A bound record is live while its claim's grant has its epoch and
 -- expires after Redis's now: one HMGET of the grants of the claims met
 -- (CHECK_CHUNK a call) and the clock decide; dead[i] marks a write whose
@@ -343,6 +515,14 @@ if bound then
     end
   end
 end
+-- The bound records the count checks met, counted when live.
+if count_bound then
+  for j, e in pairs(count_bound) do
+    if e[2] and not dead[j] then
+      tally(counts[e[1]], e[2])
+    end
+  end
+end
 
 local conflicts = nil -- the CONFLICT reply, made by the first mismatch
 local mutates = false
@@ -357,6 +537,16 @@ for i = 1, n do
     if refused then
       return refused
     end
+  elseif kind == CHECK_COUNT then
+    -- Passes with the count and sum the check names, and a swarm floor not
+    -- before R (a counter gone backwards, Redis having lost writes, could
+    -- issue revisions at or before R again).
+    local c = counts[i]
+    if c.found ~= c.want or c.sum ~= c.wsum or rev_later(expected, swarm_revision) then
+      conflicts = conflicts or { P.REPLY_CONFLICT }
+      count_conflict(conflicts, i - 1, c, KEYS[W[b + KI]])
+    end
+    expected = -1 -- compared above
   elseif kind == CHECK_RECORDS then
     actual = checked[i]
     if actual == false then

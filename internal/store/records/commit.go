@@ -180,6 +180,11 @@ func (rs *Records) commitArgs(k engine.Keys, b *batch.Batch) (sc *engine.Script,
 			}
 			continue
 		}
+		if w.Kind == batch.KindCheckCount {
+			args = append(args, writeArg(protocol.KindCheckCount, ki, w.Expected,
+				strconv.FormatInt(w.Count, 10)+":"+strconv.FormatInt(w.RevisionSum, 10)))
+			continue
+		}
 		letter := kindLetter(w.Kind)
 		if w.Bound {
 			letter = protocol.KindPutBound
@@ -264,6 +269,10 @@ func requestDigest(b *batch.Batch) string {
 		field(w.Key)
 		field(strconv.FormatInt(w.Expected, 10))
 		field(w.Value)
+		if w.Kind == batch.KindCheckCount {
+			field(strconv.FormatInt(w.Count, 10))
+			field(strconv.FormatInt(w.RevisionSum, 10))
+		}
 		if w.Kind == batch.KindCheckRecords {
 			field(strconv.Itoa(len(w.Checks)))
 			for _, c := range w.Checks {
@@ -280,7 +289,7 @@ func requestDigest(b *batch.Batch) string {
 // An array indexed by the kind, read through kindLetter.
 var kindArg = [...]string{batch.KindPut: protocol.KindPut, batch.KindDelete: protocol.KindDelete,
 	batch.KindCheck: protocol.KindCheck, batch.KindCheckSection: protocol.KindCheckSection,
-	batch.KindCheckRecords: protocol.KindCheckRecords}
+	batch.KindCheckRecords: protocol.KindCheckRecords, batch.KindCheckCount: protocol.KindCheckCount}
 
 // kindLetter is kindArg of k; "" for a kind that is none of them (which
 // batch.Limits.CheckBatch refuses: the script then refuses the argument).

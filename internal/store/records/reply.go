@@ -2,6 +2,7 @@ package records
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
@@ -21,7 +22,7 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 	case protocol.ReplyReused:
 		return 0, ErrRequestIDReused
 	case protocol.ReplyConflict:
-		if len(reply)%2 == 1 && len(reply) > 1 {
+		if len(reply) > 2 {
 			return 0, conflictError(b, reply[1:])
 		}
 	case protocol.ReplyStale:
@@ -67,16 +68,17 @@ func commitResult(b *batch.Batch, reply []string) (int64, error) {
 
 // conflictError decodes CONFLICT's index/actual pairs into a
 // *ConflictError naming b's writes (and, for a records check, the pair:
-// commit.lua counts each pair as a write argument of its own).
+// commit.lua counts each pair as a write argument of its own). A count
+// check's actual is '<found>:<sum>:<swarm revision>:<k>', followed by k
+// pairs of a key and its revision (” when not a record).
 func conflictError(b *batch.Batch, pairs []string) error {
 	e := &engine.ConflictError{Conflicts: make([]engine.Conflict, 0, len(pairs)/2)}
 	args := newCommitArgIndex(b)
 	for j := 0; j < len(pairs); j += 2 {
-		a, err := engine.ParseInt(pairs[j])
-		if err != nil {
-			return err
+		if j+1 >= len(pairs) {
+			return fmt.Errorf("%w: conflict without its actual revision", engine.ErrMalformedReply)
 		}
-		actual, err := engine.ParseInt(pairs[j+1])
+		a, err := engine.ParseInt(pairs[j])
 		if err != nil {
 			return err
 		}
@@ -85,6 +87,19 @@ func conflictError(b *batch.Batch, pairs []string) error {
 			return fmt.Errorf("%w: conflict names write argument %d of a batch of %d writes", engine.ErrMalformedReply, a, len(b.Writes))
 		}
 		w := &b.Writes[i]
+		if w.Kind == batch.KindCheckCount {
+			cc, k, err := countConflict(w, pairs[j+1], pairs[j+2:])
+			if err != nil {
+				return err
+			}
+			e.Conflicts = append(e.Conflicts, engine.Conflict{Index: i, Section: w.Section, Expected: w.Expected, Actual: cc.Found, Count: cc})
+			j += 2 * k
+			continue
+		}
+		actual, err := engine.ParseInt(pairs[j+1])
+		if err != nil {
+			return err
+		}
 		c := engine.Conflict{Index: i, Section: w.Section, Key: w.Key, Expected: w.Expected, Actual: actual}
 		if pair >= 0 {
 			c.Key, c.Expected, c.InChecks, c.Check = w.Checks[pair].Key, w.Checks[pair].Expected, true, pair
@@ -92,4 +107,39 @@ func conflictError(b *batch.Batch, pairs []string) error {
 		e.Conflicts = append(e.Conflicts, c)
 	}
 	return e
+}
+
+// countConflict decodes a count check's conflict: head is
+// '<found>:<sum>:<swarm revision>:<k>', rest starts with its k key and
+// revision pairs. It answers the conflict and k.
+func countConflict(w *batch.Write, head string, rest []string) (*engine.CountConflict, int, error) {
+	f := strings.Split(head, ":")
+	if len(f) != 4 {
+		return nil, 0, fmt.Errorf("%w: count conflict %q", engine.ErrMalformedReply, head)
+	}
+	var n [4]int64
+	for x := range f {
+		v, err := engine.ParseInt(f[x])
+		if err != nil {
+			return nil, 0, err
+		}
+		n[x] = v
+	}
+	k := int(n[3])
+	if k < 0 || 2*k > len(rest) {
+		return nil, 0, fmt.Errorf("%w: count conflict names %d records, %d elements follow", engine.ErrMalformedReply, k, len(rest))
+	}
+	cc := &engine.CountConflict{Want: w.Count, Found: n[0], WantSum: w.RevisionSum, FoundSum: n[1], SwarmRevision: n[2]}
+	for x := 0; x < k; x++ {
+		lr := engine.LaterRecord{Key: rest[2*x], NotRecord: rest[2*x+1] == ""}
+		if !lr.NotRecord {
+			r, err := engine.ParseInt(rest[2*x+1])
+			if err != nil {
+				return nil, 0, err
+			}
+			lr.Revision = r
+		}
+		cc.Later = append(cc.Later, lr)
+	}
+	return cc, k, nil
 }

@@ -35,7 +35,11 @@ const (
 	// (subject "section/key", or the section alone for a section check).
 	// Metadata: "conflicts" (the full count) and, for the i-th violation
 	// listed, "write_<i>" (its index in the request), "expected_<i>" and
-	// "actual_<i>" (revisions). A write to a document-layout swarm, or a
+	// "actual_<i>" (revisions). A count check's (WRITE_KIND_CHECK_COUNT)
+	// violation has type SECTION_COUNT, "expected_<i>" the revision read at
+	// and "actual_<i>" the count found; the violations after it (type
+	// REVISION, counted in "conflicts" as one with it) name the fields
+	// stored after that revision. A write to a document-layout swarm, or a
 	// migration, whose WATCH kept failing answers it without
 	// PreconditionFailure or metadata.
 	ErrorReason_REVISION_CONFLICT ErrorReason_Reason = 1

@@ -171,6 +171,28 @@ const (
 	// write's, count against the server's --max-checks (default 20000), and
 	// their key bytes against its --max-batch-value-bytes.
 	WriteKind_WRITE_KIND_CHECK_RECORDS WriteKind = 5
+	// Write nothing; the check of a section read whole by what it held, as
+	// WRITE_KIND_CHECK_RECORDS of every record it held, in a few bytes:
+	// `expected` is the swarm revision R the section was read at (the
+	// snapshot's `revision`, 1 to 2^53-1), `count` how many records it held
+	// (N, 1 to --max-checks) and `revision_sum` the sum of their revisions
+	// modulo 10^14 (S, 0 to 10^14-1). It passes when the section now holds
+	// exactly N records stored at or before R (issue order,
+	// docs/design/05-numbering.md §5.4; a bound record only while its claim
+	// is live), their revisions summing to S modulo 10^14, and the swarm
+	// revision is not before R. Every write after R, by fenced or by a
+	// writer taking its revision from the swarm's counter, is stamped after
+	// R, so this is CHECK_RECORDS's rule (inserts of other keys pass; a
+	// change or delete of a record read conflicts): docs/design/03-fenced-batch.md
+	// §3.4. Use it only when every record read is at or before R; else send
+	// WRITE_KIND_CHECK_RECORDS. `key` and `value` must be empty. The script
+	// reads every field of the section (not only the N). A mismatch is
+	// ABORTED REVISION_CONFLICT with a PreconditionFailure violation of type
+	// SECTION_COUNT (subject: the section; the count and sum found against
+	// those expected) and one of type REVISION per record stored after R
+	// (subject section/key, at most 64). Counts as one write and N record
+	// checks against --max-checks.
+	WriteKind_WRITE_KIND_CHECK_COUNT WriteKind = 6
 )
 
 // Enum value maps for WriteKind.
@@ -182,6 +204,7 @@ var (
 		3: "WRITE_KIND_CHECK",
 		4: "WRITE_KIND_CHECK_SECTION",
 		5: "WRITE_KIND_CHECK_RECORDS",
+		6: "WRITE_KIND_CHECK_COUNT",
 	}
 	WriteKind_value = map[string]int32{
 		"WRITE_KIND_UNSPECIFIED":   0,
@@ -190,6 +213,7 @@ var (
 		"WRITE_KIND_CHECK":         3,
 		"WRITE_KIND_CHECK_SECTION": 4,
 		"WRITE_KIND_CHECK_RECORDS": 5,
+		"WRITE_KIND_CHECK_COUNT":   6,
 	}
 )
 
@@ -1313,7 +1337,13 @@ type RecordWrite struct {
 	// scan. A later put of the record without it unbinds it; with it under
 	// another claim, rebinds it. Not allowed in `meta` or `executions`
 	// (INVALID_ARGUMENT naming writes[i].bind_to_claim).
-	BindToClaim   bool `protobuf:"varint,7,opt,name=bind_to_claim,json=bindToClaim" json:"bind_to_claim,omitempty"`
+	BindToClaim bool `protobuf:"varint,7,opt,name=bind_to_claim,json=bindToClaim" json:"bind_to_claim,omitempty"`
+	// For WRITE_KIND_CHECK_COUNT only (else 0): N, how many records the
+	// section held when read at `expected`.
+	Count int64 `protobuf:"varint,8,opt,name=count" json:"count,omitempty"`
+	// For WRITE_KIND_CHECK_COUNT only (else 0): the sum of the revisions of
+	// those N records, modulo 10^14 (0 to 10^14-1).
+	RevisionSum   int64 `protobuf:"varint,9,opt,name=revision_sum,json=revisionSum" json:"revision_sum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1395,6 +1425,20 @@ func (x *RecordWrite) GetBindToClaim() bool {
 		return x.BindToClaim
 	}
 	return false
+}
+
+func (x *RecordWrite) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RecordWrite) GetRevisionSum() int64 {
+	if x != nil {
+		return x.RevisionSum
+	}
+	return 0
 }
 
 // LeaseFence is a batch's condition on the swarm's lease: the batch commits
@@ -2257,7 +2301,7 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\";\n" +
 	"\vRecordCheck\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
-	"\bexpected\x18\x02 \x01(\x03R\bexpected\"\xe9\x01\n" +
+	"\bexpected\x18\x02 \x01(\x03R\bexpected\"\xa2\x02\n" +
 	"\vRecordWrite\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.fenced.v1.WriteKindR\x04kind\x12\x18\n" +
 	"\asection\x18\x02 \x01(\tR\asection\x12\x10\n" +
@@ -2265,7 +2309,9 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\bexpected\x18\x04 \x01(\x03R\bexpected\x12\x14\n" +
 	"\x05value\x18\x05 \x01(\tR\x05value\x12.\n" +
 	"\x06checks\x18\x06 \x03(\v2\x16.fenced.v1.RecordCheckR\x06checks\x12\"\n" +
-	"\rbind_to_claim\x18\a \x01(\bR\vbindToClaim\"O\n" +
+	"\rbind_to_claim\x18\a \x01(\bR\vbindToClaim\x12\x14\n" +
+	"\x05count\x18\b \x01(\x03R\x05count\x12!\n" +
+	"\frevision_sum\x18\t \x01(\x03R\vrevisionSum\"O\n" +
 	"\n" +
 	"LeaseFence\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
@@ -2327,14 +2373,15 @@ const file_fenced_v1_records_proto_rawDesc = "" +
 	"\x06Layout\x12\x16\n" +
 	"\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLAYOUT_RECORDS\x10\x01\x12\x13\n" +
-	"\x0fLAYOUT_DOCUMENT\x10\x02*\xa4\x01\n" +
+	"\x0fLAYOUT_DOCUMENT\x10\x02*\xc0\x01\n" +
 	"\tWriteKind\x12\x1a\n" +
 	"\x16WRITE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eWRITE_KIND_PUT\x10\x01\x12\x15\n" +
 	"\x11WRITE_KIND_DELETE\x10\x02\x12\x14\n" +
 	"\x10WRITE_KIND_CHECK\x10\x03\x12\x1c\n" +
 	"\x18WRITE_KIND_CHECK_SECTION\x10\x04\x12\x1c\n" +
-	"\x18WRITE_KIND_CHECK_RECORDS\x10\x05*V\n" +
+	"\x18WRITE_KIND_CHECK_RECORDS\x10\x05\x12\x1a\n" +
+	"\x16WRITE_KIND_CHECK_COUNT\x10\x06*V\n" +
 	"\n" +
 	"ChangeKind\x12\x1b\n" +
 	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +

@@ -17,6 +17,7 @@ LAYOUT_DOCUMENT: Layout
 LAYOUT_RECORDS: Layout
 LAYOUT_UNSPECIFIED: Layout
 WRITE_KIND_CHECK: WriteKind
+WRITE_KIND_CHECK_COUNT: WriteKind
 WRITE_KIND_CHECK_RECORDS: WriteKind
 WRITE_KIND_CHECK_SECTION: WriteKind
 WRITE_KIND_DELETE: WriteKind
@@ -148,22 +149,26 @@ class RecordResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[Record, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RecordWrite(_message.Message):
-    __slots__ = ["bind_to_claim", "checks", "expected", "key", "kind", "section", "value"]
+    __slots__ = ["bind_to_claim", "checks", "count", "expected", "key", "kind", "revision_sum", "section", "value"]
     BIND_TO_CLAIM_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    REVISION_SUM_FIELD_NUMBER: _ClassVar[int]
     SECTION_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     bind_to_claim: bool
     checks: _containers.RepeatedCompositeFieldContainer[RecordCheck]
+    count: int
     expected: int
     key: str
     kind: WriteKind
+    revision_sum: int
     section: str
     value: str
-    def __init__(self, kind: _Optional[_Union[WriteKind, str]] = ..., section: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[int] = ..., value: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[RecordCheck, _Mapping]]] = ..., bind_to_claim: bool = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[WriteKind, str]] = ..., section: _Optional[str] = ..., key: _Optional[str] = ..., expected: _Optional[int] = ..., value: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[RecordCheck, _Mapping]]] = ..., bind_to_claim: bool = ..., count: _Optional[int] = ..., revision_sum: _Optional[int] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
     __slots__ = ["replicas", "timeout_ms"]

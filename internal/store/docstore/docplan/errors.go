@@ -79,13 +79,24 @@ func (e *HeldError) Error() string {
 // pair of a records check (batch.KindCheckRecords), InChecks is true, Check
 // is the pair's position in the write's Checks and Key and Expected are
 // the pair's.
+//
+// For a count check (batch.KindCheckCount), Count is true, Expected the
+// revision R it names and Actual the records found at or before it: all of
+// the section's when the document is not after R, else none; Want and
+// WantSum the check's count and sum, FoundSum the found revisions' sum
+// modulo 10^14, SwarmRevision the document's revision.
 type Conflict struct {
-	Index        int
-	Section, Key string
-	Expected     int64
-	Actual       int64
-	InChecks     bool
-	Check        int
+	Index         int
+	Section, Key  string
+	Expected      int64
+	Actual        int64
+	InChecks      bool
+	Check         int
+	Count         bool
+	Want          int64
+	WantSum       int64
+	FoundSum      int64
+	SwarmRevision int64
 }
 
 // ConflictError lists every write of a batch whose expected revision did

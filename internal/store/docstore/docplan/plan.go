@@ -95,6 +95,26 @@ func PlanBatch(doc *Document, b *batch.Batch, counter, nowUs, nowMs int64) (newD
 			}
 			continue
 		}
+		if w.Kind == batch.KindCheckCount {
+			// Every record is at the document's revision: all of the
+			// section's are at or before R, or none (commit.lua's rule).
+			o, err := sectionOf(w.Section)
+			if err != nil {
+				return nil, 0, err
+			}
+			var found, sum int64
+			if !protocol.RevisionLater(doc.Revision, w.Expected) {
+				found = int64(len(o))
+				for range o {
+					sum = batch.RevisionSum(sum, doc.Revision)
+				}
+			}
+			if found != w.Count || sum != w.RevisionSum || protocol.RevisionLater(w.Expected, doc.Revision) {
+				conflicts = append(conflicts, Conflict{Index: i, Section: w.Section, Expected: w.Expected, Actual: found,
+					Count: true, Want: w.Count, WantSum: w.RevisionSum, FoundSum: sum, SwarmRevision: doc.Revision})
+			}
+			continue
+		}
 		if w.Expected == batch.Blind {
 			continue
 		}
