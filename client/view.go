@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -364,9 +365,9 @@ func (v *View) askRelist() {
 }
 
 // afterConflict runs before a rerun of Update: the view catches up with
-// the swarm and, when that explains nothing (no batch applied since t, or
-// a record the conflict names still at the revision the batch expected: a
-// record whose claim lapsed, a writer that bypassed the log), lists again.
+// the swarm and, when that explains nothing (no batch applied since t, a
+// record the conflict names held otherwise than Redis holds it, a section
+// whose check conflicted unchanged since t), lists again.
 func (v *View) afterConflict(ctx context.Context, t *taken, conflict error) error {
 	if _, err := v.Sync(ctx); err != nil {
 		return err
@@ -376,8 +377,27 @@ func (v *View) afterConflict(ctx context.Context, t *taken, conflict error) erro
 	var ce *ConflictError
 	if errors.As(conflict, &ce) {
 		for _, c := range ce.Conflicts {
-			if rec, ok := v.secs[c.Section][c.Key]; c.Key != "" && v.covers(c.Section) && ok == (c.Expected != 0) && (!ok || rec.Revision == c.Expected) {
-				moved = false // the view still holds what conflicted
+			if !v.covers(c.Section) {
+				continue
+			}
+			if c.Key == "" {
+				// A section's check (CheckCount): the view's section
+				// unchanged since t (copied before any change) still
+				// holds what conflicted.
+				if reflect.ValueOf(v.secs[c.Section]).UnsafePointer() == reflect.ValueOf(t.secs[c.Section]).UnsafePointer() {
+					moved = false
+				}
+				continue
+			}
+			// The view does not hold the record as Redis does, though it
+			// has applied every batch up to it (a record whose claim
+			// lapsed, one a writer stored bypassing the log).
+			have := int64(0)
+			if rec, ok := v.secs[c.Section][c.Key]; ok {
+				have = rec.Revision
+			}
+			if have != c.Actual && !laterRevision(c.Actual, v.revision) {
+				moved = false
 			}
 		}
 	}

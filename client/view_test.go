@@ -437,3 +437,52 @@ func TestAnUpdateThatSendsNothingReadsAsOfNow(t *testing.T) {
 		}
 	}
 }
+
+// TestACountConflictOnAnUnchangedSectionListsTheViewAgain: a record a
+// writer stored bypassing the log before a logged batch (the view cannot
+// hear it: its revision is behind the view's) makes Update's count check of
+// the section conflict; the view's section unchanged since the attempt
+// read it, though the view applied other batches meanwhile, it lists
+// again, and the rerun reads the record and commits: two runs.
+func TestACountConflictOnAnUnchangedSectionListsTheViewAgain(t *testing.T) {
+	t.Parallel()
+	f := start(t)
+	ctx, slug := ctxT(t), newSlug(t)
+	rec := &batchRecorder{}
+	c := recordingClient(t, f.addr, rec)
+	if _, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{
+		{Kind: client.Put, Section: "claims", Key: "T-1", Value: json.RawMessage(`1`)},
+		{Kind: client.Put, Section: "claims", Key: "T-2", Value: json.RawMessage(`2`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.View(slug).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bypassPut(t, f, slug, "claims", "T-3", `3`)
+	if _, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "claims", Key: "T-4", Value: json.RawMessage(`4`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.View(slug).Sync(ctx); err != nil { // hears T-4, not T-3
+		t.Fatal(err)
+	}
+	var seen []int
+	_, err := c.Update(ctx, slug, client.Unfenced, func(tx *client.Txn) error {
+		s, err := tx.Section("claims")
+		if err != nil {
+			return err
+		}
+		seen = append(seen, s.Len())
+		if len(seen) == 1 { // the view moves, not its claims
+			if _, err := f.c.Batch(ctx, slug, client.Unfenced, []client.Write{{Kind: client.Put, Section: "grants", Key: "g", Expected: client.Blind, Value: json.RawMessage(`0`)}}); err != nil {
+				return err
+			}
+		}
+		return tx.PutJSON("operations", "claims", s.Len())
+	})
+	if err != nil || !slices.Equal(seen, []int{3, 4}) {
+		t.Errorf("Update = %v, the change counted %v; want nil after counting 3 (T-3 unheard) then 4", err, seen)
+	}
+	if sent := rec.sent(); len(sent) == 0 || sent[0].GetWrites()[len(sent[0].GetWrites())-1].GetKind() != client.CheckCount {
+		t.Errorf("the first batch's last write is not a CheckCount: %v", sent)
+	}
+}

@@ -389,19 +389,26 @@ class _Reads:
 
     def _after_conflict(self, taken: Taken, timeout: float, conflict: Optional[errors.RevisionConflict] = None) -> None:
         """Before a rerun: catch up with the swarm. When that explains
-        nothing (no batch applied since ``taken``, or a record the conflict
-        names still at the revision the batch expected: a record whose claim
-        lapsed, a writer that bypassed the log), list again."""
+        nothing (no batch applied since ``taken``, a record the conflict
+        names held otherwise than Redis holds it: a record whose claim
+        lapsed, a writer that bypassed the log; a section whose check
+        conflicted unchanged since ``taken``), list again."""
         end = time.monotonic() + timeout
         self._sync_until(end)
         with self._s.lock:
             moved = self._s.generation != taken.generation
             asked = self._s.lists_started
             for c in conflict.conflicts if conflict is not None else ():
-                if c.key and self._s.covers(c.section):
-                    rec = self._s.secs.get(c.section, _EMPTY).get(c.key)
-                    if (rec.revision if rec is not None else 0) == c.expected:
-                        moved = False  # the view still holds what conflicted
+                if not self._s.covers(c.section):
+                    continue
+                if not c.key:
+                    if self._s.secs.get(c.section) is taken.secs.get(c.section):
+                        moved = False  # a section's check (CheckCount), the view's section unchanged since taken
+                    continue
+                rec = self._s.secs.get(c.section, _EMPTY).get(c.key)
+                have = rec.revision if rec is not None else 0
+                if have != c.actual and not _later(c.actual, self._s.revision):
+                    moved = False  # the view holds it otherwise than Redis, though it applied every batch up to it
         if not moved:
             self._ask_relist()
             self._wait(lambda: self._s.listed > asked, end, 0)
