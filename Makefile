@@ -65,9 +65,15 @@ bench-compare: redis-server ## fenced vs the minimal gRPC→Lua→Redis path vs 
 	FENCED_BENCH_ETCD=$$etcd_out go test -run='^$$' -bench='^BenchmarkMinimal$$' -benchtime=$(MINIMAL_ROUNDS)x ./internal/bench/
 
 .PHONY: bench
-bench: bench-compare ## Benchmarks: bench-compare; script direct vs bare forwarder vs fenced, batch sizes 1/8/64; isolation under floods.
+bench: bench-compare ## Benchmarks: bench-compare; script direct vs bare forwarder vs fenced, batch sizes 1/8/64; isolation under floods; the tick's cycle in Go and Python (bench-tick).
 	go test -run='^$$' -bench=. -skip='^BenchmarkMinimal$$' -benchtime=$(BENCHTIME) -benchmem ./internal/bench/
 	go test -run='^$$' -bench=. -benchtime=1x -timeout=20m ./internal/bench/isolation/
+	$(PYTHON) $(PY)/tools/bench_tick.py
+
+.PHONY: bench-tick
+bench-tick: redis-server ## The tick's cycle (W1-W3 of ../shared/bench-tick) in Go and Python: through the views, without them and an in-house port, ratios from one run; KeptChanging counts under a live in-house writer.
+	go test -run='^$$' -bench='^BenchmarkTick' -benchtime=$(BENCHTIME) ./internal/bench/
+	$(PYTHON) $(PY)/tools/bench_tick.py
 
 .PHONY: tools
 tools: grpcurl ## Install the pinned tools (buf, protoc plugins, grpcurl) into ./bin.

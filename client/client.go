@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,8 +57,9 @@ type Client struct {
 	// Client goes uncompressed (Watch).
 	plainWatch atomic.Bool
 
-	mu   sync.Mutex
-	seen map[string]int64 // slug -> latest swarm revision seen
+	mu    sync.Mutex
+	seen  map[string]int64 // slug -> latest swarm revision seen
+	views map[viewKey]*View
 }
 
 // saw records a swarm revision a commit or lease change answered: it only
@@ -173,8 +176,15 @@ func New(conn grpc.ClientConnInterface) *Client {
 	return &Client{records: fencedv1.NewRecordsServiceClient(conn), leases: fencedv1.NewLeaseServiceClient(conn), seen: map[string]int64{}}
 }
 
-// Close closes the connection Dial opened.
+// Close closes the Client's views and the connection Dial opened.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	views := slices.Collect(maps.Values(c.views))
+	clear(c.views)
+	c.mu.Unlock()
+	for _, v := range views {
+		v.Close()
+	}
 	if c.conn == nil {
 		return nil
 	}
@@ -661,6 +671,7 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 		return 0, batchError(ctx, req.GetRequestId(), Decode(err))
 	}
 	c.saw(slug, resp.GetRevision())
+	c.viewsCommitted(slug, resp.GetRevision(), writes, req.GetClaim())
 	return resp.GetRevision(), nil
 }
 

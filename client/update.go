@@ -49,6 +49,16 @@ const (
 // that writes nothing sends nothing and answers the highest revision it
 // saw.
 //
+// The change reads from the Client's View of the swarm (Client.View: no
+// call for what it holds) unless WithoutView: the first attempt the view
+// as it stands, each rerun once the view caught up with the swarm. The
+// checks are the same either way, so a view behind Redis costs a conflict
+// and a rerun, never a lost write; an attempt that sends nothing (change
+// failed, or changes nothing) is confirmed as of now (View.Sync) and run
+// again when the view had not caught up. A view that cannot serve (the
+// document layout, a first list that failed, one not caught up within
+// ctx) leaves Update to read from fenced.
+//
 // On a revision conflict (ABORTED) Update waits (2 ms, doubling up to 256
 // ms, ±50 %: RerunWaitInitial), reads
 // again and reruns change, up to MaxUpdateAttempts in all, then fails with
@@ -102,16 +112,30 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		MaxInterval:         RerunWaitMax,
 	}
 	attempts := 0
+	var views *viewRuns
+	if !o.noView {
+		views = &viewRuns{v: c.View(slug)}
+	}
+	var conflict error // the last attempt's
 	rev, err := backoff.Retry(ctx, func() (int64, error) {
 		attempts++
-		tx := &Txn{ctx: ctx, c: c, slug: slug,
+		tx := &Txn{ctx: ctx, c: c, slug: slug, taken: views.take(ctx, conflict),
 			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
 			sectionRevs: map[string]int64{}, snapRevs: map[string]int64{}, phantomProof: map[string]bool{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
+		if tx.taken != nil {
+			tx.seen = tx.taken.revision
+		}
 		if err := change(tx); err != nil {
+			if !views.confirm(ctx, tx.taken) {
+				return 0, errReadBehind
+			}
 			return 0, backoff.Permanent(err)
 		}
 		writes, mutates := tx.batch()
 		if !mutates {
+			if !views.confirm(ctx, tx.taken) {
+				return 0, errReadBehind
+			}
 			return tx.seen, nil
 		}
 		rev, err := c.commitRetryingLostReplies(ctx, slug, fence, writes, o)
@@ -119,6 +143,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 		case err == nil:
 			return rev, nil
 		case errors.Is(err, ErrConflict):
+			conflict = err
 			return 0, err
 		default:
 			return 0, backoff.Permanent(err)
@@ -142,6 +167,77 @@ type UpdateOption interface{ applyUpdate(*updateOptions) }
 type updateOptions struct {
 	batch   []BatchOption
 	attempt time.Duration // 0: none
+	noView  bool
+}
+
+type withoutView struct{}
+
+func (withoutView) applyUpdate(u *updateOptions) { u.noView = true }
+
+// WithoutView has every attempt of Update read from fenced (one call per
+// key, one snapshot per section), not from the Client's View of the swarm.
+func WithoutView() UpdateOption { return withoutView{} }
+
+// viewRuns is the View an Update's attempts read from: the first as the
+// view stands, each rerun once it caught up with the swarm
+// (View.afterConflict). A view that cannot serve (the swarm cannot have
+// one, not listed or not caught up within ctx) leaves the later attempts
+// to read from fenced.
+type viewRuns struct {
+	v      *View
+	last   *taken
+	synced bool // the view is caught up for the next attempt (confirm)
+}
+
+func (r *viewRuns) take(ctx context.Context, conflict error) *taken {
+	if r == nil || r.v == nil {
+		return nil
+	}
+	var err error
+	switch {
+	case r.synced:
+		// confirm has just caught the view up with the swarm.
+	case r.last == nil:
+		err = r.v.wait(ctx, 0, func() bool { return r.v.loaded })
+	default:
+		err = r.v.afterConflict(ctx, r.last, conflict)
+	}
+	if err != nil {
+		r.v, r.last = nil, nil
+		return nil
+	}
+	synced := r.synced || r.last != nil // a rerun after a conflict reads the view caught up (afterConflict)
+	r.last, r.synced = r.v.take(), false
+	if r.last != nil {
+		r.last.synced = synced
+	}
+	return r.last
+}
+
+// errReadBehind reruns an attempt that read the view as it stood, behind
+// the swarm, and sends nothing (confirm).
+var errReadBehind = errors.New("fenced client: the view was behind the swarm: the change runs again on the view caught up")
+
+// confirm is asked when an attempt sends no batch (its change failed, or
+// changes nothing): nothing checks what it read, so what it read from the
+// view as it stood (t) must have been the swarm as of now. It answers true
+// when t was (or the attempt read no view, or one caught up); else false,
+// and the next attempt reads the view caught up with the swarm (View.Sync),
+// or from fenced when the view cannot catch up within ctx.
+func (r *viewRuns) confirm(ctx context.Context, t *taken) bool {
+	if r == nil || r.v == nil || t == nil || t.synced {
+		return true
+	}
+	want, err := r.v.Sync(ctx)
+	if err != nil {
+		r.v, r.last = nil, nil
+		return false
+	}
+	if want == t.revision && t.generation == r.v.generationNow() {
+		return true
+	}
+	r.synced = true
+	return false
 }
 
 func (o BatchOption) applyUpdate(u *updateOptions) { u.batch = append(u.batch, o) }
@@ -243,6 +339,9 @@ type Txn struct {
 	ctx  context.Context
 	c    *Client
 	slug string
+	// taken: the swarm's View at the attempt's start (Update reads from
+	// it: no call for what it holds); nil without one.
+	taken *taken
 	// read: records read one by one, at their revision; absent: keys read
 	// and found absent. sections: sections loaded whole (a snapshot);
 	// whole: sections whose every record was read (iterated, counted).
@@ -271,7 +370,11 @@ func (tx *Txn) lookup(r ref) (Record, bool, error) {
 	if tx.absent[r] {
 		return Record{}, false, nil
 	}
-	if sec, ok := tx.sections[r.section]; ok {
+	sec, ok := tx.sections[r.section]
+	if !ok && tx.taken != nil && tx.taken.covers(r.section) {
+		sec, ok = tx.taken.secs[r.section], true
+	}
+	if ok {
 		rec, ok := sec[r.key]
 		if ok {
 			tx.read[r] = rec
@@ -389,7 +492,19 @@ func (tx *Txn) Section(name string, opts ...SectionOption) (*Section, error) {
 	if o.phantomProof {
 		tx.phantomProof[name] = true
 	}
-	if _, ok := tx.sections[name]; !ok {
+	_, loaded := tx.sections[name]
+	if _, hasRev := tx.sectionRevs[name]; loaded && !hasRev && tx.phantomProof[name] {
+		loaded = false // taken from the view, which keeps no section revisions: read it from fenced
+	}
+	if t := tx.taken; !loaded && t != nil && t.covers(name) && !tx.phantomProof[name] {
+		// The view holds every batch up to t.revision (its records applied
+		// ahead stand after it: CountCheck then declines).
+		tx.sections[name], tx.snapRevs[name], loaded = t.secs[name], t.revision, true
+		if tx.sections[name] == nil {
+			tx.sections[name] = map[string]Record{}
+		}
+	}
+	if !loaded {
 		snap, err := tx.c.Snapshot(tx.ctx, tx.slug, name)
 		if err != nil {
 			return nil, err

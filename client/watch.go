@@ -127,7 +127,8 @@ type watchConfig struct {
 type WatchOption func(*watchConfig)
 
 // WatchSections yields only batches that changed these sections, with only
-// those changes (default: every section).
+// those changes (default: every section), and those whose sections are
+// unknown (Truncated, no Sections: an in-house writer's).
 func WatchSections(names ...string) WatchOption {
 	return func(c *watchConfig) { c.sections = names }
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentihooks/fenced/client"
+	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,6 +49,10 @@ type workload struct {
 	// unexpected counts outcomes outside the allowed set (each also fails
 	// the test).
 	unexpected atomic.Int64
+	// view is clients[0]'s client.View of the swarm, kept through every
+	// fault; check compares it with what Redis holds (issue 40).
+	view  *client.View
+	redis *redistest.Server
 }
 
 // unknownCall is a call of unknown outcome: what it answered, how long it
@@ -117,7 +122,59 @@ func newWorkload(t *testing.T, redis *redistest.Server, slug string, clients []*
 	redis.Do(t, "SET", prefix+":swarm:{"+slug+"}:fence:revision", strconv.FormatInt(counterAhead, 10))
 	w := &workload{slug: slug, clients: clients, owner: "tick-" + slug, ops: ops, maxTime: 90 * time.Second, seed: seed, rec: newRecorder(), requestIDs: 50}
 	w.epoch, w.initRev = acquireLease(t, clients[0], slug, w.owner)
+	w.redis, w.view = redis, clients[0].View(slug)
 	return w
+}
+
+// viewAgrees checks that the workload's view, read as of now after the run
+// and its faults, holds what Redis holds: the model's sections read from
+// their hashes (HGETALL, each field by the record grammar), byte for byte
+// and at their revisions, and the swarm's revision or later.
+func (w *workload) viewAgrees(t *testing.T, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var snap *client.Snapshot
+	var err error
+	for attempt := 0; attempt < 50 && ctx.Err() == nil; attempt++ {
+		// A call the box's load cut short (Current, a list) is asked again.
+		if snap, err = w.view.Snapshot(ctx); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Errorf("%s: the view read as of now after the run: %v", name, err)
+		return
+	}
+	rc := w.redis.Client(t)
+	top, err := rc.Do(ctx, rc.B().Get().Key(key(w.slug, "revision")).Build()).AsInt64()
+	if err != nil {
+		t.Fatalf("%s: GET the swarm's revision: %v", name, err)
+	}
+	if client.CompareRevisions(snap.Revision, top) < 0 {
+		t.Errorf("%s: the view is at revision %d, the swarm at %d", name, snap.Revision, top)
+	}
+	for _, sec := range modelSections {
+		fields, err := rc.Do(ctx, rc.B().Hgetall().Key(key(w.slug, sec)).Build()).AsStrMap()
+		if err != nil {
+			t.Fatalf("%s: HGETALL %s: %v", name, sec, err)
+		}
+		held := snap.Sections[sec]
+		for k, raw := range fields {
+			rec, ok := batch.ParseRecord(raw)
+			got, has := held[k]
+			if !ok || !has || got.Revision != rec.Revision || string(got.Value) != rec.Value {
+				t.Errorf("%s: the view's %s/%s = %+v (held %v); Redis holds %q", name, sec, k, got, has, raw)
+			}
+		}
+		for k, got := range held {
+			if _, ok := fields[k]; !ok {
+				t.Errorf("%s: the view holds %s/%s = %+v, absent in Redis", name, sec, k, got)
+			}
+		}
+	}
+	t.Logf("%s: the view agrees with Redis at revision %d (%d bytes held)", name, snap.Revision, w.view.MemoryBytes())
 }
 
 // check records a final read, then checks the history with porcupine,
@@ -138,6 +195,7 @@ func (w *workload) check(t *testing.T, name string, log []logEntry) {
 		t.Logf("%s: batches of unknown outcome: %d committed, %d not, by the log; %d unresolved", name, u.committed, u.notCommitted, u.unresolved)
 	}
 	checkLinearizable(t, name, w.initRev, ops)
+	w.viewAgrees(t, name)
 }
 
 // run runs every client to completion (ops calls each, or maxTime) and

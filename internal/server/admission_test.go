@@ -268,3 +268,29 @@ func TestTheRedisTimeOfACallIsChargedToItsCaller(t *testing.T) {
 		t.Errorf("Redis time charged %v; want some to token:tick alone", q.redis)
 	}
 }
+
+// TestAWatchWithNothingToSendHoldsNoSeat: a Watch resumed from the swarm's
+// latest revision has nothing to send until the next batch; its turn in
+// the fair queue ends then, not at its first message. Before, it held its
+// caller's one seat until a batch came or the progress interval (30 s)
+// passed, and the caller's next call waited for it (issue 40: a client's
+// view of a quiet swarm held a seat while its stream waited, and the same
+// process's reads of every other swarm waited behind it).
+func TestAWatchWithNothingToSendHoldsNoSeat(t *testing.T) {
+	e, _, q := serveQueued(t, admission.FlowsByToken)
+	c := dialFrom(t, e.addr, "127.0.0.1")
+	ctx := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer "+writerToken)
+	resp, err := c.FencedBatch(ctx, &fencedv1.FencedBatchRequest{Slug: "rig-w", Writes: []*fencedv1.RecordWrite{put("claims", "k", -1, `1`)}})
+	if err != nil {
+		t.Fatalf("FencedBatch: %v", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if _, err := c.Watch(wctx, &fencedv1.WatchRequest{Slug: "rig-w", StartRevision: resp.GetRevision()}); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	q.await(t, "the Watch admitted", func(q *queueWatch) bool { return len(q.admitted) == 2 })
+	if err := <-batchFrom(t, e, "127.0.0.1", writerToken, "rig-x"); err != nil {
+		t.Errorf("a batch of the caller whose Watch waits for a batch = %v; want it committed", err)
+	}
+}

@@ -460,10 +460,16 @@ func (s *Service) sendEvents(ctx context.Context, stream fencedv1.RecordsService
 	}
 	for {
 		if cur == nil {
-			quiet.Reset(every - time.Since(lastSend))
-			b, err := w.NextBatchUntil(ctx, quiet.C)
-			if err != nil {
-				return err
+			b := w.TryNextBatch()
+			if b == nil {
+				if s, ok := stream.(interface{ Served() }); ok {
+					s.Served() // nothing to send yet: the open's turn ends (admission.WatchStream)
+				}
+				quiet.Reset(every - time.Since(lastSend))
+				var err error
+				if b, err = w.NextBatchUntil(ctx, quiet.C); err != nil {
+					return err
+				}
 			}
 			if b == nil {
 				if err := progress(); err != nil {
@@ -606,7 +612,10 @@ func (sc *eventScratch) fill(ev *watch.Event, sections []string) (resp *fencedv1
 				pe.Sections = append(pe.Sections, sec)
 			}
 		}
-		return &sc.resp, len(pe.Sections) > 0 || (sections == nil && len(ev.Sections) == 0) || pe.Claim != nil
+		// A batch whose log entry names neither keys nor sections (a writer
+		// that bypasses fenced: the in-house Lua) may have changed any
+		// section: every watcher gets it, whatever sections it named.
+		return &sc.resp, len(pe.Sections) > 0 || len(ev.Sections) == 0 || pe.Claim != nil
 	}
 	if n := len(ev.Changes); cap(sc.changes) < n {
 		sc.changes = make([]fencedv1.Change, n)

@@ -88,6 +88,7 @@ func TestEncodedEventsReadBackAsTheEvents(t *testing.T) {
 			{Revision: 2, Changes: []*fencedv1.Change{del("claims", "a"), put("claims", "b", nil)}},
 			{Revision: 3, Truncated: true, Sections: []string{"claims"}},
 			{Revision: 5, Changes: []*fencedv1.Change{put("claims", "c", r(5, `3`))}},
+			{Revision: 6, Truncated: true}, // its sections unknown: any may have changed
 		}},
 	} {
 		e := encodeBatch(b, tt.sections)

@@ -102,6 +102,7 @@ from .model import (  # noqa: E402
 )
 from .revisions import compare_revisions  # noqa: E402
 from .update import MAX_LOST_REPLY_RETRIES, MAX_UPDATE_ATTEMPTS, SectionView, Txn  # noqa: E402
+from .view import View, ViewBehind, ViewUnsupported  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -166,6 +167,9 @@ __all__ = [
     "StaleLease",
     "Txn",
     "Unavailable",
+    "View",
+    "ViewBehind",
+    "ViewUnsupported",
     "Write",
     "compare_revisions",
     "count_check",

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import random
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Generator, Optional, Sequence, Union
@@ -50,6 +52,8 @@ import grpc.aio
 from . import errors
 from .client import (
     DEFAULT_TIMEOUT,
+    _view_of,
+    _views_committed,
     _batch_request,
     _current,
     _lease,
@@ -95,10 +99,15 @@ from .update import (
     _Sleep,
     _takes_timeout,
     _update_steps,
+    _ViewRuns,
 )
+from .view import EVERY, SYNC_GRACE_S as _SYNC_GRACE_S, Taken, ViewBehind, _backoff, _Reads, _State
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
 
-__all__ = ["Client", "LeaseKeeper"]
+__all__ = ["Client", "LeaseKeeper", "View"]
+
+_log = logging.getLogger("fenced.keeper")
+_view_log = logging.getLogger("fenced.view")
 
 
 class Client:
@@ -141,6 +150,8 @@ class Client:
         self._records = records_pb2_grpc.RecordsServiceStub(channel)
         self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
+        self._views: dict[tuple[str, tuple[str, ...]], "View"] = {}
+        self._views_lock = threading.Lock()
 
     # The sync client's bookkeeping of the swarm revisions seen.
     _saw = _SyncClient._saw
@@ -149,10 +160,22 @@ class Client:
     _cancelled_by_caller = _SyncClient._cancelled_by_caller
 
     async def close(self) -> None:
-        """Close the channel the Client opened (not one given to from_channel)."""
+        """Close the channel the Client opened (not one given to from_channel),
+        and its views."""
         self._closed = True
+        with self._views_lock:
+            views, self._views = list(self._views.values()), {}
+        for v in views:
+            await v.close()
         if self._owns:
             await self._channel.close()
+
+    def view(self, slug: str, *sections: str) -> "View":
+        """The swarm's :class:`View` (every section but archive, meta
+        included; or the sections named), made and started on first use on
+        the running event loop and shared until the Client closes: see
+        :meth:`fenced.Client.view`."""
+        return _view_of(self, slug, sections, View)  # type: ignore[no-any-return]
 
     async def __aenter__(self) -> "Client":
         return self
@@ -267,6 +290,7 @@ class Client:
         req = _batch_request(slug, writes, fence, request_id, replica_ack, claim)
         resp = await self._call(self._records.FencedBatch, req, timeout, request_id or "")
         self._saw(slug, resp.revision)
+        _views_committed(self._views, slug, resp.revision, writes, claim)
         return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
 
     async def watch(
@@ -302,18 +326,21 @@ class Client:
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
         claim: Optional[ClaimFence] = None,
+        view: bool = True,
     ) -> int:
         """As :meth:`fenced.Client.update` (the same reruns, resends under
         one request id, and overall ``timeout``; ``fence`` required unless
-        ``claim`` is given); ``change`` is a plain function, run in a worker
+        ``claim`` is given; reading from the swarm's :meth:`view` unless
+        ``view`` is False); ``change`` is a plain function, run in a worker
         thread (see the module's doc)."""
         lease_fence(fence, claim)  # ValueError before anything runs
         per_call = self._timeout
         deadline = _Deadline(per_call if timeout is None else timeout)
         reads = _LoopReads(self, asyncio.get_running_loop(), deadline, per_call)
+        views = _ViewRuns(self.view(slug), deadline, per_call) if view and not self._closed else None
         steps = _update_steps(slug, deadline, per_call, self._cancelled_by_caller)
         try:
-            return await _drive(steps, reads, self, slug, change, fence, replica_ack, claim)
+            return await _drive(steps, reads, self, slug, change, fence, replica_ack, claim, views)
         finally:
             reads.done = True
 
@@ -391,6 +418,7 @@ async def _drive(
     fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
     claim: Optional[ClaimFence] = None,
+    views: Optional[Any] = None,
 ) -> int:
     """Run update's steps (fenced.update._update_steps) on the event loop.
     A cancellation while the batch may have been sent is UpdateCancelled,
@@ -405,7 +433,7 @@ async def _drive(
                     await asyncio.sleep(step.seconds)
                     result = None
                 elif isinstance(step, _RunChange):
-                    result = await asyncio.to_thread(_run_change, reads, slug, change)
+                    result = await asyncio.to_thread(_run_change, reads, slug, change, views, step.conflict)
                 else:
                     assert isinstance(step, _Commit)
                     result = (await c.fenced_batch(
@@ -480,7 +508,8 @@ class _LoopReads:
 class LeaseKeeper(_Held):
     """Holds a swarm's lease from an asyncio task: :class:`fenced.LeaseKeeper`'s
     rules (acquire within ``wait``, renew every third of the TTL, lost on
-    StaleLease or when no renewal succeeded in time, logged the same way) with
+    StaleLease, when no renewal succeeded in time, or on a take-over heard
+    on the swarm's Watch stream by another task; logged the same way) with
     :attr:`lost` an ``asyncio.Event``. Made by :meth:`Client.keep`; ``await
     close()`` (or leave ``async with``) stops it and releases the lease."""
 
@@ -490,9 +519,13 @@ class LeaseKeeper(_Held):
         self.lost = asyncio.Event()
         """Set when the lease is lost (or released by close)."""
         self._task: Optional["asyncio.Task[None]"] = None
+        self._follower: Optional["asyncio.Task[None]"] = None
 
     def _signal_lost(self) -> None:
         self.lost.set()
+        f = self._follower
+        if f is not None and f is not asyncio.current_task():
+            f.cancel()
 
     async def _start(self, wait: Optional[float]) -> "LeaseKeeper":
         a = _Acquiring(self._label, self.owner, self._ttl, self._c._timeout if wait is None else wait)
@@ -506,8 +539,30 @@ class LeaseKeeper(_Held):
                 pause = a.pause(e)
             await asyncio.sleep(pause)
         self._granted(sent, lease)
-        self._task = asyncio.get_running_loop().create_task(self._renew(), name=f"fenced-keeper-{self.slug}")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._renew(), name=f"fenced-keeper-{self.slug}")
+        self._follower = loop.create_task(self._follow(lease.revision), name=f"fenced-keeper-follow-{self.slug}")
         return self
+
+    async def _follow(self, start: int) -> None:
+        """As the sync keeper's: a take-over heard on the swarm's Watch
+        stream (meta records, claim events) marks the lease lost at once."""
+        wait = 0.05
+        while not self.lost.is_set():
+            try:
+                async for ev in self._c.watch(self.slug, start, sections=("meta",)):
+                    start = ev.revision
+                    wait = 0.05
+                    err = self._taken_over(ev)
+                    if err is not None:
+                        self._mark_lost(err)
+                        return
+            except errors.RevisionCompacted:
+                start = 0  # what was missed cannot be read: from now on
+            except errors.FencedError as e:
+                _log.debug("keep %s: its watch ended (%s); opening it again", self._label, e)
+            await asyncio.sleep(wait * random.uniform(0.5, 1.5))
+            wait = min(wait * 2, 5.0)
 
     async def _renew(self) -> None:
         period = self._ttl / 3
@@ -525,12 +580,13 @@ class LeaseKeeper(_Held):
     async def close(self) -> None:
         """Stop renewing and release the lease if it is still held. Idempotent;
         raises FencedError when the release fails for another reason than StaleLease."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._task, self._follower):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self.error is not None:
             return
         try:
@@ -568,3 +624,176 @@ class _Keeping:
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         await self._k.__aexit__(exc_type, exc, tb)
 
+
+
+class View(_Reads):
+    """A swarm's records kept by its Watch stream, from a task of the event
+    loop it was made on: :class:`fenced.View`'s rules, its reads awaited
+    (``await view.sync()``, ``await view.snapshot(...)``, ``await
+    view.record(...)``, ``await view.close()``); ``revision`` and
+    ``memory_bytes()`` as the sync view's. Made by :meth:`Client.view`;
+    ``update`` reads from it from its worker thread."""
+
+    def __init__(self, client: Client, slug: str, names: tuple[str, ...] = ()) -> None:
+        self._c = client
+        self.slug = slug
+        self.names = names
+        self._s = _State(slug, names)
+        self._born = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._woken = asyncio.Event()
+        self._s.on_change = self._woken.set  # under the lock, on the loop (lists, events, commits)
+        self._relist_wanted = False
+        self._following: Optional["asyncio.Task[None]"] = None
+        self._task = self._loop.create_task(self._run(), name=f"fenced-view-{slug}")
+
+    async def sync(self, timeout: Optional[float] = None) -> int:
+        """As :meth:`fenced.View.sync`, awaited."""
+        end = self._timeout(timeout)
+        await self._until(lambda: self._s.loaded, end, 0)
+        want = (await self._c.current(self.slug, timeout=max(end - time.monotonic(), 0.001))).revision
+        with self._s.lock:
+            gen = self._s.generation
+        try:
+            await self._until(lambda: self._s.caught_up(want), min(end, time.monotonic() + _SYNC_GRACE_S), want)
+            return int(want)
+        except ViewBehind:
+            if time.monotonic() >= end:
+                raise
+        with self._s.lock:
+            moved = self._s.generation != gen
+        if not moved:
+            self._relist_now()
+        await self._until(lambda: self._s.caught_up(want), end, want)
+        return int(want)
+
+    async def snapshot(self, *names: str, fresh: bool = True, timeout: Optional[float] = None) -> Snapshot:
+        """As :meth:`fenced.View.snapshot`, awaited."""
+        return self._snapshot_of(await self._take(fresh, timeout), names)
+
+    async def record(self, section: str, key: str, *, fresh: bool = True, timeout: Optional[float] = None) -> Optional[Record]:
+        """As :meth:`fenced.View.record`, awaited."""
+        return self._record_of(await self._take(fresh, timeout), section, key)
+
+    async def close(self) -> None:
+        """Stop following the swarm. Idempotent."""
+        with self._s.lock:
+            self._s.closed = True
+            self._s.cond.notify_all()
+        self._woken.set()
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<fenced.aio.View {self.slug!r} at {self.revision}>"
+
+    async def _take(self, fresh: bool, timeout: Optional[float]) -> Taken:
+        end = self._timeout(timeout)
+        if fresh:
+            await self.sync(max(end - time.monotonic(), 0.001))
+        else:
+            await self._until(lambda: self._s.loaded, end, 0)
+        with self._s.lock:
+            return self._s.take()
+
+    async def _until(self, ok: Callable[[], bool], end: float, want: int) -> None:
+        """_Reads._wait on the event loop."""
+        while True:
+            with self._s.lock:
+                if ok():
+                    return
+                self._why_not(end, want)
+                self._woken.clear()
+            try:
+                await asyncio.wait_for(self._woken.wait(), max(end - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                pass
+
+    # From update's worker thread.
+
+    def _current_revision(self, timeout: float) -> int:
+        fut = asyncio.run_coroutine_threadsafe(self._c.current(self.slug, timeout=timeout), self._loop)
+        return int(fut.result(timeout + 5).revision)
+
+    def _ask_relist(self) -> None:
+        self._loop.call_soon_threadsafe(self._relist_now)
+
+    # The task.
+
+    def _relist_now(self) -> None:
+        self._relist_wanted = True
+        if self._following is not None:
+            self._following.cancel()
+
+    def _failed(self, e: BaseException) -> None:
+        with self._s.lock:
+            self._s.error = e
+            self._s.cond.notify_all()
+        self._woken.set()
+
+    async def _run(self) -> None:
+        waits = iter(_backoff())
+        layout: Optional[Layout] = None
+        while layout is None:
+            try:
+                layout = await self._c.layout(self.slug)
+            except errors.FencedError as e:
+                self._failed(e)
+                await asyncio.sleep(next(waits))
+        if layout != Layout.RECORDS:
+            with self._s.lock:
+                self._s.unsupported = layout
+                self._s.cond.notify_all()
+            self._woken.set()
+            return
+        waits = iter(_backoff())
+        while not self._s.closed:
+            try:
+                await self._list(EVERY, 0)
+                self._following = self._loop.create_task(self._follow())
+                await asyncio.wait({self._following})
+                following, self._following = self._following, None
+                if not following.cancelled():
+                    following.result()  # its error, if any
+                waits = iter(_backoff())
+            except errors.RevisionCompacted as e:
+                _view_log.info("view %s: %s; listing again", self.slug, e)
+            except (errors.FencedError, grpc.RpcError, ValueError) as e:
+                self._failed(e)
+                pause = next(waits)
+                _view_log.warning("view %s: %s; listing again in %.2fs", self.slug, e, pause)
+                await asyncio.sleep(pause)
+            finally:
+                if self._following is not None:
+                    self._following.cancel()
+
+    async def _list(self, names: frozenset, at: int) -> None:  # type: ignore[type-arg]
+        seq = 0
+        if not names:
+            with self._s.lock:
+                self._s.lists_started += 1
+                seq = self._s.lists_started
+            self._relist_wanted = False
+        try:
+            snap = await self._c.sections(self.slug, *sorted(names or self.names))
+        except errors.RevisionWentBackwards:
+            snap = await self._c.sections(self.slug, *sorted(names or self.names))
+        with self._s.lock:
+            self._s.load(snap, names, at, seq)
+
+    async def _follow(self) -> None:
+        start = self._s.revision
+        from_now = start == 0
+        async for ev in self._c.watch(self.slug, start, progress=True):
+            if from_now and ev.progress:
+                from_now = False
+                if ev.revision != 0:
+                    await self._list(EVERY, 0)
+                continue
+            with self._s.lock:
+                need = self._s.apply(ev)
+            if need is not None:
+                await self._list(need, ev.revision)

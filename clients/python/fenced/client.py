@@ -47,6 +47,7 @@ from .model import (
 from .revisions import compare_revisions, later_revision
 from .update import Txn
 from .update import update as _update
+from .view import View
 from .v1 import admin_pb2, admin_pb2_grpc, lease_pb2, lease_pb2_grpc, records_pb2, records_pb2_grpc
 
 __all__ = ["Client", "MAX_MESSAGE_BYTES", "new_request_id"]
@@ -356,6 +357,46 @@ def _never() -> bool:
     return False
 
 
+# Views (fenced/view.py), shared by the sync and asyncio clients.
+
+# A view that found the swarm on the document layout is made again after
+# this long (a migration moves it onto the records); one that found no
+# state at all, at once (the first commit makes the records).
+_VIEW_DOCUMENT_RETRY_S = 10.0
+
+
+def _view_of(client: Any, slug: str, sections: Sequence[str], make: Callable[..., Any]) -> Any:
+    names = tuple(sorted(set(sections)))
+    with client._views_lock:
+        if client._closed:
+            raise errors.FencedError("the Client is closed", code=grpc.StatusCode.CANCELLED)
+        v = client._views.get((slug, names))
+        if v is None and "archive" not in names:  # a view of every section leaves archive out
+            v = client._views.get((slug, ()))
+        if v is not None and v._s.closed:
+            client._views.pop((slug, v.names), None)
+            v = None
+        if v is not None and v._s.unsupported is not None:
+            retry = 0.0 if v._s.unsupported != Layout.DOCUMENT else _VIEW_DOCUMENT_RETRY_S
+            if time.monotonic() - v._born >= retry:
+                client._views.pop((slug, v.names), None)
+                v = None
+        if v is None:
+            v = make(client, slug, names)
+            v._born = time.monotonic()
+            client._views[(slug, names)] = v
+        return v
+
+
+def _views_committed(views: dict, slug: str, revision: int, writes: Sequence[Write], claim: Optional[ClaimFence]) -> None:
+    """A batch of this Client committed: its writes go into its views of the swarm."""
+    if not views:
+        return
+    for (s, _), v in list(views.items()):
+        if s == slug:
+            v._committed(revision, writes, claim.name if claim is not None else "", claim.epoch if claim is not None else 0)
+
+
 def _drop(stream: "_fork.Stream") -> None:
     """Cancel a stream's call and let it go."""
     call, stream.call = stream.call, None
@@ -527,6 +568,8 @@ class Client:
         self._records = records_pb2_grpc.RecordsServiceStub(channel)
         self._leases = lease_pb2_grpc.LeaseServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
+        self._views: dict[tuple[str, tuple[str, ...]], Any] = {}  # (slug, sections) -> fenced.View
+        self._views_lock = threading.Lock()
         _gate.register(self)
 
     def _check_process(self) -> None:
@@ -554,6 +597,10 @@ class Client:
         if os.getpid() != self._pid:
             return
         self._closed = True
+        with self._views_lock:
+            views, self._views = list(self._views.values()), {}
+        for v in views:
+            v.close()
         if self._owns:
             self._channel.close()
 
@@ -767,7 +814,16 @@ class Client:
         req = _batch_request(slug, writes, fence, request_id, replica_ack, claim)
         resp = self._call("records", "FencedBatch", req, timeout, request_id or "")
         self._saw(slug, resp.revision)
+        _views_committed(self._views, slug, resp.revision, writes, claim)
         return BatchResult(resp.revision, resp.replayed, resp.replicas_acked)
+
+    def view(self, slug: str, *sections: str) -> "View":
+        """The swarm's :class:`fenced.View` (every section but archive, meta
+        included; or the sections named), made and started on first use
+        and shared by every caller of this Client until it closes: its
+        records kept by the swarm's Watch stream (see fenced/view.py). A
+        view of every section serves a request for named ones but archive."""
+        return _view_of(self, slug, sections, View)
 
     def watch(
         self,
@@ -808,14 +864,29 @@ class Client:
         snapshot), ResourceExhausted (TOO_MANY_WATCHERS), InvalidArgument,
         FencedError (permission errors and the rest). As the Go client's Watch.
         """
+        yield from self._watch_events(slug, from_revision, _fork.Stream(), None, sections, progress)
+
+    def _watch_events(
+        self,
+        slug: str,
+        from_revision: int,
+        stream: "_fork.Stream",
+        stop: Optional[Callable[[], bool]],
+        sections: Sequence[str] = (),
+        progress: bool = True,
+    ) -> Iterator[Event]:
+        """watch's loop, with the Stream holding its call given (cancelling
+        that call ends the stream) and ``stop`` (asked before every
+        (re)open: True ends the iteration); a View follows its swarm with it."""
         loop = _WatchLoop(self, slug, from_revision, sections, progress)
         # The call is held by a Stream the fork handling can drop; this
         # generator keeps no reference of its own while suspended.
-        stream = _fork.Stream()
         _gate.track(stream)
         busy = False
         try:
             while True:
+                if stop is not None and stop():
+                    return
                 _gate.enter(busy)
                 busy = False
                 try:
@@ -823,6 +894,9 @@ class Client:
                     stream.call = self._stub("records").Watch(req, metadata=self._metadata, compression=compression)
                 finally:
                     _gate.leave()
+                if stop is not None and stop():
+                    _drop(stream)
+                    return
                 _watch_log.debug("watch %s: stream opened from revision %d", slug, loop.from_revision)
                 err: Optional[grpc.RpcError] = None
                 while True:
@@ -836,6 +910,8 @@ class Client:
                         break
                     yield from loop.events(resp)
                 _drop(stream)
+                if stop is not None and stop():
+                    return
                 try:
                     pause = loop.broke(err, _gate.generation)
                 finally:
@@ -843,7 +919,7 @@ class Client:
                 if pause > 0:
                     _gate.end_busy()
                     busy = False
-                    _gate.sleep(pause, _never)
+                    _gate.sleep(pause, _never if stop is None else stop)
         finally:
             if busy:
                 _gate.end_busy()
@@ -858,12 +934,14 @@ class Client:
         claim: Optional[ClaimFence] = None,
         replica_ack: Optional[ReplicaAck] = None,
         timeout: Optional[float] = None,
+        view: bool = True,
     ) -> int:
         """Read, change, write as one fenced batch, rerun on conflict, within
         ``timeout`` seconds in all (None: the Client's timeout), under
         ``fence`` (keeper.fence(), or :data:`fenced.UNFENCED`: required unless
-        ``claim`` is given); see :func:`fenced.update.update`."""
-        return _update(self, slug, change, fence=fence, claim=claim, replica_ack=replica_ack, timeout=timeout)
+        ``claim`` is given), reading from the swarm's view unless ``view`` is
+        False; see :func:`fenced.update.update`."""
+        return _update(self, slug, change, fence=fence, claim=claim, replica_ack=replica_ack, timeout=timeout, view=view)
 
     # Leases.
 

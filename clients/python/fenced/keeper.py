@@ -3,6 +3,7 @@ client's ``client.Keeper`` (client/keeper.go)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -11,9 +12,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Optional
 
-from . import errors
+import grpc
+
+from . import _fork, errors
 from ._fork import gate as _gate
-from .model import ClaimFence, Lease, LeaseFence
+from .model import ClaimFence, Event, Lease, LeaseFence
 
 if TYPE_CHECKING:
     from .client import Client
@@ -145,6 +148,53 @@ class _Held:
     def _signal_lost(self) -> None:
         raise NotImplementedError
 
+    def _taken_over(self, ev: Event) -> Optional[errors.StaleLease]:
+        """The StaleLease a take-over heard on the swarm's Watch stream makes
+        of this lease (None when ev is none): for the swarm's lease a batch
+        putting meta/lease fenced by another owner, or by this owner at a
+        later epoch (it lapsed and was granted again); for a claim its grant
+        to another owner or at another epoch, or the end (release, lapse) of
+        this grant. As the Go client's Keeper (client/keeper.go takenOver)."""
+        why, holder = "", None
+        if self.name:
+            c = ev.claim
+            if c is None or c.name != self.name:
+                return None
+            if c.kind == "granted" and (c.owner != self.owner or c.epoch != self.epoch):
+                why, holder = f"granted to {c.owner!r} at epoch {c.epoch}", Lease(c.owner, c.epoch, c.expires_at_ms)
+            elif c.kind in ("lapsed", "released") and c.epoch == self.epoch:
+                why = c.kind
+            else:
+                return None
+        else:
+            for ch in ev.changes:
+                if ch.section != "meta" or ch.key != "lease" or ch.delete:
+                    continue
+                # The record read with the event is the one it wrote when it
+                # is at the event's revision (else a later event follows).
+                r = ch.record
+                holder = None
+                if r is not None and r.revision == ev.revision:
+                    try:
+                        v = json.loads(r.value)
+                        holder = Lease(str(v["owner"]), int(v["epoch"]), int(v.get("expires_at", 0)))
+                    except (ValueError, KeyError, TypeError):
+                        holder = None
+                if ev.owner != self.owner:
+                    why = f"granted to {ev.owner!r}"
+                    break
+                if holder is not None and holder.epoch > self.epoch:
+                    why = f"granted again to {ev.owner!r} at epoch {holder.epoch}"
+                    break
+            if not why:
+                return None
+        err = errors.StaleLease(
+            f"{self._label}: taken over (heard on its Watch stream at revision {ev.revision}): {why}",
+            code=grpc.StatusCode.FAILED_PRECONDITION, reason="LEASE_STALE",
+        )
+        err.holder = holder
+        return err
+
     def _mark_lost(self, err: BaseException, *, released: bool = False) -> None:
         with self._lock:
             if self._error is not None:
@@ -177,9 +227,11 @@ class LeaseKeeper(_Held):
     long as the server's RetryInfo says, and asking again while too few
     replicas acknowledge the grant or fenced is unavailable, at most ``wait``
     seconds in all), then a daemon thread renews it every third
-    of its TTL. Once the lease is lost (a renewal refused with StaleLease, or
-    none succeeding before the lease would end) it stops renewing and sets
-    :attr:`lost`; :attr:`error` says why. :meth:`held` is cheap and never calls
+    of its TTL. Once the lease is lost (a renewal refused with StaleLease,
+    none succeeding before the lease would end, or a take-over heard on the
+    swarm's Watch stream by another daemon thread: a grant to another owner
+    or at a later epoch) it stops renewing and sets :attr:`lost`;
+    :attr:`error` says why (a take-over: a StaleLease naming the ``holder``). :meth:`held` is cheap and never calls
     the network. Whatever the keeper believes, the server is the authority: a
     batch fenced with a lost lease is refused with StaleLease.
 
@@ -222,9 +274,17 @@ class LeaseKeeper(_Held):
         self._granted(sent, lease)
         self._thread = threading.Thread(target=self._renew, name=f"fenced-keeper-{slug}", daemon=True)
         self._thread.start()
+        self._stream = _fork.Stream()
+        self._follower = threading.Thread(target=self._follow, args=(lease.revision,),
+                                          name=f"fenced-keeper-follow-{slug}", daemon=True)
+        self._follower.start()
 
     def _signal_lost(self) -> None:
         self.lost.set()
+        _gate.wake()
+        call = self._stream.call if hasattr(self, "_stream") else None
+        if call is not None:
+            call.cancel()  # the follower ends
 
     def _acquire(self, wait: float) -> tuple[float, Lease]:
         a = _Acquiring(self._label, self.owner, self._ttl, wait)
@@ -243,7 +303,7 @@ class LeaseKeeper(_Held):
         the local deadline passes."""
         period = self._ttl / 3
         # A sleep fork() can park (fenced/_fork.py).
-        while not _gate.sleep(period, lambda: self._stopping):
+        while not _gate.sleep(period, lambda: self._stopping or self.lost.is_set()):
             sent = time.monotonic()
             try:
                 self._c.renew(self.slug, self.owner, self.epoch, ttl_ms=self.ttl_ms, name=self.name, timeout=period)
@@ -252,6 +312,42 @@ class LeaseKeeper(_Held):
                     return
                 continue
             self._renewed(sent)
+
+    def _follow(self, start: int) -> None:
+        """Watch the swarm's meta records (claim events come whatever the
+        sections) from the grant's revision; a take-over marks the lease
+        lost at once, not at the next renewal a third of the TTL later. A
+        stream that ends (compacted, refused, fenced away) is opened again
+        from the last revision it yielded (compacted: from now), with
+        backoff, until the keeper stops or the lease is lost; the renewals
+        stay the keeper's own account of its lease meanwhile."""
+        def done() -> bool:
+            return self._stopping or self.lost.is_set()
+
+        wait = 0.05
+        while not done():
+            try:
+                for ev in self._c._watch_events(self.slug, start, self._stream, done, ("meta",), False):
+                    start = ev.revision
+                    wait = 0.05
+                    err = self._taken_over(ev)
+                    if err is not None:
+                        self._mark_lost(err)
+                        return
+            except errors.RevisionCompacted:
+                start = 0  # what was missed cannot be read: from now on
+            except Exception as e:  # noqa: BLE001 - the renewals still keep the lease
+                _log.debug("keep %s: its watch ended (%s); opening it again", self._label, e)
+            if _gate.sleep(wait * random.uniform(0.5, 1.5), done):
+                return
+            wait = min(wait * 2, 5.0)
+
+    def _stop_following(self) -> None:
+        call, self._stream.call = self._stream.call, None
+        if call is not None:
+            call.cancel()
+        if self._follower is not threading.current_thread():
+            self._follower.join()
 
     def close(self) -> None:
         """Stop renewing and release the lease if it is still held. Idempotent.
@@ -264,6 +360,7 @@ class LeaseKeeper(_Held):
         _gate.wake()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        self._stop_following()
         if self.error is not None:
             return
         try:

@@ -48,6 +48,8 @@ module functions and :class:`Port` are (a Client is).
 from __future__ import annotations
 
 import json
+import logging
+import marshal
 import math
 import os
 import random
@@ -63,6 +65,7 @@ from .client import Client
 from .keeper import LeaseKeeper
 from .model import BLIND, UNFENCED, Check, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Unfenced, Write, count_check, dumps
 from .revisions import later_revision
+from .view import Taken, View, ViewUnsupported
 
 __all__ = [
     "ARCHIVE",
@@ -110,6 +113,8 @@ Client was closed) under the same request id: update's (3)."""
 # between half of min(1 ms * 2^(k-2), 32 ms) and all of it, never below 1 ms:
 # 1, 1-2, 2-4, 4-8, 8-16, then 16-32 ms.
 _WAIT_FIRST_S, _WAIT_MAX_S = 0.001, 0.032
+
+_log = logging.getLogger("fenced.port")
 
 STALE_LEASE_TEXT = "the controller lease is stale"
 KEPT_CHANGING_TEXT = errors.KeptChanging.MESSAGE  # "the swarm fencing state kept changing; nothing was committed"
@@ -255,25 +260,56 @@ def _record_checks(section: str, expected: Mapping[str, int]) -> list[Write]:
     return [CheckRecords(section, dict(sorted(expected.items())))]
 
 
+# What a value decoded as read is kept as, to tell whether a change mutated
+# it in place: marshal's encoding of json.loads's result (marshal is several
+# times faster than json both ways, and tells 1, 1.0 and True apart as JSON
+# text does). Equal encodings are equal values; a value whose encoding
+# differs (mutated; or holding an object also referenced elsewhere, which
+# marshal marks as such; or an object marshal does not encode) is compared
+# by its JSON text.
+_MARSHAL_VERSION = marshal.version
+_Cache = dict[_Ref, tuple[int, str, bytes]]
+
+
 class _Entry:
     """One record as an attempt read it: its revision (0: absent), its stored
     text (None: absent) and, once handed to the change, its decoded value and
-    that value's text as read."""
+    that value's marshal encoding as read."""
 
-    __slots__ = ("revision", "raw", "obj", "canon")
+    __slots__ = ("revision", "raw", "obj", "m")
 
     def __init__(self, revision: int, raw: Optional[str]) -> None:
         self.revision = revision
         self.raw = raw
         self.obj: Any = _UNSET
-        self.canon = ""
+        self.m = b""
 
-    def value(self, ref: _Ref) -> Any:
+    def value(self, ref: _Ref, cache: Optional[_Cache]) -> Any:
+        """The value, decoded once per attempt: from the view's cache of its
+        encoding (marshal.loads) when the record is the one cached, else by
+        json.loads (and then cached)."""
         if self.obj is _UNSET:
             assert self.raw is not None
-            self.obj = _loads(ref[0], ref[1], self.raw)
-            self.canon = _canon(self.obj)
+            c = cache.get(ref) if cache is not None else None
+            if c is not None and c[0] == self.revision and (c[1] is self.raw or c[1] == self.raw):
+                self.m = c[2]
+                self.obj = marshal.loads(self.m)
+            else:
+                obj = _loads(ref[0], ref[1], self.raw)
+                self.m = marshal.dumps(obj, _MARSHAL_VERSION)  # json.loads answers only what marshal encodes
+                if cache is not None:
+                    cache[ref] = (self.revision, self.raw, self.m)
+                self.obj = obj
         return self.obj
+
+    def unchanged(self, v: Any) -> bool:
+        """Whether v is the value as read: the same JSON text."""
+        try:
+            if marshal.dumps(v, _MARSHAL_VERSION) == self.m:
+                return True
+        except ValueError:
+            pass  # an object marshal does not encode: compare JSON texts
+        return _canon(v) == _canon(marshal.loads(self.m))
 
 
 class _Unset:
@@ -295,15 +331,20 @@ class Document(Mapping[str, Any]):
     demand and what was read is recorded; the view is valid only inside the
     change."""
 
-    def __init__(self, client: Client, slug: str) -> None:
+    def __init__(self, client: Client, slug: str, taken: Optional[Taken] = None) -> None:
         self._c = client
         self.slug = slug
+        # The view's sections at the attempt's start, when it reads from a
+        # view (fenced.View): no call for what it holds.
+        self._taken = taken
+        self._cache: Optional[_Cache] = taken.cache if taken is not None else None
         self._entries: dict[_Ref, _Entry] = {}  # every key looked up, first read wins
-        self._loaded: dict[str, dict[str, Record]] = {}  # sections read at one instant
-        self._snap_revs: dict[str, int] = {}  # the swarm revision each was read at
+        self._loaded: dict[str, Mapping[str, Record]] = {}  # sections read at one instant (never changed)
+        self._snap_revs: dict[str, int] = {}  # the swarm revision each was read at (a view's: all it applied)
         self._whole: set[str] = set()  # sections the change read whole
         self._changed: dict[_Ref, Any] = {}  # assigned values and _DELETED, in first-write order
-        self._seen = 0
+        self._keycache: dict[str, list[str]] = {}  # a section's keys as the change sees them
+        self._seen = taken.revision if taken is not None else 0
         self._open = True
         self.meta = Section(self, META)
         self.sections = DocumentSections(self)
@@ -338,6 +379,14 @@ class Document(Mapping[str, Any]):
 
     # Reads.
 
+    def _close(self) -> None:
+        """End the view: what it read goes at once (the document and its
+        sections refer to each other, which only the garbage collector
+        would otherwise undo, values and all)."""
+        self._open = False
+        self._entries, self._loaded, self._changed, self._keycache = {}, {}, {}, {}
+        self._taken = self._cache = None
+
     def _live(self) -> None:
         if not self._open:
             raise RuntimeError("fenced.port: the document view is valid only inside the change that got it")
@@ -345,10 +394,16 @@ class Document(Mapping[str, Any]):
     def _see(self, rev: int) -> None:
         self._seen = later_revision(self._seen, rev)
 
-    def _load(self, name: str) -> dict[str, Record]:
-        """The section's records at one instant (one Sections read, once)."""
+    def _load(self, name: str) -> Mapping[str, Record]:
+        """The section's records at one instant (from the view, or one
+        Sections read, once)."""
         self._live()
         if name not in self._loaded:
+            t = self._taken
+            if t is not None and t.covers(name):
+                self._loaded[name] = t.section(name)
+                self._snap_revs[name] = t.revision
+                return self._loaded[name]
             snap = self._c.sections(self.slug, name)
             self._see(snap.revision)
             self._loaded[name] = dict(snap.sections.get(name, {}))
@@ -359,6 +414,18 @@ class Document(Mapping[str, Any]):
         """Every section but archive and meta, at one instant: the names of
         those holding records. Nothing is marked read."""
         self._live()
+        t = self._taken
+        if t is not None and not t.names:
+            names = []
+            for name, recs in t.secs.items():
+                if name in (META, ARCHIVE):
+                    continue
+                if name not in self._loaded:
+                    self._loaded[name] = recs
+                    self._snap_revs[name] = t.revision
+                if recs:
+                    names.append(name)
+            return sorted(names)
         snap = self._c.sections(self.slug)
         self._see(snap.revision)
         names = []
@@ -378,6 +445,8 @@ class Document(Mapping[str, Any]):
         if e is not None:
             return e
         sec = self._loaded.get(ref[0])
+        if sec is None and self._taken is not None and self._taken.covers(ref[0]):
+            sec = self._taken.section(ref[0])
         if sec is not None:
             rec = sec.get(ref[1])
         else:
@@ -397,19 +466,26 @@ class Document(Mapping[str, Any]):
         e = self._lookup(ref)
         if e.raw is None:
             raise KeyError(ref[1])
-        return e.value(ref)
+        return e.value(ref, self._cache)
 
     def _keys(self, name: str) -> list[str]:
-        """The section's keys as the change sees it; marks it read whole."""
-        keys = set(self._load(name))
+        """The section's keys as the change sees it (computed once, again
+        after the change writes it); marks it read whole."""
+        keys = self._keycache.get(name)
+        if keys is not None:
+            self._live()
+            return keys
+        loaded = self._load(name)
         self._whole.add(name)
+        keys = set(loaded)
         for (s, k), e in self._entries.items():  # a key read before the whole read: what the change saw
-            if s == name:
+            if s == name and ((k in loaded) != (e.raw is not None)):
                 (keys.add if e.raw is not None else keys.discard)(k)
         for (s, k), v in self._changed.items():
             if s == name:
                 (keys.discard if v is _DELETED else keys.add)(k)
-        return sorted(keys)
+        keys = self._keycache[name] = sorted(keys)
+        return keys
 
     # Writes.
 
@@ -428,11 +504,13 @@ class Document(Mapping[str, Any]):
         if ref[0] != ARCHIVE:
             self._lookup(ref)  # the revision a put expects
         self._changed[ref] = value
+        self._keycache.pop(ref[0], None)
 
     def _delete(self, ref: _Ref) -> None:
         self._get(ref)  # KeyError when absent
         self._owned(ref)
         self._changed[ref] = _DELETED
+        self._keycache.pop(ref[0], None)
 
     def _batch(self) -> Optional[list[Write]]:
         """The attempt as one batch: puts and deletes of what changed
@@ -450,7 +528,7 @@ class Document(Mapping[str, Any]):
             if v is _UNSET:  # read, maybe mutated in place
                 assert e is not None
                 v = e.obj
-                if _canon(v) == e.canon:
+                if e.unchanged(v):
                     continue
             blind = section == ARCHIVE
             if v is _DELETED:
@@ -459,8 +537,8 @@ class Document(Mapping[str, Any]):
                 writes.append(Delete(section, key, BLIND if blind or e is None else e.revision))
             else:
                 if e is not None and e.raw is not None:
-                    e.value(ref)  # the text of the value as read
-                    if _canon(v) == e.canon:
+                    e.value(ref, self._cache)  # the value as read
+                    if e.unchanged(v):
                         continue  # what was there: checked below as read
                 self._owned(ref)
                 # NaN and Infinity written as the in-house json.dumps wrote them.
@@ -643,10 +721,24 @@ def _sleep(seconds: float) -> None:
 
 class Port:
     """The port's calls over one :class:`fenced.Client` (the module functions
-    use the one :func:`configure` set, or one made from ``FENCED_ADDR``)."""
+    use the one :func:`configure` set, or one made from ``FENCED_ADDR``).
 
-    def __init__(self, client: Client) -> None:
+    ``write`` reads from the Client's view of the swarm (:meth:`fenced.Client.view`:
+    every section but archive, kept by the swarm's Watch stream) unless
+    ``views`` is False, or the swarm cannot have one (the document layout,
+    no state yet): then every attempt reads what its change touches from
+    fenced, as the in-house port read Redis."""
+
+    def __init__(self, client: Client, *, views: bool = True) -> None:
         self.client = client
+        self.views = views
+
+    def _view(self, slug: str) -> Optional[View]:
+        """The swarm's view, listed; None without one."""
+        if not self.views or self.client._closed:
+            return None
+        v = self.client.view(slug)
+        return v if v._usable(self.client._timeout) else None
 
     def layout(self, slug: str) -> str:
         """How the swarm is stored, as the in-house port answers it:
@@ -709,18 +801,53 @@ class Port:
         than the server's --max-writes), FencedError."""
         last: Optional[errors.RevisionConflict] = None
         ceiling = _WAIT_FIRST_S
+        view = self._view(slug)
+        taken: Optional[Taken] = None
+        caught_up = False  # the view caught up for this attempt (confirmed, below)
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
-            if attempt > 1:
+            if attempt > 1 and not caught_up:
                 _sleep(random.uniform(max(_WAIT_FIRST_S, ceiling / 2), ceiling))
                 ceiling = min(ceiling * 2, _WAIT_MAX_S)
-            doc = Document(self.client, slug)
+                if view is not None and taken is not None:
+                    # The rerun reads what the swarm holds now: the view
+                    # catches up first (and lists again when that explains
+                    # nothing); failing that, this write reads from fenced.
+                    try:
+                        view._after_conflict(taken, self.client._timeout, last)
+                    except errors.FencedError as e:
+                        _log.warning("write %s: its view could not catch up (%s); reading from fenced", slug, e)
+                        view = None
+            taken = view.take() if view is not None else None
+            doc = Document(self.client, slug, taken)
+
+            def confirmed() -> bool:
+                # An attempt that sends nothing (change raised, or changed
+                # nothing) is not checked: the first, which read the view as
+                # it stood, must have read the swarm as of now; else change
+                # runs again on the view caught up.
+                nonlocal view, caught_up
+                if attempt > 1 or view is None or taken is None:
+                    return True
+                try:
+                    caught_up = not view._confirm(taken, self.client._timeout)
+                except errors.FencedError as e:
+                    _log.warning("write %s: its view could not catch up (%s); reading from fenced", slug, e)
+                    view, caught_up = None, True
+                return not caught_up
             try:
                 result = change(doc)
                 writes = doc._batch()
+            except Exception:
+                if not confirmed():
+                    continue
+                raise
             finally:
-                doc._open = False
+                doc._close()
             if writes is None:
+                if not confirmed():
+                    continue
                 return result
+            caught_up = False
             try:
                 self._commit(slug, writes, _fence(fence))
                 return result

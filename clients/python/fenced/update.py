@@ -37,6 +37,7 @@ from .revisions import later_revision
 
 if TYPE_CHECKING:
     from .client import Client
+    from .view import Taken
 
 __all__ = ["MAX_LOST_REPLY_RETRIES", "MAX_UPDATE_ATTEMPTS", "SectionView", "Txn", "commit", "update"]
 
@@ -86,9 +87,12 @@ class Txn:
     :class:`CheckSection` instead (see :meth:`section`).
     """
 
-    def __init__(self, client: "Client", slug: str) -> None:
+    def __init__(self, client: "Client", slug: str, taken: Optional["Taken"] = None) -> None:
         self._c = client
         self._slug = slug
+        # The swarm's view at the attempt's start (update reads from it):
+        # what it holds is read with no call.
+        self._taken = taken
         self._read: dict[_Ref, Record] = {}
         self._absent: set[_Ref] = set()
         self._sections: dict[str, dict[str, Record]] = {}
@@ -97,7 +101,7 @@ class Txn:
         self._phantom_proof: set[str] = set()
         self._whole: set[str] = set()
         self._pending: dict[_Ref, _Pending] = {}  # insertion order: first-write order
-        self.seen = 0
+        self.seen = taken.revision if taken is not None else 0
         """The highest swarm revision this Txn read at."""
 
     def _see(self, rev: int) -> None:
@@ -109,6 +113,8 @@ class Txn:
         if r in self._absent:
             return None
         sec = self._sections.get(r[0])
+        if sec is None and self._taken is not None and self._taken.covers(r[0]):
+            sec = self._taken.section(r[0])
         if sec is not None:
             rec = sec.get(r[1])
         else:
@@ -171,6 +177,14 @@ class Txn:
         """
         if phantom_proof:
             self._phantom_proof.add(name)
+        t = self._taken
+        if name in self._phantom_proof and name in self._sections and name not in self._section_revs:
+            del self._sections[name]  # taken from the view, which keeps no section revisions: read it from fenced
+        if name not in self._sections and t is not None and t.covers(name) and name not in self._phantom_proof:
+            # From the view: its records, no call; every batch up to its
+            # revision applied (records applied ahead stand after it).
+            self._sections[name] = t.section(name)  # type: ignore[assignment]
+            self._snap_revs[name] = t.revision
         if name not in self._sections:
             snap = self._c.sections(self._slug, name)
             self._see(snap.revision)
@@ -351,11 +365,17 @@ def update(
     replica_ack: Optional[ReplicaAck] = None,
     timeout: Optional[float] = None,
     claim: Optional[ClaimFence] = None,
+    view: bool = True,
 ) -> int:
     """Turn "read, change, write" into one fenced batch, as the Go client's Update.
 
     Runs ``change`` on a fresh :class:`Txn`, which reads records on demand and
-    records what was read: each key, and whether a section was read whole. The
+    records what was read: each key, and whether a section was read whole.
+    With ``view`` (the default) it reads from the Client's view of the swarm
+    (:meth:`fenced.Client.view`, kept by its Watch stream; no call for what
+    the view holds), a rerun once the view has caught up with the swarm;
+    a swarm that cannot have one (the document layout, no state yet) is
+    read from fenced, as with ``view=False``. The
     result is diffed into puts and deletes expecting the revisions they were
     read at, plus a check of every record read but not written (one
     CheckRecords of its records for a section read whole, or one CheckSection
@@ -396,8 +416,10 @@ def update(
     per_call = client._timeout
     deadline = _Deadline(per_call if timeout is None else timeout)
     reads = _BoundedReads(client, deadline, per_call)
+    views = _ViewRuns(client.view(slug), deadline, per_call) if view and not client._closed else None
     steps = _update_steps(slug, deadline, per_call, client._cancelled_by_caller)
-    return _drive(client, slug, steps, fence, replica_ack, lambda: _run_change(reads, slug, change), time.sleep, claim)
+    return _drive(client, slug, steps, fence, replica_ack,
+                  lambda step: _run_change(reads, slug, change, views, step.conflict), time.sleep, claim)
 
 
 def commit(
@@ -434,7 +456,7 @@ def _drive(
     steps: Generator["_Step", Any, int],
     fence: FenceArg,
     replica_ack: Optional[ReplicaAck],
-    run_change: Optional[Callable[[], tuple[Optional[list[Write]], int]]],
+    run_change: Optional[Callable[["_RunChange"], tuple[Optional[list[Write]], int]]],
     sleep: Callable[[float], None],
     claim: Optional[ClaimFence] = None,
 ) -> int:
@@ -452,7 +474,7 @@ def _drive(
                     result = None
                 elif isinstance(step, _RunChange):
                     assert run_change is not None
-                    result = run_change()
+                    result = run_change(step)
                 else:
                     result = client.fenced_batch(
                         slug, step.writes, fence=fence, request_id=step.request_id, replica_ack=replica_ack,
@@ -517,9 +539,13 @@ class _Sleep:
 
 
 class _RunChange:
-    """Run the change on a fresh Txn; send back (writes or None, seen)."""
+    """Run the change on a fresh Txn; send back (writes or None, seen).
+    ``conflict``: the last attempt's (None for the first)."""
 
-    __slots__ = ()
+    __slots__ = ("conflict",)
+
+    def __init__(self, conflict: Optional[errors.RevisionConflict] = None) -> None:
+        self.conflict = conflict
 
 
 class _Commit:
@@ -555,12 +581,83 @@ class _Deadline:
         return min(per_call, left)
 
 
-def _run_change(reads: Any, slug: str, change: Callable[[Txn], None]) -> tuple[Optional[list[Write]], int]:
-    """One run of the change on a fresh Txn reading through ``reads``: its
-    batch (None when it changes nothing) and the highest revision it saw."""
-    tx = Txn(reads, slug)
-    change(tx)
-    return tx._batch(), tx.seen
+def _run_change(
+    reads: Any, slug: str, change: Callable[[Txn], None], views: Optional["_ViewRuns"] = None,
+    conflict: Optional[errors.RevisionConflict] = None,
+) -> tuple[Optional[list[Write]], int]:
+    """One run of the change on a fresh Txn reading through ``reads`` (and
+    from the swarm's view, with ``views``; ``conflict``: the last attempt's):
+    its batch (None when it changes nothing) and the highest revision it saw."""
+    tx = Txn(reads, slug, views.take(conflict) if views is not None else None)
+    try:
+        change(tx)
+    except Exception:
+        if views is not None and not views.confirm(tx._taken):
+            return _run_change(reads, slug, change, views)  # on the view caught up
+        raise
+    batch = tx._batch()
+    if batch is None and views is not None and not views.confirm(tx._taken):
+        return _run_change(reads, slug, change, views)
+    return batch, tx.seen
+
+
+class _ViewRuns:
+    """The view an update's attempts read from: the first as the view
+    stands; each rerun (after a conflict) once the view has caught up with
+    the swarm (see fenced/view.py). A view that cannot serve (not listed in
+    time, not caught up in time) leaves the update's later attempts to read
+    from fenced."""
+
+    def __init__(self, view: Any, deadline: "_Deadline", per_call: float) -> None:
+        self.view = view
+        self.deadline = deadline
+        self.per_call = per_call
+        self.taken: Optional["Taken"] = None
+        self.caught_up = False  # the view has just caught up with the swarm (confirm)
+        self.as_of_now = False  # the last take was after catching up
+
+    def take(self, conflict: Optional[errors.RevisionConflict] = None) -> Optional["Taken"]:
+        v = self.view
+        if v is None:
+            return None
+        try:
+            if self.caught_up:
+                pass
+            elif self.taken is None:
+                if not v._usable(self.deadline.call_timeout(self.per_call)):
+                    self.view = None
+                    return None
+            else:
+                v._after_conflict(self.taken, self.deadline.call_timeout(self.per_call), conflict)
+            self.as_of_now, self.caught_up = self.caught_up or self.taken is not None, False
+            self.taken = v.take()
+        except errors.FencedError as e:
+            if isinstance(e, errors.DeadlineExceeded) and self.deadline.left() <= 0:
+                raise
+            _log.warning("update %s: its view cannot serve (%s); reading from fenced", v.slug, e)
+            self.view = self.taken = None
+        return self.taken
+
+
+    def confirm(self, taken: Optional["Taken"]) -> bool:
+        """Whether an attempt that sends nothing read the swarm as of now
+        from ``taken``: always after a catch-up (a rerun); else the view
+        catches up and must have applied nothing since. False: run the
+        change again, on the view caught up (or reading from fenced when it
+        cannot catch up in time)."""
+        v = self.view
+        if v is None or taken is None or self.as_of_now:
+            return True
+        try:
+            if v._confirm(taken, self.deadline.call_timeout(self.per_call)):
+                return True
+            self.caught_up = True
+        except errors.FencedError as e:
+            if isinstance(e, errors.DeadlineExceeded) and self.deadline.left() <= 0:
+                raise
+            _log.warning("update %s: its view cannot catch up (%s); reading from fenced", v.slug, e)
+            self.view = self.taken = None
+        return False
 
 
 def _gave_up(slug: str, deadline: _Deadline, request_id: str, cause: Optional[BaseException], committed: str) -> errors.DeadlineExceeded:
@@ -588,7 +685,7 @@ def _update_steps(
                 raise _gave_up(slug, deadline, last.request_id, last, f"nothing was committed ({attempt - 1} attempts met conflicts)")
             _log.debug("update %s: attempt %d met a revision conflict; rerunning in %.3fs", slug, attempt - 1, pause)
             yield _Sleep(pause)
-        writes, seen = yield _RunChange()
+        writes, seen = yield _RunChange(last)
         if writes is None:
             return seen  # type: ignore[no-any-return]
         if deadline.left() <= 0:

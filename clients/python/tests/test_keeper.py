@@ -16,7 +16,7 @@ import time
 import pytest
 
 import fenced
-from conftest import WAIT_S, Fenced, wait_until
+from conftest import WAIT_S, Fenced, Redis, swarm_key, wait_until
 
 
 def test_keeper_renews_and_releases(client: fenced.Client, slug: str) -> None:
@@ -139,3 +139,69 @@ def test_keeper_logs_a_lost_lease_and_failing_renewals(server: Fenced, client: f
     assert ("fenced.keeper", "INFO", f"keep {slug}: lease held by logged at epoch {k.epoch} (ttl 3000 ms)") in by
     lost = [m for n, lvl, m in by if lvl == "ERROR"]
     assert len(lost) == 1 and lost[0].startswith(f"keep {slug}: lease of logged at epoch {k.epoch} lost: "), by
+
+
+def _redis_now_ms(redis: Redis) -> int:
+    secs, micros = redis.cli("TIME").split()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
+def _lapse_lease(redis: Redis, client: fenced.Client, slug: str, owner: str, epoch: int) -> None:
+    """The lease lapses as if its keeper had stalled past it: its record's
+    expiry moved into the past behind the keeper's back."""
+    rev = client.current(slug).revision
+    redis.cli_last("HSET", swarm_key(slug, "meta"), "lease",
+                   last='{"r":%d,"v":{"owner":"%s","epoch":%d,"expires_at":%d}}' % (rev, owner, epoch, _redis_now_ms(redis) - 1))
+
+
+def test_keeper_hears_a_take_over_on_its_watch_stream(client: fenced.Client, redis: Redis, slug: str) -> None:
+    """A lease that lapsed while its keeper stalled, then granted to another
+    owner: lost is set at once, not at the next renewal a third of its
+    10-minute TTL later, and error names the new holder. (Before: only the
+    renewal, 200 s away, would have found out.)"""
+    with client.keep(slug, "ctl-a", ttl_ms=600_000) as k:
+        _lapse_lease(redis, client, slug, "ctl-a", k.epoch)
+        usurper = client.acquire(slug, "ctl-b", ttl_ms=60_000)
+        assert k.lost.wait(WAIT_S), "lost not set after the take-over"
+        assert isinstance(k.error, fenced.StaleLease) and not k.held()
+        assert k.error.holder == fenced.Lease("ctl-b", usurper.epoch, usurper.expires_at_ms)
+        assert client.current(slug).lease.owner == "ctl-b"  # type: ignore[union-attr]  # not released by close
+
+
+def test_keeper_hears_its_own_name_granted_again(client: fenced.Client, redis: Redis, slug: str) -> None:
+    """The same owner's name at a later epoch (another process of it took
+    the lease after this one lapsed) is a take-over too."""
+    with client.keep(slug, "ctl-a", ttl_ms=600_000) as k:
+        _lapse_lease(redis, client, slug, "ctl-a", k.epoch)
+        again = client.acquire(slug, "ctl-a", ttl_ms=60_000)
+        assert again.epoch > k.epoch
+        assert k.lost.wait(WAIT_S), "lost not set"
+        assert k.error.holder.epoch == again.epoch  # type: ignore[union-attr]
+
+
+def test_claim_keeper_hears_a_take_over_on_its_watch_stream(client: fenced.Client, redis: Redis, slug: str) -> None:
+    with client.keep_claim(slug, "task-7", "worker-a", ttl_ms=600_000) as k:
+        past = _redis_now_ms(redis) - 1
+        rev = client.current(slug).revision
+        redis.cli_last("HSET", swarm_key(slug, "claim-grants"), "task-7",
+                       last='{"r":%d,"v":{"owner":"worker-a","epoch":%d,"expires_at":%d}}' % (rev, k.epoch, past))
+        redis.cli("ZADD", swarm_key(slug, "claim-expiry"), str(past), "task-7")
+        client.acquire(slug, "worker-b", ttl_ms=60_000, name="task-7")
+        assert k.lost.wait(WAIT_S), "lost not set after the claim was granted to another worker"
+        assert isinstance(k.error, fenced.StaleLease) and k.error.holder.owner == "worker-b"  # type: ignore[union-attr]
+
+
+def test_aio_keeper_hears_a_take_over_on_its_watch_stream(server: Fenced, client: fenced.Client, redis: Redis, slug: str) -> None:
+    import asyncio
+
+    import fenced.aio
+
+    async def main() -> None:
+        async with fenced.aio.Client(server.addr) as c, c.keep(slug, "ctl-a", ttl_ms=600_000) as k:
+            _lapse_lease(redis, client, slug, "ctl-a", k.epoch)
+            usurper = await c.acquire(slug, "ctl-b", ttl_ms=60_000)
+            await asyncio.wait_for(k.lost.wait(), WAIT_S)
+            assert isinstance(k.error, fenced.StaleLease) and k.error.holder.owner == "ctl-b"  # type: ignore[union-attr]
+            assert k.error.holder.epoch == usurper.epoch  # type: ignore[union-attr]
+
+    asyncio.run(main())

@@ -273,6 +273,7 @@ def test_reads_are_checked_and_a_whole_read_is_one_count_check(client: fenced.Cl
         before = client.sections(slug, "claims")
         sec_rev, swarm_rev = before.section_revisions["claims"], before.revision
         a_rev = client.record(slug, "claims", "a").revision  # type: ignore[union-attr]
+        c.view(slug).sync()  # client (another Client) wrote claims last: c's view catches up first
         c.update(slug, change, fence=fenced.UNFENCED)
         if phantom_proof:
             assert kinds(rec.sent[-1]) == [

@@ -305,8 +305,8 @@ const watchChurnHold = 10 * time.Millisecond
 
 // WatchStream is stream, a Watch whose open took the turn t (Stream): t is
 // served at its first message (the open, and the backlog of a resume,
-// read), and ends watchChurnHold later, or with the stream (the handler
-// ends t too).
+// read), or when the handler finds nothing to send yet (its Served), and
+// ends watchChurnHold later, or with the stream (the handler ends t too).
 func WatchStream(stream fencedv1.RecordsService_WatchServer, t *fair.Ticket) fencedv1.RecordsService_WatchServer {
 	return firstSendEnds{stream, t, new(atomic.Bool)}
 }
@@ -320,9 +320,18 @@ type firstSendEnds struct {
 }
 
 func (f firstSendEnds) SendMsg(m any) error {
+	f.Served()
+	return f.RecordsService_WatchServer.SendMsg(m)
+}
+
+// Served ends the open's turn (once): at its first message, or when it
+// has nothing to send yet (a resume from the swarm's latest revision: its
+// first message waits for the next batch, and must not hold its caller's
+// seat meanwhile: issue 40, a client's view holds such a stream for every
+// swarm it reads).
+func (f firstSendEnds) Served() {
 	if !f.sent.Swap(true) {
 		f.t.Served()
 		time.AfterFunc(watchChurnHold, f.t.Done)
 	}
-	return f.RecordsService_WatchServer.SendMsg(m)
 }
