@@ -7,6 +7,7 @@ import (
 	"iter"
 	"time"
 
+	"github.com/agentihooks/fenced/client/internal/model"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -43,72 +44,33 @@ func (e *CompactedError) Is(target error) bool { return target == ErrRevisionCom
 // Unwrap returns the status error.
 func (e *CompactedError) Unwrap() error { return e.Err }
 
-// Change is one record a batch put or deleted.
-type Change struct {
-	// Section and Key name the record.
-	Section, Key string
-	// Delete: the batch deleted the record; else it put it.
-	Delete bool
-	// Record is, for a put, the record as it stood when fenced read the
-	// event: Record.Revision above the event's means a later batch
-	// overwrote it (its event follows). nil when deleted since, or for a
-	// delete.
-	Record *Record
-}
+// Change is one record a batch put or deleted (Section, Key; Delete; Record
+// as it stood when fenced read the event, nil for a delete or when deleted
+// since).
+type Change = model.Change
 
-// Event is one committed batch of a watched swarm.
-type Event struct {
-	// Revision the batch committed at; events come in issue order
-	// (CompareRevisions).
-	Revision int64
-	// Owner is the lease owner that fenced the batch ("" when unfenced).
-	Owner string
-	// RequestID is the batch's request id, when it had one.
-	RequestID string
-	// Changes are the records the batch put or deleted (filtered by
-	// WatchSections); empty when Truncated.
-	Changes []Change
-	// Truncated: the batch named too many keys for the log; Sections names
-	// the sections it changed: read them again.
-	Truncated bool
-	Sections  []string
-	// Progress: no batch, only how far the stream is (Revision); yielded
-	// only with WatchProgress.
-	Progress bool
-	// Claim is what the batch did to a claim (a named lease): its grant,
-	// renewal, release or lapse; nil for every other batch. Claim events
-	// are yielded whatever WatchSections names.
-	Claim *ClaimEvent
-}
+// Event is one committed batch of a watched swarm: its Revision (in issue
+// order), Owner, RequestID, Changes (filtered by WatchSections), Truncated
+// with the Sections it changed, Progress (no batch: how far the stream is,
+// with WatchProgress) and Claim (what it did to a claim).
+type Event = model.Event
 
 // ClaimEvent is one change of a claim (docs/design/12-claims.md).
-type ClaimEvent struct {
-	// Name is the claim's name.
-	Name string
-	// Kind is what happened.
-	Kind ClaimEventKind
-	// Owner is the claim's owner.
-	Owner string
-	// Epoch is the grant's epoch: its fencing token.
-	Epoch int64
-	// ExpiresAtMs is when the grant ends (for a release or a lapse: when it
-	// ended), ms since the Unix epoch by Redis's clock.
-	ExpiresAtMs int64
-}
+type ClaimEvent = model.ClaimEvent
 
 // ClaimEventKind is what happened to a claim.
-type ClaimEventKind string
+type ClaimEventKind = model.ClaimEventKind
 
 // The kinds of ClaimEvent.
 const (
 	// ClaimGranted: a new grant, with a new epoch.
-	ClaimGranted ClaimEventKind = "granted"
+	ClaimGranted = model.ClaimGranted
 	// ClaimRenewed: the holder extended its grant (or acquired again).
-	ClaimRenewed ClaimEventKind = "renewed"
+	ClaimRenewed = model.ClaimRenewed
 	// ClaimReleased: the holder released it.
-	ClaimReleased ClaimEventKind = "released"
+	ClaimReleased = model.ClaimReleased
 	// ClaimLapsed: it expired unrenewed and fenced reclaimed it.
-	ClaimLapsed ClaimEventKind = "lapsed"
+	ClaimLapsed = model.ClaimLapsed
 )
 
 var claimKinds = map[fencedv1.ClaimEventKind]ClaimEventKind{
