@@ -650,17 +650,10 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	return resp.GetRevision(), nil
 }
 
-// Lease is a swarm's lease.
-type Lease struct {
-	Owner string
-	Epoch int64
-	// ExpiresAtMs is when it ends, in ms by Redis's clock.
-	ExpiresAtMs int64
-	// ReplicasAcked is how many replicas acknowledged the grant or renewal
-	// that answered this lease, when the server requires acknowledgements
-	// (--wait-replicas); 0 otherwise and from Current.
-	ReplicasAcked int
-}
+// Lease is a swarm's lease: its Owner, Epoch (the fencing token),
+// ExpiresAtMs (ms by Redis's clock) and ReplicasAcked (replicas that
+// acknowledged the grant or renewal, with --wait-replicas).
+type Lease = model.Lease
 
 func leaseFrom(l *fencedv1.Lease) Lease {
 	return Lease{Owner: l.GetOwner(), Epoch: l.GetEpoch(), ExpiresAtMs: l.GetExpiresAtMs()}

@@ -2,8 +2,8 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/agentihooks/fenced/client/internal/errs"
 	"iter"
 	"time"
 
@@ -23,26 +23,11 @@ import (
 // was sent (a restart without persistence, a failover). Read the swarm
 // again (Snapshot) and watch from that snapshot's revision. As
 // *CompactedError.
-var ErrRevisionCompacted = errors.New("fenced: revision compacted")
+var ErrRevisionCompacted = errs.ErrRevisionCompacted
 
 // CompactedError is ErrRevisionCompacted with the oldest batch the log
-// still holds.
-type CompactedError struct {
-	// From is the revision the watch asked to start after.
-	From int64
-	// Oldest is the revision of the oldest batch the log still holds (after
-	// a loss: the batch that followed it).
-	Oldest int64
-	Err    error
-}
-
-func (e *CompactedError) Error() string { return e.Err.Error() }
-
-// Is matches ErrRevisionCompacted.
-func (e *CompactedError) Is(target error) bool { return target == ErrRevisionCompacted }
-
-// Unwrap returns the status error.
-func (e *CompactedError) Unwrap() error { return e.Err }
+// still holds (Oldest) and the revision the watch asked to start after (From).
+type CompactedError = errs.CompactedError
 
 // Change is one record a batch put or deleted (Section, Key; Delete; Record
 // as it stood when fenced read the event, nil for a delete or when deleted

@@ -111,3 +111,15 @@ const (
 	// ClaimLapsed: it expired unrenewed and fenced reclaimed it.
 	ClaimLapsed ClaimEventKind = "lapsed"
 )
+
+// Lease is a swarm's lease.
+type Lease struct {
+	Owner string
+	Epoch int64
+	// ExpiresAtMs is when it ends, in ms by Redis's clock.
+	ExpiresAtMs int64
+	// ReplicasAcked is how many replicas acknowledged the grant or renewal
+	// that answered this lease, when the server requires acknowledgements
+	// (--wait-replicas); 0 otherwise and from Current.
+	ReplicasAcked int
+}
