@@ -198,11 +198,6 @@ func (c *Client) Close() error {
 // (Claim, ClaimEpoch) it is bound to; see model.Record.
 type Record = model.Record
 
-// recordOf is the client's Record of a proto one.
-func recordOf(r *fencedv1.Record) Record {
-	return Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue()), Claim: r.GetClaim(), ClaimEpoch: r.GetClaimEpoch()}
-}
-
 // Fence is the lease condition of a batch: the batch commits only while the
 // swarm's lease is live and names this epoch (and owner, when set). Keeper
 // provides it.
@@ -243,7 +238,7 @@ func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Recor
 		return nil, 0, err
 	}
 	if r := resp.GetRecord(); r != nil {
-		got := recordOf(r)
+		got := model.RecordOf(r)
 		rec = &got
 	}
 	return rec, resp.GetRevision(), nil
@@ -343,7 +338,7 @@ func (c *Client) streamSnapshot(ctx context.Context, slug string, names []string
 					continue
 				}
 			}
-			rec := recordOf(r.GetRecord())
+			rec := model.RecordOf(r.GetRecord())
 			if part != nil {
 				rec.Value, part = json.RawMessage(part), nil
 			}
@@ -369,7 +364,7 @@ func (c *Client) streamSnapshot(ctx context.Context, slug string, names []string
 func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 	recs := make(map[string]Record, len(m))
 	for k, r := range m {
-		recs[k] = recordOf(r)
+		recs[k] = model.RecordOf(r)
 	}
 	return recs
 }
@@ -417,7 +412,7 @@ func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize
 		}
 		last = resp.GetSectionRevision()
 		for k, r := range resp.GetRecords() {
-			if err := fn(k, recordOf(r)); err != nil {
+			if err := fn(k, model.RecordOf(r)); err != nil {
 				return first, last, err
 			}
 		}

@@ -2,19 +2,11 @@ package client
 
 import (
 	"context"
-	"fmt"
-	"github.com/agentihooks/fenced/client/internal/errs"
 	"iter"
-	"time"
 
+	"github.com/agentihooks/fenced/client/internal/errs"
 	"github.com/agentihooks/fenced/client/internal/model"
-	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
-	"github.com/cenkalti/backoff/v5"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding/gzip"
-	"google.golang.org/grpc/status"
+	"github.com/agentihooks/fenced/client/internal/watchloop"
 )
 
 // ErrRevisionCompacted: batches after the revision a Watch was to resume
@@ -57,13 +49,6 @@ const (
 	// ClaimLapsed: it expired unrenewed and fenced reclaimed it.
 	ClaimLapsed = model.ClaimLapsed
 )
-
-var claimKinds = map[fencedv1.ClaimEventKind]ClaimEventKind{
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_GRANTED:  ClaimGranted,
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RENEWED:  ClaimRenewed,
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RELEASED: ClaimReleased,
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_LAPSED:   ClaimLapsed,
-}
 
 type watchConfig struct {
 	sections []string
@@ -114,138 +99,6 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 	for _, o := range opts {
 		o(&cfg)
 	}
-	return func(yield func(Event, error) bool) {
-		wait := &backoff.ExponentialBackOff{
-			InitialInterval:     50 * time.Millisecond,
-			RandomizationFactor: 0.5,
-			Multiplier:          2,
-			MaxInterval:         5 * time.Second,
-		}
-		wait.Reset()
-		for {
-			sctx, cancel := context.WithCancel(ctx)
-			// gzip: fenced answers in kind, compressing each message once for
-			// every watcher that asks (docs/design/06-reads-and-scans.md §6.1); none once a
-			// server refused it.
-			var callOpts []grpc.CallOption
-			gzipped := !c.plainWatch.Load()
-			if gzipped {
-				callOpts = append(callOpts, grpc.UseCompressor(gzip.Name))
-			}
-			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections}, callOpts...)
-			for err == nil {
-				var resp *fencedv1.WatchResponse
-				if resp, err = stream.Recv(); err != nil {
-					break
-				}
-				wait.Reset()
-				for _, e := range resp.GetEvents() {
-					from = latestRevision(from, e.GetRevision())
-					if e.GetProgress() && !cfg.progress {
-						continue
-					}
-					c.saw(slug, e.GetRevision())
-					if !yield(eventFrom(e), nil) {
-						cancel()
-						return
-					}
-				}
-			}
-			cancel()
-			if ctx.Err() != nil {
-				yield(Event{}, status.FromContextError(ctx.Err()).Err())
-				return
-			}
-			if gzipped && status.Code(err) == codes.Unimplemented {
-				// A fenced without gzip (older than the clients that ask
-				// for it) refuses the request before reading it: grpc-go
-				// answers "grpc: Decompressor is not installed for
-				// grpc-encoding \"gzip\"". Ask again uncompressed, at once,
-				// and so every later Watch of this Client.
-				c.plainWatch.Store(true)
-				continue
-			}
-			if !resumable(err) {
-				yield(Event{}, decodeWatch(err, from))
-				return
-			}
-			// An open refused its turn at Redis waits the server's delay
-			// at least.
-			pause := wait.NextBackOff()
-			if d, queued := queuedDelay(err); queued {
-				pause = max(pause, d)
-			}
-			select {
-			case <-ctx.Done():
-				yield(Event{}, status.FromContextError(ctx.Err()).Err())
-				return
-			case <-time.After(pause):
-			}
-		}
-	}
-}
-
-// resumable: the stream broke for a reason a reopen from the last revision
-// mends (UNAVAILABLE: fenced or Redis away, a server shutting down, a
-// connection lost; WATCHER_TOO_SLOW; TOO_MANY_CALLS_QUEUED, the open
-// refused its turn at Redis).
-func resumable(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return true // io errors of a broken transport
-	}
-	switch st.Code() {
-	case codes.Unavailable:
-		return true
-	case codes.ResourceExhausted:
-		r := reasonOf(st)
-		return r == fencedv1.ErrorReason_WATCHER_TOO_SLOW.String() || r == fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
-	}
-	return false
-}
-
-func reasonOf(st *status.Status) string {
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetReason()
-		}
-	}
-	return ""
-}
-
-// decodeWatch is Decode, with the revision the watch was to resume from
-// in a *CompactedError.
-func decodeWatch(err error, from int64) error {
-	d := Decode(err)
-	if ce, ok := d.(*CompactedError); ok {
-		ce.From = from
-		return ce
-	}
-	if d != err {
-		return d
-	}
-	return fmt.Errorf("fenced client: watch: %w", err)
-}
-
-func eventFrom(resp *fencedv1.WatchEvent) Event {
-	ev := Event{
-		Revision:  resp.GetRevision(),
-		Owner:     resp.GetOwner(),
-		RequestID: resp.GetRequestId(),
-		Truncated: resp.GetTruncated(),
-		Sections:  resp.GetSections(),
-		Progress:  resp.GetProgress(),
-	}
-	if c := resp.GetClaim(); c != nil {
-		ev.Claim = &ClaimEvent{Name: c.GetName(), Kind: claimKinds[c.GetKind()], Owner: c.GetOwner(), Epoch: c.GetEpoch(), ExpiresAtMs: c.GetExpiresAtMs()}
-	}
-	for _, ch := range resp.GetChanges() {
-		c := Change{Section: ch.GetSection(), Key: ch.GetKey(), Delete: ch.GetKind() == fencedv1.ChangeKind_CHANGE_KIND_DELETE}
-		if r := ch.GetRecord(); r != nil {
-			rec := recordOf(r)
-			c.Record = &rec
-		}
-		ev.Changes = append(ev.Changes, c)
-	}
-	return ev
+	return watchloop.Run(ctx, watchloop.Config{Records: c.records, Plain: &c.plainWatch, Slug: slug, From: from,
+		Sections: cfg.sections, Progress: cfg.progress, Saw: c.saw})
 }

@@ -435,3 +435,25 @@ func (e *CompactedError) Is(target error) bool { return target == ErrRevisionCom
 
 // Unwrap returns the status error.
 func (e *CompactedError) Unwrap() error { return e.Err }
+
+// QueuedDelay reports whether err is fenced's TOO_MANY_CALLS_QUEUED, and
+// its RetryInfo delay.
+func QueuedDelay(err error) (time.Duration, bool) {
+	if err == nil {
+		return 0, false
+	}
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return 0, false
+	}
+	queued, delay := false, time.Duration(0)
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			queued = d.GetReason() == fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
+		case *errdetails.RetryInfo:
+			delay = d.GetRetryDelay().AsDuration()
+		}
+	}
+	return delay, queued
+}

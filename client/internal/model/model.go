@@ -5,7 +5,11 @@
 // cycle.
 package model
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+)
 
 // Record is one stored record.
 type Record struct {
@@ -122,4 +126,9 @@ type Lease struct {
 	// that answered this lease, when the server requires acknowledgements
 	// (--wait-replicas); 0 otherwise and from Current.
 	ReplicasAcked int
+}
+
+// RecordOf is the client's Record of a proto one.
+func RecordOf(r *fencedv1.Record) Record {
+	return Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue()), Claim: r.GetClaim(), ClaimEpoch: r.GetClaimEpoch()}
 }
