@@ -1,8 +1,8 @@
 // Package model holds the public Go client's data types (package client
-// names each of them by an alias): a Record, a Snapshot of sections, and
-// the Events of a Watch stream. It holds no behaviour, so that the
-// client's internal packages (view) and the client share them without a
-// cycle.
+// names each of them by an alias): a Record, a Snapshot of sections, the
+// Events of a Watch stream, a Lease. It holds no behaviour but RecordOf
+// (a proto Record's conversion), so that the client's internal packages
+// (errs, view, watchloop) and the client share them without a cycle.
 package model
 
 import (
