@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentihooks/fenced/client/internal/model"
 	"github.com/agentihooks/fenced/internal/protocol"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"google.golang.org/grpc"
@@ -191,36 +192,11 @@ func (c *Client) Close() error {
 	return c.conn.Close()
 }
 
-// Record is one stored record.
-type Record struct {
-	// Revision is the swarm revision of the batch that last put it.
-	Revision int64
-	// Value is the record's value, byte for byte as its writer sent it:
-	// one text of fenced's value grammar, JSON (RFC 8259) in which a value
-	// may also be NaN, Infinity or -Infinity, the literals Python's
-	// json.dumps writes for non-finite floats by default (the in-house
-	// writers store them; docs/design/02-redis-layout.md §2.2).
-	// encoding/json refuses those three: json.Unmarshal of such a value
-	// answers a *json.SyntaxError, and json.Marshal of a struct holding it
-	// as a RawMessage fails. Decode a value that may hold them with a
-	// decoder that reads them (Python's json.loads does), or write each of
-	// the three that stands outside a string as a number or null of your
-	// choosing first; fenced never rewrites them.
-	Value json.RawMessage
-	// Claim is the claim the record is bound to (a Write with Bound,
-	// docs/design/12-claims.md §12.4); "" when it is bound to none. A
-	// bound record is answered only while that claim's grant of epoch
-	// ClaimEpoch is live: after its release or lapse it is absent.
-	Claim string
-	// ClaimEpoch is the epoch of the claim grant it is bound to; 0 when
-	// unbound.
-	ClaimEpoch int64
-}
-
-// recordOf is the client's Record of a proto one.
-func recordOf(r *fencedv1.Record) Record {
-	return Record{Revision: r.GetRevision(), Value: json.RawMessage(r.GetValue()), Claim: r.GetClaim(), ClaimEpoch: r.GetClaimEpoch()}
-}
+// Record is one stored record: its Revision, its Value byte for byte as
+// its writer sent it (fenced's value grammar: JSON in which NaN, Infinity
+// and -Infinity may stand, which encoding/json refuses), and the claim
+// (Claim, ClaimEpoch) it is bound to; see model.Record.
+type Record = model.Record
 
 // Fence is the lease condition of a batch: the batch commits only while the
 // swarm's lease is live and names this epoch (and owner, when set). Keeper
@@ -262,7 +238,7 @@ func (c *Client) Get(ctx context.Context, slug, section, key string) (rec *Recor
 		return nil, 0, err
 	}
 	if r := resp.GetRecord(); r != nil {
-		got := recordOf(r)
+		got := model.RecordOf(r)
 		rec = &got
 	}
 	return rec, resp.GetRevision(), nil
@@ -279,16 +255,10 @@ func (c *Client) Sections(ctx context.Context, slug string, names ...string) (ma
 	return snap.Sections, snap.Revision, nil
 }
 
-// Snapshot is sections read at one instant.
-type Snapshot struct {
-	// Revision is the swarm revision.
-	Revision int64
-	// Sections maps each section to its records by key.
-	Sections map[string]map[string]Record
-	// SectionRevisions maps each section to its revision (fence on it with a
-	// CheckSection write).
-	SectionRevisions map[string]int64
-}
+// Snapshot is sections read at one instant: its Revision, its Sections
+// (each section's records by key) and SectionRevisions (each section's
+// revision: fence on it with a CheckSection write).
+type Snapshot = model.Snapshot
 
 // Snapshot is Sections with the section revisions: one consistent
 // snapshot of any size. It asks with one Sections call; a snapshot over
@@ -368,7 +338,7 @@ func (c *Client) streamSnapshot(ctx context.Context, slug string, names []string
 					continue
 				}
 			}
-			rec := recordOf(r.GetRecord())
+			rec := model.RecordOf(r.GetRecord())
 			if part != nil {
 				rec.Value, part = json.RawMessage(part), nil
 			}
@@ -394,7 +364,7 @@ func (c *Client) streamSnapshot(ctx context.Context, slug string, names []string
 func recordsFrom(m map[string]*fencedv1.Record) map[string]Record {
 	recs := make(map[string]Record, len(m))
 	for k, r := range m {
-		recs[k] = recordOf(r)
+		recs[k] = model.RecordOf(r)
 	}
 	return recs
 }
@@ -442,7 +412,7 @@ func (c *Client) ScanSection(ctx context.Context, slug, section string, pageSize
 		}
 		last = resp.GetSectionRevision()
 		for k, r := range resp.GetRecords() {
-			if err := fn(k, recordOf(r)); err != nil {
+			if err := fn(k, model.RecordOf(r)); err != nil {
 				return first, last, err
 			}
 		}
@@ -675,17 +645,10 @@ func (c *Client) Batch(ctx context.Context, slug string, fence *Fence, writes []
 	return resp.GetRevision(), nil
 }
 
-// Lease is a swarm's lease.
-type Lease struct {
-	Owner string
-	Epoch int64
-	// ExpiresAtMs is when it ends, in ms by Redis's clock.
-	ExpiresAtMs int64
-	// ReplicasAcked is how many replicas acknowledged the grant or renewal
-	// that answered this lease, when the server requires acknowledgements
-	// (--wait-replicas); 0 otherwise and from Current.
-	ReplicasAcked int
-}
+// Lease is a swarm's lease: its Owner, Epoch (the fencing token),
+// ExpiresAtMs (ms by Redis's clock) and ReplicasAcked (replicas that
+// acknowledged the grant or renewal, with --wait-replicas).
+type Lease = model.Lease
 
 func leaseFrom(l *fencedv1.Lease) Lease {
 	return Lease{Owner: l.GetOwner(), Epoch: l.GetEpoch(), ExpiresAtMs: l.GetExpiresAtMs()}

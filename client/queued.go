@@ -5,12 +5,10 @@ import (
 	"errors"
 	"time"
 
-	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
+	"github.com/agentihooks/fenced/client/internal/errs"
+
 	"github.com/cenkalti/backoff/v5"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // QueuedRetries bounds the sends of one call that fenced's fair queue
@@ -30,7 +28,7 @@ type queuedConn struct{ grpc.ClientConnInterface }
 
 func (c queuedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
-	if _, queued := queuedDelay(err); !queued {
+	if _, queued := errs.QueuedDelay(err); !queued {
 		return err
 	}
 	last := err
@@ -47,7 +45,7 @@ func (c queuedConn) Invoke(ctx context.Context, method string, args, reply any, 
 			err = c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
 		}
 		first = false
-		delay, queued := queuedDelay(err)
+		delay, queued := errs.QueuedDelay(err)
 		switch {
 		case err == nil:
 			return struct{}{}, nil
@@ -66,26 +64,4 @@ func (c queuedConn) Invoke(ctx context.Context, method string, args, reply any, 
 		return last
 	}
 	return err
-}
-
-// queuedDelay reports whether err is fenced's TOO_MANY_CALLS_QUEUED, and
-// its RetryInfo delay.
-func queuedDelay(err error) (time.Duration, bool) {
-	if err == nil {
-		return 0, false
-	}
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.ResourceExhausted {
-		return 0, false
-	}
-	queued, delay := false, time.Duration(0)
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.ErrorInfo:
-			queued = d.GetReason() == fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
-		case *errdetails.RetryInfo:
-			delay = d.GetRetryDelay().AsDuration()
-		}
-	}
-	return delay, queued
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agentihooks/fenced/client/internal/view"
 	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc/codes"
@@ -123,7 +124,7 @@ func (c *Client) Update(ctx context.Context, slug string, fence *Fence, change f
 			read: map[ref]Record{}, absent: map[ref]bool{}, sections: map[string]map[string]Record{},
 			sectionRevs: map[string]int64{}, snapRevs: map[string]int64{}, phantomProof: map[string]bool{}, whole: map[string]bool{}, pending: map[ref]*pendingWrite{}}
 		if tx.taken != nil {
-			tx.seen = tx.taken.revision
+			tx.seen = tx.taken.Revision
 		}
 		if err := change(tx); err != nil {
 			if !views.confirm(ctx, tx.taken) {
@@ -180,16 +181,16 @@ func WithoutView() UpdateOption { return withoutView{} }
 
 // viewRuns is the View an Update's attempts read from: the first as the
 // view stands, each rerun once it caught up with the swarm
-// (View.afterConflict). A view that cannot serve (the swarm cannot have
+// (View.AfterConflict in client/internal/view). A view that cannot serve (the swarm cannot have
 // one, not listed or not caught up within ctx) leaves the later attempts
 // to read from fenced.
 type viewRuns struct {
 	v      *View
-	last   *taken
+	last   *view.Taken
 	synced bool // the view is caught up for the next attempt (confirm)
 }
 
-func (r *viewRuns) take(ctx context.Context, conflict error) *taken {
+func (r *viewRuns) take(ctx context.Context, conflict error) *view.Taken {
 	if r == nil || r.v == nil {
 		return nil
 	}
@@ -198,18 +199,18 @@ func (r *viewRuns) take(ctx context.Context, conflict error) *taken {
 	case r.synced:
 		// confirm has just caught the view up with the swarm.
 	case r.last == nil:
-		err = r.v.wait(ctx, 0, func() bool { return r.v.loaded })
+		err = r.v.v.WaitListed(ctx)
 	default:
-		err = r.v.afterConflict(ctx, r.last, conflict)
+		err = r.v.v.AfterConflict(ctx, r.last, conflictsOf(conflict))
 	}
 	if err != nil {
 		r.v, r.last = nil, nil
 		return nil
 	}
 	synced := r.synced || r.last != nil // a rerun after a conflict reads the view caught up (afterConflict)
-	r.last, r.synced = r.v.take(), false
+	r.last, r.synced = r.v.v.Take(), false
 	if r.last != nil {
-		r.last.synced = synced
+		r.last.Synced = synced
 	}
 	return r.last
 }
@@ -224,8 +225,8 @@ var errReadBehind = errors.New("fenced client: the view was behind the swarm: th
 // when t was (or the attempt read no view, or one caught up); else false,
 // and the next attempt reads the view caught up with the swarm (View.Sync),
 // or from fenced when the view cannot catch up within ctx.
-func (r *viewRuns) confirm(ctx context.Context, t *taken) bool {
-	if r == nil || r.v == nil || t == nil || t.synced {
+func (r *viewRuns) confirm(ctx context.Context, t *view.Taken) bool {
+	if r == nil || r.v == nil || t == nil || t.Synced {
 		return true
 	}
 	want, err := r.v.Sync(ctx)
@@ -233,7 +234,7 @@ func (r *viewRuns) confirm(ctx context.Context, t *taken) bool {
 		r.v, r.last = nil, nil
 		return false
 	}
-	if want == t.revision && t.generation == r.v.generationNow() {
+	if want == t.Revision && t.Generation == r.v.v.Generation() {
 		return true
 	}
 	r.synced = true
@@ -341,7 +342,7 @@ type Txn struct {
 	slug string
 	// taken: the swarm's View at the attempt's start (Update reads from
 	// it: no call for what it holds); nil without one.
-	taken *taken
+	taken *view.Taken
 	// read: records read one by one, at their revision; absent: keys read
 	// and found absent. sections: sections loaded whole (a snapshot);
 	// whole: sections whose every record was read (iterated, counted).
@@ -371,8 +372,8 @@ func (tx *Txn) lookup(r ref) (Record, bool, error) {
 		return Record{}, false, nil
 	}
 	sec, ok := tx.sections[r.section]
-	if !ok && tx.taken != nil && tx.taken.covers(r.section) {
-		sec, ok = tx.taken.secs[r.section], true
+	if !ok && tx.taken != nil && tx.taken.Covers(r.section) {
+		sec, ok = tx.taken.Secs[r.section], true
 	}
 	if ok {
 		rec, ok := sec[r.key]
@@ -496,10 +497,10 @@ func (tx *Txn) Section(name string, opts ...SectionOption) (*Section, error) {
 	if _, hasRev := tx.sectionRevs[name]; loaded && !hasRev && tx.phantomProof[name] {
 		loaded = false // taken from the view, which keeps no section revisions: read it from fenced
 	}
-	if t := tx.taken; !loaded && t != nil && t.covers(name) && !tx.phantomProof[name] {
-		// The view holds every batch up to t.revision (its records applied
+	if t := tx.taken; !loaded && t != nil && t.Covers(name) && !tx.phantomProof[name] {
+		// The view holds every batch up to t.Revision (its records applied
 		// ahead stand after it: CountCheck then declines).
-		tx.sections[name], tx.snapRevs[name], loaded = t.secs[name], t.revision, true
+		tx.sections[name], tx.snapRevs[name], loaded = t.Secs[name], t.Revision, true
 		if tx.sections[name] == nil {
 			tx.sections[name] = map[string]Record{}
 		}

@@ -2,18 +2,11 @@ package client
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"iter"
-	"time"
 
-	fencedv1 "github.com/agentihooks/fenced/proto/fenced/v1"
-	"github.com/cenkalti/backoff/v5"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding/gzip"
-	"google.golang.org/grpc/status"
+	"github.com/agentihooks/fenced/client/internal/errs"
+	"github.com/agentihooks/fenced/client/internal/model"
+	"github.com/agentihooks/fenced/client/internal/watchloop"
 )
 
 // ErrRevisionCompacted: batches after the revision a Watch was to resume
@@ -22,101 +15,40 @@ import (
 // was sent (a restart without persistence, a failover). Read the swarm
 // again (Snapshot) and watch from that snapshot's revision. As
 // *CompactedError.
-var ErrRevisionCompacted = errors.New("fenced: revision compacted")
+var ErrRevisionCompacted = errs.ErrRevisionCompacted
 
 // CompactedError is ErrRevisionCompacted with the oldest batch the log
-// still holds.
-type CompactedError struct {
-	// From is the revision the watch asked to start after.
-	From int64
-	// Oldest is the revision of the oldest batch the log still holds (after
-	// a loss: the batch that followed it).
-	Oldest int64
-	Err    error
-}
+// still holds (Oldest) and the revision the watch asked to start after (From).
+type CompactedError = errs.CompactedError
 
-func (e *CompactedError) Error() string { return e.Err.Error() }
+// Change is one record a batch put or deleted (Section, Key; Delete; Record
+// as it stood when fenced read the event, nil for a delete or when deleted
+// since).
+type Change = model.Change
 
-// Is matches ErrRevisionCompacted.
-func (e *CompactedError) Is(target error) bool { return target == ErrRevisionCompacted }
-
-// Unwrap returns the status error.
-func (e *CompactedError) Unwrap() error { return e.Err }
-
-// Change is one record a batch put or deleted.
-type Change struct {
-	// Section and Key name the record.
-	Section, Key string
-	// Delete: the batch deleted the record; else it put it.
-	Delete bool
-	// Record is, for a put, the record as it stood when fenced read the
-	// event: Record.Revision above the event's means a later batch
-	// overwrote it (its event follows). nil when deleted since, or for a
-	// delete.
-	Record *Record
-}
-
-// Event is one committed batch of a watched swarm.
-type Event struct {
-	// Revision the batch committed at; events come in issue order
-	// (CompareRevisions).
-	Revision int64
-	// Owner is the lease owner that fenced the batch ("" when unfenced).
-	Owner string
-	// RequestID is the batch's request id, when it had one.
-	RequestID string
-	// Changes are the records the batch put or deleted (filtered by
-	// WatchSections); empty when Truncated.
-	Changes []Change
-	// Truncated: the batch named too many keys for the log; Sections names
-	// the sections it changed: read them again.
-	Truncated bool
-	Sections  []string
-	// Progress: no batch, only how far the stream is (Revision); yielded
-	// only with WatchProgress.
-	Progress bool
-	// Claim is what the batch did to a claim (a named lease): its grant,
-	// renewal, release or lapse; nil for every other batch. Claim events
-	// are yielded whatever WatchSections names.
-	Claim *ClaimEvent
-}
+// Event is one committed batch of a watched swarm: its Revision (in issue
+// order), Owner, RequestID, Changes (filtered by WatchSections), Truncated
+// with the Sections it changed, Progress (no batch: how far the stream is,
+// with WatchProgress) and Claim (what it did to a claim).
+type Event = model.Event
 
 // ClaimEvent is one change of a claim (docs/design/12-claims.md).
-type ClaimEvent struct {
-	// Name is the claim's name.
-	Name string
-	// Kind is what happened.
-	Kind ClaimEventKind
-	// Owner is the claim's owner.
-	Owner string
-	// Epoch is the grant's epoch: its fencing token.
-	Epoch int64
-	// ExpiresAtMs is when the grant ends (for a release or a lapse: when it
-	// ended), ms since the Unix epoch by Redis's clock.
-	ExpiresAtMs int64
-}
+type ClaimEvent = model.ClaimEvent
 
 // ClaimEventKind is what happened to a claim.
-type ClaimEventKind string
+type ClaimEventKind = model.ClaimEventKind
 
 // The kinds of ClaimEvent.
 const (
 	// ClaimGranted: a new grant, with a new epoch.
-	ClaimGranted ClaimEventKind = "granted"
+	ClaimGranted = model.ClaimGranted
 	// ClaimRenewed: the holder extended its grant (or acquired again).
-	ClaimRenewed ClaimEventKind = "renewed"
+	ClaimRenewed = model.ClaimRenewed
 	// ClaimReleased: the holder released it.
-	ClaimReleased ClaimEventKind = "released"
+	ClaimReleased = model.ClaimReleased
 	// ClaimLapsed: it expired unrenewed and fenced reclaimed it.
-	ClaimLapsed ClaimEventKind = "lapsed"
+	ClaimLapsed = model.ClaimLapsed
 )
-
-var claimKinds = map[fencedv1.ClaimEventKind]ClaimEventKind{
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_GRANTED:  ClaimGranted,
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RENEWED:  ClaimRenewed,
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_RELEASED: ClaimReleased,
-	fencedv1.ClaimEventKind_CLAIM_EVENT_KIND_LAPSED:   ClaimLapsed,
-}
 
 type watchConfig struct {
 	sections []string
@@ -167,138 +99,6 @@ func (c *Client) Watch(ctx context.Context, slug string, from int64, opts ...Wat
 	for _, o := range opts {
 		o(&cfg)
 	}
-	return func(yield func(Event, error) bool) {
-		wait := &backoff.ExponentialBackOff{
-			InitialInterval:     50 * time.Millisecond,
-			RandomizationFactor: 0.5,
-			Multiplier:          2,
-			MaxInterval:         5 * time.Second,
-		}
-		wait.Reset()
-		for {
-			sctx, cancel := context.WithCancel(ctx)
-			// gzip: fenced answers in kind, compressing each message once for
-			// every watcher that asks (docs/design/06-reads-and-scans.md §6.1); none once a
-			// server refused it.
-			var callOpts []grpc.CallOption
-			gzipped := !c.plainWatch.Load()
-			if gzipped {
-				callOpts = append(callOpts, grpc.UseCompressor(gzip.Name))
-			}
-			stream, err := c.records.Watch(sctx, &fencedv1.WatchRequest{Slug: slug, StartRevision: from, Sections: cfg.sections}, callOpts...)
-			for err == nil {
-				var resp *fencedv1.WatchResponse
-				if resp, err = stream.Recv(); err != nil {
-					break
-				}
-				wait.Reset()
-				for _, e := range resp.GetEvents() {
-					from = latestRevision(from, e.GetRevision())
-					if e.GetProgress() && !cfg.progress {
-						continue
-					}
-					c.saw(slug, e.GetRevision())
-					if !yield(eventFrom(e), nil) {
-						cancel()
-						return
-					}
-				}
-			}
-			cancel()
-			if ctx.Err() != nil {
-				yield(Event{}, status.FromContextError(ctx.Err()).Err())
-				return
-			}
-			if gzipped && status.Code(err) == codes.Unimplemented {
-				// A fenced without gzip (older than the clients that ask
-				// for it) refuses the request before reading it: grpc-go
-				// answers "grpc: Decompressor is not installed for
-				// grpc-encoding \"gzip\"". Ask again uncompressed, at once,
-				// and so every later Watch of this Client.
-				c.plainWatch.Store(true)
-				continue
-			}
-			if !resumable(err) {
-				yield(Event{}, decodeWatch(err, from))
-				return
-			}
-			// An open refused its turn at Redis waits the server's delay
-			// at least.
-			pause := wait.NextBackOff()
-			if d, queued := queuedDelay(err); queued {
-				pause = max(pause, d)
-			}
-			select {
-			case <-ctx.Done():
-				yield(Event{}, status.FromContextError(ctx.Err()).Err())
-				return
-			case <-time.After(pause):
-			}
-		}
-	}
-}
-
-// resumable: the stream broke for a reason a reopen from the last revision
-// mends (UNAVAILABLE: fenced or Redis away, a server shutting down, a
-// connection lost; WATCHER_TOO_SLOW; TOO_MANY_CALLS_QUEUED, the open
-// refused its turn at Redis).
-func resumable(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return true // io errors of a broken transport
-	}
-	switch st.Code() {
-	case codes.Unavailable:
-		return true
-	case codes.ResourceExhausted:
-		r := reasonOf(st)
-		return r == fencedv1.ErrorReason_WATCHER_TOO_SLOW.String() || r == fencedv1.ErrorReason_TOO_MANY_CALLS_QUEUED.String()
-	}
-	return false
-}
-
-func reasonOf(st *status.Status) string {
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetReason()
-		}
-	}
-	return ""
-}
-
-// decodeWatch is Decode, with the revision the watch was to resume from
-// in a *CompactedError.
-func decodeWatch(err error, from int64) error {
-	d := Decode(err)
-	if ce, ok := d.(*CompactedError); ok {
-		ce.From = from
-		return ce
-	}
-	if d != err {
-		return d
-	}
-	return fmt.Errorf("fenced client: watch: %w", err)
-}
-
-func eventFrom(resp *fencedv1.WatchEvent) Event {
-	ev := Event{
-		Revision:  resp.GetRevision(),
-		Owner:     resp.GetOwner(),
-		RequestID: resp.GetRequestId(),
-		Truncated: resp.GetTruncated(),
-		Sections:  resp.GetSections(),
-		Progress:  resp.GetProgress(),
-	}
-	if c := resp.GetClaim(); c != nil {
-		ev.Claim = &ClaimEvent{Name: c.GetName(), Kind: claimKinds[c.GetKind()], Owner: c.GetOwner(), Epoch: c.GetEpoch(), ExpiresAtMs: c.GetExpiresAtMs()}
-	}
-	for _, ch := range resp.GetChanges() {
-		c := Change{Section: ch.GetSection(), Key: ch.GetKey(), Delete: ch.GetKind() == fencedv1.ChangeKind_CHANGE_KIND_DELETE}
-		if r := ch.GetRecord(); r != nil {
-			rec := recordOf(r)
-			c.Record = &rec
-		}
-		ev.Changes = append(ev.Changes, c)
-	}
-	return ev
+	return watchloop.Run(ctx, watchloop.Config{Records: c.records, Plain: &c.plainWatch, Slug: slug, From: from,
+		Sections: cfg.sections, Progress: cfg.progress, Saw: c.saw})
 }
