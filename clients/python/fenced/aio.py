@@ -753,6 +753,8 @@ class View(_Reads):
         while not self._s.closed:
             try:
                 await self._list(EVERY, 0)
+                if self._relist_wanted:
+                    continue  # asked while that list ran, which may predate what the asker saw: list again
                 self._following = self._loop.create_task(self._follow())
                 await asyncio.wait({self._following})
                 following, self._following = self._following, None

@@ -386,3 +386,39 @@ def test_a_view_of_every_section_does_not_serve_archive(client: fenced.Client, s
     every = client.view(slug)
     assert client.view(slug, "claims") is every
     assert client.view(slug, "archive").record("archive", "old").value == "1"  # type: ignore[union-attr]
+
+
+def test_aio_view_lists_again_when_asked_while_it_lists(server: Fenced, client: fenced.Client, slug: str) -> None:
+    """A list asked for (after a conflict) while the aio view is listing is
+    run after it: the list under way may predate what the asker saw. Once
+    the asker waited for a later list until its deadline, and an update of
+    eight concurrent writers failed that way one run in four."""
+    import asyncio
+
+    import fenced.aio
+
+    client.fenced_batch(slug, [fenced.Put("claims", "a", 0, "1")], fence=fenced.UNFENCED)
+
+    async def main() -> None:
+        async with fenced.aio.Client(server.addr) as c:
+            v = c.view(slug)
+            await v.sync()
+            sections = c.sections
+            during: list[int] = []
+
+            async def asking_while_listing(*args: Any, **kwargs: Any) -> Any:
+                snap = await sections(*args, **kwargs)
+                if not during:
+                    during.append(v._s.lists_started)
+                    v._ask_relist()  # as an update's conflict asks it, from another thread
+                    await asyncio.sleep(0)  # the ask is seen before this list ends
+                return snap
+
+            c.sections = asking_while_listing  # type: ignore[method-assign]
+            v._ask_relist()
+            end = time.monotonic() + 10  # a failure bound, not a speed
+            while not (during and v._s.listed > during[0]):
+                assert time.monotonic() < end, f"no list after the one asked during list {during}: listed {v._s.listed}"
+                await asyncio.sleep(0.01)
+
+    asyncio.run(main())
