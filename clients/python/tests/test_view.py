@@ -386,3 +386,39 @@ def test_a_view_of_every_section_does_not_serve_archive(client: fenced.Client, s
     every = client.view(slug)
     assert client.view(slug, "claims") is every
     assert client.view(slug, "archive").record("archive", "old").value == "1"  # type: ignore[union-attr]
+
+
+def test_a_view_keeps_each_section_s_count_check_as_it_applies_batches() -> None:
+    """The count, revision sum and latest revision a view keeps per section
+    (what a CheckCount of a section read whole needs) are what counting its
+    records again answers, after lists, events, this process's commits, a
+    lapsed claim's records leaving, and deletes of the latest record."""
+    import random as rnd
+
+    from fenced.model import ClaimEvent, count_check
+    from fenced.view import _State, _stats_of, count_check_of
+
+    rng = rnd.Random(7)
+    st = _State("s", ())
+    st.lock.acquire()  # what the view's thread holds while it applies
+    rev = 10**13 + 5
+    st.load(fenced.Snapshot(rev, {"a": {"x": fenced.Record(rev, "1")}, "b": {}}, {}), frozenset())
+    for i in range(400):
+        rev += rng.randint(1, 3)
+        sec, key = rng.choice("abc"), rng.choice("pqrstx")
+        op = rng.random()
+        if op < 0.45:
+            rec = fenced.Record(rev, str(i), "c1" if rng.random() < 0.2 else "", 1)
+            st.apply(fenced.Event(rev, changes=(fenced.Change(sec, key, False, rec),)))
+        elif op < 0.7:
+            st.apply(fenced.Event(rev, changes=(fenced.Change(sec, key, True, None),)))
+        elif op < 0.85:
+            st.committed(rev, [fenced.Put(sec, key, 0, "9")] if rng.random() < 0.6 else [fenced.Delete(sec, key, 0)], "", 0)
+        elif op < 0.9:
+            st.apply(fenced.Event(rev, claim=ClaimEvent("c1", "lapsed", "o", 1, 0)))
+        else:
+            st.load(fenced.Snapshot(rev, {sec: dict(st.secs.get(sec, {}))}, {}), frozenset({sec}), rev)
+        t = st.take()
+        for name, recs in t.secs.items():
+            assert t.stats.get(name, _stats_of({})) == _stats_of(recs)
+            assert count_check_of(name, t.revision, t.stats[name]) == count_check(name, t.revision, recs)
