@@ -25,7 +25,8 @@ One view per swarm (and set of sections) per :class:`fenced.Client`, shared
 by every thread; made on first use by ``Client.view``, the port and
 ``update``, kept until the Client closes (or :meth:`View.close`). The view
 holds the records' JSON texts (and, for fenced.port, each value read once
-more in marshal's encoding): :meth:`View.memory_bytes` says how much.
+more in marshal's encoding, and decoded, ready to hand out again):
+:meth:`View.memory_bytes` says how much.
 
 The shared core (:class:`_State`) is the asyncio view's too (fenced.aio).
 """
@@ -377,7 +378,24 @@ class _State:
         n += size(self.cache)
         for _, _, m in self.cache.values():
             n += size(m) + 64  # the tuple and its key
+        n += size(self.free)
+        for _, v in list(self.free.values()):
+            n += _deep_size(v) + 64
         return n
+
+
+def _deep_size(v: Any) -> int:
+    """sys.getsizeof of a decoded JSON value and everything in it."""
+    n, todo = 0, [v]
+    while todo:
+        o = todo.pop()
+        n += sys.getsizeof(o)
+        if isinstance(o, dict):
+            todo.extend(o.keys())
+            todo.extend(o.values())
+        elif isinstance(o, list):
+            todo.extend(o)
+    return n
 
 
 def _backoff() -> Iterable[float]:

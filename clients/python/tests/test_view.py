@@ -290,6 +290,45 @@ def test_a_value_kept_past_its_change_is_the_caller_s(client: fenced.Client, slu
     assert client.record(slug, "claims", "k").value == '{"items": [1]}'  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("how", ["whole", "part", "by-items"])
+def test_a_value_or_a_part_of_it_kept_past_its_change_is_never_handed_out_again(client: fenced.Client, slug: str, how: str) -> None:
+    """A value a change left as read goes back to the view's pool and the
+    next attempt hands out the same object, unless anything outside the
+    attempt still holds it or a list or dict in it: a value, or a part of
+    one, a change kept (not returned) and the caller mutated later is never
+    what a later write reads, and is no put."""
+    text = '{"items": [1], "m": {"a": 1}}'
+    r0 = client.fenced_batch(slug, [fenced.Put("claims", "k", 0, text)], fence=fenced.UNFENCED).revision
+    p = port.Port(client)
+    kept: list[Any] = []
+
+    def read(doc: port.Document) -> Any:
+        if how == "by-items":
+            return dict(doc["sections"]["claims"].items())["k"]
+        return doc["sections"]["claims"]["k"]
+
+    def keep(doc: port.Document) -> None:
+        v = read(doc)
+        kept.append(v if how != "part" else v["items"])
+
+    def touch(doc: port.Document) -> None:
+        assert read(doc) == {"items": [1], "m": {"a": 1}}
+        doc["sections"]["intents"]["x"] = len(kept)
+
+    p.write(slug, touch)
+    p.write(slug, keep)
+    (kept[0]["m"] if how != "part" else kept[0]).clear()  # the caller's own, after its write
+    p.write(slug, touch)
+    p.write(slug, touch)
+    rec = client.record(slug, "claims", "k")
+    assert rec is not None and (rec.revision, rec.value) == (r0, text)
+    first: list[Any] = []
+    p.write(slug, lambda doc: first.append(id(read(doc))))  # left as read (its id kept, not the value)
+    p.write(slug, lambda doc: first.append(id(read(doc))))
+    assert first[0] == first[1]  # the pool's: no decoding a second time
+    assert id(client.view(slug)._s.free[("claims", "k")][1]) == first[1]  # alive in the pool: the ids are one object's
+
+
 def test_records_of_a_released_claim_leave_the_view(client: fenced.Client, slug: str) -> None:
     client.fenced_batch(slug, [fenced.Put("claims", "free", 0, "0")], fence=fenced.UNFENCED)
     k = client.keep_claim(slug, "task-1", "worker", ttl_ms=30_000)
