@@ -319,6 +319,8 @@ class _Entry:
             self.m = marshal.dumps(obj, _MARSHAL_VERSION)  # json.loads answers only what marshal encodes
             if cache is not None:
                 cache[ref] = (self.revision, self.raw, self.m)
+            if free is not None:
+                free.pop(ref, None)  # an earlier revision's
         self.obj = obj
         return obj
 
@@ -341,7 +343,7 @@ class _Entry:
             same = False  # an object marshal does not encode: compare JSON texts
         if not same:
             return _canon(self.obj) == _canon(marshal.loads(self.m))
-        if free is not None and _POOL and _held(self) == _SOLE:
+        if free is not None and _POOL and sys.getrefcount(self.obj) == _SOLE:  # as _held counts
             free[ref] = (self.m, self.obj)
         return True
 
@@ -577,7 +579,15 @@ class Document(Mapping[str, Any]):
         own = self._own.get(name)
         mine = [k for (s, k) in self._changed if s == name] if self._changed else []
         if not own and not mine:
-            keys = self._keycache[name] = sorted(loaded)
+            t = self._taken
+            c = t.sorted_keys.get(name) if t is not None else None
+            if c is not None and c[0] is loaded:
+                keys = c[1]  # the view's, for this very section dict (never changed; nor is the list)
+            else:
+                keys = sorted(loaded)
+                if t is not None and loaded is t.section(name):
+                    t.sorted_keys[name] = (loaded, keys)
+            self._keycache[name] = keys
             return keys
         keyset = set(loaded)
         if own:

@@ -102,12 +102,13 @@ class Taken:
     section dicts are the view's own, never changed after they were taken
     (the view copies a section before it next changes it)."""
 
-    __slots__ = ("revision", "secs", "names", "generation", "cache", "free", "stats")
+    __slots__ = ("revision", "secs", "names", "generation", "cache", "free", "stats", "sorted_keys")
 
     def __init__(self, revision: int, secs: Mapping[str, Mapping[str, Record]], names: tuple[str, ...],
                  generation: int, cache: dict[tuple[str, str], tuple[int, str, bytes]],
                  free: Optional[dict[tuple[str, str], tuple[bytes, Any]]] = None,
-                 stats: Optional[Mapping[str, "SectionStats"]] = None) -> None:
+                 stats: Optional[Mapping[str, "SectionStats"]] = None,
+                 sorted_keys: Optional[dict[str, tuple[Mapping[str, Record], list[str]]]] = None) -> None:
         self.revision = revision
         """Every batch up to this revision is in ``secs``."""
         self.secs = secs
@@ -119,6 +120,8 @@ class Taken:
         """fenced.port's values as decoded, unchanged and held by nothing else, ready to hand out again."""
         self.stats = stats if stats is not None else {}
         """Each section's :class:`SectionStats` as ``secs`` holds it."""
+        self.sorted_keys = sorted_keys if sorted_keys is not None else {}
+        """fenced.port's sorted keys of a section: name -> (the section dict they are of, its keys sorted)."""
 
     def covers(self, section: str) -> bool:
         """Whether the view holds ``section`` (else it is read from fenced)."""
@@ -217,6 +220,7 @@ class _State:
         # entry's marshal text, the value); taken out (dict.pop) by the attempt that hands it out.
         self.free: dict[tuple[str, str], tuple[bytes, Any]] = {}
         self.stats: dict[str, SectionStats] = {}  # each section's, as secs holds it
+        self.sorted_keys: dict[str, tuple[Mapping[str, Record], list[str]]] = {}  # fenced.port's, by section dict
         self.on_change: Callable[[], None] = lambda: None  # the asyncio view's wake-up
 
     def covers(self, section: str) -> bool:
@@ -255,7 +259,8 @@ class _State:
         for name, st in self.stats.items():
             if st.latest < 0:
                 self.stats[name] = _stats_of(self.secs.get(name, _EMPTY))
-        return Taken(self.revision, dict(self.secs), self.names, self.generation, self.cache, self.free, dict(self.stats))
+        return Taken(self.revision, dict(self.secs), self.names, self.generation, self.cache, self.free, dict(self.stats),
+                     self.sorted_keys)
 
     def load(self, snap: Snapshot, names: frozenset[str], at: int = 0, seq: int = 0) -> None:
         """Take a list: every section of the view (names EVERY; ``seq``: its
@@ -265,6 +270,7 @@ class _State:
             self.listed = max(self.listed, seq)
             self.secs = {n: dict(recs) for n, recs in snap.sections.items() if self.covers(n)}
             self.stats = {n: _stats_of(recs) for n, recs in self.secs.items()}
+            self.sorted_keys.clear()  # of the sections replaced
             self.shared.clear()
             self.floor.clear()
             self.revision = snap.revision
