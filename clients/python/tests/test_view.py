@@ -329,6 +329,35 @@ def test_a_value_or_a_part_of_it_kept_past_its_change_is_never_handed_out_again(
     assert id(client.view(slug)._s.free[("claims", "k")][1]) == first[1]  # alive in the pool: the ids are one object's
 
 
+def test_two_attempts_at_once_never_hold_one_value(client: fenced.Client, slug: str) -> None:
+    """A value in the view's pool goes to one attempt at a time: an attempt
+    running while another holds the pooled value (another thread's; here a
+    write nested in a change) decodes its own, so its in-place edit is not
+    seen by the other, whose value stays as read."""
+    client.fenced_batch(slug, [fenced.Put("claims", "k", 0, '{"n": 0}')], fence=fenced.UNFENCED)
+    p = port.Port(client)
+
+    def read(doc: port.Document) -> None:
+        doc["sections"]["claims"]["k"]
+
+    def bump(doc: port.Document) -> None:
+        doc["sections"]["claims"]["k"]["n"] += 1
+
+    seen: list[Any] = []
+
+    def outer(doc: port.Document) -> None:
+        v = doc["sections"]["claims"]["k"]
+        if not seen:
+            p.write(slug, bump)  # while this attempt holds its value
+        seen.append(dict(v))
+        doc["sections"]["intents"]["x"] = len(seen)
+
+    p.write(slug, read)  # the value pooled
+    p.write(slug, outer)
+    assert seen == [{"n": 0}, {"n": 1}]  # as read; then the rerun after the conflict reads the bump
+    assert json.loads(client.record(slug, "claims", "k").value) == {"n": 1}  # type: ignore[union-attr]
+
+
 def test_records_of_a_released_claim_leave_the_view(client: fenced.Client, slug: str) -> None:
     client.fenced_batch(slug, [fenced.Put("claims", "free", 0, "0")], fence=fenced.UNFENCED)
     k = client.keep_claim(slug, "task-1", "worker", ttl_ms=30_000)
