@@ -53,8 +53,10 @@ import marshal
 import math
 import os
 import random
+import sys
 import threading
 import time
+from collections.abc import ItemsView, ValuesView
 from typing import Any, Callable, Iterator, Mapping, MutableMapping, NamedTuple, Optional, Sequence, TypeVar, Union
 
 import grpc
@@ -65,7 +67,7 @@ from .client import Client
 from .keeper import LeaseKeeper
 from .model import BLIND, UNFENCED, Check, CheckRecords, Delete, Layout, Lease, LeaseFence, Put, Record, Unfenced, Write, count_check, dumps
 from .revisions import later_revision
-from .view import Taken, View, ViewUnsupported
+from .view import _NO_STATS, Taken, View, ViewUnsupported, count_check_of
 
 __all__ = [
     "ARCHIVE",
@@ -267,8 +269,22 @@ def _record_checks(section: str, expected: Mapping[str, int]) -> list[Write]:
 # differs (mutated; or holding an object also referenced elsewhere, which
 # marshal marks as such; or an object marshal does not encode) is compared
 # by its JSON text.
+#
+# A value handed out and found unchanged goes back to its view's pool
+# (Taken.free) when nothing but the attempt's entry holds it or anything in
+# it, so the next attempt hands out the same object rather than decoding a
+# copy. Nothing else holding it is sound to tell on CPython: the entry's
+# reference is the object's only one (sys.getrefcount, against _SOLE), and
+# the encoding is the one taken when every list and dict in it was fresh
+# from json.loads or marshal.loads (each held by its parent alone), while
+# marshal marks a list or dict held by more than one reference (version >= 3:
+# Py_REFCNT(v) > 1): any other holder makes the encodings differ. A pooled
+# value can then be reached, and so changed, by nobody until an attempt takes
+# it out (dict.pop, atomic under the GIL); a value the change returned, kept
+# or reached into stays the caller's and the next attempt decodes its own.
 _MARSHAL_VERSION = marshal.version
 _Cache = dict[_Ref, tuple[int, str, bytes]]
+_Free = dict[_Ref, tuple[bytes, Any]]
 
 
 class _Entry:
@@ -284,23 +300,29 @@ class _Entry:
         self.obj: Any = _UNSET
         self.m = b""
 
-    def value(self, ref: _Ref, cache: Optional[_Cache]) -> Any:
-        """The value, decoded once per attempt: from the view's cache of its
-        encoding (marshal.loads) when the record is the one cached, else by
-        json.loads (and then cached)."""
-        if self.obj is _UNSET:
-            assert self.raw is not None
-            c = cache.get(ref) if cache is not None else None
-            if c is not None and c[0] == self.revision and (c[1] is self.raw or c[1] == self.raw):
-                self.m = c[2]
-                self.obj = marshal.loads(self.m)
-            else:
-                obj = _loads(ref[0], ref[1], self.raw)
-                self.m = marshal.dumps(obj, _MARSHAL_VERSION)  # json.loads answers only what marshal encodes
-                if cache is not None:
-                    cache[ref] = (self.revision, self.raw, self.m)
-                self.obj = obj
-        return self.obj
+    def value(self, ref: _Ref, cache: Optional[_Cache], free: Optional[_Free]) -> Any:
+        """The value, decoded once per attempt: the view's pooled object when
+        it holds one of the record as cached, else from the view's cache of
+        its encoding (marshal.loads) when the record is the one cached, else
+        by json.loads (and then cached)."""
+        obj = self.obj
+        if obj is not _UNSET:
+            return obj
+        assert self.raw is not None
+        c = cache.get(ref) if cache is not None else None
+        if c is not None and c[0] == self.revision and (c[1] is self.raw or c[1] == self.raw):
+            m = self.m = c[2]
+            f = free.pop(ref, None) if free is not None else None
+            obj = f[1] if f is not None and f[0] is m else marshal.loads(m)
+        else:
+            obj = _loads(ref[0], ref[1], self.raw)
+            self.m = marshal.dumps(obj, _MARSHAL_VERSION)  # json.loads answers only what marshal encodes
+            if cache is not None:
+                cache[ref] = (self.revision, self.raw, self.m)
+            if free is not None:
+                free.pop(ref, None)  # an earlier revision's
+        self.obj = obj
+        return obj
 
     def unchanged(self, v: Any) -> bool:
         """Whether v is the value as read: the same JSON text."""
@@ -311,6 +333,25 @@ class _Entry:
             pass  # an object marshal does not encode: compare JSON texts
         return _canon(v) == _canon(marshal.loads(self.m))
 
+    def settle(self, ref: _Ref, free: Optional[_Free]) -> bool:
+        """Whether the value handed out is still the value as read (the
+        same JSON text); when its encoding is the one taken as read and the
+        entry alone holds it, it goes back to the view's pool ``free``."""
+        try:
+            same = marshal.dumps(self.obj, _MARSHAL_VERSION) == self.m
+        except ValueError:
+            same = False  # an object marshal does not encode: compare JSON texts
+        if not same:
+            return _canon(self.obj) == _canon(marshal.loads(self.m))
+        if free is not None and _POOL and sys.getrefcount(self.obj) == _SOLE:  # as _held counts
+            free[ref] = (self.m, self.obj)
+        return True
+
+
+def _held(e: _Entry) -> int:
+    """How many references hold e's value (sys.getrefcount's count, its own included)."""
+    return sys.getrefcount(e.obj)
+
 
 class _Unset:
     def __repr__(self) -> str:
@@ -319,6 +360,19 @@ class _Unset:
 
 _UNSET: Any = _Unset()
 _DELETED: Any = _Unset()
+
+
+def _sole() -> int:
+    e = _Entry(0, None)
+    e.obj = {}  # held by the entry alone
+    return _held(e)
+
+
+_SOLE = _sole()
+"""_held's answer for a value its entry alone holds."""
+
+_POOL = sys.implementation.name == "cpython" and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+"""Whether values go back to the pool: CPython with its GIL (_Entry's note)."""
 
 
 class Document(Mapping[str, Any]):
@@ -338,7 +392,14 @@ class Document(Mapping[str, Any]):
         # view (fenced.View): no call for what it holds.
         self._taken = taken
         self._cache: Optional[_Cache] = taken.cache if taken is not None else None
-        self._entries: dict[_Ref, _Entry] = {}  # every key looked up, first read wins
+        self._free: Optional[_Free] = taken.free if taken is not None else None
+        # Every record read, by section then key, first read wins: by key
+        # (_lookup; also in _own) or in a whole read of the section's snapshot.
+        self._entries: dict[str, dict[str, _Entry]] = {}
+        # The keys of each section read by key (get, in, put, del...): the
+        # entries that may be absent, or (read from fenced before the section
+        # was) stand otherwise than in the section's snapshot.
+        self._own: dict[str, set[str]] = {}
         self._loaded: dict[str, Mapping[str, Record]] = {}  # sections read at one instant (never changed)
         self._snap_revs: dict[str, int] = {}  # the swarm revision each was read at (a view's: all it applied)
         self._whole: set[str] = set()  # sections the change read whole
@@ -384,8 +445,8 @@ class Document(Mapping[str, Any]):
         sections refer to each other, which only the garbage collector
         would otherwise undo, values and all)."""
         self._open = False
-        self._entries, self._loaded, self._changed, self._keycache = {}, {}, {}, {}
-        self._taken = self._cache = None
+        self._entries, self._own, self._loaded, self._changed, self._keycache = {}, {}, {}, {}, {}
+        self._taken = self._cache = self._free = None
 
     def _live(self) -> None:
         if not self._open:
@@ -441,19 +502,29 @@ class Document(Mapping[str, Any]):
 
     def _lookup(self, ref: _Ref) -> _Entry:
         self._live()
-        e = self._entries.get(ref)
-        if e is not None:
-            return e
-        sec = self._loaded.get(ref[0])
-        if sec is None and self._taken is not None and self._taken.covers(ref[0]):
-            sec = self._taken.section(ref[0])
-        if sec is not None:
-            rec = sec.get(ref[1])
+        section, key = ref
+        ents = self._entries.get(section)
+        if ents is None:
+            ents = self._entries[section] = {}
         else:
-            rec, rev = self._c.record_at(self.slug, ref[0], ref[1])
+            e = ents.get(key)
+            if e is not None:
+                return e
+        sec = self._loaded.get(section)
+        if sec is None and self._taken is not None and self._taken.covers(section):
+            sec = self._taken.section(section)
+        if sec is not None:
+            rec = sec.get(key)
+        else:
+            rec, rev = self._c.record_at(self.slug, section, key)
             self._see(rev)
         e = _Entry(rec.revision, rec.value) if rec is not None else _Entry(0, None)
-        self._entries[ref] = e
+        ents[key] = e
+        own = self._own.get(section)
+        if own is None:
+            self._own[section] = {key}
+        else:
+            own.add(key)
         return e
 
     def _get(self, ref: _Ref) -> Any:
@@ -466,7 +537,35 @@ class Document(Mapping[str, Any]):
         e = self._lookup(ref)
         if e.raw is None:
             raise KeyError(ref[1])
-        return e.value(ref, self._cache)
+        return e.value(ref, self._cache, self._free)
+
+    def _pairs(self, name: str) -> Iterator[tuple[str, Any]]:
+        """The section's (key, value) pairs as the change sees them, in key
+        order; reads it whole. What iterating keys and then looking each up
+        answers, without a lookup per key."""
+        keys = self._keys(name)
+        loaded = self._loaded[name]
+        ents = self._entries.get(name)
+        if ents is None:
+            ents = self._entries[name] = {}
+        changed, cache, free = self._changed, self._cache, self._free
+        for key in keys:
+            if not self._open:
+                self._live()
+            ref = (name, key)
+            if ref in changed:
+                v = changed[ref]
+                if v is _DELETED:
+                    raise KeyError(key)
+                yield key, v
+                continue
+            e = ents.get(key)
+            if e is None:
+                rec = loaded[key]  # neither written nor read by key: in the snapshot
+                e = ents[key] = _Entry(rec.revision, rec.value)
+            elif e.raw is None:
+                raise KeyError(key)
+            yield key, e.value(ref, cache, free)
 
     def _keys(self, name: str) -> list[str]:
         """The section's keys as the change sees it (computed once, again
@@ -477,14 +576,29 @@ class Document(Mapping[str, Any]):
             return keys
         loaded = self._load(name)
         self._whole.add(name)
-        keys = set(loaded)
-        for (s, k), e in self._entries.items():  # a key read before the whole read: what the change saw
-            if s == name and ((k in loaded) != (e.raw is not None)):
-                (keys.add if e.raw is not None else keys.discard)(k)
-        for (s, k), v in self._changed.items():
-            if s == name:
-                (keys.discard if v is _DELETED else keys.add)(k)
-        keys = self._keycache[name] = sorted(keys)
+        own = self._own.get(name)
+        mine = [k for (s, k) in self._changed if s == name] if self._changed else []
+        if not own and not mine:
+            t = self._taken
+            c = t.sorted_keys.get(name) if t is not None else None
+            if c is not None and c[0] is loaded:
+                keys = c[1]  # the view's, for this very section dict (never changed; nor is the list)
+            else:
+                keys = sorted(loaded)
+                if t is not None and loaded is t.section(name):
+                    t.sorted_keys[name] = (loaded, keys)
+            self._keycache[name] = keys
+            return keys
+        keyset = set(loaded)
+        if own:
+            ents = self._entries[name]
+            for k in own:  # a key read before the whole read: what the change saw
+                present = ents[k].raw is not None
+                if (k in loaded) != present:
+                    (keyset.add if present else keyset.discard)(k)
+        for k in mine:
+            (keyset.discard if self._changed[(name, k)] is _DELETED else keyset.add)(k)
+        keys = self._keycache[name] = sorted(keyset)
         return keys
 
     # Writes.
@@ -512,24 +626,23 @@ class Document(Mapping[str, Any]):
         self._changed[ref] = _DELETED
         self._keycache.pop(ref[0], None)
 
+    def _entry(self, ref: _Ref) -> Optional[_Entry]:
+        ents = self._entries.get(ref[0])
+        return ents.get(ref[1]) if ents is not None else None
+
     def _batch(self) -> Optional[list[Write]]:
         """The attempt as one batch: puts and deletes of what changed
         (assigned, deleted, or mutated in place) expecting the revisions read
         (archive: BLIND), then the checks of every other record read and of
         every record a section read whole held (none of archive, none of the
-        meta records fenced owns). None when nothing changed."""
+        meta records fenced owns). None when nothing changed. Values handed
+        out and left as read go back to the view's pool (_Entry.settle)."""
         writes: list[Write] = []
         written: set[_Ref] = set()
-        mutated = [r for r, e in self._entries.items() if r not in self._changed and e.obj is not _UNSET]
-        for ref in [*self._changed, *mutated]:
+        changed, free = self._changed, self._free
+        for ref, v in changed.items():
             section, key = ref
-            v = self._changed.get(ref, _UNSET)
-            e = self._entries.get(ref)  # None only for an archive put that read nothing
-            if v is _UNSET:  # read, maybe mutated in place
-                assert e is not None
-                v = e.obj
-                if e.unchanged(v):
-                    continue
+            e = self._entry(ref)  # None only for an archive put that read nothing
             blind = section == ARCHIVE
             if v is _DELETED:
                 if e is not None and e.raw is None:
@@ -537,22 +650,26 @@ class Document(Mapping[str, Any]):
                 writes.append(Delete(section, key, BLIND if blind or e is None else e.revision))
             else:
                 if e is not None and e.raw is not None:
-                    e.value(ref, self._cache)  # the value as read
+                    e.value(ref, self._cache, None)  # the value as read (not the pool's: v may be it)
                     if e.unchanged(v):
                         continue  # what was there: checked below as read
                 self._owned(ref)
                 # NaN and Infinity written as the in-house json.dumps wrote them.
                 writes.append(Put(section, key, BLIND if blind or e is None else e.revision, dumps(v, allow_nan=True)))
             written.add(ref)
+        for section, ents in self._entries.items():  # read, maybe mutated in place
+            for key, e in ents.items():
+                if e.obj is _UNSET:
+                    continue
+                ref = (section, key)
+                if ref in changed or e.settle(ref, free):
+                    continue
+                self._owned(ref)
+                writes.append(Put(section, key, BLIND if section == ARCHIVE else e.revision, dumps(e.obj, allow_nan=True)))
+                written.add(ref)
         if not writes:
             return None
-        expected: dict[str, dict[str, int]] = {}
-        for name in self._whole:
-            for key, rec in self._loaded[name].items():
-                expected.setdefault(name, {})[key] = rec.revision
-        for (section, key), e in self._entries.items():
-            expected.setdefault(section, {})[key] = e.revision  # what the change saw wins
-        for name in sorted(expected):
+        for name in sorted(set(self._entries) | self._whole):
             if name == ARCHIVE:
                 continue  # never checked
             if name in self._whole:
@@ -560,14 +677,19 @@ class Document(Mapping[str, Any]):
                 if counted is not None:
                     writes.extend(counted)
                     continue
+                expected = {k: rec.revision for k, rec in self._loaded[name].items()}
+            else:
+                expected = {}
+            ents = self._entries.get(name, {})
+            for k in self._own.get(name, ()):
+                expected[k] = ents[k].revision  # what the change saw wins
             keys = {
-                k: rev for k, rev in expected[name].items()
+                k: rev for k, rev in expected.items()
                 if (name, k) not in written and not (name == META and k in FENCE_OWNED_META)
             }
             if keys:
                 writes.extend(_record_checks(name, keys))
         return writes
-
 
     def _count_checks(self, name: str, written: set[_Ref]) -> Optional[list[Write]]:
         """The checks of section ``name`` read whole as one CheckCount of its
@@ -580,19 +702,23 @@ class Document(Mapping[str, Any]):
             return None
         snap = self._loaded[name]
         absent: list[Write] = []
-        for (s, k), e in self._entries.items():
-            if s != name:
-                continue
+        ents = self._entries.get(name, {})
+        for k in self._own.get(name, ()):
+            e = ents[k]
             rec = snap.get(k)
             if (rec.revision if rec is not None else 0) != e.revision:
                 return None
-            if rec is None and (s, k) not in written:
-                absent.append(Check(s, k, 0))
-        cc = count_check(name, self._snap_revs[name], snap)
+            if rec is None and (name, k) not in written:
+                absent.append(Check(name, k, 0))
+        t = self._taken
+        if t is not None and snap is t.section(name):
+            cc = count_check_of(name, self._snap_revs[name], t.stats.get(name, _NO_STATS))  # the view's sums: O(1)
+        else:
+            cc = count_check(name, self._snap_revs[name], snap)
         if cc is None:
             return None
         absent.sort(key=lambda w: w.key)  # type: ignore[attr-defined]
-        if all((name, k) in written for k in snap):
+        if len(written) >= len(snap) and all((name, k) in written for k in snap):
             return absent  # each record is checked by its own write
         return [cc, *absent]
 
@@ -625,6 +751,14 @@ class Section(MutableMapping[str, Any]):
     def __len__(self) -> int:
         return len(self._doc._keys(self.name))
 
+    def items(self) -> "_Items":  # type: ignore[override]
+        """The (key, value) pairs, in key order (reads it whole)."""
+        return _Items(self)
+
+    def values(self) -> "_Values":  # type: ignore[override]
+        """The values, in key order (reads it whole)."""
+        return _Values(self)
+
     def copy(self) -> dict[str, Any]:
         """The section as a dict (reads it whole; the values are the view's own)."""
         return dict(self.items())
@@ -636,6 +770,25 @@ class Section(MutableMapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"<fenced.port.Section {self.name!r}>"
+
+
+class _Items(ItemsView):  # type: ignore[type-arg]
+    """A Section's items: iterated in one pass over the section (Document._pairs)."""
+
+    _mapping: Section
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return self._mapping._doc._pairs(self._mapping.name)
+
+
+class _Values(ValuesView):  # type: ignore[type-arg]
+    """A Section's values: iterated in one pass over the section (Document._pairs)."""
+
+    _mapping: Section
+
+    def __iter__(self) -> Iterator[Any]:
+        for _, v in self._mapping._doc._pairs(self._mapping.name):
+            yield v
 
 
 class DocumentSections(MutableMapping[str, Section]):

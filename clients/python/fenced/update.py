@@ -34,6 +34,7 @@ from .model import (
     new_request_id,
 )
 from .revisions import later_revision
+from .view import _NO_STATS, count_check_of
 
 if TYPE_CHECKING:
     from .client import Client
@@ -294,6 +295,9 @@ class Txn:
         for r in self._absent:
             if r[0] == name and r[1] in snap:
                 return None
+        t = self._taken
+        if t is not None and snap is t.section(name):
+            return count_check_of(name, self._snap_revs[name], t.stats.get(name, _NO_STATS))  # the view's sums
         return count_check(name, self._snap_revs[name], snap)
 
 

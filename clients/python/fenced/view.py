@@ -25,7 +25,8 @@ One view per swarm (and set of sections) per :class:`fenced.Client`, shared
 by every thread; made on first use by ``Client.view``, the port and
 ``update``, kept until the Client closes (or :meth:`View.close`). The view
 holds the records' JSON texts (and, for fenced.port, each value read once
-more in marshal's encoding): :meth:`View.memory_bytes` says how much.
+more in marshal's encoding, and decoded, ready to hand out again):
+:meth:`View.memory_bytes` says how much.
 
 The shared core (:class:`_State`) is the asyncio view's too (fenced.aio).
 """
@@ -37,13 +38,13 @@ import random
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import grpc
 
 from . import _fork, errors
 from ._fork import gate as _gate
-from .model import Delete, Event, Layout, Put, Record, Snapshot, Write
+from .model import REVISION_SUM_MODULUS, CheckCount, Delete, Event, Layout, Put, Record, Snapshot, Write
 from .revisions import compare_revisions
 
 if TYPE_CHECKING:
@@ -101,10 +102,13 @@ class Taken:
     section dicts are the view's own, never changed after they were taken
     (the view copies a section before it next changes it)."""
 
-    __slots__ = ("revision", "secs", "names", "generation", "cache")
+    __slots__ = ("revision", "secs", "names", "generation", "cache", "free", "stats", "sorted_keys")
 
     def __init__(self, revision: int, secs: Mapping[str, Mapping[str, Record]], names: tuple[str, ...],
-                 generation: int, cache: dict[tuple[str, str], tuple[int, str, bytes]]) -> None:
+                 generation: int, cache: dict[tuple[str, str], tuple[int, str, bytes]],
+                 free: Optional[dict[tuple[str, str], tuple[bytes, Any]]] = None,
+                 stats: Optional[Mapping[str, "SectionStats"]] = None,
+                 sorted_keys: Optional[dict[str, tuple[Mapping[str, Record], list[str]]]] = None) -> None:
         self.revision = revision
         """Every batch up to this revision is in ``secs``."""
         self.secs = secs
@@ -112,6 +116,12 @@ class Taken:
         self.generation = generation
         """How many batches and lists the view had applied when taken."""
         self.cache = cache
+        self.free = free if free is not None else {}
+        """fenced.port's values as decoded, unchanged and held by nothing else, ready to hand out again."""
+        self.stats = stats if stats is not None else {}
+        """Each section's :class:`SectionStats` as ``secs`` holds it."""
+        self.sorted_keys = sorted_keys if sorted_keys is not None else {}
+        """fenced.port's sorted keys of a section: name -> (the section dict they are of, its keys sorted)."""
 
     def covers(self, section: str) -> bool:
         """Whether the view holds ``section`` (else it is read from fenced)."""
@@ -122,6 +132,64 @@ class Taken:
 
 
 _EMPTY: Mapping[str, Record] = {}
+
+
+class SectionStats(NamedTuple):
+    """What a check of a section read whole by its count needs (model.count_check),
+    kept by the view as it applies batches rather than summed per read."""
+
+    count: int
+    """How many records the section holds."""
+    total: int
+    """The sum of their revisions (exact)."""
+    latest: int
+    """The latest of their revisions in issue order (0: none; -1: unknown
+    until recounted, after the latest record left)."""
+    low: int
+    """How many of them have a revision below 1."""
+
+
+_NO_STATS = SectionStats(0, 0, 0, 0)
+
+
+def _stats_of(recs: Mapping[str, Record]) -> SectionStats:
+    total = low = 0
+    latest = 0
+    for r in recs.values():
+        rev = r.revision
+        total += rev
+        if rev < 1:
+            low += 1
+        elif latest == 0 or compare_revisions(rev, latest) > 0:
+            latest = rev
+    return SectionStats(len(recs), total, latest, low)
+
+
+def _restat(st: SectionStats, old: Optional[Record], new: Optional[Record]) -> SectionStats:
+    """``st`` after a record ``old`` (None: absent) became ``new`` (None: gone)."""
+    n, total, latest, low = st
+    if old is not None:
+        n, total = n - 1, total - old.revision
+        if old.revision < 1:
+            low -= 1
+        elif old.revision == latest:
+            latest = -1  # recounted when taken
+    if new is not None:
+        n, total = n + 1, total + new.revision
+        if new.revision < 1:
+            low += 1
+        elif latest == 0 or (latest > 0 and compare_revisions(new.revision, latest) > 0):
+            latest = new.revision
+    if n == 0:
+        latest = 0
+    return SectionStats(n, total, latest, low)
+
+
+def count_check_of(section: str, revision: int, st: SectionStats) -> Optional[CheckCount]:
+    """model.count_check of a section whose records ``st`` sums, read at ``revision``."""
+    if st.count < 1 or revision < 1 or st.low or st.latest < 1 or compare_revisions(st.latest, revision) > 0:
+        return None
+    return CheckCount(section, revision, st.count, st.total % REVISION_SUM_MODULUS)
 
 
 class _State:
@@ -148,6 +216,11 @@ class _State:
         self.closed = False
         # fenced.port's cache of values read: (section, key) -> (revision, text, marshal of json.loads(text)).
         self.cache: dict[tuple[str, str], tuple[int, str, bytes]] = {}
+        # fenced.port's values as decoded, unchanged and held by nothing else: (section, key) -> (its cache
+        # entry's marshal text, the value); taken out (dict.pop) by the attempt that hands it out.
+        self.free: dict[tuple[str, str], tuple[bytes, Any]] = {}
+        self.stats: dict[str, SectionStats] = {}  # each section's, as secs holds it
+        self.sorted_keys: dict[str, tuple[Mapping[str, Record], list[str]]] = {}  # fenced.port's, by section dict
         self.on_change: Callable[[], None] = lambda: None  # the asyncio view's wake-up
 
     def covers(self, section: str) -> bool:
@@ -157,6 +230,17 @@ class _State:
         self.generation += 1
         self.cond.notify_all()
         self.on_change()
+
+    def _set(self, name: str, key: str, rec: Optional[Record]) -> None:
+        """Set a record (None: delete it, when held), keeping the section's stats."""
+        old = self.secs.get(name, _EMPTY).get(key)
+        if rec is None:
+            if old is None:
+                return
+            del self._section(name)[key]
+        else:
+            self._section(name)[key] = rec
+        self.stats[name] = _restat(self.stats.get(name, _NO_STATS), old, rec)
 
     def _section(self, name: str) -> dict[str, Record]:
         """The section's dict, to be changed: a copy when it was handed out."""
@@ -172,7 +256,11 @@ class _State:
 
     def take(self) -> Taken:
         self.shared.update(self.secs)
-        return Taken(self.revision, dict(self.secs), self.names, self.generation, self.cache)
+        for name, st in self.stats.items():
+            if st.latest < 0:
+                self.stats[name] = _stats_of(self.secs.get(name, _EMPTY))
+        return Taken(self.revision, dict(self.secs), self.names, self.generation, self.cache, self.free, dict(self.stats),
+                     self.sorted_keys)
 
     def load(self, snap: Snapshot, names: frozenset[str], at: int = 0, seq: int = 0) -> None:
         """Take a list: every section of the view (names EVERY; ``seq``: its
@@ -181,17 +269,22 @@ class _State:
         if not names:
             self.listed = max(self.listed, seq)
             self.secs = {n: dict(recs) for n, recs in snap.sections.items() if self.covers(n)}
+            self.stats = {n: _stats_of(recs) for n, recs in self.secs.items()}
+            self.sorted_keys.clear()  # of the sections replaced
             self.shared.clear()
             self.floor.clear()
             self.revision = snap.revision
             self.tombs = {r: v for r, v in self.tombs.items() if _later(v, snap.revision)}
             self.loaded = True
             live = {(n, k) for n, recs in self.secs.items() for k in recs}
-            for r in [r for r in self.cache if r not in live]:
-                del self.cache[r]
+            for r in [r for r in list(self.cache) if r not in live]:  # list(): port threads add to it meanwhile
+                self.cache.pop(r, None)
+            for r in [r for r in list(self.free) if r not in live]:
+                self.free.pop(r, None)
         else:
             for n in names:
                 self.secs[n] = dict(snap.sections.get(n, {}))
+                self.stats[n] = _stats_of(self.secs[n])
                 self.shared.discard(n)
                 self.floor[n] = snap.revision
             if at and _later(at, self.revision):
@@ -241,9 +334,9 @@ class _State:
         cur_rev = cur.revision if cur is not None else self.tombs.get((s, k), 0)
         if rec is None:
             if cur is not None and not _later(cur_rev, at):
-                del self._section(s)[k]
+                self._set(s, k, None)
         elif _later(rec.revision, cur_rev) or (cur is None and rec.revision == cur_rev):
-            self._section(s)[k] = rec
+            self._set(s, k, rec)
             self.tombs.pop((s, k), None)
 
     def _drop_bound(self, claim: str, epoch: int) -> None:
@@ -251,10 +344,8 @@ class _State:
         (docs/design/12-claims.md §12.4), whatever their events say."""
         for s, recs in list(self.secs.items()):
             gone = [k for k, r in recs.items() if r.claim == claim and r.claim_epoch == epoch]
-            if gone:
-                sec = self._section(s)
-                for k in gone:
-                    del sec[k]
+            for k in gone:
+                self._set(s, k, None)
 
     def committed(self, revision: int, writes: Sequence[Write], claim: str, claim_epoch: int) -> None:
         """A batch of this process committed at ``revision``: its puts and
@@ -265,14 +356,14 @@ class _State:
                 rec = Record(revision, w.value, claim if w.bind_to_claim else "", claim_epoch if w.bind_to_claim else 0)
                 cur = self.secs.get(w.section, _EMPTY).get(w.key)
                 if cur is None or not _later(cur.revision, revision):
-                    self._section(w.section)[w.key] = rec
+                    self._set(w.section, w.key, rec)
                     self.tombs.pop((w.section, w.key), None)
                     touched = True
             elif isinstance(w, Delete) and self.covers(w.section):
                 cur = self.secs.get(w.section, _EMPTY).get(w.key)
                 if cur is None or not _later(cur.revision, revision):
                     if cur is not None:
-                        del self._section(w.section)[w.key]
+                        self._set(w.section, w.key, None)
                     self.tombs[(w.section, w.key)] = revision
                     touched = True
         if touched:
@@ -293,7 +384,24 @@ class _State:
         n += size(self.cache)
         for _, _, m in self.cache.values():
             n += size(m) + 64  # the tuple and its key
+        n += size(self.free)
+        for _, v in list(self.free.values()):
+            n += _deep_size(v) + 64
         return n
+
+
+def _deep_size(v: Any) -> int:
+    """sys.getsizeof of a decoded JSON value and everything in it."""
+    n, todo = 0, [v]
+    while todo:
+        o = todo.pop()
+        n += sys.getsizeof(o)
+        if isinstance(o, dict):
+            todo.extend(o.keys())
+            todo.extend(o.values())
+        elif isinstance(o, list):
+            todo.extend(o)
+    return n
 
 
 def _backoff() -> Iterable[float]:

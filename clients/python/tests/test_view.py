@@ -290,6 +290,74 @@ def test_a_value_kept_past_its_change_is_the_caller_s(client: fenced.Client, slu
     assert client.record(slug, "claims", "k").value == '{"items": [1]}'  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("how", ["whole", "part", "by-items"])
+def test_a_value_or_a_part_of_it_kept_past_its_change_is_never_handed_out_again(client: fenced.Client, slug: str, how: str) -> None:
+    """A value a change left as read goes back to the view's pool and the
+    next attempt hands out the same object, unless anything outside the
+    attempt still holds it or a list or dict in it: a value, or a part of
+    one, a change kept (not returned) and the caller mutated later is never
+    what a later write reads, and is no put."""
+    text = '{"items": [1], "m": {"a": 1}}'
+    r0 = client.fenced_batch(slug, [fenced.Put("claims", "k", 0, text)], fence=fenced.UNFENCED).revision
+    p = port.Port(client)
+    kept: list[Any] = []
+
+    def read(doc: port.Document) -> Any:
+        if how == "by-items":
+            return dict(doc["sections"]["claims"].items())["k"]
+        return doc["sections"]["claims"]["k"]
+
+    def keep(doc: port.Document) -> None:
+        v = read(doc)
+        kept.append(v if how != "part" else v["items"])
+
+    def touch(doc: port.Document) -> None:
+        assert read(doc) == {"items": [1], "m": {"a": 1}}
+        doc["sections"]["intents"]["x"] = len(kept)
+
+    p.write(slug, touch)
+    p.write(slug, keep)
+    (kept[0]["m"] if how != "part" else kept[0]).clear()  # the caller's own, after its write
+    p.write(slug, touch)
+    p.write(slug, touch)
+    rec = client.record(slug, "claims", "k")
+    assert rec is not None and (rec.revision, rec.value) == (r0, text)
+    first: list[Any] = []
+    p.write(slug, lambda doc: first.append(id(read(doc))))  # left as read (its id kept, not the value)
+    p.write(slug, lambda doc: first.append(id(read(doc))))
+    assert first[0] == first[1]  # the pool's: no decoding a second time
+    assert id(client.view(slug)._s.free[("claims", "k")][1]) == first[1]  # alive in the pool: the ids are one object's
+
+
+def test_two_attempts_at_once_never_hold_one_value(client: fenced.Client, slug: str) -> None:
+    """A value in the view's pool goes to one attempt at a time: an attempt
+    running while another holds the pooled value (another thread's; here a
+    write nested in a change) decodes its own, so its in-place edit is not
+    seen by the other, whose value stays as read."""
+    client.fenced_batch(slug, [fenced.Put("claims", "k", 0, '{"n": 0}')], fence=fenced.UNFENCED)
+    p = port.Port(client)
+
+    def read(doc: port.Document) -> None:
+        doc["sections"]["claims"]["k"]
+
+    def bump(doc: port.Document) -> None:
+        doc["sections"]["claims"]["k"]["n"] += 1
+
+    seen: list[Any] = []
+
+    def outer(doc: port.Document) -> None:
+        v = doc["sections"]["claims"]["k"]
+        if not seen:
+            p.write(slug, bump)  # while this attempt holds its value
+        seen.append(dict(v))
+        doc["sections"]["intents"]["x"] = len(seen)
+
+    p.write(slug, read)  # the value pooled
+    p.write(slug, outer)
+    assert seen == [{"n": 0}, {"n": 1}]  # as read; then the rerun after the conflict reads the bump
+    assert json.loads(client.record(slug, "claims", "k").value) == {"n": 1}  # type: ignore[union-attr]
+
+
 def test_records_of_a_released_claim_leave_the_view(client: fenced.Client, slug: str) -> None:
     client.fenced_batch(slug, [fenced.Put("claims", "free", 0, "0")], fence=fenced.UNFENCED)
     k = client.keep_claim(slug, "task-1", "worker", ttl_ms=30_000)
@@ -422,3 +490,39 @@ def test_aio_view_lists_again_when_asked_while_it_lists(server: Fenced, client: 
                 await asyncio.sleep(0.01)
 
     asyncio.run(main())
+
+
+def test_a_view_keeps_each_section_s_count_check_as_it_applies_batches() -> None:
+    """The count, revision sum and latest revision a view keeps per section
+    (what a CheckCount of a section read whole needs) are what counting its
+    records again answers, after lists, events, this process's commits, a
+    lapsed claim's records leaving, and deletes of the latest record."""
+    import random as rnd
+
+    from fenced.model import ClaimEvent, count_check
+    from fenced.view import _State, _stats_of, count_check_of
+
+    rng = rnd.Random(7)
+    st = _State("s", ())
+    st.lock.acquire()  # what the view's thread holds while it applies
+    rev = 10**13 + 5
+    st.load(fenced.Snapshot(rev, {"a": {"x": fenced.Record(rev, "1")}, "b": {}}, {}), frozenset())
+    for i in range(400):
+        rev += rng.randint(1, 3)
+        sec, key = rng.choice("abc"), rng.choice("pqrstx")
+        op = rng.random()
+        if op < 0.45:
+            rec = fenced.Record(rev, str(i), "c1" if rng.random() < 0.2 else "", 1)
+            st.apply(fenced.Event(rev, changes=(fenced.Change(sec, key, False, rec),)))
+        elif op < 0.7:
+            st.apply(fenced.Event(rev, changes=(fenced.Change(sec, key, True, None),)))
+        elif op < 0.85:
+            st.committed(rev, [fenced.Put(sec, key, 0, "9")] if rng.random() < 0.6 else [fenced.Delete(sec, key, 0)], "", 0)
+        elif op < 0.9:
+            st.apply(fenced.Event(rev, claim=ClaimEvent("c1", "lapsed", "o", 1, 0)))
+        else:
+            st.load(fenced.Snapshot(rev, {sec: dict(st.secs.get(sec, {}))}, {}), frozenset({sec}), rev)
+        t = st.take()
+        for name, recs in t.secs.items():
+            assert t.stats.get(name, _stats_of({})) == _stats_of(recs)
+            assert count_check_of(name, t.revision, t.stats[name]) == count_check(name, t.revision, recs)
