@@ -37,35 +37,6 @@ func GrantsLive(names []string, grants []rueidis.RedisMessage, nowMs int64) batc
 	return live
 }
 
-// ParseClaimState reads the read scripts' claims element, { now_ms, name,
-// grant or nil, ... } (read_claims.lua claim_state). Errors:
-// ErrMalformedReply.
-func ParseClaimState(m rueidis.RedisMessage) (batch.LiveClaims, error) {
-	arr, err := m.ToArray()
-	if err != nil || len(arr) < 1 || len(arr)%2 != 1 {
-		return nil, fmt.Errorf("%w: claims", ErrMalformedReply)
-	}
-	text, err := arr[0].ToString()
-	if err != nil {
-		return nil, fmt.Errorf("%w: claims: clock", ErrMalformedReply)
-	}
-	now, err := ParseInt(text)
-	if err != nil {
-		return nil, fmt.Errorf("%w: claims: clock", ErrMalformedReply)
-	}
-	names := make([]string, 0, len(arr)/2)
-	grants := make([]rueidis.RedisMessage, 0, len(arr)/2)
-	for j := 1; j < len(arr); j += 2 {
-		name, err := arr[j].ToString()
-		if err != nil {
-			return nil, fmt.Errorf("%w: claims: name", ErrMalformedReply)
-		}
-		names = append(names, name)
-		grants = append(grants, arr[j+1])
-	}
-	return GrantsLive(names, grants, now), nil
-}
-
 // ExecGrants reads the EXEC of { TIME, HMGET claim-grants met... } into
 // the claims live at that clock. Errors: ErrMalformedReply.
 func ExecGrants(met []string, exec []rueidis.RedisMessage) (batch.LiveClaims, error) {

@@ -88,7 +88,7 @@ func (rs *Records) readRecord(ctx context.Context, k engine.Keys, section, key s
 	if r.Claim != "" {
 		var live batch.LiveClaims
 		if claims != nil {
-			if live, err = engine.ParseClaimState(*claims); err != nil {
+			if live, err = parseClaimState(*claims); err != nil {
 				return nil, 0, fmt.Errorf("store: read record: %w", err)
 			}
 		}
@@ -140,7 +140,7 @@ func (rs *Records) readSections(ctx context.Context, k engine.Keys, names []stri
 	}
 	var live batch.LiveClaims
 	if len(arr) == 3+len(names) {
-		if live, err = engine.ParseClaimState(arr[2+len(names)]); err != nil {
+		if live, err = parseClaimState(arr[2+len(names)]); err != nil {
 			return nil, fmt.Errorf("store: read sections: %w", err)
 		}
 		arr = arr[:2+len(names)]
@@ -608,7 +608,7 @@ func (rs *Records) scanSection(ctx context.Context, k engine.Keys, section, curs
 	lengths := false
 	var live batch.LiveClaims // the claims of the bound records read (§12.4)
 	if len(arr) == 5 && arr[4].IsArray() {
-		if live, err = engine.ParseClaimState(arr[4]); err != nil {
+		if live, err = parseClaimState(arr[4]); err != nil {
 			return nil, fmt.Errorf("store: scan section: %w", err)
 		}
 		arr = arr[:4]
@@ -677,7 +677,7 @@ func (rs *Records) scanSection(ctx context.Context, k engine.Keys, section, curs
 			return nil, fmt.Errorf("store: scan section: %w", rs.e.Classify(ctx, err))
 		}
 		if len(got) == 5 {
-			if live, err = engine.ParseClaimState(got[4]); err != nil {
+			if live, err = parseClaimState(got[4]); err != nil {
 				return nil, fmt.Errorf("store: scan section: %w", err)
 			}
 			got = got[:4]

@@ -7,6 +7,7 @@ import (
 	"github.com/agentihooks/fenced/internal/batch"
 	"github.com/agentihooks/fenced/internal/protocol"
 	"github.com/agentihooks/fenced/internal/store/engine"
+	"github.com/redis/rueidis"
 )
 
 // commitResult decodes commit.lua's reply (non-empty: execCommitting
@@ -142,4 +143,33 @@ func countConflict(w *batch.Write, head string, rest []string) (*engine.CountCon
 		cc.Later = append(cc.Later, lr)
 	}
 	return cc, k, nil
+}
+
+// parseClaimState reads the read scripts' claims element, { now_ms, name,
+// grant or nil, ... } (read_claims.lua claim_state). Errors:
+// engine.ErrMalformedReply.
+func parseClaimState(m rueidis.RedisMessage) (batch.LiveClaims, error) {
+	arr, err := m.ToArray()
+	if err != nil || len(arr) < 1 || len(arr)%2 != 1 {
+		return nil, fmt.Errorf("%w: claims", engine.ErrMalformedReply)
+	}
+	text, err := arr[0].ToString()
+	if err != nil {
+		return nil, fmt.Errorf("%w: claims: clock", engine.ErrMalformedReply)
+	}
+	now, err := engine.ParseInt(text)
+	if err != nil {
+		return nil, fmt.Errorf("%w: claims: clock", engine.ErrMalformedReply)
+	}
+	names := make([]string, 0, len(arr)/2)
+	grants := make([]rueidis.RedisMessage, 0, len(arr)/2)
+	for j := 1; j < len(arr); j += 2 {
+		name, err := arr[j].ToString()
+		if err != nil {
+			return nil, fmt.Errorf("%w: claims: name", engine.ErrMalformedReply)
+		}
+		names = append(names, name)
+		grants = append(grants, arr[j+1])
+	}
+	return engine.GrantsLive(names, grants, now), nil
 }
