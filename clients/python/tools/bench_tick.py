@@ -251,6 +251,59 @@ def inhouse_changes(journal: str, read_sections: list[str], n: list[int]):
     return {"W1": w1, "W2": w2, "W3": w3}
 
 
+def contended(p: port.Port, r, sha: str, fence, secs: list[str], cycles: int) -> None:
+    """W1 whose put bumps the execution it picked, from the port (its view)
+    and from the in-house port on one swarm at once, ``cycles`` each in two
+    threads: how often each side ends KeptChanging (16 attempts), and its
+    reruns. Counts only; nothing asserted."""
+    import threading
+
+    slug = "tick-views"
+    counts = {"port": [0, 0], "inhouse": [0, 0]}  # kept changing, attempts
+
+    def pick(items):
+        best, bg = None, -1
+        for k, v in items:
+            g = v.get("generation", 0) if isinstance(v, dict) else 0
+            if g > bg:
+                best, bg = k, g
+        return best
+
+    def port_side() -> None:
+        def change(doc):
+            counts["port"][1] += 1
+            ex = doc["sections"]["executions"]
+            best = pick(ex.items())
+            v = ex[best]
+            v["bench_bump"] = v.get("bench_bump", 0) + 1
+        for _ in range(cycles):
+            try:
+                p.write(slug, change, fence)
+            except port.KeptChanging:
+                counts["port"][0] += 1
+
+    def inhouse_side() -> None:
+        def change(view):
+            counts["inhouse"][1] += 1
+            best = pick(view.items("executions"))
+            v = view.get("executions", best)
+            v["bench_bump"] = v.get("bench_bump", 0) + 1
+            view.put("executions", best, v)
+        for _ in range(cycles):
+            try:
+                inhouse_write(r, sha, slug, secs, change, fence)
+            except RuntimeError:
+                counts["inhouse"][0] += 1
+
+    threads = [threading.Thread(target=port_side), threading.Thread(target=inhouse_side)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for side, (kept, attempts) in counts.items():
+        print(f"under a live writer on one swarm: {side:8s} KeptChanging {kept} of {cycles}, reruns {attempts - cycles}")
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     try:
@@ -331,6 +384,8 @@ def main() -> None:
                 ratio = f"{base / med:16.2f}" if base else f"{'-':>16s}"
                 print(f"{wl:8s} {side:12s} {med:10.1f} {min(took[side]):9.1f} {cpu[side] / rounds:7.1f} {ratio}")
         print(f"view of tick-views: {client.view('tick-views').memory_bytes() / 2**20:.1f} MB held; load average {os.getloadavg()}")
+        if redis_py:
+            contended(ports["views"], r, sha, fences["views"], read_sections + ["meta"], rounds * 10)
         client.close()
     finally:
         server.terminate()
