@@ -28,6 +28,67 @@ type snapshotStep struct {
 	keys    []string // 'm': the fields
 }
 
+// stepPlan plans a snapshot's steps over sections of hlen records
+// (sizes: each one's MEMORY USAGE and records when it was measured,
+// scaled to its records now; unknown: recordEnvelope bytes a record), at
+// most records records and bytes bytes a step.
+type stepPlan struct {
+	hlen           []int64
+	sizes          []sectionSize
+	records, bytes int64
+}
+
+func (sp stepPlan) bytesOf(i int) int64 {
+	if sp.sizes[i].records <= 0 || sp.sizes[i].bytes <= 0 {
+		return sp.hlen[i] * recordEnvelope
+	}
+	return sp.sizes[i].bytes * sp.hlen[i] / sp.sizes[i].records
+}
+
+// steps: a section over a step alone is read by its keys ('k', then
+// keySteps), smaller ones whole ('a') together up to a step. Empty
+// sections have no step.
+func (sp stepPlan) steps() []snapshotStep {
+	var plan []snapshotStep
+	var group snapshotStep
+	var groupRecords, groupBytes int64
+	for i := range sp.hlen {
+		n, b := sp.hlen[i], sp.bytesOf(i)
+		if n == 0 {
+			continue
+		}
+		if n > sp.records || b > sp.bytes {
+			plan = append(plan, snapshotStep{kind: 'k', section: []int{i}})
+			continue
+		}
+		if len(group.section) > 0 && (groupRecords+n > sp.records || groupBytes+b > sp.bytes) {
+			plan = append(plan, group)
+			group, groupRecords, groupBytes = snapshotStep{}, 0, 0
+		}
+		group.kind = 'a'
+		group.section = append(group.section, i)
+		groupRecords, groupBytes = groupRecords+n, groupBytes+b
+	}
+	if len(group.section) > 0 {
+		plan = append(plan, group)
+	}
+	return plan
+}
+
+// keySteps are the HMGET steps ('m') of section i's keys, each within a
+// step's records and bytes.
+func (sp stepPlan) keySteps(i int, keys []string) []snapshotStep {
+	per := sp.records
+	if b := sp.bytesOf(i); b > 0 && sp.hlen[i] > 0 {
+		per = min(per, max(1, sp.bytes*sp.hlen[i]/b))
+	}
+	var more []snapshotStep
+	for from := 0; from < len(keys); from += int(per) {
+		more = append(more, snapshotStep{kind: 'm', section: []int{i}, keys: keys[from:min(from+int(per), len(keys))]})
+	}
+	return more
+}
+
 // readSectionsChunked reads a snapshot in steps on one dedicated
 // connection, each step one round trip of at most the step size
 // (Options.SnapshotStepRecords, SnapshotStepBytes), so that Redis serves other clients between them:
@@ -130,38 +191,9 @@ func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names
 	}
 	hook(1)
 
-	// The steps: a section's bytes are its MEMORY USAGE before step 0,
-	// scaled to its records now.
-	bytesOf := func(i int) int64 {
-		if sizes[i].records <= 0 {
-			return hlen[i] * recordEnvelope
-		}
-		return sizes[i].bytes * hlen[i] / sizes[i].records
-	}
-	stepRecords, stepBytes := int64(rs.opts.SnapshotStepRecords), int64(rs.opts.SnapshotStepBytes)
-	var plan []snapshotStep
-	var group snapshotStep
-	var groupRecords, groupBytes int64
-	for i := range names {
-		n, b := hlen[i], bytesOf(i)
-		if n == 0 {
-			continue
-		}
-		if n > stepRecords || b > stepBytes {
-			plan = append(plan, snapshotStep{kind: 'k', section: []int{i}})
-			continue
-		}
-		if len(group.section) > 0 && (groupRecords+n > stepRecords || groupBytes+b > stepBytes) {
-			plan = append(plan, group)
-			group, groupRecords, groupBytes = snapshotStep{}, 0, 0
-		}
-		group.kind = 'a'
-		group.section = append(group.section, i)
-		groupRecords, groupBytes = groupRecords+n, groupBytes+b
-	}
-	if len(group.section) > 0 {
-		plan = append(plan, group)
-	}
+	// The steps.
+	sp := stepPlan{hlen: hlen, sizes: sizes, records: int64(rs.opts.SnapshotStepRecords), bytes: int64(rs.opts.SnapshotStepBytes)}
+	plan := sp.steps()
 
 	fieldMaps := make([]map[string]rueidis.RedisMessage, len(names))
 	for i := range fieldMaps {
@@ -222,15 +254,7 @@ func (rs *Records) readSectionsChunked(ctx context.Context, k engine.Keys, names
 				if err != nil {
 					return nil, true, fmt.Errorf("store: read sections: %w: section %s: %v", engine.ErrMalformedReply, names[p.section[0]], err)
 				}
-				i := p.section[0]
-				per := stepRecords
-				if b := bytesOf(i); b > 0 && hlen[i] > 0 {
-					per = min(per, max(1, stepBytes*hlen[i]/b))
-				}
-				var more []snapshotStep
-				for from := 0; from < len(keys); from += int(per) {
-					more = append(more, snapshotStep{kind: 'm', section: []int{i}, keys: keys[from:min(from+int(per), len(keys))]})
-				}
+				more := sp.keySteps(p.section[0], keys)
 				plan = append(plan[:step+1], append(more, plan[step+1:]...)...)
 			case 'm':
 				vals, err := r.ToArray()

@@ -311,37 +311,9 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 		return sink.Records(section, recs)
 	}
 
-	// The steps, planned as readSectionsChunked plans them.
-	bytesOf := func(i int) int64 {
-		if sizes[i].records <= 0 || sizes[i].bytes <= 0 {
-			return hlen[i] * recordEnvelope
-		}
-		return sizes[i].bytes * hlen[i] / sizes[i].records
-	}
-	stepRecords, stepBytes := int64(rs.opts.SnapshotStepRecords), int64(rs.opts.SnapshotStepBytes)
-	var plan []snapshotStep
-	var group snapshotStep
-	var groupRecords, groupBytes int64
-	for i := range names {
-		n, b := hlen[i], bytesOf(i)
-		if n == 0 {
-			continue
-		}
-		if n > stepRecords || b > stepBytes {
-			plan = append(plan, snapshotStep{kind: 'k', section: []int{i}})
-			continue
-		}
-		if len(group.section) > 0 && (groupRecords+n > stepRecords || groupBytes+b > stepBytes) {
-			plan = append(plan, group)
-			group, groupRecords, groupBytes = snapshotStep{}, 0, 0
-		}
-		group.kind = 'a'
-		group.section = append(group.section, i)
-		groupRecords, groupBytes = groupRecords+n, groupBytes+b
-	}
-	if len(group.section) > 0 {
-		plan = append(plan, group)
-	}
+	// The steps.
+	sp := stepPlan{hlen: hlen, sizes: sizes, records: int64(rs.opts.SnapshotStepRecords), bytes: int64(rs.opts.SnapshotStepBytes)}
+	plan := sp.steps()
 	for step := 0; step < len(plan); step++ {
 		p := plan[step]
 		// A new slice per round trip: one passed to DoMulti is never
@@ -384,15 +356,7 @@ func (rs *Records) streamAttempt(ctx context.Context, k engine.Keys, names []str
 				if err != nil {
 					return false, fmt.Errorf("store: stream sections: %w: section %s: %v", engine.ErrMalformedReply, names[p.section[0]], err)
 				}
-				i := p.section[0]
-				per := stepRecords
-				if b := bytesOf(i); b > 0 && hlen[i] > 0 {
-					per = min(per, max(1, stepBytes*hlen[i]/b))
-				}
-				var more []snapshotStep
-				for from := 0; from < len(keys); from += int(per) {
-					more = append(more, snapshotStep{kind: 'm', section: []int{i}, keys: keys[from:min(from+int(per), len(keys))]})
-				}
+				more := sp.keySteps(p.section[0], keys)
 				plan = append(plan[:step+1], append(more, plan[step+1:]...)...)
 			case 'm':
 				i := p.section[0]
