@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentihooks/fenced/internal/server/fair"
@@ -41,7 +42,10 @@ const (
 
 type fairMetrics struct {
 	calls, seconds *prometheus.CounterVec
-	seats, waiting prometheus.Gauge
+	seats, waiting prometheus.GaugeFunc
+	// load answers the scheduler's seats taken and calls waiting (handed
+	// by QueueLoad; nil: none yet, both read 0), read at each scrape.
+	load atomic.Pointer[func() (seats, waiting int)]
 
 	// flows maps a flow to its series (at most MaxFlowLabels: labels
 	// counts them, under mu, which guards adding one and other).
@@ -58,7 +62,21 @@ type flowSeries struct {
 }
 
 func newFairMetrics() *fairMetrics {
-	return &fairMetrics{
+	f := &fairMetrics{}
+	read := func(seats bool) func() float64 {
+		return func() float64 {
+			load := f.load.Load()
+			if load == nil {
+				return 0
+			}
+			s, w := (*load)()
+			if seats {
+				return float64(s)
+			}
+			return float64(w)
+		}
+	}
+	*f = fairMetrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenced_fair_calls_total",
 			Help: "Calls through the fair queue in front of Redis, by flow (the caller: token:<name> or address:<IP>, --flows-by; past 64 flows, \"other\") and outcome: went (at once), waited (after waiting their turn), queue_full and deadline (refused RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED, nothing written).",
@@ -67,15 +85,16 @@ func newFairMetrics() *fairMetrics {
 			Name: "fenced_fair_seconds_total",
 			Help: "Seconds of the fair queue's calls by flow and kind: queue_wait (waiting their turn), redis (Redis round trips of their scripts, as the store measured them), charged (seat-seconds charged to the flow: its share is counted in them).",
 		}, []string{"flow", "kind"}),
-		seats: prometheus.NewGauge(prometheus.GaugeOpts{
+		seats: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fenced_fair_seats_in_use",
 			Help: "Seats taken by calls in flight to Redis now (at most --max-redis-calls-in-flight).",
-		}),
-		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, read(true)),
+		waiting: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fenced_fair_calls_waiting",
 			Help: "Calls waiting their turn in the fair queue now.",
-		}),
+		}, read(false)),
 	}
+	return f
 }
 
 // series is flow's counters (OtherFlow's past MaxFlowLabels flows).
@@ -137,8 +156,8 @@ func (m *Metrics) QueueFinished(flow string, redis, charged time.Duration) {
 	s.charged.Add(charged.Seconds())
 }
 
-// QueueLoad implements fair.Observer.
-func (m *Metrics) QueueLoad(seats, waiting int) {
-	m.fair.seats.Set(float64(seats))
-	m.fair.waiting.Set(float64(waiting))
+// QueueLoad implements fair.Observer: the gauges read load at each scrape
+// (the fair queue's lock is taken then, not on every call).
+func (m *Metrics) QueueLoad(load func() (seats, waiting int)) {
+	m.fair.load.Store(&load)
 }

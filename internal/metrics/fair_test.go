@@ -55,7 +55,7 @@ func TestFairQueueFamily(t *testing.T) {
 	m.QueueRefused("token:flood", fair.ReasonQueueFull)
 	m.QueueRefused("token:flood", fair.ReasonDeadline)
 	m.QueueFinished("token:tick", 2*time.Millisecond, 5*time.Millisecond)
-	m.QueueLoad(7, 3)
+	m.QueueLoad(func() (int, int) { return 7, 3 })
 	got := series(t, m, "fenced_fair_calls_total", "fenced_fair_seconds_total", "fenced_fair_seats_in_use", "fenced_fair_calls_waiting")
 	want := map[string]float64{
 		"fenced_fair_calls_total{flow=token:tick,outcome=went}":        1,

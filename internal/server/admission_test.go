@@ -53,6 +53,10 @@ func (c *heldCore) CommitDurable(ctx context.Context, b *batch.Batch, d batch.Du
 // queueWatch is a bounds.Observer and fair.Observer that keeps what the fair
 // queue says: calls waiting, refusals and admissions by flow.
 type queueWatch struct {
+	// load is the scheduler's Load (QueueLoad); await reads it into
+	// waiting, outside mu (the scheduler tells the other methods with its
+	// lock held).
+	load     atomic.Pointer[func() (seats, waiting int)]
 	mu       sync.Mutex
 	waiting  int
 	refused  []string // flow:reason
@@ -87,12 +91,7 @@ func (q *queueWatch) QueueFinished(flow string, redis, _ time.Duration) {
 	q.mu.Unlock()
 	q.poke()
 }
-func (q *queueWatch) QueueLoad(_, waiting int) {
-	q.mu.Lock()
-	q.waiting = waiting
-	q.mu.Unlock()
-	q.poke()
-}
+func (q *queueWatch) QueueLoad(load func() (seats, waiting int)) { q.load.Store(&load) }
 
 func (q *queueWatch) poke() {
 	select {
@@ -107,7 +106,12 @@ func (q *queueWatch) await(t *testing.T, what string, cond func(q *queueWatch) b
 	t.Helper()
 	deadline := time.After(waitLimit)
 	for {
+		waiting := 0
+		if load := q.load.Load(); load != nil {
+			_, waiting = (*load)()
+		}
 		q.mu.Lock()
+		q.waiting = waiting
 		ok := cond(q)
 		q.mu.Unlock()
 		if ok {

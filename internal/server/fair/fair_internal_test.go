@@ -19,6 +19,7 @@ type record struct {
 	admitted []string
 	refused  []string
 	charged  map[string]time.Duration
+	load     func() (seats, waiting int) // New hands it (QueueLoad)
 }
 
 func (r *record) QueueAdmitted(flow string, _ time.Duration) {
@@ -39,7 +40,7 @@ func (r *record) QueueFinished(flow string, _, charged time.Duration) {
 	}
 	r.charged[flow] += charged
 }
-func (r *record) QueueLoad(int, int) {}
+func (r *record) QueueLoad(load func() (int, int)) { r.load = load }
 
 func (r *record) order() []string {
 	r.mu.Lock()
@@ -196,11 +197,18 @@ func TestSeatsBoundWhatIsInFlight(t *testing.T) {
 	a2 := got(t, start(t, s, context.Background(), "b", narrow(time.Millisecond)))
 	third := start(t, s, context.Background(), "a", narrow(time.Millisecond))
 	stillWaiting(t, "a third one-seat call with both seats taken by two callers", third)
+	// What the seats and waiting gauges read (QueueLoad's load).
+	if seats, waiting := r.load(); seats != 2 || waiting != 1 {
+		t.Errorf("load with both seats taken and one waiting: %d seats, %d waiting", seats, waiting)
+	}
 	finish(a1, time.Millisecond)
 	finish(got(t, third), time.Millisecond)
 	finish(a2, time.Millisecond)
 	if n := len(r.order()); n != 3 {
 		t.Errorf("admitted %d calls, want 3", n)
+	}
+	if seats, waiting := r.load(); seats != 0 || waiting != 0 {
+		t.Errorf("load once every call ended: %d seats, %d waiting", seats, waiting)
 	}
 }
 

@@ -126,7 +126,7 @@ local n = 0
 do
   local a, last, b = first_write, #ARGV, 0
   while a <= last do
-    local kind, ki, expected, key = string.match(ARGV[a], WRITE_PATTERN)
+    local kind, ki, expected, key = match(ARGV[a], WRITE_PATTERN)
     n = n + 1
     if kind == PUT_BOUND then
       kind = PUT
@@ -269,36 +269,39 @@ end
 local stored_err = nil -- write index -> the read's error (a table made on the first)
 local by_key = {} -- KEYS index -> the indices of its puts, deletes and checks, in order
 do
+  local keys_of = {} -- KEYS index -> the records' keys of by_key's writes, in the same order
   for i = 1, n do
     local b = (i - 1) * STRIDE
     local kind = W[b + KIND]
     if kind == PUT or kind == DELETE or kind == CHECK then
-      local list = by_key[W[b + KI]]
+      local ki = W[b + KI]
+      local list = by_key[ki]
       if list then
-        list[#list + 1] = i
+        local at = #list + 1
+        list[at] = i
+        keys_of[ki][at] = W[b + KEY]
       else
-        by_key[W[b + KI]] = { i }
+        by_key[ki] = { i }
+        keys_of[ki] = { W[b + KEY] }
       end
     end
   end
   for ki, list in pairs(by_key) do
-    local j, len = 1, #list
+    local j, len, fields = 1, #list, keys_of[ki]
     while j <= len do
-      local first, fields, f = j, len - j > 1 and sized(math.min(len - j + 1, CHECK_CHUNK)) or {}, 0
-      while j <= len and f < CHECK_CHUNK do
-        f = f + 1
-        fields[f] = W[(list[j] - 1) * STRIDE + KEY]
-        j = j + 1
+      local last = j + CHECK_CHUNK - 1
+      if last > len then
+        last = len
       end
-      local got = redis.pcall('HMGET', KEYS[ki], unpack(fields))
+      local got = redis.pcall('HMGET', KEYS[ki], unpack(fields, j, last))
       if got.err then
         stored_err = stored_err or {}
-        for m = 1, f do
-          stored_err[list[first + m - 1]] = got
+        for m = j, last do
+          stored_err[list[m]] = got
         end
       else
-        for m = 1, f do
-          local raw, i = got[m], list[first + m - 1]
+        for m = j, last do
+          local raw, i = got[m - j + 1], list[m]
           local b = (i - 1) * STRIDE
           W[b + RAW] = raw
           if raw then
@@ -311,6 +314,7 @@ do
           end
         end
       end
+      j = last + 1
     end
   end
 end
@@ -326,88 +330,6 @@ end
 -- REV_MAX, counts as written after R. counts[i] = { found, sum, R's
 -- digits, the length table } of count check i.
 local counts, count_bound = nil, nil -- count_bound: index past n -> { i, counted }
-local REV_LEN, SUM_MOD = #REV_MAX_TEXT, ISSUE_MAX + 1
--- The era of a revision of l digits, ranked in issue order (§5.4): era 0
--- (at most 13 digits) before era 1 (15-16) before era 2 (14).
-local function era_rank(l)
-  if l <= 13 then
-    return 0
-  elseif l == 14 then
-    return 2
-  end
-  return 1
-end
--- later_by_length answers, for R's digits rd, a table by length l of a
--- canonical revision: 1 when every revision of l digits is later than R,
--- 0 when none is, 2 when it must be compared (l = #rd: as text).
-local function later_by_length(rd)
-  local t, rl = {}, #rd
-  local er = era_rank(rl)
-  for l = 1, REV_LEN do
-    local e = era_rank(l)
-    if l == rl then
-      t[l] = 2
-    elseif e ~= er then
-      t[l] = e > er and 1 or 0
-    else
-      t[l] = l > rl and 1 or 0
-    end
-  end
-  return t
-end
--- at_or_before: revision digits d (canonical) are at or before R, for
--- count check c; false for digits past REV_MAX.
-local function at_or_before(c, d)
-  local l = #d
-  local t = c.by_length[l]
-  if t == nil or (l == REV_LEN and d > REV_MAX_TEXT) then
-    return false
-  end
-  if t == 2 then
-    return d <= c.rd
-  end
-  return t == 0
-end
--- tally adds revision digits d to count check c's count and sum.
-local function tally(c, d)
-  c.found = c.found + 1
-  local s = c.sum + (#d <= 14 and tonumber(d) or tonumber(sub(d, -14)))
-  if s >= SUM_MOD then
-    s = s - SUM_MOD
-  end
-  c.sum = s
-end
--- count_conflict appends count check c's conflict (write index i0, from 0)
--- to reply t: i0, then '<found>:<sum>:<swarm revision>:<k>', then k pairs
--- of a field of the section stored after R (or not a record: '') and its
--- revision's digits, at most COUNT_DETAILS, read again by HGETALL (a
--- conflict's path only).
-local COUNT_DETAILS = 64
-local function count_conflict(t, i0, c, key)
-  local all = redis.call('HGETALL', key)
-  local later = {}
-  for m = 1, #all, 2 do
-    if #later >= 2 * COUNT_DETAILS then
-      break
-    end
-    local r = checked_revision(all[m + 1])
-    if r == nil then
-      later[#later + 1] = all[m]
-      later[#later + 1] = ''
-    else
-      local d = int(r)
-      if not at_or_before(c, d) then
-        later[#later + 1] = all[m]
-        later[#later + 1] = d
-      end
-    end
-  end
-  t[#t + 1] = int(i0)
-  t[#t + 1] = int(c.found) .. ':' .. int(c.sum) .. ':' .. int(swarm_revision) .. ':' .. int(#later / 2)
-  for m = 1, #later do
-    t[#t + 1] = later[m]
-  end
-end
 if n > 0 then
   local extra = n
   for i = 1, n do
@@ -544,7 +466,7 @@ for i = 1, n do
     local c = counts[i]
     if c.found ~= c.want or c.sum ~= c.wsum or rev_later(expected, swarm_revision) then
       conflicts = conflicts or { P.REPLY_CONFLICT }
-      count_conflict(conflicts, i - 1, c, KEYS[W[b + KI]])
+      count_conflict(conflicts, i - 1, c, KEYS[W[b + KI]], swarm_revision)
     end
     expected = -1 -- compared above
   elseif kind == CHECK_RECORDS then
@@ -683,7 +605,11 @@ local bound_head = claim_name and ('{"r":' .. rev .. ',"claim":"' .. claim_name 
 
 local records = 0
 local changed = {} -- names of the sections the batch puts or deletes in
-local log_changes, c = sized(n), 0 -- the log entry's changes (as log_change makes them), and their count
+-- The log entry's changes: each write's as log_change makes it, in six
+-- pieces (op, section, ':', key length, ':', key) that start_commit joins
+-- once (one string made for the entry, not one more per write); c the
+-- pieces so far.
+local log_changes, c = sized(6 * n), 0
 local exec_writes = EXEC and {} -- executions writes, for byname.commit; nil without by-name
 for b = 0, (n - 1) * STRIDE, STRIDE do
   local kind = W[b + KIND]
@@ -692,8 +618,9 @@ for b = 0, (n - 1) * STRIDE, STRIDE do
     local section = sub(KEYS[ki], #base + 1)
     changed[section] = true
     records = records + 1
-    c = c + 1
-    log_changes[c] = kind .. section .. ':' .. len_text(#key) .. ':' .. key
+    log_changes[c + 1], log_changes[c + 2], log_changes[c + 3] = kind, section, ':'
+    log_changes[c + 4], log_changes[c + 5], log_changes[c + 6] = len_text(#key), ':', key
+    c = c + 6
     if ki == EXEC then
       exec_writes[#exec_writes + 1] = { id = key, old = W[b + RAW] or false, new = W[b + VALUE] }
     end

@@ -5,12 +5,12 @@
 -- (json_decode, cjson's, NaN and Infinity included), and writing strings
 -- and integers (json_string, int).
 --
--- Owns: find, gsub, sub (string's, as locals), json_exact, json_valid,
+-- Owns: find, gsub, sub, match, byte (string's, as locals), json_exact, json_valid,
 -- cut_strings, json_valid_cut, json_valid_judged, string_end, value_end, json_decode,
 -- json_string, int.
 -- Needs: nothing of the other files (Redis's cjson for json_valid).
 
-local find, gsub, sub = string.find, string.gsub, string.sub
+local find, gsub, sub, match, byte = string.find, string.gsub, string.sub, string.match, string.byte
 
 -- json_exact reports whether s is one text of fenced's value grammar (RFC
 -- 8259 JSON in valid UTF-8, where a value may also be NaN, Infinity or

@@ -7,9 +7,10 @@
 -- rev_era, rev_later, rev_latest, digits_in_range,
 -- canonical_digits, canonical_in_range, digits_canonical_in_range,
 -- in_range, parse_record, record_revision, fenced_head, checked_revision,
--- record_value, record_claim.
+-- record_value, record_claim, and the count check's era_rank,
+-- later_by_length, at_or_before, tally and count_conflict.
 -- Needs: lib_json.lua (json_valid, json_valid_cut, json_valid_judged, cut_strings,
--- string_end, value_end, json_decode; find, sub),
+-- string_end, value_end, json_decode, int; find, sub, match, byte),
 -- lib_memo.lua (memo: record_revision answers a field this library wrote
 -- without judging it again).
 
@@ -71,8 +72,10 @@ end
 
 -- digits_in_range: d (canonical decimal digits) is at most REV_MAX,
 -- compared as text so that no digit is lost.
+local REV_MAX_LEN = #REV_MAX_TEXT
 local function digits_in_range(d)
-  return #d < #REV_MAX_TEXT or (#d == #REV_MAX_TEXT and d <= REV_MAX_TEXT)
+  local l = #d
+  return l < REV_MAX_LEN or (l == REV_MAX_LEN and d <= REV_MAX_TEXT)
 end
 
 -- canonical_digits: s is a JSON integer >= 0 (no sign, no leading zero).
@@ -88,7 +91,7 @@ end
 -- digits_canonical_in_range is canonical_in_range for a string already
 -- known to be one or more decimal digits (a %d+ capture): no pattern scan.
 local function digits_canonical_in_range(d)
-  return (d == '0' or string.byte(d) ~= 48) and digits_in_range(d)
+  return (d == '0' or byte(d) ~= 48) and digits_in_range(d)
 end
 
 -- in_range: n is an integer in 0..REV_MAX (a decoded JSON number).
@@ -226,8 +229,8 @@ end
 -- read by the record grammar (record_revision, record_claim). The digits
 -- are not checked against REV_MAX (digits_in_range).
 local function fenced_head(raw)
-  local digits = string.match(raw, '^{"r":(%d+),"v":')
-  if digits and (digits == '0' or string.byte(digits) ~= 48) and string.byte(raw, -1) == 125 then
+  local digits = match(raw, '^{"r":(%d+),"v":')
+  if digits and (digits == '0' or byte(digits) ~= 48) and byte(raw, -1) == 125 then
     return digits
   end
   return nil
@@ -297,4 +300,92 @@ local function record_claim(raw)
     return name, epoch, digits
   end
   return nil
+end
+
+-- The count check's reading of revisions (P.KIND_CHECK_COUNT,
+-- docs/design/03-fenced-batch.md §3.4; commit.lua counts): a count check c
+-- is { found, sum, rd (R's digits), by_length (later_by_length(rd)), want,
+-- wsum }. Defined here, once per library, not in the commit's body, where
+-- each call made them again.
+local REV_LEN, SUM_MOD = #REV_MAX_TEXT, ISSUE_MAX + 1
+-- The era of a revision of l digits, ranked in issue order (§5.4): era 0
+-- (at most 13 digits) before era 1 (15-16) before era 2 (14).
+local function era_rank(l)
+  if l <= 13 then
+    return 0
+  elseif l == 14 then
+    return 2
+  end
+  return 1
+end
+-- later_by_length answers, for R's digits rd, a table by length l of a
+-- canonical revision: 1 when every revision of l digits is later than R,
+-- 0 when none is, 2 when it must be compared (l = #rd: as text).
+local function later_by_length(rd)
+  local t, rl = {}, #rd
+  local er = era_rank(rl)
+  for l = 1, REV_LEN do
+    local e = era_rank(l)
+    if l == rl then
+      t[l] = 2
+    elseif e ~= er then
+      t[l] = e > er and 1 or 0
+    else
+      t[l] = l > rl and 1 or 0
+    end
+  end
+  return t
+end
+-- at_or_before: revision digits d (canonical) are at or before R, for
+-- count check c; false for digits past REV_MAX.
+local function at_or_before(c, d)
+  local l = #d
+  local t = c.by_length[l]
+  if t == nil or (l == REV_LEN and d > REV_MAX_TEXT) then
+    return false
+  end
+  if t == 2 then
+    return d <= c.rd
+  end
+  return t == 0
+end
+-- tally adds revision digits d to count check c's count and sum.
+local function tally(c, d)
+  c.found = c.found + 1
+  local s = c.sum + (#d <= 14 and tonumber(d) or tonumber(sub(d, -14)))
+  if s >= SUM_MOD then
+    s = s - SUM_MOD
+  end
+  c.sum = s
+end
+-- count_conflict appends count check c's conflict (write index i0, from 0)
+-- to reply t: i0, then '<found>:<sum>:<swarm revision>:<k>', then k pairs
+-- of a field of the section stored after R (or not a record: '') and its
+-- revision's digits, at most COUNT_DETAILS, read again by HGETALL (a
+-- conflict's path only); swarm_revision is the commit's (its latest floor).
+local COUNT_DETAILS = 64
+local function count_conflict(t, i0, c, key, swarm_revision)
+  local all = redis.call('HGETALL', key)
+  local later = {}
+  for m = 1, #all, 2 do
+    if #later >= 2 * COUNT_DETAILS then
+      break
+    end
+    local r = checked_revision(all[m + 1])
+    if r == nil then
+      later[#later + 1] = all[m]
+      later[#later + 1] = ''
+    else
+      local d = int(r)
+      if not at_or_before(c, d) then
+        later[#later + 1] = all[m]
+        later[#later + 1] = d
+      end
+    end
+  end
+  t[#t + 1] = int(i0)
+  t[#t + 1] = int(c.found) .. ':' .. int(c.sum) .. ':' .. int(swarm_revision) .. ':' .. int(#later / 2)
+  for m = 1, #later do
+    t[#t + 1] = later[m]
+  end
 end
