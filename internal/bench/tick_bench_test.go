@@ -41,7 +41,7 @@ import (
 //   - inhouse: the in-house port's path (what bench-tick's inhouse side
 //     does, on rueidis): one pipeline of HGETALLs of every section but
 //     archive and meta, every record decoded, the change, one EVALSHA of
-//     the in-house-style batch script (tickInHouseLua) with a check of
+//     the in-house batch script (inhouseScript) with a check of
 //     every record of a section read whole; fencing.write's retry loop.
 
 // tickSections are the fixture's sections but archive, as bench-tick's
@@ -54,64 +54,6 @@ func tickSections(b *testing.B, c *client.Client, slug string) []string {
 	}
 	return slices.Sorted(maps.Keys(snap.Sections))
 }
-
-// tickInHouseLua is the in-house batch script of bench-tick (INHOUSE_LUA,
-// "raw" mode): lease check, each write's revision compared by HGET, INCR,
-// HSET {"r":rev,"v":value}, a stamp on the bucket, XADD MAXLEN = 1000
-// with revision, owner and records (no keys).
-//
-// KEYS: 1 meta, 2 revision, 3 log, 4 bucket, 5.. one section hash per
-// write; ARGV: 1 slug, 2 owner, 3 epoch, then per write: kind, key,
-// expected (-1: blind), value.
-const tickInHouseLua = `
-local function rev_of(field)
-  if not field then return 0 end
-  local r = string.match(field, '^{"r":(%d+),')
-  if r then return tonumber(r) end
-  local ok, d = pcall(cjson.decode, field)
-  if ok and type(d) == 'table' and d.r then return tonumber(d.r) end
-  return 0
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[3] ~= '' then
-  local raw = redis.call('HGET', KEYS[1], 'lease')
-  if not raw then return redis.error_reply('FENCE_STALE the controller lease is stale') end
-  local ok, rec = pcall(cjson.decode, raw)
-  local l = ok and type(rec) == 'table' and rec.v or nil
-  if type(l) ~= 'table' or tostring(l.owner) ~= ARGV[2] or tonumber(l.epoch) ~= tonumber(ARGV[3])
-     or tonumber(l.expires_at) <= now then
-    return redis.error_reply('FENCE_STALE the controller lease is stale')
-  end
-end
-local n = (#ARGV - 3) / 4
-local conflicts = {}
-local changes = 0
-for i = 1, n do
-  local b = 3 + (i - 1) * 4
-  local kind, key, exp = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
-  if exp ~= -1 then
-    local cur = rev_of(redis.call('HGET', KEYS[4 + i], key))
-    if cur ~= exp then conflicts[#conflicts + 1] = KEYS[4 + i] .. '/' .. key end
-  end
-  if kind ~= 'check' then changes = changes + 1 end
-end
-if #conflicts > 0 then return redis.error_reply('FENCE_CONFLICT ' .. table.concat(conflicts, '; ')) end
-if changes == 0 then return redis.call('GET', KEYS[2]) or '0' end
-local rev = string.format('%.0f', redis.call('INCR', KEYS[2]))
-for i = 1, n do
-  local b = 3 + (i - 1) * 4
-  local kind, key, v = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4]
-  if kind == 'put' then
-    redis.call('HSET', KEYS[4 + i], key, '{"r":' .. rev .. ',"v":' .. v .. '}')
-  elseif kind == 'delete' then
-    redis.call('HDEL', KEYS[4 + i], key)
-  end
-end
-redis.call('HSET', KEYS[4], ARGV[1] .. ':records', rev)
-redis.call('XADD', KEYS[3], 'MAXLEN', '=', 1000, '*', 'revision', rev, 'owner', ARGV[2], 'records', changes)
-return rev
-`
 
 var errInHouseConflict = errors.New("in-house: FENCE_CONFLICT")
 
@@ -285,7 +227,7 @@ func (p *inHousePort) load(ctx context.Context, slug string) (*inHouseView, erro
 func (p *inHousePort) commit(ctx context.Context, slug string, v *inHouseView) error {
 	base := prefix + ":swarm:{" + slug + protocol.FenceInfix
 	keys := []string{base + protocol.KeyMeta, base + protocol.KeyRevision, base + protocol.KeyLog, prefix + ":bench-bucket:{" + slug + "}"}
-	args := []string{slug, p.owner, strconv.FormatInt(p.epoch, 10)}
+	args := []string{slug, p.owner, strconv.FormatInt(p.epoch, 10), "0", "raw"} // inhouseScript's now_ms (none) and mode
 	add := func(kind, section, key string, exp int64, value string) {
 		keys = append(keys, base+section)
 		args = append(args, kind, key, strconv.FormatInt(exp, 10), value)
@@ -382,7 +324,7 @@ func getTickEnv(b *testing.B) *tickEnv {
 		t.journals = slices.Sorted(maps.Keys(snap.Sections["journals"]))
 		read := append(slices.Clone(t.sections), protocol.KeyMeta)
 		for _, side := range []string{"inhouse", "live"} {
-			t.inhouse[side] = &inHousePort{rc: e.srv.Client(owner), script: rueidis.NewLuaScript(tickInHouseLua),
+			t.inhouse[side] = &inHousePort{rc: e.srv.Client(owner), script: rueidis.NewLuaScript(inhouseScript),
 				sections: slices.Compact(slices.Sorted(slices.Values(read))), owner: t.fences[side].Owner}
 		}
 		tickE = t
