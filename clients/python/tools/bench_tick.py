@@ -32,6 +32,7 @@ within one run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -304,14 +305,12 @@ def contended(p: port.Port, r, sha: str, fence, secs: list[str], cycles: int) ->
         print(f"under a live writer on one swarm: {side:8s} KeptChanging {kept} of {cycles}, reruns {attempts - cycles}")
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
-    try:
-        import redis as redis_py
-    except ImportError:
-        redis_py = None
-        print("python3-redis is not installed: the in-house side is left out (apt-get install -y python3-redis)")
-    work = pathlib.Path(tempfile.mkdtemp(prefix="fenced-bench-tick-"))
+@contextlib.contextmanager
+def started_fenced(prefix: str):
+    """A redis-server and a fenced (FENCED_BIN, else built here) on loopback ports, in a temporary directory named
+    by prefix: yields a fenced.Client of it and Redis's port; both processes are ended (by the handles started here)
+    on the way out."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
     binary = pathlib.Path(os.environ["FENCED_BIN"]) if os.environ.get("FENCED_BIN") else work / "fenced"
     if not os.environ.get("FENCED_BIN"):
         subprocess.run(["go", "build", "-o", str(binary), "./cmd/fenced"], cwd=ROOT, check=True, timeout=600)
@@ -336,7 +335,22 @@ def main() -> None:
         wait_for(serving, "fenced to serve")
         if not addr:
             raise SystemExit(log.read_text(errors="replace")[-3000:])
-        client = fenced.Client(addr[0])
+        yield fenced.Client(addr[0]), rport
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        redis_proc.terminate()
+        redis_proc.wait(timeout=30)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    try:
+        import redis as redis_py
+    except ImportError:
+        redis_py = None
+        print("python3-redis is not installed: the in-house side is left out (apt-get install -y python3-redis)")
+    with started_fenced("fenced-bench-tick-") as (client, rport):
         sides = ["views", "noviews"] + (["inhouse"] if redis_py else [])
         fx = json.loads((ROOT / "testdata" / "swarm-state.json").read_text())
         fences = {}
@@ -387,11 +401,6 @@ def main() -> None:
         if redis_py:
             contended(ports["views"], r, sha, fences["views"], read_sections + ["meta"], rounds * 10)
         client.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        redis_proc.terminate()
-        redis_proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

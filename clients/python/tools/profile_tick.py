@@ -22,11 +22,8 @@ import json
 import os
 import pathlib
 import pstats
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -42,32 +39,7 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     profiled = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     wls = sys.argv[3].split(",") if len(sys.argv) > 3 else ["W1", "W3"]
-    work = pathlib.Path(tempfile.mkdtemp(prefix="fenced-profile-tick-"))
-    binary = pathlib.Path(os.environ["FENCED_BIN"]) if os.environ.get("FENCED_BIN") else work / "fenced"
-    if not os.environ.get("FENCED_BIN"):
-        subprocess.run(["go", "build", "-o", str(binary), "./cmd/fenced"], cwd=bt.ROOT, check=True, timeout=600)
-    rport = bt.free_port()
-    redis_proc = subprocess.Popen(
-        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(work)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    log = work / "fenced.log"
-    with open(log, "wb") as logf:
-        server = subprocess.Popen(
-            [str(binary), "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--drain-delay", "0s",
-             "--redis-url", f"redis://127.0.0.1:{rport}"], stdout=logf, stderr=subprocess.STDOUT)
-    try:
-        addr: list[str] = []
-
-        def serving() -> bool:
-            m = re.search(r'msg="serving gRPC" addr=(\S+)', log.read_text(errors="replace"))
-            if m:
-                addr.append(m.group(1))
-            return bool(m) or server.poll() is not None
-
-        bt.wait_for(serving, "fenced to serve")
-        if not addr:
-            raise SystemExit(log.read_text(errors="replace")[-3000:])
-        client = fenced.Client(addr[0])
+    with bt.started_fenced("fenced-profile-tick-") as (client, rport):
         fx = json.loads((bt.ROOT / "testdata" / "swarm-state.json").read_text())
         fences = {}
         for side in ("views", "inhouse"):
@@ -118,11 +90,6 @@ def main() -> None:
             print(out.getvalue().split("\n\n", 1)[-1].strip())
         print(f"view of tick-views: {client.view('tick-views').memory_bytes() / 2**20:.1f} MB held; load average {os.getloadavg()}")
         client.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        redis_proc.terminate()
-        redis_proc.wait(timeout=30)
 
 
 if __name__ == "__main__":
