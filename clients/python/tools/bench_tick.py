@@ -53,56 +53,11 @@ from fenced import port  # noqa: E402
 
 PREFIX = "agentihooks:swarm"  # fenced serve's default key prefix
 
-# The in-house batch script (bench-tick's INHOUSE_LUA, raw mode): lease
-# check, each write's revision compared by HGET, INCR, HSET
-# {"r":rev,"v":value}, a stamp on the bucket, XADD MAXLEN = 1000 without keys.
-# KEYS: meta, revision, log, bucket, one section per write; ARGV: slug,
-# owner, epoch, then per write kind, key, expected, value.
-INHOUSE_LUA = r"""
-local function rev_of(field)
-  if not field then return 0 end
-  local r = string.match(field, '^{"r":(%d+),')
-  if r then return tonumber(r) end
-  local ok, d = pcall(cjson.decode, field)
-  if ok and type(d) == 'table' and d.r then return tonumber(d.r) end
-  return 0
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local raw = redis.call('HGET', KEYS[1], 'lease')
-if not raw then return redis.error_reply('FENCE_STALE the controller lease is stale') end
-local ok, rec = pcall(cjson.decode, raw)
-local l = ok and type(rec) == 'table' and rec.v or nil
-if type(l) ~= 'table' or tostring(l.owner) ~= ARGV[2] or tonumber(l.epoch) ~= tonumber(ARGV[3])
-   or tonumber(l.expires_at) <= now then
-  return redis.error_reply('FENCE_STALE the controller lease is stale')
-end
-local n = (#ARGV - 3) / 4
-local conflicts = {}
-local changes = 0
-for i = 1, n do
-  local b = 3 + (i - 1) * 4
-  local kind, key, exp = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
-  if exp ~= -1 then
-    local cur = rev_of(redis.call('HGET', KEYS[4 + i], key))
-    if cur ~= exp then conflicts[#conflicts + 1] = KEYS[4 + i] .. '/' .. key end
-  end
-  if kind ~= 'check' then changes = changes + 1 end
-end
-if #conflicts > 0 then return redis.error_reply('FENCE_CONFLICT ' .. table.concat(conflicts, '; ')) end
-if changes == 0 then return redis.call('GET', KEYS[2]) or '0' end
-local rev = string.format('%.0f', redis.call('INCR', KEYS[2]))
-for i = 1, n do
-  local b = 3 + (i - 1) * 4
-  local kind, key, v = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4]
-  if kind == 'put' then
-    redis.call('HSET', KEYS[4 + i], key, '{"r":' .. rev .. ',"v":' .. v .. '}')
-  end
-end
-redis.call('HSET', KEYS[4], ARGV[1] .. ':records', rev)
-redis.call('XADD', KEYS[3], 'MAXLEN', '=', 1000, '*', 'revision', rev, 'owner', ARGV[2], 'records', changes)
-return rev
-"""
+# The in-house batch script, verbatim as bench-tick (INHOUSE_LUA) runs it
+# (testdata/inhouse_commit.lua, which the Go benchmarks read too). KEYS:
+# meta, revision, log, bucket, one section per write; ARGV: slug, owner,
+# epoch, now_ms, mode ("raw"), then per write kind, key, expected, value.
+INHOUSE_LUA = (ROOT / "testdata" / "inhouse_commit.lua").read_text()
 
 
 def skey(slug: str, name: str) -> str:
@@ -176,7 +131,7 @@ def inhouse_write(r, sha: str, slug: str, sections: list[str], change, fence) ->
         writes = view.writes()
         keys = [skey(slug, "meta"), skey(slug, "revision"), skey(slug, "log"), f"{PREFIX}:bench-bucket:{{{slug}}}"]
         keys += [skey(slug, w[1]) for w in writes]
-        argv = [slug, fence[0], str(fence[1])]
+        argv = [slug, fence[0], str(fence[1]), "0", "raw"]
         for kind, _sec, key, exp, val in writes:
             argv += [kind, key, str(exp), val]
         try:
