@@ -298,6 +298,23 @@ def started_fenced(prefix: str):
         redis_proc.wait(timeout=30)
 
 
+def load_fixture(client, sides: list[str]):
+    """The fixture swarm (testdata/swarm-state.json) written into tick-<side> for each side, unfenced, and a lease
+    of each: answers the fixture and each side's fence (owner, epoch)."""
+    fx = json.loads((ROOT / "testdata" / "swarm-state.json").read_text())
+    fences = {}
+    for side in sides:
+        slug = f"tick-{side}"
+        for section, recs in sorted(fx["sections"].items()):
+            keys = sorted(recs)
+            for i in range(0, len(keys), 256):
+                client.fenced_batch(slug, [fenced.Put(section, k, fenced.BLIND, json.dumps(recs[k])) for k in keys[i:i + 256]],
+                                    fence=fenced.UNFENCED)
+        lease = client.acquire(slug, f"bench-{slug}", ttl_ms=600_000)
+        fences[side] = (lease.owner, lease.epoch)
+    return fx, fences
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     try:
@@ -307,17 +324,7 @@ def main() -> None:
         print("python3-redis is not installed: the in-house side is left out (apt-get install -y python3-redis)")
     with started_fenced("fenced-bench-tick-") as (client, rport):
         sides = ["views", "noviews"] + (["inhouse"] if redis_py else [])
-        fx = json.loads((ROOT / "testdata" / "swarm-state.json").read_text())
-        fences = {}
-        for side in sides:
-            slug = f"tick-{side}"
-            for section, recs in sorted(fx["sections"].items()):
-                keys = sorted(recs)
-                for i in range(0, len(keys), 256):
-                    client.fenced_batch(slug, [fenced.Put(section, k, fenced.BLIND, json.dumps(recs[k])) for k in keys[i:i + 256]],
-                                        fence=fenced.UNFENCED)
-            lease = client.acquire(slug, f"bench-{slug}", ttl_ms=600_000)
-            fences[side] = (lease.owner, lease.epoch)
+        fx, fences = load_fixture(client, sides)
         read_sections = sorted(s for s in fx["sections"] if s != "archive")
         journal = sorted(fx["sections"]["journals"])[0]
         n = [0]

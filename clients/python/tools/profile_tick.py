@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import cProfile
 import io
-import json
 import os
 import pathlib
 import pstats
@@ -40,17 +39,7 @@ def main() -> None:
     profiled = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     wls = sys.argv[3].split(",") if len(sys.argv) > 3 else ["W1", "W3"]
     with bt.started_fenced("fenced-profile-tick-") as (client, rport):
-        fx = json.loads((bt.ROOT / "testdata" / "swarm-state.json").read_text())
-        fences = {}
-        for side in ("views", "inhouse"):
-            slug = f"tick-{side}"
-            for section, recs in sorted(fx["sections"].items()):
-                keys = sorted(recs)
-                for i in range(0, len(keys), 256):
-                    client.fenced_batch(slug, [fenced.Put(section, k, fenced.BLIND, json.dumps(recs[k])) for k in keys[i:i + 256]],
-                                        fence=fenced.UNFENCED)
-            lease = client.acquire(slug, f"bench-{slug}", ttl_ms=600_000)
-            fences[side] = (lease.owner, lease.epoch)
+        fx, fences = bt.load_fixture(client, ["views", "inhouse"])
         read_sections = sorted(s for s in fx["sections"] if s != "archive")
         journal = sorted(fx["sections"]["journals"])[0]
         n = [0]
