@@ -30,7 +30,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_tick as bt  # noqa: E402
 import redis as redis_py  # noqa: E402
 
-import fenced  # noqa: E402
 from fenced import port  # noqa: E402
 
 
