@@ -62,21 +62,7 @@ type flowSeries struct {
 }
 
 func newFairMetrics() *fairMetrics {
-	f := &fairMetrics{}
-	read := func(seats bool) func() float64 {
-		return func() float64 {
-			load := f.load.Load()
-			if load == nil {
-				return 0
-			}
-			s, w := (*load)()
-			if seats {
-				return float64(s)
-			}
-			return float64(w)
-		}
-	}
-	*f = fairMetrics{
+	f := &fairMetrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenced_fair_calls_total",
 			Help: "Calls through the fair queue in front of Redis, by flow (the caller: token:<name> or address:<IP>, --flows-by; past 64 flows, \"other\") and outcome: went (at once), waited (after waiting their turn), queue_full and deadline (refused RESOURCE_EXHAUSTED TOO_MANY_CALLS_QUEUED, nothing written).",
@@ -85,16 +71,25 @@ func newFairMetrics() *fairMetrics {
 			Name: "fenced_fair_seconds_total",
 			Help: "Seconds of the fair queue's calls by flow and kind: queue_wait (waiting their turn), redis (Redis round trips of their scripts, as the store measured them), charged (seat-seconds charged to the flow: its share is counted in them).",
 		}, []string{"flow", "kind"}),
-		seats: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "fenced_fair_seats_in_use",
-			Help: "Seats taken by calls in flight to Redis now (at most --max-redis-calls-in-flight).",
-		}, read(true)),
-		waiting: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "fenced_fair_calls_waiting",
-			Help: "Calls waiting their turn in the fair queue now.",
-		}, read(false)),
 	}
+	f.seats = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenced_fair_seats_in_use",
+		Help: "Seats taken by calls in flight to Redis now (at most --max-redis-calls-in-flight).",
+	}, func() float64 { seats, _ := f.now(); return float64(seats) })
+	f.waiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenced_fair_calls_waiting",
+		Help: "Calls waiting their turn in the fair queue now.",
+	}, func() float64 { _, waiting := f.now(); return float64(waiting) })
 	return f
+}
+
+// now is the scheduler's seats taken and calls waiting (0 and 0 before
+// QueueLoad handed its load).
+func (f *fairMetrics) now() (seats, waiting int) {
+	if load := f.load.Load(); load != nil {
+		return (*load)()
+	}
+	return 0, 0
 }
 
 // series is flow's counters (OtherFlow's past MaxFlowLabels flows).
