@@ -23,7 +23,6 @@ import json
 import os
 import pathlib
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,25 +31,13 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "clients" / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import fenced  # noqa: E402
+from bench_tick import free_port, wait_for  # noqa: E402
 from fenced.v1 import records_pb2  # noqa: E402
 
 SLUG = "snapshot-bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def main() -> None:
